@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The test command (README): set-up when missing, then formatting, lints,
+# the wasm32 build of the portable crates, and every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+source scripts/env.sh
+
+step() { echo; echo "=== $* ($(date +%H:%M:%S))"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (deny warnings)"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "wasm32 build of the portable crates"
+cargo build --target wasm32-unknown-unknown -p moe-studio-shared -p moe-studio-kernels -p moe-studio-frontend
+
+step "cargo test"
+cargo test --workspace --no-fail-fast

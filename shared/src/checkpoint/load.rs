@@ -1,0 +1,127 @@
+//! Opening a model of any supported format: a Hugging Face directory
+//! (`config.json` + safetensors + `tokenizer.json`), a `.gguf` file, or a
+//! llama2.c `.bin` (with its `tok{V}.bin` / `tokenizer.bin` beside it).
+
+use super::gguf::GgufModel;
+use super::llama2c::Llama2cModel;
+use super::safetensors_io::SafetensorsModel;
+use super::{Bytes, TensorSource};
+use crate::config::{HfConfig, ModelConfig};
+use crate::error::{Result, StudioError};
+use crate::tokenizer::{Llama2cTokenizer, Tokenizer};
+
+/// The on-disk format a model was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelFormat {
+    /// Hugging Face directory with safetensors.
+    Safetensors,
+    /// GGUF file.
+    Gguf,
+    /// llama2.c binary.
+    Llama2c,
+}
+
+/// A model's configuration, its tensors and (when found) its tokenizer.
+pub struct LoadedModel {
+    /// Where it was read from.
+    pub path: String,
+    /// Its format.
+    pub format: ModelFormat,
+    /// The validated configuration.
+    pub config: ModelConfig,
+    /// Its tensors, by Hugging Face name.
+    pub source: Box<dyn TensorSource + Send + Sync>,
+    /// The tokenizer, when the model carries or sits beside one.
+    pub tokenizer: Option<Tokenizer>,
+}
+
+impl std::fmt::Debug for LoadedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedModel").field("path", &self.path).field("format", &self.format).finish()
+    }
+}
+
+/// Builds a [`LoadedModel`] from a GGUF buffer (any platform).
+///
+/// # Errors
+/// Parse, configuration and tokenizer errors naming `file_name`.
+pub fn from_gguf_bytes(bytes: Bytes, file_name: &str) -> Result<LoadedModel> {
+    let model: GgufModel = super::gguf::open(bytes, file_name)?;
+    let config = model.model_config()?;
+    let tokenizer = crate::tokenizer::gguf::tokenizer_from_gguf(&model).ok().map(|t| Tokenizer::Hf(Box::new(t)));
+    Ok(LoadedModel { path: file_name.into(), format: ModelFormat::Gguf, config, source: Box::new(model), tokenizer })
+}
+
+/// Builds a [`LoadedModel`] from llama2.c checkpoint and tokenizer buffers
+/// (any platform).
+///
+/// # Errors
+/// Parse errors naming the files.
+pub fn from_llama2c_bytes(bytes: Bytes, file_name: &str, tokenizer: Option<(&[u8], &str)>) -> Result<LoadedModel> {
+    let model = Llama2cModel::parse(bytes, file_name)?;
+    let config = model.config().clone();
+    let tokenizer = match tokenizer {
+        Some((b, name)) => Some(Tokenizer::Llama2c(Llama2cTokenizer::parse(b, config.vocab_size, name)?)),
+        None => None,
+    };
+    Ok(LoadedModel { path: file_name.into(), format: ModelFormat::Llama2c, config, source: Box::new(model), tokenizer })
+}
+
+/// Opens a model from a path (native only): a directory in Hugging Face
+/// layout, a `.gguf` file or a llama2.c `.bin`.
+///
+/// # Errors
+/// [`StudioError::Io`] for a missing path, [`StudioError::Config`] for an
+/// unknown kind of file, and the format errors of each reader.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn open_model(path: &std::path::Path) -> Result<LoadedModel> {
+    let name = path.display().to_string();
+    if !path.exists() {
+        return Err(StudioError::io(&name, std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory")));
+    }
+    if path.is_dir() {
+        let cfg_path = path.join("config.json");
+        let raw = std::fs::read(&cfg_path).map_err(|e| StudioError::io(cfg_path.display(), e))?;
+        let config = HfConfig::from_json(&raw, &cfg_path.display().to_string())?
+            .to_model_config(&cfg_path.display().to_string())?;
+        let source = SafetensorsModel::open_dir(path)?;
+        let tok_path = path.join("tokenizer.json");
+        let tokenizer = if tok_path.exists() {
+            let b = std::fs::read(&tok_path).map_err(|e| StudioError::io(tok_path.display(), e))?;
+            Some(Tokenizer::from_hf_json(&b, &tok_path.display().to_string())?)
+        } else {
+            None
+        };
+        return Ok(LoadedModel { path: name, format: ModelFormat::Safetensors, config, source: Box::new(source), tokenizer });
+    }
+    let bytes = Bytes::map_file(path)?;
+    let magic = bytes.as_slice().get(..4);
+    if magic == Some(b"GGUF".as_slice()) {
+        return from_gguf_bytes(bytes, &name);
+    }
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    match ext {
+        "gguf" => from_gguf_bytes(bytes, &name),
+        "bin" => {
+            let model = Llama2cModel::parse(bytes.clone(), &name)?;
+            let dir = path.parent().unwrap_or(std::path::Path::new("."));
+            let v = model.config().vocab_size;
+            let candidates = [dir.join(format!("tok{v}.bin")), dir.join("tokenizer.bin")];
+            let tok = candidates.iter().find(|p| p.exists());
+            let tok_bytes = match tok {
+                Some(p) => Some((std::fs::read(p).map_err(|e| StudioError::io(p.display(), e))?, p.display().to_string())),
+                None => None,
+            };
+            from_llama2c_bytes(bytes, &name, tok_bytes.as_ref().map(|(b, n)| (b.as_slice(), n.as_str())))
+        }
+        "safetensors" => Err(StudioError::config(
+            &name,
+            "pass the model's directory (with config.json), not the .safetensors file itself",
+        )),
+        _ => Err(StudioError::config(
+            &name,
+            "unknown model file: expected a Hugging Face directory, a .gguf file or a llama2.c .bin",
+        )),
+    }
+}

@@ -1,0 +1,70 @@
+//! Checkpoint I/O: reading Hugging Face safetensors (single and sharded),
+//! GGUF v3 and llama2.c binaries into one [`TensorSource`] view with
+//! Hugging Face tensor names, and writing safetensors atomically.
+//!
+//! Every reader exposes tensors under their Hugging Face names
+//! (`model.layers.{l}.self_attn.q_proj.weight`, ...) with PyTorch shapes
+//! (`[out_features, in_features]` for linear weights), so that the model and
+//! the methods never care where a tensor came from.
+
+pub mod bytes;
+pub mod dtype;
+pub mod gguf;
+pub mod llama2c;
+pub mod load;
+pub mod quant;
+pub mod safetensors_io;
+pub mod writer;
+
+pub use load::{LoadedModel, ModelFormat};
+#[cfg(not(target_arch = "wasm32"))]
+pub use load::open_model;
+pub use writer::{PlannedTensor, WriteOptions};
+#[cfg(not(target_arch = "wasm32"))]
+pub use writer::SafetensorsWriter;
+
+pub use bytes::Bytes;
+pub use dtype::DType;
+
+use crate::error::Result;
+
+/// Name, storage dtype and shape of one tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    /// Hugging Face tensor name.
+    pub name: String,
+    /// Storage dtype in the source file.
+    pub dtype: DType,
+    /// Shape, outermost dimension first (PyTorch order).
+    pub shape: Vec<usize>,
+}
+
+impl TensorInfo {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// Read access to the tensors of one checkpoint, by Hugging Face name.
+///
+/// Implementations hold the file bytes (memory-mapped natively, owned in the
+/// browser) and convert one tensor at a time, so a consumer can stream a
+/// model tensor by tensor.
+pub trait TensorSource {
+    /// A human-readable name for errors (usually the file path).
+    fn source_name(&self) -> &str;
+    /// All tensors, in file order.
+    fn tensors(&self) -> Vec<TensorInfo>;
+    /// One tensor's info, or `None` if absent.
+    fn info(&self, name: &str) -> Option<TensorInfo> {
+        self.tensors().into_iter().find(|t| t.name == name)
+    }
+    /// Reads and converts one tensor to f32 (row-major, shape of
+    /// [`TensorSource::info`]).
+    ///
+    /// # Errors
+    /// [`crate::StudioError::Tensor`] when the tensor is missing,
+    /// [`crate::StudioError::UnsupportedDType`] when it cannot be converted.
+    fn read_f32(&self, name: &str) -> Result<Vec<f32>>;
+}

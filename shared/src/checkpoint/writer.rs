@@ -1,0 +1,415 @@
+//! Safetensors output: streaming, sharded, atomic.
+//!
+//! The caller declares every tensor (name, dtype, shape) up front, then
+//! streams the data in that order; the writer assigns tensors to shards of
+//! at most `max_shard_bytes`, writes each shard's header before its data,
+//! and writes `model.safetensors.index.json` when there is more than one
+//! shard (file names `model-0000i-of-0000n.safetensors`, as transformers'
+//! `save_pretrained`). Everything goes to a temporary sibling directory that
+//! is renamed into place by [`SafetensorsWriter::finish`]; dropping the
+//! writer unfinished removes it, so no half-written output is left behind.
+//!
+//! Format: <https://github.com/huggingface/safetensors>.
+
+use std::collections::BTreeMap;
+
+use super::DType;
+use crate::error::{Result, StudioError};
+
+/// A tensor to be written: name, dtype and shape (outermost first).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedTensor {
+    /// Tensor name.
+    pub name: String,
+    /// Float dtype (F32, F16, BF16).
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+}
+
+impl PlannedTensor {
+    /// Bytes of this tensor's data.
+    pub fn byte_len(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.float_size().unwrap_or(0)
+    }
+}
+
+/// Options of [`SafetensorsWriter`].
+#[derive(Debug, Clone)]
+pub struct WriteOptions {
+    /// Largest shard size in bytes (data only); a single tensor larger than
+    /// this gets a shard of its own. Default 5 GB (transformers' default).
+    pub max_shard_bytes: usize,
+    /// `__metadata__` written into every shard (e.g. `format: pt`).
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        let mut metadata = BTreeMap::new();
+        metadata.insert("format".to_string(), "pt".to_string());
+        WriteOptions { max_shard_bytes: 5_000_000_000, metadata }
+    }
+}
+
+/// Builds one shard's header bytes (length prefix + JSON padded with spaces
+/// to a multiple of 8), for tensors laid out back to back in `tensors` order.
+pub fn shard_header(tensors: &[PlannedTensor], metadata: &BTreeMap<String, String>) -> Vec<u8> {
+    let mut map = serde_json::Map::new();
+    if !metadata.is_empty() {
+        map.insert("__metadata__".into(), serde_json::to_value(metadata).expect("string map"));
+    }
+    let mut off = 0usize;
+    for t in tensors {
+        let end = off + t.byte_len();
+        map.insert(
+            t.name.clone(),
+            serde_json::json!({
+                "dtype": t.dtype.safetensors_name().unwrap_or("F32"),
+                "shape": t.shape,
+                "data_offsets": [off, end],
+            }),
+        );
+        off = end;
+    }
+    let mut json = serde_json::to_vec(&serde_json::Value::Object(map)).expect("json");
+    while (json.len() + 8) % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut out = (json.len() as u64).to_le_bytes().to_vec();
+    out.extend(json);
+    out
+}
+
+/// Serialises tensors into one in-memory safetensors file (small models,
+/// the browser's download).
+///
+/// # Errors
+/// [`StudioError::Invalid`] when a data length does not match its plan.
+pub fn serialize_to_vec(tensors: &[(PlannedTensor, &[u8])], metadata: &BTreeMap<String, String>) -> Result<Vec<u8>> {
+    let plan: Vec<PlannedTensor> = tensors.iter().map(|(p, _)| p.clone()).collect();
+    let mut out = shard_header(&plan, metadata);
+    for (p, data) in tensors {
+        if data.len() != p.byte_len() {
+            return Err(StudioError::Invalid(format!(
+                "tensor `{}`: {} bytes given, dtype {} and shape {:?} need {}",
+                p.name,
+                data.len(),
+                p.dtype,
+                p.shape,
+                p.byte_len()
+            )));
+        }
+        out.extend_from_slice(data);
+    }
+    Ok(out)
+}
+
+/// Splits a plan into shards of at most `max` data bytes (order kept).
+pub fn plan_shards(plan: &[PlannedTensor], max: usize) -> Vec<Vec<PlannedTensor>> {
+    let mut shards: Vec<Vec<PlannedTensor>> = vec![];
+    let mut cur: Vec<PlannedTensor> = vec![];
+    let mut size = 0usize;
+    for t in plan {
+        if !cur.is_empty() && size + t.byte_len() > max {
+            shards.push(std::mem::take(&mut cur));
+            size = 0;
+        }
+        size += t.byte_len();
+        cur.push(t.clone());
+    }
+    if !cur.is_empty() || shards.is_empty() {
+        shards.push(cur);
+    }
+    shards
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+pub use native::SafetensorsWriter;
+
+#[cfg(not(target_arch = "wasm32"))]
+mod native {
+    use std::io::{BufWriter, Write};
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+
+    /// Streaming, sharded, atomic writer of a safetensors checkpoint
+    /// directory (see the module docs).
+    pub struct SafetensorsWriter {
+        out_dir: PathBuf,
+        tmp_dir: Option<PathBuf>,
+        shards: Vec<Vec<PlannedTensor>>,
+        names: Vec<String>,
+        opts: WriteOptions,
+        shard: usize,
+        pos_in_shard: usize,
+        file: Option<BufWriter<std::fs::File>>,
+    }
+
+    impl SafetensorsWriter {
+        /// Starts writing into a temporary sibling of `out_dir`.
+        ///
+        /// # Errors
+        /// [`StudioError::Invalid`] if `out_dir` exists and is not empty (the
+        /// studio never overwrites a user's files), if a dtype is not a
+        /// float type or a name repeats; I/O errors.
+        pub fn create(out_dir: &Path, plan: Vec<PlannedTensor>, opts: WriteOptions) -> Result<Self> {
+            if out_dir.exists() {
+                let non_empty = std::fs::read_dir(out_dir)
+                    .map_err(|e| StudioError::io(out_dir.display(), e))?
+                    .next()
+                    .is_some();
+                if non_empty {
+                    return Err(StudioError::Invalid(format!(
+                        "output directory {} already exists and is not empty; choose a new --out",
+                        out_dir.display()
+                    )));
+                }
+            }
+            let mut seen = std::collections::HashSet::new();
+            for t in &plan {
+                if t.dtype.float_size().is_none() {
+                    return Err(StudioError::Invalid(format!("tensor `{}`: cannot write dtype {}", t.name, t.dtype)));
+                }
+                if !seen.insert(t.name.clone()) {
+                    return Err(StudioError::Invalid(format!("tensor `{}` planned twice", t.name)));
+                }
+            }
+            let parent = out_dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            std::fs::create_dir_all(parent).map_err(|e| StudioError::io(parent.display(), e))?;
+            let base = out_dir.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "out".into());
+            let tmp = parent.join(format!(".{base}.tmp-{}", std::process::id()));
+            if tmp.exists() {
+                let _ = std::fs::remove_dir_all(&tmp);
+            }
+            std::fs::create_dir(&tmp).map_err(|e| StudioError::io(tmp.display(), e))?;
+            let shards = plan_shards(&plan, opts.max_shard_bytes.max(1));
+            let names = plan.iter().map(|t| t.name.clone()).collect();
+            let mut w = SafetensorsWriter {
+                out_dir: out_dir.to_path_buf(),
+                tmp_dir: Some(tmp),
+                shards,
+                names,
+                opts,
+                shard: 0,
+                pos_in_shard: 0,
+                file: None,
+            };
+            w.open_shard()?;
+            Ok(w)
+        }
+
+        fn shard_file_name(&self, i: usize) -> String {
+            if self.shards.len() == 1 {
+                "model.safetensors".to_string()
+            } else {
+                format!("model-{:05}-of-{:05}.safetensors", i + 1, self.shards.len())
+            }
+        }
+
+        fn tmp(&self) -> &Path {
+            self.tmp_dir.as_deref().expect("writer is open")
+        }
+
+        fn open_shard(&mut self) -> Result<()> {
+            let path = self.tmp().join(self.shard_file_name(self.shard));
+            let f = std::fs::File::create(&path).map_err(|e| StudioError::io(path.display(), e))?;
+            let mut f = BufWriter::with_capacity(1 << 20, f);
+            let header = shard_header(&self.shards[self.shard], &self.opts.metadata);
+            f.write_all(&header).map_err(|e| StudioError::io(path.display(), e))?;
+            self.file = Some(f);
+            self.pos_in_shard = 0;
+            Ok(())
+        }
+
+        /// Writes the next tensor's little-endian data.
+        ///
+        /// # Errors
+        /// [`StudioError::Invalid`] if `name` is not the next planned tensor
+        /// or the byte count is wrong; I/O errors.
+        pub fn write(&mut self, name: &str, data: &[u8]) -> Result<()> {
+            while self.pos_in_shard == self.shards[self.shard].len() {
+                self.close_shard()?;
+                self.shard += 1;
+                if self.shard >= self.shards.len() {
+                    return Err(StudioError::Invalid(format!("tensor `{name}` was not planned")));
+                }
+                self.open_shard()?;
+            }
+            let expected = &self.shards[self.shard][self.pos_in_shard];
+            if expected.name != name {
+                return Err(StudioError::Invalid(format!(
+                    "tensors must be written in plan order: expected `{}`, got `{name}`",
+                    expected.name
+                )));
+            }
+            if expected.byte_len() != data.len() {
+                return Err(StudioError::Invalid(format!(
+                    "tensor `{name}`: {} bytes given, {} expected for dtype {} shape {:?}",
+                    data.len(),
+                    expected.byte_len(),
+                    expected.dtype,
+                    expected.shape
+                )));
+            }
+            let tmp = self.tmp().display().to_string();
+            self.file.as_mut().expect("open shard").write_all(data).map_err(|e| StudioError::io(tmp, e))?;
+            self.pos_in_shard += 1;
+            Ok(())
+        }
+
+        /// Writes the next tensor from f32 values, converting to its dtype.
+        ///
+        /// # Errors
+        /// As [`SafetensorsWriter::write`].
+        pub fn write_f32(&mut self, name: &str, values: &[f32]) -> Result<()> {
+            let dtype = self
+                .shards
+                .iter()
+                .flatten()
+                .find(|t| t.name == name)
+                .map(|t| t.dtype)
+                .ok_or_else(|| StudioError::Invalid(format!("tensor `{name}` was not planned")))?;
+            let bytes = super::super::dtype::f32_to_bytes(dtype, values).expect("float dtype");
+            self.write(name, &bytes)
+        }
+
+        fn close_shard(&mut self) -> Result<()> {
+            if let Some(mut f) = self.file.take() {
+                let tmp = self.tmp().display().to_string();
+                f.flush().map_err(|e| StudioError::io(&tmp, e))?;
+                f.get_ref().sync_all().map_err(|e| StudioError::io(&tmp, e))?;
+            }
+            Ok(())
+        }
+
+        /// Finishes: checks every planned tensor was written, writes the
+        /// index (several shards) and `extra_files` (e.g. `config.json`,
+        /// `tokenizer.json`), then renames the directory into place.
+        ///
+        /// # Errors
+        /// [`StudioError::Invalid`] when tensors are missing; I/O errors. On
+        /// error the temporary directory is removed.
+        pub fn finish(mut self, extra_files: &[(&str, Vec<u8>)]) -> Result<PathBuf> {
+            let written: usize = self.shards[..self.shard].iter().map(|s| s.len()).sum::<usize>() + self.pos_in_shard;
+            if written != self.names.len() {
+                return Err(StudioError::Invalid(format!(
+                    "only {written} of {} planned tensors were written (next: `{}`)",
+                    self.names.len(),
+                    self.names[written]
+                )));
+            }
+            self.close_shard()?;
+            // Empty trailing shards cannot exist (plan_shards never makes them).
+            if self.shards.len() > 1 {
+                let mut weight_map = BTreeMap::new();
+                let mut total = 0usize;
+                for (i, s) in self.shards.iter().enumerate() {
+                    for t in s {
+                        weight_map.insert(t.name.clone(), self.shard_file_name(i));
+                        total += t.byte_len();
+                    }
+                }
+                let idx = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+                let p = self.tmp().join("model.safetensors.index.json");
+                std::fs::write(&p, serde_json::to_vec_pretty(&idx).expect("json"))
+                    .map_err(|e| StudioError::io(p.display(), e))?;
+            }
+            for (name, bytes) in extra_files {
+                let p = self.tmp().join(name);
+                std::fs::write(&p, bytes).map_err(|e| StudioError::io(p.display(), e))?;
+            }
+            let tmp = self.tmp_dir.take().expect("open");
+            if self.out_dir.exists() {
+                // Only an empty directory can be here (checked at create).
+                std::fs::remove_dir(&self.out_dir).map_err(|e| StudioError::io(self.out_dir.display(), e))?;
+            }
+            std::fs::rename(&tmp, &self.out_dir).map_err(|e| {
+                let _ = std::fs::remove_dir_all(&tmp);
+                StudioError::io(self.out_dir.display(), e)
+            })?;
+            Ok(self.out_dir.clone())
+        }
+    }
+
+    impl Drop for SafetensorsWriter {
+        fn drop(&mut self) {
+            self.file.take();
+            if let Some(tmp) = self.tmp_dir.take() {
+                let _ = std::fs::remove_dir_all(tmp);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+    use crate::checkpoint::safetensors_io::{SafetensorsFile, SafetensorsModel};
+    use crate::checkpoint::{Bytes, TensorSource};
+
+    fn plan() -> Vec<PlannedTensor> {
+        vec![
+            PlannedTensor { name: "a".into(), dtype: DType::F32, shape: vec![2, 3] },
+            PlannedTensor { name: "b".into(), dtype: DType::BF16, shape: vec![5] },
+            PlannedTensor { name: "c".into(), dtype: DType::F16, shape: vec![4, 4] },
+        ]
+    }
+
+    #[test]
+    fn in_memory_round_trip_preserves_dtype_and_values() {
+        let a: Vec<u8> = [1f32, 2., 3., 4., 5., 6.].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let b: Vec<u8> = (0..5).flat_map(|i| half::bf16::from_f32(i as f32 * 0.5).to_le_bytes()).collect();
+        let c: Vec<u8> = (0..16).flat_map(|i| half::f16::from_f32(i as f32 - 8.0).to_le_bytes()).collect();
+        let p = plan();
+        let bytes = serialize_to_vec(&[(p[0].clone(), &a), (p[1].clone(), &b), (p[2].clone(), &c)], &BTreeMap::new()).unwrap();
+        // The reference reader accepts it.
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        assert_eq!(st.tensor("b").unwrap().dtype(), safetensors::Dtype::BF16);
+        let f = SafetensorsFile::parse(Bytes::from_vec(bytes), "mem").unwrap();
+        assert_eq!(f.read_f32("a").unwrap(), vec![1., 2., 3., 4., 5., 6.]);
+        assert_eq!(f.read_f32("b").unwrap(), vec![0., 0.5, 1., 1.5, 2.]);
+        assert_eq!(f.read_f32("c").unwrap()[15], 7.0);
+        assert_eq!(f.info("b").unwrap().dtype, DType::BF16);
+    }
+
+    #[test]
+    fn sharded_atomic_write_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("model");
+        let opts = WriteOptions { max_shard_bytes: 24, ..Default::default() };
+        let mut w = SafetensorsWriter::create(&out, plan(), opts).unwrap();
+        // Nothing at the destination until finish.
+        w.write_f32("a", &[1., 2., 3., 4., 5., 6.]).unwrap();
+        assert!(!out.exists());
+        w.write_f32("b", &[0., 1., 2., 3., 4.]).unwrap();
+        w.write_f32("c", &[0.25; 16]).unwrap();
+        w.finish(&[("config.json", b"{}".to_vec())]).unwrap();
+        assert!(out.join("model.safetensors.index.json").exists());
+        assert!(out.join("model-00001-of-00003.safetensors").exists());
+        let m = SafetensorsModel::open_dir(&out).unwrap();
+        assert_eq!(m.read_f32("c").unwrap(), vec![0.25; 16]);
+        assert_eq!(m.read_f32("a").unwrap()[5], 6.0);
+        assert_eq!(m.info("b").unwrap().dtype, DType::BF16);
+    }
+
+    #[test]
+    fn unfinished_writer_leaves_nothing_and_existing_output_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("m");
+        {
+            let mut w = SafetensorsWriter::create(&out, plan(), WriteOptions::default()).unwrap();
+            w.write_f32("a", &[0.; 6]).unwrap();
+            // Wrong order is refused.
+            assert!(w.write_f32("c", &[0.; 16]).unwrap_err().to_string().contains("plan order"));
+        }
+        assert!(!out.exists());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "temp dir removed");
+        std::fs::create_dir(&out).unwrap();
+        std::fs::write(out.join("mine.txt"), b"user data").unwrap();
+        let e = SafetensorsWriter::create(&out, plan(), WriteOptions::default()).err().unwrap();
+        assert!(e.to_string().contains("not empty"));
+        assert_eq!(std::fs::read(out.join("mine.txt")).unwrap(), b"user data");
+    }
+}

@@ -1,0 +1,388 @@
+//! Model configuration: serde mirror of Hugging Face `config.json` (llama,
+//! qwen2, mistral) validated into one internal [`ModelConfig`].
+//!
+//! Source: the `LlamaConfig`, `Qwen2Config` and `MistralConfig` classes of
+//! Hugging Face transformers (field names and defaults are theirs).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, StudioError};
+
+/// RoPE scaling variants supported by the model (transformers'
+/// `rope_scaling` / `rope_parameters` field).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "rope_type", rename_all = "lowercase")]
+pub enum RopeScaling {
+    /// No scaling (`rope_type: "default"`).
+    Default,
+    /// Position interpolation: positions divided by `factor`.
+    Linear {
+        /// Scale factor (> 0).
+        factor: f64,
+    },
+    /// Llama 3.1 frequency-dependent scaling (transformers
+    /// `_compute_llama3_parameters`).
+    Llama3 {
+        /// Overall scale factor.
+        factor: f64,
+        /// Low-frequency factor (default 1).
+        low_freq_factor: f64,
+        /// High-frequency factor (default 4).
+        high_freq_factor: f64,
+        /// Context length the model was pre-trained with.
+        original_max_position_embeddings: usize,
+    },
+}
+
+/// Architecture family of a dense decoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Architecture {
+    /// Llama (and llama2.c checkpoints).
+    Llama,
+    /// Mistral (Llama with an optional sliding window; the window is ignored
+    /// for sequences shorter than it).
+    Mistral,
+    /// Qwen2 (Llama with biases on q/k/v projections).
+    Qwen2,
+}
+
+impl Architecture {
+    /// The Hugging Face `model_type` string.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Mistral => "mistral",
+            Architecture::Qwen2 => "qwen2",
+        }
+    }
+}
+
+/// The validated configuration of a dense decoder-only transformer.
+///
+/// Shapes follow the notation of `methods.md`: `d = hidden_size`,
+/// `f = intermediate_size`, `V = vocab_size`, `L = num_layers`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    /// Architecture family.
+    pub architecture: Architecture,
+    /// Vocabulary size `V`.
+    pub vocab_size: usize,
+    /// Hidden size `d`.
+    pub hidden_size: usize,
+    /// FFN intermediate size `f`.
+    pub intermediate_size: usize,
+    /// Number of decoder layers `L`.
+    pub num_layers: usize,
+    /// Number of query heads.
+    pub num_heads: usize,
+    /// Number of key/value heads (grouped-query attention); divides `num_heads`.
+    pub num_kv_heads: usize,
+    /// Dimension of one head (usually `d / num_heads`).
+    pub head_dim: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f64,
+    /// RoPE base `theta`.
+    pub rope_theta: f64,
+    /// RoPE scaling.
+    pub rope_scaling: RopeScaling,
+    /// Longest supported context in tokens.
+    pub max_position_embeddings: usize,
+    /// Whether the LM head shares the token-embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// Whether q/k/v projections have a bias (Qwen2).
+    pub attention_bias: bool,
+    /// Beginning-of-sequence token id, if any.
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence token id, if any.
+    pub eos_token_id: Option<u32>,
+}
+
+impl ModelConfig {
+    /// Checks internal consistency.
+    ///
+    /// # Errors
+    /// [`StudioError::Config`] naming `source_name` and the offending field.
+    pub fn validate(&self, source_name: &str) -> Result<()> {
+        let err = |what: String| Err(StudioError::config(source_name, what));
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_layers),
+            ("num_attention_heads", self.num_heads),
+            ("num_key_value_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+        ] {
+            if v == 0 {
+                return err(format!("`{name}` must be > 0"));
+            }
+        }
+        if self.num_heads % self.num_kv_heads != 0 {
+            return err(format!(
+                "`num_attention_heads` ({}) must be a multiple of `num_key_value_heads` ({})",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return err(format!("`head_dim` ({}) must be even for RoPE", self.head_dim));
+        }
+        if !(self.rms_norm_eps > 0.0) || !(self.rope_theta > 0.0) {
+            return err("`rms_norm_eps` and `rope_theta` must be > 0".into());
+        }
+        Ok(())
+    }
+
+    /// Number of parameters of the dense model (embedding, attention, FFN,
+    /// norms, LM head when untied).
+    pub fn num_parameters(&self) -> usize {
+        let d = self.hidden_size;
+        let q = self.num_heads * self.head_dim;
+        let kv = self.num_kv_heads * self.head_dim;
+        let bias = if self.attention_bias { q + 2 * kv } else { 0 };
+        let attn = d * q + 2 * d * kv + q * d + bias;
+        let ffn = 3 * d * self.intermediate_size;
+        let layer = attn + ffn + 2 * d;
+        let head = if self.tie_word_embeddings { 0 } else { self.vocab_size * d };
+        self.vocab_size * d + self.num_layers * layer + d + head
+    }
+}
+
+/// Serde mirror of a Hugging Face `config.json` for the supported dense
+/// families. Unknown fields are ignored; missing required ones fail at load.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HfConfig {
+    /// `model_type`: "llama", "mistral" or "qwen2".
+    pub model_type: String,
+    /// `vocab_size`.
+    pub vocab_size: usize,
+    /// `hidden_size`.
+    pub hidden_size: usize,
+    /// `intermediate_size`.
+    pub intermediate_size: usize,
+    /// `num_hidden_layers`.
+    pub num_hidden_layers: usize,
+    /// `num_attention_heads`.
+    pub num_attention_heads: usize,
+    /// `num_key_value_heads` (defaults to `num_attention_heads`).
+    #[serde(default)]
+    pub num_key_value_heads: Option<usize>,
+    /// `head_dim` (defaults to `hidden_size / num_attention_heads`).
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    /// `rms_norm_eps` (default 1e-6).
+    #[serde(default)]
+    pub rms_norm_eps: Option<f64>,
+    /// `rope_theta` (default 10000).
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    /// `rope_scaling` (transformers < 5) as free-form JSON.
+    #[serde(default)]
+    pub rope_scaling: Option<serde_json::Value>,
+    /// `rope_parameters` (transformers >= 5) as free-form JSON.
+    #[serde(default)]
+    pub rope_parameters: Option<serde_json::Value>,
+    /// `max_position_embeddings` (default 2048).
+    #[serde(default)]
+    pub max_position_embeddings: Option<usize>,
+    /// `tie_word_embeddings` (default false).
+    #[serde(default)]
+    pub tie_word_embeddings: Option<bool>,
+    /// `attention_bias` (llama; qwen2 always has q/k/v bias).
+    #[serde(default)]
+    pub attention_bias: Option<bool>,
+    /// `hidden_act` (must be "silu").
+    #[serde(default)]
+    pub hidden_act: Option<String>,
+    /// `bos_token_id`.
+    #[serde(default)]
+    pub bos_token_id: Option<serde_json::Value>,
+    /// `eos_token_id` (an int or a list; the first is used).
+    #[serde(default)]
+    pub eos_token_id: Option<serde_json::Value>,
+    /// `torch_dtype` / `dtype`, informational.
+    #[serde(default, alias = "dtype")]
+    pub torch_dtype: Option<String>,
+}
+
+fn first_id(v: &Option<serde_json::Value>) -> Option<u32> {
+    match v {
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| x as u32),
+        Some(serde_json::Value::Array(a)) => a.first().and_then(|x| x.as_u64()).map(|x| x as u32),
+        _ => None,
+    }
+}
+
+fn parse_rope_scaling(v: &serde_json::Value, src: &str) -> Result<RopeScaling> {
+    let ty = v
+        .get("rope_type")
+        .or_else(|| v.get("type"))
+        .and_then(|t| t.as_str())
+        .unwrap_or("default");
+    let num = |k: &str, default: Option<f64>| -> Result<f64> {
+        match v.get(k).and_then(|x| x.as_f64()).or(default) {
+            Some(x) => Ok(x),
+            None => Err(StudioError::config(src, format!("rope scaling `{ty}` needs `{k}`"))),
+        }
+    };
+    match ty {
+        "default" => Ok(RopeScaling::Default),
+        "linear" => Ok(RopeScaling::Linear { factor: num("factor", None)? }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: num("factor", None)?,
+            low_freq_factor: num("low_freq_factor", Some(1.0))?,
+            high_freq_factor: num("high_freq_factor", Some(4.0))?,
+            original_max_position_embeddings: num("original_max_position_embeddings", Some(8192.0))?
+                as usize,
+        }),
+        other => Err(StudioError::config(
+            src,
+            format!("unsupported rope scaling type `{other}` (supported: default, linear, llama3)"),
+        )),
+    }
+}
+
+impl HfConfig {
+    /// Parses `config.json` bytes.
+    ///
+    /// # Errors
+    /// [`StudioError::Format`] naming `source_name` when the JSON is invalid
+    /// or a required field is missing.
+    pub fn from_json(bytes: &[u8], source_name: &str) -> Result<Self> {
+        serde_json::from_slice(bytes)
+            .map_err(|e| StudioError::format(source_name, "config.json", e.to_string()))
+    }
+
+    /// Validates into a [`ModelConfig`].
+    ///
+    /// # Errors
+    /// [`StudioError::Config`] for an unknown `model_type`, a non-SiLU
+    /// activation, an unsupported RoPE scaling or inconsistent sizes.
+    pub fn to_model_config(&self, source_name: &str) -> Result<ModelConfig> {
+        let architecture = match self.model_type.as_str() {
+            "llama" => Architecture::Llama,
+            "mistral" => Architecture::Mistral,
+            "qwen2" => Architecture::Qwen2,
+            other => {
+                return Err(StudioError::config(
+                    source_name,
+                    format!(
+                        "unknown architecture `model_type: \"{other}\"` (supported dense types: llama, mistral, qwen2; MoE checkpoints: mixtral)"
+                    ),
+                ))
+            }
+        };
+        if let Some(act) = &self.hidden_act {
+            if act != "silu" {
+                return Err(StudioError::config(
+                    source_name,
+                    format!("`hidden_act: \"{act}\"` is not supported (SwiGLU needs \"silu\")"),
+                ));
+            }
+        }
+        if self.num_attention_heads == 0 {
+            return Err(StudioError::config(source_name, "`num_attention_heads` must be > 0"));
+        }
+        let rope_theta = self
+            .rope_theta
+            .or_else(|| self.rope_parameters.as_ref().and_then(|p| p.get("rope_theta")).and_then(|x| x.as_f64()))
+            .unwrap_or(10000.0);
+        let scaling_json = self.rope_scaling.as_ref().or(self.rope_parameters.as_ref());
+        let rope_scaling = match scaling_json {
+            Some(v) if !v.is_null() => parse_rope_scaling(v, source_name)?,
+            _ => RopeScaling::Default,
+        };
+        let cfg = ModelConfig {
+            architecture,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_layers: self.num_hidden_layers,
+            num_heads: self.num_attention_heads,
+            num_kv_heads: self.num_key_value_heads.unwrap_or(self.num_attention_heads),
+            head_dim: self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads),
+            rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: self.max_position_embeddings.unwrap_or(2048),
+            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
+            attention_bias: architecture == Architecture::Qwen2 || self.attention_bias.unwrap_or(false),
+            bos_token_id: first_id(&self.bos_token_id),
+            eos_token_id: first_id(&self.eos_token_id),
+        };
+        cfg.validate(source_name)?;
+        Ok(cfg)
+    }
+
+    /// Builds the `config.json` mirror of a [`ModelConfig`] (used when
+    /// writing dense checkpoints).
+    pub fn from_model_config(c: &ModelConfig) -> Self {
+        let rope_scaling = match &c.rope_scaling {
+            RopeScaling::Default => None,
+            other => serde_json::to_value(other).ok(),
+        };
+        HfConfig {
+            model_type: c.architecture.model_type().into(),
+            vocab_size: c.vocab_size,
+            hidden_size: c.hidden_size,
+            intermediate_size: c.intermediate_size,
+            num_hidden_layers: c.num_layers,
+            num_attention_heads: c.num_heads,
+            num_key_value_heads: Some(c.num_kv_heads),
+            head_dim: Some(c.head_dim),
+            rms_norm_eps: Some(c.rms_norm_eps),
+            rope_theta: Some(c.rope_theta),
+            rope_scaling,
+            rope_parameters: None,
+            max_position_embeddings: Some(c.max_position_embeddings),
+            tie_word_embeddings: Some(c.tie_word_embeddings),
+            attention_bias: Some(c.attention_bias),
+            hidden_act: Some("silu".into()),
+            bos_token_id: c.bos_token_id.map(|x| x.into()),
+            eos_token_id: c.eos_token_id.map(|x| x.into()),
+            torch_dtype: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smollm2_config_reads() {
+        let json = br#"{"architectures":["LlamaForCausalLM"],"model_type":"llama","vocab_size":49152,
+            "hidden_size":576,"intermediate_size":1536,"num_hidden_layers":30,"num_attention_heads":9,
+            "num_key_value_heads":3,"rms_norm_eps":1e-5,"rope_theta":100000,"tie_word_embeddings":true,
+            "hidden_act":"silu","max_position_embeddings":8192,"bos_token_id":1,"eos_token_id":2}"#;
+        let c = HfConfig::from_json(json, "config.json").unwrap().to_model_config("config.json").unwrap();
+        assert_eq!(c.head_dim, 64);
+        assert_eq!(c.num_kv_heads, 3);
+        assert_eq!(c.rope_theta, 100000.0);
+        // SmolLM2-135M has 134,515,008 parameters (tied embeddings).
+        assert_eq!(c.num_parameters(), 134_515_008);
+    }
+
+    #[test]
+    fn unknown_architecture_is_named() {
+        let json = br#"{"model_type":"gpt2","vocab_size":10,"hidden_size":8,"intermediate_size":8,
+            "num_hidden_layers":1,"num_attention_heads":2}"#;
+        let e = HfConfig::from_json(json, "m/config.json").unwrap().to_model_config("m/config.json").unwrap_err();
+        let s = e.to_string();
+        assert!(s.contains("m/config.json") && s.contains("gpt2") && s.contains("llama"), "{s}");
+    }
+
+    #[test]
+    fn llama3_rope_scaling_parses() {
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"rope_type":"llama3","factor":32.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            parse_rope_scaling(&v, "x").unwrap(),
+            RopeScaling::Llama3 { factor: 32.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192 }
+        );
+        let bad: serde_json::Value = serde_json::from_str(r#"{"rope_type":"yarn","factor":4.0}"#).unwrap();
+        assert!(parse_rope_scaling(&bad, "x").unwrap_err().to_string().contains("yarn"));
+    }
+}

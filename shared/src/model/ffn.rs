@@ -1,0 +1,34 @@
+//! SwiGLU feed-forward network: `down( silu(gate(x)) * up(x) )`.
+//!
+//! Source: Shazeer, "GLU Variants Improve Transformer" (2020); the Llama
+//! MLP (transformers `LlamaMLP`).
+
+use burn::module::Module;
+use burn::nn::Linear;
+use burn::tensor::{activation::silu, backend::Backend, Tensor};
+
+/// A SwiGLU FFN with `gate_proj`, `up_proj` (`d -> f`) and `down_proj`
+/// (`f -> d`), no biases.
+#[derive(Module, Debug)]
+pub struct SwiGlu<B: Backend> {
+    /// `gate_proj`, Burn weight `[d, f]`.
+    pub gate_proj: Linear<B>,
+    /// `up_proj`, Burn weight `[d, f]`.
+    pub up_proj: Linear<B>,
+    /// `down_proj`, Burn weight `[f, d]`.
+    pub down_proj: Linear<B>,
+}
+
+impl<B: Backend> SwiGlu<B> {
+    /// `x: [..., d] -> [..., d]`.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let g = silu(self.gate_proj.forward(x.clone()));
+        self.down_proj.forward(g * self.up_proj.forward(x))
+    }
+
+    /// The FFN's hidden activations `silu(gate(x)) * up(x)`, `[..., f]`
+    /// (the input of `down_proj`).
+    pub fn hidden<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        silu(self.gate_proj.forward(x.clone())) * self.up_proj.forward(x)
+    }
+}

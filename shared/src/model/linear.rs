@@ -1,0 +1,45 @@
+//! Helpers to build Burn `Linear` layers from Hugging Face weights.
+
+use burn::nn::Linear;
+use burn::module::Param;
+use burn::tensor::{backend::Backend, Tensor, TensorData};
+
+/// Builds a Burn [`Linear`] from a Hugging Face weight stored
+/// `[out_features, in_features]` (row-major), transposing it to Burn's
+/// `[in_features, out_features]`, and an optional bias `[out_features]`.
+///
+/// # Panics
+/// If `weight.len() != out_features * in_features` or the bias length is not
+/// `out_features` (callers validate shapes against the config first).
+pub fn linear_from_hf<B: Backend>(
+    weight: &[f32],
+    out_features: usize,
+    in_features: usize,
+    bias: Option<Vec<f32>>,
+    device: &B::Device,
+) -> Linear<B> {
+    assert_eq!(weight.len(), out_features * in_features);
+    let mut t = vec![0f32; weight.len()];
+    for o in 0..out_features {
+        let row = &weight[o * in_features..(o + 1) * in_features];
+        for (i, v) in row.iter().enumerate() {
+            t[i * out_features + o] = *v;
+        }
+    }
+    let w = Tensor::<B, 2>::from_data(TensorData::new(t, [in_features, out_features]), device);
+    let bias = bias.map(|b| {
+        assert_eq!(b.len(), out_features);
+        Param::from_tensor(Tensor::<B, 1>::from_data(TensorData::new(b, [out_features]), device))
+    });
+    Linear { weight: Param::from_tensor(w), bias }
+}
+
+/// Reads a Burn [`Linear`] back into Hugging Face layout
+/// `[out_features, in_features]` (row-major) plus the optional bias.
+pub fn linear_to_hf<B: Backend>(linear: &Linear<B>) -> (Vec<f32>, [usize; 2], Option<Vec<f32>>) {
+    let w = linear.weight.val();
+    let [in_features, out_features] = w.dims();
+    let data: Vec<f32> = w.transpose().into_data().convert::<f32>().to_vec().expect("f32 data");
+    let bias = linear.bias.as_ref().map(|b| b.val().into_data().convert::<f32>().to_vec().expect("f32 data"));
+    (data, [out_features, in_features], bias)
+}

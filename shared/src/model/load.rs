@@ -1,0 +1,102 @@
+//! Builds a [`Transformer`] from any [`TensorSource`] with Hugging Face
+//! tensor names, checking every shape against the configuration.
+
+use burn::module::Param;
+use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::tensor::{backend::Backend, Tensor, TensorData};
+
+use super::linear::linear_from_hf;
+use super::{Attention, DecoderBlock, Rope, SwiGlu, Transformer};
+use crate::checkpoint::TensorSource;
+use crate::config::ModelConfig;
+use crate::error::{Result, StudioError};
+
+/// Reads tensor `name`, checking that its shape is `shape`.
+///
+/// # Errors
+/// [`StudioError::Tensor`] naming the source, the tensor and the expected
+/// vs found shape (or that it is missing).
+pub fn read_checked(src: &dyn TensorSource, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    let info = src
+        .info(name)
+        .ok_or_else(|| StudioError::tensor(src.source_name(), name, format!("missing (expected shape {shape:?})")))?;
+    if info.shape != shape {
+        return Err(StudioError::tensor(
+            src.source_name(),
+            name,
+            format!("shape {:?} does not match the configuration (expected {shape:?})", info.shape),
+        ));
+    }
+    let v = src.read_f32(name)?;
+    if v.len() != shape.iter().product::<usize>() {
+        return Err(StudioError::tensor(src.source_name(), name, "decoded element count does not match its shape"));
+    }
+    Ok(v)
+}
+
+fn rms<B: Backend>(src: &dyn TensorSource, name: &str, d: usize, eps: f64, device: &B::Device) -> Result<RmsNorm<B>> {
+    let g = read_checked(src, name, &[d])?;
+    Ok(RmsNorm { gamma: Param::from_tensor(Tensor::from_data(TensorData::new(g, [d]), device)), epsilon: eps })
+}
+
+fn lin<B: Backend>(
+    src: &dyn TensorSource,
+    prefix: &str,
+    out: usize,
+    inp: usize,
+    bias: bool,
+    device: &B::Device,
+) -> Result<Linear<B>> {
+    let w = read_checked(src, &format!("{prefix}.weight"), &[out, inp])?;
+    let b = if bias { Some(read_checked(src, &format!("{prefix}.bias"), &[out])?) } else { None };
+    Ok(linear_from_hf(&w, out, inp, b, device))
+}
+
+/// Loads a dense transformer with configuration `config` from `src`.
+///
+/// Tensors: `model.embed_tokens.weight [V, d]`,
+/// `model.layers.{l}.{input,post_attention}_layernorm.weight [d]`,
+/// `model.layers.{l}.self_attn.{q,k,v,o}_proj.weight` (`[out, in]`, q/k/v
+/// `.bias` when `attention_bias`), `model.layers.{l}.mlp.{gate,up,down}_proj.weight`,
+/// `model.norm.weight [d]`, `lm_head.weight [V, d]` unless tied.
+///
+/// # Errors
+/// [`StudioError::Tensor`] for a missing tensor or a shape that disagrees
+/// with `config`; conversion errors from the source.
+pub fn load_transformer<B: Backend>(config: &ModelConfig, src: &dyn TensorSource, device: &B::Device) -> Result<Transformer<B>> {
+    let (d, f, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
+    let (h, kvh, hd) = (config.num_heads, config.num_kv_heads, config.head_dim);
+    let eps = config.rms_norm_eps;
+    let emb = read_checked(src, "model.embed_tokens.weight", &[v, d])?;
+    let embed_tokens = Embedding { weight: Param::from_tensor(Tensor::from_data(TensorData::new(emb, [v, d]), device)) };
+    let mut layers = Vec::with_capacity(config.num_layers);
+    for l in 0..config.num_layers {
+        let p = format!("model.layers.{l}");
+        let bias = config.attention_bias;
+        layers.push(DecoderBlock {
+            input_layernorm: rms(src, &format!("{p}.input_layernorm.weight"), d, eps, device)?,
+            self_attn: Attention {
+                q_proj: lin(src, &format!("{p}.self_attn.q_proj"), h * hd, d, bias, device)?,
+                k_proj: lin(src, &format!("{p}.self_attn.k_proj"), kvh * hd, d, bias, device)?,
+                v_proj: lin(src, &format!("{p}.self_attn.v_proj"), kvh * hd, d, bias, device)?,
+                o_proj: lin(src, &format!("{p}.self_attn.o_proj"), d, h * hd, false, device)?,
+                num_heads: h,
+                num_kv_heads: kvh,
+                head_dim: hd,
+            },
+            post_attention_layernorm: rms(src, &format!("{p}.post_attention_layernorm.weight"), d, eps, device)?,
+            mlp: SwiGlu {
+                gate_proj: lin(src, &format!("{p}.mlp.gate_proj"), f, d, false, device)?,
+                up_proj: lin(src, &format!("{p}.mlp.up_proj"), f, d, false, device)?,
+                down_proj: lin(src, &format!("{p}.mlp.down_proj"), d, f, false, device)?,
+            },
+        });
+    }
+    let norm = rms(src, "model.norm.weight", d, eps, device)?;
+    let lm_head = if config.tie_word_embeddings {
+        None
+    } else {
+        Some(lin(src, "lm_head", v, d, false, device)?)
+    };
+    Ok(Transformer { embed_tokens, layers, norm, lm_head, rope: Rope::new(config), config: config.clone() })
+}

@@ -1,0 +1,21 @@
+//! The decoder-only transformer in Burn, generic over the backend:
+//! token embedding, RMSNorm, RoPE, grouped-query attention (optional q/k/v
+//! bias), SwiGLU FFN, tied or untied LM head and a KV cache.
+//!
+//! Layout follows Hugging Face's `LlamaForCausalLM` / `Qwen2ForCausalLM`
+//! (transformers `modeling_llama.py`), so tensor names map one to one.
+
+pub mod attention;
+pub mod cache;
+pub mod ffn;
+pub mod linear;
+pub mod load;
+pub mod rope;
+pub mod transformer;
+
+pub use attention::Attention;
+pub use cache::KvCache;
+pub use ffn::SwiGlu;
+pub use load::load_transformer;
+pub use rope::Rope;
+pub use transformer::{DecoderBlock, Transformer};

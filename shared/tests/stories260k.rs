@@ -12,7 +12,7 @@ type B = NdArray<f32>;
 
 #[test]
 fn greedy_generation_reproduces_llama2c() {
-    let Some(path) = common::require(common::data_dir().join("models/stories260K/stories260K.bin")) else { return };
+    let Some(path) = common::data_file("models/stories260K/stories260K.bin") else { return };
     let m = open_model(&path).unwrap();
     assert_eq!(m.format, ModelFormat::Llama2c);
     let c = &m.config;
@@ -35,7 +35,7 @@ fn greedy_generation_reproduces_llama2c() {
 
 #[test]
 fn kv_cache_matches_full_forward() {
-    let Some(path) = common::require(common::data_dir().join("models/stories260K/stories260K.bin")) else { return };
+    let Some(path) = common::data_file("models/stories260K/stories260K.bin") else { return };
     let m = open_model(&path).unwrap();
     let device = Default::default();
     let model = load_transformer::<B>(&m.config, m.source.as_ref(), &device).unwrap();
@@ -54,7 +54,7 @@ fn kv_cache_matches_full_forward() {
 
 #[test]
 fn tokenizer_round_trips_and_uses_byte_fallback() {
-    let Some(path) = common::require(common::data_dir().join("models/stories260K/stories260K.bin")) else { return };
+    let Some(path) = common::data_file("models/stories260K/stories260K.bin") else { return };
     let m = open_model(&path).unwrap();
     let tok = m.tokenizer.unwrap();
     for text in ["Once upon a time", "Lily's dog ran fast!", "naïve café ☕"] {

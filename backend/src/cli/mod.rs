@@ -1,6 +1,8 @@
 //! Command-line definitions and dispatch.
 
 mod backend;
+mod bench;
+mod convert;
 mod generate;
 mod inspect;
 mod perplexity;
@@ -28,6 +30,11 @@ pub enum Command {
     Generate(generate::Args),
     /// Token-level perplexity of a model on a text file (strided windows).
     Perplexity(perplexity::Args),
+    /// Write any supported model as a Hugging Face safetensors directory.
+    Convert(convert::Args),
+    /// Benchmarks (printed beside a reference measured in the same run).
+    #[command(subcommand)]
+    Bench(bench::Bench),
 }
 
 /// Runs one parsed command.
@@ -36,5 +43,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect(a) => inspect::run(a),
         Command::Generate(a) => backend::run(&cli.backend, a),
         Command::Perplexity(a) => backend::run(&cli.backend, a),
+        Command::Convert(a) => convert::run(a),
+        Command::Bench(bench::Bench::Prefill(a)) => backend::run(&cli.backend, a),
     }
 }

@@ -49,7 +49,11 @@ impl std::fmt::Debug for LoadedModel {
 pub fn from_gguf_bytes(bytes: Bytes, file_name: &str) -> Result<LoadedModel> {
     let model: GgufModel = super::gguf::open(bytes, file_name)?;
     let config = model.model_config()?;
-    let tokenizer = crate::tokenizer::gguf::tokenizer_from_gguf(&model).ok().map(|t| Tokenizer::Hf(Box::new(t)));
+    let tokenizer = if model.file.get("tokenizer.ggml.model").is_some() {
+        Some(Tokenizer::Hf(Box::new(crate::tokenizer::gguf::tokenizer_from_gguf(&model)?)))
+    } else {
+        None
+    };
     Ok(LoadedModel { path: file_name.into(), format: ModelFormat::Gguf, config, source: Box::new(model), tokenizer })
 }
 

@@ -9,6 +9,7 @@
 
 pub mod bytes;
 pub mod dtype;
+pub mod export;
 pub mod gguf;
 pub mod llama2c;
 pub mod load;

@@ -66,6 +66,15 @@ impl Tokenizer {
         }
     }
 
+    /// The Hugging Face `tokenizer.json` text, when this is a Hugging Face
+    /// tokenizer (llama2.c vocabularies have none).
+    pub fn to_hf_json(&self) -> Option<String> {
+        match self {
+            Tokenizer::Hf(t) => t.to_string(true).ok(),
+            Tokenizer::Llama2c(_) => None,
+        }
+    }
+
     /// Vocabulary size (with added tokens).
     pub fn vocab_size(&self) -> usize {
         match self {

@@ -1,0 +1,45 @@
+//! `moe-studio convert MODEL --out DIR [--dtype bf16]`: any supported input
+//! to a Hugging Face safetensors directory (GGUF tensors dequantised).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use moe_shared::checkpoint::export::export_dense;
+use moe_shared::checkpoint::{open_model, DType, WriteOptions};
+
+/// Arguments of `convert`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// A Hugging Face model directory, a `.gguf` file or a llama2.c `.bin`.
+    pub model: PathBuf,
+    /// Output directory (must not exist or be empty).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Output dtype: f32, f16 or bf16 (default: keep float dtypes, f32 for
+    /// quantised tensors).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// Largest shard in bytes (default 5 GB).
+    #[arg(long)]
+    pub max_shard_bytes: Option<usize>,
+}
+
+/// Runs `convert`.
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let dtype = match &a.dtype {
+        Some(s) => Some(DType::parse_float(s).with_context(|| format!("--dtype `{s}`: expected f32, f16 or bf16"))?),
+        None => None,
+    };
+    let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
+    let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
+    if tok.is_none() {
+        eprintln!("note: no Hugging Face tokenizer to write beside the weights");
+    }
+    let mut opts = WriteOptions::default();
+    if let Some(b) = a.max_shard_bytes {
+        opts.max_shard_bytes = b;
+    }
+    export_dense(m.source.as_ref(), &m.config, &a.out, dtype, tok, opts)?;
+    println!("wrote {}", a.out.display());
+    Ok(())
+}

@@ -23,12 +23,8 @@ pub struct Kernel {
 /// `out = target + scale * (instruct - base)` over f32 (DeltaMoE graft,
 /// methods.md §1 phase 2). Bindings: 0 target, 1 instruct, 2 base, 3 out,
 /// 4 uniform `{len: u32, offset: u32, scale: f32, _pad: u32}`.
-pub const GRAFT_F32: Kernel = Kernel {
-    name: "graft_f32",
-    entry: "main",
-    workgroup_size: 256,
-    source: include_str!("../wgsl/graft_f32.wgsl"),
-};
+pub const GRAFT_F32: Kernel =
+    Kernel { name: "graft_f32", entry: "main", workgroup_size: 256, source: include_str!("../wgsl/graft_f32.wgsl") };
 
 /// Every kernel of the crate.
 pub const ALL: &[Kernel] = &[GRAFT_F32];

@@ -20,6 +20,9 @@ mod tests {
         assert_eq!(out, vec![1.5, 1.0, -3.0]);
         // A zero delta leaves the target bit-identical.
         let t = [0.1f32, -7.25, 3.0e-8];
-        assert_eq!(graft_f32(&t, &t, &t, 1.0).iter().map(|x| x.to_bits()).collect::<Vec<_>>(), t.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            graft_f32(&t, &t, &t, 1.0).iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            t.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
     }
 }

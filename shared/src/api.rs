@@ -38,7 +38,13 @@ pub struct ModelSummary {
 
 impl ModelSummary {
     /// Summarises a model's tensors.
-    pub fn new(path: &str, format: ModelFormat, config: &ModelConfig, src: &dyn TensorSource, tokenizer_vocab: Option<usize>) -> Self {
+    pub fn new(
+        path: &str,
+        format: ModelFormat,
+        config: &ModelConfig,
+        src: &dyn TensorSource,
+        tokenizer_vocab: Option<usize>,
+    ) -> Self {
         let tensors: Vec<TensorSummary> = src
             .tensors()
             .into_iter()

@@ -30,7 +30,8 @@ fn good_file() -> Vec<u8> {
 fn truncated_safetensors_is_named() {
     let f = good_file();
     for cut in [0, 4, 9, 20, f.len() - 1] {
-        let e = SafetensorsFile::parse(Bytes::from_vec(f[..cut].to_vec()), "model.safetensors").unwrap_err().to_string();
+        let e =
+            SafetensorsFile::parse(Bytes::from_vec(f[..cut].to_vec()), "model.safetensors").unwrap_err().to_string();
         assert!(e.contains("model.safetensors"), "cut {cut}: {e}");
         assert!(e.contains("truncated") || e.contains("shorter") || e.contains("past the end"), "cut {cut}: {e}");
     }
@@ -76,10 +77,11 @@ fn unknown_architecture_and_shape_mismatch_are_named() {
     std::fs::write(dir.path().join("config.json"), tiny_config("llama")).unwrap();
     let p = PlannedTensor { name: "model.embed_tokens.weight".into(), dtype: DType::F32, shape: vec![8, 5] };
     let data = vec![0u8; 8 * 5 * 4];
-    std::fs::write(dir.path().join("model.safetensors"), serialize_to_vec(&[(p, &data)], &Default::default()).unwrap()).unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), serialize_to_vec(&[(p, &data)], &Default::default()).unwrap())
+        .unwrap();
     let m = open_model(dir.path()).unwrap();
     let device = Default::default();
-    let e = moe_shared::model::load_transformer::<burn::backend::NdArray<f32>>(&m.config, m.source.as_ref(), &device)
+    let e = moe_shared::model::load_model::<burn::backend::NdArray<f32>>(&m, &device)
         .unwrap_err()
         .to_string();
     assert!(e.contains("model.embed_tokens.weight") && e.contains("[8, 5]") && e.contains("[8, 4]"), "{e}");

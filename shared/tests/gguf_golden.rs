@@ -24,7 +24,9 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 #[test]
 fn dequant_matches_gguf_py() {
-    let Some(g) = common::golden_json("gguf_dequant.json") else { return };
+    let Some(g) = common::golden_json("gguf_dequant.json") else {
+        return;
+    };
     let types = g["types"].as_array().unwrap();
     assert!(types.len() >= 9);
     for t in types {
@@ -50,7 +52,9 @@ fn open_smollm2() -> Option<gguf::GgufModel> {
 
 #[test]
 fn smollm2_header_and_tensors_match_gguf_py() {
-    let Some(g) = common::golden_json("smollm2_gguf_tensors.json") else { return };
+    let Some(g) = common::golden_json("smollm2_gguf_tensors.json") else {
+        return;
+    };
     let Some(m) = open_smollm2() else { return };
     let f = &m.file;
     assert_eq!(f.version as u64, g["gguf_version"].as_u64().unwrap());
@@ -73,7 +77,9 @@ fn smollm2_header_and_tensors_match_gguf_py() {
         match (ours, v) {
             (GgufValue::String(s), Value::String(e)) => assert_eq!(s, e, "{k}"),
             (GgufValue::Bool(b), Value::Bool(e)) => assert_eq!(b, e, "{k}"),
-            (GgufValue::F32(x), Value::Number(e)) => assert_eq!(*x as f64, e.as_f64().unwrap(), "{k}"),
+            (GgufValue::F32(x), Value::Number(e)) => {
+                assert_eq!(*x as f64, e.as_f64().unwrap(), "{k}")
+            }
             (o, Value::Number(e)) => assert_eq!(o.as_u64(), e.as_u64(), "{k}"),
             (GgufValue::Array(a), Value::Array(e)) => assert_eq!(a.len(), e.len(), "{k}"),
             (o, e) => panic!("{k}: ours {o:?} vs golden {e}"),
@@ -132,7 +138,9 @@ fn smollm2_header_and_tensors_match_gguf_py() {
 
 #[test]
 fn smollm2_hf_view_and_qk_unpermute() {
-    let Some(g) = common::golden_json("smollm2_hf_q_weight.json") else { return };
+    let Some(g) = common::golden_json("smollm2_hf_q_weight.json") else {
+        return;
+    };
     let Some(m) = open_smollm2() else { return };
     for (name, t) in g["tensors"].as_object().unwrap() {
         let info = m.info(name).unwrap_or_else(|| panic!("{name}"));

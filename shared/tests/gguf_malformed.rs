@@ -297,7 +297,9 @@ fn synthetic_truncations_and_flips_never_panic() {
 
 #[test]
 fn real_header_truncated_and_flipped() {
-    let Some(path) = common::smollm2_gguf() else { return };
+    let Some(path) = common::smollm2_gguf() else {
+        return;
+    };
     let full = std::fs::read(&path).unwrap();
     let m = open(full[..].to_vec(), "full.gguf").unwrap();
     let data_offset = m.file.data_offset;

@@ -30,7 +30,9 @@ fn smollm2() -> Option<(Tokenizer, Tokenizer)> {
 
 #[test]
 fn smollm2_tokenizer_json_is_reproduced() {
-    let Some((ours, reference)) = smollm2() else { return };
+    let Some((ours, reference)) = smollm2() else {
+        return;
+    };
     let a: serde_json::Value = serde_json::from_str(&ours.to_string(false).unwrap()).unwrap();
     let b: serde_json::Value = serde_json::from_str(&reference.to_string(false).unwrap()).unwrap();
     for key in ["normalizer", "pre_tokenizer", "post_processor", "decoder", "added_tokens", "truncation", "padding"] {
@@ -42,8 +44,12 @@ fn smollm2_tokenizer_json_is_reproduced() {
 
 #[test]
 fn smollm2_ids_match_golden() {
-    let Some(g) = common::golden_json("smollm2_tokenizer.json") else { return };
-    let Some((ours, reference)) = smollm2() else { return };
+    let Some(g) = common::golden_json("smollm2_tokenizer.json") else {
+        return;
+    };
+    let Some((ours, reference)) = smollm2() else {
+        return;
+    };
     let entries = g["entries"].as_array().unwrap();
     let mut agree = 0;
     let mut total_ids = 0;

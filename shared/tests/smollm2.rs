@@ -10,7 +10,7 @@ use moe_shared::checkpoint::export::export_dense;
 use moe_shared::checkpoint::{open_model, LoadedModel, ModelFormat, WriteOptions};
 use moe_shared::eval::{perplexity, PerplexityOptions};
 use moe_shared::generate::{generate, Sampling};
-use moe_shared::model::{load_transformer, Transformer};
+use moe_shared::model::{load_model, Transformer};
 
 type B = NdArray<f32>;
 
@@ -38,18 +38,21 @@ fn load() -> Option<(LoadedModel, Transformer<B>)> {
     let path = common::smollm2_gguf()?;
     let m = open_model(&path).unwrap();
     assert_eq!(m.format, ModelFormat::Gguf);
-    let model = load_transformer::<B>(&m.config, m.source.as_ref(), &Default::default()).unwrap();
+    let model = load_model::<B>(&m, &Default::default()).unwrap();
     Some((m, model))
 }
 
 #[test]
 fn logits_match_transformers_and_greedy_says_berlin() {
     let Some((m, model)) = load() else { return };
-    let Some(golden) = golden_logits() else { return };
+    let Some(golden) = golden_logits() else {
+        return;
+    };
     let prompt = common::golden_json("smollm2_prompt.json").unwrap();
     let tok = m.tokenizer.as_ref().unwrap();
     let ids = tok.encode(PROMPT, false).unwrap();
-    let expected: Vec<u32> = prompt["expected_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let expected: Vec<u32> =
+        prompt["expected_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     assert_eq!(ids, expected);
     let logits = last_logits(&model, &ids);
     let diff = max_abs_diff(&logits, &golden);
@@ -67,9 +70,15 @@ fn logits_match_transformers_and_greedy_says_berlin() {
 
 #[test]
 fn tokenizer_ids_match_transformers_on_multilingual_text() {
-    let Some(path) = common::smollm2_gguf() else { return };
-    let Some(g) = common::golden_json("smollm2_tokenizer.json") else { return };
-    let Some(dir) = common::data_dir() else { return };
+    let Some(path) = common::smollm2_gguf() else {
+        return;
+    };
+    let Some(g) = common::golden_json("smollm2_tokenizer.json") else {
+        return;
+    };
+    let Some(dir) = common::data_dir() else {
+        return;
+    };
     let m = open_model(&path).unwrap();
     let gguf_tok = m.tokenizer.unwrap();
     let json = std::fs::read(dir.join("models/smollm2-135m-instruct/tokenizer.json")).unwrap();
@@ -89,8 +98,12 @@ fn tokenizer_ids_match_transformers_on_multilingual_text() {
 #[test]
 fn perplexity_matches_transformers_within_half_a_percent() {
     let Some((m, model)) = load() else { return };
-    let Some(g) = common::golden_json("smollm2_perplexity.json") else { return };
-    let Some(dir) = common::data_dir() else { return };
+    let Some(g) = common::golden_json("smollm2_perplexity.json") else {
+        return;
+    };
+    let Some(dir) = common::data_dir() else {
+        return;
+    };
     let tok = m.tokenizer.as_ref().unwrap();
     let device = Default::default();
     let mut checked = 0;
@@ -129,7 +142,7 @@ fn safetensors_export_reloads_to_the_same_logits() {
     assert!(out.join("model.safetensors.index.json").exists());
     let back = open_model(&out).unwrap();
     assert_eq!(back.config, m.config);
-    let reloaded = load_transformer::<B>(&back.config, back.source.as_ref(), &Default::default()).unwrap();
+    let reloaded = load_model::<B>(&back, &Default::default()).unwrap();
     let ids = back.tokenizer.as_ref().unwrap().encode(PROMPT, false).unwrap();
     let a = last_logits(&model, &ids);
     let b = last_logits(&reloaded, &ids);

@@ -6,47 +6,55 @@ mod common;
 use burn::backend::NdArray;
 use moe_shared::checkpoint::{open_model, ModelFormat};
 use moe_shared::generate::{generate, Sampling};
-use moe_shared::model::load_transformer;
+use moe_shared::model::load_model;
 
 type B = NdArray<f32>;
 
 #[test]
 fn greedy_generation_reproduces_llama2c() {
-    let Some(path) = common::data_file("models/stories260K/stories260K.bin") else { return };
+    let Some(path) = common::data_file("models/stories260K/stories260K.bin") else {
+        return;
+    };
     let m = open_model(&path).unwrap();
     assert_eq!(m.format, ModelFormat::Llama2c);
     let c = &m.config;
-    assert_eq!((c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, c.vocab_size), (64, 172, 5, 8, 4, 512));
+    assert_eq!(
+        (c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, c.vocab_size),
+        (64, 172, 5, 8, 4, 512)
+    );
     assert!(c.tie_word_embeddings);
     let tok = m.tokenizer.as_ref().expect("tok512.bin found beside the model");
     let prompt = tok.encode("Once upon a time", true).unwrap();
     assert_eq!(prompt[0], 1, "BOS first");
     let device = Default::default();
-    let model = load_transformer::<B>(&m.config, m.source.as_ref(), &device).unwrap();
+    let model = load_model::<B>(&m, &device).unwrap();
     let new = generate(&model, &prompt, 40, Sampling::default(), None, &device).unwrap();
     let mut all = prompt.clone();
     all.extend(&new);
     let text = tok.decode(&all).unwrap();
-    assert!(
-        text.starts_with("Once upon a time, there was a little girl named Lily."),
-        "got: {text:?}"
-    );
+    assert!(text.starts_with("Once upon a time, there was a little girl named Lily."), "got: {text:?}");
 }
 
 #[test]
 fn kv_cache_matches_full_forward() {
-    let Some(path) = common::data_file("models/stories260K/stories260K.bin") else { return };
+    let Some(path) = common::data_file("models/stories260K/stories260K.bin") else {
+        return;
+    };
     let m = open_model(&path).unwrap();
     let device = Default::default();
-    let model = load_transformer::<B>(&m.config, m.source.as_ref(), &device).unwrap();
+    let model = load_model::<B>(&m, &device).unwrap();
     use burn::tensor::{Int, Tensor, TensorData};
     let ids: Vec<i64> = vec![1, 403, 407, 261, 378, 275, 300, 30, 280];
     let n = ids.len();
     let full = model.forward(Tensor::<B, 2, Int>::from_data(TensorData::new(ids.clone(), [1, n]), &device), None);
     let full_last: Vec<f32> = full.narrow(1, n - 1, 1).into_data().to_vec().unwrap();
     let mut cache = model.new_cache();
-    let _ = model.forward(Tensor::<B, 2, Int>::from_data(TensorData::new(ids[..5].to_vec(), [1, 5]), &device), Some(&mut cache));
-    let inc = model.forward_last(Tensor::<B, 2, Int>::from_data(TensorData::new(ids[5..].to_vec(), [1, n - 5]), &device), Some(&mut cache));
+    let _ = model
+        .forward(Tensor::<B, 2, Int>::from_data(TensorData::new(ids[..5].to_vec(), [1, 5]), &device), Some(&mut cache));
+    let inc = model.forward_last(
+        Tensor::<B, 2, Int>::from_data(TensorData::new(ids[5..].to_vec(), [1, n - 5]), &device),
+        Some(&mut cache),
+    );
     let inc: Vec<f32> = inc.into_data().to_vec().unwrap();
     let max = full_last.iter().zip(&inc).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     assert!(max < 1e-4, "cached vs full max diff {max}");
@@ -54,7 +62,9 @@ fn kv_cache_matches_full_forward() {
 
 #[test]
 fn tokenizer_round_trips_and_uses_byte_fallback() {
-    let Some(path) = common::data_file("models/stories260K/stories260K.bin") else { return };
+    let Some(path) = common::data_file("models/stories260K/stories260K.bin") else {
+        return;
+    };
     let m = open_model(&path).unwrap();
     let tok = m.tokenizer.unwrap();
     for text in ["Once upon a time", "Lily's dog ran fast!", "naïve café ☕"] {

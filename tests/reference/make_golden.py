@@ -366,9 +366,8 @@ def make_perplexity(settings):
                 "nll_sum": total,
                 "nll": mean,
                 "ppl": math.exp(mean),
-                "seconds": round(dt, 1),
             }
-            log("ppl", entry)
+            log(f"ppl {entry} in {dt:.1f}s")
             key = (lang, window, stride, max_tokens)
             results = [r for r in results if (r["lang"], r["window"], r["stride"], r["max_tokens"]) != key]
             results.append(entry)

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::Context;
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use moe_shared::checkpoint::open_model;
-use moe_shared::model::load_transformer;
+use moe_shared::model::load_model;
 
 use super::backend::WithBackend;
 
@@ -60,7 +60,7 @@ impl WithBackend for PrefillArgs {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
         let a = self;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
-        let model = load_transformer::<B>(&m.config, m.source.as_ref(), &device)?;
+        let model = load_model::<B>(&m, &device)?;
         let n = a.tokens.min(m.config.max_position_embeddings);
         // Deterministic, varied ids (no tokenizer needed).
         let ids: Vec<i64> = (0..n).map(|i| ((i * 7919 + 13) % m.config.vocab_size) as i64).collect();
@@ -84,11 +84,17 @@ impl WithBackend for PrefillArgs {
             None => None,
         };
         if a.json {
-            println!("{}", serde_json::json!({"tokens": n, "seconds": median, "tokens_per_s": ours, "reference_tokens_per_s": reference}));
+            println!(
+                "{}",
+                serde_json::json!({"tokens": n, "seconds": median, "tokens_per_s": ours, "reference_tokens_per_s": reference})
+            );
         } else {
             println!("prefill {n} tokens: {median:.3} s, {ours:.1} tokens/s (moe-studio, median of {})", times.len());
             match reference {
-                Some(r) => println!("reference (transformers, same run): {r:.1} tokens/s; ratio ours/reference = {:.2}", ours / r),
+                Some(r) => println!(
+                    "reference (transformers, same run): {r:.1} tokens/s; ratio ours/reference = {:.2}",
+                    ours / r
+                ),
                 None => println!("reference: not measured (pass --reference-python PYTHON with torch + transformers)"),
             }
         }

@@ -6,7 +6,7 @@ use anyhow::Context;
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
 use moe_shared::generate::{generate, Sampling};
-use moe_shared::model::load_transformer;
+use moe_shared::model::load_model;
 
 use super::backend::WithBackend;
 
@@ -40,7 +40,7 @@ impl WithBackend for Args {
         let a = self;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer found with this model", m.path))?;
-        let model = load_transformer::<B>(&m.config, m.source.as_ref(), &device)?;
+        let model = load_model::<B>(&m, &device)?;
         let add_bos = matches!(m.format, moe_shared::checkpoint::ModelFormat::Llama2c);
         let prompt_ids = tok.encode(&a.prompt, add_bos)?;
         let sampling = Sampling { temperature: a.temperature, top_p: a.top_p, seed: a.seed };
@@ -49,13 +49,18 @@ impl WithBackend for Args {
         all.extend(&new_ids);
         let full = tok.decode(&all)?;
         let prompt_text = tok.decode(&prompt_ids)?;
-        let continuation = full.strip_prefix(&prompt_text).map(str::to_string).unwrap_or_else(|| tok.decode(&new_ids).unwrap_or_default());
+        let continuation = full
+            .strip_prefix(&prompt_text)
+            .map(str::to_string)
+            .unwrap_or_else(|| tok.decode(&new_ids).unwrap_or_default());
         if a.json {
-            println!("{}", serde_json::json!({"prompt_ids": prompt_ids, "new_ids": new_ids, "text": full, "continuation": continuation}));
+            println!(
+                "{}",
+                serde_json::json!({"prompt_ids": prompt_ids, "new_ids": new_ids, "text": full, "continuation": continuation})
+            );
         } else {
             println!("{full}");
         }
         Ok(())
     }
 }
-

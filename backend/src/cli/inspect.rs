@@ -22,7 +22,13 @@ pub struct Args {
 /// Runs `inspect`.
 pub fn run(a: Args) -> anyhow::Result<()> {
     let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
-    let s = ModelSummary::new(&m.path, m.format, &m.config, m.source.as_ref(), m.tokenizer.as_ref().map(|t| t.vocab_size()));
+    let s = ModelSummary::new(
+        &m.path,
+        m.format,
+        &m.config,
+        m.source.as_ref(),
+        m.tokenizer.as_ref().map(|t| t.vocab_size()),
+    );
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());
@@ -30,8 +36,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let c = &s.config;
     println!("model        {}", s.path);
     println!("format       {:?}", s.format);
-    println!("architecture {} ({} layers, d={}, ffn={}, heads {}/{} kv, head_dim {})",
-        c.architecture.model_type(), c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim);
+    println!(
+        "architecture {} ({} layers, d={}, ffn={}, heads {}/{} kv, head_dim {})",
+        c.architecture.model_type(),
+        c.num_layers,
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim
+    );
     println!("vocab        {}{}", c.vocab_size, if c.tie_word_embeddings { " (tied LM head)" } else { "" });
     println!("rope         theta {} {:?}; context {}", c.rope_theta, c.rope_scaling, c.max_position_embeddings);
     println!("parameters   {} ({:.2} M)", s.parameters, s.parameters as f64 / 1e6);

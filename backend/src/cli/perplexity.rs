@@ -6,7 +6,7 @@ use anyhow::Context;
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
 use moe_shared::eval::{perplexity, PerplexityOptions};
-use moe_shared::model::load_transformer;
+use moe_shared::model::load_model;
 
 use super::backend::WithBackend;
 
@@ -41,7 +41,7 @@ impl WithBackend for Args {
         }
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer found with this model", m.path))?;
-        let model = load_transformer::<B>(&m.config, m.source.as_ref(), &device)?;
+        let model = load_model::<B>(&m, &device)?;
         let ids = tok.encode(&text, false)?;
         let opts = PerplexityOptions { window: a.window, stride: a.stride, max_tokens: a.max_tokens };
         let quiet = a.json;
@@ -59,4 +59,3 @@ impl WithBackend for Args {
         Ok(())
     }
 }
-

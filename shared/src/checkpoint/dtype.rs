@@ -103,12 +103,8 @@ impl fmt::Display for DType {
 pub fn floats_to_f32(dtype: DType, bytes: &[u8]) -> Option<Vec<f32>> {
     match dtype {
         DType::F32 => Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
-        DType::F16 => Some(
-            bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        ),
-        DType::BF16 => Some(
-            bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        ),
+        DType::F16 => Some(bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+        DType::BF16 => Some(bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
         _ => None,
     }
 }

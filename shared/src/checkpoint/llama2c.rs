@@ -159,7 +159,10 @@ impl TensorSource for Llama2cModel {
         self.index.get(name).map(|&i| self.tensors[i].0.clone())
     }
     fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
-        let &i = self.index.get(name).ok_or_else(|| StudioError::tensor(&self.name, name, "not in a llama2.c checkpoint"))?;
+        let &i = self
+            .index
+            .get(name)
+            .ok_or_else(|| StudioError::tensor(&self.name, name, "not in a llama2.c checkpoint"))?;
         let (info, off, perm) = &self.tensors[i];
         let n = info.numel();
         let start = 28 + 4 * off;

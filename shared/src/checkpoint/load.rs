@@ -6,7 +6,7 @@ use super::gguf::GgufModel;
 use super::llama2c::Llama2cModel;
 use super::safetensors_io::SafetensorsModel;
 use super::{Bytes, TensorSource};
-use crate::config::{HfConfig, ModelConfig};
+use crate::config::{HfConfig, ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
 use crate::tokenizer::{Llama2cTokenizer, Tokenizer};
 
@@ -28,8 +28,10 @@ pub struct LoadedModel {
     pub path: String,
     /// Its format.
     pub format: ModelFormat,
-    /// The validated configuration.
+    /// The validated dense configuration (the base of an MoE model).
     pub config: ModelConfig,
+    /// The MoE layout, for Mixtral / studio MoE checkpoints.
+    pub moe: Option<MoeConfig>,
     /// Its tensors, by Hugging Face name.
     pub source: Box<dyn TensorSource + Send + Sync>,
     /// The tokenizer, when the model carries or sits beside one.
@@ -54,7 +56,7 @@ pub fn from_gguf_bytes(bytes: Bytes, file_name: &str) -> Result<LoadedModel> {
     } else {
         None
     };
-    Ok(LoadedModel { path: file_name.into(), format: ModelFormat::Gguf, config, source: Box::new(model), tokenizer })
+    Ok(LoadedModel { path: file_name.into(), format: ModelFormat::Gguf, config, moe: None, source: Box::new(model), tokenizer })
 }
 
 /// Builds a [`LoadedModel`] from llama2.c checkpoint and tokenizer buffers
@@ -69,7 +71,7 @@ pub fn from_llama2c_bytes(bytes: Bytes, file_name: &str, tokenizer: Option<(&[u8
         Some((b, name)) => Some(Tokenizer::Llama2c(Llama2cTokenizer::parse(b, config.vocab_size, name)?)),
         None => None,
     };
-    Ok(LoadedModel { path: file_name.into(), format: ModelFormat::Llama2c, config, source: Box::new(model), tokenizer })
+    Ok(LoadedModel { path: file_name.into(), format: ModelFormat::Llama2c, config, moe: None, source: Box::new(model), tokenizer })
 }
 
 /// Opens a model from a path (native only): a directory in Hugging Face
@@ -82,13 +84,19 @@ pub fn from_llama2c_bytes(bytes: Bytes, file_name: &str, tokenizer: Option<(&[u8
 pub fn open_model(path: &std::path::Path) -> Result<LoadedModel> {
     let name = path.display().to_string();
     if !path.exists() {
-        return Err(StudioError::io(&name, std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory")));
+        return Err(StudioError::io(
+            &name,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+        ));
     }
     if path.is_dir() {
         let cfg_path = path.join("config.json");
         let raw = std::fs::read(&cfg_path).map_err(|e| StudioError::io(cfg_path.display(), e))?;
-        let config = HfConfig::from_json(&raw, &cfg_path.display().to_string())?
-            .to_model_config(&cfg_path.display().to_string())?;
+        let cfg_name = cfg_path.display().to_string();
+        let (config, moe) = match MoeConfig::from_config_json(&raw, &cfg_name)? {
+            Some((base, moe)) => (base, Some(moe)),
+            None => (HfConfig::from_json(&raw, &cfg_name)?.to_model_config(&cfg_name)?, None),
+        };
         let source = SafetensorsModel::open_dir(path)?;
         let tok_path = path.join("tokenizer.json");
         let tokenizer = if tok_path.exists() {
@@ -97,7 +105,14 @@ pub fn open_model(path: &std::path::Path) -> Result<LoadedModel> {
         } else {
             None
         };
-        return Ok(LoadedModel { path: name, format: ModelFormat::Safetensors, config, source: Box::new(source), tokenizer });
+        return Ok(LoadedModel {
+            path: name,
+            format: ModelFormat::Safetensors,
+            config,
+            moe,
+            source: Box::new(source),
+            tokenizer,
+        });
     }
     let bytes = Bytes::map_file(path)?;
     let magic = bytes.as_slice().get(..4);
@@ -114,7 +129,9 @@ pub fn open_model(path: &std::path::Path) -> Result<LoadedModel> {
             let candidates = [dir.join(format!("tok{v}.bin")), dir.join("tokenizer.bin")];
             let tok = candidates.iter().find(|p| p.exists());
             let tok_bytes = match tok {
-                Some(p) => Some((std::fs::read(p).map_err(|e| StudioError::io(p.display(), e))?, p.display().to_string())),
+                Some(p) => {
+                    Some((std::fs::read(p).map_err(|e| StudioError::io(p.display(), e))?, p.display().to_string()))
+                }
                 None => None,
             };
             from_llama2c_bytes(bytes, &name, tok_bytes.as_ref().map(|(b, n)| (b.as_slice(), n.as_str())))

@@ -17,12 +17,12 @@ pub mod quant;
 pub mod safetensors_io;
 pub mod writer;
 
-pub use load::{LoadedModel, ModelFormat};
 #[cfg(not(target_arch = "wasm32"))]
 pub use load::open_model;
-pub use writer::{PlannedTensor, WriteOptions};
+pub use load::{LoadedModel, ModelFormat};
 #[cfg(not(target_arch = "wasm32"))]
 pub use writer::SafetensorsWriter;
+pub use writer::{PlannedTensor, WriteOptions};
 
 pub use bytes::Bytes;
 pub use dtype::DType;

@@ -103,7 +103,9 @@ fn diagnose(buf: &[u8], err: &safetensors::SafeTensorError) -> String {
     let mut end = 0u64;
     for (name, s, e, _) in &spans {
         if *s < end {
-            return format!("tensor `{name}`: data_offsets [{s}, {e}] overlap the previous tensor (which ends at {end})");
+            return format!(
+                "tensor `{name}`: data_offsets [{s}, {e}] overlap the previous tensor (which ends at {end})"
+            );
         }
         if *s > end {
             return format!("tensor `{name}`: gap before data_offsets [{s}, {e}] (previous tensor ends at {end})");
@@ -111,7 +113,9 @@ fn diagnose(buf: &[u8], err: &safetensors::SafeTensorError) -> String {
         end = *e;
     }
     if end != data_len as u64 {
-        return format!("data section is {data_len} bytes but the tensors cover {end}: file truncated or has trailing bytes");
+        return format!(
+            "data section is {data_len} bytes but the tensors cover {end}: file truncated or has trailing bytes"
+        );
     }
     generic
 }
@@ -183,9 +187,8 @@ impl TensorSource for SafetensorsFile {
         self.index.get(name).map(|&i| self.tensors[i].0.clone())
     }
     fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
-        let (info, raw) = self
-            .raw(name)
-            .ok_or_else(|| StudioError::tensor(&self.name, name, "not present in this file"))?;
+        let (info, raw) =
+            self.raw(name).ok_or_else(|| StudioError::tensor(&self.name, name, "not present in this file"))?;
         floats_to_f32(info.dtype, raw).ok_or_else(|| StudioError::UnsupportedDType {
             file: self.name.clone(),
             tensor: name.to_string(),
@@ -307,8 +310,8 @@ pub fn parse_index(raw: &[u8], file_name: &str) -> Result<HashMap<String, String
     struct Index {
         weight_map: HashMap<String, String>,
     }
-    let idx: Index = serde_json::from_slice(raw)
-        .map_err(|e| StudioError::format(file_name, "safetensors index", e.to_string()))?;
+    let idx: Index =
+        serde_json::from_slice(raw).map_err(|e| StudioError::format(file_name, "safetensors index", e.to_string()))?;
     Ok(idx.weight_map)
 }
 

@@ -156,10 +156,8 @@ mod native {
         /// float type or a name repeats; I/O errors.
         pub fn create(out_dir: &Path, plan: Vec<PlannedTensor>, opts: WriteOptions) -> Result<Self> {
             if out_dir.exists() {
-                let non_empty = std::fs::read_dir(out_dir)
-                    .map_err(|e| StudioError::io(out_dir.display(), e))?
-                    .next()
-                    .is_some();
+                let non_empty =
+                    std::fs::read_dir(out_dir).map_err(|e| StudioError::io(out_dir.display(), e))?.next().is_some();
                 if non_empty {
                     return Err(StudioError::Invalid(format!(
                         "output directory {} already exists and is not empty; choose a new --out",
@@ -363,7 +361,8 @@ mod tests {
         let b: Vec<u8> = (0..5).flat_map(|i| half::bf16::from_f32(i as f32 * 0.5).to_le_bytes()).collect();
         let c: Vec<u8> = (0..16).flat_map(|i| half::f16::from_f32(i as f32 - 8.0).to_le_bytes()).collect();
         let p = plan();
-        let bytes = serialize_to_vec(&[(p[0].clone(), &a), (p[1].clone(), &b), (p[2].clone(), &c)], &BTreeMap::new()).unwrap();
+        let bytes =
+            serialize_to_vec(&[(p[0].clone(), &a), (p[1].clone(), &b), (p[2].clone(), &c)], &BTreeMap::new()).unwrap();
         // The reference reader accepts it.
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
         assert_eq!(st.tensor("b").unwrap().dtype(), safetensors::Dtype::BF16);

@@ -63,10 +63,7 @@ pub fn perplexity<B: Backend>(
         return Err(StudioError::Invalid(format!("perplexity needs at least 2 tokens, the text has {n}")));
     }
     if opts.stride == 0 || opts.stride > opts.window {
-        return Err(StudioError::Invalid(format!(
-            "stride ({}) must be in 1..=window ({})",
-            opts.stride, opts.window
-        )));
+        return Err(StudioError::Invalid(format!("stride ({}) must be in 1..=window ({})", opts.stride, opts.window)));
     }
     if opts.window > model.config.max_position_embeddings {
         return Err(StudioError::Invalid(format!(

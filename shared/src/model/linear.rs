@@ -1,7 +1,7 @@
 //! Helpers to build Burn `Linear` layers from Hugging Face weights.
 
-use burn::nn::Linear;
 use burn::module::Param;
+use burn::nn::Linear;
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 
 /// Builds a Burn [`Linear`] from a Hugging Face weight stored

@@ -6,9 +6,12 @@ use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 
 use super::linear::linear_from_hf;
+use super::moe::MoeLayer;
+use super::transformer::Mlp;
 use super::{Attention, DecoderBlock, Rope, SwiGlu, Transformer};
 use crate::checkpoint::TensorSource;
-use crate::config::ModelConfig;
+use crate::config::moe::{expert_weight_name, router_bias_name, router_weight_name};
+use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
 
 /// Reads tensor `name`, checking that its shape is `shape`.
@@ -52,23 +55,52 @@ fn lin<B: Backend>(
     Ok(linear_from_hf(&w, out, inp, b, device))
 }
 
-/// Loads a dense transformer with configuration `config` from `src`.
+fn hf_linear<B: Backend>(
+    src: &dyn TensorSource,
+    weight: &str,
+    bias: Option<&str>,
+    out: usize,
+    inp: usize,
+    device: &B::Device,
+) -> Result<Linear<B>> {
+    let w = read_checked(src, weight, &[out, inp])?;
+    let b = match bias {
+        Some(b) => Some(read_checked(src, b, &[out])?),
+        None => None,
+    };
+    Ok(linear_from_hf(&w, out, inp, b, device))
+}
+
+/// Loads a transformer with dense configuration `config` and, for MoE
+/// checkpoints, the layout `moe`, from `src`.
 ///
 /// Tensors: `model.embed_tokens.weight [V, d]`,
 /// `model.layers.{l}.{input,post_attention}_layernorm.weight [d]`,
 /// `model.layers.{l}.self_attn.{q,k,v,o}_proj.weight` (`[out, in]`, q/k/v
 /// `.bias` when `attention_bias`), `model.layers.{l}.mlp.{gate,up,down}_proj.weight`,
-/// `model.norm.weight [d]`, `lm_head.weight [V, d]` unless tied.
+/// `model.norm.weight [d]`, `lm_head.weight [V, d]` unless tied. MoE layers
+/// read `model.layers.{l}.block_sparse_moe.gate.weight [E, d]` (+ `.bias`)
+/// and `...experts.{e}.{w1,w3}.weight [f, d]`, `.w2.weight [d, f]` instead
+/// of `mlp.*`.
 ///
 /// # Errors
 /// [`StudioError::Tensor`] for a missing tensor or a shape that disagrees
 /// with `config`; conversion errors from the source.
-pub fn load_transformer<B: Backend>(config: &ModelConfig, src: &dyn TensorSource, device: &B::Device) -> Result<Transformer<B>> {
+pub fn load_transformer<B: Backend>(
+    config: &ModelConfig,
+    moe: Option<&MoeConfig>,
+    src: &dyn TensorSource,
+    device: &B::Device,
+) -> Result<Transformer<B>> {
+    if let Some(m) = moe {
+        m.validate(config, src.source_name())?;
+    }
     let (d, f, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
     let (h, kvh, hd) = (config.num_heads, config.num_kv_heads, config.head_dim);
     let eps = config.rms_norm_eps;
     let emb = read_checked(src, "model.embed_tokens.weight", &[v, d])?;
-    let embed_tokens = Embedding { weight: Param::from_tensor(Tensor::from_data(TensorData::new(emb, [v, d]), device)) };
+    let embed_tokens =
+        Embedding { weight: Param::from_tensor(Tensor::from_data(TensorData::new(emb, [v, d]), device)) };
     let mut layers = Vec::with_capacity(config.num_layers);
     for l in 0..config.num_layers {
         let p = format!("model.layers.{l}");
@@ -85,18 +117,45 @@ pub fn load_transformer<B: Backend>(config: &ModelConfig, src: &dyn TensorSource
                 head_dim: hd,
             },
             post_attention_layernorm: rms(src, &format!("{p}.post_attention_layernorm.weight"), d, eps, device)?,
-            mlp: SwiGlu {
-                gate_proj: lin(src, &format!("{p}.mlp.gate_proj"), f, d, false, device)?,
-                up_proj: lin(src, &format!("{p}.mlp.up_proj"), f, d, false, device)?,
-                down_proj: lin(src, &format!("{p}.mlp.down_proj"), d, f, false, device)?,
+            mlp: match moe.and_then(|m| m.layers[l].as_ref()) {
+                None => Mlp::Dense(SwiGlu {
+                    gate_proj: lin(src, &format!("{p}.mlp.gate_proj"), f, d, false, device)?,
+                    up_proj: lin(src, &format!("{p}.mlp.up_proj"), f, d, false, device)?,
+                    down_proj: lin(src, &format!("{p}.mlp.down_proj"), d, f, false, device)?,
+                }),
+                Some(spec) => {
+                    let e = spec.num_experts;
+                    let bias = router_bias_name(l);
+                    let gate = hf_linear(src, &router_weight_name(l), spec.router_bias.then_some(bias.as_str()), e, d, device)?;
+                    let experts = (0..e)
+                        .map(|x| {
+                            Ok(SwiGlu {
+                                gate_proj: hf_linear(src, &expert_weight_name(l, x, "w1"), None, f, d, device)?,
+                                up_proj: hf_linear(src, &expert_weight_name(l, x, "w3"), None, f, d, device)?,
+                                down_proj: hf_linear(src, &expert_weight_name(l, x, "w2"), None, d, f, device)?,
+                            })
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    Mlp::Moe(MoeLayer {
+                        gate,
+                        experts,
+                        top_k: spec.top_k,
+                        temperature: spec.temperature,
+                        frozen: spec.frozen.clone(),
+                    })
+                }
             },
         });
     }
     let norm = rms(src, "model.norm.weight", d, eps, device)?;
-    let lm_head = if config.tie_word_embeddings {
-        None
-    } else {
-        Some(lin(src, "lm_head", v, d, false, device)?)
-    };
+    let lm_head = if config.tie_word_embeddings { None } else { Some(lin(src, "lm_head", v, d, false, device)?) };
     Ok(Transformer { embed_tokens, layers, norm, lm_head, rope: Rope::new(config), config: config.clone() })
+}
+
+/// Loads the model of a [`crate::checkpoint::LoadedModel`] (dense or MoE).
+///
+/// # Errors
+/// As [`load_transformer`].
+pub fn load_model<B: Backend>(m: &crate::checkpoint::LoadedModel, device: &B::Device) -> Result<Transformer<B>> {
+    load_transformer(&m.config, m.moe.as_ref(), m.source.as_ref(), device)
 }

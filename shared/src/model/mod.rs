@@ -10,12 +10,14 @@ pub mod cache;
 pub mod ffn;
 pub mod linear;
 pub mod load;
+pub mod moe;
 pub mod rope;
 pub mod transformer;
 
 pub use attention::Attention;
 pub use cache::KvCache;
 pub use ffn::SwiGlu;
-pub use load::load_transformer;
+pub use load::{load_model, load_transformer};
 pub use rope::Rope;
-pub use transformer::{DecoderBlock, Transformer};
+pub use moe::{MoeLayer, Routing, RoutingTrace};
+pub use transformer::{DecoderBlock, ForwardOptions, Mlp, Trace, Transformer};

@@ -23,8 +23,7 @@ impl Rope {
     pub fn new(config: &ModelConfig) -> Self {
         let hd = config.head_dim;
         let base = config.rope_theta;
-        let mut inv_freq: Vec<f64> =
-            (0..hd / 2).map(|i| 1.0 / base.powf((2 * i) as f64 / hd as f64)).collect();
+        let mut inv_freq: Vec<f64> = (0..hd / 2).map(|i| 1.0 / base.powf((2 * i) as f64 / hd as f64)).collect();
         match &config.rope_scaling {
             RopeScaling::Default => {}
             RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),

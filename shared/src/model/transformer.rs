@@ -1,13 +1,24 @@
-//! The decoder stack: embedding, `L` pre-norm blocks, final RMSNorm and the
-//! LM head (transformers `LlamaModel` + `LlamaForCausalLM`).
+//! The decoder stack: embedding, `L` pre-norm blocks (each FFN dense or
+//! MoE), final RMSNorm and the LM head (transformers `LlamaModel` +
+//! `LlamaForCausalLM`; `MixtralForCausalLM` when FFNs are MoE).
 
 use burn::module::Module;
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::{backend::Backend, Int, Tensor};
 
 use super::attention::{causal_mask, Attention};
+use super::moe::{MoeLayer, Routing, RoutingTrace};
 use super::{KvCache, Rope, SwiGlu};
-use crate::config::ModelConfig;
+use crate::config::{MoeConfig, MoeLayerSpec, ModelConfig};
+
+/// A block's FFN: dense SwiGLU or an MoE layer.
+#[derive(Module, Debug)]
+pub enum Mlp<B: Backend> {
+    /// `mlp.{gate,up,down}_proj`.
+    Dense(SwiGlu<B>),
+    /// `block_sparse_moe.{gate,experts}`.
+    Moe(MoeLayer<B>),
+}
 
 /// One pre-norm decoder block:
 /// `h = x + attn(norm1(x)); out = h + mlp(norm2(h))`.
@@ -20,11 +31,36 @@ pub struct DecoderBlock<B: Backend> {
     /// `post_attention_layernorm` (RMSNorm before the FFN; its output is what
     /// an MoE router sees).
     pub post_attention_layernorm: RmsNorm<B>,
-    /// `mlp` (SwiGLU).
-    pub mlp: SwiGlu<B>,
+    /// The FFN.
+    pub mlp: Mlp<B>,
 }
 
-/// A dense decoder-only transformer.
+/// What a forward pass records besides its output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ForwardOptions {
+    /// How MoE layers route.
+    pub routing: Routing,
+    /// Record every layer's FFN input (the post-attention-norm hidden state,
+    /// what the router sees), `[batch, seq, d]` — ridge statistics.
+    pub capture_ffn_inputs: bool,
+}
+
+/// Per-layer records of a forward pass.
+#[derive(Debug, Clone)]
+pub struct Trace<B: Backend> {
+    /// FFN inputs per layer, `[batch, seq, d]` (when captured).
+    pub ffn_inputs: Vec<Tensor<B, 3>>,
+    /// Routing per layer (`None` for dense layers).
+    pub routing: Vec<Option<RoutingTrace<B>>>,
+}
+
+impl<B: Backend> Default for Trace<B> {
+    fn default() -> Self {
+        Trace { ffn_inputs: Vec::new(), routing: Vec::new() }
+    }
+}
+
+/// A decoder-only transformer (dense or MoE).
 #[derive(Module, Debug)]
 pub struct Transformer<B: Backend> {
     /// `model.embed_tokens`, weight `[V, d]`.
@@ -38,7 +74,7 @@ pub struct Transformer<B: Backend> {
     /// RoPE frequencies (not a parameter).
     #[module(skip)]
     pub rope: Rope,
-    /// The configuration the model was built from.
+    /// The dense configuration the model was built from.
     #[module(skip)]
     pub config: ModelConfig,
 }
@@ -47,7 +83,19 @@ impl<B: Backend> Transformer<B> {
     /// Hidden states after the final norm, `[batch, seq, d]`, for `tokens`
     /// `[batch, seq]`. With a cache, positions continue after the cached
     /// ones and the cache is extended.
-    pub fn forward_hidden(&self, tokens: Tensor<B, 2, Int>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
+    pub fn forward_hidden(&self, tokens: Tensor<B, 2, Int>, cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
+        self.forward_hidden_with(tokens, cache, ForwardOptions::default(), None)
+    }
+
+    /// [`Transformer::forward_hidden`] with routing options and an optional
+    /// trace to fill (FFN inputs, router logits, chosen experts, counts).
+    pub fn forward_hidden_with(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        mut cache: Option<&mut KvCache<B>>,
+        opts: ForwardOptions,
+        mut trace: Option<&mut Trace<B>>,
+    ) -> Tensor<B, 3> {
         let device = tokens.device();
         let [_, s] = tokens.dims();
         let offset = cache.as_ref().map(|c| c.len()).unwrap_or(0);
@@ -57,7 +105,28 @@ impl<B: Backend> Transformer<B> {
         for (l, block) in self.layers.iter().enumerate() {
             let c = cache.as_mut().map(|c| (&mut **c, l));
             let h = x.clone() + block.self_attn.forward(block.input_layernorm.forward(x), &cos, &sin, &mask, c);
-            x = h.clone() + block.mlp.forward(block.post_attention_layernorm.forward(h));
+            let ffn_in = block.post_attention_layernorm.forward(h.clone());
+            if let Some(t) = trace.as_mut() {
+                if opts.capture_ffn_inputs {
+                    t.ffn_inputs.push(ffn_in.clone());
+                }
+            }
+            let ffn_out = match &block.mlp {
+                Mlp::Dense(m) => {
+                    if let Some(t) = trace.as_mut() {
+                        t.routing.push(None);
+                    }
+                    m.forward(ffn_in)
+                }
+                Mlp::Moe(m) => {
+                    let (y, r) = m.forward(ffn_in, opts.routing);
+                    if let Some(t) = trace.as_mut() {
+                        t.routing.push(Some(r));
+                    }
+                    y
+                }
+            };
+            x = h + ffn_out;
         }
         self.norm.forward(x)
     }
@@ -87,5 +156,28 @@ impl<B: Backend> Transformer<B> {
     /// A new, empty KV cache for this model.
     pub fn new_cache(&self) -> KvCache<B> {
         KvCache::new(self.layers.len())
+    }
+
+    /// The MoE layout of this model (`None` when every FFN is dense).
+    pub fn moe_config(&self) -> Option<MoeConfig> {
+        let layers: Vec<Option<MoeLayerSpec>> = self
+            .layers
+            .iter()
+            .map(|b| match &b.mlp {
+                Mlp::Dense(_) => None,
+                Mlp::Moe(m) => Some(MoeLayerSpec {
+                    num_experts: m.num_experts(),
+                    top_k: m.top_k,
+                    frozen: m.frozen.clone(),
+                    router_bias: m.gate.bias.is_some(),
+                    temperature: m.temperature,
+                }),
+            })
+            .collect();
+        if layers.iter().all(|l| l.is_none()) {
+            None
+        } else {
+            Some(MoeConfig { layers, router_aux_loss_coef: 0.01 })
+        }
     }
 }

@@ -215,17 +215,18 @@ pub fn build_tokenizer(model: &GgufModel) -> Result<(Tokenizer, Vec<String>)> {
     let token_types = number_array(model, "tokenizer.ggml.token_type", n)?
         .map(|v| v.into_iter().map(|x| x as i64).collect::<Vec<_>>());
     let meta = Meta { src, tokens, token_types };
-    let (mut tok, byte_level, default_bos) =
-        match kind {
-            "gpt2" => (gpt2_tokenizer(model, &meta, &mut warnings)?, true, false),
-            "llama" => (llama_tokenizer(model, &meta)?, false, true),
-            other => return Err(tok_err(
+    let (mut tok, byte_level, default_bos) = match kind {
+        "gpt2" => (gpt2_tokenizer(model, &meta, &mut warnings)?, true, false),
+        "llama" => (llama_tokenizer(model, &meta)?, false, true),
+        other => {
+            return Err(tok_err(
                 src,
                 format!(
                     "unsupported GGUF tokenizer model `tokenizer.ggml.model` = \"{other}\" (supported: gpt2, llama)"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     add_special_tokens(&mut tok, &meta, byte_level);
     // BOS/EOS post-processing, as transformers' `update_post_processor`.
     let add_bos = meta_bool(model, "tokenizer.ggml.add_bos_token").unwrap_or(default_bos);
@@ -415,7 +416,9 @@ fn llama_tokenizer(model: &GgufModel, meta: &Meta) -> Result<Tokenizer> {
 /// Adds control tokens (type 3) as special and user-defined ones (type 4)
 /// as plain added tokens, as transformers' `add_gguf_special_tokens`.
 fn add_special_tokens(tok: &mut Tokenizer, meta: &Meta, byte_level: bool) {
-    let Some(types) = &meta.token_types else { return };
+    let Some(types) = &meta.token_types else {
+        return;
+    };
     let alphabet: Option<std::collections::HashSet<char>> =
         byte_level.then(|| bytes_to_unicode().iter().copied().collect());
     let control: Vec<AddedToken> = meta

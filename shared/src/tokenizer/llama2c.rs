@@ -107,7 +107,9 @@ impl Llama2cTokenizer {
     /// previous token (a leading space is stripped after BOS; `<0xXX>`
     /// pieces become the raw byte).
     pub fn piece_bytes(&self, prev: u32, id: u32) -> Vec<u8> {
-        let Some(p) = self.pieces.get(id as usize) else { return Vec::new() };
+        let Some(p) = self.pieces.get(id as usize) else {
+            return Vec::new();
+        };
         let mut p = p.as_slice();
         if prev == 1 && p.first() == Some(&b' ') {
             p = &p[1..];

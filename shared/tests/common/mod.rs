@@ -37,7 +37,9 @@ pub fn require(path: PathBuf, what: &str, hint: &str) -> Option<PathBuf> {
 pub fn cache_dir() -> PathBuf {
     match std::env::var_os("MOE_STUDIO_CACHE") {
         Some(p) => PathBuf::from(p),
-        None => std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".")).join(".cache/moe-studio"),
+        None => {
+            std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".")).join(".cache/moe-studio")
+        }
     }
 }
 

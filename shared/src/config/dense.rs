@@ -214,11 +214,7 @@ fn first_id(v: &Option<serde_json::Value>) -> Option<u32> {
 }
 
 fn parse_rope_scaling(v: &serde_json::Value, src: &str) -> Result<RopeScaling> {
-    let ty = v
-        .get("rope_type")
-        .or_else(|| v.get("type"))
-        .and_then(|t| t.as_str())
-        .unwrap_or("default");
+    let ty = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
     let num = |k: &str, default: Option<f64>| -> Result<f64> {
         match v.get(k).and_then(|x| x.as_f64()).or(default) {
             Some(x) => Ok(x),
@@ -232,8 +228,7 @@ fn parse_rope_scaling(v: &serde_json::Value, src: &str) -> Result<RopeScaling> {
             factor: num("factor", None)?,
             low_freq_factor: num("low_freq_factor", Some(1.0))?,
             high_freq_factor: num("high_freq_factor", Some(4.0))?,
-            original_max_position_embeddings: num("original_max_position_embeddings", Some(8192.0))?
-                as usize,
+            original_max_position_embeddings: num("original_max_position_embeddings", Some(8192.0))? as usize,
         }),
         other => Err(StudioError::config(
             src,
@@ -249,8 +244,7 @@ impl HfConfig {
     /// [`StudioError::Format`] naming `source_name` when the JSON is invalid
     /// or a required field is missing.
     pub fn from_json(bytes: &[u8], source_name: &str) -> Result<Self> {
-        serde_json::from_slice(bytes)
-            .map_err(|e| StudioError::format(source_name, "config.json", e.to_string()))
+        serde_json::from_slice(bytes).map_err(|e| StudioError::format(source_name, "config.json", e.to_string()))
     }
 
     /// Validates into a [`ModelConfig`].
@@ -380,7 +374,12 @@ mod tests {
         .unwrap();
         assert_eq!(
             parse_rope_scaling(&v, "x").unwrap(),
-            RopeScaling::Llama3 { factor: 32.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192 }
+            RopeScaling::Llama3 {
+                factor: 32.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192
+            }
         );
         let bad: serde_json::Value = serde_json::from_str(r#"{"rope_type":"yarn","factor":4.0}"#).unwrap();
         assert!(parse_rope_scaling(&bad, "x").unwrap_err().to_string().contains("yarn"));

@@ -1,0 +1,9 @@
+//! Model configuration: the dense decoder ([`ModelConfig`], mirrored from
+//! Hugging Face `config.json`) and the MoE layout on top of it
+//! ([`MoeConfig`], Mixtral or the studio's own keys).
+
+mod dense;
+pub mod moe;
+
+pub use dense::{Architecture, HfConfig, ModelConfig, RopeScaling};
+pub use moe::{MoeConfig, MoeLayerSpec};

@@ -7,7 +7,7 @@ use moe_shared::checkpoint::{open_model, Bytes, DType};
 
 fn header_file(header: &str, data_len: usize) -> Vec<u8> {
     let mut h = header.as_bytes().to_vec();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();
@@ -81,9 +81,7 @@ fn unknown_architecture_and_shape_mismatch_are_named() {
         .unwrap();
     let m = open_model(dir.path()).unwrap();
     let device = Default::default();
-    let e = moe_shared::model::load_model::<burn::backend::NdArray<f32>>(&m, &device)
-        .unwrap_err()
-        .to_string();
+    let e = moe_shared::model::load_model::<burn::backend::NdArray<f32>>(&m, &device).unwrap_err().to_string();
     assert!(e.contains("model.embed_tokens.weight") && e.contains("[8, 5]") && e.contains("[8, 4]"), "{e}");
 }
 

@@ -21,7 +21,7 @@ pub struct Args {
     pub dtype: Option<String>,
     /// Largest shard in bytes (default 5 GB).
     #[arg(long)]
-    pub max_shard_bytes: Option<usize>,
+    pub max_shard_bytes: Option<u64>,
 }
 
 /// Runs `convert`.

@@ -2,9 +2,14 @@
 //! safetensors, `tokenizer.json`) from any [`TensorSource`], streaming one
 //! tensor at a time.
 
-use super::{DType, PlannedTensor, TensorSource};
-use crate::config::{HfConfig, ModelConfig};
-use crate::error::{Result, StudioError};
+use super::DType;
+use crate::config::ModelConfig;
+#[cfg(not(target_arch = "wasm32"))]
+use {
+    super::{PlannedTensor, TensorSource},
+    crate::config::HfConfig,
+    crate::error::{Result, StudioError},
+};
 
 /// The Hugging Face tensor names and shapes of a dense model, in the order
 /// transformers writes them.
@@ -38,6 +43,7 @@ pub fn dense_tensor_plan(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
 
 /// Output dtype of a tensor: `dtype` when given, else the source's float
 /// dtype, else F32 (quantised GGUF tensors are written dequantised).
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 fn out_dtype(src: DType, dtype: Option<DType>) -> DType {
     dtype.unwrap_or(if src.float_size().is_some() { src } else { DType::F32 })
 }

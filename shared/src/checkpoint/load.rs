@@ -4,11 +4,12 @@
 
 use super::gguf::GgufModel;
 use super::llama2c::Llama2cModel;
-use super::safetensors_io::SafetensorsModel;
 use super::{Bytes, TensorSource};
-use crate::config::{HfConfig, ModelConfig, MoeConfig};
-use crate::error::{Result, StudioError};
+use crate::config::{ModelConfig, MoeConfig};
+use crate::error::Result;
 use crate::tokenizer::{Llama2cTokenizer, Tokenizer};
+#[cfg(not(target_arch = "wasm32"))]
+use {super::safetensors_io::SafetensorsModel, crate::config::HfConfig, crate::error::StudioError};
 
 /// The on-disk format a model was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -56,7 +57,14 @@ pub fn from_gguf_bytes(bytes: Bytes, file_name: &str) -> Result<LoadedModel> {
     } else {
         None
     };
-    Ok(LoadedModel { path: file_name.into(), format: ModelFormat::Gguf, config, moe: None, source: Box::new(model), tokenizer })
+    Ok(LoadedModel {
+        path: file_name.into(),
+        format: ModelFormat::Gguf,
+        config,
+        moe: None,
+        source: Box::new(model),
+        tokenizer,
+    })
 }
 
 /// Builds a [`LoadedModel`] from llama2.c checkpoint and tokenizer buffers
@@ -71,7 +79,14 @@ pub fn from_llama2c_bytes(bytes: Bytes, file_name: &str, tokenizer: Option<(&[u8
         Some((b, name)) => Some(Tokenizer::Llama2c(Llama2cTokenizer::parse(b, config.vocab_size, name)?)),
         None => None,
     };
-    Ok(LoadedModel { path: file_name.into(), format: ModelFormat::Llama2c, config, moe: None, source: Box::new(model), tokenizer })
+    Ok(LoadedModel {
+        path: file_name.into(),
+        format: ModelFormat::Llama2c,
+        config,
+        moe: None,
+        source: Box::new(model),
+        tokenizer,
+    })
 }
 
 /// Opens a model from a path (native only): a directory in Hugging Face

@@ -39,7 +39,7 @@ impl PlannedTensor {
 pub struct WriteOptions {
     /// Largest shard size in bytes (data only); a single tensor larger than
     /// this gets a shard of its own. Default 5 GB (transformers' default).
-    pub max_shard_bytes: usize,
+    pub max_shard_bytes: u64,
     /// `__metadata__` written into every shard (e.g. `format: pt`).
     pub metadata: BTreeMap<String, String>,
 }
@@ -73,7 +73,7 @@ pub fn shard_header(tensors: &[PlannedTensor], metadata: &BTreeMap<String, Strin
         off = end;
     }
     let mut json = serde_json::to_vec(&serde_json::Value::Object(map)).expect("json");
-    while (json.len() + 8) % 8 != 0 {
+    while !(json.len() + 8).is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = (json.len() as u64).to_le_bytes().to_vec();
@@ -106,16 +106,17 @@ pub fn serialize_to_vec(tensors: &[(PlannedTensor, &[u8])], metadata: &BTreeMap<
 }
 
 /// Splits a plan into shards of at most `max` data bytes (order kept).
-pub fn plan_shards(plan: &[PlannedTensor], max: usize) -> Vec<Vec<PlannedTensor>> {
+pub fn plan_shards(plan: &[PlannedTensor], max: u64) -> Vec<Vec<PlannedTensor>> {
     let mut shards: Vec<Vec<PlannedTensor>> = vec![];
     let mut cur: Vec<PlannedTensor> = vec![];
-    let mut size = 0usize;
+    let mut size = 0u64;
     for t in plan {
-        if !cur.is_empty() && size + t.byte_len() > max {
+        let len = t.byte_len() as u64;
+        if !cur.is_empty() && size + len > max {
             shards.push(std::mem::take(&mut cur));
             size = 0;
         }
-        size += t.byte_len();
+        size += len;
         cur.push(t.clone());
     }
     if !cur.is_empty() || shards.is_empty() {

@@ -118,16 +118,16 @@ impl ModelConfig {
                 return err(format!("`{name}` must be > 0"));
             }
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return err(format!(
                 "`num_attention_heads` ({}) must be a multiple of `num_key_value_heads` ({})",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return err(format!("`head_dim` ({}) must be even for RoPE", self.head_dim));
         }
-        if !(self.rms_norm_eps > 0.0) || !(self.rope_theta > 0.0) {
+        if self.rms_norm_eps.is_nan() || self.rms_norm_eps <= 0.0 || self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
             return err("`rms_norm_eps` and `rope_theta` must be > 0".into());
         }
         Ok(())

@@ -87,7 +87,10 @@ impl MoeConfig {
                 return err(format!("layer {l}: an MoE layer needs at least 1 expert (got 0)"));
             }
             if s.top_k == 0 || s.top_k > s.num_experts {
-                return err(format!("layer {l}: top-k {} must be between 1 and the expert count {}", s.top_k, s.num_experts));
+                return err(format!(
+                    "layer {l}: top-k {} must be between 1 and the expert count {}",
+                    s.top_k, s.num_experts
+                ));
             }
             if let Some(f) = s.frozen.iter().find(|&&f| f >= s.num_experts) {
                 return err(format!("layer {l}: frozen expert {f} does not exist ({} experts)", s.num_experts));
@@ -103,7 +106,10 @@ impl MoeConfig {
     /// when it can.
     pub fn mixtral_blocker(&self, base: &ModelConfig) -> Option<String> {
         if !matches!(base.architecture, Architecture::Llama | Architecture::Mistral) {
-            return Some(format!("the base architecture is {} (Mixtral has no q/k/v bias)", base.architecture.model_type()));
+            return Some(format!(
+                "the base architecture is {} (Mixtral has no q/k/v bias)",
+                base.architecture.model_type()
+            ));
         }
         if base.attention_bias {
             return Some("attention projections have biases".into());
@@ -136,7 +142,9 @@ impl MoeConfig {
         let ffn = 3 * base.hidden_size * base.intermediate_size;
         let mut n = base.num_parameters();
         for s in self.layers.iter().flatten() {
-            n += (s.num_experts - 1) * ffn + s.num_experts * base.hidden_size + if s.router_bias { s.num_experts } else { 0 };
+            n += (s.num_experts - 1) * ffn
+                + s.num_experts * base.hidden_size
+                + if s.router_bias { s.num_experts } else { 0 };
         }
         n
     }
@@ -146,7 +154,8 @@ impl MoeConfig {
         let mut v = serde_json::to_value(HfConfig::from_model_config(base)).expect("config serialises");
         let obj = v.as_object_mut().expect("object");
         obj.retain(|_, x| !x.is_null());
-        let frozen: Vec<Vec<usize>> = self.layers.iter().map(|s| s.as_ref().map(|s| s.frozen.clone()).unwrap_or_default()).collect();
+        let frozen: Vec<Vec<usize>> =
+            self.layers.iter().map(|s| s.as_ref().map(|s| s.frozen.clone()).unwrap_or_default()).collect();
         obj.insert("router_aux_loss_coef".into(), self.router_aux_loss_coef.into());
         if self.mixtral_blocker(base).is_none() {
             let first = self.layers[0].as_ref().expect("validated");
@@ -180,8 +189,8 @@ impl MoeConfig {
     /// # Errors
     /// [`StudioError::Config`] / [`StudioError::Format`] naming `source_name`.
     pub fn from_config_json(bytes: &[u8], source_name: &str) -> Result<Option<(ModelConfig, MoeConfig)>> {
-        let v: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| StudioError::format(source_name, "config.json", e.to_string()))?;
+        let v: serde_json::Value = serde_json::from_slice(bytes)
+            .map_err(|e| StudioError::format(source_name, "config.json", e.to_string()))?;
         let ty = v.get("model_type").and_then(|t| t.as_str()).unwrap_or("");
         if ty != "mixtral" && ty != "moe_studio" {
             return Ok(None);
@@ -195,7 +204,8 @@ impl MoeConfig {
             .to_string();
         let mut dense = v.clone();
         dense["model_type"] = base_type.clone().into();
-        let hf: HfConfig = serde_json::from_value(dense).map_err(|e| StudioError::format(source_name, "config.json", e.to_string()))?;
+        let hf: HfConfig = serde_json::from_value(dense)
+            .map_err(|e| StudioError::format(source_name, "config.json", e.to_string()))?;
         let base = hf.to_model_config(source_name)?;
         let coef = v.get("router_aux_loss_coef").and_then(|x| x.as_f64()).unwrap_or(0.01);
         let frozen: Vec<Vec<usize>> = studio
@@ -265,7 +275,8 @@ mod tests {
     use super::*;
 
     fn base() -> ModelConfig {
-        let json = br#"{"model_type":"llama","vocab_size":32,"hidden_size":8,"intermediate_size":12,"num_hidden_layers":2,
+        let json =
+            br#"{"model_type":"llama","vocab_size":32,"hidden_size":8,"intermediate_size":12,"num_hidden_layers":2,
             "num_attention_heads":2,"num_key_value_heads":1,"tie_word_embeddings":true}"#;
         HfConfig::from_json(json, "c").unwrap().to_model_config("c").unwrap()
     }
@@ -307,10 +318,13 @@ mod tests {
         assert!(e.contains("alloc.json") && e.contains("3 layers") && e.contains("has 2"), "{e}");
         let e = MoeConfig::uniform(2, spec(2, 3)).validate(&b, "x").unwrap_err().to_string();
         assert!(e.contains("top-k 3"), "{e}");
-        let e = MoeConfig::uniform(2, MoeLayerSpec { num_experts: 0, top_k: 1, frozen: vec![], router_bias: false, temperature: 1.0 })
-            .validate(&b, "x")
-            .unwrap_err()
-            .to_string();
+        let e = MoeConfig::uniform(
+            2,
+            MoeLayerSpec { num_experts: 0, top_k: 1, frozen: vec![], router_bias: false, temperature: 1.0 },
+        )
+        .validate(&b, "x")
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("at least 1 expert"), "{e}");
     }
 }

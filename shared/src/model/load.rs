@@ -126,7 +126,14 @@ pub fn load_transformer<B: Backend>(
                 Some(spec) => {
                     let e = spec.num_experts;
                     let bias = router_bias_name(l);
-                    let gate = hf_linear(src, &router_weight_name(l), spec.router_bias.then_some(bias.as_str()), e, d, device)?;
+                    let gate = hf_linear(
+                        src,
+                        &router_weight_name(l),
+                        spec.router_bias.then_some(bias.as_str()),
+                        e,
+                        d,
+                        device,
+                    )?;
                     let experts = (0..e)
                         .map(|x| {
                             Ok(SwiGlu {

@@ -18,6 +18,6 @@ pub use attention::Attention;
 pub use cache::KvCache;
 pub use ffn::SwiGlu;
 pub use load::{load_model, load_transformer};
-pub use rope::Rope;
 pub use moe::{MoeLayer, Routing, RoutingTrace};
+pub use rope::Rope;
 pub use transformer::{DecoderBlock, ForwardOptions, Mlp, Trace, Transformer};

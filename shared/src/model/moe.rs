@@ -131,7 +131,9 @@ mod tests {
 
     fn ffn(seed: f32, d: usize, f: usize) -> SwiGlu<B> {
         let dev = Default::default();
-        let w = |o: usize, i: usize, s: f32| -> Vec<f32> { (0..o * i).map(|j| ((j as f32 * 0.37 + s).sin()) * 0.3).collect() };
+        let w = |o: usize, i: usize, s: f32| -> Vec<f32> {
+            (0..o * i).map(|j| ((j as f32 * 0.37 + s).sin()) * 0.3).collect()
+        };
         SwiGlu {
             gate_proj: linear_from_hf(&w(f, d, seed), f, d, None, &dev),
             up_proj: linear_from_hf(&w(f, d, seed + 1.0), f, d, None, &dev),

@@ -9,10 +9,11 @@ use burn::tensor::{backend::Backend, Int, Tensor};
 use super::attention::{causal_mask, Attention};
 use super::moe::{MoeLayer, Routing, RoutingTrace};
 use super::{KvCache, Rope, SwiGlu};
-use crate::config::{MoeConfig, MoeLayerSpec, ModelConfig};
+use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
 
 /// A block's FFN: dense SwiGLU or an MoE layer.
 #[derive(Module, Debug)]
+#[allow(clippy::large_enum_variant)] // one per layer; boxing would complicate the Module derive
 pub enum Mlp<B: Backend> {
     /// `mlp.{gate,up,down}_proj`.
     Dense(SwiGlu<B>),

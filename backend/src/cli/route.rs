@@ -1,0 +1,192 @@
+//! `moe-studio route MOE --domain NAME=FILE[:HELDOUT]... --out DIR`: DUME's
+//! ridge router for an MoErged model (domain i = expert i).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use burn::tensor::backend::Backend;
+use moe_shared::checkpoint::open_model;
+use moe_shared::methods::route::{
+    collect_stats, empty_stats, pack_sequences, routed_config, routing_accuracy, set_routers, solve_all,
+    stats_to_safetensors, write_routed, RouteOptions,
+};
+use moe_shared::model::load_model;
+
+use super::backend::WithBackend;
+
+/// Arguments of `route`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// An MoE checkpoint directory whose expert i is domain i's model (see `moerge`).
+    pub model: PathBuf,
+    /// `NAME=TRAIN_FILE[:HELDOUT_FILE]`, one per expert, in expert order.
+    /// Without a held-out file the last 10% of the training tokens are held out.
+    #[arg(long = "domain", required = true)]
+    pub domains: Vec<String>,
+    /// Ridge strength lambda (> 0).
+    #[arg(long, default_value_t = 1e-2)]
+    pub lambda: f64,
+    /// Experts per token at inference.
+    #[arg(long, default_value_t = 1)]
+    pub top_k: usize,
+    /// Router temperature.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+    /// Tokens per domain for the statistics.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_tokens: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 512)]
+    pub context: usize,
+    /// Solve without the bias column (the result then exports in the Mixtral layout).
+    #[arg(long)]
+    pub no_bias: bool,
+    /// Extra lambdas to report held-out accuracy for (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub lambda_sweep: Vec<f64>,
+    /// Held-out tokens per domain for the accuracy report.
+    #[arg(long, default_value_t = 2_000)]
+    pub eval_tokens: usize,
+    /// Output directory.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+struct Domain {
+    name: String,
+    train: Vec<Vec<u32>>,
+    heldout: Vec<Vec<u32>>,
+}
+
+fn parse_domain(spec: &str) -> anyhow::Result<(String, PathBuf, Option<PathBuf>)> {
+    let (name, files) = spec.split_once('=').with_context(|| format!("--domain `{spec}`: expected NAME=FILE[:HELDOUT]"))?;
+    if name.is_empty() {
+        bail!("--domain `{spec}`: the name is empty");
+    }
+    let (train, held) = match files.split_once(':') {
+        Some((t, h)) => (PathBuf::from(t), Some(PathBuf::from(h))),
+        None => (PathBuf::from(files), None),
+    };
+    Ok((name.to_string(), train, held))
+}
+
+fn mean(v: &[Option<f64>]) -> f64 {
+    let xs: Vec<f64> = v.iter().flatten().copied().collect();
+    xs.iter().sum::<f64>() / xs.len().max(1) as f64
+}
+
+impl WithBackend for Args {
+    fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
+        let a = self;
+        let t0 = Instant::now();
+        let opts = RouteOptions {
+            lambda: a.lambda,
+            top_k: a.top_k,
+            temperature: a.temperature,
+            max_tokens: a.max_tokens,
+            context: a.context,
+            bias: !a.no_bias,
+        };
+        if !(a.lambda > 0.0) || a.lambda_sweep.iter().any(|l| !(*l > 0.0)) {
+            bail!("--lambda and --lambda-sweep values must be > 0");
+        }
+        let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
+        let moe = m.moe.clone().with_context(|| format!("{}: not an MoE checkpoint (run `moerge` first)", m.path))?;
+        let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer.json beside the model", m.path))?;
+        for (l, s) in moe.layers.iter().enumerate() {
+            if let Some(s) = s {
+                if s.num_experts != a.domains.len() {
+                    bail!("layer {l} has {} experts but {} domains were given (one per expert, in order)", s.num_experts, a.domains.len());
+                }
+            }
+        }
+        let mut domains = Vec::new();
+        for spec in &a.domains {
+            let (name, train, held) = parse_domain(spec)?;
+            let read = |p: &PathBuf| -> anyhow::Result<Vec<u32>> {
+                let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+                if text.trim().is_empty() {
+                    bail!("domain `{name}`: {} is empty", p.display());
+                }
+                Ok(tok.encode(&text, false)?)
+            };
+            let ids = read(&train)?;
+            let (train_ids, held_ids) = match &held {
+                Some(h) => (ids, read(h)?),
+                None => {
+                    let cut = ids.len() * 9 / 10;
+                    (ids[..cut].to_vec(), ids[cut..].to_vec())
+                }
+            };
+            domains.push(Domain {
+                name,
+                train: pack_sequences(&train_ids, a.context),
+                heldout: pack_sequences(&held_ids, a.context),
+            });
+        }
+        let mut model = load_model::<B>(&m, &device)?;
+        let _ = &device;
+        let mut stats = empty_stats(&model, opts.bias);
+        let mut tokens = Vec::new();
+        for (i, d) in domains.iter().enumerate() {
+            let n = collect_stats(&model, i, &d.train, opts.max_tokens, &mut stats)
+                .with_context(|| format!("domain `{}`", d.name))?;
+            tokens.push(n);
+            if !a.json {
+                eprintln!("statistics: domain {} ({}) {} tokens", i, d.name, n);
+            }
+        }
+        let routers = solve_all(&stats, opts.lambda)?;
+        let cond: Vec<Option<f64>> = stats.iter().map(|s| s.as_ref().and_then(|s| s.condition_number(opts.lambda).ok())).collect();
+        set_routers(&mut model, &routers, opts.top_k, opts.temperature);
+        let accuracy: Vec<Vec<Option<f64>>> =
+            domains.iter().enumerate().map(|(i, d)| routing_accuracy(&model, i, &d.heldout, a.eval_tokens)).collect();
+        let mut sweep = Vec::new();
+        for &lambda in &a.lambda_sweep {
+            let r = solve_all(&stats, lambda)?;
+            set_routers(&mut model, &r, opts.top_k, opts.temperature);
+            let acc: Vec<f64> =
+                domains.iter().enumerate().map(|(i, d)| mean(&routing_accuracy(&model, i, &d.heldout, a.eval_tokens))).collect();
+            sweep.push(serde_json::json!({"lambda": lambda, "mean_accuracy_per_domain": acc}));
+        }
+        let names: Vec<String> = domains.iter().map(|d| d.name.clone()).collect();
+        let stats_bytes = stats_to_safetensors(&stats, &names)?;
+        let routed = routed_config(&moe, &opts);
+        let report = serde_json::json!({
+            "model": m.path,
+            "domains": names,
+            "tokens_per_domain": tokens,
+            "options": opts,
+            "random_routing_accuracy": 1.0 / domains.len() as f64,
+            "accuracy_per_domain_per_layer": accuracy,
+            "mean_accuracy_per_domain": accuracy.iter().map(|a| mean(a)).collect::<Vec<_>>(),
+            "condition_number_per_layer": cond,
+            "lambda_sweep": sweep,
+        });
+        let provenance = serde_json::json!({"method": "dume-ridge-router", "source": m.path, "domains": names, "lambda": opts.lambda});
+        let mut extra = vec![("ridge_stats.safetensors", stats_bytes)];
+        extra.push(("ridge_report.json", serde_json::to_vec_pretty(&report)?));
+        if let Some(t) = tok.to_hf_json() {
+            extra.push(("tokenizer.json", t.into_bytes()));
+        }
+        write_routed(m.source.as_ref(), &m.config, &routed, &routers, &a.out, extra, provenance)?;
+        let mut report = report;
+        report["seconds"] = t0.elapsed().as_secs_f64().into();
+        report["out"] = a.out.display().to_string().into();
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            println!("routed {} -> {} ({:.1} s)", m.path, a.out.display(), t0.elapsed().as_secs_f64());
+            println!("random routing accuracy: {:.3}", 1.0 / domains.len() as f64);
+            for (i, d) in domains.iter().enumerate() {
+                let per: Vec<String> = accuracy[i].iter().map(|x| x.map(|v| format!("{v:.2}")).unwrap_or("-".into())).collect();
+                println!("{:>10}: mean {:.3}  per layer [{}]", d.name, mean(&accuracy[i]), per.join(" "));
+            }
+        }
+        Ok(())
+    }
+}

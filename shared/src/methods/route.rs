@@ -1,0 +1,339 @@
+//! DUME's ridge router applied to an MoErged model: collect the ridge
+//! statistics with one oracle-routed forward pass per domain, solve every
+//! MoE layer's router, measure per-layer routing accuracy on held-out text,
+//! and write the routed checkpoint with its statistics beside it.
+//!
+//! Source: DUME (2026), router section; methods.md §2. Domain `i` is
+//! expert `i`: during collection every MoE layer is forced to expert `i`
+//! (as if the router were an oracle) and the FFN input of each token (what
+//! the router sees) is accumulated into that layer's [`RidgeStats`].
+
+use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use super::moe_plan::{moe_tensor_plan, Origin};
+use super::ridge::{RidgeStats, RouterWeights};
+use crate::config::{ModelConfig, MoeConfig};
+use crate::error::{Result, StudioError};
+use crate::model::linear::linear_from_hf;
+use crate::model::{ForwardOptions, Mlp, Routing, Trace, Transformer};
+
+/// Options of the ridge router.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RouteOptions {
+    /// Ridge strength `λ` (> 0; reference 1e-2).
+    pub lambda: f64,
+    /// Experts per token at inference (reference 1).
+    pub top_k: usize,
+    /// Router temperature `T` (reference 1.0 for evaluation).
+    pub temperature: f64,
+    /// Cap on tokens per domain for the statistics (reference 10,000).
+    pub max_tokens: usize,
+    /// Tokens per sequence (`context_dim`).
+    pub context: usize,
+    /// Append the constant-1 column (router bias). Without it the result
+    /// exports in the Mixtral layout.
+    pub bias: bool,
+}
+
+impl Default for RouteOptions {
+    fn default() -> Self {
+        RouteOptions { lambda: 1e-2, top_k: 1, temperature: 1.0, max_tokens: 10_000, context: 512, bias: true }
+    }
+}
+
+/// Splits a token stream into sequences of at most `context` tokens
+/// (the last, shorter one kept when it has at least 2 tokens).
+pub fn pack_sequences(ids: &[u32], context: usize) -> Vec<Vec<u32>> {
+    ids.chunks(context.max(2)).filter(|c| c.len() >= 2).map(|c| c.to_vec()).collect()
+}
+
+fn forward_trace<B: Backend>(model: &Transformer<B>, seq: &[u32], opts: ForwardOptions) -> Trace<B> {
+    let device = model.embed_tokens.weight.val().device();
+    let ids: Vec<i64> = seq.iter().map(|&x| x as i64).collect();
+    let t = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, seq.len()]), &device);
+    let mut trace = Trace::default();
+    let _ = model.forward_hidden_with(t, None, opts, Some(&mut trace));
+    trace
+}
+
+/// Empty statistics for every MoE layer of `model` (`None` for dense
+/// layers).
+pub fn empty_stats<B: Backend>(model: &Transformer<B>, bias: bool) -> Vec<Option<RidgeStats>> {
+    let d = model.config.hidden_size;
+    model
+        .layers
+        .iter()
+        .map(|b| match &b.mlp {
+            Mlp::Moe(m) => Some(RidgeStats::new(d, m.num_experts(), bias)),
+            Mlp::Dense(_) => None,
+        })
+        .collect()
+}
+
+/// Accumulates the statistics of domain `domain` (= expert index) from
+/// `sequences`, forcing every MoE layer to that expert; stops after
+/// `max_tokens` tokens. Returns the tokens used.
+///
+/// # Errors
+/// [`StudioError::Invalid`] when a layer has no expert `domain` or no
+/// sequence has tokens.
+pub fn collect_stats<B: Backend>(
+    model: &Transformer<B>,
+    domain: usize,
+    sequences: &[Vec<u32>],
+    max_tokens: usize,
+    stats: &mut [Option<RidgeStats>],
+) -> Result<usize> {
+    for (l, s) in stats.iter().enumerate() {
+        if let Some(s) = s {
+            if domain >= s.num_experts() {
+                return Err(StudioError::Invalid(format!(
+                    "layer {l} has {} experts; there is no expert for domain {domain}",
+                    s.num_experts()
+                )));
+            }
+        }
+    }
+    let opts = ForwardOptions { routing: Routing::Forced(domain), capture_ffn_inputs: true };
+    let mut used = 0usize;
+    for seq in sequences {
+        if used >= max_tokens {
+            break;
+        }
+        let take = seq.len().min(max_tokens - used);
+        if take == 0 {
+            continue;
+        }
+        let trace = forward_trace(model, &seq[..take], opts);
+        for (l, x) in trace.ffn_inputs.into_iter().enumerate() {
+            if let Some(s) = stats[l].as_mut() {
+                let v: Vec<f32> = x.into_data().convert::<f32>().to_vec().expect("f32");
+                s.accumulate(&v, domain)?;
+            }
+        }
+        used += take;
+    }
+    if used == 0 {
+        return Err(StudioError::Invalid(format!("domain {domain}: no tokens to collect statistics from")));
+    }
+    Ok(used)
+}
+
+/// Solves every MoE layer's router.
+///
+/// # Errors
+/// As [`RidgeStats::solve`].
+pub fn solve_all(stats: &[Option<RidgeStats>], lambda: f64) -> Result<Vec<Option<RouterWeights>>> {
+    stats.iter().map(|s| s.as_ref().map(|s| s.solve(lambda)).transpose()).collect()
+}
+
+/// Puts solved routers into `model` (weight `[E, d]`, optional bias) with
+/// the given top-k and temperature.
+pub fn set_routers<B: Backend>(model: &mut Transformer<B>, routers: &[Option<RouterWeights>], top_k: usize, temperature: f64) {
+    let device = model.embed_tokens.weight.val().device();
+    for (block, r) in model.layers.iter_mut().zip(routers) {
+        if let (Mlp::Moe(m), Some(r)) = (&mut block.mlp, r) {
+            m.gate = linear_from_hf(&r.weight, r.num_experts, r.dim, r.bias.clone(), &device);
+            m.top_k = top_k.min(r.num_experts);
+            m.temperature = temperature;
+        }
+    }
+}
+
+/// Per-layer routing accuracy on held-out sequences of domain `domain`:
+/// the fraction of tokens whose highest-weighted chosen expert is
+/// `domain`, with the model routing by its routers (`None` for dense
+/// layers). Uses at most `max_tokens` tokens.
+pub fn routing_accuracy<B: Backend>(
+    model: &Transformer<B>,
+    domain: usize,
+    sequences: &[Vec<u32>],
+    max_tokens: usize,
+) -> Vec<Option<f64>> {
+    let n_layers = model.layers.len();
+    let mut hits = vec![0usize; n_layers];
+    let mut total = 0usize;
+    for seq in sequences {
+        if total >= max_tokens {
+            break;
+        }
+        let take = seq.len().min(max_tokens - total);
+        let trace = forward_trace(model, &seq[..take], ForwardOptions::default());
+        for (l, r) in trace.routing.iter().enumerate() {
+            if let Some(r) = r {
+                // chosen[t*k] is the top-1 (largest logit) expert.
+                hits[l] += (0..take).filter(|&t| r.chosen[t * r.top_k] as usize == domain).count();
+            }
+        }
+        total += take;
+    }
+    model
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(l, b)| matches!(b.mlp, Mlp::Moe(_)).then(|| hits[l] as f64 / total.max(1) as f64))
+        .collect()
+}
+
+/// The MoE layout after routing: each MoE layer gets the router bias flag,
+/// top-k and temperature of `opts`.
+pub fn routed_config(moe: &MoeConfig, opts: &RouteOptions) -> MoeConfig {
+    let mut out = moe.clone();
+    for s in out.layers.iter_mut().flatten() {
+        s.router_bias = opts.bias;
+        s.top_k = opts.top_k.min(s.num_experts);
+        s.temperature = opts.temperature;
+    }
+    out
+}
+
+const STATS_FORMAT: &str = "moe-studio-ridge-stats-v1";
+
+/// Serialises per-layer statistics into a safetensors file:
+/// `layers.{l}.A` (F64 `[p, p]`), `layers.{l}.B` (F64 `[p, E]`),
+/// `layers.{l}.tokens` (I64 `[E]`), with `__metadata__` holding the format
+/// tag, the domain names (JSON) and `bias`.
+///
+/// # Errors
+/// [`StudioError::Invalid`] when serialisation fails.
+pub fn stats_to_safetensors(stats: &[Option<RidgeStats>], domains: &[String]) -> Result<Vec<u8>> {
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype;
+    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut bias = true;
+    for (l, s) in stats.iter().enumerate() {
+        let Some(s) = s else { continue };
+        bias = s.bias;
+        let (p, e) = (s.p(), s.num_experts());
+        owned.push((format!("layers.{l}.A"), Dtype::F64, vec![p, p], s.a.iter().flat_map(|x| x.to_le_bytes()).collect()));
+        owned.push((format!("layers.{l}.B"), Dtype::F64, vec![p, e], s.b.iter().flat_map(|x| x.to_le_bytes()).collect()));
+        owned.push((
+            format!("layers.{l}.tokens"),
+            Dtype::I64,
+            vec![e],
+            s.tokens.iter().flat_map(|x| (*x as i64).to_le_bytes()).collect(),
+        ));
+    }
+    let views: Vec<(String, TensorView<'_>)> = owned
+        .iter()
+        .map(|(n, dt, sh, b)| Ok((n.clone(), TensorView::new(*dt, sh.clone(), b).map_err(|e| StudioError::Invalid(e.to_string()))?)))
+        .collect::<Result<_>>()?;
+    let mut meta = std::collections::HashMap::new();
+    meta.insert("format".to_string(), STATS_FORMAT.to_string());
+    meta.insert("domains".to_string(), serde_json::to_string(domains).expect("json"));
+    meta.insert("bias".to_string(), bias.to_string());
+    meta.insert("num_layers".to_string(), stats.len().to_string());
+    safetensors::serialize(views, Some(meta)).map_err(|e| StudioError::Invalid(format!("ridge statistics: {e}")))
+}
+
+/// Reads statistics written by [`stats_to_safetensors`]: per-layer stats
+/// and the domain names.
+///
+/// # Errors
+/// [`StudioError::Format`] naming `file_name` when the file is not a
+/// studio ridge-statistics file or a tensor is malformed.
+pub fn stats_from_safetensors(bytes: &[u8], file_name: &str, hidden: usize) -> Result<(Vec<Option<RidgeStats>>, Vec<String>)> {
+    let fmt = |w: String| StudioError::format(file_name, "ridge statistics", w);
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| fmt(e.to_string()))?;
+    let m = meta.metadata().clone().unwrap_or_default();
+    if m.get("format").map(String::as_str) != Some(STATS_FORMAT) {
+        return Err(fmt(format!("`__metadata__.format` is not {STATS_FORMAT}")));
+    }
+    let domains: Vec<String> =
+        serde_json::from_str(m.get("domains").map(String::as_str).unwrap_or("[]")).map_err(|e| fmt(e.to_string()))?;
+    let bias = m.get("bias").map(|b| b == "true").unwrap_or(true);
+    let n_layers: usize = m.get("num_layers").and_then(|n| n.parse().ok()).ok_or_else(|| fmt("missing num_layers".into()))?;
+    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| fmt(e.to_string()))?;
+    let f64s = |name: &str| -> Option<Vec<f64>> {
+        st.tensor(name).ok().map(|t| t.data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8"))).collect())
+    };
+    let mut out = Vec::with_capacity(n_layers);
+    for l in 0..n_layers {
+        let (Some(a), Some(b)) = (f64s(&format!("layers.{l}.A")), f64s(&format!("layers.{l}.B"))) else {
+            out.push(None);
+            continue;
+        };
+        let tokens: Vec<u64> = st
+            .tensor(&format!("layers.{l}.tokens"))
+            .map_err(|e| fmt(e.to_string()))?
+            .data()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().expect("8")) as u64)
+            .collect();
+        let p = hidden + usize::from(bias);
+        if a.len() != p * p || b.len() != p * tokens.len() {
+            return Err(fmt(format!("layer {l}: A/B shapes do not match hidden size {hidden}")));
+        }
+        out.push(Some(RidgeStats { dim: hidden, bias, a, b, tokens }));
+    }
+    Ok((out, domains))
+}
+
+/// Streams the routed checkpoint: every tensor of `src` (an MoE
+/// checkpoint with layout `moe`) is copied, router weights/biases replaced
+/// by `routers` (scaled by `1/T` when written in the Mixtral layout).
+/// `extra` files (e.g. the statistics) are written beside it.
+///
+/// # Errors
+/// Missing tensors, I/O, an existing non-empty `out_dir`.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn write_routed(
+    src: &dyn crate::checkpoint::TensorSource,
+    base: &ModelConfig,
+    routed: &MoeConfig,
+    routers: &[Option<RouterWeights>],
+    out_dir: &std::path::Path,
+    mut extra: Vec<(&str, Vec<u8>)>,
+    provenance: serde_json::Value,
+) -> Result<()> {
+    use crate::checkpoint::{DType, PlannedTensor, SafetensorsWriter, WriteOptions};
+    let choice = super::output::choose_layout(base, routed);
+    let plan = moe_tensor_plan(base, routed);
+    let dtype_of = |name: &str| src.info(name).map(|i| i.dtype).filter(|d| d.float_size().is_some());
+    let mut planned = Vec::with_capacity(plan.len());
+    for t in &plan {
+        let dtype = match &t.origin {
+            Origin::RouterWeight { layer } | Origin::RouterBias { layer } => {
+                dtype_of(&crate::config::moe::expert_weight_name(*layer, 0, "w1")).unwrap_or(DType::F32)
+            }
+            _ => {
+                let info = src
+                    .info(&t.name)
+                    .ok_or_else(|| StudioError::tensor(src.source_name(), &t.name, "missing from the MoE checkpoint"))?;
+                if info.shape != t.shape {
+                    return Err(StudioError::tensor(
+                        src.source_name(),
+                        &t.name,
+                        format!("shape {:?}, expected {:?}", info.shape, t.shape),
+                    ));
+                }
+                super::output::out_dtype(info.dtype, None)
+            }
+        };
+        planned.push(PlannedTensor { name: t.name.clone(), dtype, shape: t.shape.clone() });
+    }
+    let dtype = planned.first().map(|p| p.dtype).unwrap_or(DType::F32);
+    let mut w = SafetensorsWriter::create(out_dir, planned, WriteOptions::default())?;
+    for t in &plan {
+        match &t.origin {
+            Origin::RouterWeight { layer } => {
+                let r = routers[*layer].as_ref().ok_or_else(|| StudioError::Invalid(format!("layer {layer}: no router")))?;
+                let s = choice.router_scale[*layer] as f32;
+                let v: Vec<f32> = r.weight.iter().map(|x| x * s).collect();
+                w.write_f32(&t.name, &v)?;
+            }
+            Origin::RouterBias { layer } => {
+                let r = routers[*layer].as_ref().and_then(|r| r.bias.clone()).ok_or_else(|| {
+                    StudioError::Invalid(format!("layer {layer}: the router has no bias but the layout needs one"))
+                })?;
+                w.write_f32(&t.name, &r)?;
+            }
+            _ => w.write_f32(&t.name, &src.read_f32(&t.name)?)?,
+        }
+    }
+    let cfg = super::output::config_json(base, &choice.written, dtype, provenance);
+    extra.push(("config.json", serde_json::to_vec_pretty(&cfg).expect("json")));
+    w.finish(&extra)?;
+    Ok(())
+}

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Tiny random Hugging Face checkpoints + their transformers logits.
+
+The real-model test (SmolLM2, shared/tests/smollm2.rs) only covers a Llama
+with tied embeddings, no RoPE scaling and f32/GGUF storage. This script builds
+three tiny randomly initialised models that cover the other code paths of the
+Burn forward and the safetensors loader, saves them with `save_pretrained`,
+and records the float32 logits that transformers computes *from the saved
+files* (so the storage rounding to bf16/f16 is part of the reference):
+
+  tests/fixtures/tiny-qwen2/    Qwen2ForCausalLM: q/k/v biases, tied
+                                embeddings, rope_theta 10000, f32, one file.
+  tests/fixtures/tiny-llama3/   LlamaForCausalLM: untied lm_head, rope_scaling
+                                llama3 (factor 8, low 1, high 4, original 64),
+                                rope_theta 500000, head_dim 16 (> hidden/heads,
+                                so one RoPE frequency falls in llama3's
+                                "medium" band and is smoothed), bf16 storage,
+                                sharded (model.safetensors.index.json).
+  tests/fixtures/tiny-mistral/  MistralForCausalLM: untied, f16 storage.
+
+Shapes: vocab 96, hidden 32, intermediate 48, 2 layers, 4 heads, 2 kv heads,
+max_position_embeddings 256. Every parameter is re-drawn from a seeded normal
+(linear/embedding weights std 0.15, biases std 0.1, RMSNorm weights 1 + 0.2 N)
+so that biases and norm weights are not the trivial 0 / 1 transformers
+initialises them to, and logits are of order 1.
+
+Golden output: tests/reference/golden/tiny_fixtures.json
+  {"_meta": {versions, ids},
+   "<name>": {"dir": "tests/fixtures/<name>", "storage_dtype": ...,
+              "ids": [...], "logits": [[96 floats] x 12]}}
+
+Run (CPU, a few seconds):
+    ~/.cache/moe-studio/pyref-venv/bin/python tests/reference/make_tiny_fixtures.py
+Deterministic: torch.manual_seed(SEED) before each model; eager attention;
+float32 on CPU.
+"""
+
+import json
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+import safetensors
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+GOLDEN = HERE / "golden" / "tiny_fixtures.json"
+
+SEED = 20240607
+IDS = [1, 5, 17, 42, 3, 88, 60, 7, 19, 2, 33, 71]
+KEEP = ("config.json", "model.safetensors.index.json")
+
+COMMON = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    initializer_range=0.1,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def randomize(model, seed):
+    """Re-draws every parameter from a seeded normal (see module doc)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            r = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * r)
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * r)
+            else:
+                p.copy_(0.15 * r)
+
+
+def specs():
+    return [
+        dict(
+            name="tiny-qwen2",
+            cls=Qwen2ForCausalLM,
+            config=Qwen2Config(**COMMON, tie_word_embeddings=True, rope_theta=10000.0),
+            dtype=torch.float32,
+            shard=None,
+        ),
+        dict(
+            name="tiny-llama3",
+            cls=LlamaForCausalLM,
+            config=LlamaConfig(
+                **COMMON,
+                head_dim=16,
+                tie_word_embeddings=False,
+                rope_theta=500000.0,
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+            ),
+            dtype=torch.bfloat16,
+            shard="20KB",
+        ),
+        dict(
+            name="tiny-mistral",
+            cls=MistralForCausalLM,
+            config=MistralConfig(**COMMON, tie_word_embeddings=False, rope_theta=10000.0),
+            dtype=torch.float16,
+            shard=None,
+        ),
+    ]
+
+
+def save(spec, out):
+    torch.manual_seed(SEED)
+    cfg = spec["config"]
+    cfg._attn_implementation = "eager"
+    model = spec["cls"](cfg).eval()
+    randomize(model, SEED)
+    if cfg.tie_word_embeddings:
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr(), "not tied"
+    model = model.to(spec["dtype"])
+    if out.exists():
+        shutil.rmtree(out)
+    kw = {"safe_serialization": True}
+    if spec["shard"]:
+        kw["max_shard_size"] = spec["shard"]
+    model.save_pretrained(out, **kw)
+    for f in out.iterdir():
+        if f.name not in KEEP and f.suffix != ".safetensors":
+            f.unlink()
+
+
+def logits_from_saved(spec, out):
+    model = spec["cls"].from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+    for n, p in model.named_parameters():
+        assert p.dtype == torch.float32, n
+    with torch.no_grad():
+        logits = model(torch.tensor([IDS])).logits[0]
+    assert logits.shape == (len(IDS), spec["config"].vocab_size)
+    return model, logits
+
+
+def main():
+    golden = {
+        "_meta": {
+            "script": "tests/reference/make_tiny_fixtures.py",
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "safetensors": safetensors.__version__,
+            "seed": SEED,
+        }
+    }
+    for spec in specs():
+        name = spec["name"]
+        out = FIXTURES / name
+        save(spec, out)
+        model, logits = logits_from_saved(spec, out)
+        files = sorted(f.name for f in out.iterdir())
+        size = sum(f.stat().st_size for f in out.iterdir())
+        assert size < 200_000, (name, size)
+        if spec["shard"]:
+            assert "model.safetensors.index.json" in files and sum(f.endswith(".safetensors") for f in files) > 1
+        cfg_json = json.loads((out / "config.json").read_text())
+        print(
+            f"{name}: {files} {size} B; logits std {logits.std():.3f} max|.| {logits.abs().max():.3f}; "
+            f"rope: rope_theta={cfg_json.get('rope_theta')} rope_scaling={cfg_json.get('rope_scaling')} "
+            f"rope_parameters={cfg_json.get('rope_parameters')} tie={cfg_json.get('tie_word_embeddings')} "
+            f"dtype={cfg_json.get('dtype', cfg_json.get('torch_dtype'))}",
+            file=sys.stderr,
+        )
+        golden[name] = {
+            "dir": f"tests/fixtures/{name}",
+            "storage_dtype": str(spec["dtype"]).replace("torch.", ""),
+            "ids": IDS,
+            "logits": [[float(x) for x in row] for row in logits.tolist()],
+        }
+    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+    with open(GOLDEN, "w") as f:
+        json.dump(golden, f, indent=None, separators=(",", ":"))
+        f.write("\n")
+    print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size} B)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

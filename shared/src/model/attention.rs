@@ -56,11 +56,34 @@ impl<B: Backend> Attention<B> {
         mask: &Tensor<B, 4>,
         cache: Option<(&mut super::KvCache<B>, usize)>,
     ) -> Tensor<B, 3> {
+        self.forward_capture(x, cos, sin, mask, cache, None)
+    }
+
+    /// [`Attention::forward`] that also hands the projection outputs
+    /// (`q_proj`, `k_proj`, `v_proj` before RoPE, and `o_proj`, each
+    /// `[batch, seq, units]`) to `capture` (neuron analysis).
+    pub fn forward_capture(
+        &self,
+        x: Tensor<B, 3>,
+        cos: &Tensor<B, 2>,
+        sin: &Tensor<B, 2>,
+        mask: &Tensor<B, 4>,
+        cache: Option<(&mut super::KvCache<B>, usize)>,
+        mut capture: Option<&mut dyn FnMut(&'static str, Tensor<B, 3>)>,
+    ) -> Tensor<B, 3> {
         let [b, s, _] = x.dims();
         let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = self.q_proj.forward(x.clone()).reshape([b, s, h, hd]).swap_dims(1, 2);
-        let k = self.k_proj.forward(x.clone()).reshape([b, s, kvh, hd]).swap_dims(1, 2);
-        let v = self.v_proj.forward(x).reshape([b, s, kvh, hd]).swap_dims(1, 2);
+        let q = self.q_proj.forward(x.clone());
+        let k = self.k_proj.forward(x.clone());
+        let v = self.v_proj.forward(x);
+        if let Some(c) = capture.as_mut() {
+            c("q_proj", q.clone());
+            c("k_proj", k.clone());
+            c("v_proj", v.clone());
+        }
+        let q = q.reshape([b, s, h, hd]).swap_dims(1, 2);
+        let k = k.reshape([b, s, kvh, hd]).swap_dims(1, 2);
+        let v = v.reshape([b, s, kvh, hd]).swap_dims(1, 2);
         let q = Rope::apply(q, cos, sin);
         let k = Rope::apply(k, cos, sin);
         let (k, v) = match cache {
@@ -81,6 +104,10 @@ impl<B: Backend> Attention<B> {
         let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale) + mask.clone();
         let probs = softmax(scores, 3);
         let out = probs.matmul(v).swap_dims(1, 2).reshape([b, s, h * hd]);
-        self.o_proj.forward(out)
+        let out = self.o_proj.forward(out);
+        if let Some(c) = capture.as_mut() {
+            c("o_proj", out.clone());
+        }
+        out
     }
 }

@@ -26,6 +26,22 @@ impl<B: Backend> SwiGlu<B> {
         self.down_proj.forward(g * self.up_proj.forward(x))
     }
 
+    /// [`SwiGlu::forward`] that also hands `gate_proj`, `up_proj` and
+    /// `down_proj` outputs (`[..., f]`, `[..., f]`, `[..., d]`) to `capture`.
+    pub fn forward_capture<const D: usize>(
+        &self,
+        x: Tensor<B, D>,
+        capture: &mut dyn FnMut(&'static str, Tensor<B, D>),
+    ) -> Tensor<B, D> {
+        let g = self.gate_proj.forward(x.clone());
+        let u = self.up_proj.forward(x);
+        capture("gate_proj", g.clone());
+        capture("up_proj", u.clone());
+        let out = self.down_proj.forward(silu(g) * u);
+        capture("down_proj", out.clone());
+        out
+    }
+
     /// The FFN's hidden activations `silu(gate(x)) * up(x)`, `[..., f]`
     /// (the input of `down_proj`).
     pub fn hidden<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {

@@ -20,4 +20,4 @@ pub use ffn::SwiGlu;
 pub use load::{load_model, load_transformer};
 pub use moe::{MoeLayer, Routing, RoutingTrace};
 pub use rope::Rope;
-pub use transformer::{DecoderBlock, ForwardOptions, Mlp, Trace, Transformer};
+pub use transformer::{DecoderBlock, ForwardOptions, LayerNeurons, Mlp, Pooling, Trace, Transformer};

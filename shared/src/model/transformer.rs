@@ -36,6 +36,22 @@ pub struct DecoderBlock<B: Backend> {
     pub mlp: Mlp<B>,
 }
 
+/// How a neuron's activations are pooled over a text's tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pooling {
+    /// Mean over tokens (NeuronMoE reference).
+    #[default]
+    Mean,
+    /// Maximum over tokens.
+    Max,
+}
+
+/// Pooled outputs of one layer's linear maps: `(component, [batch, units])`
+/// for `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`,
+/// `down_proj` (dense FFN layers only for the last three).
+pub type LayerNeurons<B> = Vec<(&'static str, Tensor<B, 2>)>;
+
 /// What a forward pass records besides its output.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ForwardOptions {
@@ -44,6 +60,9 @@ pub struct ForwardOptions {
     /// Record every layer's FFN input (the post-attention-norm hidden state,
     /// what the router sees), `[batch, seq, d]` — ridge statistics.
     pub capture_ffn_inputs: bool,
+    /// Record every linear map's outputs pooled over tokens (NeuronMoE's
+    /// neuron activations).
+    pub capture_neurons: Option<Pooling>,
 }
 
 /// Per-layer records of a forward pass.
@@ -53,11 +72,21 @@ pub struct Trace<B: Backend> {
     pub ffn_inputs: Vec<Tensor<B, 3>>,
     /// Routing per layer (`None` for dense layers).
     pub routing: Vec<Option<RoutingTrace<B>>>,
+    /// Pooled neuron activations per layer (when captured).
+    pub neurons: Vec<LayerNeurons<B>>,
 }
 
 impl<B: Backend> Default for Trace<B> {
     fn default() -> Self {
-        Trace { ffn_inputs: Vec::new(), routing: Vec::new() }
+        Trace { ffn_inputs: Vec::new(), routing: Vec::new(), neurons: Vec::new() }
+    }
+}
+
+fn pool<B: Backend>(x: Tensor<B, 3>, how: Pooling) -> Tensor<B, 2> {
+    let [b, _, u] = x.dims();
+    match how {
+        Pooling::Mean => x.mean_dim(1).reshape([b, u]),
+        Pooling::Max => x.max_dim(1).reshape([b, u]),
     }
 }
 
@@ -105,7 +134,16 @@ impl<B: Backend> Transformer<B> {
         let mut x = self.embed_tokens.forward(tokens);
         for (l, block) in self.layers.iter().enumerate() {
             let c = cache.as_mut().map(|c| (&mut **c, l));
-            let h = x.clone() + block.self_attn.forward(block.input_layernorm.forward(x), &cos, &sin, &mask, c);
+            let mut pooled: LayerNeurons<B> = Vec::new();
+            let mut grab = |name: &'static str, t: Tensor<B, 3>| {
+                if let Some(how) = opts.capture_neurons {
+                    pooled.push((name, pool(t, how)));
+                }
+            };
+            let attn_capture: Option<&mut dyn FnMut(&'static str, Tensor<B, 3>)> =
+                if opts.capture_neurons.is_some() { Some(&mut grab) } else { None };
+            let attn = block.self_attn.forward_capture(block.input_layernorm.forward(x.clone()), &cos, &sin, &mask, c, attn_capture);
+            let h = x + attn;
             let ffn_in = block.post_attention_layernorm.forward(h.clone());
             if let Some(t) = trace.as_mut() {
                 if opts.capture_ffn_inputs {
@@ -117,7 +155,11 @@ impl<B: Backend> Transformer<B> {
                     if let Some(t) = trace.as_mut() {
                         t.routing.push(None);
                     }
-                    m.forward(ffn_in)
+                    if opts.capture_neurons.is_some() {
+                        m.forward_capture(ffn_in, &mut grab)
+                    } else {
+                        m.forward(ffn_in)
+                    }
                 }
                 Mlp::Moe(m) => {
                     let (y, r) = m.forward(ffn_in, opts.routing);
@@ -127,6 +169,11 @@ impl<B: Backend> Transformer<B> {
                     y
                 }
             };
+            if let Some(t) = trace.as_mut() {
+                if opts.capture_neurons.is_some() {
+                    t.neurons.push(pooled);
+                }
+            }
             x = h + ffn_out;
         }
         self.norm.forward(x)

@@ -12,6 +12,7 @@ pub mod linear;
 pub mod load;
 pub mod moe;
 pub mod rope;
+pub mod save;
 pub mod transformer;
 
 pub use attention::Attention;
@@ -20,4 +21,6 @@ pub use ffn::SwiGlu;
 pub use load::{load_model, load_transformer};
 pub use moe::{MoeLayer, Routing, RoutingTrace};
 pub use rope::Rope;
+#[cfg(not(target_arch = "wasm32"))]
+pub use save::save_model;
 pub use transformer::{DecoderBlock, ForwardOptions, LayerNeurons, Mlp, Pooling, Trace, Transformer};

@@ -32,37 +32,11 @@ fn ffn_inputs(model: &Transformer<B>, seqs: &[Vec<u32>], expert: usize, layer: u
         let ids: Vec<i64> = s.iter().map(|&x| x as i64).collect();
         let t = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, s.len()]), &Default::default());
         let mut tr = Trace::default();
-        let opts = ForwardOptions { routing: Routing::Forced(expert), capture_ffn_inputs: true };
+        let opts = ForwardOptions { routing: Routing::Forced(expert), capture_ffn_inputs: true, ..Default::default() };
         model.forward_hidden_with(t, None, opts, Some(&mut tr));
         out.extend(tr.ffn_inputs.swap_remove(layer).into_data().to_vec::<f32>().unwrap());
     }
     out
-}
-
-/// Gaussian elimination with partial pivoting (f64): a second, direct solve.
-fn direct_solve(st: &RidgeStats, lambda: f64) -> Vec<f64> {
-    let (p, e) = (st.p(), st.num_experts());
-    let mut m: Vec<Vec<f64>> = (0..p)
-        .map(|i| {
-            let mut r: Vec<f64> = st.a[i * p..(i + 1) * p].to_vec();
-            r[i] += lambda;
-            r.extend_from_slice(&st.b[i * e..(i + 1) * e]);
-            r
-        })
-        .collect();
-    for c in 0..p {
-        let piv = (c..p).max_by(|&x, &y| m[x][c].abs().partial_cmp(&m[y][c].abs()).unwrap()).unwrap();
-        m.swap(c, piv);
-        for r in 0..p {
-            if r != c {
-                let f = m[r][c] / m[c][c];
-                for k in c..p + e {
-                    m[r][k] -= f * m[c][k];
-                }
-            }
-        }
-    }
-    (0..p * e).map(|x| m[x / e][p + x % e] / m[x / e][x / e]).collect()
 }
 
 #[test]
@@ -70,19 +44,27 @@ fn ridge_router_on_real_hidden_states() {
     let Some(path) = common::data_file("models/stories260K/stories260K.bin") else { return };
     let m = open_model(&path).unwrap();
     let tok = m.tokenizer.clone().unwrap();
-    let (Some(en), Some(hu)) = (text_ids(&tok, "corpora/lang/en/train.txt", 12_000), text_ids(&tok, "corpora/lang/hu/train.txt", 12_000))
+    let (Some(en), Some(hu)) =
+        (text_ids(&tok, "corpora/lang/en/train.txt", 12_000), text_ids(&tok, "corpora/lang/hu/train.txt", 12_000))
     else {
         return;
     };
-    let (Some(en_v), Some(hu_v)) = (text_ids(&tok, "corpora/lang/en/valid.txt", 4_000), text_ids(&tok, "corpora/lang/hu/valid.txt", 4_000))
+    let (Some(en_v), Some(hu_v)) =
+        (text_ids(&tok, "corpora/lang/en/valid.txt", 4_000), text_ids(&tok, "corpora/lang/hu/valid.txt", 4_000))
     else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let merged = dir.path().join("moe");
     let input = MoergeInput { name: "stories260K", source: m.source.as_ref(), config: &m.config, tokenizer: None };
-    moerge(&[input, MoergeInput { name: "copy", ..input }], &MoergeOptions::default(), &merged, None, WriteOptions::default())
-        .unwrap();
+    moerge(
+        &[input, MoergeInput { name: "copy", ..input }],
+        &MoergeOptions::default(),
+        &merged,
+        None,
+        WriteOptions::default(),
+    )
+    .unwrap();
     let moe_ckpt = open_model(&merged).unwrap();
     let mut model = load_model::<B>(&moe_ckpt, &Default::default()).unwrap();
     let (en_s, hu_s) = (pack_sequences(&en, 128), pack_sequences(&hu, 128));
@@ -93,7 +75,7 @@ fn ridge_router_on_real_hidden_states() {
 
     // 1. Cholesky (faer) equals a direct solve on real statistics.
     for st in stats.iter().flatten() {
-        let (chol, direct) = (st.solve_raw(opts.lambda).unwrap(), direct_solve(st, opts.lambda));
+        let (chol, direct) = (st.solve_raw(opts.lambda).unwrap(), st.solve_raw_direct(opts.lambda).unwrap());
         let scale = direct.iter().map(|x| x.abs()).fold(0.0, f64::max);
         let rel = chol.iter().zip(&direct).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / scale;
         assert!(rel < 1e-8, "Cholesky vs direct: {rel:e}");
@@ -140,7 +122,8 @@ fn ridge_router_on_real_hidden_states() {
     assert_eq!(names, vec!["en", "hu"]);
     let out = dir.path().join("routed");
     let routed = routed_config(moe_ckpt.moe.as_ref().unwrap(), &opts);
-    write_routed(moe_ckpt.source.as_ref(), &moe_ckpt.config, &routed, &routers, &out, vec![], serde_json::json!({})).unwrap();
+    write_routed(moe_ckpt.source.as_ref(), &moe_ckpt.config, &routed, &routers, &out, vec![], serde_json::json!({}))
+        .unwrap();
     let reloaded = load_model::<B>(&open_model(&out).unwrap(), &Default::default()).unwrap();
     assert_eq!(routing_accuracy(&reloaded, 0, &en_vs, 1000), acc_en);
 }

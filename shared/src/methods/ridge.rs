@@ -169,6 +169,42 @@ impl RidgeStats {
         Ok(out)
     }
 
+    /// `W* = (A + λI)⁻¹ B` by Gaussian elimination with partial pivoting
+    /// (f64, `O(p³)`, no factorisation reuse): an independent second method
+    /// that checks [`RidgeStats::solve_raw`]; slower, use for verification.
+    ///
+    /// # Errors
+    /// [`StudioError::Invalid`] for `lambda <= 0` or a singular system.
+    pub fn solve_raw_direct(&self, lambda: f64) -> Result<Vec<f64>> {
+        let (p, e) = (self.p(), self.num_experts());
+        let reg = self.regularised(lambda)?;
+        let mut m: Vec<Vec<f64>> = (0..p)
+            .map(|i| {
+                let mut row: Vec<f64> = (0..p).map(|j| reg[(i, j)]).collect();
+                row.extend_from_slice(&self.b[i * e..(i + 1) * e]);
+                row
+            })
+            .collect();
+        for c in 0..p {
+            let piv = (c..p).max_by(|&x, &y| m[x][c].abs().total_cmp(&m[y][c].abs())).expect("non-empty range");
+            if m[piv][c] == 0.0 {
+                return Err(StudioError::Invalid("ridge: singular system".into()));
+            }
+            m.swap(c, piv);
+            for r in 0..p {
+                if r != c {
+                    let f = m[r][c] / m[c][c];
+                    if f != 0.0 {
+                        for k in c..p + e {
+                            m[r][k] -= f * m[c][k];
+                        }
+                    }
+                }
+            }
+        }
+        Ok((0..p * e).map(|x| m[x / e][p + x % e] / m[x / e][x / e]).collect())
+    }
+
     /// The router: solve, split the bias row, normalise each expert's
     /// column by its L2 norm (guarded by 1e-6), transpose to `[E, d]`.
     ///
@@ -221,35 +257,6 @@ mod tests {
         (0..n * d).map(|i| lcg(&mut s) + if i % d == 0 { shift } else { 0.0 }).collect()
     }
 
-    /// Gaussian elimination with partial pivoting in f64: an independent
-    /// direct solve to check the Cholesky path.
-    fn direct_solve(a: &[f64], b: &[f64], p: usize, e: usize) -> Vec<f64> {
-        let mut m: Vec<Vec<f64>> = (0..p).map(|i| {
-            let mut row = a[i * p..(i + 1) * p].to_vec();
-            row.extend_from_slice(&b[i * e..(i + 1) * e]);
-            row
-        }).collect();
-        for c in 0..p {
-            let piv = (c..p).max_by(|&x, &y| m[x][c].abs().partial_cmp(&m[y][c].abs()).unwrap()).unwrap();
-            m.swap(c, piv);
-            for r in 0..p {
-                if r != c {
-                    let f = m[r][c] / m[c][c];
-                    for k in c..p + e {
-                        m[r][k] -= f * m[c][k];
-                    }
-                }
-            }
-        }
-        let mut out = vec![0.0; p * e];
-        for i in 0..p {
-            for j in 0..e {
-                out[i * e + j] = m[i][p + j] / m[i][i];
-            }
-        }
-        out
-    }
-
     #[test]
     fn cholesky_solve_matches_a_direct_solve() {
         let (d, e) = (12, 3);
@@ -259,12 +266,7 @@ mod tests {
         }
         let lambda = 1e-2;
         let w = st.solve_raw(lambda).unwrap();
-        let p = st.p();
-        let mut a = st.a.clone();
-        for i in 0..p {
-            a[i * p + i] += lambda;
-        }
-        let direct = direct_solve(&a, &st.b, p, e);
+        let direct = st.solve_raw_direct(lambda).unwrap();
         let max_rel = w.iter().zip(&direct).map(|(x, y)| (x - y).abs() / y.abs().max(1e-12)).fold(0.0, f64::max);
         assert!(max_rel < 1e-8, "max relative difference {max_rel}");
     }

@@ -75,3 +75,23 @@ fn tokenizer_round_trips_and_uses_byte_fallback() {
     let ids = tok.encode("☕", false).unwrap();
     assert!(ids.contains(&(0xE2 + 3)), "{ids:?}");
 }
+
+#[test]
+fn llama2c_vocabulary_converts_to_an_equivalent_hf_tokenizer() {
+    let Some(path) = common::data_file("models/stories260K/stories260K.bin") else { return };
+    let m = open_model(&path).unwrap();
+    let tok = m.tokenizer.unwrap();
+    let json = tok.to_hf_json().expect("tokenizer.json");
+    let hf = moe_shared::tokenizer::Tokenizer::from_hf_json(json.as_bytes(), "converted").unwrap();
+    let mut lines = 0;
+    for rel in ["corpora/lang/en/valid.txt", "corpora/lang/hu/valid.txt", "corpora/lang/el/valid.txt"] {
+        let Some(p) = common::data_file(rel) else { return };
+        for line in std::fs::read_to_string(p).unwrap().lines().take(20) {
+            let line: String = line.chars().take(300).collect();
+            assert_eq!(hf.encode(&line, false).unwrap(), tok.encode(&line, false).unwrap(), "{rel}: {line:?}");
+            assert_eq!(hf.decode(&hf.encode(&line, false).unwrap()).unwrap(), line);
+            lines += 1;
+        }
+    }
+    assert_eq!(lines, 60);
+}

@@ -22,8 +22,14 @@ pub struct Args {
     pub model: PathBuf,
     /// `NAME=TRAIN_FILE[:HELDOUT_FILE]`, one per expert, in expert order.
     /// Without a held-out file the last 10% of the training tokens are held out.
-    #[arg(long = "domain", required = true)]
+    #[arg(long = "domain", required_unless_present = "add_expert")]
     pub domains: Vec<String>,
+    /// Incremental DUME: `NAME=DENSE_MODEL:TRAIN_FILE[:HELDOUT_FILE]` adds the
+    /// dense model's FFN as a new expert of a routed MoE, accumulates only the
+    /// new domain's statistics onto the saved ones (`ridge_stats.safetensors`
+    /// in MODEL) and re-solves; the old data is not revisited.
+    #[arg(long, conflicts_with = "domains")]
+    pub add_expert: Option<String>,
     /// Ridge strength lambda (> 0).
     #[arg(long, default_value_t = 1e-2)]
     pub lambda: f64,
@@ -63,7 +69,8 @@ struct Domain {
 }
 
 fn parse_domain(spec: &str) -> anyhow::Result<(String, PathBuf, Option<PathBuf>)> {
-    let (name, files) = spec.split_once('=').with_context(|| format!("--domain `{spec}`: expected NAME=FILE[:HELDOUT]"))?;
+    let (name, files) =
+        spec.split_once('=').with_context(|| format!("--domain `{spec}`: expected NAME=FILE[:HELDOUT]"))?;
     if name.is_empty() {
         bail!("--domain `{spec}`: the name is empty");
     }
@@ -74,6 +81,113 @@ fn parse_domain(spec: &str) -> anyhow::Result<(String, PathBuf, Option<PathBuf>)
     Ok((name.to_string(), train, held))
 }
 
+fn read_domain(
+    tok: &moe_shared::tokenizer::Tokenizer,
+    name: String,
+    train: &PathBuf,
+    held: Option<&PathBuf>,
+    context: usize,
+) -> anyhow::Result<Domain> {
+    let read = |p: &PathBuf| -> anyhow::Result<Vec<u32>> {
+        let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        if text.trim().is_empty() {
+            bail!("domain `{name}`: {} is empty", p.display());
+        }
+        Ok(tok.encode(&text, false)?)
+    };
+    let ids = read(train)?;
+    let (train_ids, held_ids) = match held {
+        Some(h) => (ids, read(h)?),
+        None => {
+            let cut = ids.len() * 9 / 10;
+            (ids[..cut].to_vec(), ids[cut..].to_vec())
+        }
+    };
+    Ok(Domain { name, train: pack_sequences(&train_ids, context), heldout: pack_sequences(&held_ids, context) })
+}
+
+/// `route MOE --add-expert NAME=DENSE:TRAIN[:HELDOUT] --out DIR`.
+fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
+    use moe_shared::checkpoint::{SafetensorsWriter, WriteOptions};
+    use moe_shared::methods::add_expert::{plan_add_expert, write_add_expert};
+    use moe_shared::methods::route::stats_from_safetensors;
+    let t0 = Instant::now();
+    let spec = a.add_expert.clone().expect("checked");
+    let (name, rest) = spec
+        .split_once('=')
+        .with_context(|| format!("--add-expert `{spec}`: expected NAME=DENSE_MODEL:TRAIN[:HELDOUT]"))?;
+    let mut parts = rest.splitn(3, ':');
+    let (dense_path, train, held) = match (parts.next(), parts.next(), parts.next()) {
+        (Some(d), Some(t), h) => (PathBuf::from(d), PathBuf::from(t), h.map(PathBuf::from)),
+        _ => bail!("--add-expert `{spec}`: expected NAME=DENSE_MODEL:TRAIN[:HELDOUT]"),
+    };
+    let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
+    let moe = m.moe.clone().with_context(|| format!("{}: not an MoE checkpoint", m.path))?;
+    let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer.json beside the model", m.path))?;
+    let stats_path = a.model.join("ridge_stats.safetensors");
+    let raw = std::fs::read(&stats_path).with_context(|| {
+        format!("{}: incremental routing needs the statistics saved by `route`", stats_path.display())
+    })?;
+    let (mut stats, mut names) = stats_from_safetensors(&raw, &stats_path.display().to_string(), m.config.hidden_size)?;
+    let bias = stats.iter().flatten().next().map(|s| s.bias).unwrap_or(true);
+    let dense = open_model(&dense_path).with_context(|| format!("opening {}", dense_path.display()))?;
+    let plan = plan_add_expert(m.source.as_ref(), &m.config, &moe, dense.source.as_ref(), &dense.config, names.len())?;
+    // Stage the grown MoE beside the output, then route from it.
+    let parent = a.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let stage = tempfile::Builder::new().prefix(".moe-studio-stage-").tempdir_in(parent)?;
+    let stage_dir = stage.path().join("grown");
+    let mut w = SafetensorsWriter::create(&stage_dir, plan.planned.clone(), WriteOptions::default())?;
+    write_add_expert(m.source.as_ref(), dense.source.as_ref(), &plan, &mut w)?;
+    let cfg = plan.moe.to_config_json(&m.config);
+    w.finish(&[("config.json", serde_json::to_vec(&cfg)?)])?;
+    let grown = open_model(&stage_dir)?;
+    let mut model = load_model::<B>(&grown, &device)?;
+    let domain = read_domain(tok, name.to_string(), &train, held.as_ref(), a.context)?;
+    let new_idx = names.len();
+    for s in stats.iter_mut().flatten() {
+        s.add_expert();
+    }
+    let n = collect_stats(&model, new_idx, &domain.train, a.max_tokens, &mut stats)?;
+    names.push(domain.name.clone());
+    let opts = RouteOptions {
+        lambda: a.lambda,
+        top_k: a.top_k,
+        temperature: a.temperature,
+        max_tokens: a.max_tokens,
+        context: a.context,
+        bias,
+    };
+    let routers = solve_all(&stats, opts.lambda)?;
+    set_routers(&mut model, &routers, opts.top_k, opts.temperature);
+    let acc = routing_accuracy(&model, new_idx, &domain.heldout, a.eval_tokens);
+    let report = serde_json::json!({
+        "model": m.path, "added_domain": domain.name, "added_from": dense_path.display().to_string(),
+        "domains": names, "new_domain_tokens": n, "options": opts,
+        "new_domain_accuracy_per_layer": acc, "new_domain_mean_accuracy": mean(&acc),
+        "seconds": t0.elapsed().as_secs_f64(),
+    });
+    let mut extra = vec![("ridge_stats.safetensors", stats_to_safetensors(&stats, &names)?)];
+    extra.push(("ridge_report.json", serde_json::to_vec_pretty(&report)?));
+    if let Some(t) = tok.to_hf_json() {
+        extra.push(("tokenizer.json", t.into_bytes()));
+    }
+    let routed = routed_config(&plan.moe, &opts);
+    let provenance = serde_json::json!({"method": "dume-ridge-router-add-expert", "source": m.path, "added": dense_path.display().to_string()});
+    write_routed(grown.source.as_ref(), &m.config, &routed, &routers, &a.out, extra, provenance)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "added expert {new_idx} ({}) -> {} ({:.1} s); held-out accuracy on it: mean {:.3}",
+            domain.name,
+            a.out.display(),
+            t0.elapsed().as_secs_f64(),
+            mean(&acc)
+        );
+    }
+    Ok(())
+}
+
 fn mean(v: &[Option<f64>]) -> f64 {
     let xs: Vec<f64> = v.iter().flatten().copied().collect();
     xs.iter().sum::<f64>() / xs.len().max(1) as f64
@@ -81,6 +195,9 @@ fn mean(v: &[Option<f64>]) -> f64 {
 
 impl WithBackend for Args {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
+        if self.add_expert.is_some() {
+            return add_expert::<B>(self, device);
+        }
         let a = self;
         let t0 = Instant::now();
         let opts = RouteOptions {
@@ -100,33 +217,18 @@ impl WithBackend for Args {
         for (l, s) in moe.layers.iter().enumerate() {
             if let Some(s) = s {
                 if s.num_experts != a.domains.len() {
-                    bail!("layer {l} has {} experts but {} domains were given (one per expert, in order)", s.num_experts, a.domains.len());
+                    bail!(
+                        "layer {l} has {} experts but {} domains were given (one per expert, in order)",
+                        s.num_experts,
+                        a.domains.len()
+                    );
                 }
             }
         }
         let mut domains = Vec::new();
         for spec in &a.domains {
             let (name, train, held) = parse_domain(spec)?;
-            let read = |p: &PathBuf| -> anyhow::Result<Vec<u32>> {
-                let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-                if text.trim().is_empty() {
-                    bail!("domain `{name}`: {} is empty", p.display());
-                }
-                Ok(tok.encode(&text, false)?)
-            };
-            let ids = read(&train)?;
-            let (train_ids, held_ids) = match &held {
-                Some(h) => (ids, read(h)?),
-                None => {
-                    let cut = ids.len() * 9 / 10;
-                    (ids[..cut].to_vec(), ids[cut..].to_vec())
-                }
-            };
-            domains.push(Domain {
-                name,
-                train: pack_sequences(&train_ids, a.context),
-                heldout: pack_sequences(&held_ids, a.context),
-            });
+            domains.push(read_domain(tok, name, &train, held.as_ref(), a.context)?);
         }
         let mut model = load_model::<B>(&m, &device)?;
         let _ = &device;
@@ -141,7 +243,8 @@ impl WithBackend for Args {
             }
         }
         let routers = solve_all(&stats, opts.lambda)?;
-        let cond: Vec<Option<f64>> = stats.iter().map(|s| s.as_ref().and_then(|s| s.condition_number(opts.lambda).ok())).collect();
+        let cond: Vec<Option<f64>> =
+            stats.iter().map(|s| s.as_ref().and_then(|s| s.condition_number(opts.lambda).ok())).collect();
         set_routers(&mut model, &routers, opts.top_k, opts.temperature);
         let accuracy: Vec<Vec<Option<f64>>> =
             domains.iter().enumerate().map(|(i, d)| routing_accuracy(&model, i, &d.heldout, a.eval_tokens)).collect();
@@ -149,8 +252,11 @@ impl WithBackend for Args {
         for &lambda in &a.lambda_sweep {
             let r = solve_all(&stats, lambda)?;
             set_routers(&mut model, &r, opts.top_k, opts.temperature);
-            let acc: Vec<f64> =
-                domains.iter().enumerate().map(|(i, d)| mean(&routing_accuracy(&model, i, &d.heldout, a.eval_tokens))).collect();
+            let acc: Vec<f64> = domains
+                .iter()
+                .enumerate()
+                .map(|(i, d)| mean(&routing_accuracy(&model, i, &d.heldout, a.eval_tokens)))
+                .collect();
             sweep.push(serde_json::json!({"lambda": lambda, "mean_accuracy_per_domain": acc}));
         }
         let names: Vec<String> = domains.iter().map(|d| d.name.clone()).collect();
@@ -183,7 +289,8 @@ impl WithBackend for Args {
             println!("routed {} -> {} ({:.1} s)", m.path, a.out.display(), t0.elapsed().as_secs_f64());
             println!("random routing accuracy: {:.3}", 1.0 / domains.len() as f64);
             for (i, d) in domains.iter().enumerate() {
-                let per: Vec<String> = accuracy[i].iter().map(|x| x.map(|v| format!("{v:.2}")).unwrap_or("-".into())).collect();
+                let per: Vec<String> =
+                    accuracy[i].iter().map(|x| x.map(|v| format!("{v:.2}")).unwrap_or("-".into())).collect();
                 println!("{:>10}: mean {:.3}  per layer [{}]", d.name, mean(&accuracy[i]), per.join(" "));
             }
         }

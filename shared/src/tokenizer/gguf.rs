@@ -392,13 +392,32 @@ fn llama_tokenizer(model: &GgufModel, meta: &Meta) -> Result<Tokenizer> {
             merges_from_scores(&meta.tokens, &scores)
         }
     };
+    let unk = meta_token_id(model, "tokenizer.ggml.unknown_token_id", n)?.map(|u| meta.tokens[u as usize]);
+    let add_prefix_space = meta_bool(model, "tokenizer.ggml.add_space_prefix").unwrap_or(true);
+    spm_tokenizer(vocab, merges, unk, add_prefix_space, src)
+}
+
+/// A SentencePiece-style byte-fallback BPE tokenizer (pieces use `▁` for
+/// spaces, bytes are `<0xXX>` tokens), built the way transformers'
+/// `GGUFLlamaConverter` does: Metaspace pre-tokenizer (prepending `▁` to the
+/// first word when `add_prefix_space`), decoder Replace(`▁`, ` `) +
+/// ByteFallback + Fuse (+ Strip of the prefix space).
+///
+/// # Errors
+/// [`StudioError::Tokenizer`] naming `src` when the BPE model is invalid.
+pub fn spm_tokenizer(
+    vocab: Vocab,
+    merges: Vec<(String, String)>,
+    unk: Option<&str>,
+    add_prefix_space: bool,
+    src: &str,
+) -> Result<Tokenizer> {
     let mut builder = BPE::builder().vocab_and_merges(vocab, merges).fuse_unk(true).byte_fallback(true);
-    if let Some(unk) = meta_token_id(model, "tokenizer.ggml.unknown_token_id", n)? {
-        builder = builder.unk_token(meta.tokens[unk as usize].to_string());
+    if let Some(unk) = unk {
+        builder = builder.unk_token(unk.to_string());
     }
     let bpe = builder.build().map_err(|e| tok_err(src, format!("building the BPE model: {e}")))?;
     let mut tok = Tokenizer::new(bpe);
-    let add_prefix_space = meta_bool(model, "tokenizer.ggml.add_space_prefix").unwrap_or(true);
     let scheme = if add_prefix_space { PrependScheme::First } else { PrependScheme::Never };
     tok.with_pre_tokenizer(Some(Metaspace::new('▁', scheme, false)));
     let mut seq: Vec<DecoderWrapper> = vec![

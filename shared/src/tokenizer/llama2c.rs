@@ -122,6 +122,35 @@ impl Llama2cTokenizer {
         p.to_vec()
     }
 
+    /// The same vocabulary as a Hugging Face `tokenizers` tokenizer (for
+    /// `tokenizer.json` beside converted checkpoints): pieces with `▁` for
+    /// spaces, merges ranked by score as transformers' `generate_merges`,
+    /// byte fallback, `<unk>`/`<s>`/`</s>` at ids 0/1/2. It encodes like
+    /// [`Llama2cTokenizer::encode`] without BOS (tested on real text).
+    ///
+    /// # Errors
+    /// [`StudioError::Tokenizer`] when a piece is not UTF-8 or the BPE model
+    /// cannot be built.
+    pub fn to_hf(&self, src: &str) -> Result<tokenizers::Tokenizer> {
+        let mut tokens: Vec<String> = Vec::with_capacity(self.pieces.len());
+        for (i, p) in self.pieces.iter().enumerate() {
+            let s = std::str::from_utf8(p).map_err(|_| StudioError::Tokenizer {
+                source_name: src.into(),
+                what: format!("token {i} is not UTF-8"),
+            })?;
+            tokens.push(s.replace(' ', "▁"));
+        }
+        let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+        let scores: Vec<f64> = self.scores.iter().map(|&x| f64::from(x)).collect();
+        let merges = super::gguf::merges_from_scores(&refs, &scores);
+        let vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let mut tok = super::gguf::spm_tokenizer(vocab, merges, refs.first().copied(), true, src)?;
+        let special: Vec<tokenizers::AddedToken> =
+            refs.iter().take(3).map(|t| tokenizers::AddedToken::from(t.to_string(), true).normalized(false)).collect();
+        tok.add_special_tokens(&special);
+        Ok(tok)
+    }
+
     /// Decodes ids to text (BOS/EOS dropped; invalid UTF-8 replaced).
     pub fn decode(&self, ids: &[u32]) -> String {
         let mut out = Vec::new();

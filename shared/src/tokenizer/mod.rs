@@ -67,11 +67,12 @@ impl Tokenizer {
     }
 
     /// The Hugging Face `tokenizer.json` text, when this is a Hugging Face
-    /// tokenizer (llama2.c vocabularies have none).
+    /// tokenizer, or a llama2.c vocabulary converted to one (see
+    /// [`Llama2cTokenizer::to_hf`]).
     pub fn to_hf_json(&self) -> Option<String> {
         match self {
             Tokenizer::Hf(t) => t.to_string(true).ok(),
-            Tokenizer::Llama2c(_) => None,
+            Tokenizer::Llama2c(t) => t.to_hf("llama2.c vocabulary").ok().and_then(|t| t.to_string(true).ok()),
         }
     }
 

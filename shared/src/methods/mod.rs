@@ -1,0 +1,48 @@
+//! The studio's operations on checkpoints, one file per operation
+//! (methods.md):
+//!
+//! - [`upcycle`]: dense -> MoE by copying each FFN into `E_l` experts
+//!   (DeltaMoE phase 1, §1; per-layer counts from NeuronMoE, §3, via
+//!   [`allocation`]).
+//! - [`moerge`]: `N` dense models -> one MoE with `N` experts (DUME
+//!   MoErging, §2).
+//!
+//! Both validate everything before any output exists, stream one source
+//! tensor at a time into a [`sink::TensorSink`] (the atomic safetensors
+//! writer natively) and write the Mixtral layout whenever the MoE config
+//! allows it, else the studio layout ([`output`]).
+//!
+//! Helpers: [`moe_plan`] (output tensor names and origins), [`router_init`]
+//! and [`hidden`] (initial routers), [`average`] (aligned means),
+//! [`compat`] (architecture/tokenizer checks), [`rng`] (seeded normals).
+
+pub mod add_expert;
+pub mod allocate;
+pub mod allocation;
+pub mod average;
+pub mod compat;
+pub mod hidden;
+pub mod moe_plan;
+pub mod moerge;
+pub mod neurons;
+pub mod output;
+pub mod ridge;
+pub mod rng;
+pub mod route;
+pub mod router_init;
+pub mod sink;
+pub mod upcycle;
+
+pub use allocation::{AllocationFile, ExpertCounts};
+pub use hidden::{hidden_router_rows, ExpertPrompts};
+#[cfg(not(target_arch = "wasm32"))]
+pub use moerge::moerge;
+pub use moerge::{plan_moerge, write_moerge, MoergeInput, MoergeOptions, MoergePlan};
+pub use output::{Layout, MoeReport};
+pub use router_init::RouterInit;
+#[cfg(not(target_arch = "wasm32"))]
+pub use upcycle::upcycle;
+pub use upcycle::{plan_upcycle, write_upcycle, CopyNoise, NoiseKind, UpcycleOptions, UpcyclePlan};
+
+pub mod delta;
+pub mod merge;

@@ -12,7 +12,9 @@ pub mod config;
 pub mod error;
 pub mod eval;
 pub mod generate;
+pub mod methods;
 pub mod model;
 pub mod tokenizer;
+pub mod train;
 
 pub use error::{Result, StudioError};

@@ -1,11 +1,20 @@
 //! Command-line definitions and dispatch.
 
+mod allocate;
 mod backend;
 mod bench;
 mod convert;
 mod generate;
+mod graft;
 mod inspect;
+mod merge;
+mod moe_summary;
+mod moerge;
+mod neuron_figures;
+mod neurons;
 mod perplexity;
+mod route;
+mod upcycle;
 
 use clap::{Parser, Subcommand};
 
@@ -32,6 +41,20 @@ pub enum Command {
     Perplexity(perplexity::Args),
     /// Write any supported model as a Hugging Face safetensors directory.
     Convert(convert::Args),
+    /// Dense -> MoE: copy every FFN into experts (DeltaMoE phase 1, NeuronMoE counts).
+    Upcycle(upcycle::Args),
+    /// N dense models -> one MoE with N experts (DUME MoErging).
+    Moerge(moerge::Args),
+    /// DUME ridge router for an MoErged model (one domain text per expert).
+    Route(route::Args),
+    /// Add `scale * (instruct - base)` to an MoE (every expert gets its layer's FFN delta) or a dense model (DeltaMoE phase 2).
+    Graft(graft::Args),
+    /// Merge baselines: linear, task-arithmetic, ties, dare, dare-ties (mergekit semantics).
+    Merge(merge::Args),
+    /// NeuronMoE: language-specific neurons by Average Precision (per layer and component).
+    Neurons(neurons::Args),
+    /// NeuronMoE: new experts per layer from `neurons` output (+ uniform / LayerMoE baselines).
+    Allocate(allocate::Args),
     /// Benchmarks (printed beside a reference measured in the same run).
     #[command(subcommand)]
     Bench(bench::Bench),
@@ -44,6 +67,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(a) => backend::run(&cli.backend, a),
         Command::Perplexity(a) => backend::run(&cli.backend, a),
         Command::Convert(a) => convert::run(a),
+        Command::Upcycle(a) => backend::run(&cli.backend, a),
+        Command::Moerge(a) => moerge::run(a),
+        Command::Route(a) => backend::run(&cli.backend, a),
+        Command::Graft(a) => graft::run(a),
+        Command::Merge(a) => merge::run(a),
+        Command::Neurons(a) => backend::run(&cli.backend, a),
+        Command::Allocate(a) => allocate::run(a),
         Command::Bench(bench::Bench::Prefill(a)) => backend::run(&cli.backend, a),
     }
 }

@@ -127,7 +127,8 @@ impl ModelConfig {
         if !self.head_dim.is_multiple_of(2) {
             return err(format!("`head_dim` ({}) must be even for RoPE", self.head_dim));
         }
-        if self.rms_norm_eps.is_nan() || self.rms_norm_eps <= 0.0 || self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
+        if self.rms_norm_eps.is_nan() || self.rms_norm_eps <= 0.0 || self.rope_theta.is_nan() || self.rope_theta <= 0.0
+        {
             return err("`rms_norm_eps` and `rope_theta` must be > 0".into());
         }
         Ok(())

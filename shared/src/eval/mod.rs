@@ -1,6 +1,8 @@
 //! Evaluation: perplexity with strided windows (and, later, retention and
 //! routing statistics).
 
+pub mod dataset;
 pub mod perplexity;
 
+pub use dataset::{evaluate, randomize_routers, retention, DatasetEval};
 pub use perplexity::{perplexity, PerplexityOptions, PerplexityReport};

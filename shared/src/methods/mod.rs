@@ -46,3 +46,4 @@ pub use upcycle::{plan_upcycle, write_upcycle, CopyNoise, NoiseKind, UpcycleOpti
 
 pub mod delta;
 pub mod merge;
+pub mod stream_read;

@@ -114,7 +114,8 @@ mod tests {
     use crate::config::{HfConfig, MoeLayerSpec};
 
     fn base() -> ModelConfig {
-        let json = br#"{"model_type":"llama","vocab_size":32,"hidden_size":8,"intermediate_size":12,"num_hidden_layers":2,
+        let json =
+            br#"{"model_type":"llama","vocab_size":32,"hidden_size":8,"intermediate_size":12,"num_hidden_layers":2,
             "num_attention_heads":2,"num_key_value_heads":1,"tie_word_embeddings":true}"#;
         HfConfig::from_json(json, "c").unwrap().to_model_config("c").unwrap()
     }

@@ -95,7 +95,7 @@ pub fn collect_stats<B: Backend>(
             }
         }
     }
-    let opts = ForwardOptions { routing: Routing::Forced(domain), capture_ffn_inputs: true };
+    let opts = ForwardOptions { routing: Routing::Forced(domain), capture_ffn_inputs: true, ..Default::default() };
     let mut used = 0usize;
     for seq in sequences {
         if used >= max_tokens {
@@ -130,7 +130,12 @@ pub fn solve_all(stats: &[Option<RidgeStats>], lambda: f64) -> Result<Vec<Option
 
 /// Puts solved routers into `model` (weight `[E, d]`, optional bias) with
 /// the given top-k and temperature.
-pub fn set_routers<B: Backend>(model: &mut Transformer<B>, routers: &[Option<RouterWeights>], top_k: usize, temperature: f64) {
+pub fn set_routers<B: Backend>(
+    model: &mut Transformer<B>,
+    routers: &[Option<RouterWeights>],
+    top_k: usize,
+    temperature: f64,
+) {
     let device = model.embed_tokens.weight.val().device();
     for (block, r) in model.layers.iter_mut().zip(routers) {
         if let (Mlp::Moe(m), Some(r)) = (&mut block.mlp, r) {
@@ -206,8 +211,18 @@ pub fn stats_to_safetensors(stats: &[Option<RidgeStats>], domains: &[String]) ->
         let Some(s) = s else { continue };
         bias = s.bias;
         let (p, e) = (s.p(), s.num_experts());
-        owned.push((format!("layers.{l}.A"), Dtype::F64, vec![p, p], s.a.iter().flat_map(|x| x.to_le_bytes()).collect()));
-        owned.push((format!("layers.{l}.B"), Dtype::F64, vec![p, e], s.b.iter().flat_map(|x| x.to_le_bytes()).collect()));
+        owned.push((
+            format!("layers.{l}.A"),
+            Dtype::F64,
+            vec![p, p],
+            s.a.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ));
+        owned.push((
+            format!("layers.{l}.B"),
+            Dtype::F64,
+            vec![p, e],
+            s.b.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ));
         owned.push((
             format!("layers.{l}.tokens"),
             Dtype::I64,
@@ -217,7 +232,9 @@ pub fn stats_to_safetensors(stats: &[Option<RidgeStats>], domains: &[String]) ->
     }
     let views: Vec<(String, TensorView<'_>)> = owned
         .iter()
-        .map(|(n, dt, sh, b)| Ok((n.clone(), TensorView::new(*dt, sh.clone(), b).map_err(|e| StudioError::Invalid(e.to_string()))?)))
+        .map(|(n, dt, sh, b)| {
+            Ok((n.clone(), TensorView::new(*dt, sh.clone(), b).map_err(|e| StudioError::Invalid(e.to_string()))?))
+        })
         .collect::<Result<_>>()?;
     let mut meta = std::collections::HashMap::new();
     meta.insert("format".to_string(), STATS_FORMAT.to_string());
@@ -233,7 +250,11 @@ pub fn stats_to_safetensors(stats: &[Option<RidgeStats>], domains: &[String]) ->
 /// # Errors
 /// [`StudioError::Format`] naming `file_name` when the file is not a
 /// studio ridge-statistics file or a tensor is malformed.
-pub fn stats_from_safetensors(bytes: &[u8], file_name: &str, hidden: usize) -> Result<(Vec<Option<RidgeStats>>, Vec<String>)> {
+pub fn stats_from_safetensors(
+    bytes: &[u8],
+    file_name: &str,
+    hidden: usize,
+) -> Result<(Vec<Option<RidgeStats>>, Vec<String>)> {
     let fmt = |w: String| StudioError::format(file_name, "ridge statistics", w);
     let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| fmt(e.to_string()))?;
     let m = meta.metadata().clone().unwrap_or_default();
@@ -243,10 +264,13 @@ pub fn stats_from_safetensors(bytes: &[u8], file_name: &str, hidden: usize) -> R
     let domains: Vec<String> =
         serde_json::from_str(m.get("domains").map(String::as_str).unwrap_or("[]")).map_err(|e| fmt(e.to_string()))?;
     let bias = m.get("bias").map(|b| b == "true").unwrap_or(true);
-    let n_layers: usize = m.get("num_layers").and_then(|n| n.parse().ok()).ok_or_else(|| fmt("missing num_layers".into()))?;
+    let n_layers: usize =
+        m.get("num_layers").and_then(|n| n.parse().ok()).ok_or_else(|| fmt("missing num_layers".into()))?;
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| fmt(e.to_string()))?;
     let f64s = |name: &str| -> Option<Vec<f64>> {
-        st.tensor(name).ok().map(|t| t.data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8"))).collect())
+        st.tensor(name)
+            .ok()
+            .map(|t| t.data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8"))).collect())
     };
     let mut out = Vec::with_capacity(n_layers);
     for l in 0..n_layers {
@@ -298,9 +322,9 @@ pub fn write_routed(
                 dtype_of(&crate::config::moe::expert_weight_name(*layer, 0, "w1")).unwrap_or(DType::F32)
             }
             _ => {
-                let info = src
-                    .info(&t.name)
-                    .ok_or_else(|| StudioError::tensor(src.source_name(), &t.name, "missing from the MoE checkpoint"))?;
+                let info = src.info(&t.name).ok_or_else(|| {
+                    StudioError::tensor(src.source_name(), &t.name, "missing from the MoE checkpoint")
+                })?;
                 if info.shape != t.shape {
                     return Err(StudioError::tensor(
                         src.source_name(),
@@ -318,7 +342,9 @@ pub fn write_routed(
     for t in &plan {
         match &t.origin {
             Origin::RouterWeight { layer } => {
-                let r = routers[*layer].as_ref().ok_or_else(|| StudioError::Invalid(format!("layer {layer}: no router")))?;
+                let r = routers[*layer]
+                    .as_ref()
+                    .ok_or_else(|| StudioError::Invalid(format!("layer {layer}: no router")))?;
                 let s = choice.router_scale[*layer] as f32;
                 let v: Vec<f32> = r.weight.iter().map(|x| x * s).collect();
                 w.write_f32(&t.name, &v)?;

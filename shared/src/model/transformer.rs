@@ -142,7 +142,14 @@ impl<B: Backend> Transformer<B> {
             };
             let attn_capture: Option<&mut dyn FnMut(&'static str, Tensor<B, 3>)> =
                 if opts.capture_neurons.is_some() { Some(&mut grab) } else { None };
-            let attn = block.self_attn.forward_capture(block.input_layernorm.forward(x.clone()), &cos, &sin, &mask, c, attn_capture);
+            let attn = block.self_attn.forward_capture(
+                block.input_layernorm.forward(x.clone()),
+                &cos,
+                &sin,
+                &mask,
+                c,
+                attn_capture,
+            );
             let h = x + attn;
             let ffn_in = block.post_attention_layernorm.forward(h.clone());
             if let Some(t) = trace.as_mut() {

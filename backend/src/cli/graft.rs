@@ -1,0 +1,96 @@
+//! `moe-studio graft MOE --base DENSE --instruct DENSE [--scale 1.0] --out
+//! DIR`: DeltaMoE phase 2 — add `scale * (instruct - base)` to a model
+//! (shared tensors get the delta of the same name, every expert of layer
+//! `l` gets layer `l`'s dense FFN delta, routers none). On a dense target
+//! this is task arithmetic with one model.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use moe_shared::checkpoint::{open_model, LoadedModel, WriteOptions};
+use moe_shared::methods::delta::{companion_files, graft, GraftOptions};
+use moe_shared::methods::stream_read::use_positioned_reads;
+
+/// Arguments of `graft`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// The model that receives the delta: an upcycled MoE (Mixtral or studio
+    /// layout) or a dense model (a Hugging Face directory, `.gguf` or
+    /// llama2.c `.bin`).
+    pub target: PathBuf,
+    /// The dense base model the delta starts from.
+    #[arg(long)]
+    pub base: PathBuf,
+    /// The post-trained (instruct / SFT) version of the base.
+    #[arg(long)]
+    pub instruct: PathBuf,
+    /// Scale `lambda` on the delta (1.0 = the paper).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub scale: f64,
+    /// Largest shard in bytes (default 5 GB).
+    #[arg(long)]
+    pub max_shard_bytes: Option<u64>,
+    /// Output directory (must not exist or be empty).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Print a JSON summary (with per-tensor delta norms).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `graft`.
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let open = |p: &PathBuf, role: &str| -> anyhow::Result<LoadedModel> {
+        let mut m = open_model(p).with_context(|| format!("opening the {role} {}", p.display()))?;
+        // Positioned reads keep the inputs out of the resident set.
+        use_positioned_reads(p, &mut m)?;
+        Ok(m)
+    };
+    let target = open(&a.target, "target")?;
+    let base = open(&a.base, "base")?;
+    let instruct = open(&a.instruct, "instruct model")?;
+    for (m, role) in [(&base, "--base"), (&instruct, "--instruct")] {
+        if m.moe.is_some() {
+            anyhow::bail!("{role} {}: an MoE model; the delta is taken between two dense models", m.path);
+        }
+    }
+    let extra = companion_files(&a.target, &target)?;
+    let mut write_opts = WriteOptions::default();
+    if let Some(b) = a.max_shard_bytes {
+        write_opts.max_shard_bytes = b;
+    }
+    let report = graft(
+        target.source.as_ref(),
+        &target.config,
+        target.moe.as_ref(),
+        base.source.as_ref(),
+        instruct.source.as_ref(),
+        &GraftOptions { scale: a.scale },
+        &a.out,
+        &extra,
+        write_opts,
+    )?;
+    for w in &report.warnings {
+        eprintln!("warning: {w}");
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let largest = report.deltas.iter().max_by(|x, y| x.relative.total_cmp(&y.relative));
+        println!(
+            "grafted {} of {} tensors ({} expert tensors; {} router tensors unchanged), scale {}: {:.1} MB in {:.2} s -> {}",
+            report.grafted,
+            report.tensors,
+            report.expert_tensors,
+            report.routers,
+            report.scale,
+            report.tensor_bytes as f64 / 1e6,
+            report.seconds.unwrap_or(0.0),
+            a.out.display()
+        );
+        if let Some(d) = largest {
+            println!("largest relative delta: {} (||delta|| / ||base|| = {:.3e})", d.name, d.relative);
+        }
+    }
+    Ok(())
+}

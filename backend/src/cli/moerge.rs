@@ -1,0 +1,76 @@
+//! `moe-studio moerge MODEL... --out DIR`: DUME MoErging — `N` dense models
+//! of one architecture become one MoE with `N` experts (non-FFN tensors
+//! averaged, FFN `i` = expert `i`, zero router until the ridge router is
+//! fitted).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use moe_shared::checkpoint::{open_model, WriteOptions};
+use moe_shared::methods::{moerge, MoergeInput, MoergeOptions, RouterInit};
+
+use super::upcycle::parse_dtype;
+
+/// Arguments of `moerge`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Two or more dense models (Hugging Face directories, `.gguf` or
+    /// llama2.c `.bin`); model `i` becomes expert `i`.
+    #[arg(required = true, num_args = 2..)]
+    pub models: Vec<PathBuf>,
+    /// Experts per token (DUME reference: 1).
+    #[arg(long, default_value_t = 1)]
+    pub top_k: usize,
+    /// Router temperature.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+    /// Initialise routers with `N(0, std^2)` instead of zeros.
+    #[arg(long)]
+    pub router_std: Option<f64>,
+    /// Seed of a random router.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Output dtype: f32, f16 or bf16 (default: the first model's).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// Largest shard in bytes (default 5 GB).
+    #[arg(long)]
+    pub max_shard_bytes: Option<u64>,
+    /// Output directory (must not exist or be empty).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Print a JSON summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `moerge`.
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let dtype = parse_dtype(&a.dtype)?;
+    let models = a
+        .models
+        .iter()
+        .map(|p| open_model(p).with_context(|| format!("opening {}", p.display())))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if let Some(m) = models.iter().find(|m| m.moe.is_some()) {
+        anyhow::bail!("{}: the model is already an MoE; moerge takes dense models", m.path);
+    }
+    let inputs: Vec<MoergeInput<'_>> = models.iter().map(MoergeInput::from).collect();
+    let opts = MoergeOptions {
+        top_k: a.top_k,
+        temperature: a.temperature,
+        router_init: a.router_std.map_or(RouterInit::Zeros, |std| RouterInit::Random { std }),
+        seed: a.seed,
+        dtype,
+        ..Default::default()
+    };
+    let tok = models[0].tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
+    let mut write_opts = WriteOptions::default();
+    if let Some(b) = a.max_shard_bytes {
+        write_opts.max_shard_bytes = b;
+    }
+    let report = moerge(&inputs, &opts, &a.out, tok, write_opts)?;
+    super::moe_summary::print(&report, &a.out, started, a.json)
+}

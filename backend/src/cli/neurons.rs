@@ -1,0 +1,410 @@
+//! `moe-studio neurons MODEL --lang CODE=FILE... [--new hu,el,tr] [--top-n 1000]
+//! [--pool mean|max] [--max-texts 300] [--max-tokens 256] [--bench] --out DIR`:
+//! NeuronMoE's language-specific neurons (methods.md §3).
+//!
+//! Each FILE holds one text (paragraph) per line. Writes to DIR:
+//! `neurons.json` (what `allocate` reads), `layer_counts.csv`,
+//! `counts.csv`, `top_neurons.csv`, `similarity.csv`, the figures
+//! `specific_per_layer.{svg,png}` and `specific_per_component.{svg,png}`, and
+//! with `--bench` `bench.json` (texts/s, capture overhead, peak memory).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use burn::tensor::backend::Backend;
+use moe_shared::checkpoint::open_model;
+use moe_shared::methods::neurons::{
+    analyze, average_precision_table, AnalysisOptions, CollectOptions, NeuronCollector, NeuronReport,
+};
+use moe_shared::model::{load_model, Pooling};
+
+use super::backend::WithBackend;
+use super::neuron_figures::{line_chart, panels, Panel, Series};
+
+/// Arguments of `neurons`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// A dense model (directory, `.gguf` or llama2.c `.bin`) with a tokenizer.
+    pub model: PathBuf,
+    /// `CODE=FILE`: texts of one language, one per line (at least 2 languages).
+    #[arg(long = "lang", required = true)]
+    pub langs: Vec<String>,
+    /// The new languages whose union of specific neurons drives the
+    /// allocation (comma-separated codes; default: every language but the first).
+    #[arg(long, value_delimiter = ',')]
+    pub new: Vec<String>,
+    /// Specific neurons per language (top-N by Average Precision; also bottom-N).
+    #[arg(long, default_value_t = 1000)]
+    pub top_n: usize,
+    /// Count the bottom-N (neurons off for the language) as specific too.
+    #[arg(long)]
+    pub bottom: bool,
+    /// Pooling of a neuron's activations over a text's tokens: mean or max.
+    #[arg(long, default_value = "mean")]
+    pub pool: String,
+    /// Texts used per language (the first non-empty lines).
+    #[arg(long, default_value_t = 300)]
+    pub max_texts: usize,
+    /// Each text is truncated to this many tokens.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Threads for the Average Precision (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Also time a plain forward pass on every text (interleaved with the
+    /// capture pass) and report texts/s, the capture overhead and peak memory.
+    #[arg(long)]
+    pub bench: bool,
+    /// Output directory (created; files in it are overwritten).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+fn parse_pool(s: &str) -> anyhow::Result<Pooling> {
+    match s {
+        "mean" => Ok(Pooling::Mean),
+        "max" => Ok(Pooling::Max),
+        o => bail!("--pool `{o}`: expected mean or max"),
+    }
+}
+
+/// Reads `CODE=FILE` and returns the code and the first `max` non-empty
+/// lines.
+fn read_language(spec: &str, max: usize) -> anyhow::Result<(String, PathBuf, Vec<String>)> {
+    let (code, file) = spec.split_once('=').with_context(|| format!("--lang `{spec}`: expected CODE=FILE"))?;
+    if code.trim().is_empty() || file.is_empty() {
+        bail!("--lang `{spec}`: expected CODE=FILE with a non-empty code and path");
+    }
+    let path = PathBuf::from(file);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {} (language `{code}`)", path.display()))?;
+    let lines: Vec<String> =
+        text.lines().map(str::trim).filter(|l| !l.is_empty()).take(max).map(str::to_string).collect();
+    if lines.is_empty() {
+        bail!("{}: no text for language `{code}` (the file is empty; expected one text per line)", path.display());
+    }
+    Ok((code.to_string(), path, lines))
+}
+
+/// Peak resident memory of this process in MiB (Linux `VmHWM`).
+pub fn peak_rss_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Writes the CSV files and figures of a report into `dir`; returns the
+/// paths written.
+pub fn write_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    let codes = report.codes();
+    let nl = report.layout.num_layers();
+    let union_name = format!("union({})", report.new_languages.join(","));
+
+    // Wide per-layer totals.
+    let mut s = String::from("layer");
+    for c in &codes {
+        write!(s, ",{c}")?;
+    }
+    writeln!(s, ",{}", "union_new")?;
+    for l in 0..nl {
+        write!(s, "{l}")?;
+        for lang in &report.languages {
+            write!(s, ",{}", lang.counts[l].total)?;
+        }
+        writeln!(s, ",{}", report.union_counts[l].total)?;
+    }
+    let p = dir.join("layer_counts.csv");
+    write(&p, &s)?;
+    written.push(p);
+
+    // Long per-component counts.
+    let mut s = String::from("language,layer,component,count\n");
+    for (name, counts) in
+        report.languages.iter().map(|l| (l.code.as_str(), &l.counts)).chain([("union_new", &report.union_counts)])
+    {
+        for (l, c) in counts.iter().enumerate() {
+            for (comp, n) in report.layout.layers[l].iter().zip(&c.per_component) {
+                writeln!(s, "{name},{l},{},{n}", comp.component)?;
+            }
+        }
+    }
+    let p = dir.join("counts.csv");
+    write(&p, &s)?;
+    written.push(p);
+
+    let mut s = String::from("language,kind,rank,layer,component,unit,ap\n");
+    for lang in &report.languages {
+        for (kind, list) in [("top", &lang.top), ("bottom", &lang.bottom)] {
+            for (r, n) in list.iter().enumerate() {
+                writeln!(s, "{},{kind},{r},{},{},{},{:.6}", lang.code, n.layer, n.component, n.unit, n.ap)?;
+            }
+        }
+    }
+    let p = dir.join("top_neurons.csv");
+    write(&p, &s)?;
+    written.push(p);
+
+    let mut s = String::from("layer,language_a,language_b,cosine\n");
+    for (l, m) in report.similarity.cosine.iter().enumerate() {
+        for (a, row) in m.iter().enumerate() {
+            for (b, v) in row.iter().enumerate().skip(a + 1) {
+                writeln!(s, "{l},{},{},{v:.6}", codes[a], codes[b])?;
+            }
+        }
+    }
+    let p = dir.join("similarity.csv");
+    write(&p, &s)?;
+    written.push(p);
+
+    // Figures.
+    let mut series: Vec<Series> = report
+        .languages
+        .iter()
+        .map(|l| Series {
+            name: format!("{}{}", l.code, if report.new_languages.contains(&l.code) { " (new)" } else { "" }),
+            values: l.counts.iter().map(|c| c.total as f64).collect(),
+            emphasis: false,
+        })
+        .collect();
+    series.push(Series {
+        name: union_name.clone(),
+        values: report.union_counts.iter().map(|c| c.total as f64).collect(),
+        emphasis: true,
+    });
+    let title = format!(
+        "Language-specific neurons per layer (top-{} by AP{}, {} pooling)",
+        report.top_n,
+        if report.include_bottom { " + bottom" } else { "" },
+        match report.pooling {
+            Pooling::Mean => "mean",
+            Pooling::Max => "max",
+        }
+    );
+    written.extend(line_chart(&dir.join("specific_per_layer"), &title, "layer", "specific neurons", &series)?);
+
+    // One panel per component (+ total).
+    let mut comps: Vec<String> = Vec::new();
+    for layer in &report.layout.layers {
+        for c in layer {
+            if !comps.contains(&c.component) {
+                comps.push(c.component.clone());
+            }
+        }
+    }
+    let per_comp = |counts: &[moe_shared::methods::neurons::LayerCounts], comp: &str| -> Vec<f64> {
+        counts
+            .iter()
+            .enumerate()
+            .map(|(l, c)| {
+                report.layout.layers[l]
+                    .iter()
+                    .position(|x| x.component == comp)
+                    .map(|i| c.per_component[i] as f64)
+                    .unwrap_or(0.0)
+            })
+            .collect()
+    };
+    let mut ps: Vec<Panel> = comps
+        .iter()
+        .map(|comp| {
+            let mut series: Vec<Series> = report
+                .languages
+                .iter()
+                .map(|l| Series { name: l.code.clone(), values: per_comp(&l.counts, comp), emphasis: false })
+                .collect();
+            series.push(Series {
+                name: union_name.clone(),
+                values: per_comp(&report.union_counts, comp),
+                emphasis: true,
+            });
+            Panel { title: comp.clone(), series }
+        })
+        .collect();
+    ps.push(Panel { title: "all components".into(), series });
+    written.extend(panels(
+        &dir.join("specific_per_component"),
+        "Specific neurons per layer and component",
+        "layer",
+        "neurons",
+        &ps,
+        4,
+    )?);
+    Ok(written)
+}
+
+impl WithBackend for Args {
+    fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
+        let a = self;
+        let t_start = Instant::now();
+        let pooling = parse_pool(&a.pool)?;
+        if a.max_texts < 2 {
+            bail!("--max-texts must be >= 2 (the Average Precision needs at least 2 texts per language)");
+        }
+        if a.langs.len() < 2 {
+            bail!("give at least 2 languages with --lang CODE=FILE (texts of the other languages are the negatives)");
+        }
+        let mut langs = Vec::new();
+        for spec in &a.langs {
+            langs.push(read_language(spec, a.max_texts)?);
+        }
+        for (code, path, lines) in &langs {
+            if lines.len() < 2 {
+                bail!(
+                    "{}: language `{code}` has {} text; at least 2 are needed (one per line)",
+                    path.display(),
+                    lines.len()
+                );
+            }
+        }
+        let codes: Vec<String> = langs.iter().map(|l| l.0.clone()).collect();
+        for n in &a.new {
+            if !codes.contains(n) {
+                bail!("--new `{n}` is not among the --lang codes ({})", codes.join(", "));
+            }
+        }
+        let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
+        let tok = m.tokenizer.as_ref().with_context(|| format!("{}: the model has no tokenizer", m.path))?;
+        let model = load_model::<B>(&m, &device)?;
+        let opts = CollectOptions { pooling, max_tokens: a.max_tokens };
+        let mut col = NeuronCollector::new(&model, codes.clone(), opts)?;
+        let mut encoded: Vec<(usize, Vec<u32>)> = Vec::new();
+        for (i, (code, path, lines)) in langs.iter().enumerate() {
+            for line in lines {
+                let ids = tok.encode(line, true)?;
+                if !ids.is_empty() {
+                    encoded.push((i, ids));
+                }
+            }
+            let n = encoded.iter().filter(|e| e.0 == i).count();
+            if n < 2 {
+                bail!(
+                    "{}: language `{code}` has {n} non-empty text(s) after tokenization; at least 2 are needed",
+                    path.display()
+                );
+            }
+        }
+        col.reserve(encoded.len());
+        eprintln!(
+            "{} texts ({} languages), {} neurons in {} layers; pooling {}, <= {} tokens per text",
+            encoded.len(),
+            codes.len(),
+            col.layout().num_neurons(),
+            col.layout().num_layers(),
+            a.pool,
+            a.max_tokens
+        );
+        if a.bench {
+            // Warm-up (allocator, thread pools) outside the timings.
+            col.plain_forward(&encoded[0].1);
+        }
+        let (mut t_plain, mut t_capture, mut tokens) = (0.0f64, 0.0f64, 0usize);
+        let t_collect = Instant::now();
+        for (k, (lang, ids)) in encoded.iter().enumerate() {
+            if a.bench {
+                let t0 = Instant::now();
+                col.plain_forward(ids);
+                t_plain += t0.elapsed().as_secs_f64();
+            }
+            let t0 = Instant::now();
+            tokens += col.add_text(*lang, ids)?;
+            t_capture += t0.elapsed().as_secs_f64();
+            if (k + 1) % 100 == 0 {
+                eprintln!("  {}/{} texts, {:.1} s", k + 1, encoded.len(), t_collect.elapsed().as_secs_f64());
+            }
+        }
+        let pooled = col.finish()?;
+        let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+        let t0 = Instant::now();
+        let table = average_precision_table(&pooled, threads)?;
+        let t_ap = t0.elapsed().as_secs_f64();
+        let t0 = Instant::now();
+        let report = analyze(
+            &pooled,
+            &table,
+            &AnalysisOptions { top_n: a.top_n, include_bottom: a.bottom, new_languages: a.new.clone() },
+        )?;
+        let t_analyze = t0.elapsed().as_secs_f64();
+        drop(pooled);
+        std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+        let json = a.out.join("neurons.json");
+        write(&json, &serde_json::to_string(&report)?)?;
+        let mut written = vec![json];
+        written.extend(write_outputs(&report, &a.out)?);
+
+        println!("language  texts  tokens  base_rate  mean_AP  top1_AP  topN_AP");
+        for l in &report.languages {
+            println!(
+                "{:<8} {:>6} {:>7} {:>10.3} {:>8.3} {:>8.3} {:>8.3}",
+                l.code,
+                l.texts,
+                l.tokens,
+                l.base_rate,
+                l.mean_ap,
+                l.top.first().map(|n| n.ap).unwrap_or(f64::NAN),
+                l.top.last().map(|n| n.ap).unwrap_or(f64::NAN)
+            );
+        }
+        let totals: Vec<String> = report.union_counts.iter().map(|c| c.total.to_string()).collect();
+        println!("S_l (union of {}): {}", report.new_languages.join(","), totals.join(","));
+        let n_texts = encoded.len() as f64;
+        let analysis_s = t_capture + t_ap + t_analyze;
+        println!(
+            "analysis: {:.1} s ({:.2} texts/s: capture {:.1} s, AP {:.1} s, top-N/counts {:.2} s)",
+            analysis_s,
+            n_texts / analysis_s,
+            t_capture,
+            t_ap,
+            t_analyze
+        );
+        if a.bench {
+            let overhead = t_capture / t_plain - 1.0;
+            let peak = peak_rss_mib();
+            println!(
+                "plain forward: {:.1} s ({:.2} texts/s, {:.0} tokens/s); capture pass: {:.1} s ({:.2} texts/s); \
+                 capture overhead {:+.1}%; peak RSS {}",
+                t_plain,
+                n_texts / t_plain,
+                tokens as f64 / t_plain,
+                t_capture,
+                n_texts / t_capture,
+                overhead * 100.0,
+                peak.map(|p| format!("{p:.0} MiB")).unwrap_or_else(|| "n/a".into())
+            );
+            let b = serde_json::json!({
+                "model": a.model.display().to_string(),
+                "backend": std::any::type_name::<B>(),
+                "texts": encoded.len(),
+                "tokens": tokens,
+                "neurons": report.layout.num_neurons(),
+                "threads_ap": threads,
+                "plain_forward_s": t_plain,
+                "capture_s": t_capture,
+                "capture_overhead": overhead,
+                "ap_s": t_ap,
+                "analyze_s": t_analyze,
+                "analysis_s": analysis_s,
+                "analysis_texts_per_s": n_texts / analysis_s,
+                "plain_texts_per_s": n_texts / t_plain,
+                "capture_texts_per_s": n_texts / t_capture,
+                "pooled_matrix_mib": (encoded.len() * report.layout.num_neurons() * 4) as f64 / (1024.0 * 1024.0),
+                "peak_rss_mib": peak,
+                "total_s": t_start.elapsed().as_secs_f64(),
+            });
+            let p = a.out.join("bench.json");
+            write(&p, &serde_json::to_string_pretty(&b)?)?;
+            written.push(p);
+        }
+        for p in written {
+            println!("wrote {}", p.display());
+        }
+        Ok(())
+    }
+}

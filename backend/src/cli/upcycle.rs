@@ -1,0 +1,198 @@
+//! `moe-studio upcycle MODEL (--experts N | --allocation FILE) --out DIR`:
+//! dense -> MoE by copying every FFN into experts (DeltaMoE phase 1).
+//!
+//! `--allocation` reads a JSON file `{"experts_per_layer": [...]}` (totals,
+//! the original FFN included) or `{"new_experts_per_layer": [...]}`
+//! (NeuronMoE's added experts; total = 1 + entry); `null` keeps a layer
+//! dense. `--router-init hidden` needs `--expert-prompts FILE`:
+//! `{"experts": [{"positive": ["text", ...], "negative": [...]}, ...]}`
+//! with one entry per expert (mergekit's `positive_prompts` /
+//! `negative_prompts` names are accepted too).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use burn::tensor::backend::Backend;
+use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
+use moe_shared::methods::{
+    hidden_router_rows, upcycle, AllocationFile, CopyNoise, ExpertCounts, ExpertPrompts, NoiseKind, RouterInit,
+    UpcycleOptions,
+};
+use moe_shared::model::load_model;
+use serde::Deserialize;
+
+use super::backend::WithBackend;
+
+/// Router initialisations offered on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RouterInitArg {
+    /// All zeros.
+    Zeros,
+    /// `N(0, router_std^2)`, seeded.
+    Random,
+    /// Normalised mean FFN input of each expert's prompts.
+    Hidden,
+}
+
+/// Noise kinds offered on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NoiseArg {
+    /// `w * (1 + noise * n)`.
+    Mul,
+    /// `w + noise * n`.
+    Add,
+}
+
+/// Arguments of `upcycle`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(group = clap::ArgGroup::new("counts").required(true).args(["experts", "allocation"]))]
+pub struct Args {
+    /// A dense model: Hugging Face directory, `.gguf` file or llama2.c `.bin`.
+    pub model: PathBuf,
+    /// Experts in every layer (the original FFN included).
+    #[arg(long)]
+    pub experts: Option<usize>,
+    /// JSON allocation file with a per-layer list (see the command's docs).
+    #[arg(long)]
+    pub allocation: Option<PathBuf>,
+    /// Experts per token.
+    #[arg(long, default_value_t = 2)]
+    pub top_k: usize,
+    /// Frozen experts of every layer, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub frozen: Vec<usize>,
+    /// Freeze no expert (overrides --frozen).
+    #[arg(long)]
+    pub no_frozen: bool,
+    /// Router initialisation.
+    #[arg(long, value_enum, default_value_t = RouterInitArg::Zeros)]
+    pub router_init: RouterInitArg,
+    /// Standard deviation of the random router.
+    #[arg(long, default_value_t = 0.02)]
+    pub router_std: f64,
+    /// Prompts per expert for `--router-init hidden` (JSON).
+    #[arg(long)]
+    pub expert_prompts: Option<PathBuf>,
+    /// Standard deviation of the noise on the non-frozen copies (0 = none).
+    #[arg(long, default_value_t = 0.0)]
+    pub noise: f64,
+    /// How the noise combines with the weights.
+    #[arg(long, value_enum, default_value_t = NoiseArg::Mul)]
+    pub noise_kind: NoiseArg,
+    /// Seed of the random router and the noise.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Router temperature (folded into the router weight in the Mixtral layout).
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+    /// Output dtype: f32, f16 or bf16 (default: the source's float dtype,
+    /// f32 for quantised tensors).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// Largest shard in bytes (default 5 GB).
+    #[arg(long)]
+    pub max_shard_bytes: Option<u64>,
+    /// Output directory (must not exist or be empty).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Print a JSON summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PromptSet {
+    #[serde(alias = "positive_prompts")]
+    positive: Vec<String>,
+    #[serde(default, alias = "negative_prompts")]
+    negative: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PromptFile {
+    experts: Vec<PromptSet>,
+}
+
+/// Parses `--dtype`.
+pub fn parse_dtype(s: &Option<String>) -> anyhow::Result<Option<DType>> {
+    match s {
+        Some(s) => {
+            Ok(Some(DType::parse_float(s).with_context(|| format!("--dtype `{s}`: expected f32, f16 or bf16"))?))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Runs the dense model on each expert's prompts (hidden router).
+fn hidden_rows<B: Backend>(m: &LoadedModel, path: &PathBuf, device: &B::Device) -> anyhow::Result<RouterInit> {
+    let raw = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let file: PromptFile = serde_json::from_slice(&raw).with_context(|| {
+        format!("{}: expected {{\"experts\": [{{\"positive\": [...], \"negative\": [...]}}, ...]}}", path.display())
+    })?;
+    let tok = m.tokenizer.as_ref().with_context(|| format!("{}: the hidden router needs a tokenizer", m.path))?;
+    let encode = |texts: &[String]| -> anyhow::Result<Vec<Vec<u32>>> {
+        texts.iter().map(|t| Ok(tok.encode(t, true)?)).collect()
+    };
+    let experts = file
+        .experts
+        .iter()
+        .map(|e| Ok(ExpertPrompts { positive: encode(&e.positive)?, negative: encode(&e.negative)? }))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let model = load_model::<B>(m, device)?;
+    let rows = hidden_router_rows(&model, &experts, device).with_context(|| path.display().to_string())?;
+    Ok(RouterInit::Hidden { rows })
+}
+
+impl WithBackend for Args {
+    fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
+        let a = self;
+        let started = Instant::now();
+        let dtype = parse_dtype(&a.dtype)?;
+        let (experts, experts_source) = match (&a.experts, &a.allocation) {
+            (Some(n), _) => (ExpertCounts::Uniform(*n), "--experts".to_string()),
+            (None, Some(p)) => {
+                let raw = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+                (AllocationFile::parse(&raw, &p.display().to_string())?, p.display().to_string())
+            }
+            (None, None) => anyhow::bail!("give --experts N or --allocation FILE"),
+        };
+        let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
+        if m.moe.is_some() {
+            anyhow::bail!("{}: the model is already an MoE; upcycle takes a dense model", m.path);
+        }
+        let router_init = match a.router_init {
+            RouterInitArg::Zeros => RouterInit::Zeros,
+            RouterInitArg::Random => RouterInit::Random { std: a.router_std },
+            RouterInitArg::Hidden => {
+                let p = a.expert_prompts.as_ref().context("--router-init hidden needs --expert-prompts FILE")?;
+                hidden_rows::<B>(&m, p, &device)?
+            }
+        };
+        let kind = match a.noise_kind {
+            NoiseArg::Mul => NoiseKind::Multiplicative,
+            NoiseArg::Add => NoiseKind::Additive,
+        };
+        let opts = UpcycleOptions {
+            experts,
+            experts_source,
+            top_k: a.top_k,
+            frozen: if a.no_frozen { vec![] } else { a.frozen.clone() },
+            router_init,
+            noise: CopyNoise { kind, std: a.noise },
+            seed: a.seed,
+            temperature: a.temperature,
+            dtype,
+            router_aux_loss_coef: 0.01,
+        };
+        let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
+        let mut write_opts = WriteOptions::default();
+        if let Some(b) = a.max_shard_bytes {
+            write_opts.max_shard_bytes = b;
+        }
+        let report = upcycle(m.source.as_ref(), &m.config, &opts, &a.out, tok, write_opts)?;
+        super::moe_summary::print(&report, &a.out, started, a.json)
+    }
+}

@@ -1,0 +1,127 @@
+//! `moe-studio upcycle` and `moe-studio moerge` end to end on stories260K:
+//! `--json` summaries, both allocation-file forms, and clear errors with no
+//! output directory on bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// stories260K from the shared data (`$MOE_STUDIO_DATA`, default
+/// `../../shared/data`); `None` with a notice when absent, a panic under
+/// `CI=true`.
+fn stories() -> Option<String> {
+    let dir = std::env::var_os("MOE_STUDIO_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let p = dir.join("models/stories260K/stories260K.bin");
+    if p.exists() {
+        return Some(p.display().to_string());
+    }
+    if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
+        panic!("{} not found (set MOE_STUDIO_DATA)", p.display());
+    }
+    eprintln!("NOTICE: skipping: {} not found (set MOE_STUDIO_DATA)", p.display());
+    None
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_moe-studio")).args(args).output().expect("runs the binary")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("--json prints JSON")
+}
+
+fn failure(out: &Output) -> String {
+    assert!(!out.status.success(), "expected a failure, stdout: {}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("upcycle_moerge_cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+#[test]
+fn upcycle_writes_mixtral_or_studio_layout_and_reports_json() {
+    let Some(model) = stories() else { return };
+    let dir = tmp("upcycle");
+    let out = dir.join("mixtral");
+    let s = json(&run(&[
+        "upcycle",
+        &model,
+        "--experts",
+        "4",
+        "--router-init",
+        "random",
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(s["layout"], "mixtral");
+    assert_eq!(s["experts_per_layer"], serde_json::json!([4, 4, 4, 4, 4]));
+    assert_eq!(s["router_init"], "random");
+    assert!(s["bytes_on_disk"].as_u64().unwrap() > s["tensor_bytes"].as_u64().unwrap());
+    assert!(s["seconds"].as_f64().is_some() && s["peak_rss_mib"].as_f64().is_some());
+    let insp = json(&run(&["inspect", out.to_str().unwrap(), "--json"]));
+    assert!(insp.to_string().contains("block_sparse_moe"), "inspect reads the MoE checkpoint");
+
+    let alloc = dir.join("alloc.json");
+    std::fs::write(&alloc, br#"{"new_experts_per_layer": [1, 3, null, 1, 2], "method": "neuronmoe"}"#).unwrap();
+    let out = dir.join("studio");
+    let s = json(&run(&[
+        "upcycle",
+        &model,
+        "--allocation",
+        alloc.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(s["layout"], "moe_studio");
+    assert_eq!(s["experts_per_layer"], serde_json::json!([2, 4, 0, 2, 3]));
+    assert!(s["layout_reason"].as_str().unwrap().contains("layer 0"), "{s}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn upcycle_errors_are_clear_and_leave_nothing() {
+    let Some(model) = stories() else { return };
+    let dir = tmp("errors");
+    let out = dir.join("out");
+    let o = out.to_str().unwrap();
+    let alloc = dir.join("short.json");
+    std::fs::write(&alloc, br#"{"experts_per_layer": [2, 2]}"#).unwrap();
+    let a = alloc.to_str().unwrap();
+    let e = failure(&run(&["upcycle", &model, "--allocation", a, "--out", o]));
+    assert!(e.contains("short.json") && e.contains("2 layers") && e.contains("has 5"), "{e}");
+    let e = failure(&run(&["upcycle", &model, "--experts", "2", "--top-k", "3", "--out", o]));
+    assert!(e.contains("top-k 3"), "{e}");
+    let e = failure(&run(&["upcycle", &model, "--experts", "0", "--out", o]));
+    assert!(e.contains("at least 1 expert"), "{e}");
+    let e = failure(&run(&["upcycle", &model, "--experts", "2", "--allocation", a, "--out", o]));
+    assert!(e.contains("cannot be used with"), "{e}");
+    let e = failure(&run(&["upcycle", &model, "--experts", "2", "--router-init", "hidden", "--out", o]));
+    assert!(e.contains("--expert-prompts"), "{e}");
+    assert!(!out.exists());
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(left.len(), 1, "only the allocation file remains: {left:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn moerge_merges_copies_and_refuses_a_single_model() {
+    let Some(model) = stories() else { return };
+    let dir = tmp("moerge");
+    let out = dir.join("moe");
+    let s = json(&run(&["moerge", &model, &model, &model, "--out", out.to_str().unwrap(), "--json"]));
+    assert_eq!(s["method"], "moerge");
+    assert_eq!(s["experts_per_layer"], serde_json::json!([3, 3, 3, 3, 3]));
+    assert_eq!(s["moe"]["layers"][0]["top_k"], 1);
+    let e = failure(&run(&["moerge", &model, "--out", dir.join("one").to_str().unwrap()]));
+    assert!(e.contains("2 values") || e.contains("at least"), "{e}");
+    assert!(!dir.join("one").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,338 @@
+//! NeuronMoE's per-layer expert allocation (methods.md §3) and its two
+//! baselines, written as the allocation file `upcycle --allocation` reads
+//! ([`super::allocation`], key `new_experts_per_layer`).
+//!
+//! - NeuronMoE: with `S_l` the distinct specific neurons of layer `l` (union
+//!   over the new languages, [`super::neurons::union_counts`]), `S_min` the
+//!   smallest non-zero `S_l` and `S_max` the largest,
+//!   `E_l = E_min + floor((S_l − S_min) / (S_max − S_min) · (E_max − E_min))`,
+//!   clamped to `[E_min, E_max]`; `S_l = 0` gives `E_min`. The floor is taken
+//!   in exact integer arithmetic. When `S_max == S_min` every layer gets
+//!   `E_min` (every non-zero layer is an `S_min` layer, which the formula
+//!   maps to `E_min`).
+//! - Uniform: the same count in every layer.
+//! - LayerMoE-style (after LayerMoE, "Less, but Better", ACL 2025): per
+//!   layer, the mean cosine similarity between each new language's and each
+//!   original language's mean hidden state ([`layermoe_similarity`]); more
+//!   similar layers get fewer experts:
+//!   `E_l = E_min + floor((sim_max − sim_l) / (sim_max − sim_min) · (E_max − E_min))`
+//!   (`E_min` everywhere when all similarities are equal).
+
+use serde::{Deserialize, Serialize};
+
+use super::allocation::AllocationFile;
+use super::neurons::{union_counts, LayerSimilarity, NeuronReport};
+use crate::error::{Result, StudioError};
+
+/// The allowed new experts per layer, `[E_min, E_max]` (reference 1 and 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpertRange {
+    /// `E_min`.
+    pub min: usize,
+    /// `E_max`.
+    pub max: usize,
+}
+
+impl ExpertRange {
+    /// A checked range.
+    ///
+    /// # Errors
+    /// [`StudioError::Config`] when `min > max`.
+    pub fn new(min: usize, max: usize) -> Result<Self> {
+        if min > max {
+            return Err(StudioError::config(
+                "arguments",
+                format!("E_min ({min}) is greater than E_max ({max}): give --min <= --max"),
+            ));
+        }
+        Ok(ExpertRange { min, max })
+    }
+}
+
+/// NeuronMoE's `E_l` from the per-layer counts `S_l` (see the module docs).
+///
+/// # Errors
+/// As [`ExpertRange::new`]; [`StudioError::Invalid`] for no layers.
+pub fn neuronmoe_allocation(counts: &[usize], range: ExpertRange) -> Result<Vec<usize>> {
+    let range = ExpertRange::new(range.min, range.max)?;
+    if counts.is_empty() {
+        return Err(StudioError::Invalid("no layers to allocate experts to".into()));
+    }
+    let s_max = counts.iter().copied().max().unwrap_or(0);
+    let Some(s_min) = counts.iter().copied().filter(|&s| s > 0).min() else {
+        return Ok(vec![range.min; counts.len()]);
+    };
+    let span = (range.max - range.min) as u128;
+    Ok(counts
+        .iter()
+        .map(|&s| {
+            if s == 0 || s_max == s_min {
+                return range.min;
+            }
+            let extra = ((s - s_min) as u128 * span) / (s_max - s_min) as u128;
+            (range.min + extra as usize).clamp(range.min, range.max)
+        })
+        .collect())
+}
+
+/// The uniform baseline: `experts` new experts in each of `num_layers`
+/// layers.
+pub fn uniform_allocation(num_layers: usize, experts: usize) -> Vec<usize> {
+    vec![experts; num_layers]
+}
+
+/// The LayerMoE-style allocation from per-layer similarities (higher = more
+/// similar = fewer experts); see the module docs.
+///
+/// # Errors
+/// As [`ExpertRange::new`]; [`StudioError::Invalid`] for no layers or a
+/// non-finite similarity.
+pub fn layermoe_allocation(similarity: &[f64], range: ExpertRange) -> Result<Vec<usize>> {
+    let range = ExpertRange::new(range.min, range.max)?;
+    if similarity.is_empty() {
+        return Err(StudioError::Invalid("no layers to allocate experts to".into()));
+    }
+    if let Some(l) = similarity.iter().position(|s| !s.is_finite()) {
+        return Err(StudioError::Invalid(format!("layer {l}: similarity {} is not finite", similarity[l])));
+    }
+    let hi = similarity.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let lo = similarity.iter().copied().fold(f64::INFINITY, f64::min);
+    let span = (range.max - range.min) as f64;
+    Ok(similarity
+        .iter()
+        .map(|&s| {
+            if hi == lo {
+                return range.min;
+            }
+            let extra = ((hi - s) / (hi - lo) * span).floor().max(0.0) as usize;
+            (range.min + extra).clamp(range.min, range.max)
+        })
+        .collect())
+}
+
+/// Per layer, the mean over (new, original) language pairs of the cosine
+/// similarity of their mean hidden states; the original languages are
+/// those of `sim` not in `new`.
+///
+/// # Errors
+/// [`StudioError::Invalid`] for an empty `new`, a code `sim` lacks, or no
+/// original language left.
+pub fn layermoe_similarity(sim: &LayerSimilarity, new: &[String]) -> Result<Vec<f64>> {
+    if new.is_empty() {
+        return Err(StudioError::Invalid("no new languages given".into()));
+    }
+    let idx = |c: &String| {
+        sim.languages.iter().position(|x| x == c).ok_or_else(|| {
+            StudioError::Invalid(format!("language `{c}` is not in the analysis ({})", sim.languages.join(", ")))
+        })
+    };
+    let new_idx: Vec<usize> = new.iter().map(idx).collect::<Result<_>>()?;
+    let old_idx: Vec<usize> = (0..sim.languages.len()).filter(|i| !new_idx.contains(i)).collect();
+    if old_idx.is_empty() {
+        return Err(StudioError::Invalid(format!(
+            "the LayerMoE baseline compares new languages with original ones, but every analysed language ({}) is new",
+            sim.languages.join(", ")
+        )));
+    }
+    Ok(sim
+        .cosine
+        .iter()
+        .map(|m| {
+            let mut s = 0.0;
+            for &a in &new_idx {
+                for &b in &old_idx {
+                    s += m[a][b];
+                }
+            }
+            s / (new_idx.len() * old_idx.len()) as f64
+        })
+        .collect())
+}
+
+/// Which allocation a file carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AllocationMethod {
+    /// From specific-neuron counts.
+    NeuronMoe,
+    /// Same count everywhere.
+    Uniform,
+    /// From hidden-state similarity.
+    LayerMoe,
+}
+
+impl AllocationMethod {
+    /// The name written to the file's `method`.
+    pub fn name(self) -> &'static str {
+        match self {
+            AllocationMethod::NeuronMoe => "neuronmoe",
+            AllocationMethod::Uniform => "uniform",
+            AllocationMethod::LayerMoe => "layermoe",
+        }
+    }
+}
+
+/// The three allocations side by side for one analysis.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AllocationComparison {
+    /// `[E_min, E_max]`.
+    pub range: ExpertRange,
+    /// New languages of the union.
+    pub new_languages: Vec<String>,
+    /// Original languages (the others analysed).
+    pub original_languages: Vec<String>,
+    /// `S_l` per layer.
+    pub specific_counts: Vec<usize>,
+    /// NeuronMoE `E_l`.
+    pub neuronmoe: Vec<usize>,
+    /// Uniform `E_l`.
+    pub uniform: Vec<usize>,
+    /// LayerMoE-style similarity per layer (`None` without original
+    /// languages).
+    pub layermoe_similarity: Option<Vec<f64>>,
+    /// LayerMoE-style `E_l`.
+    pub layermoe: Option<Vec<usize>>,
+}
+
+impl AllocationComparison {
+    /// The allocation of `method`.
+    ///
+    /// # Errors
+    /// [`StudioError::Invalid`] for LayerMoE without original languages.
+    pub fn get(&self, method: AllocationMethod) -> Result<&[usize]> {
+        match method {
+            AllocationMethod::NeuronMoe => Ok(&self.neuronmoe),
+            AllocationMethod::Uniform => Ok(&self.uniform),
+            AllocationMethod::LayerMoe => self.layermoe.as_deref().ok_or_else(|| {
+                StudioError::Invalid(
+                    "the LayerMoE baseline needs at least one original (non-new) language in the analysis".into(),
+                )
+            }),
+        }
+    }
+
+    /// The allocation file of `method` (new experts per layer) with a
+    /// comment giving the totals.
+    ///
+    /// # Errors
+    /// As [`AllocationComparison::get`].
+    pub fn file(&self, method: AllocationMethod) -> Result<AllocationFile> {
+        let e = self.get(method)?;
+        let total = |v: &[usize]| v.iter().sum::<usize>();
+        let mut comment = format!(
+            "{} new experts per layer for new languages {} (E in [{}, {}]); totals: neuronmoe {}, uniform {}",
+            method.name(),
+            self.new_languages.join(","),
+            self.range.min,
+            self.range.max,
+            total(&self.neuronmoe),
+            total(&self.uniform)
+        );
+        if let Some(l) = &self.layermoe {
+            comment.push_str(&format!(", layermoe {}", total(l)));
+        }
+        Ok(AllocationFile {
+            experts_per_layer: None,
+            new_experts_per_layer: Some(e.iter().map(|&x| Some(x)).collect()),
+            method: Some(method.name().to_string()),
+            comment: Some(comment),
+        })
+    }
+}
+
+/// Computes all three allocations from a neurons report.
+///
+/// `new` overrides the report's new languages (the union is recomputed);
+/// `uniform` is the per-layer count of the uniform baseline.
+///
+/// # Errors
+/// As [`ExpertRange::new`] and [`union_counts`].
+pub fn compare_allocations(
+    report: &NeuronReport,
+    new: Option<&[String]>,
+    range: ExpertRange,
+    uniform: usize,
+) -> Result<AllocationComparison> {
+    let range = ExpertRange::new(range.min, range.max)?;
+    let new: Vec<String> = new.map(<[String]>::to_vec).unwrap_or_else(|| report.new_languages.clone());
+    let counts: Vec<usize> = union_counts(report, &new)?.iter().map(|c| c.total).collect();
+    let neuronmoe = neuronmoe_allocation(&counts, range)?;
+    let original: Vec<String> = report.codes().into_iter().filter(|c| !new.contains(c)).collect();
+    let (sim, layermoe) = if original.is_empty() {
+        (None, None)
+    } else {
+        let s = layermoe_similarity(&report.similarity, &new)?;
+        let e = layermoe_allocation(&s, range)?;
+        (Some(s), Some(e))
+    };
+    Ok(AllocationComparison {
+        range,
+        new_languages: new,
+        original_languages: original,
+        uniform: uniform_allocation(counts.len(), uniform),
+        specific_counts: counts,
+        neuronmoe,
+        layermoe_similarity: sim,
+        layermoe,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(a: usize, b: usize) -> ExpertRange {
+        ExpertRange::new(a, b).unwrap()
+    }
+
+    #[test]
+    fn formula_by_hand() {
+        // S = [0, 10, 20, 30, 110]: S_min = 10, S_max = 110, E in [1, 6].
+        // 10 -> 1; 20 -> 1 + floor(10/100*5) = 1; 30 -> 1 + floor(1.0) = 2; 110 -> 6.
+        assert_eq!(neuronmoe_allocation(&[0, 10, 20, 30, 110], r(1, 6)).unwrap(), vec![1, 1, 1, 2, 6]);
+        // Exact floor at boundaries: (S - S_min)/(S_max - S_min) * 5 = 3 exactly.
+        assert_eq!(neuronmoe_allocation(&[1, 61, 101], r(1, 6)).unwrap(), vec![1, 4, 6]);
+    }
+
+    #[test]
+    fn edge_cases() {
+        // All zero: E_min everywhere.
+        assert_eq!(neuronmoe_allocation(&[0, 0, 0], r(1, 6)).unwrap(), vec![1, 1, 1]);
+        // S_max == S_min: E_min everywhere.
+        assert_eq!(neuronmoe_allocation(&[0, 7, 7], r(1, 6)).unwrap(), vec![1, 1, 1]);
+        // Single layer.
+        assert_eq!(neuronmoe_allocation(&[5], r(2, 4)).unwrap(), vec![2]);
+        // E_min == E_max.
+        assert_eq!(neuronmoe_allocation(&[0, 3, 900], r(3, 3)).unwrap(), vec![3, 3, 3]);
+        // E_min = 0 allowed.
+        assert_eq!(neuronmoe_allocation(&[1, 2], r(0, 2)).unwrap(), vec![0, 2]);
+        let e = ExpertRange::new(6, 1).unwrap_err().to_string();
+        assert!(e.contains("E_min (6) is greater than E_max (1)"), "{e}");
+        let e = neuronmoe_allocation(&[1, 2], ExpertRange { min: 6, max: 1 }).unwrap_err().to_string();
+        assert!(e.contains("E_min (6)"), "{e}");
+        assert!(neuronmoe_allocation(&[], r(1, 6)).is_err());
+    }
+
+    #[test]
+    fn layermoe_inverts_similarity() {
+        let e = layermoe_allocation(&[0.9, 0.5, 0.7, 0.99], r(1, 6)).unwrap();
+        // sim_max 0.99, sim_min 0.5: 0.9 -> 1 + floor(0.09/0.49*5) = 1; 0.5 -> 6;
+        // 0.7 -> 1 + floor(0.29/0.49*5) = 3; 0.99 -> 1.
+        assert_eq!(e, vec![1, 6, 3, 1]);
+        assert_eq!(layermoe_allocation(&[0.5, 0.5], r(1, 6)).unwrap(), vec![1, 1]);
+        assert!(layermoe_allocation(&[f64::NAN], r(1, 6)).is_err());
+    }
+
+    #[test]
+    fn similarity_pairs() {
+        let sim = LayerSimilarity {
+            languages: vec!["en".into(), "hu".into(), "el".into()],
+            cosine: vec![vec![vec![1.0, 0.8, 0.6], vec![0.8, 1.0, 0.5], vec![0.6, 0.5, 1.0]]],
+        };
+        let s = layermoe_similarity(&sim, &["hu".into(), "el".into()]).unwrap();
+        assert!((s[0] - 0.7).abs() < 1e-12);
+        let e = layermoe_similarity(&sim, &["en".into(), "hu".into(), "el".into()]).unwrap_err().to_string();
+        assert!(e.contains("every analysed language"), "{e}");
+        assert!(layermoe_similarity(&sim, &["xx".into()]).is_err());
+    }
+}

@@ -1,0 +1,259 @@
+//! MoErging (DUME, methods.md §2): `N` dense models fine-tuned from one base
+//! become one MoE with `N` experts per layer, without training.
+//!
+//! - Every tensor outside the FFNs (embeddings, attention, norms, LM head)
+//!   is the element-wise mean over the `N` models ([`MeanAccumulator`]:
+//!   f64 sums, shapes aligned to the first model with a warning).
+//! - Layer `l`'s FFN of model `i` becomes expert `i` of MoE layer `l`
+//!   (`w1 = gate_proj`, `w3 = up_proj`, `w2 = down_proj`), unchanged.
+//! - Routers start at zero (or seeded random); DUME's ridge-regression
+//!   router is fitted afterwards on the merged model.
+//!
+//! Refused before anything is written: fewer than two models, different
+//! architectures or tokenizers (naming both models), a model whose tensors
+//! disagree with its own config. Streaming: one tensor per model at a time.
+
+use super::average::MeanAccumulator;
+use super::compat::{check_architecture, check_tokenizer};
+use super::moe_plan::{MoeTensor, Origin};
+use super::output::{check_dense_source, choose_layout, config_json, planned_tensors, LayoutChoice};
+use super::router_init::RouterInit;
+use super::sink::{write_values, TensorSink};
+use crate::checkpoint::{DType, PlannedTensor, TensorSource};
+use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
+use crate::error::{Result, StudioError};
+use crate::tokenizer::Tokenizer;
+
+/// One input model of [`moerge`].
+#[derive(Clone, Copy)]
+pub struct MoergeInput<'a> {
+    /// Name for messages (usually the path).
+    pub name: &'a str,
+    /// Its tensors.
+    pub source: &'a dyn TensorSource,
+    /// Its configuration.
+    pub config: &'a ModelConfig,
+    /// Its tokenizer, when it has one.
+    pub tokenizer: Option<&'a Tokenizer>,
+}
+
+impl std::fmt::Debug for MoergeInput<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MoergeInput").field("name", &self.name).finish()
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl<'a> From<&'a crate::checkpoint::LoadedModel> for MoergeInput<'a> {
+    fn from(m: &'a crate::checkpoint::LoadedModel) -> Self {
+        MoergeInput { name: &m.path, source: m.source.as_ref(), config: &m.config, tokenizer: m.tokenizer.as_ref() }
+    }
+}
+
+/// Options of [`moerge`].
+#[derive(Debug, Clone)]
+pub struct MoergeOptions {
+    /// Experts per token (DUME reference: 1).
+    pub top_k: usize,
+    /// Router temperature (folded into the weight in the Mixtral layout).
+    pub temperature: f64,
+    /// Router initialisation: zeros (default) or random (`hidden` is
+    /// refused: the experts come from different models).
+    pub router_init: RouterInit,
+    /// Seed of a random router.
+    pub seed: u64,
+    /// Frozen experts of every layer (default none).
+    pub frozen: Vec<usize>,
+    /// Output dtype (default: the first model's float dtypes).
+    pub dtype: Option<DType>,
+    /// Load-balancing loss coefficient recorded in the config.
+    pub router_aux_loss_coef: f64,
+}
+
+impl Default for MoergeOptions {
+    fn default() -> Self {
+        MoergeOptions {
+            top_k: 1,
+            temperature: 1.0,
+            router_init: RouterInit::Zeros,
+            seed: 0,
+            frozen: vec![],
+            dtype: None,
+            router_aux_loss_coef: 0.01,
+        }
+    }
+}
+
+/// A validated MoErge: layout, tensors, config and warnings.
+#[derive(Debug, Clone)]
+pub struct MoergePlan {
+    /// The MoE layout as requested.
+    pub moe: MoeConfig,
+    /// Layout choice and the config as written.
+    pub choice: LayoutChoice,
+    /// Output tensors and their origins.
+    pub tensors: Vec<MoeTensor>,
+    /// The writer's plan (output dtypes).
+    pub planned: Vec<PlannedTensor>,
+    /// `config.json`.
+    pub config_json: serde_json::Value,
+    /// Alignment, tokenizer and layout notes.
+    pub warnings: Vec<String>,
+}
+
+/// Validates the inputs and plans the merged checkpoint (headers only).
+///
+/// # Errors
+/// [`StudioError::Invalid`] for fewer than two models;
+/// [`StudioError::Config`] / [`StudioError::Tokenizer`] naming both models
+/// when architectures or tokenizers differ; [`StudioError::Tensor`] when a
+/// model's tensor is missing or disagrees with its config, or a
+/// vocabulary-sized tensor has a different rank; option errors
+/// (top-k > N, frozen index, temperature, hidden router).
+pub fn plan_moerge(inputs: &[MoergeInput<'_>], opts: &MoergeOptions) -> Result<MoergePlan> {
+    if inputs.len() < 2 {
+        return Err(StudioError::Invalid(format!(
+            "MoErging needs at least two models (got {}); each becomes one expert",
+            inputs.len()
+        )));
+    }
+    if matches!(opts.router_init, RouterInit::Hidden { .. }) {
+        return Err(StudioError::config(
+            "--router-init",
+            "the hidden router is for upcycling one model; MoErge with zeros or random and fit the ridge router",
+        ));
+    }
+    let first = inputs[0];
+    let base = first.config;
+    let mut warnings = Vec::new();
+    for m in inputs {
+        check_dense_source(m.source, m.config)?;
+    }
+    for m in &inputs[1..] {
+        warnings.extend(check_architecture(first.name, base, m.name, m.config)?);
+        warnings.extend(check_tokenizer(first.name, first.tokenizer, m.name, m.tokenizer)?);
+    }
+    let spec = MoeLayerSpec {
+        num_experts: inputs.len(),
+        top_k: opts.top_k,
+        frozen: opts.frozen.clone(),
+        router_bias: false,
+        temperature: opts.temperature,
+    };
+    let moe =
+        MoeConfig { router_aux_loss_coef: opts.router_aux_loss_coef, ..MoeConfig::uniform(base.num_layers, spec) };
+    moe.validate(base, "moerge options")?;
+    opts.router_init.validate(&moe, base.hidden_size, "--router-init")?;
+    if let Some(d) = opts.dtype.filter(|d| d.float_size().is_none()) {
+        return Err(StudioError::Invalid(format!("cannot write dtype {d} (use f32, f16 or bf16)")));
+    }
+    let choice = choose_layout(base, &moe);
+    let (tensors, planned) = planned_tensors(first.source, base, &choice.written, opts.dtype);
+    for t in tensors.iter().filter(|t| matches!(t.origin, Origin::Dense { .. })) {
+        for m in &inputs[1..] {
+            let info = m.source.info(&t.name).ok_or_else(|| StudioError::tensor(m.name, &t.name, "missing"))?;
+            if info.shape.len() != t.shape.len() {
+                return Err(StudioError::tensor(
+                    m.name,
+                    &t.name,
+                    format!("rank of shape {:?} differs from {:?} in {}", info.shape, t.shape, first.name),
+                ));
+            }
+            if info.shape != t.shape {
+                warnings.push(format!(
+                    "`{}`: shape {:?} in {} aligned to {:?} of {} (rows/columns only some models have are averaged \
+                     over those models)",
+                    t.name, info.shape, m.name, t.shape, first.name
+                ));
+            }
+        }
+    }
+    if let Some(r) = &choice.reason {
+        warnings.push(format!("written in the studio layout, which transformers cannot load, because {r}"));
+    }
+    let provenance = serde_json::json!({
+        "method": "moerge",
+        "sources": inputs.iter().map(|m| m.name).collect::<Vec<_>>(),
+        "router_init": opts.router_init,
+        "seed": opts.seed,
+        "temperature": opts.temperature,
+    });
+    let dtype = planned.first().map(|p| p.dtype).unwrap_or(DType::F32);
+    let config_json = config_json(base, &choice.written, dtype, provenance);
+    Ok(MoergePlan { moe, choice, tensors, planned, config_json, warnings })
+}
+
+/// Streams the merged tensors of `plan` into `sink`, reading one tensor of
+/// one model at a time.
+///
+/// # Errors
+/// Read errors of the sources, write errors of `sink`.
+pub fn write_moerge(
+    inputs: &[MoergeInput<'_>],
+    plan: &MoergePlan,
+    opts: &MoergeOptions,
+    sink: &mut dyn TensorSink,
+) -> Result<()> {
+    for (t, p) in plan.tensors.iter().zip(&plan.planned) {
+        let values = match &t.origin {
+            Origin::Dense { .. } => {
+                let mut acc = MeanAccumulator::new(&t.shape);
+                for m in inputs {
+                    let shape = m.source.info(&t.name).map(|i| i.shape).unwrap_or_default();
+                    acc.add(&m.source.read_f32(&t.name)?, &shape);
+                }
+                acc.mean()
+            }
+            Origin::Expert { expert, dense_name, .. } => inputs[*expert].source.read_f32(dense_name)?,
+            Origin::RouterWeight { layer } => opts.router_init.weight(
+                *layer,
+                t.shape[0],
+                t.shape[1],
+                opts.seed,
+                &t.name,
+                plan.choice.router_scale[*layer],
+            ),
+            Origin::RouterBias { .. } => vec![0.0; t.shape[0]],
+        };
+        write_values(sink, &t.name, p.dtype, &values)?;
+    }
+    Ok(())
+}
+
+/// MoErges `inputs` into the checkpoint directory `out_dir` (safetensors,
+/// `config.json` in the Mixtral layout when possible, and `tokenizer.json`
+/// when given — normally the first model's). Validation happens before the
+/// output is created; the directory appears atomically and no partial
+/// output is left on error.
+///
+/// # Errors
+/// Those of [`plan_moerge`] and [`write_moerge`]; [`StudioError::Invalid`]
+/// when `out_dir` exists and is not empty; I/O.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn moerge(
+    inputs: &[MoergeInput<'_>],
+    opts: &MoergeOptions,
+    out_dir: &std::path::Path,
+    tokenizer_json: Option<Vec<u8>>,
+    write_opts: crate::checkpoint::WriteOptions,
+) -> Result<super::output::MoeReport> {
+    let plan = plan_moerge(inputs, opts)?;
+    let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, plan.planned.clone(), write_opts)?;
+    write_moerge(inputs, &plan, opts, &mut w)?;
+    let mut extra = vec![("config.json", serde_json::to_vec_pretty(&plan.config_json).expect("json"))];
+    if let Some(t) = tokenizer_json {
+        extra.push(("tokenizer.json", t));
+    }
+    w.finish(&extra)?;
+    let mut report = super::output::MoeReport::new(
+        "moerge",
+        inputs.iter().map(|m| m.name.to_string()).collect(),
+        inputs[0].config,
+        &plan.choice,
+        &plan.planned,
+        opts.router_init.kind(),
+        plan.warnings,
+    );
+    report.out_dir = Some(out_dir.display().to_string());
+    Ok(report)
+}

@@ -1,0 +1,98 @@
+//! Where the methods stream their output tensors: the atomic safetensors
+//! directory writer natively, or an in-memory file (the browser's download,
+//! small models, tests).
+
+use std::collections::BTreeMap;
+
+use crate::checkpoint::dtype::f32_to_bytes;
+use crate::checkpoint::writer::serialize_to_vec;
+use crate::checkpoint::{DType, PlannedTensor};
+use crate::error::{Result, StudioError};
+
+/// A consumer of tensors in plan order.
+pub trait TensorSink {
+    /// Takes the next tensor's little-endian bytes (already in its planned
+    /// dtype).
+    ///
+    /// # Errors
+    /// Out-of-plan tensors, wrong byte counts, I/O.
+    fn write_tensor(&mut self, name: &str, data: &[u8]) -> Result<()>;
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl TensorSink for crate::checkpoint::SafetensorsWriter {
+    fn write_tensor(&mut self, name: &str, data: &[u8]) -> Result<()> {
+        self.write(name, data)
+    }
+}
+
+/// Converts f32 values to the bytes of a float `dtype`.
+///
+/// # Errors
+/// [`StudioError::Invalid`] when `dtype` is not F32, F16 or BF16.
+pub fn to_bytes(dtype: DType, values: &[f32]) -> Result<Vec<u8>> {
+    f32_to_bytes(dtype, values).ok_or_else(|| StudioError::Invalid(format!("cannot write dtype {dtype}")))
+}
+
+/// Writes f32 `values` as the next tensor in `dtype`. F32 on a
+/// little-endian target is written straight from `values` (no byte copy),
+/// which keeps the peak memory of streaming methods at about one tensor.
+///
+/// # Errors
+/// As [`to_bytes`] and [`TensorSink::write_tensor`].
+pub fn write_values(sink: &mut dyn TensorSink, name: &str, dtype: DType, values: &[f32]) -> Result<()> {
+    if dtype == DType::F32 && cfg!(target_endian = "little") {
+        return sink.write_tensor(name, bytemuck::cast_slice(values));
+    }
+    sink.write_tensor(name, &to_bytes(dtype, values)?)
+}
+
+/// Collects tensors in memory and serialises them as one safetensors file.
+#[derive(Debug, Default)]
+pub struct MemorySink {
+    plan: Vec<PlannedTensor>,
+    data: Vec<Vec<u8>>,
+}
+
+impl MemorySink {
+    /// A sink expecting exactly `plan`, in order.
+    pub fn new(plan: Vec<PlannedTensor>) -> Self {
+        MemorySink { plan, data: Vec::new() }
+    }
+
+    /// The safetensors bytes (`__metadata__`: `format: pt`).
+    ///
+    /// # Errors
+    /// [`StudioError::Invalid`] when not every planned tensor was written.
+    pub fn into_safetensors(self) -> Result<Vec<u8>> {
+        if self.data.len() != self.plan.len() {
+            return Err(StudioError::Invalid(format!(
+                "only {} of {} planned tensors were written",
+                self.data.len(),
+                self.plan.len()
+            )));
+        }
+        let meta: BTreeMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+        let pairs: Vec<(PlannedTensor, &[u8])> =
+            self.plan.iter().cloned().zip(self.data.iter().map(Vec::as_slice)).collect();
+        serialize_to_vec(&pairs, &meta)
+    }
+}
+
+impl TensorSink for MemorySink {
+    fn write_tensor(&mut self, name: &str, data: &[u8]) -> Result<()> {
+        let Some(next) = self.plan.get(self.data.len()) else {
+            return Err(StudioError::Invalid(format!("tensor `{name}` was not planned")));
+        };
+        if next.name != name || next.byte_len() != data.len() {
+            return Err(StudioError::Invalid(format!(
+                "expected `{}` ({} bytes) next, got `{name}` ({} bytes)",
+                next.name,
+                next.byte_len(),
+                data.len()
+            )));
+        }
+        self.data.push(data.to_vec());
+        Ok(())
+    }
+}

@@ -1,0 +1,172 @@
+//! Which parameters a training stage updates (methods.md §1-2).
+//!
+//! - [`Stage::Experts`] — DeltaMoE phase 1 / MoE-LPR stage 1: the routers
+//!   and every expert that is not in its layer's `frozen` list train;
+//!   expert 0 (the original FFN), attention, embeddings, norms, the LM head
+//!   and dense FFNs stay frozen.
+//! - [`Stage::Router`] — MoE-LPR stage 2, DUME+, BTX: only the routers.
+//! - [`Stage::Dense`] — ordinary fine-tuning of a dense model: everything.
+//!
+//! Freezing is Burn's `Module::no_grad`: a frozen parameter is not tracked
+//! by autodiff, gets no gradient, and the optimizer leaves it untouched
+//! (bit for bit: no weight decay either).
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::{backend::Backend, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, StudioError};
+use crate::model::transformer::Mlp;
+use crate::model::{DecoderBlock, MoeLayer, Transformer};
+
+/// A training stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// Non-frozen experts + routers (MoE models).
+    Experts,
+    /// Routers only (MoE models).
+    Router,
+    /// Every parameter (dense models).
+    Dense,
+}
+
+impl Stage {
+    /// Parses `experts`, `router` or `dense`.
+    pub fn parse(s: &str) -> Option<Stage> {
+        match s {
+            "experts" => Some(Stage::Experts),
+            "router" | "routers" => Some(Stage::Router),
+            "dense" => Some(Stage::Dense),
+            _ => None,
+        }
+    }
+
+    /// The stage's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Experts => "experts",
+            Stage::Router => "router",
+            Stage::Dense => "dense",
+        }
+    }
+
+    /// The reference learning rate of the stage: 5e-5 for experts (DeltaMoE),
+    /// 1e-4 for routers (DUME+), 5e-5 for dense fine-tuning.
+    pub fn default_lr(self) -> f64 {
+        match self {
+            Stage::Experts | Stage::Dense => 5e-5,
+            Stage::Router => 1e-4,
+        }
+    }
+}
+
+/// Whether any FFN of `model` is an MoE layer.
+pub fn is_moe<B: Backend>(model: &Transformer<B>) -> bool {
+    model.layers.iter().any(|b| matches!(b.mlp, Mlp::Moe(_)))
+}
+
+/// Marks the parameters `stage` does not train as frozen (`no_grad`).
+///
+/// # Errors
+/// [`StudioError::Config`] naming `source`: `experts` or `router` on a
+/// dense model, `dense` on an MoE model, or `experts` when every expert of
+/// every MoE layer is frozen.
+pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str) -> Result<Transformer<B>> {
+    let moe = is_moe(&model);
+    match (stage, moe) {
+        (Stage::Experts | Stage::Router, false) => {
+            return Err(StudioError::config(
+                source,
+                format!(
+                    "--stage {} needs an MoE model, this one is dense (upcycle it first: `moe-studio upcycle`), \
+                     or use --stage dense",
+                    stage.name()
+                ),
+            ))
+        }
+        (Stage::Dense, true) => {
+            return Err(StudioError::config(
+                source,
+                "--stage dense fine-tunes a dense model; this one is MoE: use --stage experts (new experts + \
+                 routers) or --stage router",
+            ))
+        }
+        (Stage::Dense, false) => return Ok(model),
+        _ => {}
+    }
+    if stage == Stage::Experts {
+        let trainable = model.layers.iter().any(|b| match &b.mlp {
+            Mlp::Moe(m) => (0..m.num_experts()).any(|e| !m.frozen.contains(&e)),
+            Mlp::Dense(_) => false,
+        });
+        if !trainable {
+            return Err(StudioError::config(
+                source,
+                "--stage experts: every expert of every MoE layer is frozen, nothing but the routers would train \
+                 (use --stage router)",
+            ));
+        }
+    }
+    let Transformer { embed_tokens, layers, norm, lm_head, rope, config } = model;
+    let layers = layers
+        .into_iter()
+        .map(|b| DecoderBlock {
+            input_layernorm: b.input_layernorm.no_grad(),
+            self_attn: b.self_attn.no_grad(),
+            post_attention_layernorm: b.post_attention_layernorm.no_grad(),
+            mlp: match b.mlp {
+                Mlp::Dense(m) => Mlp::Dense(m.no_grad()),
+                Mlp::Moe(m) => {
+                    let MoeLayer { gate, experts, top_k, temperature, frozen } = m;
+                    let experts = experts
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, e)| if stage == Stage::Router || frozen.contains(&i) { e.no_grad() } else { e })
+                        .collect();
+                    Mlp::Moe(MoeLayer { gate, experts, top_k, temperature, frozen })
+                }
+            },
+        })
+        .collect();
+    Ok(Transformer {
+        embed_tokens: embed_tokens.no_grad(),
+        layers,
+        norm: norm.no_grad(),
+        lm_head: lm_head.map(|h| h.no_grad()),
+        rope,
+        config,
+    })
+}
+
+/// Trainable and frozen parameter counts (elements).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ParamCounts {
+    /// Elements that will be updated.
+    pub trainable: usize,
+    /// Elements that stay fixed.
+    pub frozen: usize,
+    /// Parameter tensors that will be updated.
+    pub trainable_tensors: usize,
+}
+
+struct Counter(ParamCounts);
+
+impl<B: Backend> ModuleVisitor<B> for Counter {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let n = param.val().shape().num_elements();
+        if param.is_require_grad() {
+            self.0.trainable += n;
+            self.0.trainable_tensors += 1;
+        } else {
+            self.0.frozen += n;
+        }
+    }
+}
+
+/// Counts `model`'s trainable and frozen parameters.
+pub fn param_counts<B: Backend, M: Module<B>>(model: &M) -> ParamCounts {
+    let mut c = Counter(ParamCounts::default());
+    model.visit(&mut c);
+    c.0
+}

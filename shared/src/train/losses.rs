@@ -1,0 +1,210 @@
+//! Training losses: next-token cross-entropy, the MoE load-balancing loss
+//! and MoE-LPR's language-prior routing loss (methods.md §1).
+//!
+//! All take the per-layer [`RoutingTrace`]s of one forward pass
+//! (`Transformer::forward_hidden_with(.., Some(&mut trace))`); router logits
+//! there are `[tokens, E]` with tokens in batch-major order
+//! (`row = b * seq + s`) and the temperature already applied.
+
+use burn::tensor::{activation::log_softmax, activation::softmax, backend::Backend, Int, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use crate::model::RoutingTrace;
+
+/// Mean next-token negative log-likelihood (nats) of `logits`
+/// `[batch, seq, V]` against `targets` `[batch, seq]`, as a `[1]` tensor.
+pub fn next_token_loss<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+    let [b, s, v] = logits.dims();
+    let logp = log_softmax(logits.reshape([b * s, v]), 1);
+    let picked = logp.gather(1, targets.reshape([b * s, 1]));
+    picked.mean().neg()
+}
+
+/// Which load-balancing formula to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LbForm {
+    /// methods.md §1 (Switch Transformers eq. 4-6 generalised to top-k):
+    /// per MoE layer `LB_l = E * sum_i f_i * P_i` with `f_i` the fraction of
+    /// routed token SLOTS (`tokens * k`) that went to expert `i` (so
+    /// `sum_i f_i = 1`) and `P_i` the mean softmax-over-all-`E` router
+    /// probability; the loss is the mean of `LB_l` over MoE layers. Equal to
+    /// 1 for perfectly uniform routing whatever `k` and `E`.
+    #[default]
+    PerLayer,
+    /// transformers' `load_balancing_loss_func` (Mixtral, v5.24): the
+    /// counts and probabilities of all layers are pooled first,
+    /// `f_i = count_i / tokens` (so `sum_i f_i = k`) and
+    /// `LB = E * sum_i f_i * P_i`. With one layer it is `k` times
+    /// [`LbForm::PerLayer`]. Needs the same `E` in every MoE layer.
+    HfMixtral,
+}
+
+impl LbForm {
+    /// Parses `per-layer` or `hf-mixtral`.
+    pub fn parse(s: &str) -> Option<LbForm> {
+        match s {
+            "per-layer" => Some(LbForm::PerLayer),
+            "hf-mixtral" | "hf" => Some(LbForm::HfMixtral),
+            _ => None,
+        }
+    }
+}
+
+/// The load-balancing loss of one forward pass (`[1]` tensor,
+/// differentiable through `P_i`; the routing fractions `f_i` are
+/// constants), or `None` when no layer is MoE.
+///
+/// # Panics
+/// With [`LbForm::HfMixtral`], if the MoE layers have different expert
+/// counts (the trainer checks this up front).
+pub fn load_balancing_loss<B: Backend>(routing: &[Option<RoutingTrace<B>>], form: LbForm) -> Option<Tensor<B, 1>> {
+    let layers: Vec<&RoutingTrace<B>> = routing.iter().flatten().collect();
+    let first = layers.first()?;
+    let device = first.logits.device();
+    match form {
+        LbForm::PerLayer => {
+            let mut total: Option<Tensor<B, 1>> = None;
+            for r in &layers {
+                let [t, e] = r.logits.dims();
+                let p = softmax(r.logits.clone(), 1).mean_dim(0).reshape([e]);
+                let slots = (t * r.top_k).max(1) as f32;
+                let f: Vec<f32> = r.counts.iter().map(|&c| c as f32 / slots).collect();
+                let f = Tensor::<B, 1>::from_data(TensorData::new(f, [e]), &device);
+                let lb = (p * f).sum().mul_scalar(e as f64);
+                total = Some(match total {
+                    Some(x) => x + lb,
+                    None => lb,
+                });
+            }
+            total.map(|x| x.div_scalar(layers.len() as f64))
+        }
+        LbForm::HfMixtral => {
+            let e = first.logits.dims()[1];
+            assert!(layers.iter().all(|r| r.logits.dims()[1] == e), "hf-mixtral load balancing needs equal E");
+            let mut rows = 0usize;
+            let mut counts = vec![0f32; e];
+            let mut psum: Option<Tensor<B, 1>> = None;
+            for r in &layers {
+                rows += r.logits.dims()[0];
+                for (c, &n) in counts.iter_mut().zip(&r.counts) {
+                    *c += n as f32;
+                }
+                let s = softmax(r.logits.clone(), 1).sum_dim(0).reshape([e]);
+                psum = Some(match psum {
+                    Some(x) => x + s,
+                    None => s,
+                });
+            }
+            let rows = rows.max(1) as f32;
+            let f: Vec<f32> = counts.iter().map(|&c| c / rows).collect();
+            let f = Tensor::<B, 1>::from_data(TensorData::new(f, [e]), &device);
+            let p = psum.expect("at least one layer").div_scalar(rows as f64);
+            Some((p * f).sum().mul_scalar(e as f64))
+        }
+    }
+}
+
+/// MoE-LPR's language-prior loss: for the token rows whose `mask` is true
+/// (tokens of an ORIGINAL language), the cross-entropy of the router
+/// distribution (one softmax over all `E` logits) against expert 0, i.e.
+/// `-log softmax(logits)[0]`, averaged over those tokens and then over MoE
+/// layers. `None` when no layer is MoE or no row is masked.
+///
+/// `mask` has one entry per token row (`batch * seq`, batch-major).
+pub fn language_prior_loss<B: Backend>(routing: &[Option<RoutingTrace<B>>], mask: &[bool]) -> Option<Tensor<B, 1>> {
+    let n_masked = mask.iter().filter(|&&m| m).count();
+    if n_masked == 0 {
+        return None;
+    }
+    let layers: Vec<&RoutingTrace<B>> = routing.iter().flatten().collect();
+    let first = layers.first()?;
+    let device = first.logits.device();
+    let t = mask.len();
+    let w: Vec<f32> = mask.iter().map(|&m| if m { 1.0 } else { 0.0 }).collect();
+    let w = Tensor::<B, 2>::from_data(TensorData::new(w, [t, 1]), &device);
+    let mut total: Option<Tensor<B, 1>> = None;
+    for r in &layers {
+        assert_eq!(r.logits.dims()[0], t, "one mask entry per token row");
+        let logp0 = log_softmax(r.logits.clone(), 1).narrow(1, 0, 1);
+        let l = (logp0 * w.clone()).sum().div_scalar(n_masked as f64).neg();
+        total = Some(match total {
+            Some(x) => x + l,
+            None => l,
+        });
+    }
+    total.map(|x| x.div_scalar(layers.len() as f64))
+}
+
+/// Per MoE layer, the fraction of routed token slots each expert received
+/// (`counts / sum(counts)`); `None` for dense layers.
+pub fn expert_load<B: Backend>(routing: &[Option<RoutingTrace<B>>]) -> Vec<Option<Vec<f64>>> {
+    routing
+        .iter()
+        .map(|r| {
+            r.as_ref().map(|r| {
+                let total = r.counts.iter().sum::<usize>().max(1) as f64;
+                r.counts.iter().map(|&c| c as f64 / total).collect()
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::NdArray;
+
+    type B = NdArray<f32>;
+
+    fn trace(logits: Vec<f32>, t: usize, e: usize, k: usize) -> RoutingTrace<B> {
+        let dev = Default::default();
+        let lt = Tensor::<B, 2>::from_data(TensorData::new(logits.clone(), [t, e]), &dev);
+        let (_, idx) = lt.clone().topk_with_indices(k, 1);
+        let chosen: Vec<u32> =
+            idx.into_data().convert::<i64>().to_vec::<i64>().unwrap().iter().map(|&x| x as u32).collect();
+        let mut counts = vec![0; e];
+        for &c in &chosen {
+            counts[c as usize] += 1;
+        }
+        RoutingTrace { logits: lt, chosen, counts, top_k: k }
+    }
+
+    fn scalar(t: Tensor<B, 1>) -> f64 {
+        t.into_scalar() as f64
+    }
+
+    #[test]
+    fn uniform_routing_gives_one() {
+        // Equal logits, 4 tokens, 2 experts, top-1 alternating by design of counts.
+        let mut r = trace(vec![0.0; 8], 4, 2, 1);
+        r.counts = vec![2, 2];
+        assert!((scalar(load_balancing_loss(&[Some(r)], LbForm::PerLayer).unwrap()) - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn cross_entropy_matches_host() {
+        let dev = Default::default();
+        let l: Vec<f32> = vec![1.0, 2.0, 0.5, -1.0, 0.0, 3.0];
+        let logits = Tensor::<B, 3>::from_data(TensorData::new(l.clone(), [1, 2, 3]), &dev);
+        let targets = Tensor::<B, 2, Int>::from_data(TensorData::new(vec![1i64, 2], [1, 2]), &dev);
+        let got = scalar(next_token_loss(logits, targets));
+        let nll = |row: &[f32], t: usize| {
+            let z: f64 = row.iter().map(|&x| (x as f64).exp()).sum();
+            z.ln() - row[t] as f64
+        };
+        let want = (nll(&l[0..3], 1) + nll(&l[3..6], 2)) / 2.0;
+        assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+    }
+
+    #[test]
+    fn prior_is_cross_entropy_against_expert_zero_on_masked_rows() {
+        let l = vec![2.0, 0.0, 0.0, /* row 1 */ 0.0, 1.0, 0.0];
+        let r = trace(l, 2, 3, 1);
+        let got = scalar(language_prior_loss(&[Some(r), None], &[false, true]).unwrap());
+        let want = (1f64.exp() + 2.0).ln(); // -log(e^0 / (1 + e + 1))
+        assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+        let r = trace(vec![0.0; 6], 2, 3, 1);
+        assert!(language_prior_loss(&[Some(r)], &[false, false]).is_none());
+    }
+}

@@ -1,0 +1,777 @@
+//! The training loop, generic over a Burn autodiff backend: continued
+//! pre-training of new experts (DeltaMoE phase 1 / MoE-LPR stage 1),
+//! router tuning (MoE-LPR stage 2, DUME+, BTX) and dense fine-tuning
+//! (methods.md §1-2).
+//!
+//! One optimizer step:
+//! 1. for each of `grad_accum` micro-steps, draw `batch_size * devices`
+//!    packed sequences from the [`Mixture`]; with several devices the batch
+//!    is split, each device runs a fork of the model on its share in its own
+//!    thread (Burn's `Module::fork` + `GradientsParams::to_device`, the
+//!    multi-device path of `burn-train`), and the gradients come back to the
+//!    first device;
+//! 2. loss = next-token cross-entropy + `alpha` x load balancing
+//!    + `prior` x language prior (see [`super::losses`]), each micro-loss
+//!    scaled by `1 / (grad_accum * devices)` so that the accumulated
+//!    gradient is the mean;
+//! 3. gradients summed with Burn's `GradientsAccumulator`, clipped by their
+//!    GLOBAL L2 norm (as `torch.nn.utils.clip_grad_norm_`, not Burn's
+//!    per-tensor clipping), then one AdamW step (Burn's `AdamW`: decoupled
+//!    weight decay, Loshchilov & Hutter 2019) at the scheduled rate.
+//!
+//! Determinism: the data order is a pure function of the seed and the
+//! step; parameter ids are renumbered deterministically; checkpoints hold
+//! the f32 weights, the AdamW moments and the data position, so a resumed
+//! run continues with the same losses as an uninterrupted one.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use super::checkpoint::{assign_param_ids, fold_router_temperatures, TrainerState};
+use super::data::{Batch, Mixture};
+use super::freeze::{apply_stage, param_counts, ParamCounts, Stage};
+use super::losses::{language_prior_loss, load_balancing_loss, next_token_loss, LbForm};
+use super::schedule::LrSchedule;
+use crate::error::{Result, StudioError};
+use crate::model::transformer::Mlp;
+use crate::model::{ForwardOptions, Trace, Transformer};
+
+/// Hyper-parameters of a run (saved in every checkpoint).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Which parameters train.
+    pub stage: Stage,
+    /// Optimizer steps in the whole run.
+    pub steps: usize,
+    /// Tokens per sequence `L` (<= the model's context).
+    pub seq_len: usize,
+    /// Sequences per device per micro-step.
+    pub batch_size: usize,
+    /// Micro-steps per optimizer step.
+    pub grad_accum: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Linear warm-up steps.
+    pub warmup: usize,
+    /// Final rate of the cosine as a fraction of `lr`.
+    pub min_lr_ratio: f64,
+    /// AdamW decoupled weight decay.
+    pub weight_decay: f64,
+    /// AdamW `beta_1`.
+    pub beta1: f64,
+    /// AdamW `beta_2`.
+    pub beta2: f64,
+    /// AdamW `epsilon`.
+    pub eps: f64,
+    /// Maximum global gradient L2 norm (`None`: no clipping).
+    pub clip: Option<f64>,
+    /// Load-balancing coefficient `alpha` (DeltaMoE: 0.01).
+    pub alpha: f64,
+    /// Load-balancing formula.
+    pub lb_form: LbForm,
+    /// Language-prior coefficient (MoE-LPR: 0.1); applies to sequences of
+    /// sources tagged as original languages.
+    pub prior: f64,
+    /// Checkpoint every N steps (0: only at the end).
+    pub save_every: usize,
+    /// Periodic checkpoints kept (older ones are deleted; the final one is
+    /// always kept).
+    pub keep: usize,
+    /// Seed of the data order (and of the backend generator).
+    pub seed: u64,
+    /// Devices for data parallelism (1: no parallelism).
+    pub devices: usize,
+}
+
+impl TrainConfig {
+    /// The defaults of `stage`: 5e-5 (experts, dense) or 1e-4 (router),
+    /// batch 8, sequence 256, 100 steps, warm-up 10, cosine to 10%, no
+    /// weight decay, betas (0.9, 0.999), eps 1e-8, clip 1.0, alpha 0.01,
+    /// per-layer load balancing, prior 0.1, seed 0, one device.
+    pub fn new(stage: Stage) -> Self {
+        TrainConfig {
+            stage,
+            steps: 100,
+            seq_len: 256,
+            batch_size: 8,
+            grad_accum: 1,
+            lr: stage.default_lr(),
+            warmup: 10,
+            min_lr_ratio: 0.1,
+            weight_decay: 0.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            clip: Some(1.0),
+            alpha: 0.01,
+            lb_form: LbForm::PerLayer,
+            prior: 0.1,
+            save_every: 0,
+            keep: 2,
+            seed: 0,
+            devices: 1,
+        }
+    }
+
+    /// The learning-rate schedule.
+    pub fn schedule(&self) -> LrSchedule {
+        LrSchedule { lr: self.lr, warmup: self.warmup, total: self.steps, min_ratio: self.min_lr_ratio }
+    }
+
+    /// Input tokens per optimizer step.
+    pub fn tokens_per_step(&self) -> usize {
+        self.batch_size * self.devices * self.grad_accum * self.seq_len
+    }
+
+    /// Checks the values against each other and against `model`.
+    ///
+    /// # Errors
+    /// [`StudioError::Config`] naming the option.
+    pub fn validate<B: Backend>(&self, model: &Transformer<B>) -> Result<()> {
+        let err = |opt: &str, what: String| Err(StudioError::config(opt, what));
+        if self.steps == 0 {
+            return err("--steps", "must be at least 1".into());
+        }
+        if self.batch_size == 0 || self.grad_accum == 0 || self.devices == 0 {
+            return err("--batch/--grad-accum/--devices", "must be at least 1".into());
+        }
+        if self.seq_len == 0 || self.seq_len > model.config.max_position_embeddings {
+            return err(
+                "--seq-len",
+                format!(
+                    "{} must be in 1..={} (the model's context)",
+                    self.seq_len, model.config.max_position_embeddings
+                ),
+            );
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return err("--lr", format!("{} must be a positive number", self.lr));
+        }
+        if !(0.0..=1.0).contains(&self.min_lr_ratio) {
+            return err("--min-lr", format!("ratio {} must be in [0, 1]", self.min_lr_ratio));
+        }
+        if let Some(c) = self.clip {
+            if !(c.is_finite() && c > 0.0) {
+                return err("--clip", format!("{c} must be a positive number"));
+            }
+        }
+        for (name, v) in [("--alpha", self.alpha), ("--prior", self.prior), ("--weight-decay", self.weight_decay)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return err(name, format!("{v} must be >= 0"));
+            }
+        }
+        if self.lb_form == LbForm::HfMixtral {
+            let counts: Vec<usize> = model
+                .layers
+                .iter()
+                .filter_map(|b| match &b.mlp {
+                    Mlp::Moe(m) => Some(m.num_experts()),
+                    Mlp::Dense(_) => None,
+                })
+                .collect();
+            if counts.windows(2).any(|w| w[0] != w[1]) {
+                return err(
+                    "--lb-form",
+                    "hf-mixtral pools layers and needs the same expert count in every MoE layer; use per-layer".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepMetrics {
+    /// Steps completed (1-based).
+    pub step: usize,
+    /// Steps of the run.
+    pub steps: usize,
+    /// Total loss (mean over micro-batches): ce + alpha*lb + prior*prior.
+    pub loss: f64,
+    /// Next-token cross-entropy (nats / token).
+    pub ce_loss: f64,
+    /// Load-balancing loss (MoE only).
+    pub lb_loss: Option<f64>,
+    /// Language-prior loss (when the batch had original-language tokens).
+    pub prior_loss: Option<f64>,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Input tokens of this step.
+    pub tokens: usize,
+    /// Input tokens since the start of the run.
+    pub tokens_seen: u64,
+    /// Wall time of this step (s).
+    pub seconds: f64,
+    /// Training throughput of this step.
+    pub tokens_per_s: f64,
+    /// Per MoE layer, the fraction of routed slots each expert got in this
+    /// step (`None` for dense layers).
+    pub expert_load: Vec<Option<Vec<f64>>>,
+    /// Sequences per data source in this step.
+    pub source_sequences: Vec<usize>,
+}
+
+/// Per-micro-batch results.
+struct MicroStats {
+    ce: f64,
+    lb: Option<f64>,
+    prior: Option<f64>,
+    counts: Vec<Option<Vec<usize>>>,
+}
+
+/// Loss settings handed to the worker threads.
+#[derive(Clone, Copy)]
+struct LossSettings {
+    alpha: f64,
+    lb_form: LbForm,
+    prior: f64,
+    scale: f64,
+}
+
+fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
+    use burn::tensor::ElementConversion;
+    t.into_scalar().elem::<f64>()
+}
+
+/// Forward + backward of one micro-batch on `device`.
+fn micro_step<B: AutodiffBackend>(
+    model: &Transformer<B>,
+    batch: &Batch,
+    device: &B::Device,
+    s: LossSettings,
+) -> (GradientsParams, MicroStats) {
+    let (b, l) = (batch.batch, batch.seq_len);
+    let inputs = Tensor::<B, 2, Int>::from_data(TensorData::new(batch.inputs.clone(), [b, l]), device);
+    let targets = Tensor::<B, 2, Int>::from_data(TensorData::new(batch.targets.clone(), [b, l]), device);
+    let mut trace = Trace::default();
+    let hidden = model.forward_hidden_with(inputs, None, ForwardOptions::default(), Some(&mut trace));
+    let ce = next_token_loss(model.head(hidden), targets);
+    let lb = load_balancing_loss(&trace.routing, s.lb_form);
+    let mask: Vec<bool> = batch.original.iter().flat_map(|&o| std::iter::repeat_n(o, l)).collect();
+    let prior = language_prior_loss(&trace.routing, &mask);
+    let mut total = ce.clone();
+    if let (Some(x), true) = (&lb, s.alpha > 0.0) {
+        total = total + x.clone().mul_scalar(s.alpha);
+    }
+    if let (Some(x), true) = (&prior, s.prior > 0.0) {
+        total = total + x.clone().mul_scalar(s.prior);
+    }
+    let stats = MicroStats {
+        ce: scalar(ce),
+        lb: lb.map(scalar),
+        prior: prior.map(scalar),
+        counts: trace.routing.iter().map(|r| r.as_ref().map(|r| r.counts.clone())).collect(),
+    };
+    let grads = total.mul_scalar(s.scale).backward();
+    (GradientsParams::from_grads(grads, model), stats)
+}
+
+struct SquaredNorm<'a, B: AutodiffBackend> {
+    grads: &'a GradientsParams,
+    sum: Option<Tensor<B::InnerBackend, 1>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorm<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
+            let s = g.square().sum();
+            self.sum = Some(match self.sum.take() {
+                Some(x) => {
+                    let d = x.device();
+                    x + s.to_device(&d)
+                }
+                None => s,
+            });
+        }
+    }
+}
+
+struct ScaleGrads<'a> {
+    grads: &'a mut GradientsParams,
+    factor: f64,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for ScaleGrads<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+            self.grads.register::<B::InnerBackend, D>(param.id, g.mul_scalar(self.factor));
+        }
+    }
+}
+
+/// Global L2 norm of `grads` over `model`'s parameters; when it exceeds
+/// `max_norm`, scales every gradient by `max_norm / (norm + 1e-6)` (as
+/// `torch.nn.utils.clip_grad_norm_`). Returns the norm before clipping.
+pub fn clip_global_norm<B: AutodiffBackend>(
+    model: &Transformer<B>,
+    grads: &mut GradientsParams,
+    max_norm: Option<f64>,
+) -> f64 {
+    let mut v = SquaredNorm::<B> { grads, sum: None };
+    model.visit(&mut v);
+    let norm = v.sum.map(|s| scalar(s).sqrt()).unwrap_or(0.0);
+    if let Some(m) = max_norm {
+        if norm > m {
+            let mut s = ScaleGrads { grads, factor: m / (norm + 1e-6) };
+            model.visit(&mut s);
+        }
+    }
+    norm
+}
+
+/// `n` devices of `B`: the default device's kind with indices `0..n`
+/// (`cuda:0, cuda:1, ...`). Backends with a single device (ndarray)
+/// return `n` handles to it, which still runs `n` workers in parallel.
+pub fn devices<B: Backend>(n: usize) -> Vec<B::Device> {
+    use burn::tensor::backend::{Device, DeviceId, DeviceOps};
+    let first = B::Device::default();
+    let id = first.id();
+    (0..n).map(|i| <B::Device as Device>::from_id(DeviceId { type_id: id.type_id, index_id: i as u16 })).collect()
+}
+
+type Adam<B> = OptimizerAdaptor<AdamW, Transformer<B>, B>;
+
+/// A training run in progress.
+pub struct Trainer<B: AutodiffBackend> {
+    model: Option<Transformer<B>>,
+    optim: Adam<B>,
+    data: Mixture,
+    config: TrainConfig,
+    devices: Vec<B::Device>,
+    step: usize,
+    tokens: u64,
+    last_loss: Option<f64>,
+    source: String,
+    extra_files: Vec<(String, Vec<u8>)>,
+}
+
+fn adamw<B: AutodiffBackend>(c: &TrainConfig) -> Adam<B> {
+    AdamWConfig::new()
+        .with_beta_1(c.beta1 as f32)
+        .with_beta_2(c.beta2 as f32)
+        .with_epsilon(c.eps as f32)
+        .with_weight_decay(c.weight_decay as f32)
+        .init::<B, Transformer<B>>()
+}
+
+impl<B: AutodiffBackend> Trainer<B> {
+    /// Prepares `model` (loaded on `devices[0]`) for `config.stage`: folds
+    /// router temperatures when the Mixtral layout would, freezes what the
+    /// stage does not train, renumbers parameters, and builds AdamW.
+    /// `source` names the model in errors.
+    ///
+    /// # Errors
+    /// [`TrainConfig::validate`], [`apply_stage`]; [`StudioError::Config`]
+    /// when `devices.len() != config.devices` or the data's sequence length
+    /// differs from `config.seq_len`.
+    pub fn new(
+        model: Transformer<B>,
+        data: Mixture,
+        config: TrainConfig,
+        devices: Vec<B::Device>,
+        source: &str,
+    ) -> Result<Self> {
+        config.validate(&model)?;
+        if devices.len() != config.devices {
+            return Err(StudioError::config(
+                "--devices",
+                format!("{} devices given, config says {}", devices.len(), config.devices),
+            ));
+        }
+        if data.seq_len() != config.seq_len {
+            return Err(StudioError::config("--seq-len", "the data was packed with another sequence length"));
+        }
+        B::seed(&devices[0], config.seed);
+        let model = fold_router_temperatures(model);
+        let model = apply_stage(model, config.stage, source)?;
+        let model = assign_param_ids(model);
+        Ok(Trainer {
+            model: Some(model),
+            optim: adamw::<B>(&config),
+            data,
+            config,
+            devices,
+            step: 0,
+            tokens: 0,
+            last_loss: None,
+            source: source.to_string(),
+            extra_files: Vec::new(),
+        })
+    }
+
+    /// Files written into every checkpoint beside the weights (e.g.
+    /// `tokenizer.json`).
+    pub fn with_extra_files(mut self, files: Vec<(String, Vec<u8>)>) -> Self {
+        self.extra_files = files;
+        self
+    }
+
+    /// The model being trained.
+    pub fn model(&self) -> &Transformer<B> {
+        self.model.as_ref().expect("the model is present between steps")
+    }
+
+    /// The trained model.
+    pub fn into_model(self) -> Transformer<B> {
+        self.model.expect("the model is present between steps")
+    }
+
+    /// Steps completed.
+    pub fn step_count(&self) -> usize {
+        self.step
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    /// The data mixture (and its position).
+    pub fn data(&self) -> &Mixture {
+        &self.data
+    }
+
+    /// Trainable / frozen parameter counts.
+    pub fn param_counts(&self) -> ParamCounts {
+        param_counts::<B, _>(self.model())
+    }
+
+    /// Runs one optimizer step.
+    ///
+    /// # Errors
+    /// [`StudioError::Invalid`] when a worker thread panicked or the loss is
+    /// not finite (the step is not applied then).
+    pub fn step(&mut self) -> Result<StepMetrics> {
+        let t0 = std::time::Instant::now();
+        let c = &self.config;
+        let n_dev = self.devices.len();
+        let settings = LossSettings {
+            alpha: c.alpha,
+            lb_form: c.lb_form,
+            prior: c.prior,
+            scale: 1.0 / (c.grad_accum * n_dev) as f64,
+        };
+        let mut acc = GradientsAccumulator::<Transformer<B>>::new();
+        let mut stats: Vec<MicroStats> = Vec::new();
+        let mut source_sequences = vec![0usize; self.data.sources().len()];
+        for _ in 0..c.grad_accum {
+            let batch = self.data.next_batch(c.batch_size * n_dev);
+            for &s in &batch.sources {
+                source_sequences[s] += 1;
+            }
+            let model = self.model.as_ref().expect("model present");
+            if n_dev == 1 {
+                let (g, st) = micro_step(model, &batch, &self.devices[0], settings);
+                acc.accumulate::<B>(model, g);
+                stats.push(st);
+            } else {
+                let parts = batch.split(n_dev);
+                let main = &self.devices[0];
+                let results: Vec<std::thread::Result<(GradientsParams, MicroStats)>> = std::thread::scope(|scope| {
+                    let handles: Vec<_> = parts
+                        .iter()
+                        .zip(&self.devices)
+                        .map(|(part, dev)| {
+                            let m = model.clone();
+                            scope.spawn(move || {
+                                let m = m.fork(dev);
+                                let (g, st) = micro_step(&m, part, dev, settings);
+                                (g.to_device::<B, Transformer<B>>(main, &m), st)
+                            })
+                        })
+                        .collect();
+                    handles.into_iter().map(|h| h.join()).collect()
+                });
+                for r in results {
+                    let (g, st) = r.map_err(|_| StudioError::Invalid("a data-parallel worker panicked".into()))?;
+                    acc.accumulate::<B>(model, g);
+                    stats.push(st);
+                }
+            }
+        }
+        let mut grads = acc.grads();
+        let n = stats.len() as f64;
+        let ce = stats.iter().map(|s| s.ce).sum::<f64>() / n;
+        let mean_opt = |f: &dyn Fn(&MicroStats) -> Option<f64>| {
+            let v: Vec<f64> = stats.iter().filter_map(f).collect();
+            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        };
+        let lb = mean_opt(&|s| s.lb);
+        let prior = mean_opt(&|s| s.prior);
+        let loss = ce + c.alpha * lb.unwrap_or(0.0) + c.prior * prior.unwrap_or(0.0);
+        if !loss.is_finite() {
+            return Err(StudioError::Invalid(format!(
+                "step {}: the loss is {loss} (try a lower --lr or --clip); the step was not applied",
+                self.step + 1
+            )));
+        }
+        let grad_norm = clip_global_norm(self.model(), &mut grads, c.clip);
+        let lr = c.schedule().lr(self.step);
+        let model = self.model.take().expect("model present");
+        self.model = Some(self.optim.step(lr, model, grads));
+        // Expert load, summed over micro-batches.
+        let layers = stats[0].counts.len();
+        let expert_load = (0..layers)
+            .map(|l| {
+                let mut sum: Option<Vec<usize>> = None;
+                for s in &stats {
+                    if let Some(cn) = &s.counts[l] {
+                        let acc = sum.get_or_insert_with(|| vec![0; cn.len()]);
+                        acc.iter_mut().zip(cn).for_each(|(a, b)| *a += b);
+                    }
+                }
+                sum.map(|v| {
+                    let t = v.iter().sum::<usize>().max(1) as f64;
+                    v.iter().map(|&x| x as f64 / t).collect()
+                })
+            })
+            .collect();
+        self.step += 1;
+        let tokens = c.tokens_per_step();
+        self.tokens += tokens as u64;
+        self.last_loss = Some(loss);
+        let seconds = t0.elapsed().as_secs_f64();
+        Ok(StepMetrics {
+            step: self.step,
+            steps: c.steps,
+            loss,
+            ce_loss: ce,
+            lb_loss: lb,
+            prior_loss: prior,
+            lr,
+            grad_norm,
+            tokens,
+            tokens_seen: self.tokens,
+            seconds,
+            tokens_per_s: tokens as f64 / seconds.max(1e-9),
+            expert_load,
+            source_sequences,
+        })
+    }
+
+    /// The state that a checkpoint records (without the optimizer bytes'
+    /// size, filled in when saving).
+    pub fn state(&self) -> TrainerState {
+        TrainerState {
+            format: "moe-studio-trainer-state".into(),
+            version: 1,
+            step: self.step,
+            tokens: self.tokens,
+            config: self.config.clone(),
+            data: self.data.state().clone(),
+            sources: self.data.fingerprint(),
+            optimizer_bytes: 0,
+            last_loss: self.last_loss,
+        }
+    }
+
+    /// The inference copy of the model (inner backend).
+    pub fn inference_model(&self) -> Transformer<B::InnerBackend> {
+        self.model().valid()
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+mod native {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::checkpoint::{open_model, DType};
+    use crate::model::{load_model, save_model};
+    use crate::train::checkpoint::{
+        latest_checkpoint, list_checkpoints, read_state, record_from_bytes, record_to_bytes, CHECKPOINT_PREFIX,
+        FINAL_DIR, OPTIMIZER_FILE, STATE_FILE,
+    };
+
+    /// How [`Trainer::run`] ended.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub enum RunOutcome {
+        /// All steps done; the final checkpoint.
+        Finished(PathBuf),
+        /// Stopped by the flag after `step` steps; the checkpoint written
+        /// (`None` when no step had run).
+        Stopped {
+            /// Steps completed.
+            step: usize,
+            /// The checkpoint to resume from.
+            checkpoint: Option<PathBuf>,
+        },
+    }
+
+    impl<B: AutodiffBackend> Trainer<B> {
+        /// Continues the run saved in checkpoint directory `dir`: loads its
+        /// weights on `devices[0]`, the AdamW state, the step and the data
+        /// position. `config` must equal the saved one except for `steps`,
+        /// `save_every` and `keep`; `data` must be the same sources.
+        ///
+        /// # Errors
+        /// I/O and format errors naming the checkpoint;
+        /// [`StudioError::Config`] listing the options that differ;
+        /// [`StudioError::Invalid`] when the data differs.
+        pub fn resume(dir: &Path, mut data: Mixture, config: TrainConfig, devices: Vec<B::Device>) -> Result<Self> {
+            let st = read_state(dir)?;
+            let mut saved = st.config.clone();
+            saved.steps = config.steps;
+            saved.save_every = config.save_every;
+            saved.keep = config.keep;
+            if saved != config {
+                let a = serde_json::to_value(&saved).expect("json");
+                let b = serde_json::to_value(&config).expect("json");
+                let diff: Vec<String> = a
+                    .as_object()
+                    .expect("object")
+                    .iter()
+                    .filter(|(k, v)| b.get(k.as_str()) != Some(v))
+                    .map(|(k, v)| format!("{k} (saved {v}, now {})", b[k.as_str()]))
+                    .collect();
+                return Err(StudioError::config(
+                    dir.display(),
+                    format!(
+                        "--resume needs the options of the saved run; these differ: {} (only --steps, --save-every \
+                         and --keep may change)",
+                        diff.join(", ")
+                    ),
+                ));
+            }
+            if st.sources != data.fingerprint() {
+                return Err(StudioError::Invalid(format!(
+                    "{}: --resume needs the same --data (the checkpoint was trained on {:?})",
+                    dir.display(),
+                    st.sources.iter().map(|s| format!("{} ({} tokens)", s.name, s.tokens)).collect::<Vec<_>>()
+                )));
+            }
+            data.set_state(st.data.clone())?;
+            let m = open_model(dir)?;
+            let model = load_model::<B>(&m, &devices[0])?;
+            let mut t = Trainer::new(model, data, config, devices, &dir.display().to_string())?;
+            let p = dir.join(OPTIMIZER_FILE);
+            let bytes = std::fs::read(&p).map_err(|e| StudioError::io(p.display(), e))?;
+            if bytes.len() != st.optimizer_bytes {
+                return Err(StudioError::format(
+                    p.display(),
+                    "optimizer record",
+                    format!("{} bytes, the trainer state says {}", bytes.len(), st.optimizer_bytes),
+                ));
+            }
+            let record =
+                record_from_bytes::<B, <Adam<B> as Optimizer<Transformer<B>, B>>::Record>(bytes, &t.devices[0])?;
+            t.optim = t.optim.load_record(record);
+            t.step = st.step;
+            t.tokens = st.tokens;
+            t.last_loss = st.last_loss;
+            Ok(t)
+        }
+
+        /// Writes a checkpoint into `dir` (which must not exist or be
+        /// empty): f32 weights + config.json + extra files +
+        /// `trainer_state.json` + `optimizer.bin`, atomically.
+        ///
+        /// # Errors
+        /// I/O errors, an existing non-empty `dir`.
+        pub fn save_checkpoint(&self, dir: &Path) -> Result<()> {
+            let opt = record_to_bytes::<B, _>(self.optim.to_record());
+            let mut state = self.state();
+            state.optimizer_bytes = opt.len();
+            let mut extra: Vec<(&str, Vec<u8>)> =
+                self.extra_files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
+            extra.push((STATE_FILE, serde_json::to_vec_pretty(&state).expect("json")));
+            extra.push((OPTIMIZER_FILE, opt));
+            let provenance = serde_json::json!({
+                "method": format!("train/{}", self.config.stage.name()),
+                "source": self.source,
+                "step": self.step,
+                "steps": self.config.steps,
+                "data": self.data.fingerprint(),
+            });
+            save_model(self.model(), dir, DType::F32, extra, provenance)
+        }
+
+        /// Runs until `config.steps`, writing periodic checkpoints
+        /// (`out/checkpoint-NNNNNN`, the newest `keep` kept) and the final
+        /// one (`out/final`), calling `on_step` after each step. Checks
+        /// `stop` before each step: when set, saves a checkpoint and returns
+        /// [`RunOutcome::Stopped`].
+        ///
+        /// # Errors
+        /// Those of [`Trainer::step`] and [`Trainer::save_checkpoint`].
+        pub fn run(
+            &mut self,
+            out: &Path,
+            stop: &AtomicBool,
+            mut on_step: impl FnMut(&StepMetrics),
+        ) -> Result<RunOutcome> {
+            std::fs::create_dir_all(out).map_err(|e| StudioError::io(out.display(), e))?;
+            while self.step < self.config.steps {
+                if stop.load(Ordering::SeqCst) {
+                    return self.stopped(out);
+                }
+                let m = self.step()?;
+                on_step(&m);
+                let every = self.config.save_every;
+                if every > 0 && self.step % every == 0 && self.step < self.config.steps {
+                    self.save_periodic(out)?;
+                }
+            }
+            let fin = out.join(FINAL_DIR);
+            let old = out.join(format!("{FINAL_DIR}.old"));
+            if fin.exists() {
+                if old.exists() {
+                    std::fs::remove_dir_all(&old).map_err(|e| StudioError::io(old.display(), e))?;
+                }
+                std::fs::rename(&fin, &old).map_err(|e| StudioError::io(fin.display(), e))?;
+            }
+            self.save_checkpoint(&fin)?;
+            if old.exists() {
+                std::fs::remove_dir_all(&old).map_err(|e| StudioError::io(old.display(), e))?;
+            }
+            Ok(RunOutcome::Finished(fin))
+        }
+
+        fn periodic_dir(&self, out: &Path) -> PathBuf {
+            out.join(format!("{CHECKPOINT_PREFIX}{:06}", self.step))
+        }
+
+        fn save_periodic(&self, out: &Path) -> Result<PathBuf> {
+            let dir = self.periodic_dir(out);
+            if !dir.exists() {
+                self.save_checkpoint(&dir)?;
+            }
+            let periodic: Vec<(usize, PathBuf)> = list_checkpoints(out)
+                .into_iter()
+                .filter(|(_, p)| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(CHECKPOINT_PREFIX)))
+                .collect();
+            let keep = self.config.keep.max(1);
+            if periodic.len() > keep {
+                for (_, p) in &periodic[..periodic.len() - keep] {
+                    std::fs::remove_dir_all(p).map_err(|e| StudioError::io(p.display(), e))?;
+                }
+            }
+            Ok(dir)
+        }
+
+        fn stopped(&self, out: &Path) -> Result<RunOutcome> {
+            if self.step == 0 {
+                return Ok(RunOutcome::Stopped { step: 0, checkpoint: None });
+            }
+            if let Some((s, p)) = latest_checkpoint(out) {
+                if s == self.step {
+                    return Ok(RunOutcome::Stopped { step: self.step, checkpoint: Some(p) });
+                }
+            }
+            let dir = self.save_periodic(out)?;
+            Ok(RunOutcome::Stopped { step: self.step, checkpoint: Some(dir) })
+        }
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+pub use native::RunOutcome;

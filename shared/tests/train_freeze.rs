@@ -65,11 +65,7 @@ fn train_and_compare(stage: Stage) {
     eprintln!("{stage:?}: {frozen} frozen tensors bit-identical, {changed}/{trainable} trainable tensors changed");
     assert_eq!(changed, trainable, "every trainable tensor of {stage:?} should have moved");
     // Parameter counts agree with the tensor classification.
-    let trainable_elems: usize = before
-        .iter()
-        .filter(|(n, _)| trainable_in(stage, n))
-        .map(|(_, v)| v.len())
-        .sum();
+    let trainable_elems: usize = before.iter().filter(|(n, _)| trainable_in(stage, n)).map(|(_, v)| v.len()).sum();
     assert_eq!(counts.trainable, trainable_elems);
 }
 

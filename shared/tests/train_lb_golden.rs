@@ -15,7 +15,8 @@ fn trace(logits: &[f32], t: usize, e: usize, k: usize) -> RoutingTrace<B> {
     let dev = Default::default();
     let lt = Tensor::<B, 2>::from_data(TensorData::new(logits.to_vec(), [t, e]), &dev);
     let (_, idx) = lt.clone().topk_with_indices(k, 1);
-    let chosen: Vec<u32> = idx.into_data().convert::<i64>().to_vec::<i64>().unwrap().iter().map(|&x| x as u32).collect();
+    let chosen: Vec<u32> =
+        idx.into_data().convert::<i64>().to_vec::<i64>().unwrap().iter().map(|&x| x as u32).collect();
     let mut counts = vec![0; e];
     for &c in &chosen {
         counts[c as usize] += 1;
@@ -58,7 +59,11 @@ fn hand_computed_top2() {
 #[test]
 fn equals_transformers_mixtral() {
     let Some(g) = common::golden_json("lb_loss.json") else { return };
-    let (e, k, t) = (g["num_experts"].as_u64().unwrap() as usize, g["top_k"].as_u64().unwrap() as usize, g["tokens"].as_u64().unwrap() as usize);
+    let (e, k, t) = (
+        g["num_experts"].as_u64().unwrap() as usize,
+        g["top_k"].as_u64().unwrap() as usize,
+        g["tokens"].as_u64().unwrap() as usize,
+    );
     let layers: Vec<Vec<f32>> = g["layers"]
         .as_array()
         .unwrap()

@@ -25,11 +25,12 @@ f32 like moe-studio) and `out_dtype` = the inputs' dtype, on the CPU, without
 tokenizer copy or model card. Its Python + torch start-up is measured apart
 (`import mergekit.merge`) and included in its totals, as a user pays it.
 
-Memory: peak RSS from wait4 (ru_maxrss: resident pages, anonymous and
-file-backed), and the peak anonymous RSS (RssAnon, sampled every 5 ms from
-/proc/PID/status). moe-studio memory-maps its inputs, so pages of the input
-files it has read count in its RSS as file-backed pages (page cache, which the
-kernel can drop); RssAnon is what the process itself allocates.
+Memory: peak RSS (VmHWM: resident pages, anonymous and file-backed) and peak
+anonymous RSS (RssAnon), both read from /proc/PID/status every 5 ms (VmHWM
+is a high-water mark, so only a peak in the last 5 ms could be missed).
+moe-studio's graft and merge read safetensors inputs with positioned reads
+(`methods::stream_read`), so input files do not enter its resident set;
+mergekit memory-maps them (safetensors' safe_open).
 
 Each output is checked against the other tool's (max |difference|) so the two
 did the same work. Run with the release binary:
@@ -62,7 +63,7 @@ def measure(cmd, label, env=None):
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=env)
-        peak_anon = [0]
+        peak = {"RssAnon:": 0, "VmHWM:": 0}
         done = threading.Event()
 
         def sample():
@@ -71,15 +72,16 @@ def measure(cmd, label, env=None):
                 try:
                     with open(path) as f:
                         for line in f:
-                            if line.startswith("RssAnon:"):
-                                peak_anon[0] = max(peak_anon[0], int(line.split()[1]))
+                            key = line.split(":")[0] + ":"
+                            if key in peak:
+                                peak[key] = max(peak[key], int(line.split()[1]))
                 except (FileNotFoundError, ProcessLookupError):
                     pass
                 time.sleep(0.005)
 
         th = threading.Thread(target=sample, daemon=True)
         th.start()
-        _, status, ru = os.wait4(p.pid, 0)
+        _, status, _ru = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t0
         p.returncode = os.waitstatus_to_exitcode(status)
         done.set()
@@ -89,7 +91,9 @@ def measure(cmd, label, env=None):
         stdout, stderr = fo.read().decode(), fe.read().decode()
     if p.returncode != 0:
         sys.exit(f"{label} failed ({p.returncode}):\n{' '.join(map(str, cmd))}\n{stderr[-3000:]}")
-    return {"wall_s": wall, "max_rss_mb": ru.ru_maxrss / 1024, "max_anon_mb": peak_anon[0] / 1024, "stdout": stdout}
+    # VmHWM, not wait4's ru_maxrss: the latter also counts the forked
+    # child's copy of this (torch-sized) Python process before exec.
+    return {"wall_s": wall, "max_rss_mb": peak["VmHWM:"] / 1024, "max_anon_mb": peak["RssAnon:"] / 1024, "stdout": stdout}
 
 
 def perturb(src, dst, seed, std=1e-3):

@@ -13,7 +13,8 @@ Writes tests/reference/golden/average_precision.json with
   same scores rounded to 2 decimals (many exact ties).
 
 All scores are float32 values (the dtype the Rust code ranks), written as the
-exact float64 of each float32, and ranked by scikit-learn as float32 arrays.
+shortest decimal that round-trips each float32 (read as f64 and cast to f32
+it is the same float32), and ranked by scikit-learn as float32 arrays.
 
 Real activations come from the ignored Rust test that dumps them:
 
@@ -37,11 +38,14 @@ OUT = Path(__file__).resolve().parent / "golden" / "average_precision.json"
 
 
 def f32_list(x):
-    return [float(v) for v in np.asarray(x, dtype=np.float32)]
+    # The shortest decimal that round-trips each float32 (via float64 too).
+    out = [float(str(v)) for v in np.asarray(x, dtype=np.float32)]
+    assert np.array_equal(np.asarray(out, dtype=np.float32), np.asarray(x, dtype=np.float32))
+    return out
 
 
 def case(name, scores, labels):
-    s = np.asarray(scores, dtype=np.float32)
+    s = np.asarray(f32_list(scores), dtype=np.float32)
     y = np.asarray(labels, dtype=np.int64)
     assert y.sum() > 0, name
     return {
@@ -87,7 +91,7 @@ def real_cases(path):
     out = []
     for pooling, block in d["pooling"].items():
         for neuron, scores in zip(block["neurons"], block["scores"]):
-            s = np.asarray(scores, dtype=np.float32)
+            s = np.asarray(f32_list(scores), dtype=np.float32)
             for variant, vals in (("raw", s), ("round2", np.round(s, 2).astype(np.float32))):
                 out.append(
                     {

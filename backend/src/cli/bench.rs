@@ -38,6 +38,8 @@ pub struct PrefillArgs {
 pub enum Bench {
     /// Prefill throughput (tokens/s) of one forward pass over `--tokens`.
     Prefill(PrefillArgs),
+    /// Training throughput (tokens/s) of an upcycled MoE, beside transformers' Mixtral.
+    Train(super::bench_train::TrainBenchArgs),
 }
 
 fn reference(py: &PathBuf, model: &PathBuf, tokens: usize, repeat: usize) -> anyhow::Result<f64> {

@@ -3,7 +3,9 @@
 mod allocate;
 mod backend;
 mod bench;
+mod bench_train;
 mod convert;
+mod eval;
 mod generate;
 mod graft;
 mod inspect;
@@ -14,6 +16,7 @@ mod neuron_figures;
 mod neurons;
 mod perplexity;
 mod route;
+mod train;
 mod upcycle;
 
 use clap::{Parser, Subcommand};
@@ -55,6 +58,12 @@ pub enum Command {
     Neurons(neurons::Args),
     /// NeuronMoE: new experts per layer from `neurons` output (+ uniform / LayerMoE baselines).
     Allocate(allocate::Args),
+    /// Redraw the CSV files and figures of a `neurons` output directory from its neurons.json.
+    NeuronsPlot(neurons::PlotArgs),
+    /// Train an MoE's new experts or routers, or fine-tune a dense model (DeltaMoE / MoE-LPR / DUME+).
+    Train(train::Args),
+    /// Per-dataset perplexity and MoE routing load.
+    Eval(eval::Args),
     /// Benchmarks (printed beside a reference measured in the same run).
     #[command(subcommand)]
     Bench(bench::Bench),
@@ -74,6 +83,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Merge(a) => merge::run(a),
         Command::Neurons(a) => backend::run(&cli.backend, a),
         Command::Allocate(a) => allocate::run(a),
+        Command::NeuronsPlot(a) => neurons::plot(a),
         Command::Bench(bench::Bench::Prefill(a)) => backend::run(&cli.backend, a),
+        Command::Bench(bench::Bench::Train(a)) => train::run_autodiff(&cli.backend, a),
+        Command::Train(a) => train::run_autodiff(&cli.backend, a),
+        Command::Eval(a) => backend::run(&cli.backend, a),
     }
 }

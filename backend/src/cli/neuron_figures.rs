@@ -110,6 +110,7 @@ fn draw_lines<DB: DrawingBackend>(
     y_desc: &str,
     series: &[Series],
     font: u32,
+    legend: bool,
 ) -> Result<()> {
     let n = series.iter().map(|s| s.values.len()).max().unwrap_or(1).max(1);
     let top = (max_value(series) * 1.08).max(1.0);
@@ -126,8 +127,9 @@ fn draw_lines<DB: DrawingBackend>(
         .y_desc(y_desc)
         .x_labels(n.min(16))
         .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| if top >= 10.0 { format!("{y:.0}") } else { format!("{y:.1}") })
         .label_style(("sans-serif", font))
-        .light_line_style(RGBColor(235, 235, 235))
+        .max_light_lines(0)
         .draw()
         .map_err(err)?;
     for (i, s) in series.iter().enumerate() {
@@ -140,6 +142,9 @@ fn draw_lines<DB: DrawingBackend>(
             .label(s.name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(width)));
         chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 2, c.filled()))).map_err(err)?;
+    }
+    if !legend {
+        return Ok(());
     }
     chart
         .configure_series_labels()
@@ -157,11 +162,11 @@ fn draw_lines<DB: DrawingBackend>(
 /// # Errors
 /// Drawing or file errors.
 pub fn line_chart(stem: &Path, title: &str, x_desc: &str, y_desc: &str, series: &[Series]) -> Result<Vec<PathBuf>> {
-    render!(stem, (1000, 600), draw_lines(title, x_desc, y_desc, series, 15))
+    render!(stem, (1000, 600), draw_lines(title, x_desc, y_desc, series, 15, true))
 }
 
 /// Small multiples: one line chart per panel in a grid of `cols` columns
-/// (`STEM.svg`, `STEM.png`).
+/// (`STEM.svg`, `STEM.png`); the legend is drawn in the last panel.
 ///
 /// # Errors
 /// Drawing or file errors.
@@ -189,8 +194,8 @@ fn draw_panels<DB: DrawingBackend>(
     cols: usize,
 ) -> Result<()> {
     let a = area.titled(title, ("sans-serif", 22)).map_err(err)?;
-    for (p, cell) in panels.iter().zip(a.split_evenly((rows, cols))) {
-        draw_lines(&cell, &p.title, x_desc, y_desc, &p.series, 12)?;
+    for (i, (p, cell)) in panels.iter().zip(a.split_evenly((rows, cols))).enumerate() {
+        draw_lines(&cell, &p.title, x_desc, y_desc, &p.series, 12, i + 1 == panels.len())?;
     }
     Ok(())
 }
@@ -230,7 +235,7 @@ fn draw_bars<DB: DrawingBackend>(
             .y_labels(top as usize + 1)
             .y_label_formatter(&|y| format!("{y:.0}"))
             .label_style(("sans-serif", 14))
-            .light_line_style(RGBColor(235, 235, 235))
+            .max_light_lines(0)
             .draw()
             .map_err(err)?;
         let k = series.len().max(1) as f64;

@@ -113,7 +113,7 @@ pub fn write_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec<Pa
     for c in &codes {
         write!(s, ",{c}")?;
     }
-    writeln!(s, ",{}", "union_new")?;
+    writeln!(s, ",union_new")?;
     for l in 0..nl {
         write!(s, "{l}")?;
         for lang in &report.languages {
@@ -165,11 +165,13 @@ pub fn write_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec<Pa
     written.push(p);
 
     // Figures.
+    let label =
+        |code: &str| format!("{code}{}", if report.new_languages.iter().any(|n| n == code) { " (new)" } else { "" });
     let mut series: Vec<Series> = report
         .languages
         .iter()
         .map(|l| Series {
-            name: format!("{}{}", l.code, if report.new_languages.contains(&l.code) { " (new)" } else { "" }),
+            name: label(&l.code),
             values: l.counts.iter().map(|c| c.total as f64).collect(),
             emphasis: false,
         })
@@ -218,7 +220,7 @@ pub fn write_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec<Pa
             let mut series: Vec<Series> = report
                 .languages
                 .iter()
-                .map(|l| Series { name: l.code.clone(), values: per_comp(&l.counts, comp), emphasis: false })
+                .map(|l| Series { name: label(&l.code), values: per_comp(&l.counts, comp), emphasis: false })
                 .collect();
             series.push(Series {
                 name: union_name.clone(),
@@ -352,6 +354,19 @@ impl WithBackend for Args {
                 l.top.last().map(|n| n.ap).unwrap_or(f64::NAN)
             );
         }
+        for l in &report.languages {
+            if l.top_cutoff_ties_left_out > 0 {
+                eprintln!(
+                    "warning: `{}`: {} more neurons have the same AP ({:.4}) as the {}-th; the top-{} among them \
+                     is decided by flat index (earlier layers first), not by AP",
+                    l.code,
+                    l.top_cutoff_ties_left_out,
+                    l.top.last().map(|n| n.ap).unwrap_or(f64::NAN),
+                    report.top_n,
+                    report.top_n
+                );
+            }
+        }
         let totals: Vec<String> = report.union_counts.iter().map(|c| c.total.to_string()).collect();
         println!("S_l (union of {}): {}", report.new_languages.join(","), totals.join(","));
         let n_texts = encoded.len() as f64;
@@ -407,4 +422,28 @@ impl WithBackend for Args {
         }
         Ok(())
     }
+}
+
+/// Arguments of `neurons-plot`: redraw the CSV files and figures of a
+/// `neurons` output directory from its `neurons.json` (no model needed).
+#[derive(Debug, Clone, clap::Args)]
+pub struct PlotArgs {
+    /// A `neurons` output directory (or its `neurons.json`).
+    pub neurons: PathBuf,
+    /// Where to write (default: the directory of `neurons.json`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Runs `neurons-plot`.
+pub fn plot(a: PlotArgs) -> anyhow::Result<()> {
+    let path = if a.neurons.is_dir() { a.neurons.join("neurons.json") } else { a.neurons.clone() };
+    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let report = NeuronReport::from_json(&bytes, &path.display().to_string())?;
+    let dir = a.out.unwrap_or_else(|| path.parent().map(Path::to_path_buf).unwrap_or_default());
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for p in write_outputs(&report, &dir)? {
+        println!("wrote {}", p.display());
+    }
+    Ok(())
 }

@@ -208,7 +208,8 @@ impl WithBackend for Args {
             context: a.context,
             bias: !a.no_bias,
         };
-        if !(a.lambda > 0.0) || a.lambda_sweep.iter().any(|l| !(*l > 0.0)) {
+        let positive = |l: f64| l.is_finite() && l > 0.0;
+        if !positive(a.lambda) || !a.lambda_sweep.iter().all(|&l| positive(l)) {
             bail!("--lambda and --lambda-sweep values must be > 0");
         }
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;

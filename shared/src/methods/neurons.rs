@@ -673,6 +673,15 @@ pub struct LanguageNeurons {
     /// Per layer, the counts of this language's specific neurons (`top`, plus
     /// `bottom` when `include_bottom`).
     pub counts: Vec<LayerCounts>,
+    /// Neurons whose AP equals the N-th of `top` but that were left out:
+    /// ties at the cut are broken by flat index (earlier layers first), so a
+    /// non-zero value means the top-N is not decided by AP alone (e.g. more
+    /// than N neurons separate the language perfectly, AP = 1).
+    #[serde(default)]
+    pub top_cutoff_ties_left_out: usize,
+    /// The same for `bottom`.
+    #[serde(default)]
+    pub bottom_cutoff_ties_left_out: usize,
 }
 
 /// Cosine similarity of the languages' mean FFN inputs per layer (the
@@ -839,6 +848,11 @@ pub fn analyze(p: &PooledActivations, table: &ApTable, opts: &AnalysisOptions) -
         order.sort_unstable_by(|&a, &b| ap[a].total_cmp(&ap[b]).then(a.cmp(&b)));
         let bottom: Vec<NeuronAp> =
             order[..opts.top_n].iter().map(|&i| neuron_ap(&p.layout, &segs, i, ap[i])).collect();
+        let left_out = |list: &[NeuronAp]| {
+            let cut = list.last().map(|n| n.ap).unwrap_or(f64::NAN);
+            ap.iter().filter(|&&x| x == cut).count() - list.iter().filter(|n| n.ap == cut).count()
+        };
+        let (top_cutoff_ties_left_out, bottom_cutoff_ties_left_out) = (left_out(&top), left_out(&bottom));
         let mut lang = LanguageNeurons {
             code: code.clone(),
             texts: per_lang[c],
@@ -848,6 +862,8 @@ pub fn analyze(p: &PooledActivations, table: &ApTable, opts: &AnalysisOptions) -
             top,
             bottom,
             counts: Vec::new(),
+            top_cutoff_ties_left_out,
+            bottom_cutoff_ties_left_out,
         };
         lang.counts = count_layers(&p.layout, specific_set(&lang, opts.include_bottom));
         languages.push(lang);

@@ -75,7 +75,7 @@ impl RidgeStats {
         if expert >= e {
             return Err(StudioError::Invalid(format!("ridge: expert {expert} does not exist ({e} experts)")));
         }
-        if x.len() % d != 0 {
+        if !x.len().is_multiple_of(d) {
             return Err(StudioError::Invalid(format!("ridge: {} values are not rows of d = {d}", x.len())));
         }
         let n = x.len() / d;
@@ -195,8 +195,9 @@ impl RidgeStats {
                 if r != c {
                     let f = m[r][c] / m[c][c];
                     if f != 0.0 {
-                        for k in c..p + e {
-                            m[r][k] -= f * m[c][k];
+                        let pivot_row = m[c].clone();
+                        for (x, pv) in m[r][c..].iter_mut().zip(&pivot_row[c..]) {
+                            *x -= f * pv;
                         }
                     }
                 }

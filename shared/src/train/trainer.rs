@@ -10,8 +10,8 @@
 //!    thread (Burn's `Module::fork` + `GradientsParams::to_device`, the
 //!    multi-device path of `burn-train`), and the gradients come back to the
 //!    first device;
-//! 2. loss = next-token cross-entropy + `alpha` x load balancing
-//!    + `prior` x language prior (see [`super::losses`]), each micro-loss
+//! 2. loss = next-token cross-entropy + `alpha` x load balancing +
+//!    `prior` x language prior (see [`super::losses`]), each micro-loss
 //!    scaled by `1 / (grad_accum * devices)` so that the accumulated
 //!    gradient is the mean;
 //! 3. gradients summed with Burn's `GradientsAccumulator`, clipped by their
@@ -717,7 +717,7 @@ mod native {
                 let m = self.step()?;
                 on_step(&m);
                 let every = self.config.save_every;
-                if every > 0 && self.step % every == 0 && self.step < self.config.steps {
+                if every > 0 && self.step.is_multiple_of(every) && self.step < self.config.steps {
                     self.save_periodic(out)?;
                 }
             }

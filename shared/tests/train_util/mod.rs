@@ -38,7 +38,14 @@ pub fn upcycled(dense: &LoadedModel, dir: &Path, router_std: f64) -> LoadedModel
 
 /// The first `lines` documents of a shared corpus file, packed into
 /// sequences of `seq_len`.
-pub fn source(tok: &Tokenizer, rel: &str, name: &str, lines: usize, seq_len: usize, original: bool) -> Option<PackedSource> {
+pub fn source(
+    tok: &Tokenizer,
+    rel: &str,
+    name: &str,
+    lines: usize,
+    seq_len: usize,
+    original: bool,
+) -> Option<PackedSource> {
     let path: PathBuf = common::data_file(rel)?;
     let text = std::fs::read_to_string(&path).unwrap();
     let docs = split_documents(&text, &path.display().to_string()).unwrap();

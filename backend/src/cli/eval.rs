@@ -1,0 +1,122 @@
+//! `moe-studio eval MODEL --data NAME=FILE... [--routing learned|oracle|random] [--json]`:
+//! per-dataset perplexity (the windows of `perplexity`) and, for MoE
+//! models, the routing load per expert.
+//!
+//! `--routing oracle` forces dataset i to expert i (DUME's oracle: the
+//! i-th `--data` is expert i's domain); `--routing random` replaces the
+//! routers by seeded Gaussian ones (DUME's random-routing baseline).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use burn::tensor::backend::Backend;
+use moe_shared::checkpoint::open_model;
+use moe_shared::eval::{evaluate, randomize_routers, PerplexityOptions};
+use moe_shared::model::{load_model, Routing};
+use moe_shared::train::data::{split_documents, tokenize_documents};
+use moe_shared::train::freeze::is_moe;
+
+use super::backend::WithBackend;
+use super::train::{parse_data, resolve_tokenizer};
+
+/// Arguments of `eval`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// A model: Hugging Face / MoE directory, `.gguf` or llama2.c `.bin`.
+    pub model: PathBuf,
+    /// `NAME=FILE` (.txt: one document per line; .jsonl: field `text`); repeat for several datasets.
+    #[arg(long = "data", required = true)]
+    pub data: Vec<String>,
+    /// Tokens per window.
+    #[arg(long, default_value_t = 512)]
+    pub window: usize,
+    /// Advance between windows.
+    #[arg(long, default_value_t = 256)]
+    pub stride: usize,
+    /// Score only the first N tokens of each dataset.
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// MoE routing: `learned`, `oracle` (dataset i -> expert i) or `random` (seeded random routers).
+    #[arg(long, default_value = "learned")]
+    pub routing: String,
+    /// Seed of `--routing random`.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Tokenizer (tokenizer.json or a llama2.c tok*.bin) when the model has none beside it.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl WithBackend for Args {
+    fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
+        let a = self;
+        let specs = parse_data(&a.data)?;
+        if specs.iter().any(|s| s.original || s.weight != 1.0) {
+            eprintln!("note: eval ignores :weight and :orig in --data");
+        }
+        let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
+        let (tok, _) = resolve_tokenizer(&m, a.tokenizer.as_deref())?;
+        let mut model = load_model::<B>(&m, &device)?;
+        let moe = is_moe(&model);
+        match a.routing.as_str() {
+            "learned" => {}
+            "oracle" | "random" if !moe => bail!("--routing {} needs an MoE model; this one is dense", a.routing),
+            "random" => model = randomize_routers(model, a.seed),
+            "oracle" => {}
+            other => bail!("--routing `{other}`: expected learned, oracle or random"),
+        }
+        let opts = PerplexityOptions { window: a.window, stride: a.stride, max_tokens: a.max_tokens };
+        let mut rows = Vec::new();
+        for (i, s) in specs.iter().enumerate() {
+            let text = std::fs::read_to_string(&s.path).with_context(|| format!("reading {}", s.path))?;
+            let docs = split_documents(&text, &s.path)?;
+            let ids = tokenize_documents(&docs, &tok)?;
+            let routing = if a.routing == "oracle" { Routing::Forced(i) } else { Routing::Learned };
+            let quiet = a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
+            let r = evaluate(&model, &ids, opts, routing, &device, |done, total| {
+                if !quiet {
+                    eprint!("\r{}: window {done}/{total}", s.name);
+                }
+            })?;
+            if !quiet {
+                eprint!("\r\x1b[2K");
+            }
+            rows.push((s, r));
+        }
+        if a.json {
+            let datasets: Vec<serde_json::Value> = rows
+                .iter()
+                .map(|(s, r)| {
+                    serde_json::json!({
+                        "name": s.name, "file": s.path, "tokens": r.report.tokens, "nll": r.report.nll,
+                        "ppl": r.report.ppl, "load_mean": r.mean_load(), "load_per_layer": r.load,
+                    })
+                })
+                .collect();
+            println!(
+                "{}",
+                serde_json::json!({"model": m.path, "routing": a.routing, "moe": moe, "datasets": datasets})
+            );
+        } else {
+            println!(
+                "{:<12} {:>9} {:>10} {:>10}{}",
+                "dataset",
+                "tokens",
+                "nll",
+                "ppl",
+                if moe { "  load per expert (mean over layers)" } else { "" }
+            );
+            for (s, r) in &rows {
+                let load = r
+                    .mean_load()
+                    .map(|l| format!("  [{}]", l.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(" ")))
+                    .unwrap_or_default();
+                println!("{:<12} {:>9} {:>10.5} {:>10.4}{load}", s.name, r.report.tokens, r.report.nll, r.report.ppl);
+            }
+        }
+        Ok(())
+    }
+}

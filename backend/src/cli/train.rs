@@ -1,0 +1,388 @@
+//! `moe-studio train MODEL --stage experts|router|dense --data NAME=FILE[:weight][:orig]... --steps N --out DIR`:
+//! continued pre-training of upcycled experts (DeltaMoE phase 1 / MoE-LPR
+//! stage 1), router tuning (MoE-LPR stage 2, DUME+, BTX) and dense
+//! fine-tuning, on Burn's autodiff backend.
+//!
+//! Output directory: `metrics.jsonl` (one JSON object per step),
+//! `checkpoint-NNNNNN/` every `--save-every` steps (the newest `--keep`),
+//! `final/` at the end. Every checkpoint is a loadable model directory plus
+//! `trainer_state.json` and `optimizer.bin`; `--resume` continues from the
+//! newest one exactly. Ctrl-C finishes the current step, saves a
+//! checkpoint and exits (a second Ctrl-C exits at once).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use burn::tensor::backend::AutodiffBackend;
+use moe_shared::checkpoint::{open_model, LoadedModel};
+use moe_shared::model::load_model;
+use moe_shared::tokenizer::{Llama2cTokenizer, Tokenizer};
+use moe_shared::train::checkpoint::latest_checkpoint;
+use moe_shared::train::data::load_mixture;
+use moe_shared::train::{devices, DataSpec, LbForm, RunOutcome, Stage, StepMetrics, TrainConfig, Trainer};
+
+/// Arguments of `train`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// The model to train: an MoE checkpoint (stages experts, router) or a dense one (stage dense).
+    pub model: PathBuf,
+    /// `experts` (new experts + routers), `router` (routers only) or `dense` (everything).
+    #[arg(long)]
+    pub stage: String,
+    /// `NAME=FILE[:weight][:orig]`: a .txt (one document per line) or .jsonl (field `text`) corpus;
+    /// `weight` is its mixture share (default 1); `orig` marks an original language (language prior).
+    #[arg(long = "data", required = true)]
+    pub data: Vec<String>,
+    /// Optimizer steps.
+    #[arg(long)]
+    pub steps: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 256)]
+    pub seq_len: usize,
+    /// Sequences per device per micro-step.
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Peak learning rate (default: 5e-5 for experts and dense, 1e-4 for router).
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Linear warm-up steps.
+    #[arg(long, default_value_t = 10)]
+    pub warmup: usize,
+    /// Final learning rate of the cosine, as a fraction of --lr.
+    #[arg(long, default_value_t = 0.1)]
+    pub min_lr: f64,
+    /// Micro-steps per optimizer step (gradient accumulation).
+    #[arg(long, default_value_t = 1)]
+    pub grad_accum: usize,
+    /// Maximum global gradient norm (0: no clipping).
+    #[arg(long, default_value_t = 1.0)]
+    pub clip: f64,
+    /// Load-balancing loss coefficient.
+    #[arg(long, default_value_t = 0.01)]
+    pub alpha: f64,
+    /// Load-balancing formula: `per-layer` (methods.md) or `hf-mixtral` (transformers' pooled form, k times larger).
+    #[arg(long, default_value = "per-layer")]
+    pub lb_form: String,
+    /// Language-prior coefficient (applies to `:orig` data).
+    #[arg(long, default_value_t = 0.1)]
+    pub prior: f64,
+    /// AdamW weight decay.
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    /// Checkpoint every N steps (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    pub save_every: usize,
+    /// Periodic checkpoints to keep.
+    #[arg(long, default_value_t = 2)]
+    pub keep: usize,
+    /// Seed of the data order.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Output directory.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Continue from the newest checkpoint in --out.
+    #[arg(long)]
+    pub resume: bool,
+    /// Devices for data parallelism (each runs --batch sequences per micro-step).
+    #[arg(long, default_value_t = 1)]
+    pub devices: usize,
+    /// Tokenizer (tokenizer.json or a llama2.c tok*.bin) when the model has none beside it.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Print one JSON object per step on stdout (no progress bar).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A command generic over a Burn autodiff backend.
+pub trait WithAutodiff {
+    /// Runs with autodiff backend `B`.
+    fn run<B: AutodiffBackend>(self) -> anyhow::Result<()>;
+}
+
+/// Runs `w` on the autodiff version of the backend named `name`.
+pub fn run_autodiff<W: WithAutodiff>(name: &str, w: W) -> anyhow::Result<()> {
+    use burn::backend::Autodiff;
+    match name {
+        "ndarray" | "cpu" => w.run::<Autodiff<burn::backend::NdArray<f32>>>(),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => w.run::<Autodiff<burn::backend::Wgpu>>(),
+        #[cfg(feature = "cuda")]
+        "cuda" => w.run::<Autodiff<burn::backend::Cuda>>(),
+        other => bail!(
+            "backend `{other}` is not available in this build (built: ndarray{}{})",
+            if cfg!(feature = "wgpu") { ", wgpu" } else { "" },
+            if cfg!(feature = "cuda") { ", cuda" } else { "" }
+        ),
+    }
+}
+
+/// Files written beside the weights of every output (name, bytes).
+pub type ExtraFiles = Vec<(String, Vec<u8>)>;
+
+/// The tokenizer to use with `m` and the files that carry it into output
+/// directories: `--tokenizer` (a `tokenizer.json` or a llama2.c vocabulary),
+/// else a `tokenizer.bin` / `tok{V}.bin` inside a model directory (written
+/// there by `train` for llama2.c models; preferred over the converted
+/// `tokenizer.json` beside it so that training and evaluation tokenize
+/// exactly alike), else the model's own. llama2.c vocabularies are written
+/// as `tokenizer.bin` plus the equivalent converted `tokenizer.json` (which
+/// the other commands read).
+pub fn resolve_tokenizer(m: &LoadedModel, explicit: Option<&Path>) -> anyhow::Result<(Tokenizer, ExtraFiles)> {
+    let v = m.config.vocab_size;
+    let llama2c = |bytes: Vec<u8>, name: &str| -> anyhow::Result<(Tokenizer, ExtraFiles)> {
+        let t = Tokenizer::Llama2c(Llama2cTokenizer::parse(&bytes, v, name)?);
+        let mut files = vec![("tokenizer.bin".to_string(), bytes)];
+        if let Some(json) = t.to_hf_json() {
+            files.push(("tokenizer.json".to_string(), json.into_bytes()));
+        }
+        Ok((t, files))
+    };
+    let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading tokenizer {}", p.display()));
+    if let Some(p) = explicit {
+        let bytes = read(p)?;
+        let name = p.display().to_string();
+        if p.extension().is_some_and(|e| e == "json") {
+            let t = Tokenizer::from_hf_json(&bytes, &name)?;
+            return Ok((t, vec![("tokenizer.json".into(), bytes)]));
+        }
+        return llama2c(bytes, &name);
+    }
+    let path = Path::new(&m.path);
+    let dir = if path.is_dir() { path.to_path_buf() } else { path.parent().unwrap_or(Path::new(".")).to_path_buf() };
+    let llama2c_file = [dir.join("tokenizer.bin"), dir.join(format!("tok{v}.bin"))].into_iter().find(|p| p.exists());
+    if let Some(p) = llama2c_file {
+        if path.is_dir() || matches!(m.tokenizer, Some(Tokenizer::Llama2c(_))) {
+            return llama2c(read(&p)?, &p.display().to_string());
+        }
+    }
+    match &m.tokenizer {
+        Some(t) => {
+            let json = t.to_hf_json().map(|s| ("tokenizer.json".to_string(), s.into_bytes()));
+            Ok((t.clone(), json.into_iter().collect()))
+        }
+        None => bail!("{}: no tokenizer found with this model (pass --tokenizer FILE)", m.path),
+    }
+}
+
+/// Parses and checks the `--data` entries (files exist).
+pub fn parse_data(specs: &[String]) -> anyhow::Result<Vec<DataSpec>> {
+    let mut out = Vec::new();
+    for s in specs {
+        let d = DataSpec::parse(s)?;
+        if !Path::new(&d.path).is_file() {
+            bail!("--data `{s}`: no such file {}", d.path);
+        }
+        out.push(d);
+    }
+    Ok(out)
+}
+
+impl Args {
+    fn config(&self) -> anyhow::Result<TrainConfig> {
+        let stage = Stage::parse(&self.stage)
+            .with_context(|| format!("--stage `{}`: expected experts, router or dense", self.stage))?;
+        let lb_form = LbForm::parse(&self.lb_form)
+            .with_context(|| format!("--lb-form `{}`: expected per-layer or hf-mixtral", self.lb_form))?;
+        Ok(TrainConfig {
+            stage,
+            steps: self.steps,
+            seq_len: self.seq_len,
+            batch_size: self.batch,
+            grad_accum: self.grad_accum,
+            lr: self.lr.unwrap_or(stage.default_lr()),
+            warmup: self.warmup,
+            min_lr_ratio: self.min_lr,
+            weight_decay: self.weight_decay,
+            clip: (self.clip > 0.0).then_some(self.clip),
+            alpha: self.alpha,
+            lb_form,
+            prior: self.prior,
+            save_every: self.save_every,
+            keep: self.keep,
+            seed: self.seed,
+            devices: self.devices,
+            ..TrainConfig::new(stage)
+        })
+    }
+}
+
+/// Keeps the lines of `metrics.jsonl` up to `step` (a resumed run rewrites
+/// what came after its checkpoint).
+fn truncate_metrics(path: &Path, step: usize) -> anyhow::Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s as usize <= step)
+        })
+        .collect();
+    let mut body = kept.join("\n");
+    if !body.is_empty() {
+        body.push('\n');
+    }
+    std::fs::write(path, body).with_context(|| format!("rewriting {}", path.display()))
+}
+
+fn load_summary(m: &StepMetrics) -> String {
+    let layers: Vec<&Vec<f64>> = m.expert_load.iter().flatten().collect();
+    let Some(first) = layers.first() else { return String::new() };
+    let e = first.len();
+    let mean: Vec<String> = (0..e)
+        .map(|i| {
+            let v: f64 = layers.iter().filter(|l| l.len() == e).map(|l| l[i]).sum::<f64>() / layers.len() as f64;
+            format!("{v:.2}")
+        })
+        .collect();
+    format!(" load [{}]", mean.join(" "))
+}
+
+fn stop_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let f = flag.clone();
+    let installed = ctrlc::set_handler(move || {
+        if f.swap(true, Ordering::SeqCst) {
+            eprintln!("\nsecond Ctrl-C: exiting without a checkpoint");
+            std::process::exit(130);
+        }
+        eprintln!("\nCtrl-C: finishing this step, then saving a checkpoint (Ctrl-C again to quit now)");
+    });
+    if let Err(e) = installed {
+        eprintln!("warning: Ctrl-C handler not installed ({e}); an interrupt will not save a checkpoint");
+    }
+    flag
+}
+
+impl WithAutodiff for Args {
+    fn run<B: AutodiffBackend>(self) -> anyhow::Result<()> {
+        let a = self;
+        let config = a.config()?;
+        let specs = parse_data(&a.data)?;
+        let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
+        let (tok, tok_files) = resolve_tokenizer(&m, a.tokenizer.as_deref())?;
+        if config.seq_len > m.config.max_position_embeddings {
+            bail!("--seq-len {} exceeds the model's context {}", config.seq_len, m.config.max_position_embeddings);
+        }
+        let data = load_mixture(&specs, &tok, config.seq_len, config.seed)?;
+        for s in data.sources() {
+            eprintln!(
+                "data {:<10} {:>9} tokens {:>7} sequences  weight {}{}  ({})",
+                s.spec.name,
+                s.ids.len(),
+                s.num_sequences(),
+                s.spec.weight,
+                if s.spec.original { "  original language" } else { "" },
+                s.spec.path
+            );
+        }
+        let devs = devices::<B>(config.devices);
+        let existing = latest_checkpoint(&a.out);
+        let mut trainer = if a.resume {
+            let (step, dir) = existing
+                .with_context(|| format!("--resume: no checkpoint (checkpoint-*/ or final/) in {}", a.out.display()))?;
+            eprintln!("resuming from {} (step {step})", dir.display());
+            truncate_metrics(&a.out.join("metrics.jsonl"), step)?;
+            Trainer::<B>::resume(&dir, data, config.clone(), devs)?
+        } else {
+            if let Some((step, dir)) = existing {
+                bail!(
+                    "{} already holds a checkpoint ({}, step {step}): pass --resume to continue it, or choose another --out",
+                    a.out.display(),
+                    dir.display()
+                );
+            }
+            let model = load_model::<B>(&m, &devs[0])?;
+            Trainer::new(model, data, config.clone(), devs, &m.path)?
+        }
+        .with_extra_files(tok_files);
+        drop(m);
+        let counts = trainer.param_counts();
+        eprintln!(
+            "stage {}: {} trainable parameters in {} tensors, {} frozen; {} tokens per step ({} x {} x {} device(s) x {})",
+            config.stage.name(),
+            counts.trainable,
+            counts.trainable_tensors,
+            counts.frozen,
+            config.tokens_per_step(),
+            config.batch_size,
+            config.seq_len,
+            config.devices,
+            config.grad_accum,
+        );
+        std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+        let metrics_path = a.out.join("metrics.jsonl");
+        let mut metrics = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&metrics_path)
+            .with_context(|| format!("opening {}", metrics_path.display()))?;
+        let bar = if a.json {
+            indicatif::ProgressBar::hidden()
+        } else {
+            let b = indicatif::ProgressBar::new(config.steps as u64);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{bar:30} {pos}/{len} steps [{elapsed_precise} < {eta_precise}] {msg}",
+                )
+                .expect("template"),
+            );
+            b
+        };
+        bar.set_position(trainer.step_count() as u64);
+        bar.reset_eta();
+        let stop = stop_flag();
+        let mut write_err: Option<std::io::Error> = None;
+        let outcome = trainer.run(&a.out, &stop, |m| {
+            let line = serde_json::to_string(m).expect("json");
+            if let Err(e) = writeln!(metrics, "{line}") {
+                write_err.get_or_insert(e);
+            }
+            if a.json {
+                println!("{line}");
+            }
+            bar.set_position(m.step as u64);
+            bar.set_message(format!(
+                "loss {:.4} ce {:.4}{} lr {:.2e} {:.0} tok/s{}",
+                m.loss,
+                m.ce_loss,
+                m.lb_loss.map(|x| format!(" lb {x:.3}")).unwrap_or_default(),
+                m.lr,
+                m.tokens_per_s,
+                load_summary(m)
+            ));
+        })?;
+        bar.finish();
+        if let Some(e) = write_err {
+            eprintln!("warning: could not write {}: {e}", metrics_path.display());
+        }
+        match outcome {
+            RunOutcome::Finished(dir) => {
+                eprintln!("done: {} steps; model in {}", config.steps, dir.display());
+                if a.json {
+                    println!("{}", serde_json::json!({"finished": true, "model": dir}));
+                }
+            }
+            RunOutcome::Stopped { step, checkpoint } => {
+                match &checkpoint {
+                    Some(c) => eprintln!(
+                        "stopped after step {step}; checkpoint {} (continue with the same command plus --resume)",
+                        c.display()
+                    ),
+                    None => eprintln!("stopped before the first step; nothing saved"),
+                }
+                if a.json {
+                    println!("{}", serde_json::json!({"finished": false, "step": step, "checkpoint": checkpoint}));
+                }
+                std::process::exit(130);
+            }
+        }
+        Ok(())
+    }
+}

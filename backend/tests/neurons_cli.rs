@@ -1,0 +1,207 @@
+//! `moe-studio neurons` and `moe-studio allocate` end to end on stories260K
+//! (shared data): the output files and figures, an allocation file that
+//! `upcycle --allocation` accepts, and clear errors on bad input (an empty
+//! file, a single language, a language with one text, E_min > E_max, an
+//! unknown new language).
+//!
+//! The shared data directory is `$MOE_STUDIO_DATA`, default
+//! `$CARGO_MANIFEST_DIR/../../shared/data`; when it is missing the tests
+//! print a notice and pass, except under `CI=true`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn data() -> Option<PathBuf> {
+    let p = match std::env::var_os("MOE_STUDIO_DATA") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
+    };
+    if p.join("models/stories260K/stories260K.bin").exists() {
+        return Some(p);
+    }
+    if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
+        panic!("shared data not found at {} (set MOE_STUDIO_DATA)", p.display());
+    }
+    eprintln!("NOTICE: skipping test: shared data not found at {}", p.display());
+    None
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_moe-studio")).args(args).output().expect("runs the binary")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn failure(out: &Output) -> String {
+    assert!(!out.status.success(), "expected a failure, stdout: {}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("neurons_cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+#[test]
+fn neurons_then_allocate_then_upcycle() {
+    let Some(d) = data() else { return };
+    let dir = tmp("e2e");
+    let model = s(&d.join("models/stories260K/stories260K.bin"));
+    let lang = |c: &str| format!("{c}={}", s(&d.join(format!("corpora/lang/{c}/valid.txt"))));
+    let out = dir.join("neurons");
+    let stdout = ok(&run(&[
+        "neurons",
+        &model,
+        "--lang",
+        &lang("en"),
+        "--lang",
+        &lang("hu"),
+        "--lang",
+        &lang("tr"),
+        "--new",
+        "hu,tr",
+        "--top-n",
+        "50",
+        "--max-texts",
+        "12",
+        "--max-tokens",
+        "48",
+        "--pool",
+        "max",
+        "--bench",
+        "--out",
+        &s(&out),
+    ]));
+    assert!(stdout.contains("S_l (union of hu,tr)") && stdout.contains("capture overhead"), "{stdout}");
+    for f in [
+        "neurons.json",
+        "layer_counts.csv",
+        "counts.csv",
+        "top_neurons.csv",
+        "similarity.csv",
+        "bench.json",
+        "specific_per_layer.svg",
+        "specific_per_component.svg",
+    ] {
+        assert!(out.join(f).metadata().map(|m| m.len() > 0).unwrap_or(false), "{f} missing");
+    }
+    for f in ["specific_per_layer.png", "specific_per_component.png"] {
+        let b = std::fs::read(out.join(f)).unwrap();
+        assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n", "{f} is not a PNG");
+    }
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("neurons.json")).unwrap()).unwrap();
+    assert_eq!(report["languages"].as_array().unwrap().len(), 3);
+    assert_eq!(report["languages"][1]["top"].as_array().unwrap().len(), 50);
+    assert_eq!(report["pooling"], "max");
+    let layers = report["union_counts"].as_array().unwrap().len();
+    let csv = std::fs::read_to_string(out.join("layer_counts.csv")).unwrap();
+    assert_eq!(csv.lines().next().unwrap(), "layer,en,hu,tr,union_new");
+    assert_eq!(csv.lines().count(), layers + 1);
+
+    let alloc = dir.join("alloc.json");
+    let stdout = ok(&run(&["allocate", "--neurons", &s(&out), "--min", "1", "--max", "6", "--out", &s(&alloc)]));
+    assert!(stdout.contains("neuronmoe:") && stdout.contains("layermoe:"), "{stdout}");
+    let f: serde_json::Value = serde_json::from_slice(&std::fs::read(&alloc).unwrap()).unwrap();
+    let e: Vec<u64> = f["new_experts_per_layer"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    assert_eq!(e.len(), layers);
+    assert!(e.iter().all(|&x| (1..=6).contains(&x)));
+    assert!(e.contains(&1) && e.contains(&6), "the extremes map to E_min and E_max: {e:?}");
+    assert_eq!(f["method"], "neuronmoe");
+    for ext in ["csv", "json", "svg", "png"] {
+        assert!(dir.join(format!("alloc.comparison.{ext}")).exists(), "alloc.comparison.{ext}");
+    }
+    let base = dir.join("uniform.json");
+    ok(&run(&[
+        "allocate",
+        "--neurons",
+        &s(&out.join("neurons.json")),
+        "--min",
+        "1",
+        "--max",
+        "6",
+        "--baseline",
+        "uniform",
+        "--uniform",
+        "2",
+        "--out",
+        &s(&base),
+    ]));
+    let f: serde_json::Value = serde_json::from_slice(&std::fs::read(&base).unwrap()).unwrap();
+    assert!(f["new_experts_per_layer"].as_array().unwrap().iter().all(|x| x == 2));
+
+    // The file drives `upcycle --allocation`: total = 1 + new per layer.
+    let up = dir.join("moe");
+    let stdout = ok(&run(&["upcycle", &model, "--allocation", &s(&alloc), "--out", &s(&up)]));
+    let want: Vec<String> = e.iter().map(|x| (x + 1).to_string()).collect();
+    assert!(stdout.contains(&format!("[{}]", want.join(", "))), "{stdout}");
+}
+
+#[test]
+fn bad_input_is_explained() {
+    let Some(d) = data() else { return };
+    let dir = tmp("bad");
+    let model = s(&d.join("models/stories260K/stories260K.bin"));
+    let en = format!("en={}", s(&d.join("corpora/lang/en/valid.txt")));
+    let empty = dir.join("empty.txt");
+    std::fs::write(&empty, "\n  \n").unwrap();
+    let one = dir.join("one.txt");
+    std::fs::write(&one, "Just one paragraph.\n\n").unwrap();
+    let out = s(&dir.join("out"));
+    let base = ["neurons", model.as_str(), "--max-texts", "4", "--max-tokens", "16", "--out", out.as_str()];
+    let with = |extra: &[&str]| {
+        let mut v: Vec<String> = base.iter().map(|x| x.to_string()).collect();
+        v.extend(extra.iter().map(|x| x.to_string()));
+        run(&v.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+
+    let e = failure(&with(&["--lang", &en, "--lang", &format!("xx={}", s(&empty))]));
+    assert!(e.contains("empty.txt") && e.contains("no text for language `xx`"), "{e}");
+    let e = failure(&with(&["--lang", &en]));
+    assert!(e.contains("at least 2 languages"), "{e}");
+    let e = failure(&with(&["--lang", &en, "--lang", &format!("xx={}", s(&one))]));
+    assert!(e.contains("`xx` has 1 text") && e.contains("at least 2"), "{e}");
+    let e = failure(&with(&[
+        "--lang",
+        &en,
+        "--lang",
+        &format!("hu={}", s(&d.join("corpora/lang/hu/valid.txt"))),
+        "--new",
+        "el",
+    ]));
+    assert!(e.contains("--new `el` is not among"), "{e}");
+    let e = failure(&with(&["--lang", "en", "--lang", "hu=x"]));
+    assert!(e.contains("expected CODE=FILE"), "{e}");
+    let e = failure(&with(&["--lang", &en, "--lang", &format!("xx={}", s(&dir.join("missing.txt")))]));
+    assert!(e.contains("missing.txt"), "{e}");
+    assert!(!dir.join("out").exists(), "nothing is written on bad input");
+
+    let e = failure(&run(&[
+        "allocate",
+        "--neurons",
+        &s(&dir),
+        "--min",
+        "6",
+        "--max",
+        "1",
+        "--out",
+        &s(&dir.join("a.json")),
+    ]));
+    assert!(e.contains("E_min (6) is greater than E_max (1)"), "{e}");
+    let e = failure(&run(&["allocate", "--neurons", &s(&dir), "--out", &s(&dir.join("a.json"))]));
+    assert!(e.contains("neurons.json") && e.contains("moe-studio neurons"), "{e}");
+    std::fs::write(dir.join("neurons.json"), "{}").unwrap();
+    let e = failure(&run(&["allocate", "--neurons", &s(&dir), "--out", &s(&dir.join("a.json"))]));
+    assert!(e.contains("malformed neurons JSON"), "{e}");
+    let e =
+        failure(&run(&["allocate", "--neurons", &s(&dir), "--baseline", "random", "--out", &s(&dir.join("a.json"))]));
+    assert!(e.contains("expected uniform or layermoe"), "{e}");
+}

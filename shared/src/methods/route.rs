@@ -11,9 +11,8 @@
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
-use super::moe_plan::{moe_tensor_plan, Origin};
 use super::ridge::{RidgeStats, RouterWeights};
-use crate::config::{ModelConfig, MoeConfig};
+use crate::config::MoeConfig;
 use crate::error::{Result, StudioError};
 use crate::model::linear::linear_from_hf;
 use crate::model::{ForwardOptions, Mlp, Routing, Trace, Transformer};
@@ -304,13 +303,14 @@ pub fn stats_from_safetensors(
 #[cfg(not(target_arch = "wasm32"))]
 pub fn write_routed(
     src: &dyn crate::checkpoint::TensorSource,
-    base: &ModelConfig,
+    base: &crate::config::ModelConfig,
     routed: &MoeConfig,
     routers: &[Option<RouterWeights>],
     out_dir: &std::path::Path,
     mut extra: Vec<(&str, Vec<u8>)>,
     provenance: serde_json::Value,
 ) -> Result<()> {
+    use super::moe_plan::{moe_tensor_plan, Origin};
     use crate::checkpoint::{DType, PlannedTensor, SafetensorsWriter, WriteOptions};
     let choice = super::output::choose_layout(base, routed);
     let plan = moe_tensor_plan(base, routed);

@@ -9,7 +9,10 @@ use super::linear::linear_to_hf;
 use super::transformer::Mlp;
 use super::Transformer;
 use crate::checkpoint::export::dense_tensor_plan;
-use crate::config::{ModelConfig, MoeConfig};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::config::ModelConfig;
+use crate::config::MoeConfig;
+#[cfg(not(target_arch = "wasm32"))]
 use crate::error::{Result, StudioError};
 use crate::methods::moe_plan::moe_tensor_plan;
 
@@ -136,6 +139,7 @@ pub fn save_model<B: Backend>(
     Ok(())
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 fn router_layer(name: &str) -> Option<usize> {
     let rest = name.strip_prefix("model.layers.")?;
     let (l, rest) = rest.split_once('.')?;
@@ -144,6 +148,7 @@ fn router_layer(name: &str) -> Option<usize> {
 
 /// `config.json` for a model and the per-layer router scale (`1/T` folded
 /// in the Mixtral layout).
+#[cfg(not(target_arch = "wasm32"))]
 fn config_for(
     base: &ModelConfig,
     moe: Option<&MoeConfig>,

@@ -18,7 +18,7 @@ fn evaluate_matches_perplexity_and_reports_load() {
     let tok = dense.tokenizer.clone().unwrap();
     let text: String = std::fs::read_to_string(path).unwrap().lines().take(40).collect::<Vec<_>>().join("\n");
     let ids = tok.encode(&text, true).unwrap();
-    let opts = PerplexityOptions { window: 128, stride: 64, max_tokens: Some(1000) };
+    let opts = PerplexityOptions { window: 128, stride: 64, max_tokens: Some(500) };
     let device = Default::default();
     let model = load_model::<B>(&dense, &device).unwrap();
     let want = perplexity(&model, &ids, opts, &device, |_, _| {}).unwrap();

@@ -91,6 +91,20 @@ fn stages_must_fit_the_model() {
     let model = load_model::<A>(&moe, &device).unwrap();
     let e = apply_stage(model, Stage::Dense, "moe").unwrap_err().to_string();
     assert!(e.contains("this one is MoE"), "{e}");
+    // Router training under top-1 routing with nothing but the next-token loss.
+    let top1 = train_util::upcycled_k(&dense, dir.path(), 0.02, 1);
+    let tok = dense.tokenizer.clone().unwrap();
+    let c = TrainConfig { seq_len: 32, alpha: 0.0, ..TrainConfig::new(Stage::Router) };
+    let data = train_util::hu_en(&tok, 32, false, 0).unwrap();
+    let e = Trainer::new(load_model::<A>(&top1, &device).unwrap(), data, c.clone(), vec![device], "top1")
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("no gradient"), "{e}");
+    let data = train_util::hu_en(&tok, 32, false, 0).unwrap();
+    let c = TrainConfig { alpha: 0.01, ..c };
+    let t = Trainer::new(load_model::<A>(&top1, &device).unwrap(), data, c, vec![device], "top1").unwrap();
+    assert_eq!(t.warnings().len(), 1);
     // --seq-len beyond the context.
     let model = load_model::<A>(&dense, &device).unwrap();
     let c = TrainConfig { seq_len: 4096, ..TrainConfig::new(Stage::Dense) };

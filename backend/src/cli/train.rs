@@ -303,6 +303,9 @@ impl WithAutodiff for Args {
         }
         .with_extra_files(tok_files);
         drop(m);
+        for w in trainer.warnings() {
+            eprintln!("warning: {w}");
+        }
         let counts = trainer.param_counts();
         eprintln!(
             "stage {}: {} trainable parameters in {} tensors, {} frozen; {} tokens per step ({} x {} x {} device(s) x {})",

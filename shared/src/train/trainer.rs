@@ -24,8 +24,6 @@
 //! the f32 weights, the AdamW moments and the data position, so a resumed
 //! run continues with the same losses as an uninterrupted one.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
@@ -340,6 +338,39 @@ pub fn devices<B: Backend>(n: usize) -> Vec<B::Device> {
 
 type Adam<B> = OptimizerAdaptor<AdamW, Transformer<B>, B>;
 
+/// Top-1 routing weighs the chosen expert by a softmax over ONE logit,
+/// i.e. 1, so the next-token loss gives the routers no gradient (Mixtral's
+/// renormalised top-k; Switch Transformers' un-normalised `p_i` would, but
+/// the model does not implement it). Router training then only follows the
+/// load-balancing and language-prior terms.
+///
+/// # Errors
+/// [`StudioError::Config`] for stage `router` when every MoE layer routes
+/// top-1 and neither `alpha` nor an applicable `prior` gives a gradient.
+fn top1_check<B: Backend>(model: &Transformer<B>, c: &TrainConfig, data: &Mixture) -> Result<Vec<String>> {
+    let ks: Vec<usize> = model
+        .layers
+        .iter()
+        .filter_map(|b| match &b.mlp {
+            Mlp::Moe(m) => Some(m.top_k.min(m.num_experts())),
+            Mlp::Dense(_) => None,
+        })
+        .collect();
+    if ks.is_empty() || ks.iter().any(|&k| k > 1) || c.stage == Stage::Dense {
+        return Ok(Vec::new());
+    }
+    let prior = c.prior > 0.0 && data.sources().iter().any(|s| s.spec.original);
+    let what = "every MoE layer routes top-1: the chosen expert's weight is a softmax over one logit (= 1), so the \
+                next-token loss gives the routers no gradient";
+    if c.stage == Stage::Router && c.alpha == 0.0 && !prior {
+        return Err(StudioError::config(
+            "--stage router",
+            format!("{what} and --alpha is 0 and no --prior applies: nothing would train (route with top-k >= 2)"),
+        ));
+    }
+    Ok(vec![format!("{what}; routers train only through the load-balancing / language-prior terms")])
+}
+
 /// A training run in progress.
 pub struct Trainer<B: AutodiffBackend> {
     model: Option<Transformer<B>>,
@@ -350,8 +381,10 @@ pub struct Trainer<B: AutodiffBackend> {
     step: usize,
     tokens: u64,
     last_loss: Option<f64>,
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))] // provenance of native checkpoints
     source: String,
     extra_files: Vec<(String, Vec<u8>)>,
+    warnings: Vec<String>,
 }
 
 fn adamw<B: AutodiffBackend>(c: &TrainConfig) -> Adam<B> {
@@ -390,6 +423,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         if data.seq_len() != config.seq_len {
             return Err(StudioError::config("--seq-len", "the data was packed with another sequence length"));
         }
+        let warnings = top1_check(&model, &config, &data)?;
         B::seed(&devices[0], config.seed);
         let model = fold_router_temperatures(model);
         let model = apply_stage(model, config.stage, source)?;
@@ -405,7 +439,14 @@ impl<B: AutodiffBackend> Trainer<B> {
             last_loss: None,
             source: source.to_string(),
             extra_files: Vec::new(),
+            warnings,
         })
+    }
+
+    /// Things the user should know about this run (e.g. routers that get
+    /// no gradient from the next-token loss under top-1 routing).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// Files written into every checkpoint beside the weights (e.g.
@@ -451,6 +492,8 @@ impl<B: AutodiffBackend> Trainer<B> {
     /// [`StudioError::Invalid`] when a worker thread panicked or the loss is
     /// not finite (the step is not applied then).
     pub fn step(&mut self) -> Result<StepMetrics> {
+        // wasm32-unknown-unknown's std has no clock: timings read 0 there.
+        #[cfg(not(target_arch = "wasm32"))]
         let t0 = std::time::Instant::now();
         let c = &self.config;
         let n_dev = self.devices.len();
@@ -539,7 +582,10 @@ impl<B: AutodiffBackend> Trainer<B> {
         let tokens = c.tokens_per_step();
         self.tokens += tokens as u64;
         self.last_loss = Some(loss);
+        #[cfg(not(target_arch = "wasm32"))]
         let seconds = t0.elapsed().as_secs_f64();
+        #[cfg(target_arch = "wasm32")]
+        let seconds = 0.0;
         Ok(StepMetrics {
             step: self.step,
             steps: c.steps,
@@ -552,7 +598,7 @@ impl<B: AutodiffBackend> Trainer<B> {
             tokens,
             tokens_seen: self.tokens,
             seconds,
-            tokens_per_s: tokens as f64 / seconds.max(1e-9),
+            tokens_per_s: if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 },
             expert_load,
             source_sequences,
         })
@@ -583,6 +629,7 @@ impl<B: AutodiffBackend> Trainer<B> {
 #[cfg(not(target_arch = "wasm32"))]
 mod native {
     use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
     use crate::checkpoint::{open_model, DType};

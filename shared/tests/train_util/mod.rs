@@ -23,10 +23,15 @@ pub fn stories() -> Option<LoadedModel> {
 /// Upcycles `dense` into `dir/moe` (4 experts, top-2, expert 0 frozen,
 /// random router with std `router_std`, f32) and opens it.
 pub fn upcycled(dense: &LoadedModel, dir: &Path, router_std: f64) -> LoadedModel {
-    let out = dir.join("moe");
+    upcycled_k(dense, dir, router_std, 2)
+}
+
+/// As [`upcycled`] with top-`k` routing, into `dir/moe-k{k}`.
+pub fn upcycled_k(dense: &LoadedModel, dir: &Path, router_std: f64, k: usize) -> LoadedModel {
+    let out = dir.join(format!("moe-k{k}"));
     let opts = UpcycleOptions {
         experts: ExpertCounts::Uniform(4),
-        top_k: 2,
+        top_k: k,
         router_init: RouterInit::Random { std: router_std },
         dtype: Some(DType::F32),
         seed: 5,

@@ -1,5 +1,5 @@
-//! Per-dataset evaluation: perplexity (the same strided windows as
-//! [`super::perplexity`]) together with the routing load of MoE layers, under
+//! Per-dataset evaluation: perplexity (the strided windows that
+//! [`super::perplexity`] also uses — it calls [`evaluate`]) together with the routing load of MoE layers, under
 //! learned, forced (oracle) or random routing; and DUME's retention.
 //!
 //! Retention (DUME, methods.md §2): perplexity of a domain's own dense

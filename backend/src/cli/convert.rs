@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use moe_shared::checkpoint::export::export_dense;
-use moe_shared::checkpoint::{open_model, DType, WriteOptions};
+use moe_shared::checkpoint::open_model;
 
 /// Arguments of `convert`.
 #[derive(Debug, clap::Args)]
@@ -26,19 +26,13 @@ pub struct Args {
 
 /// Runs `convert`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let dtype = match &a.dtype {
-        Some(s) => Some(DType::parse_float(s).with_context(|| format!("--dtype `{s}`: expected f32, f16 or bf16"))?),
-        None => None,
-    };
+    let dtype = super::args::parse_dtype(&a.dtype)?;
     let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
     let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
     if tok.is_none() {
         eprintln!("note: no Hugging Face tokenizer to write beside the weights");
     }
-    let mut opts = WriteOptions::default();
-    if let Some(b) = a.max_shard_bytes {
-        opts.max_shard_bytes = b;
-    }
+    let opts = super::args::write_options(a.max_shard_bytes);
     export_dense(m.source.as_ref(), &m.config, &a.out, dtype, tok, opts)?;
     println!("wrote {}", a.out.display());
     Ok(())

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use moe_shared::checkpoint::{open_model, LoadedModel, WriteOptions};
+use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::methods::delta::{companion_files, graft, GraftOptions};
 use moe_shared::methods::stream_read::use_positioned_reads;
 
@@ -55,10 +55,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     let extra = companion_files(&a.target, &target)?;
-    let mut write_opts = WriteOptions::default();
-    if let Some(b) = a.max_shard_bytes {
-        write_opts.max_shard_bytes = b;
-    }
+    let write_opts = super::args::write_options(a.max_shard_bytes);
     let report = graft(
         target.source.as_ref(),
         &target.config,

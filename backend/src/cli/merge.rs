@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
+use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::methods::delta::companion_files;
 use moe_shared::methods::merge::{merge, set_config_dtype, MergeMethod, MergeOptions, Rescale};
 use moe_shared::methods::stream_read::use_positioned_reads;
@@ -68,10 +68,7 @@ fn parse_rescale(s: &str) -> Result<Rescale, String> {
 
 /// Runs `merge`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let dtype = match &a.dtype {
-        Some(s) => Some(DType::parse_float(s).with_context(|| format!("--dtype `{s}`: expected f32, f16 or bf16"))?),
-        None => None,
-    };
+    let dtype = super::args::parse_dtype(&a.dtype)?;
     // Positioned reads keep the inputs out of the resident set.
     let open = |p: &PathBuf, what: &str| -> anyhow::Result<LoadedModel> {
         let mut m = open_model(p).with_context(|| format!("opening {what}{}", p.display()))?;
@@ -101,10 +98,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         seed: a.seed,
         dtype,
     };
-    let mut write_opts = WriteOptions::default();
-    if let Some(b) = a.max_shard_bytes {
-        write_opts.max_shard_bytes = b;
-    }
+    let write_opts = super::args::write_options(a.max_shard_bytes);
     let sources: Vec<&dyn moe_shared::checkpoint::TensorSource> =
         models.iter().map(|m| m.source.as_ref() as &dyn moe_shared::checkpoint::TensorSource).collect();
     let base_src = base.as_ref().map(|b| b.source.as_ref() as &dyn moe_shared::checkpoint::TensorSource);

@@ -1,6 +1,7 @@
 //! Command-line definitions and dispatch.
 
 mod allocate;
+mod args;
 mod backend;
 mod bench;
 mod bench_train;

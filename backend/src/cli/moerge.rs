@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use moe_shared::checkpoint::{open_model, WriteOptions};
+use moe_shared::checkpoint::open_model;
 use moe_shared::methods::{moerge, MoergeInput, MoergeOptions, RouterInit};
 
-use super::upcycle::parse_dtype;
+use super::args::parse_dtype;
 
 /// Arguments of `moerge`.
 #[derive(Debug, Clone, clap::Args)]
@@ -67,10 +67,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ..Default::default()
     };
     let tok = models[0].tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
-    let mut write_opts = WriteOptions::default();
-    if let Some(b) = a.max_shard_bytes {
-        write_opts.max_shard_bytes = b;
-    }
+    let write_opts = super::args::write_options(a.max_shard_bytes);
     let report = moerge(&inputs, &opts, &a.out, tok, write_opts)?;
     super::moe_summary::print(&report, &a.out, started, a.json)
 }

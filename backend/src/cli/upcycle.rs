@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use burn::tensor::backend::Backend;
-use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
+use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::methods::{
     hidden_router_rows, upcycle, AllocationFile, CopyNoise, ExpertCounts, ExpertPrompts, NoiseKind, RouterInit,
     UpcycleOptions,
@@ -116,16 +116,6 @@ struct PromptFile {
     experts: Vec<PromptSet>,
 }
 
-/// Parses `--dtype`.
-pub fn parse_dtype(s: &Option<String>) -> anyhow::Result<Option<DType>> {
-    match s {
-        Some(s) => {
-            Ok(Some(DType::parse_float(s).with_context(|| format!("--dtype `{s}`: expected f32, f16 or bf16"))?))
-        }
-        None => Ok(None),
-    }
-}
-
 /// Runs the dense model on each expert's prompts (hidden router).
 fn hidden_rows<B: Backend>(m: &LoadedModel, path: &PathBuf, device: &B::Device) -> anyhow::Result<RouterInit> {
     let raw = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
@@ -150,7 +140,7 @@ impl WithBackend for Args {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
         let a = self;
         let started = Instant::now();
-        let dtype = parse_dtype(&a.dtype)?;
+        let dtype = super::args::parse_dtype(&a.dtype)?;
         let (experts, experts_source) = match (&a.experts, &a.allocation) {
             (Some(n), _) => (ExpertCounts::Uniform(*n), "--experts".to_string()),
             (None, Some(p)) => {
@@ -188,10 +178,7 @@ impl WithBackend for Args {
             router_aux_loss_coef: 0.01,
         };
         let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
-        let mut write_opts = WriteOptions::default();
-        if let Some(b) = a.max_shard_bytes {
-            write_opts.max_shard_bytes = b;
-        }
+        let write_opts = super::args::write_options(a.max_shard_bytes);
         let report = upcycle(m.source.as_ref(), &m.config, &opts, &a.out, tok, write_opts)?;
         super::moe_summary::print(&report, &a.out, started, a.json)
     }

@@ -1,8 +1,34 @@
 //! moe-studio browser studio (Leptos CSR, wasm32, built with trunk).
 //!
-//! The pages arrive with the browser-studio work; this crate already holds
-//! the display helpers they share and compiles natively (for tests) and for
-//! `wasm32-unknown-unknown`.
+//! Every method runs locally in the browser by calling the same `moe_shared`
+//! functions as the `moe-studio` CLI, so a download equals the CLI's output
+//! for the same inputs. Models live in [`store`] (outside the reactive
+//! graph); pages ([`pages`]) read them through a revision signal.
+//!
+//! Layout: [`web`] (files, fetch, downloads, feature detection), [`task`]
+//! (progress, cancel, yielding), [`load`] (models from files),
+//! [`compute`] (the methods, async and cancellable), [`components`] and
+//! [`pages`] (the UI).
+
+pub mod app;
+pub mod components;
+pub mod compute;
+pub mod load;
+pub mod pages;
+pub mod store;
+pub mod task;
+pub mod web;
+
+/// The Burn backend of the browser forward pass: NdArray on the CPU (no
+/// threads in wasm; Burn's wgpu backend spends ~30 s autotuning on software
+/// WebGPU, so it is not used).
+pub type Cpu = burn::backend::NdArray<f32>;
+
+/// Mounts the studio on `<body>` (the trunk binary's `main`).
+pub fn start() {
+    console_error_panic_hook::set_once();
+    leptos::mount::mount_to_body(app::App);
+}
 
 /// Formats a parameter count the way model cards do (`134.5M`, `7.24B`).
 pub fn format_params(n: usize) -> String {
@@ -15,6 +41,20 @@ pub fn format_params(n: usize) -> String {
         format!("{:.1}K", n / 1e3)
     } else {
         format!("{n}")
+    }
+}
+
+/// Formats a byte count (`1.5 MB`).
+pub fn format_bytes(n: u64) -> String {
+    let n = n as f64;
+    if n >= 1e9 {
+        format!("{:.2} GB", n / 1e9)
+    } else if n >= 1e6 {
+        format!("{:.1} MB", n / 1e6)
+    } else if n >= 1e3 {
+        format!("{:.1} KB", n / 1e3)
+    } else {
+        format!("{n} B")
     }
 }
 
@@ -40,5 +80,11 @@ mod tests {
         assert_eq!(format_params(7_241_732_096), "7.24B");
         assert_eq!(format_params(260_000), "260.0K");
         assert_eq!(format_params(12), "12");
+    }
+
+    #[test]
+    fn byte_counts_are_readable() {
+        assert_eq!(format_bytes(1_500_000), "1.5 MB");
+        assert_eq!(format_bytes(999), "999 B");
     }
 }

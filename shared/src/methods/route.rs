@@ -293,25 +293,34 @@ pub fn stats_from_safetensors(
     Ok((out, domains))
 }
 
-/// Streams the routed checkpoint: every tensor of `src` (an MoE
-/// checkpoint with layout `moe`) is copied, router weights/biases replaced
-/// by `routers` (scaled by `1/T` when written in the Mixtral layout).
-/// `extra` files (e.g. the statistics) are written beside it.
+/// The tensors and `config.json` of a routed checkpoint (see
+/// [`plan_routed`]).
+#[derive(Debug, Clone)]
+pub struct RoutedPlan {
+    /// Layout choice (router scales `1/T` in the Mixtral layout).
+    pub choice: super::output::LayoutChoice,
+    /// Output tensors and their origins, in write order.
+    pub tensors: Vec<super::moe_plan::MoeTensor>,
+    /// The writer's plan (output dtypes).
+    pub planned: Vec<crate::checkpoint::PlannedTensor>,
+    /// `config.json` (with `provenance`).
+    pub config_json: serde_json::Value,
+}
+
+/// Plans the routed checkpoint of `src` (an MoE checkpoint) with layout
+/// `routed` (headers only, nothing written). Any platform.
 ///
 /// # Errors
-/// Missing tensors, I/O, an existing non-empty `out_dir`.
-#[cfg(not(target_arch = "wasm32"))]
-pub fn write_routed(
+/// [`StudioError::Tensor`] when `src` lacks a tensor of the layout or has it
+/// in another shape.
+pub fn plan_routed(
     src: &dyn crate::checkpoint::TensorSource,
     base: &crate::config::ModelConfig,
     routed: &MoeConfig,
-    routers: &[Option<RouterWeights>],
-    out_dir: &std::path::Path,
-    mut extra: Vec<(&str, Vec<u8>)>,
     provenance: serde_json::Value,
-) -> Result<()> {
+) -> Result<RoutedPlan> {
     use super::moe_plan::{moe_tensor_plan, Origin};
-    use crate::checkpoint::{DType, PlannedTensor, SafetensorsWriter, WriteOptions};
+    use crate::checkpoint::{DType, PlannedTensor};
     let choice = super::output::choose_layout(base, routed);
     let plan = moe_tensor_plan(base, routed);
     let dtype_of = |name: &str| src.info(name).map(|i| i.dtype).filter(|d| d.float_size().is_some());
@@ -338,28 +347,70 @@ pub fn write_routed(
         planned.push(PlannedTensor { name: t.name.clone(), dtype, shape: t.shape.clone() });
     }
     let dtype = planned.first().map(|p| p.dtype).unwrap_or(DType::F32);
-    let mut w = SafetensorsWriter::create(out_dir, planned, WriteOptions::default())?;
-    for t in &plan {
+    let config_json = super::output::config_json(base, &choice.written, dtype, provenance);
+    Ok(RoutedPlan { choice, tensors: plan, planned, config_json })
+}
+
+/// Streams the tensors `range` of a routed plan into `sink`: every tensor of
+/// `src` is copied, router weights/biases replaced by `routers` (scaled by
+/// `1/T` when written in the Mixtral layout). Calling it on consecutive
+/// ranges writes the same bytes as one call on the whole plan (the browser
+/// yields between ranges).
+///
+/// # Errors
+/// Missing routers, read errors of `src`, write errors of `sink`.
+pub fn write_routed_tensors(
+    src: &dyn crate::checkpoint::TensorSource,
+    plan: &RoutedPlan,
+    routers: &[Option<RouterWeights>],
+    range: std::ops::Range<usize>,
+    sink: &mut dyn super::sink::TensorSink,
+) -> Result<()> {
+    use super::moe_plan::Origin;
+    use super::sink::write_values;
+    for (t, p) in plan.tensors[range.clone()].iter().zip(&plan.planned[range]) {
         match &t.origin {
             Origin::RouterWeight { layer } => {
                 let r = routers[*layer]
                     .as_ref()
                     .ok_or_else(|| StudioError::Invalid(format!("layer {layer}: no router")))?;
-                let s = choice.router_scale[*layer] as f32;
+                let s = plan.choice.router_scale[*layer] as f32;
                 let v: Vec<f32> = r.weight.iter().map(|x| x * s).collect();
-                w.write_f32(&t.name, &v)?;
+                write_values(sink, &t.name, p.dtype, &v)?;
             }
             Origin::RouterBias { layer } => {
                 let r = routers[*layer].as_ref().and_then(|r| r.bias.clone()).ok_or_else(|| {
                     StudioError::Invalid(format!("layer {layer}: the router has no bias but the layout needs one"))
                 })?;
-                w.write_f32(&t.name, &r)?;
+                write_values(sink, &t.name, p.dtype, &r)?;
             }
-            _ => w.write_f32(&t.name, &src.read_f32(&t.name)?)?,
+            _ => write_values(sink, &t.name, p.dtype, &src.read_f32(&t.name)?)?,
         }
     }
-    let cfg = super::output::config_json(base, &choice.written, dtype, provenance);
-    extra.push(("config.json", serde_json::to_vec_pretty(&cfg).expect("json")));
+    Ok(())
+}
+
+/// Streams the routed checkpoint ([`plan_routed`] + [`write_routed_tensors`])
+/// into the directory `out_dir`, with `extra` files (e.g. the statistics)
+/// beside it.
+///
+/// # Errors
+/// Missing tensors, I/O, an existing non-empty `out_dir`.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn write_routed(
+    src: &dyn crate::checkpoint::TensorSource,
+    base: &crate::config::ModelConfig,
+    routed: &MoeConfig,
+    routers: &[Option<RouterWeights>],
+    out_dir: &std::path::Path,
+    mut extra: Vec<(&str, Vec<u8>)>,
+    provenance: serde_json::Value,
+) -> Result<()> {
+    use crate::checkpoint::{SafetensorsWriter, WriteOptions};
+    let plan = plan_routed(src, base, routed, provenance)?;
+    let mut w = SafetensorsWriter::create(out_dir, plan.planned.clone(), WriteOptions::default())?;
+    write_routed_tensors(src, &plan, routers, 0..plan.tensors.len(), &mut w)?;
+    extra.push(("config.json", serde_json::to_vec_pretty(&plan.config_json).expect("json")));
     w.finish(&extra)?;
     Ok(())
 }

@@ -1,0 +1,96 @@
+//! Small SVG bar charts (per-layer counts, accuracies, loads).
+
+use leptos::prelude::*;
+
+/// One series of a grouped bar chart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    /// Legend label.
+    pub label: String,
+    /// One value per group (`None`: no bar).
+    pub values: Vec<Option<f64>>,
+}
+
+const COLORS: [&str; 8] = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"];
+
+/// The colour of series or expert `i`.
+pub fn color(i: usize) -> &'static str {
+    COLORS[i % COLORS.len()]
+}
+
+/// A grouped bar chart: `groups` along x (e.g. layers), one bar per series.
+/// `max` fixes the y range (e.g. 1.0 for accuracies); `None` scales to the
+/// data.
+#[component]
+pub fn BarChart(
+    #[prop(into)] title: String,
+    #[prop(into)] x_label: String,
+    groups: Vec<String>,
+    series: Vec<Series>,
+    #[prop(optional)] max: Option<f64>,
+    #[prop(optional)] reference: Option<(f64, String)>,
+) -> impl IntoView {
+    let (w, h, left, bottom, top) = (640.0, 220.0, 44.0, 36.0, 14.0);
+    let data_max = series.iter().flat_map(|s| s.values.iter().flatten().copied()).fold(0.0, f64::max);
+    let ymax = max.unwrap_or(if data_max > 0.0 { data_max * 1.1 } else { 1.0 });
+    let n = groups.len().max(1);
+    let gw = (w - left - 8.0) / n as f64;
+    let bw = (gw * 0.8) / series.len().max(1) as f64;
+    let y = move |v: f64| top + (h - top - bottom) * (1.0 - (v / ymax).clamp(0.0, 1.0));
+    let mut bars = Vec::new();
+    for (si, s) in series.iter().enumerate() {
+        for (g, v) in s.values.iter().enumerate() {
+            if let Some(v) = v {
+                let x = left + g as f64 * gw + gw * 0.1 + si as f64 * bw;
+                let tip = format!("{} {}: {:.3}", s.label, groups.get(g).cloned().unwrap_or_default(), v);
+                bars.push(view! {
+                    <rect x=format!("{x:.1}") y=format!("{:.1}", y(*v)) width=format!("{:.1}", bw.max(1.0))
+                        height=format!("{:.1}", (h - bottom - y(*v)).max(0.0)) fill=color(si)><title>{tip}</title></rect>
+                });
+            }
+        }
+    }
+    let step = (n / 16).max(1);
+    let xticks: Vec<_> = groups
+        .iter()
+        .enumerate()
+        .filter(|(g, _)| g % step == 0)
+        .map(|(g, name)| {
+            view! { <text x=format!("{:.1}", left + (g as f64 + 0.5) * gw) y=format!("{}", h - bottom + 14.0) class="tick" text-anchor="middle">{name.clone()}</text> }
+        })
+        .collect();
+    let yticks: Vec<_> = (0..=4)
+        .map(|i| {
+            let v = ymax * i as f64 / 4.0;
+            let label = if ymax <= 1.5 { format!("{v:.2}") } else { format!("{v:.0}") };
+            view! {
+                <line x1=format!("{left}") x2=format!("{}", w - 8.0) y1=format!("{:.1}", y(v)) y2=format!("{:.1}", y(v)) class="grid"/>
+                <text x=format!("{}", left - 4.0) y=format!("{:.1}", y(v) + 4.0) class="tick" text-anchor="end">{label}</text>
+            }
+        })
+        .collect();
+    let refline = reference.map(|(v, label)| {
+        view! {
+            <line x1=format!("{left}") x2=format!("{}", w - 8.0) y1=format!("{:.1}", y(v)) y2=format!("{:.1}", y(v)) class="ref"/>
+            <text x=format!("{}", w - 10.0) y=format!("{:.1}", y(v) - 4.0) class="tick" text-anchor="end">{label}</text>
+        }
+    });
+    let legend: Vec<_> = series
+        .iter()
+        .enumerate()
+        .map(|(i, s)| view! { <span class="legend"><i style=format!("background:{}", color(i))></i>{s.label.clone()}</span> })
+        .collect();
+    view! {
+        <figure class="chart">
+            <figcaption>{title}</figcaption>
+            <svg viewBox=format!("0 0 {w} {h}") width="100%" role="img">
+                {yticks}
+                {bars}
+                {refline}
+                {xticks}
+                <text x=format!("{}", (w + left) / 2.0) y=format!("{}", h - 4.0) class="axis" text-anchor="middle">{x_label}</text>
+            </svg>
+            <div class="legends">{legend}</div>
+        </figure>
+    }
+}

@@ -1,0 +1,6 @@
+//! Reusable pieces of the pages.
+
+pub mod chart;
+pub mod message;
+pub mod model_select;
+pub mod progress;

@@ -1,0 +1,77 @@
+//! Turning a method's in-memory output into an [`Artifact`]: the download's
+//! bytes, parsed back as a model for the next step.
+
+use moe_shared::checkpoint::safetensors_io::SafetensorsFile;
+use moe_shared::checkpoint::{Bytes, LoadedModel, ModelFormat};
+use moe_shared::config::{HfConfig, MoeConfig};
+use moe_shared::tokenizer::Tokenizer;
+
+use super::msg;
+use crate::store::Artifact;
+
+/// Everything an output directory holds, before parsing.
+pub struct Output {
+    /// Short name (download folder).
+    pub name: String,
+    /// Method that made it.
+    pub method: &'static str,
+    /// `model.safetensors`.
+    pub safetensors: Vec<u8>,
+    /// `config.json` bytes.
+    pub config_json: Vec<u8>,
+    /// The tokenizer to carry along.
+    pub tokenizer: Option<Tokenizer>,
+    /// `tokenizer.json` bytes (when it has a Hugging Face form).
+    pub tokenizer_json: Option<Vec<u8>>,
+    /// Other files.
+    pub extra: Vec<(String, Vec<u8>)>,
+    /// Milliseconds it took.
+    pub millis: f64,
+}
+
+/// Parses `out` back into a model.
+///
+/// # Errors
+/// Parse errors (they would mean a bug: the bytes were just written).
+pub fn into_artifact(out: Output) -> Result<Artifact, String> {
+    let (config, moe) = match MoeConfig::from_config_json(&out.config_json, "config.json").map_err(msg)? {
+        Some((base, moe)) => (base, Some(moe)),
+        None => (
+            HfConfig::from_json(&out.config_json, "config.json")
+                .map_err(msg)?
+                .to_model_config("config.json")
+                .map_err(msg)?,
+            None,
+        ),
+    };
+    let bytes = Bytes::from_vec(out.safetensors);
+    let file = SafetensorsFile::parse(bytes.clone(), &out.name).map_err(msg)?;
+    let model = LoadedModel {
+        path: out.name.clone(),
+        format: ModelFormat::Safetensors,
+        config,
+        moe,
+        source: Box::new(file),
+        tokenizer: out.tokenizer,
+    };
+    Ok(Artifact {
+        name: out.name,
+        method: out.method,
+        safetensors: bytes,
+        config_json: out.config_json,
+        tokenizer_json: out.tokenizer_json,
+        extra: out.extra,
+        model,
+        millis: out.millis,
+    })
+}
+
+/// `serde_json::to_vec_pretty`, as the CLI writes `config.json`.
+pub fn pretty(v: &serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec_pretty(v).expect("JSON values serialise")
+}
+
+/// The `tokenizer.json` the CLI writes beside an output.
+pub fn tokenizer_json(t: Option<&Tokenizer>) -> Option<Vec<u8>> {
+    t.and_then(|t| t.to_hf_json()).map(String::into_bytes)
+}

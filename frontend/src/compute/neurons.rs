@@ -1,0 +1,109 @@
+//! NeuronMoE in the browser (small models): pooled activations of every
+//! linear unit on the user's texts, Average Precision per language
+//! (`average_precision_table`, `analyze`), the union of the new languages'
+//! specific neurons per layer, and the NeuronMoE allocation with
+//! `E_min..=E_max` — the same calls as `moe-studio neurons` / `allocate`.
+
+use moe_shared::methods::allocate::{neuronmoe_allocation, ExpertRange};
+use moe_shared::methods::neurons::{
+    analyze, average_precision_table, AnalysisOptions, CollectOptions, NeuronCollector, NeuronReport,
+};
+
+use super::{cpu_model, msg};
+use crate::store::Picked;
+use crate::task::Task;
+
+/// Texts of one language, one text per line.
+#[derive(Debug, Clone)]
+pub struct LanguageTexts {
+    /// Language code (`en`, `hu`, ...); the first is the original language.
+    pub code: String,
+    /// Texts (one per non-empty line).
+    pub lines: Vec<String>,
+}
+
+/// Analysis and allocation.
+pub struct NeuronResult {
+    /// The analysis (`neurons.json`).
+    pub report: NeuronReport,
+    /// New experts per layer (NeuronMoE).
+    pub allocation: Vec<usize>,
+    /// Neurons analysed.
+    pub neurons: usize,
+    /// Milliseconds.
+    pub millis: f64,
+}
+
+/// Splits pasted text into texts (non-empty lines, at most `max`).
+pub fn lines(text: &str, max: usize) -> Vec<String> {
+    text.lines().map(str::trim).filter(|l| !l.is_empty()).take(max).map(str::to_string).collect()
+}
+
+/// Runs the analysis and the allocation.
+///
+/// # Errors
+/// Fewer than two languages or texts, MoE input, analysis errors,
+/// cancellation.
+pub async fn run(
+    task: &Task,
+    src: &Picked,
+    langs: &[LanguageTexts],
+    top_n: usize,
+    range: (usize, usize),
+) -> Result<NeuronResult, String> {
+    let t0 = crate::web::now_ms();
+    let m = src.model();
+    if m.moe.is_some() {
+        return Err(format!("{} is an MoE; the neuron analysis takes the dense model", src.name()));
+    }
+    if langs.len() < 2 {
+        return Err("give texts for at least two languages (the first is the original one)".into());
+    }
+    let range = ExpertRange::new(range.0, range.1).map_err(msg)?;
+    let tok = m.tokenizer.as_ref().ok_or_else(|| format!("{} has no tokenizer", src.name()))?;
+    let mut encoded: Vec<(usize, Vec<u32>)> = Vec::new();
+    for (i, l) in langs.iter().enumerate() {
+        for line in &l.lines {
+            let ids = tok.encode(line, true).map_err(msg)?;
+            if !ids.is_empty() {
+                encoded.push((i, ids));
+            }
+        }
+        let n = encoded.iter().filter(|e| e.0 == i).count();
+        if n < 2 {
+            return Err(format!(
+                "language `{}` has {n} non-empty text(s); at least 2 are needed (one per line)",
+                l.code
+            ));
+        }
+    }
+    let model = cpu_model(m)?;
+    let codes: Vec<String> = langs.iter().map(|l| l.code.clone()).collect();
+    let mut col = NeuronCollector::new(&model, codes, CollectOptions::default()).map_err(msg)?;
+    col.reserve(encoded.len());
+    let neurons = col.layout().num_neurons();
+    for (k, (lang, ids)) in encoded.iter().enumerate() {
+        col.add_text(*lang, ids).map_err(msg)?;
+        task.step(
+            &format!("activations: text {} of {}", k + 1, encoded.len()),
+            0.8 * (k + 1) as f64 / encoded.len() as f64,
+        )
+        .await?;
+    }
+    let pooled = col.finish().map_err(msg)?;
+    task.step("average precision per neuron", 0.85).await?;
+    let table = average_precision_table(&pooled, 1).map_err(msg)?;
+    let top_n = top_n.clamp(1, neurons);
+    let report = analyze(&pooled, &table, &AnalysisOptions { top_n, ..Default::default() }).map_err(msg)?;
+    let counts: Vec<usize> = report.union_counts.iter().map(|c| c.total).collect();
+    let allocation = neuronmoe_allocation(&counts, range).map_err(msg)?;
+    Ok(NeuronResult { report, allocation, neurons, millis: crate::web::now_ms() - t0 })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn pasted_text_splits_into_trimmed_lines() {
+        assert_eq!(super::lines(" a \n\n b\nc", 2), vec!["a".to_string(), "b".to_string()]);
+    }
+}

@@ -1,0 +1,177 @@
+//! Models from the user's files (or the bundled demo): Hugging Face files
+//! (`*.safetensors` + `config.json` [+ `tokenizer.json`,
+//! `model.safetensors.index.json`]), a `.gguf`, or a llama2.c `.bin` with its
+//! tokenizer `.bin`. The same readers as the CLI (`moe_shared::checkpoint`).
+
+use moe_shared::checkpoint::load::{from_gguf_bytes, from_llama2c_bytes};
+use moe_shared::checkpoint::safetensors_io::{parse_index, SafetensorsFile, SafetensorsModel};
+use moe_shared::checkpoint::{Bytes, LoadedModel, ModelFormat};
+use moe_shared::config::{HfConfig, ModelConfig, MoeConfig};
+use moe_shared::tokenizer::Tokenizer;
+
+use crate::web::PickedFile;
+
+/// The most f32 weight bytes the studio lets one model take in the tab
+/// (wasm32 memory is 4 GiB and methods hold copies: input, output, the
+/// serialised download).
+pub const MAX_MODEL_F32_BYTES: u64 = 1 << 30;
+
+/// Refuses a model whose f32 weights would not fit the tab.
+///
+/// # Errors
+/// A message naming the model, its size and the limit.
+pub fn check_fits(name: &str, config: &ModelConfig, moe: Option<&MoeConfig>) -> Result<(), String> {
+    let params = moe.map(|m| m.num_parameters(config)).unwrap_or_else(|| config.num_parameters()) as u64;
+    let bytes = params * 4;
+    if bytes > MAX_MODEL_F32_BYTES {
+        return Err(format!(
+            "{name} is too large for the browser: {} parameters need {} in f32, and the studio keeps models under {} in a tab. \
+             Use the CLI (`moe-studio upcycle ...`) or the server's Jobs page for this model.",
+            crate::format_params(params as usize),
+            crate::format_bytes(bytes),
+            crate::format_bytes(MAX_MODEL_F32_BYTES)
+        ));
+    }
+    Ok(())
+}
+
+fn ext(name: &str) -> String {
+    name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default()
+}
+
+fn err(e: moe_shared::StudioError) -> String {
+    e.to_string()
+}
+
+/// Builds a model from the files the user picked for it.
+///
+/// # Errors
+/// A readable message: no files, an unsupported file type, a missing
+/// `config.json` or tokenizer, a model too large for the tab, and every
+/// parse error of the readers (naming file and tensor).
+pub fn model_from_files(files: Vec<PickedFile>) -> Result<(String, LoadedModel, u64), String> {
+    if files.is_empty() {
+        return Err("no files chosen".into());
+    }
+    let total: u64 = files.iter().map(|f| f.bytes.len() as u64).sum();
+    let unknown: Vec<&str> = files
+        .iter()
+        .filter(|f| !matches!(ext(&f.name).as_str(), "safetensors" | "json" | "gguf" | "bin"))
+        .map(|f| f.name.as_str())
+        .collect();
+    if !unknown.is_empty() {
+        return Err(format!(
+            "unsupported file type: {}. Choose a .gguf file, a llama2.c .bin (+ its tokenizer .bin), \
+             or Hugging Face files (.safetensors + config.json + tokenizer.json).",
+            unknown.join(", ")
+        ));
+    }
+    if let Some(g) = files.iter().find(|f| ext(&f.name) == "gguf") {
+        let name = g.name.clone();
+        let bytes = files.into_iter().find(|f| f.name == name).map(|f| f.bytes).unwrap_or_default();
+        let m = from_gguf_bytes(Bytes::from_vec(bytes), &name).map_err(err)?;
+        check_fits(&name, &m.config, None)?;
+        return Ok((name, m, total));
+    }
+    if files.iter().any(|f| ext(&f.name) == "safetensors") {
+        return hf_model(files, total);
+    }
+    let mut bins: Vec<PickedFile> = files.into_iter().filter(|f| ext(&f.name) == "bin").collect();
+    if bins.is_empty() {
+        return Err("no model file: choose a .gguf, a llama2.c .bin or .safetensors files".into());
+    }
+    // The checkpoint is the largest .bin; a second one is its tokenizer.
+    bins.sort_by_key(|f| std::cmp::Reverse(f.bytes.len()));
+    let model = bins.remove(0);
+    let tok = bins.first().map(|t| (t.bytes.as_slice(), t.name.as_str()));
+    let m = from_llama2c_bytes(Bytes::from_vec(model.bytes), &model.name, tok).map_err(err)?;
+    check_fits(&model.name, &m.config, None)?;
+    Ok((model.name, m, total))
+}
+
+fn hf_model(files: Vec<PickedFile>, total: u64) -> Result<(String, LoadedModel, u64), String> {
+    let cfg = files
+        .iter()
+        .find(|f| f.name == "config.json")
+        .ok_or("Hugging Face files need their config.json (pick it together with the .safetensors files)")?;
+    let (config, moe) = match MoeConfig::from_config_json(&cfg.bytes, "config.json").map_err(err)? {
+        Some((base, moe)) => (base, Some(moe)),
+        None => (
+            HfConfig::from_json(&cfg.bytes, "config.json").map_err(err)?.to_model_config("config.json").map_err(err)?,
+            None,
+        ),
+    };
+    let first = files.iter().find(|f| ext(&f.name) == "safetensors").map(|f| f.name.clone()).unwrap_or_default();
+    let name = first.trim_end_matches(".safetensors").to_string();
+    check_fits(&name, &config, moe.as_ref())?;
+    let tokenizer = match files.iter().find(|f| f.name == "tokenizer.json") {
+        Some(t) => Some(Tokenizer::from_hf_json(&t.bytes, "tokenizer.json").map_err(err)?),
+        None => None,
+    };
+    let index = match files.iter().find(|f| f.name == "model.safetensors.index.json") {
+        Some(i) => Some(parse_index(&i.bytes, &i.name).map_err(err)?),
+        None => None,
+    };
+    let mut shards = Vec::new();
+    for f in files.into_iter().filter(|f| ext(&f.name) == "safetensors") {
+        shards.push(SafetensorsFile::parse(Bytes::from_vec(f.bytes), &f.name).map_err(err)?);
+    }
+    let source = SafetensorsModel::from_files(&name, shards, index.as_ref()).map_err(err)?;
+    let m = LoadedModel {
+        path: name.clone(),
+        format: ModelFormat::Safetensors,
+        config,
+        moe,
+        source: Box::new(source),
+        tokenizer,
+    };
+    Ok((name, m, total))
+}
+
+/// Where trunk puts the demo model (copied from
+/// `$MOE_STUDIO_DATA/models/stories260K` at build time, never committed).
+pub const DEMO_DIR: &str = "demo";
+
+/// Fetches and parses the bundled demo model (stories260K, llama2.c).
+///
+/// # Errors
+/// A readable message when the demo files are not served.
+pub async fn demo_model() -> Result<(String, LoadedModel, u64), String> {
+    let model = crate::web::fetch_bytes(&format!("{DEMO_DIR}/stories260K.bin")).await.map_err(|e| {
+        format!("{e} (the demo model is copied into the build by tests/e2e/run.sh or scripts; is it there?)")
+    })?;
+    let tok = crate::web::fetch_bytes(&format!("{DEMO_DIR}/tok512.bin")).await?;
+    let total = (model.len() + tok.len()) as u64;
+    let m = from_llama2c_bytes(Bytes::from_vec(model), "stories260K.bin", Some((&tok, "tok512.bin"))).map_err(err)?;
+    Ok(("stories260K".to_string(), m, total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_file_types_are_refused_with_a_hint() {
+        let e = model_from_files(vec![PickedFile { name: "notes.txt".into(), bytes: vec![1, 2] }]).unwrap_err();
+        assert!(e.contains("unsupported file type: notes.txt"), "{e}");
+    }
+
+    #[test]
+    fn safetensors_without_config_is_explained() {
+        let e =
+            model_from_files(vec![PickedFile { name: "model.safetensors".into(), bytes: vec![0; 16] }]).unwrap_err();
+        assert!(e.contains("config.json"), "{e}");
+    }
+
+    #[test]
+    fn a_70b_config_is_too_large() {
+        let cfg = br#"{"model_type":"llama","vocab_size":128256,"hidden_size":8192,"intermediate_size":28672,
+            "num_hidden_layers":80,"num_attention_heads":64,"num_key_value_heads":8}"#;
+        let files = vec![
+            PickedFile { name: "config.json".into(), bytes: cfg.to_vec() },
+            PickedFile { name: "model.safetensors".into(), bytes: vec![0; 16] },
+        ];
+        let e = model_from_files(files).unwrap_err();
+        assert!(e.contains("too large for the browser"), "{e}");
+    }
+}

@@ -1,0 +1,105 @@
+//! Graft: add `scale × (instruct − base)` to an MoE (every expert of layer
+//! l gets layer l's FFN delta) or a dense model; per-tensor delta norms.
+
+use std::rc::Rc;
+
+use leptos::prelude::*;
+use moe_shared::methods::delta::DeltaStat;
+
+use crate::components::message::{Message, MessageLine};
+use crate::components::model_select::{Filter, ModelSelect};
+use crate::components::progress::Progress;
+use crate::store::{pick, update_store, ModelRef, Revision};
+use crate::task::Task;
+
+/// The Graft page.
+#[component]
+pub fn GraftPage() -> impl IntoView {
+    let rev = Revision::get();
+    let target = RwSignal::new(None::<ModelRef>);
+    let base = RwSignal::new(None::<ModelRef>);
+    let instruct = RwSignal::new(None::<ModelRef>);
+    let scale = RwSignal::new("1.0".to_string());
+    let task = Task::new();
+    let msg = RwSignal::new(Message::None);
+    let stats = RwSignal::new(Vec::<DeltaStat>::new());
+    let run = move |_| {
+        let get = |s: RwSignal<Option<ModelRef>>, what: &str| {
+            s.get_untracked().and_then(|r| pick(&r)).ok_or_else(|| format!("choose the {what} model"))
+        };
+        let picked = (|| Ok::<_, String>((get(target, "target")?, get(base, "base")?, get(instruct, "instruct")?)))();
+        let (t, b, i) = match picked {
+            Ok(x) => x,
+            Err(e) => return msg.set(Message::Error(e)),
+        };
+        let Ok(s) = scale.get_untracked().trim().parse::<f64>() else {
+            return msg.set(Message::Error("scale must be a number (1.0 = the paper)".into()));
+        };
+        msg.set(Message::None);
+        task.start("grafting");
+        leptos::task::spawn_local(async move {
+            match crate::compute::graft::run(&task, &t, &b, &i, s).await {
+                Ok((a, report)) => {
+                    msg.set(Message::Ok(format!(
+                        "made {}: grafted {} of {} tensors ({} expert tensors, {} routers unchanged), {} in {:.0} ms",
+                        a.name,
+                        report.grafted,
+                        report.tensors,
+                        report.expert_tensors,
+                        report.routers,
+                        crate::format_bytes(a.safetensors.len() as u64),
+                        a.millis
+                    )));
+                    stats.set(report.deltas);
+                    update_store(rev, |st| st.artifacts.push(Rc::new(a)));
+                }
+                Err(e) => msg.set(Message::Error(e)),
+            }
+            task.finish();
+        });
+    };
+    let table = move || {
+        let s = stats.get();
+        if s.is_empty() {
+            return None;
+        }
+        let top = s.iter().map(|d| d.relative).fold(0.0, f64::max).max(1e-30);
+        Some(view! {
+            <h3>"Delta per tensor"</h3>
+            <p class="small">"‖Δ‖ = ‖instruct − base‖₂; the bar shows ‖Δ‖ / ‖base‖ relative to the largest. FFN deltas are applied to every expert of their layer."</p>
+            <div class="scroll">
+            <table class="grid" data-testid="delta-table">
+                <thead><tr><th>"tensor"</th><th>"shape"</th><th>"‖Δ‖"</th><th>"‖Δ‖/‖base‖"</th><th>"max |Δ|"</th><th>"applied to"</th><th></th></tr></thead>
+                <tbody>
+                    {s.into_iter().map(|d| view! {
+                        <tr>
+                            <td><code>{d.name.clone()}</code></td>
+                            <td>{format!("{:?}", d.shape)}</td>
+                            <td>{format!("{:.3e}", d.delta_l2)}</td>
+                            <td>{format!("{:.3e}", d.relative)}</td>
+                            <td>{format!("{:.3e}", d.max_abs)}</td>
+                            <td>{d.applied_to}</td>
+                            <td class="barcell"><div class="hbar" style=format!("width:{:.0}%", 100.0 * d.relative / top)></div></td>
+                        </tr>
+                    }).collect_view()}
+                </tbody>
+            </table>
+            </div>
+        })
+    };
+    view! {
+        <h2>"Graft a post-training delta"</h2>
+        <p class="lead">"DeltaMoE phase 2: the difference between an instruct (post-trained) model and its base is added to the target. \
+            Shared tensors get their own delta, every expert gets its layer's FFN delta, routers get none. On a dense target this is task arithmetic."</p>
+        <div class="form">
+            <label>"Target (MoE or dense)" <ModelSelect value=target filter=Filter::Any id="graft-target"/></label>
+            <label>"Base (dense)" <ModelSelect value=base filter=Filter::Dense id="graft-base" prefer_first=true/></label>
+            <label>"Instruct (dense, post-trained from the base)" <ModelSelect value=instruct filter=Filter::Dense id="graft-instruct"/></label>
+            <label>"scale λ" <input type="number" step="0.1" class="short" data-testid="graft-scale" prop:value=move || scale.get() on:input=move |ev| scale.set(event_target_value(&ev))/></label>
+        </div>
+        <button data-testid="graft-run" on:click=run disabled=move || task.running()>"Graft"</button>
+        <Progress task=task/>
+        <MessageLine msg=msg id="graft"/>
+        {table}
+    }
+}

@@ -1,0 +1,76 @@
+//! Inspect: each token coloured by the expert it goes to at one layer, and
+//! the load per expert (the teaching view).
+
+use leptos::prelude::*;
+
+use crate::components::chart::{color, BarChart, Series};
+use crate::components::message::{Message, MessageLine};
+use crate::components::model_select::{Filter, ModelSelect};
+use crate::compute::inspect::{inspect, Inspection};
+use crate::store::{pick, ModelRef};
+
+/// The Inspect page.
+#[component]
+pub fn InspectPage() -> impl IntoView {
+    let model = RwSignal::new(None::<ModelRef>);
+    let layer = RwSignal::new("0".to_string());
+    let text = RwSignal::new(
+        "Once upon a time there was a little dog. Egyszer volt egy kis kutya, aki szeretett a parkban futni."
+            .to_string(),
+    );
+    let msg = RwSignal::new(Message::None);
+    let result = RwSignal::new(None::<Inspection>);
+    let run = move |_| {
+        let Some(p) = model.get_untracked().and_then(|r| pick(&r)) else {
+            return msg.set(Message::Error("choose an MoE model".into()));
+        };
+        let Ok(l) = layer.get_untracked().trim().parse::<usize>() else {
+            return msg.set(Message::Error("layer must be a whole number".into()));
+        };
+        match inspect(&p, &text.get_untracked(), l) {
+            Ok(r) => {
+                msg.set(Message::None);
+                result.set(Some(r));
+            }
+            Err(e) => {
+                msg.set(Message::Error(e));
+                result.set(None);
+            }
+        }
+    };
+    let shown = move || {
+        result.get().map(|r| {
+            let legend = (0..r.experts)
+                .map(|e| view! { <span class="legend"><i style=format!("background:{}", color(e))></i>{format!("expert {e}")}</span> })
+                .collect_view();
+            let toks = r
+                .tokens
+                .iter()
+                .map(|(t, e)| {
+                    view! { <span class="tok" style=format!("background:{}", color(*e)) title=format!("expert {e}")>{t.clone()}</span> }
+                })
+                .collect_view();
+            let load = Series { label: "share of routed tokens".into(), values: r.load.iter().map(|&x| Some(x)).collect() };
+            view! {
+                <div class="legends">{legend}</div>
+                <p class="tokens" data-testid="inspect-tokens">{toks}</p>
+                <BarChart title="Load per expert at this layer" x_label="expert" groups=(0..r.experts).map(|e| e.to_string()).collect()
+                    series=vec![load] max=1.0/>
+                <p class="small">{format!("MoE layers: {:?}", r.moe_layers)}</p>
+            }
+        })
+    };
+    view! {
+        <h2>"Inspect routing"</h2>
+        <p class="lead">"Type text and see which expert the router sends each token to at one layer (top-1 choice). \
+            After the ridge router, English and Hungarian text should light up different experts."</p>
+        <div class="row">
+            <label>"MoE model " <ModelSelect value=model filter=Filter::Moe id="inspect-model"/></label>
+            <label>"layer " <input type="number" min="0" class="short" data-testid="inspect-layer" prop:value=move || layer.get() on:input=move |ev| layer.set(event_target_value(&ev))/></label>
+        </div>
+        <textarea rows="3" data-testid="inspect-text" prop:value=move || text.get() on:input=move |ev| text.set(event_target_value(&ev))></textarea>
+        <button data-testid="inspect-run" on:click=run>"Route"</button>
+        <MessageLine msg=msg id="inspect"/>
+        {shown}
+    }
+}

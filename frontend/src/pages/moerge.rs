@@ -1,0 +1,233 @@
+//! MoErge + ridge router (DUME): merge N dense models into an MoE with one
+//! expert each, then solve each layer's router from one text per domain;
+//! per-layer routing accuracy and per-domain perplexity (DUME vs averaging
+//! vs oracle).
+
+use std::rc::Rc;
+
+use leptos::prelude::*;
+use moe_shared::methods::route::RouteOptions;
+use moe_shared::methods::MoergeOptions;
+
+use crate::components::chart::{BarChart, Series};
+use crate::components::message::{Message, MessageLine};
+use crate::components::model_select::{Filter, ModelSelect};
+use crate::components::progress::Progress;
+use crate::compute::route::{mean, DomainText, PplRow};
+use crate::store::{model_choices, pick, update_store, ModelRef, Revision};
+use crate::task::Task;
+
+#[derive(Clone, Copy)]
+struct Domain {
+    name: RwSignal<String>,
+    text: RwSignal<String>,
+}
+
+impl Domain {
+    fn new(name: &str, text: &str) -> Self {
+        Domain { name: RwSignal::new(name.into()), text: RwSignal::new(text.into()) }
+    }
+}
+
+/// Results shown under the router form.
+#[derive(Clone)]
+struct RouteView {
+    names: Vec<String>,
+    accuracy: Vec<Vec<Option<f64>>>,
+    tokens: Vec<usize>,
+    ppl: Vec<PplRow>,
+}
+
+#[component]
+fn MoergeForm() -> impl IntoView {
+    let rev = Revision::get();
+    let chosen = RwSignal::new(Vec::<ModelRef>::new());
+    let top_k = RwSignal::new("1".to_string());
+    let task = Task::new();
+    let msg = RwSignal::new(Message::None);
+    let run = move |_| {
+        let picked: Vec<_> = chosen.get_untracked().iter().filter_map(pick).collect();
+        let Ok(k) = top_k.get_untracked().trim().parse::<usize>() else {
+            return msg.set(Message::Error("top-k must be a whole number".into()));
+        };
+        msg.set(Message::None);
+        task.start("MoErging");
+        leptos::task::spawn_local(async move {
+            let opts = MoergeOptions { top_k: k, ..Default::default() };
+            match crate::compute::moerge::run(&task, &picked, &opts).await {
+                Ok(a) => {
+                    msg.set(Message::Ok(format!("made {} in {:.0} ms", a.name, a.millis)));
+                    update_store(rev, |s| s.artifacts.push(Rc::new(a)));
+                }
+                Err(e) => msg.set(Message::Error(e)),
+            }
+            task.finish();
+        });
+    };
+    let boxes = move || {
+        rev.track();
+        model_choices()
+            .into_iter()
+            .filter(|(_, _, moe)| !moe)
+            .map(|(r, label, _)| {
+                let r2 = r.clone();
+                let r3 = r.clone();
+                view! {
+                    <label class="inline"><input type="checkbox" prop:checked=move || chosen.get().contains(&r2)
+                        on:change=move |ev| {
+                            let on = event_target_checked(&ev);
+                            chosen.update(|c| { c.retain(|x| x != &r3); if on { c.push(r3.clone()); } });
+                        }/>{label}</label>
+                }
+            })
+            .collect_view()
+    };
+    view! {
+        <h3>"A · MoErge dense models"</h3>
+        <p class="small">"Tick two or more dense models fine-tuned from one base (one per domain), in domain order. Shared tensors are averaged; each model's FFN becomes one expert."</p>
+        <div class="checklist">{boxes}</div>
+        <label>"top-k " <input type="number" min="1" class="short" prop:value=move || top_k.get() on:input=move |ev| top_k.set(event_target_value(&ev))/></label>
+        <button data-testid="moerge-run" on:click=run disabled=move || task.running()>"MoErge"</button>
+        <Progress task=task/>
+        <MessageLine msg=msg id="moerge"/>
+    }
+}
+
+#[component]
+fn DomainRow(d: Domain, i: usize) -> impl IntoView {
+    let on_file = move |ev: leptos::ev::Event| {
+        let input = event_target::<web_sys::HtmlInputElement>(&ev);
+        let files = input.files();
+        leptos::task::spawn_local(async move {
+            if let Ok(mut f) = crate::web::read_files(files).await {
+                if let Some(f) = f.pop() {
+                    if d.name.get_untracked().starts_with("domain") {
+                        d.name.set(f.name.trim_end_matches(".txt").to_string());
+                    }
+                    d.text.set(String::from_utf8_lossy(&f.bytes).into_owned());
+                }
+            }
+        });
+    };
+    view! {
+        <div class="domain">
+            <label>{format!("expert {i}: ")}<input type="text" class="short" data-testid=format!("domain-name-{i}") prop:value=move || d.name.get()
+                on:input=move |ev| d.name.set(event_target_value(&ev))/></label>
+            <input type="file" accept=".txt,text/plain" data-testid=format!("domain-file-{i}") on:change=on_file/>
+            <span class="small">{move || format!("{} characters", d.text.with(String::len))}</span>
+            <textarea rows="3" data-testid=format!("domain-text-{i}") prop:value=move || d.text.get() on:input=move |ev| d.text.set(event_target_value(&ev))></textarea>
+        </div>
+    }
+}
+
+#[component]
+fn RouterForm() -> impl IntoView {
+    let rev = Revision::get();
+    let model = RwSignal::new(None::<ModelRef>);
+    let domains = RwSignal::new(vec![
+        Domain::new("en", "Once upon a time there was a little dog. The dog liked to run in the park with his friends.\nThe sun was warm and the children played with a red ball all day long."),
+        Domain::new("hu", "Egyszer volt egy kis kutya. A kutya szeretett a parkban futni a barátaival.\nA nap meleg volt, és a gyerekek egész nap egy piros labdával játszottak."),
+    ]);
+    let lambda = RwSignal::new("0.01".to_string());
+    let top_k = RwSignal::new("1".to_string());
+    let max_tokens = RwSignal::new("10000".to_string());
+    let task = Task::new();
+    let msg = RwSignal::new(Message::None);
+    let result = RwSignal::new(None::<RouteView>);
+    let run = move |_| {
+        let Some(p) = model.get_untracked().and_then(|r| pick(&r)) else {
+            return msg.set(Message::Error("choose an MoE (upcycle or MoErge first)".into()));
+        };
+        let parsed = (|| {
+            let l: f64 = lambda.get_untracked().trim().parse().map_err(|_| "lambda must be a number".to_string())?;
+            let k: usize =
+                top_k.get_untracked().trim().parse().map_err(|_| "top-k must be a whole number".to_string())?;
+            let mt: usize = max_tokens
+                .get_untracked()
+                .trim()
+                .parse()
+                .map_err(|_| "max tokens must be a whole number".to_string())?;
+            Ok::<_, String>(RouteOptions { lambda: l, top_k: k, max_tokens: mt, ..Default::default() })
+        })();
+        let opts = match parsed {
+            Ok(o) => o,
+            Err(e) => return msg.set(Message::Error(e)),
+        };
+        let texts: Vec<DomainText> = domains
+            .get_untracked()
+            .iter()
+            .map(|d| DomainText { name: d.name.get_untracked(), text: d.text.get_untracked() })
+            .collect();
+        msg.set(Message::None);
+        result.set(None);
+        task.start("ridge router");
+        leptos::task::spawn_local(async move {
+            match crate::compute::route::run(&task, &p, &texts, opts, 2000).await {
+                Ok(r) => {
+                    let names: Vec<String> = texts.iter().map(|t| t.name.clone()).collect();
+                    msg.set(Message::Ok(format!(
+                        "made {}: statistics on {} tokens, solved in {:.0} ms (whole step {:.0} ms); mean held-out routing accuracy {}",
+                        r.artifact.name,
+                        r.tokens.iter().sum::<usize>(),
+                        r.route_millis,
+                        r.artifact.millis,
+                        names.iter().zip(&r.accuracy).map(|(n, a)| format!("{n} {:.2}", mean(a))).collect::<Vec<_>>().join(", ")
+                    )));
+                    result.set(Some(RouteView { names, accuracy: r.accuracy, tokens: r.tokens, ppl: r.ppl }));
+                    update_store(rev, |s| s.artifacts.push(Rc::new(r.artifact)));
+                }
+                Err(e) => msg.set(Message::Error(e)),
+            }
+            task.finish();
+        });
+    };
+    let view_result = move || {
+        result.get().map(|r| {
+            let layers = r.accuracy.first().map(Vec::len).unwrap_or(0);
+            let series: Vec<Series> =
+                r.names.iter().zip(&r.accuracy).map(|(n, a)| Series { label: n.clone(), values: a.clone() }).collect();
+            let chance = 1.0 / r.names.len().max(1) as f64;
+            view! {
+                <BarChart title="Held-out routing accuracy per layer (fraction of a domain's tokens sent to its own expert)"
+                    x_label="layer" groups=(0..layers).map(|l| l.to_string()).collect() series=series max=1.0
+                    reference=(chance, format!("chance {chance:.2}"))/>
+                <h4>"Perplexity on each domain's held-out text (lower is better)"</h4>
+                <table class="grid" data-testid="ppl-table">
+                    <thead><tr><th>"domain"</th><th>"tokens (stats / held-out)"</th><th>"DUME (ridge router)"</th><th>"averaging"</th><th>"oracle expert"</th></tr></thead>
+                    <tbody>{r.ppl.iter().zip(&r.tokens).map(|(p, t)| view! {
+                        <tr><td>{p.domain.clone()}</td><td>{format!("{t} / {}", p.tokens)}</td><td>{format!("{:.3}", p.dume)}</td><td>{format!("{:.3}", p.averaging)}</td><td>{format!("{:.3}", p.oracle)}</td></tr>
+                    }).collect_view()}</tbody>
+                </table>
+            }
+        })
+    };
+    view! {
+        <h3>"B · Ridge router"</h3>
+        <p class="small">"One text per expert, in expert order. Each domain's tokens are pushed through its own expert, the router inputs are collected, and every layer's router is solved in closed form (ridge regression). The last 10% of each text is held out for the accuracy and perplexity."</p>
+        <label>"MoE model " <ModelSelect value=model filter=Filter::Moe id="route-model"/></label>
+        {move || domains.get().into_iter().enumerate().map(|(i, d)| view! { <DomainRow d=d i=i/> }).collect_view()}
+        <div class="row">
+            <button class="secondary" on:click=move |_| domains.update(|v| { let n = v.len(); v.push(Domain::new(&format!("domain{n}"), "")); })>"+ domain"</button>
+            <button class="secondary" on:click=move |_| domains.update(|v| { if v.len() > 2 { v.pop(); } })>"− domain"</button>
+            <label>"λ " <input type="number" step="0.001" class="short" data-testid="route-lambda" prop:value=move || lambda.get() on:input=move |ev| lambda.set(event_target_value(&ev))/></label>
+            <label>"top-k " <input type="number" min="1" class="short" data-testid="route-topk" prop:value=move || top_k.get() on:input=move |ev| top_k.set(event_target_value(&ev))/></label>
+            <label>"tokens per domain " <input type="number" class="short" prop:value=move || max_tokens.get() on:input=move |ev| max_tokens.set(event_target_value(&ev))/></label>
+        </div>
+        <button data-testid="route-run" on:click=run disabled=move || task.running()>"Solve the router"</button>
+        <Progress task=task/>
+        <MessageLine msg=msg id="route"/>
+        {view_result}
+    }
+}
+
+/// The MoErge + ridge router page.
+#[component]
+pub fn MoergePage() -> impl IntoView {
+    view! {
+        <h2>"MoErge + ridge router (DUME)"</h2>
+        <p class="lead">"Combine dense models trained on different domains into one MoE without training: each becomes an expert, \
+            and a ridge-regression router learns from a little text which expert each token needs. An upcycled MoE with one expert per domain works too."</p>
+        <MoergeForm/>
+        <RouterForm/>
+    }
+}

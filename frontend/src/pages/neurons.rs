@@ -1,0 +1,145 @@
+//! Neurons (NeuronMoE, small models): language-specific neurons by Average
+//! Precision on texts the user pastes, a per-layer chart, and the expert
+//! allocation with E_min / E_max.
+
+use leptos::prelude::*;
+
+use crate::app::Shared;
+use crate::components::chart::{BarChart, Series};
+use crate::components::message::{Message, MessageLine};
+use crate::components::model_select::{Filter, ModelSelect};
+use crate::components::progress::Progress;
+use crate::compute::neurons::{lines, LanguageTexts};
+use crate::pages::Page;
+use crate::store::{pick, ModelRef};
+use crate::task::Task;
+
+const EN: &str = "The cat sat on the mat.\nTom likes to play with his red ball.\nThe sun is big and warm today.\nMom made a cake for the party.\nThe bird sang a happy song.\nLily found a shiny stone in the garden.";
+const HU: &str = "A macska a szőnyegen ült.\nTomi szeret a piros labdájával játszani.\nA nap ma nagy és meleg.\nAnya tortát sütött a bulira.\nA madár vidám dalt énekelt.\nLili egy fényes követ talált a kertben.";
+
+#[derive(Clone)]
+struct Outcome {
+    codes: Vec<String>,
+    per_lang: Vec<Vec<usize>>,
+    union: Vec<usize>,
+    allocation: Vec<usize>,
+    neurons: usize,
+    millis: f64,
+}
+
+/// The Neurons page.
+#[component]
+pub fn NeuronsPage() -> impl IntoView {
+    let shared = Shared::get();
+    let model = RwSignal::new(None::<ModelRef>);
+    let langs = RwSignal::new(vec![
+        (RwSignal::new("en".to_string()), RwSignal::new(EN.to_string())),
+        (RwSignal::new("hu".to_string()), RwSignal::new(HU.to_string())),
+    ]);
+    let top_n = RwSignal::new("100".to_string());
+    let e_min = RwSignal::new("1".to_string());
+    let e_max = RwSignal::new("6".to_string());
+    let task = Task::new();
+    let msg = RwSignal::new(Message::None);
+    let out = RwSignal::new(None::<Outcome>);
+    let run = move |_| {
+        let Some(p) = model.get_untracked().and_then(|r| pick(&r)) else {
+            return msg.set(Message::Error("load a dense model first".into()));
+        };
+        let parse = |s: RwSignal<String>, what: &str| {
+            s.get_untracked().trim().parse::<usize>().map_err(|_| format!("{what} must be a whole number"))
+        };
+        let nums = (|| Ok::<_, String>((parse(top_n, "top-N")?, parse(e_min, "E_min")?, parse(e_max, "E_max")?)))();
+        let (n, lo, hi) = match nums {
+            Ok(x) => x,
+            Err(e) => return msg.set(Message::Error(e)),
+        };
+        let texts: Vec<LanguageTexts> = langs
+            .get_untracked()
+            .iter()
+            .map(|(c, t)| LanguageTexts { code: c.get_untracked(), lines: lines(&t.get_untracked(), 1000) })
+            .collect();
+        msg.set(Message::None);
+        task.start("neuron analysis");
+        leptos::task::spawn_local(async move {
+            match crate::compute::neurons::run(&task, &p, &texts, n, (lo, hi)).await {
+                Ok(r) => {
+                    msg.set(Message::Ok(format!(
+                        "analysed {} neurons on {} texts in {:.0} ms; new experts per layer: {:?}",
+                        r.neurons,
+                        texts.iter().map(|t| t.lines.len()).sum::<usize>(),
+                        r.millis,
+                        r.allocation
+                    )));
+                    out.set(Some(Outcome {
+                        codes: r.report.languages.iter().map(|l| l.code.clone()).collect(),
+                        per_lang: r
+                            .report
+                            .languages
+                            .iter()
+                            .map(|l| l.counts.iter().map(|c| c.total).collect())
+                            .collect(),
+                        union: r.report.union_counts.iter().map(|c| c.total).collect(),
+                        allocation: r.allocation,
+                        neurons: r.neurons,
+                        millis: r.millis,
+                    }));
+                }
+                Err(e) => msg.set(Message::Error(e)),
+            }
+            task.finish();
+        });
+    };
+    let charts = move || {
+        out.get().map(|o| {
+            let layers: Vec<String> = (0..o.union.len()).map(|l| l.to_string()).collect();
+            let mut series: Vec<Series> = o
+                .codes
+                .iter()
+                .zip(&o.per_lang)
+                .map(|(c, v)| Series { label: format!("{c}-specific"), values: v.iter().map(|&x| Some(x as f64)).collect() })
+                .collect();
+            series.push(Series { label: "union of new languages (S_l)".into(), values: o.union.iter().map(|&x| Some(x as f64)).collect() });
+            let alloc = Series { label: "new experts E_l".into(), values: o.allocation.iter().map(|&x| Some(x as f64)).collect() };
+            let json = serde_json::json!({ "new_experts_per_layer": o.allocation }).to_string();
+            let use_it = move |_| {
+                shared.allocation.set(Some(json.clone()));
+                shared.go(Page::Upcycle);
+            };
+            view! {
+                <BarChart title=format!("Language-specific neurons per layer (top-N by Average Precision, of {} neurons)", o.neurons)
+                    x_label="layer" groups=layers.clone() series=series/>
+                <BarChart title="NeuronMoE allocation: new experts per layer (more specific neurons → more experts)"
+                    x_label="layer" groups=layers series=vec![alloc]/>
+                <p data-testid="allocation">{format!("allocation (total per layer = 1 + new): {:?} — {:.0} ms", o.allocation, o.millis)}</p>
+                <button data-testid="use-allocation" on:click=use_it>"Use this allocation in Upcycle →"</button>
+            }
+        })
+    };
+    view! {
+        <h2>"Language-specific neurons → experts per layer (NeuronMoE)"</h2>
+        <p class="lead">"Paste a few sentences per language (one per line; the first language is the original one). \
+            Each neuron is scored by how well its activation picks out a language (Average Precision). \
+            Layers with many specific neurons for the new languages get more experts."</p>
+        <label>"Dense model " <ModelSelect value=model filter=Filter::Dense id="neurons-model"/></label>
+        <div class="langs">
+            {move || langs.get().into_iter().enumerate().map(|(i, (c, t))| view! {
+                <div class="domain">
+                    <label>{if i == 0 { "original language " } else { "new language " }}
+                        <input type="text" class="short" prop:value=move || c.get() on:input=move |ev| c.set(event_target_value(&ev))/></label>
+                    <textarea rows="6" data-testid=format!("neurons-text-{i}") prop:value=move || t.get() on:input=move |ev| t.set(event_target_value(&ev))></textarea>
+                </div>
+            }).collect_view()}
+        </div>
+        <div class="row">
+            <button class="secondary" on:click=move |_| langs.update(|v| v.push((RwSignal::new(format!("lang{}", v.len())), RwSignal::new(String::new()))))>"+ language"</button>
+            <label>"top-N " <input type="number" class="short" prop:value=move || top_n.get() on:input=move |ev| top_n.set(event_target_value(&ev))/></label>
+            <label>"E_min " <input type="number" class="short" data-testid="neurons-emin" prop:value=move || e_min.get() on:input=move |ev| e_min.set(event_target_value(&ev))/></label>
+            <label>"E_max " <input type="number" class="short" data-testid="neurons-emax" prop:value=move || e_max.get() on:input=move |ev| e_max.set(event_target_value(&ev))/></label>
+        </div>
+        <button data-testid="neurons-run" on:click=run disabled=move || task.running()>"Analyse"</button>
+        <Progress task=task/>
+        <MessageLine msg=msg id="neurons"/>
+        {charts}
+    }
+}

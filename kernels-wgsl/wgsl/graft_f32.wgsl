@@ -1,13 +1,17 @@
-// Delta graft over f32 tensors: out[i] = target[i] + scale * (instruct[i] - base[i]).
-// DeltaMoE phase 2 (methods.md §1): the alignment delta `instruct - base` added
-// to a shared tensor or to every expert of a layer. One invocation per element;
-// `params.offset` lets the runner split tensors larger than one binding.
+// Delta graft over f32 tensors:
+//   sd = scale * (instruct[i] - base[i]);  out[i] = sd == 0 ? target[i] : target[i] + sd
+// DeltaMoE phase 2 (methods.md §1): the alignment delta `instruct - base`
+// added to a shared tensor or to every expert of a layer. The same f32
+// operations in the same order as the CPU graft (shared/src/methods/delta.rs
+// `scaled_delta` + `add_scaled_delta`), so a zero delta keeps the target bit
+// for bit (-0.0 included). One invocation per element; the runner splits
+// tensors larger than one binding into chunks.
 
 struct Params {
     len: u32,
-    offset: u32,
+    _pad0: u32,
     scale: f32,
-    _pad: u32,
+    _pad1: u32,
 };
 
 @group(0) @binding(0) var<storage, read> target_in: array<f32>;
@@ -23,5 +27,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (i >= params.len) {
         return;
     }
-    out[i] = target_in[i] + params.scale * (instruct[i] - base[i]);
+    let t = target_in[i];
+    let sd = params.scale * (instruct[i] - base[i]);
+    out[i] = select(t + sd, t, sd == 0.0);
 }

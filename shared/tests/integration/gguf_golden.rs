@@ -3,7 +3,7 @@
 //! real SmolLM2 Q4_1 file (`golden/smollm2_gguf_tensors.json`), and
 //! transformers' un-permuted q/k weights (`golden/smollm2_hf_q_weight.json`).
 
-mod common;
+use crate::common;
 
 use base64::Engine as _;
 use moe_shared::checkpoint::gguf::{self, GgufValue};

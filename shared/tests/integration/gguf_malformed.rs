@@ -5,7 +5,7 @@
 //! tensor types; plus the Hugging Face view of a small synthetic llama and
 //! qwen2 file (names, shapes, q/k un-permutation, config).
 
-mod common;
+use crate::common;
 
 use moe_shared::checkpoint::gguf::{self, GgufModel};
 use moe_shared::checkpoint::{Bytes, TensorSource};

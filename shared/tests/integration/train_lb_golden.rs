@@ -2,7 +2,7 @@
 //! computed by hand, and transformers' Mixtral `load_balancing_loss_func`
 //! (golden from `tests/reference/make_lb_golden.py`).
 
-mod common;
+use crate::common;
 
 use burn::backend::NdArray;
 use burn::tensor::{Tensor, TensorData};

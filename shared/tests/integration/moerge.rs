@@ -4,7 +4,7 @@
 //! experts; grown vocabularies are aligned with a warning; different
 //! architectures or tokenizers are refused, leaving no output.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

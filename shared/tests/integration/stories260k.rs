@@ -1,7 +1,7 @@
 //! stories260K (llama2.c) end to end: header parsing, tokenizer and greedy
 //! generation against the reference text of llama2.c's `run.c`.
 
-mod common;
+use crate::common;
 
 use burn::backend::NdArray;
 use moe_shared::checkpoint::{open_model, ModelFormat};

@@ -4,7 +4,7 @@
 //! `MixtralForCausalLM` (golden logits); bad options fail before any output
 //! exists.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

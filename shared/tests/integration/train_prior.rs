@@ -2,8 +2,7 @@
 //! mix with the language-prior loss sends English tokens to expert 0 — the
 //! prior loss drops and expert 0's share of English routing grows.
 
-mod common;
-mod train_util;
+use crate::train_util;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{Int, Tensor, TensorData};

@@ -4,7 +4,7 @@
 //! synthetic SentencePiece ("llama") vocabulary checks byte fallback,
 //! the ▁ space marker, merges recovered from scores and BOS handling.
 
-mod common;
+use crate::common;
 
 use moe_shared::checkpoint::gguf;
 use moe_shared::checkpoint::Bytes;

@@ -2,7 +2,7 @@
 //! (expert 0 = English, expert 1 = Hungarian), hidden states from real
 //! text (`corpora/lang/{en,hu}`).
 
-mod common;
+use crate::common;
 
 use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData};

@@ -5,7 +5,7 @@
 //! against a naive sort-based implementation, DARE by its statistics (its
 //! RNG is not torch's, so never bitwise against mergekit).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

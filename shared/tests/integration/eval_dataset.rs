@@ -2,8 +2,8 @@
 //! windows), plus per-layer routing load for MoE models under learned,
 //! forced (oracle) and random routing.
 
-mod common;
-mod train_util;
+use crate::common;
+use crate::train_util;
 
 use burn::backend::NdArray;
 use moe_shared::eval::{evaluate, perplexity, randomize_routers, PerplexityOptions};

@@ -4,8 +4,7 @@
 //! changed; stage `router` changes only the routers; stages that do not fit
 //! the model are refused.
 
-mod common;
-mod train_util;
+use crate::train_util;
 
 use burn::backend::{Autodiff, NdArray};
 use moe_shared::model::save::tensor_values;

@@ -2,8 +2,7 @@
 //! the same loss curve as one worker with the 4 sequences (dense stage, so
 //! no batch-dependent load-balancing term), up to float summation order.
 
-mod common;
-mod train_util;
+use crate::train_util;
 
 use burn::backend::{Autodiff, NdArray};
 use moe_shared::model::load_model;

@@ -3,8 +3,7 @@
 //! the same seed (stories260K upcycled, stage `experts`, gradient
 //! accumulation 2, periodic checkpoints).
 
-mod common;
-mod train_util;
+use crate::train_util;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

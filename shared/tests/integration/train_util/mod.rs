@@ -12,7 +12,7 @@ use moe_shared::tokenizer::Tokenizer;
 use moe_shared::train::data::{split_documents, tokenize_documents};
 use moe_shared::train::{DataSpec, Mixture, PackedSource};
 
-use super::common;
+use crate::common;
 
 /// stories260K, opened (with its llama2.c tokenizer).
 pub fn stories() -> Option<LoadedModel> {

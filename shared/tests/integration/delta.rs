@@ -9,7 +9,7 @@
 //! routers are untouched, a zero delta leaves a dense model bit for bit
 //! unchanged, and bad inputs fail with clear errors and no output.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

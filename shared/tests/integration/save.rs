@@ -1,7 +1,7 @@
 //! An in-memory model saved with `save_model` reloads to the same logits
 //! (dense HF layout and MoE layout, with a router temperature folded).
 
-mod common;
+use crate::common;
 
 use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData};

@@ -2,7 +2,7 @@
 //! same file: last-position logits, greedy continuation, perplexity, and the
 //! safetensors path (GGUF -> safetensors -> same logits).
 
-mod common;
+use crate::common;
 
 use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData};

@@ -9,7 +9,7 @@
 //! - `dump_real_scores` (ignored) writes the real activations the golden
 //!   script reads.
 
-mod common;
+use crate::common;
 
 use burn::backend::NdArray;
 use moe_shared::checkpoint::{DType, TensorInfo, TensorSource};

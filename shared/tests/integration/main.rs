@@ -1,0 +1,28 @@
+//! Integration tests of `moe_shared`, one test binary (one link) with a
+//! module per topic. Tests that need the real models and corpora read them
+//! from `MOE_STUDIO_DATA` (default `../shared/data`) and fail under
+//! `CI=true` when they are missing (see `common`).
+
+mod common;
+mod train_util;
+
+mod bad_input;
+mod delta;
+mod eval_dataset;
+mod gguf_golden;
+mod gguf_malformed;
+mod gguf_tokenizer;
+mod hf_tiny;
+mod merge;
+mod moerge;
+mod neurons;
+mod route;
+mod save;
+mod smollm2;
+mod stories260k;
+mod train_freeze;
+mod train_lb_golden;
+mod train_parallel;
+mod train_prior;
+mod train_resume;
+mod upcycle;

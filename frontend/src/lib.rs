@@ -31,7 +31,7 @@ pub fn start() {
 }
 
 /// Formats a parameter count the way model cards do (`134.5M`, `7.24B`).
-pub fn format_params(n: usize) -> String {
+pub fn format_params(n: u64) -> String {
     let n = n as f64;
     if n >= 1e9 {
         format!("{:.2}B", n / 1e9)
@@ -66,7 +66,7 @@ pub fn summary_line(c: &moe_shared::config::ModelConfig) -> String {
         c.architecture.model_type(),
         c.num_layers,
         c.hidden_size,
-        format_params(c.num_parameters())
+        format_params(load::params_u64(c, None))
     )
 }
 

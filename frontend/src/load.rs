@@ -16,18 +16,40 @@ use crate::web::PickedFile;
 /// serialised download).
 pub const MAX_MODEL_F32_BYTES: u64 = 1 << 30;
 
+/// Parameter count in `u64` (the shared `num_parameters` counts in `usize`,
+/// which is 32 bits in wasm32 and overflows for models the check must
+/// refuse): the same formula as `ModelConfig::num_parameters` and
+/// `MoeConfig::num_parameters`.
+pub fn params_u64(c: &ModelConfig, moe: Option<&MoeConfig>) -> u64 {
+    let u = |x: usize| x as u64;
+    let d = u(c.hidden_size);
+    let q = u(c.num_heads) * u(c.head_dim);
+    let kv = u(c.num_kv_heads) * u(c.head_dim);
+    let bias = if c.attention_bias { q + 2 * kv } else { 0 };
+    let attn = d * q + 2 * d * kv + q * d + bias;
+    let ffn = 3 * d * u(c.intermediate_size);
+    let layer = attn + ffn + 2 * d;
+    let head = if c.tie_word_embeddings { 0 } else { u(c.vocab_size) * d };
+    let mut n = u(c.vocab_size) * d + u(c.num_layers) * layer + d + head;
+    for s in moe.iter().flat_map(|m| m.layers.iter().flatten()) {
+        let e = u(s.num_experts);
+        n += e.saturating_sub(1) * ffn + e * d + if s.router_bias { e } else { 0 };
+    }
+    n
+}
+
 /// Refuses a model whose f32 weights would not fit the tab.
 ///
 /// # Errors
 /// A message naming the model, its size and the limit.
 pub fn check_fits(name: &str, config: &ModelConfig, moe: Option<&MoeConfig>) -> Result<(), String> {
-    let params = moe.map(|m| m.num_parameters(config)).unwrap_or_else(|| config.num_parameters()) as u64;
-    let bytes = params * 4;
+    let params = params_u64(config, moe);
+    let bytes = params.saturating_mul(4);
     if bytes > MAX_MODEL_F32_BYTES {
         return Err(format!(
             "{name} is too large for the browser: {} parameters need {} in f32, and the studio keeps models under {} in a tab. \
              Use the CLI (`moe-studio upcycle ...`) or the server's Jobs page for this model.",
-            crate::format_params(params as usize),
+            crate::format_params(params),
             crate::format_bytes(bytes),
             crate::format_bytes(MAX_MODEL_F32_BYTES)
         ));
@@ -161,6 +183,14 @@ mod tests {
         let e =
             model_from_files(vec![PickedFile { name: "model.safetensors".into(), bytes: vec![0; 16] }]).unwrap_err();
         assert!(e.contains("config.json"), "{e}");
+    }
+
+    #[test]
+    fn parameter_count_matches_the_shared_one() {
+        let cfg = br#"{"model_type":"llama","vocab_size":100,"hidden_size":16,"intermediate_size":40,
+            "num_hidden_layers":3,"num_attention_heads":4,"num_key_value_heads":2}"#;
+        let c = HfConfig::from_json(cfg, "c").unwrap().to_model_config("c").unwrap();
+        assert_eq!(params_u64(&c, None), c.num_parameters() as u64);
     }
 
     #[test]

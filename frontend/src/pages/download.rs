@@ -57,7 +57,7 @@ pub fn DownloadPage() -> impl IntoView {
                         <tr data-testid=format!("artifact-{i}")>
                             <td><b>{a.name.clone()}</b></td>
                             <td>{a.method}</td>
-                            <td>{crate::format_params(a.model.source.tensors().iter().map(|t| t.numel()).sum())}</td>
+                            <td>{crate::format_params(a.model.source.tensors().iter().map(|t| t.numel() as u64).sum())}</td>
                             <td>{format!("{:.0} ms", a.millis)}</td>
                             <td class="files">{buttons}</td>
                         </tr>

@@ -68,7 +68,7 @@ pub fn LoadPage() -> impl IntoView {
                             <td><b>{m.name.clone()}</b></td>
                             <td>{kind}</td>
                             <td>{format!("{} · {} layers · d={} · FFN {} · vocab {}", c.architecture.model_type(), c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size)}</td>
-                            <td>{crate::format_params(c.num_parameters())}</td>
+                            <td>{crate::format_params(crate::load::params_u64(c, None))}</td>
                             <td>{crate::format_bytes(m.file_bytes)}</td>
                             <td>{if m.model.tokenizer.is_some() { "yes" } else { "no" }}</td>
                         </tr>

@@ -198,6 +198,8 @@ fn RouterForm() -> impl IntoView {
                         <tr><td>{p.domain.clone()}</td><td>{format!("{t} / {}", p.tokens)}</td><td>{format!("{:.3}", p.dume)}</td><td>{format!("{:.3}", p.averaging)}</td><td>{format!("{:.3}", p.oracle)}</td></tr>
                     }).collect_view()}</tbody>
                 </table>
+                <p class="small">"DUME routes each token by the solved router; averaging merges all experts into one dense FFN; the oracle sends every token to its domain's own expert. \
+                    For an upcycled MoE the experts are still identical copies, so the three agree until the experts are trained (or come from different models)."</p>
             }
         })
     };

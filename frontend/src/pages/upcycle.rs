@@ -107,11 +107,11 @@ pub fn UpcyclePage() -> impl IntoView {
         let r = model.get()?;
         let p = pick(&r)?;
         let m = p.model();
-        let dense = m.config.num_parameters();
+        let dense = crate::load::params_u64(&m.config, None);
         Some(
             match f.options().and_then(|o| plan_upcycle(m.source.as_ref(), &m.config, &o).map_err(|e| e.to_string())) {
                 Ok(plan) => {
-                    let moe = plan.moe.num_parameters(&m.config);
+                    let moe = crate::load::params_u64(&m.config, Some(&plan.moe));
                     let k_active: usize = plan.moe.layers.iter().flatten().map(|s| s.top_k).max().unwrap_or(1);
                     let per: Vec<String> = plan
                         .moe

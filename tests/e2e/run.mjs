@@ -1,0 +1,36 @@
+// Runs the end-to-end specs against a built studio.
+// Env: E2E_DIST (frontend/dist with demo/ inside), E2E_WORK (inputs and CLI
+// outputs made by run.sh), E2E_SHOTS (screenshot folder), E2E_OUT.
+import fs from 'node:fs';
+import { launch, WEBGPU_ARGS } from './browser.mjs';
+import { serve } from './server.mjs';
+import * as studio from './studio.spec.mjs';
+
+const env = (k) => { if (!process.env[k]) throw new Error(`${k} is not set (use run.sh)`); return process.env[k]; };
+const [dist, work, shots, out] = ['E2E_DIST', 'E2E_WORK', 'E2E_SHOTS', 'E2E_OUT'].map(env);
+fs.mkdirSync(shots, { recursive: true });
+fs.mkdirSync(out, { recursive: true });
+
+let failures = 0;
+const check = (ok, what) => { console.log(`${ok ? 'ok  ' : 'FAIL'} ${what}`); if (!ok) failures++; };
+const log = (s) => console.log(`     ${s}`);
+
+const srv = await serve(dist);
+const browser = await launch(WEBGPU_ARGS);
+const t0 = Date.now();
+try {
+  const results = await studio.run({ context: browser.context, url: srv.url, work, shots, out, check, log });
+  results.total_ms = Date.now() - t0;
+  fs.writeFileSync(`${out}/results.json`, JSON.stringify(results, null, 2));
+  console.log(JSON.stringify(results, null, 2));
+} catch (e) {
+  failures++;
+  console.log(`FAIL ${e.stack || e}`);
+  const page = browser.context.pages()[0];
+  if (page) await page.screenshot({ path: `${out}/failure.png`, fullPage: true }).catch(() => {});
+} finally {
+  await browser.close();
+  await srv.close();
+}
+console.log(failures ? `${failures} check(s) failed` : 'all checks passed');
+process.exit(failures ? 1 : 0);

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# End-to-end test of the browser studio (issue 7):
+#  1. builds the frontend with trunk (offline; wasm-bindgen from PATH, no
+#     wasm-opt) and copies the demo model (stories260K, never committed) into
+#     frontend/dist/demo/;
+#  2. builds the CLI and makes the inputs: two small corpora (en, hu), an
+#     "instruct" model (stories260K fine-tuned for a few steps with
+#     `moe-studio train --stage dense`);
+#  3. runs the CLI on the same inputs (upcycle -> route -> graft), timed;
+#  4. serves frontend/dist on an ephemeral port and drives chromium with
+#     playwright-core (run.mjs / studio.spec.mjs); screenshots go to
+#     docs/screenshots/.
+# Exits non-zero on any failure.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# shellcheck source=/dev/null
+source "$root/scripts/env.sh"
+here="$root/tests/e2e"
+work="$here/work"
+out="$here/out"
+demo="$MOE_STUDIO_DATA/models/stories260K"
+rm -rf "$work" "$out"
+mkdir -p "$work/cli" "$out"
+
+step() { echo "== $*"; }
+ms() { date +%s%3N; }
+
+step "frontend: trunk build --offline"
+(cd "$root/frontend" && trunk build --offline)
+dist="$root/frontend/dist"
+mkdir -p "$dist/demo"
+cp "$demo/stories260K.bin" "$demo/tok512.bin" "$dist/demo/"
+
+# MOE_STUDIO_CLI=path uses an already built binary instead.
+cli="${MOE_STUDIO_CLI:-}"
+if [ -z "$cli" ]; then
+  step "CLI: cargo build -p moe-studio"
+  cargo build -q -p moe-studio
+  cli="$CARGO_TARGET_DIR/debug/moe-studio"
+fi
+
+step "inputs: corpora and an instruct model"
+head -n 40 "$MOE_STUDIO_DATA/corpora/lang/en/train.txt" > "$work/en.txt"
+head -n 40 "$MOE_STUDIO_DATA/corpora/lang/hu/train.txt" > "$work/hu.txt"
+"$cli" train "$demo/stories260K.bin" --stage dense --data "en=$work/en.txt" --steps 3 --warmup 1 --lr 1e-3 \
+  --seq-len 64 --batch 4 --out "$work/ft-run" > "$work/train.log" 2>&1 || { cat "$work/train.log"; exit 1; }
+mkdir -p "$work/ft"
+cp "$work/ft-run/final/model.safetensors" "$work/ft-run/final/config.json" "$work/ft-run/final/tokenizer.json" "$work/ft/"
+
+step "CLI on the same inputs (timed)"
+t0=$(ms)
+"$cli" upcycle "$demo/stories260K.bin" --experts 2 --out "$work/cli/upcycled" > /dev/null
+t1=$(ms)
+"$cli" route "$work/cli/upcycled" --domain "en=$work/en.txt" --domain "hu=$work/hu.txt" --out "$work/cli/routed" > /dev/null 2>&1
+t2=$(ms)
+"$cli" graft "$work/cli/routed" --base "$demo/stories260K.bin" --instruct "$work/ft" --out "$work/cli/grafted" > /dev/null
+t3=$(ms)
+# The same graft on the upcycled (unrouted) MoE: every input is then
+# bit-identical in the browser, so the output must be too.
+"$cli" graft "$work/cli/upcycled" --base "$demo/stories260K.bin" --instruct "$work/ft" --out "$work/cli/grafted-upcycled" > /dev/null
+printf '{"upcycle_ms": %d, "route_ms": %d, "graft_ms": %d}\n' $((t1 - t0)) $((t2 - t1)) $((t3 - t2)) | tee "$out/cli_timings.json"
+
+step "browser: playwright-core + chromium"
+cd "$here"
+[ -d node_modules/playwright-core ] || npm ci --no-audit --no-fund
+E2E_DIST="$dist" E2E_WORK="$work" E2E_SHOTS="$root/docs/screenshots" E2E_OUT="$out" node run.mjs

@@ -1,0 +1,202 @@
+// The browser studio end to end on stories260K: bad input first (the page
+// must keep working), then load demo -> upcycle -> logits check -> ridge
+// router on two corpora -> graft -> download, comparing the downloads with
+// the CLI's outputs for the same inputs. Screenshots of every page go to
+// docs/screenshots/.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { hugeConfig, tinyLlama } from './fixtures.mjs';
+
+const sha = (p) => crypto.createHash('sha256').update(fs.readFileSync(p)).digest('hex');
+
+/** Reads a safetensors file into { name: Float32Array } (F32 only). */
+function readTensors(p) {
+  const b = fs.readFileSync(p);
+  const n = Number(b.readBigUInt64LE(0));
+  const h = JSON.parse(b.subarray(8, 8 + n).toString());
+  const out = {};
+  for (const [k, v] of Object.entries(h)) {
+    if (k === '__metadata__') continue;
+    const [s, e] = v.data_offsets;
+    const buf = b.subarray(8 + n + s, 8 + n + e);
+    out[k] = new Float32Array(buf.buffer.slice(buf.byteOffset, buf.byteOffset + buf.byteLength));
+  }
+  return out;
+}
+
+/** max |a - b| per tensor; tensors whose bytes differ. */
+function compareTensors(a, b) {
+  const A = readTensors(a), B = readTensors(b);
+  const names = Object.keys(A);
+  if (names.length !== Object.keys(B).length) throw new Error(`tensor count ${names.length} vs ${Object.keys(B).length}`);
+  let maxDiff = 0; const differing = [];
+  for (const k of names) {
+    if (!B[k] || B[k].length !== A[k].length) throw new Error(`tensor ${k} missing or misshapen`);
+    let m = 0;
+    for (let i = 0; i < A[k].length; i++) m = Math.max(m, Math.abs(A[k][i] - B[k][i]));
+    if (m > 0) differing.push(`${k} (max ${m.toExponential(2)})`);
+    maxDiff = Math.max(maxDiff, m);
+  }
+  return { maxDiff, differing, tensors: names.length };
+}
+
+export async function run({ context, url, work, shots, out, check, log }) {
+  const page = await context.newPage();
+  const pageErrors = [];
+  page.on('pageerror', (e) => pageErrors.push(String(e)));
+  // A static server answers the studio's `api/health` probe with 404: expected.
+  page.on('console', (m) => { if (m.type() === 'error' && !m.text().includes('404')) pageErrors.push(m.text()); });
+  const tid = (id) => page.getByTestId(id);
+  const shot = async (name) => { await page.screenshot({ path: path.join(shots, `${name}.png`), fullPage: true }); };
+  const text = async (id, timeout = 120_000) => { await tid(id).waitFor({ timeout }); return tid(id).innerText(); };
+  const tab = async (slug) => { await tid(`tab-${slug}`).click(); await tid(`page-${slug}`).waitFor(); };
+  const results = {};
+
+  await page.goto(url);
+  await tid('tab-load').waitFor();
+  const gpu = await text('webgpu', 30_000);
+  results.webgpu = gpu;
+  log(`WebGPU badge: ${gpu}`);
+
+  // ---- Bad input: wrong type, too large; the page keeps working.
+  const junk = path.join(work, 'notes.txt');
+  fs.writeFileSync(junk, 'not a model');
+  await tid('model-files').setInputFiles(junk);
+  const e1 = await text('load-error');
+  check(e1.includes('unsupported file type'), `wrong file type -> readable message (${e1})`);
+  await tid('model-files').setInputFiles(hugeConfig(path.join(work, 'huge')));
+  const e2 = await text('load-error');
+  check(e2.includes('too large for the browser'), `70B config -> too large message (${e2.slice(0, 90)}...)`);
+  const truncated = path.join(work, 'truncated.gguf');
+  fs.writeFileSync(truncated, Buffer.from('GGUF\x03\x00\x00\x00garbage'));
+  await tid('model-files').setInputFiles(truncated);
+  const e3 = await text('load-error');
+  check(e3.length > 10, `truncated GGUF -> readable message (${e3.slice(0, 90)})`);
+
+  // ---- Load: demo + the instruct model (HF files) + a mismatched tiny model.
+  await tid('load-demo').click();
+  await page.getByText('loaded stories260K').waitFor({ timeout: 60_000 });
+  await tid('model-files').setInputFiles(['model.safetensors', 'config.json', 'tokenizer.json'].map((f) => path.join(work, 'ft', f)));
+  await page.getByText(/loaded model/).waitFor({ timeout: 60_000 });
+  await tid('model-files').setInputFiles(tinyLlama(path.join(work, 'tiny')));
+  await page.getByText(/loaded model: llama · 1 layers/).waitFor({ timeout: 60_000 });
+  await shot('load');
+
+  // ---- Upcycle (2 experts, top-2, expert 0 frozen) + logits check.
+  await tab('upcycle');
+  await tid('upcycle-model').selectOption('i0');
+  await tid('upcycle-experts').fill('2');
+  await tid('param-counts').waitFor();
+  const t0 = Date.now();
+  await tid('upcycle-run').click();
+  const up = await text('upcycle-ok');
+  results.upcycle = { message: up, wall_ms: Date.now() - t0 };
+  await tid('logits-run').click();
+  const lg = await text('logits-ok');
+  const diff = Number(/=\s*([0-9.eE+-]+)/.exec(lg)[1]);
+  results.logits_max_abs_diff = diff;
+  check(diff < 1e-4, `logits check passes: max |dense - MoE| = ${diff}`);
+  await shot('upcycle');
+
+  // ---- Ridge router on two corpora (expert 0 = en, expert 1 = hu).
+  await tab('moerge');
+  // Bad input: three domains for a two-expert MoE.
+  await page.getByText('+ domain').click();
+  await tid('route-run').click();
+  const e4 = await text('route-error');
+  check(e4.includes('2 experts but 3 domains'), `mismatched domains -> readable message (${e4})`);
+  await page.getByText('− domain').click();
+  for (const [i, lang] of [[0, 'en'], [1, 'hu']]) {
+    await tid(`domain-file-${i}`).setInputFiles(path.join(work, `${lang}.txt`));
+    await tid(`domain-name-${i}`).fill(lang);
+  }
+  await page.waitForFunction(() => document.querySelector('[data-testid=domain-text-1]').value.length > 1000);
+  await tid('route-model').selectOption('a0');
+  const t1 = Date.now();
+  await tid('route-run').click();
+  const rt = await text('route-ok', 300_000);
+  results.route = { message: rt, wall_ms: Date.now() - t1 };
+  await tid('ppl-table').waitFor();
+  await shot('moerge-router');
+
+  // ---- Graft: bad input first (a model from another architecture).
+  await tab('graft');
+  await tid('graft-target').selectOption('a1');
+  await tid('graft-base').selectOption('i0');
+  await tid('graft-instruct').selectOption('i2');
+  await tid('graft-run').click();
+  const e5 = await text('graft-error');
+  check(/base|instruct|vocabular|shape|missing/.test(e5), `mismatched models -> readable message (${e5.slice(0, 120)})`);
+  await tid('graft-instruct').selectOption('i1');
+  const t2 = Date.now();
+  await tid('graft-run').click();
+  const gr = await text('graft-ok', 120_000);
+  results.graft = { message: gr, wall_ms: Date.now() - t2 };
+  await tid('delta-table').waitFor();
+  await shot('graft');
+  // The same graft on the upcycled MoE (artifact 3), compared by sha256 below.
+  await tid('graft-target').selectOption('a0');
+  await tid('graft-run').click();
+  await page.getByText(/made stories260K-upcycled-2x-grafted/).waitFor({ timeout: 120_000 });
+
+  // ---- Inspect the routed model.
+  await tab('inspect');
+  await tid('inspect-model').selectOption('a1');
+  await tid('inspect-layer').fill('3');
+  await tid('inspect-run').click();
+  await tid('inspect-tokens').waitFor();
+  await shot('inspect');
+
+  // ---- Neurons on the dense model.
+  await tab('neurons');
+  await tid('neurons-model').selectOption('i0');
+  await tid('neurons-run').click();
+  const nr = await text('neurons-ok', 120_000);
+  results.neurons = nr;
+  await tid('allocation').waitFor();
+  await shot('neurons');
+
+  // ---- Download and compare with the CLI.
+  await tab('download');
+  await tid('artifact-2').waitFor();
+  await shot('download');
+  const save = async (id, name) => {
+    const [dl] = await Promise.all([page.waitForEvent('download'), tid(id).click()]);
+    const p = path.join(out, name);
+    await dl.saveAs(p);
+    return p;
+  };
+  const cli = path.join(work, 'cli');
+  const upB = await save('dl-0-model.safetensors', 'upcycled.safetensors');
+  const upSame = sha(upB) === sha(path.join(cli, 'upcycled', 'model.safetensors'));
+  results.upcycle_sha256 = { browser: sha(upB), cli: sha(path.join(cli, 'upcycled', 'model.safetensors')), equal: upSame };
+  check(upSame, `upcycle download sha256 == CLI (${sha(upB).slice(0, 16)})`);
+  const upCfg = await save('dl-0-config.json', 'upcycled-config.json');
+  const stripProv = (p) => { const j = JSON.parse(fs.readFileSync(p)); delete j.moe_studio?.provenance; return JSON.stringify(j); };
+  check(stripProv(upCfg) === stripProv(path.join(cli, 'upcycled', 'config.json')), 'upcycle config.json == CLI (except provenance paths)');
+  for (const [i, name] of [[1, 'routed'], [2, 'grafted']]) {
+    const b = await save(`dl-${i}-model.safetensors`, `${name}.safetensors`);
+    const c = path.join(cli, name, 'model.safetensors');
+    const same = sha(b) === sha(c);
+    const cmp = compareTensors(b, c);
+    results[`${name}_sha256`] = { browser: sha(b), cli: sha(c), equal: same, max_abs_diff: cmp.maxDiff, differing_tensors: cmp.differing };
+    const onlyRouters = cmp.differing.every((d) => d.includes('block_sparse_moe.gate.'));
+    check(same || (cmp.maxDiff < 1e-5 && onlyRouters),
+      `${name} download vs CLI: sha256 ${same ? 'equal' : 'differs'}; max |diff| ${cmp.maxDiff.toExponential(2)} over ${cmp.tensors} tensors; differing: ${cmp.differing.join(', ') || 'none'}`);
+  }
+
+  const gu = await save('dl-3-model.safetensors', 'grafted-upcycled.safetensors');
+  const guCli = path.join(cli, 'grafted-upcycled', 'model.safetensors');
+  results.grafted_upcycled_sha256 = { browser: sha(gu), cli: sha(guCli), equal: sha(gu) === sha(guCli) };
+  check(sha(gu) === sha(guCli), `graft (on the upcycled MoE) download sha256 == CLI (${sha(gu).slice(0, 16)})`);
+
+  // ---- Jobs (static server: disabled with a notice).
+  await tab('jobs');
+  await tid('jobs-static').waitFor({ timeout: 10_000 });
+  await shot('jobs');
+
+  check(pageErrors.length === 0, `no page errors (${pageErrors.slice(0, 3).join(' | ')})`);
+  await page.close();
+  return results;
+}

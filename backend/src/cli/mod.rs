@@ -68,6 +68,8 @@ pub enum Command {
     /// Benchmarks (printed beside a reference measured in the same run).
     #[command(subcommand)]
     Bench(bench::Bench),
+    /// The studio's HTTP server: frontend, JSON API, uploads, job queue, live progress.
+    Serve(crate::server::ServeArgs),
 }
 
 /// Runs one parsed command.
@@ -89,5 +91,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(bench::Bench::Train(a)) => train::run_autodiff(&cli.backend, a),
         Command::Train(a) => train::run_autodiff(&cli.backend, a),
         Command::Eval(a) => backend::run(&cli.backend, a),
+        Command::Serve(a) => crate::server::run(&cli.backend, a),
     }
 }

@@ -12,10 +12,10 @@
 //! row counts into `tokens` (for example through `RidgeStats::merge`).
 //!
 //! # Numerics
-//! Each batch (chunk of rows) is summed in f32 per 16 rows and added into
-//! the f32 `A`/`B`; the CPU reference accumulates in f64. Expect about
-//! `1e-6 · sqrt(rows)` relative error on the entries of largest magnitude
-//! (tests: within `1e-4` of `max |A|`).
+//! Each dispatch sums its chunk of rows (at most 16384) in f32 registers
+//! and adds the sums into the f32 `A`/`B`; the CPU reference accumulates in
+//! f64. Expect relative errors around `1e-6 · sqrt(rows)` on the largest
+//! entries (tests: within `1e-4` of `max |A|`).
 
 use crate::elementwise::bind_group;
 use crate::gpu::{read_back, scoped, Gpu, KernelError, Result};

@@ -102,10 +102,10 @@ pub const WEIGHTED_SUM_BF16: Kernel = Kernel {
 };
 
 /// `C[m, ncols] += Lᵀ R` with `L` `[n, m]` and `R` `[n, ncols]` row-major,
-/// f32, 64x64 output tiles (ridge statistics, methods.md §2). Bindings:
+/// f32, 64x64 output tiles of 8x8 invocations (ridge statistics, methods.md §2). Bindings:
 /// 0 L, 1 R, 2 C, 3 uniform `{n, m, ncols, _: u32}`.
 pub const GRAM_F32: Kernel =
-    Kernel { name: "gram_f32", entry: "main", workgroup_size: [16, 16], source: include_str!("../wgsl/gram_f32.wgsl") };
+    Kernel { name: "gram_f32", entry: "main", workgroup_size: [8, 8], source: include_str!("../wgsl/gram_f32.wgsl") };
 
 /// Every kernel of the crate.
 pub const ALL: &[Kernel] =

@@ -40,6 +40,8 @@ pub enum Bench {
     Prefill(PrefillArgs),
     /// Training throughput (tokens/s) of an upcycled MoE, beside transformers' Mixtral.
     Train(super::bench_train::TrainBenchArgs),
+    /// WGSL kernels (graft, weighted sum: GB/s; Gram: GFLOP/s) on wgpu vs the CPU path.
+    Kernels(super::bench_kernels::KernelBenchArgs),
 }
 
 fn reference(py: &PathBuf, model: &PathBuf, tokens: usize, repeat: usize) -> anyhow::Result<f64> {

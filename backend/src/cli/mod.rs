@@ -4,6 +4,7 @@ mod allocate;
 mod args;
 mod backend;
 mod bench;
+mod bench_kernels;
 mod bench_train;
 mod convert;
 mod eval;
@@ -89,6 +90,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::NeuronsPlot(a) => neurons::plot(a),
         Command::Bench(bench::Bench::Prefill(a)) => backend::run(&cli.backend, a),
         Command::Bench(bench::Bench::Train(a)) => train::run_autodiff(&cli.backend, a),
+        Command::Bench(bench::Bench::Kernels(a)) => bench_kernels::run(a),
         Command::Train(a) => train::run_autodiff(&cli.backend, a),
         Command::Eval(a) => backend::run(&cli.backend, a),
         Command::Serve(a) => crate::server::run(&cli.backend, a),

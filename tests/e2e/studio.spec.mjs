@@ -77,10 +77,12 @@ export async function run({ context, url, work, shots, out, check, log }) {
   // ---- Load: demo + the instruct model (HF files) + a mismatched tiny model.
   await tid('load-demo').click();
   await page.getByText('loaded stories260K').waitFor({ timeout: 60_000 });
+  await tid('model-name').fill('stories260K-instruct');
   await tid('model-files').setInputFiles(['model.safetensors', 'config.json', 'tokenizer.json'].map((f) => path.join(work, 'ft', f)));
-  await page.getByText(/loaded model/).waitFor({ timeout: 60_000 });
+  await page.getByText(/loaded stories260K-instruct/).waitFor({ timeout: 60_000 });
+  await tid('model-name').fill('tiny-other-architecture');
   await tid('model-files').setInputFiles(tinyLlama(path.join(work, 'tiny')));
-  await page.getByText(/loaded model: llama · 1 layers/).waitFor({ timeout: 60_000 });
+  await page.getByText(/loaded tiny-other-architecture: llama · 1 layers/).waitFor({ timeout: 60_000 });
   await shot('load');
 
   // ---- Upcycle (2 experts, top-2, expert 0 frozen) + logits check.

@@ -32,7 +32,14 @@ pub fn BarChart(
 ) -> impl IntoView {
     let (w, h, left, bottom, top) = (640.0, 220.0, 44.0, 36.0, 14.0);
     let data_max = series.iter().flat_map(|s| s.values.iter().flatten().copied()).fold(0.0, f64::max);
-    let ymax = max.unwrap_or(if data_max > 0.0 { data_max * 1.1 } else { 1.0 });
+    // Counts get a y range divisible by 4 so the five ticks are whole numbers.
+    let ymax = max.unwrap_or(if data_max > 1.5 {
+        (data_max * 1.05 / 4.0).ceil() * 4.0
+    } else if data_max > 0.0 {
+        data_max * 1.1
+    } else {
+        1.0
+    });
     let n = groups.len().max(1);
     let gw = (w - left - 8.0) / n as f64;
     let bw = (gw * 0.8) / series.len().max(1) as f64;

@@ -50,12 +50,18 @@ pub fn InspectPage() -> impl IntoView {
                     view! { <span class="tok" style=format!("background:{}", color(*e)) title=format!("expert {e}")>{t.clone()}</span> }
                 })
                 .collect_view();
-            let load = Series { label: "share of routed tokens".into(), values: r.load.iter().map(|&x| Some(x)).collect() };
+            // One series per expert (its own colour), one bar each.
+            let load: Vec<Series> = (0..r.experts)
+                .map(|e| Series {
+                    label: format!("expert {e}"),
+                    values: (0..r.experts).map(|g| (g == e).then(|| r.load[e])).collect(),
+                })
+                .collect();
             view! {
                 <div class="legends">{legend}</div>
                 <p class="tokens" data-testid="inspect-tokens">{toks}</p>
-                <BarChart title="Load per expert at this layer" x_label="expert" groups=(0..r.experts).map(|e| e.to_string()).collect()
-                    series=vec![load] max=1.0/>
+                <BarChart title="Load per expert at this layer (share of routed token slots)" x_label="expert"
+                    groups=(0..r.experts).map(|e| e.to_string()).collect() series=load max=1.0/>
                 <p class="small">{format!("MoE layers: {:?}", r.moe_layers)}</p>
             }
         })
@@ -63,7 +69,7 @@ pub fn InspectPage() -> impl IntoView {
     view! {
         <h2>"Inspect routing"</h2>
         <p class="lead">"Type text and see which expert the router sends each token to at one layer (top-1 choice). \
-            After the ridge router, English and Hungarian text should light up different experts."</p>
+            After the ridge router, text from different domains tends to go to different experts."</p>
         <div class="row">
             <label>"MoE model " <ModelSelect value=model filter=Filter::Moe id="inspect-model"/></label>
             <label>"layer " <input type="number" min="0" class="short" data-testid="inspect-layer" prop:value=move || layer.get() on:input=move |ev| layer.set(event_target_value(&ev))/></label>

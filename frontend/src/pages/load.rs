@@ -21,6 +21,7 @@ pub fn LoadPage() -> impl IntoView {
     let rev = Revision::get();
     let msg = RwSignal::new(Message::None);
     let busy = RwSignal::new(false);
+    let custom_name = RwSignal::new(String::new());
     let load_demo = move |_| {
         busy.set(true);
         msg.set(Message::None);
@@ -45,7 +46,12 @@ pub fn LoadPage() -> impl IntoView {
                 Err(e) => Err(e),
             };
             match result {
-                Ok((n, m, b)) => msg.set(Message::Ok(add(rev, n, m, b))),
+                Ok((n, m, b)) => {
+                    let given = custom_name.get_untracked().trim().to_string();
+                    let name = if given.is_empty() { n } else { given };
+                    custom_name.set(String::new());
+                    msg.set(Message::Ok(add(rev, name, m, b)))
+                }
                 Err(e) => msg.set(Message::Error(format!("could not load the model: {e}"))),
             }
             input.set_value("");
@@ -95,6 +101,8 @@ pub fn LoadPage() -> impl IntoView {
                     <li>"GGUF: one " <code>".gguf"</code> " file (tokenizer inside)"</li>
                     <li>"llama2.c: the " <code>".bin"</code> " checkpoint + its tokenizer " <code>".bin"</code></li>
                 </ul>
+                <label>"name (optional) " <input type="text" placeholder="e.g. my-model-instruct" data-testid="model-name"
+                    prop:value=move || custom_name.get() on:input=move |ev| custom_name.set(event_target_value(&ev))/></label>
                 <input type="file" multiple data-testid="model-files" on:change=on_files disabled=move || busy.get()/>
             </div>
         </div>

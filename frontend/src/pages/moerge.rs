@@ -213,7 +213,7 @@ fn RouterForm() -> impl IntoView {
             <button class="secondary" on:click=move |_| domains.update(|v| { if v.len() > 2 { v.pop(); } })>"− domain"</button>
             <label>"λ " <input type="number" step="0.001" class="short" data-testid="route-lambda" prop:value=move || lambda.get() on:input=move |ev| lambda.set(event_target_value(&ev))/></label>
             <label>"top-k " <input type="number" min="1" class="short" data-testid="route-topk" prop:value=move || top_k.get() on:input=move |ev| top_k.set(event_target_value(&ev))/></label>
-            <label>"tokens per domain " <input type="number" class="short" prop:value=move || max_tokens.get() on:input=move |ev| max_tokens.set(event_target_value(&ev))/></label>
+            <label>"tokens per domain " <input type="number" class="short" data-testid="route-max-tokens" prop:value=move || max_tokens.get() on:input=move |ev| max_tokens.set(event_target_value(&ev))/></label>
         </div>
         <button data-testid="route-run" on:click=run disabled=move || task.running()>"Solve the router"</button>
         <Progress task=task/>

@@ -601,6 +601,19 @@ fn sse(url: String, tx: std::sync::mpsc::Sender<(String, Value)>) -> std::thread
     })
 }
 
+/// Pids whose command line mentions `needle`.
+fn procs_mentioning(needle: &str) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if pid != std::process::id() && String::from_utf8_lossy(&cmd).contains(needle) {
+            v.push(pid);
+        }
+    }
+    v
+}
+
 fn final_loss(s: &Server, job: &str) -> (usize, f64) {
     let m = s.get(&format!("/api/jobs/{job}/metrics"));
     let last = m.as_array().unwrap().last().expect("metrics").clone();
@@ -666,7 +679,12 @@ fn train_job_survives_kill9() {
     }
     assert!(saw_running && progress >= 3, "SSE: running {saw_running}, {progress} progress events");
     assert!(killed_at > 0 && killed_at < steps, "killed at step {killed_at}");
-    std::thread::sleep(Duration::from_millis(500));
+    // the job's process noticed its server was gone and exited
+    let t = Instant::now();
+    while !procs_mentioning(&a).is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(10), "orphan job processes {:?}", procs_mentioning(&a));
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     let s = s.restart();
     let ja = s.get(&format!("/api/jobs/{a}"));
@@ -720,12 +738,58 @@ fn train_job_survives_kill9() {
     assert_eq!(r.into_string().unwrap(), "{");
     let (code, _) = raw_get(&s, &format!("/api/jobs/{a}/artifacts/../../../studio.db"));
     assert_eq!(code, 404);
+    // another kind through the same queue: eval of the trained model
+    let (code, j) = s.call(
+        "POST",
+        "/api/jobs",
+        Some(json!({"spec": {"kind": "eval", "model": out, "data": [{"name": "hu", "upload": hu}],
+                             "window": 64, "stride": 64, "max_tokens": 2000}})),
+    );
+    assert_eq!(code, 201, "{j}");
+    let e = j["id"].as_str().unwrap().to_string();
+    let je = wait_job(&s, &e, 300);
+    assert_eq!(je["state"], "succeeded", "{je}\n{}", job_log(&s, &e));
+    let res: Value =
+        agent().get(&s.url(&format!("/api/jobs/{e}/artifacts/result.json"))).call().unwrap().into_json().unwrap();
+    assert!(res.to_string().contains("hu"), "{res}");
     // SSE of a finished job: its state, then the stream ends
     let (tx, rx) = std::sync::mpsc::channel();
     sse(s.url(&format!("/api/jobs/{a}/events")), tx).join().unwrap();
     let evs: Vec<(String, Value)> = rx.try_iter().collect();
     assert_eq!(evs[0].0, "state");
     assert_eq!(evs[0].1["state"], "succeeded");
+
+    // graceful stop (SIGTERM) during a long job: the server closes the event
+    // streams, the job saves a checkpoint on its SIGINT and is `interrupted`
+    let mut long = spec.clone();
+    long["steps"] = json!(100000);
+    long["save_every"] = json!(100000);
+    let (code, j) = s.call("POST", "/api/jobs", Some(json!({"spec": long})));
+    assert_eq!(code, 201, "{j}");
+    let c = j["id"].as_str().unwrap().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = sse(s.url(&format!("/api/jobs/{c}/events")), tx);
+    while let Ok((ev, v)) = rx.recv_timeout(Duration::from_secs(120)) {
+        if ev == "progress" && v["step"].as_u64().unwrap() >= 3 {
+            break;
+        }
+    }
+    let mut s = s;
+    Command::new("kill").args(["-TERM", &s.pid().to_string()]).status().unwrap();
+    let t = Instant::now();
+    while s.child.try_wait().unwrap().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(30), "the server did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    reader.join().unwrap();
+    let s = s.restart();
+    let jc = s.get(&format!("/api/jobs/{c}"));
+    assert_eq!(jc["state"], "interrupted", "{jc}");
+    let arts = s.get(&format!("/api/jobs/{c}/artifacts"));
+    assert!(
+        arts.as_array().unwrap().iter().any(|f| f["name"].as_str().unwrap().starts_with("checkpoint-")),
+        "a checkpoint saved on SIGINT: {arts}"
+    );
     drop(s);
     let _ = std::fs::remove_dir_all(&root);
 }
@@ -899,7 +963,8 @@ fn load_test() {
     assert_eq!(verified, 20);
     assert_eq!(errors.load(std::sync::atomic::Ordering::SeqCst), 0);
     assert!(hwm < 512 * 1024, "server peak RSS {} MiB", hwm / 1024);
-    let _ = wait_job(&s, &job, 60);
+    let j = wait_job(&s, &job, 60);
+    assert_eq!(j["state"], "cancelled", "{j}");
     drop(s);
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -702,13 +702,21 @@ pub async fn recover(st: &AppStateRef) -> AppResult<()> {
     Ok(())
 }
 
-/// Stops the pool: SIGINT to every running job (train saves a
-/// checkpoint), then waits up to 20 s for them to be recorded `interrupted`.
-pub async fn shutdown(st: &AppStateRef) {
-    let _ = st.jobs.shutdown.send(true);
+/// Marks the pool as stopping (queued jobs stay queued for the next start,
+/// event streams end) and sends SIGINT to every running job once.
+pub fn begin_shutdown(st: &AppStateRef) {
+    if st.jobs.shutdown.send_replace(true) {
+        return;
+    }
     for pid in st.jobs.live_pids() {
         signal_group(pid, libc::SIGINT);
     }
+}
+
+/// Stops the pool: SIGINT to every running job (train saves a
+/// checkpoint), then waits up to 20 s for them to be recorded `interrupted`.
+pub async fn shutdown(st: &AppStateRef) {
+    begin_shutdown(st);
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
         let running: i64 = st

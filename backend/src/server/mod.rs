@@ -350,14 +350,18 @@ pub fn run(backend: &str, args: ServeArgs) -> anyhow::Result<()> {
         use std::io::Write;
         std::io::stdout().flush().ok();
         let app = router(st.clone());
-        let shutdown = async {
+        let st2 = st.clone();
+        let shutdown = async move {
             let ctrl_c = tokio::signal::ctrl_c();
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
             tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+            tracing::info!("shutting down: interrupting running jobs, closing event streams");
+            // Ends the SSE streams (or the graceful shutdown would wait for
+            // their clients) and sends SIGINT to the running jobs.
+            jobs::begin_shutdown(&st2);
         };
         axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("serving")?;
-        tracing::info!("shutting down: interrupting running jobs");
         jobs::shutdown(&st).await;
         Ok(())
     })

@@ -13,6 +13,7 @@
 pub mod app;
 pub mod components;
 pub mod compute;
+pub mod jobs;
 pub mod load;
 pub mod pages;
 pub mod store;

@@ -193,6 +193,12 @@ pub fn JobsPage() -> impl IntoView {
     let files_input = NodeRef::<html::Input>::new();
     let resume_input = NodeRef::<html::Input>::new();
 
+    // Counts messages, so a test can wait for the next one.
+    let msg_seq = RwSignal::new(0u64);
+    Effect::new(move |_| {
+        msg.track();
+        msg_seq.update(|n| *n += 1);
+    });
     let fail = move |what: &str, e: String| msg.set(Message::Error(format!("{what}: {e}")));
 
     let refresh = move || {
@@ -311,24 +317,28 @@ pub fn JobsPage() -> impl IntoView {
                 let tok = token.get_untracked();
                 let mut result = upload::continue_upload(&p.id, &file, &tok, &on_progress).await.map(|s| vec![s]);
                 // The files of the same pick that were never started.
-                if let Ok(done) = &mut result {
-                    let known: Vec<String> = uploads.get_untracked().iter().map(|u| u.file_name.clone()).collect();
+                if let Ok(mut done) = result.clone() {
+                    let mut known: Vec<String> = uploads.get_untracked().iter().map(|u| u.file_name.clone()).collect();
+                    known.push(p.file_name.clone());
                     let cs = chunk_size().ok().flatten().or(Some(p.chunk_size));
-                    for f in file_list(&files_input) {
-                        if f.name() == p.file_name
-                            || known.contains(&f.name())
-                            || upload::pending().iter().any(|q| q.file_name == f.name())
-                        {
+                    let mut failed = None;
+                    for f in file_list(&files_input).into_iter().chain(file_list(&resume_input)) {
+                        if known.contains(&f.name()) || upload::pending().iter().any(|q| q.file_name == f.name()) {
                             continue;
                         }
+                        known.push(f.name());
                         match upload::upload_file(&f, cs, &tok, &on_progress).await {
                             Ok(s) => done.push(s),
                             Err(e) => {
-                                result = Err(ApiFailure::Network(format!("uploading {}: {e}", f.name())));
+                                failed = Some(ApiFailure::Network(format!("uploading {}: {e}", f.name())));
                                 break;
                             }
                         }
                     }
+                    result = match failed {
+                        Some(e) => Err(e),
+                        None => Ok(done),
+                    };
                 }
                 pending.set(upload::pending());
                 match result {
@@ -625,7 +635,7 @@ pub fn JobsPage() -> impl IntoView {
                             }
                         }).collect_view()}
                     </ul>
-                    <label class="small">"file to resume (after a reload) " <input type="file" multiple node_ref=resume_input/></label>
+                    <label class="small">"file to resume (after a reload) " <input type="file" multiple node_ref=resume_input data-testid="upload-resume-files"/></label>
                 </div>
             }
         })
@@ -818,7 +828,9 @@ pub fn JobsPage() -> impl IntoView {
             " "
             <button class="secondary" data-testid="jobs-refresh" on:click=move |_| refresh()>"Refresh"</button>
         </fieldset>
-        <MessageLine msg=msg id="jobs"/>
+        <div data-testid="jobs-msg" data-seq=move || msg_seq.get().to_string()>
+            <MessageLine msg=msg id="jobs"/>
+        </div>
         <fieldset class="form" disabled=off>
             <legend>"Upload files"</legend>
             <p class="small">"A model's files (llama2.c: the " <code>".bin"</code> " + its " <code>"tok*.bin"</code>
@@ -862,7 +874,7 @@ pub fn JobsPage() -> impl IntoView {
                 })}
                 {move || (form.kind.get() == "train").then(|| view! {
                     <span>
-                        <label>"stage " <select data-testid="job-stage" on:change=move |ev| form.stage.set(event_target_value(&ev)) prop:value=move || form.stage.get()>
+                        <label>"stage " <select data-testid="job-train-stage" on:change=move |ev| form.stage.set(event_target_value(&ev)) prop:value=move || form.stage.get()>
                             <option value="experts">"experts (new experts + routers)"</option>
                             <option value="router">"router"</option>
                             <option value="dense">"dense"</option>

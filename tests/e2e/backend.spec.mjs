@@ -1,0 +1,262 @@
+// The Jobs page against a real `moe-studio serve` (started by
+// run_backend.sh): chunked upload of stories260K with an interruption, a
+// reload and a resume; checkpoint registration (sha256 equal to the source
+// files, via the API); a corpus upload; an upcycle job and a short
+// `experts`-stage training job followed live over server-sent events; the
+// artefact downloaded from the page (bytes equal to the API's); the output
+// model opened in the browser studio.
+// Env: E2E_URL, E2E_TOKEN_FILE, E2E_MODEL_DIR, E2E_CORPUS, E2E_OUT,
+// E2E_SHOTS, E2E_TMP; UPDATE_SCREENSHOTS=1 writes docs/screenshots/jobs.png.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { launch } from './browser.mjs';
+
+const env = (k) => { if (!process.env[k]) throw new Error(`${k} is not set (use run_backend.sh)`); return process.env[k]; };
+const url = env('E2E_URL');
+const token = fs.readFileSync(env('E2E_TOKEN_FILE'), 'utf8').trim();
+const modelDir = env('E2E_MODEL_DIR');
+const corpus = env('E2E_CORPUS');
+const out = env('E2E_OUT');
+const tmp = env('E2E_TMP');
+const shots = process.env.UPDATE_SCREENSHOTS === '1' ? env('E2E_SHOTS') : out;
+fs.mkdirSync(out, { recursive: true });
+fs.mkdirSync(shots, { recursive: true });
+
+const CHUNK_KIB = Number(process.env.E2E_CHUNK_KIB || 64);
+const INTERRUPT_AT = 5;
+const TRAIN_STEPS = Number(process.env.E2E_TRAIN_STEPS || 12);
+
+let failures = 0;
+const check = (ok, what) => { console.log(`${ok ? 'ok  ' : 'FAIL'} ${what}`); if (!ok) failures++; return ok; };
+const log = (s) => console.log(`     ${s}`);
+const sha = (buf) => crypto.createHash('sha256').update(buf).digest('hex');
+const shaFile = (p) => sha(fs.readFileSync(p));
+const api = async (p) => {
+  const r = await fetch(new URL(`api/${p}`, url));
+  if (!r.ok) throw new Error(`GET api/${p}: HTTP ${r.status} ${await r.text()}`);
+  return r;
+};
+const apiJson = async (p) => (await api(p)).json();
+const apiBytes = async (p) => Buffer.from(await (await api(p)).arrayBuffer());
+
+const modelBin = path.join(modelDir, 'stories260K.bin');
+const tokBin = path.join(modelDir, 'tok512.bin');
+const results = { chunk_size: CHUNK_KIB * 1024 };
+const t0 = Date.now();
+
+const browser = await launch([]);
+const page = await browser.context.newPage();
+const pageErrors = [];
+page.on('pageerror', (e) => pageErrors.push(String(e)));
+// Expected console errors: the studio's `api/health` probe (404 here) and
+// the chunk request the test aborts.
+page.on('console', (m) => {
+  const t = m.text();
+  if (m.type() === 'error' && !/404|ERR_INTERNET_DISCONNECTED|ERR_FAILED|Failed to fetch/.test(t)) pageErrors.push(t);
+});
+const tid = (id) => page.getByTestId(id);
+// The message line counts its messages (data-seq): wait for one after `since`.
+const msgSeq = async () => Number(await tid('jobs-msg').getAttribute('data-seq'));
+let since = 0;
+const clearMsg = async () => { since = await msgSeq(); };
+const okMsg = async (timeout = 120_000) => {
+  await page.waitForFunction((n) => Number(document.querySelector('[data-testid=jobs-msg]')?.dataset.seq) > n
+    && document.querySelector('[data-testid=jobs-ok], [data-testid=jobs-error]'), since, { timeout });
+  const err = await tid('jobs-error').count();
+  if (err) throw new Error(`the page says: ${await tid('jobs-error').innerText()}`);
+  return tid('jobs-ok').innerText();
+};
+const openJobs = async () => {
+  await page.goto(`${url}#jobs`);
+  await tid('page-jobs').waitFor();
+  await page.waitForFunction(() => (document.querySelector('[data-testid=server-info]')?.textContent || '').includes('moe-studio'), null, { timeout: 60_000 });
+};
+const chunkOf = (u) => { const m = /\/api\/uploads\/([0-9a-f-]+)\/chunks\/(\d+)$/.exec(new URL(u).pathname); return m ? { id: m[1], index: Number(m[2]) } : null; };
+const chunkIndex = (u) => chunkOf(u)?.index ?? null;
+
+try {
+  // ---- the page sees the server ---------------------------------------------
+  await openJobs();
+  check(await tid('jobs-static').count() === 0, 'served by moe-studio serve: no static-files notice');
+  log(await tid('server-info').innerText());
+  await tid('jobs-token').fill(token);
+
+  // ---- chunked upload with an interruption ----------------------------------
+  const size = fs.statSync(modelBin).size;
+  const chunks = Math.ceil(size / (CHUNK_KIB * 1024));
+  results.upload = { file: 'stories260K.bin', bytes: size, chunks, interrupted_at_chunk: INTERRUPT_AT };
+  let aborted = 0;
+  const sent = [];
+  page.on('request', (r) => { const c = chunkOf(r.url()); if (c && r.method() === 'PUT') sent.push(c); });
+  await page.route((u) => chunkIndex(u.href) === INTERRUPT_AT, async (route) => {
+    if (aborted++ === 0) return route.abort('internetdisconnected');
+    return route.continue();
+  });
+  await tid('upload-chunk-kib').fill(String(CHUNK_KIB));
+  await tid('upload-files').setInputFiles([modelBin, tokBin]);
+  await tid('upload-start').click();
+  await tid('jobs-error').waitFor({ timeout: 60_000 });
+  const errText = await tid('jobs-error').innerText();
+  check(/Resume/.test(errText), `the interruption is reported with a hint to resume: "${errText.slice(0, 140)}"`);
+  check(await tid('upload-resume').count() === 1, 'one unfinished upload is listed with a Resume button');
+  const pending = JSON.parse(await page.evaluate(() => localStorage.getItem('moe-studio.pending-uploads')));
+  check(pending.length === 1 && pending[0].file_name === 'stories260K.bin', 'the unfinished upload is remembered in localStorage');
+  const before = await apiJson(`uploads/${pending[0].id}`);
+  check(before.chunks_received === INTERRUPT_AT && before.state === 'uploading',
+    `the server holds chunks 0..${before.chunks_received} of ${before.chunks_total} (state ${before.state})`);
+
+  // ---- reload (the tab forgets the File), pick again, resume -----------------
+  await page.reload();
+  await openJobs();
+  check(await tid('jobs-token').inputValue() === token, 'the token survives the reload (localStorage)');
+  const sentBeforeResume = sent.length;
+  await tid('upload-resume-files').setInputFiles([modelBin, tokBin]);
+  await clearMsg();
+  await tid('upload-resume').click();
+  const resumed = await okMsg();
+  check(/stories260K\.bin/.test(resumed) && /tok512\.bin/.test(resumed), `resume completes both files: "${resumed}"`);
+  const after = sent.slice(sentBeforeResume).filter((c) => c.id === pending[0].id).map((c) => c.index);
+  results.upload.resumed_from_chunk = Math.min(...after);
+  results.upload.chunk_requests_after_resume = after.length;
+  check(after[0] === INTERRUPT_AT && after.length === chunks - INTERRUPT_AT,
+    `the resume sends chunks ${after[0]}..${after.at(-1)} (${after.length}; none of 0..${INTERRUPT_AT - 1} again)`);
+  check(await tid('upload-resume').count() === 0, 'no unfinished upload is left');
+  const uploads = await apiJson('uploads');
+  const byName = (n) => uploads.find((u) => u.file_name === n && u.state === 'complete');
+  check(byName('stories260K.bin')?.sha256 === shaFile(modelBin), 'the server verified stories260K.bin with the source sha256');
+  check(byName('tok512.bin')?.sha256 === shaFile(tokBin), '... and tok512.bin');
+
+  // ---- register the checkpoint ----------------------------------------------
+  await tid('ckpt-name').fill('stories260K');
+  await clearMsg();
+  await tid('ckpt-register').click();
+  log(await okMsg());
+  const ckpts = await apiJson('checkpoints');
+  const base = ckpts.find((c) => c.name === 'stories260K');
+  check(!!base, 'the checkpoint is registered');
+  for (const [n, p] of [['stories260K.bin', modelBin], ['tok512.bin', tokBin]]) {
+    const f = base.files.find((x) => x.name === n);
+    const stored = sha(await apiBytes(`checkpoints/${base.id}/files/${n}`));
+    check(f?.sha256 === shaFile(p) && stored === shaFile(p), `stored ${n}: sha256 ${stored.slice(0, 16)}… equals the source (listing and bytes)`);
+  }
+  results.upload.sha256 = shaFile(modelBin);
+  await tid(`checkpoint-${base.id}`).waitFor({ timeout: 10_000 });
+
+  // ---- the corpus ------------------------------------------------------------
+  await tid('upload-files').setInputFiles([corpus]);
+  await clearMsg();
+  await tid('upload-start').click();
+  log(await okMsg());
+  const corpusUp = (await apiJson('uploads')).find((u) => u.file_name === path.basename(corpus) && u.state === 'complete');
+  check(corpusUp?.sha256 === shaFile(corpus), `corpus uploaded (${fs.readFileSync(corpus, 'utf8').split('\n').length - 1} lines, sha256 verified)`);
+
+  // Follows the job shown in the page until it ends; returns what was seen.
+  const followJob = async (timeout) => {
+    await tid('job-live').waitFor();
+    const id = await tid('job-live').getAttribute('data-job');
+    await page.evaluate(() => {
+      window.__steps = [];
+      const root = document.querySelector('[data-testid=page-jobs]');
+      const seen = () => {
+        const s = document.querySelector('[data-testid=job-step]');
+        const c = document.querySelector('[data-testid=loss-curve]');
+        if (s) window.__steps.push({ step: Number(s.dataset.step), points: Number(c?.dataset.points || 0) });
+      };
+      new MutationObserver(seen).observe(root, { subtree: true, childList: true, characterData: true, attributes: true });
+    });
+    await page.waitForFunction(() => ['succeeded', 'failed', 'cancelled', 'interrupted']
+      .includes(document.querySelector('[data-testid=job-state]')?.textContent), null, { timeout });
+    const state = await tid('job-state').innerText();
+    const steps = await page.evaluate(() => window.__steps);
+    return { id, state, steps };
+  };
+
+  // ---- upcycle -----------------------------------------------------------------
+  await tid('job-kind').selectOption('upcycle');
+  await tid('job-model').selectOption(base.id);
+  await tid('job-experts').fill('2');
+  await tid('job-topk').fill('1');
+  await clearMsg();
+  await tid('job-submit').click();
+  log(await okMsg());
+  const up = await followJob(180_000);
+  const upJob = await apiJson(`jobs/${up.id}`);
+  check(up.state === 'succeeded' && upJob.state === 'succeeded' && !!upJob.output_checkpoint,
+    `upcycle job ${up.id.slice(0, 8)}: ${up.state}, output checkpoint ${upJob.output_checkpoint?.slice(0, 8)}`);
+  results.upcycle = { job: up.id, output_checkpoint: upJob.output_checkpoint };
+
+  // ---- experts-stage training, followed live --------------------------------
+  await page.waitForFunction((id) => [...document.querySelectorAll('[data-testid=job-model] option')].some((o) => o.value === id),
+    upJob.output_checkpoint, { timeout: 30_000 });
+  await tid('job-kind').selectOption('train');
+  await tid('job-model').selectOption(upJob.output_checkpoint);
+  await tid('job-train-stage').selectOption('experts');
+  await tid('job-steps').fill(String(TRAIN_STEPS));
+  await tid('job-seqlen').fill('32');
+  await tid('job-batch').fill('4');
+  await tid('job-lr').fill('1e-3');
+  await tid('job-seed').fill('7');
+  await tid('job-corpus').selectOption(corpusUp.id);
+  await tid('job-corpus-name').fill('hu');
+  await clearMsg();
+  const tTrain = Date.now();
+  await tid('job-submit').click();
+  log(await okMsg());
+  const tr = await followJob(300_000);
+  results.train_ms = Date.now() - tTrain;
+  const trJob = await apiJson(`jobs/${tr.id}`);
+  const metrics = await apiJson(`jobs/${tr.id}/metrics`);
+  const distinct = [...new Set(tr.steps.map((s) => s.step).filter((s) => s > 0))];
+  const pts = Number(await tid('loss-curve').getAttribute('data-points'));
+  const events = Number(await tid('job-events').innerText());
+  const pageLoss = Number(await tid('job-loss').innerText());
+  const finalLoss = metrics.at(-1)?.loss;
+  check(tr.state === 'succeeded' && trJob.state === 'succeeded', `training job ${tr.id.slice(0, 8)}: ${tr.state}`);
+  check(distinct.length >= 2 && distinct.every((s, i) => i === 0 || s > distinct[i - 1]),
+    `the step counter advanced live through ${distinct.length} values: ${distinct.join(', ')}`);
+  check(await tid('job-step').innerText() === `${TRAIN_STEPS} / ${TRAIN_STEPS}`, `the page shows ${await tid('job-step').innerText()}`);
+  check(pts === TRAIN_STEPS && metrics.length === TRAIN_STEPS, `the loss curve has ${pts} points (metrics.jsonl: ${metrics.length})`);
+  check(Math.abs(pageLoss - finalLoss) < 5e-4, `the page's final loss ${pageLoss} equals the API's ${finalLoss}`);
+  check(events > TRAIN_STEPS, `${events} events arrived over SSE`);
+  results.train = { job: tr.id, steps: TRAIN_STEPS, seq_len: 32, batch: 4, first_loss: metrics[0]?.loss, final_loss: finalLoss,
+    events, live_step_values: distinct, tokens_per_s: trJob.progress?.tokens_per_s, output_checkpoint: trJob.output_checkpoint };
+
+  // ---- download an artefact from the page -------------------------------------
+  const art = 'final/model.safetensors';
+  await tid(`artifact-${art}`).waitFor({ timeout: 30_000 });
+  const [dl] = await Promise.all([page.waitForEvent('download'), tid(`artifact-${art}`).click()]);
+  const dlPath = path.join(tmp, 'downloaded.safetensors');
+  await dl.saveAs(dlPath);
+  const fromApi = await apiBytes(`jobs/${tr.id}/artifacts/${art}`);
+  const dlSha = shaFile(dlPath);
+  const outCkpt = await apiJson(`checkpoints/${trJob.output_checkpoint}`);
+  const ckptFile = outCkpt.files.find((f) => f.name === 'model.safetensors');
+  check(dlSha === sha(fromApi) && fs.statSync(dlPath).size === fromApi.length,
+    `downloaded ${art}: ${fromApi.length} bytes, sha256 ${dlSha.slice(0, 16)}… equals the API's artefact`);
+  check(!ckptFile?.sha256 || ckptFile.sha256 === dlSha, '... and the output checkpoint\'s model.safetensors');
+  results.download = { artefact: art, bytes: fromApi.length, sha256: dlSha };
+
+  // ---- open the output in the studio ------------------------------------------
+  await clearMsg();
+  await tid('job-open').click();
+  const opened = await okMsg();
+  check(opened.includes(outCkpt.name) && /layers/.test(opened), `Open in studio: "${opened}"`);
+  await page.screenshot({ path: path.join(shots, 'jobs.png'), fullPage: true });
+  await tid('tab-load').click();
+  const loaded = await tid('loaded-models').innerText();
+  check(loaded.includes(outCkpt.name) && /MoE, \d+ experts/.test(loaded), `the Load page lists ${outCkpt.name} as an MoE`);
+  results.opened = opened;
+  check(pageErrors.length === 0, `no page errors${pageErrors.length ? `: ${pageErrors.join(' | ')}` : ''}`);
+} catch (e) {
+  failures++;
+  console.log(`FAIL ${e.stack || e}`);
+  await page.screenshot({ path: path.join(out, 'failure.png'), fullPage: true }).catch(() => {});
+} finally {
+  await browser.close();
+}
+results.total_ms = Date.now() - t0;
+fs.writeFileSync(path.join(out, 'results.json'), JSON.stringify(results, null, 2));
+console.log(JSON.stringify(results, null, 2));
+console.log(failures ? `${failures} check(s) failed` : 'all checks passed');
+process.exit(failures ? 1 : 0);

@@ -52,7 +52,15 @@ pub fn App() -> impl IntoView {
     provide_context(shared);
     provide_context(Revision(RwSignal::new(0)));
     leptos::task::spawn_local(async move {
-        shared.gpu.set(detect_webgpu().await);
+        let status = detect_webgpu().await;
+        let status = match status {
+            GpuStatus::Available(a) => match crate::compute::gpu::init().await {
+                Ok(_) => GpuStatus::Available(a),
+                Err(e) => GpuStatus::Missing(format!("adapter {a} found, but the WGSL kernels could not start: {e}")),
+            },
+            other => other,
+        };
+        shared.gpu.set(status);
         shared.backend.set(Some(backend_available().await));
     });
     let gpu_badge = move || match shared.gpu.get() {

@@ -27,6 +27,17 @@ try {
   }
   fs.writeFileSync(`${out}/results.json`, JSON.stringify(results, null, 2));
   console.log(JSON.stringify(results, null, 2));
+  // Without the WebGPU flags the studio must say it falls back to the CPU.
+  const plain = await launch([]);
+  try {
+    const page = await plain.context.newPage();
+    await page.goto(srv.url);
+    const badge = await page.getByTestId('webgpu').innerText({ timeout: 30_000 });
+    check(badge.includes('WebGPU missing'), `without WebGPU flags the header says so (${badge})`);
+    await page.getByTestId('tab-graft').click();
+    const note = await page.getByTestId('engine-note').filter({ visible: true }).first().innerText();
+    check(note.includes('CPU fallback'), `... and the method pages show the CPU fallback notice (${note.slice(0, 80)})`);
+  } finally { await plain.close(); }
 } catch (e) {
   failures++;
   console.log(`FAIL ${e.stack || e}`);

@@ -68,7 +68,7 @@ if [ -n "${E2E_SMOLLM2:-}" ]; then
   "$cli" upcycle "$E2E_SMOLLM2" --experts 2 --out "$work/cli/smollm2-upcycled" > /dev/null
   s1=$(ms)
   "$cli" route "$work/cli/smollm2-upcycled" --domain "en=$work/small-en.txt" --domain "hu=$work/small-hu.txt" \
-    --max-tokens 300 --out "$work/cli/smollm2-routed" > /dev/null 2>&1
+    --max-tokens 128 --out "$work/cli/smollm2-routed" > /dev/null 2>&1
   s2=$(ms)
   "$cli" graft "$work/cli/smollm2-upcycled" --base "$E2E_SMOLLM2" --instruct "$E2E_SMOLLM2" --out "$work/cli/smollm2-grafted" > /dev/null
   s3=$(ms)

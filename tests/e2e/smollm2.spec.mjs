@@ -33,7 +33,8 @@ export async function run({ context, url, work, out, check, log, gguf }) {
     await tid(`domain-file-${i}`).setInputFiles(path.join(work, `small-${lang}.txt`));
     await tid(`domain-name-${i}`).fill(lang);
   }
-  await tid('route-max-tokens').fill('300');
+  await tid('route-max-tokens').fill('128');
+  await tid('route-ppl').uncheck();
   await tid('route-model').selectOption('a0');
   t = Date.now();
   await tid('route-run').click();

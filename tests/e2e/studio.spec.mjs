@@ -135,6 +135,7 @@ export async function run({ context, url, work, shots, out, check, log }) {
   await tid('graft-run').click();
   const gr = await text('graft-ok', 120_000);
   results.graft = { message: gr, wall_ms: Date.now() - t2 };
+  if (gpu.includes('WebGPU:')) check(gr.includes('on WebGPU'), 'with a WebGPU adapter the graft runs on the WGSL kernel');
   await tid('delta-table').waitFor();
   await shot('graft');
   // The same graft on the upcycled MoE (artifact 3), compared by sha256 below.

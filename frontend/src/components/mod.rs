@@ -1,6 +1,7 @@
 //! Reusable pieces of the pages.
 
 pub mod chart;
+pub mod engine_note;
 pub mod message;
 pub mod model_select;
 pub mod progress;

@@ -1,14 +1,45 @@
 //! Where the WGSL kernels (crate `moe-studio-kernels`) plug in.
 //!
-//! The elementwise graft / weighted sum and the ridge Gram accumulation are
-//! meant to run on WebGPU through the kernels' runner when an adapter is
-//! granted. Until that runner lands, every method runs the shared CPU code
-//! (the same functions as the CLI), and the page says so: [`Engine`]
-//! reports which path a step used.
+//! When the browser grants a WebGPU adapter, [`init`] opens a kernels
+//! [`Gpu`] once; the graft's elementwise `target + scale * (instruct -
+//! base)` then runs on it ([`super::graft`]), bit-identical to the CPU
+//! path (same f32 operations in the same order; checked end to end against
+//! the CLI's sha256). Without WebGPU every method runs the shared CPU code
+//! and the pages say so ([`Engine::describe`]). The ridge Gram statistics
+//! stay on the CPU: the CLI accumulates them in f64, the kernel in f32, and
+//! the browser's router must equal the CLI's.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use moe_kernels::Gpu;
 
 use crate::web::GpuStatus;
 
-/// The compute path of the elementwise and Gram steps.
+thread_local! {
+    static GPU: RefCell<Option<Rc<Gpu>>> = const { RefCell::new(None) };
+}
+
+/// Opens the kernels' device on the granted adapter (once).
+///
+/// # Errors
+/// The runner's message when the device cannot be opened.
+pub async fn init() -> Result<String, String> {
+    if let Some(g) = gpu() {
+        return Ok(g.describe());
+    }
+    let g = Gpu::new().await.map_err(|e| e.to_string())?;
+    let d = g.describe();
+    GPU.with(|c| *c.borrow_mut() = Some(Rc::new(g)));
+    Ok(d)
+}
+
+/// The kernels' device, when [`init`] succeeded.
+pub fn gpu() -> Option<Rc<Gpu>> {
+    GPU.with(|c| c.borrow().clone())
+}
+
+/// The compute path of the elementwise steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
     /// WGSL kernels on WebGPU.
@@ -18,20 +49,22 @@ pub enum Engine {
 }
 
 impl Engine {
-    /// The engine for this browser: WebGPU kernels are not wired yet, so
-    /// the CPU path is used whatever the adapter.
-    pub fn choose(_gpu: &GpuStatus) -> Engine {
-        Engine::Cpu
+    /// WebGPU when the kernels' device is open, else the CPU.
+    pub fn choose(gpu_status: &GpuStatus) -> Engine {
+        match gpu_status {
+            GpuStatus::Available(_) if gpu().is_some() => Engine::WebGpu,
+            _ => Engine::Cpu,
+        }
     }
 
     /// A sentence for the page.
-    pub fn describe(self, gpu: &GpuStatus) -> String {
-        match (self, gpu) {
-            (Engine::WebGpu, GpuStatus::Available(a)) => format!("WebGPU kernels on {a}"),
+    pub fn describe(self, gpu_status: &GpuStatus) -> String {
+        match (self, gpu_status) {
+            (Engine::WebGpu, GpuStatus::Available(a)) => format!(
+                "graft on WebGPU (WGSL kernels, {a}); model forward passes and ridge statistics on the CPU in this tab"
+            ),
             (_, GpuStatus::Available(a)) => {
-                format!(
-                    "CPU in this tab (WebGPU adapter found: {a}; the WGSL kernels are not wired into this step yet)"
-                )
+                format!("CPU in this tab (WebGPU adapter {a} found but the kernels could not start)")
             }
             (_, GpuStatus::Missing(why)) => format!("CPU fallback: WebGPU is not available ({why})"),
             (_, GpuStatus::Unknown) => "CPU in this tab".into(),

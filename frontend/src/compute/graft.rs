@@ -3,11 +3,12 @@
 //! group at a time (each group whole, so the bytes and the per-tensor
 //! statistics equal one uninterrupted call's).
 
+use moe_shared::checkpoint::LoadedModel;
 use moe_shared::config::HfConfig;
 use moe_shared::methods::delta::{
     graft_report, plan_graft, write_graft, DeltaStat, GraftOptions, GraftPlan, GraftReport,
 };
-use moe_shared::methods::sink::MemorySink;
+use moe_shared::methods::sink::{to_bytes, MemorySink, TensorSink};
 
 use super::artifact::{into_artifact, pretty, Output};
 use super::msg;
@@ -38,7 +39,79 @@ fn companion(target: &Picked) -> (Vec<u8>, Option<Vec<u8>>) {
     }
 }
 
-/// Grafts `scale * (instruct - base)` onto `target`.
+/// One delta group (a delta and every target tensor it goes to) with the
+/// elementwise graft on the WGSL kernel; the statistics are those of
+/// `write_graft` (f64 norms of the unscaled delta).
+async fn gpu_group(
+    gpu: &moe_kernels::Gpu,
+    t: &LoadedModel,
+    b: &LoadedModel,
+    i: &LoadedModel,
+    plan: &GraftPlan,
+    r: std::ops::Range<usize>,
+    sink: &mut MemorySink,
+) -> Result<Vec<DeltaStat>, String> {
+    let scale = plan.options.scale as f32;
+    let group = &plan.tensors[r];
+    let mut stats = Vec::new();
+    let delta = match group[0].origin.delta_name() {
+        Some(dname) => {
+            let base = b.source.read_f32(dname).map_err(msg)?;
+            let inst = i.source.read_f32(dname).map_err(msg)?;
+            let n: usize = group[0].shape.iter().product();
+            if base.len() != n || inst.len() != n {
+                return Err(format!(
+                    "`{dname}`: base/instruct hold {}/{} values, shape needs {n}",
+                    base.len(),
+                    inst.len()
+                ));
+            }
+            let (mut d2, mut b2, mut max_abs) = (0f64, 0f64, 0f64);
+            for (&x, &y) in inst.iter().zip(&base) {
+                let d = x - y;
+                d2 += f64::from(d) * f64::from(d);
+                b2 += f64::from(y) * f64::from(y);
+                max_abs = max_abs.max(f64::from(d.abs()));
+            }
+            let (delta_l2, base_l2) = (d2.sqrt(), b2.sqrt());
+            stats.push(DeltaStat {
+                name: dname.to_string(),
+                shape: group[0].shape.clone(),
+                delta_l2,
+                base_l2,
+                relative: if base_l2 > 0.0 { delta_l2 / base_l2 } else { 0.0 },
+                max_abs,
+                applied_to: group.len(),
+            });
+            Some((base, inst))
+        }
+        None => None,
+    };
+    for gt in group {
+        let theta = t.source.read_f32(&gt.name).map_err(msg)?;
+        let values = match &delta {
+            Some((base, inst)) => {
+                let out = gpu
+                    .graft(
+                        bytemuck::cast_slice(&theta),
+                        bytemuck::cast_slice(inst),
+                        bytemuck::cast_slice(base),
+                        scale,
+                        moe_kernels::ElemDtype::F32,
+                    )
+                    .await
+                    .map_err(|e| format!("WebGPU graft of `{}`: {e}", gt.name))?;
+                out.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<f32>>()
+            }
+            None => theta,
+        };
+        sink.write_tensor(&gt.name, &to_bytes(gt.dtype, &values).map_err(msg)?).map_err(msg)?;
+    }
+    Ok(stats)
+}
+
+/// Grafts `scale * (instruct - base)` onto `target` (on the WGSL kernel
+/// when `use_gpu` and a WebGPU device is open, else the shared CPU code).
 ///
 /// # Errors
 /// MoE base/instruct, mismatched models (named by the plan), cancellation.
@@ -48,6 +121,7 @@ pub async fn run(
     base: &Picked,
     instruct: &Picked,
     scale: f64,
+    use_gpu: bool,
 ) -> Result<(Artifact, GraftReport), String> {
     let t0 = crate::web::now_ms();
     for (p, role) in [(base, "base"), (instruct, "instruct")] {
@@ -74,12 +148,19 @@ pub async fn run(
     let mut stats: Vec<DeltaStat> = Vec::new();
     let mut part = GraftPlan { tensors: Vec::new(), planned: Vec::new(), ..plan.clone() };
     let mut last = crate::web::now_ms();
+    let gpu = if use_gpu { super::gpu::gpu() } else { None };
     for (k, r) in runs.iter().enumerate() {
-        part.tensors = plan.tensors[r.clone()].to_vec();
-        part.planned = plan.planned[r.clone()].to_vec();
-        stats.extend(
-            write_graft(t.source.as_ref(), b.source.as_ref(), i.source.as_ref(), &part, &mut sink).map_err(msg)?,
-        );
+        match &gpu {
+            Some(g) => stats.extend(gpu_group(g, t, b, i, &plan, r.clone(), &mut sink).await?),
+            None => {
+                part.tensors = plan.tensors[r.clone()].to_vec();
+                part.planned = plan.planned[r.clone()].to_vec();
+                stats.extend(
+                    write_graft(t.source.as_ref(), b.source.as_ref(), i.source.as_ref(), &part, &mut sink)
+                        .map_err(msg)?,
+                );
+            }
+        }
         if crate::web::now_ms() - last > 40.0 {
             task.step("grafting the delta", (k + 1) as f64 / runs.len() as f64).await?;
             last = crate::web::now_ms();

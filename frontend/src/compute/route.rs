@@ -75,6 +75,7 @@ pub async fn run(
     domains: &[DomainText],
     opts: RouteOptions,
     eval_tokens: usize,
+    with_ppl: bool,
 ) -> Result<RouteResult, String> {
     let t0 = crate::web::now_ms();
     let m = src.model();
@@ -137,28 +138,30 @@ pub async fn run(
         accuracy.push(routing_accuracy(&model, i, &held[i], eval_tokens));
     }
     // Perplexity: DUME vs averaging vs oracle on each held-out text.
-    let avg_src = AveragedExperts::new(m.source.as_ref(), &m.config, &moe);
-    let averaged = load_transformer::<crate::Cpu>(&m.config, None, &avg_src, &Default::default()).map_err(msg)?;
-    let window = opts.context.min(m.config.max_position_embeddings).max(2);
-    let popts = PerplexityOptions { window, stride: window, max_tokens: Some(eval_tokens) };
-    let dev = Default::default();
     let mut ppl = Vec::new();
-    for (i, d) in domains.iter().enumerate() {
-        task.step(&format!("perplexity: {}", d.name), 0.75 + 0.2 * i as f64 / n).await?;
-        let ids: Vec<u32> = held[i].concat();
-        let ev = |model: &moe_shared::model::Transformer<crate::Cpu>, r: Routing| {
-            evaluate(model, &ids, popts, r, &dev, |_, _| {}).map(|e| e.report).map_err(msg)
-        };
-        let dume = ev(&model, Routing::Learned)?;
-        let oracle = ev(&model, Routing::Forced(i))?;
-        let avg = ev(&averaged, Routing::Learned)?;
-        ppl.push(PplRow {
-            domain: d.name.clone(),
-            tokens: dume.tokens,
-            dume: dume.ppl,
-            averaging: avg.ppl,
-            oracle: oracle.ppl,
-        });
+    if with_ppl {
+        let avg_src = AveragedExperts::new(m.source.as_ref(), &m.config, &moe);
+        let averaged = load_transformer::<crate::Cpu>(&m.config, None, &avg_src, &Default::default()).map_err(msg)?;
+        let window = opts.context.min(m.config.max_position_embeddings).max(2);
+        let popts = PerplexityOptions { window, stride: window, max_tokens: Some(eval_tokens) };
+        let dev = Default::default();
+        for (i, d) in domains.iter().enumerate() {
+            task.step(&format!("perplexity: {}", d.name), 0.75 + 0.2 * i as f64 / n).await?;
+            let ids: Vec<u32> = held[i].concat();
+            let ev = |model: &moe_shared::model::Transformer<crate::Cpu>, r: Routing| {
+                evaluate(model, &ids, popts, r, &dev, |_, _| {}).map(|e| e.report).map_err(msg)
+            };
+            let dume = ev(&model, Routing::Learned)?;
+            let oracle = ev(&model, Routing::Forced(i))?;
+            let avg = ev(&averaged, Routing::Learned)?;
+            ppl.push(PplRow {
+                domain: d.name.clone(),
+                tokens: dume.tokens,
+                dume: dume.ppl,
+                averaging: avg.ppl,
+                oracle: oracle.ppl,
+            });
+        }
     }
     task.step("writing the routed checkpoint", 0.95).await?;
     let names: Vec<String> = domains.iter().map(|d| d.name.clone()).collect();

@@ -16,6 +16,8 @@ use crate::task::Task;
 #[component]
 pub fn GraftPage() -> impl IntoView {
     let rev = Revision::get();
+    let shared = crate::app::Shared::get();
+    let use_gpu = RwSignal::new(true);
     let target = RwSignal::new(None::<ModelRef>);
     let base = RwSignal::new(None::<ModelRef>);
     let instruct = RwSignal::new(None::<ModelRef>);
@@ -38,15 +40,18 @@ pub fn GraftPage() -> impl IntoView {
         msg.set(Message::None);
         task.start("grafting");
         leptos::task::spawn_local(async move {
-            match crate::compute::graft::run(&task, &t, &b, &i, s).await {
+            let engine = crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked());
+            let on_gpu = engine == crate::compute::gpu::Engine::WebGpu && use_gpu.get_untracked();
+            match crate::compute::graft::run(&task, &t, &b, &i, s, on_gpu).await {
                 Ok((a, report)) => {
                     msg.set(Message::Ok(format!(
-                        "made {}: grafted {} of {} tensors ({} expert tensors, {} routers unchanged), {} in {:.0} ms",
+                        "made {}: grafted {} of {} tensors ({} expert tensors, {} routers unchanged) on {}, {} in {:.0} ms",
                         a.name,
                         report.grafted,
                         report.tensors,
                         report.expert_tensors,
                         report.routers,
+                        if on_gpu { "WebGPU" } else { "the CPU" },
                         crate::format_bytes(a.safetensors.len() as u64),
                         a.millis
                     )));
@@ -97,6 +102,9 @@ pub fn GraftPage() -> impl IntoView {
             <label>"Instruct (dense, post-trained from the base)" <ModelSelect value=instruct filter=Filter::Dense id="graft-instruct"/></label>
             <label>"scale λ" <input type="number" step="0.1" class="short" data-testid="graft-scale" prop:value=move || scale.get() on:input=move |ev| scale.set(event_target_value(&ev))/></label>
         </div>
+        <label class="inline"><input type="checkbox" data-testid="graft-use-gpu" prop:checked=move || use_gpu.get()
+            on:change=move |ev| use_gpu.set(event_target_checked(&ev))/>"use the WebGPU kernel when available (uncheck to compare with the CPU path)"</label>
+        <crate::components::engine_note::EngineNote/>
         <button data-testid="graft-run" on:click=run disabled=move || task.running()>"Graft"</button>
         <Progress task=task/>
         <MessageLine msg=msg id="graft"/>

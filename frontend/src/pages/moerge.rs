@@ -131,6 +131,7 @@ fn RouterForm() -> impl IntoView {
     let lambda = RwSignal::new("0.01".to_string());
     let top_k = RwSignal::new("1".to_string());
     let max_tokens = RwSignal::new("10000".to_string());
+    let with_ppl = RwSignal::new(true);
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
     let result = RwSignal::new(None::<RouteView>);
@@ -162,7 +163,7 @@ fn RouterForm() -> impl IntoView {
         result.set(None);
         task.start("ridge router");
         leptos::task::spawn_local(async move {
-            match crate::compute::route::run(&task, &p, &texts, opts, 2000).await {
+            match crate::compute::route::run(&task, &p, &texts, opts, 2000, with_ppl.get_untracked()).await {
                 Ok(r) => {
                     let names: Vec<String> = texts.iter().map(|t| t.name.clone()).collect();
                     msg.set(Message::Ok(format!(
@@ -191,7 +192,7 @@ fn RouterForm() -> impl IntoView {
                 <BarChart title="Held-out routing accuracy per layer (fraction of a domain's tokens sent to its own expert)"
                     x_label="layer" groups=(0..layers).map(|l| l.to_string()).collect() series=series max=1.0
                     reference=(chance, format!("chance {chance:.2}"))/>
-                <h4>"Perplexity on each domain's held-out text (lower is better)"</h4>
+                {(!r.ppl.is_empty()).then(|| view! { <h4>"Perplexity on each domain's held-out text (lower is better)"</h4> })}
                 <table class="grid" data-testid="ppl-table">
                     <thead><tr><th>"domain"</th><th>"tokens (stats / held-out)"</th><th>"DUME (ridge router)"</th><th>"averaging"</th><th>"oracle expert"</th></tr></thead>
                     <tbody>{r.ppl.iter().zip(&r.tokens).map(|(p, t)| view! {
@@ -215,6 +216,9 @@ fn RouterForm() -> impl IntoView {
             <label>"top-k " <input type="number" min="1" class="short" data-testid="route-topk" prop:value=move || top_k.get() on:input=move |ev| top_k.set(event_target_value(&ev))/></label>
             <label>"tokens per domain " <input type="number" class="short" data-testid="route-max-tokens" prop:value=move || max_tokens.get() on:input=move |ev| max_tokens.set(event_target_value(&ev))/></label>
         </div>
+        <label class="inline"><input type="checkbox" data-testid="route-ppl" prop:checked=move || with_ppl.get()
+            on:change=move |ev| with_ppl.set(event_target_checked(&ev))/>"also compute the perplexity table (three more passes over the held-out text)"</label>
+        <crate::components::engine_note::EngineNote/>
         <button data-testid="route-run" on:click=run disabled=move || task.running()>"Solve the router"</button>
         <Progress task=task/>
         <MessageLine msg=msg id="route"/>

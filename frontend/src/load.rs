@@ -150,22 +150,42 @@ fn hf_model(files: Vec<PickedFile>, total: u64) -> Result<(String, LoadedModel, 
     Ok((name, m, total))
 }
 
-/// Where trunk puts the demo model (copied from
-/// `$MOE_STUDIO_DATA/models/stories260K` at build time, never committed).
+/// Where the demo model is served from: `scripts/demo_model.sh` copies it
+/// into the build (`frontend/dist/demo/`, never committed) with a
+/// `manifest.json` naming its files.
 pub const DEMO_DIR: &str = "demo";
 
-/// Fetches and parses the bundled demo model (stories260K, llama2.c).
+/// `demo/manifest.json`: `{"name": "stories260K", "files": ["stories260K.bin", "tok512.bin"]}`.
+#[derive(Debug, serde::Deserialize)]
+pub struct DemoManifest {
+    /// Display name of the model.
+    pub name: String,
+    /// File names under `demo/`, in the form [`model_from_files`] takes
+    /// (a llama2.c `.bin` + tokenizer `.bin`, a `.gguf`, or HF files).
+    pub files: Vec<String>,
+}
+
+/// Fetches and parses the bundled demo model: the files `demo/manifest.json`
+/// lists (stories260K when `$MOE_STUDIO_DATA` was there at build time, else
+/// SmolLM2-135M-Instruct GGUF); without a manifest, stories260K.
 ///
 /// # Errors
-/// A readable message when the demo files are not served.
+/// A readable message when the demo files are not served or do not parse.
 pub async fn demo_model() -> Result<(String, LoadedModel, u64), String> {
-    let model = crate::web::fetch_bytes(&format!("{DEMO_DIR}/stories260K.bin")).await.map_err(|e| {
-        format!("{e} (the demo model is copied into the build by tests/e2e/run.sh or scripts; is it there?)")
-    })?;
-    let tok = crate::web::fetch_bytes(&format!("{DEMO_DIR}/tok512.bin")).await?;
-    let total = (model.len() + tok.len()) as u64;
-    let m = from_llama2c_bytes(Bytes::from_vec(model), "stories260K.bin", Some((&tok, "tok512.bin"))).map_err(err)?;
-    Ok(("stories260K".to_string(), m, total))
+    let hint = "(scripts/demo_model.sh copies the demo model into the build; is it there?)";
+    let manifest = match crate::web::fetch_bytes(&format!("{DEMO_DIR}/manifest.json")).await {
+        Ok(b) => serde_json::from_slice::<DemoManifest>(&b).map_err(|e| format!("{DEMO_DIR}/manifest.json: {e}"))?,
+        Err(_) => {
+            DemoManifest { name: "stories260K".into(), files: vec!["stories260K.bin".into(), "tok512.bin".into()] }
+        }
+    };
+    let mut files = Vec::with_capacity(manifest.files.len());
+    for f in &manifest.files {
+        let bytes = crate::web::fetch_bytes(&format!("{DEMO_DIR}/{f}")).await.map_err(|e| format!("{e} {hint}"))?;
+        files.push(PickedFile { name: f.clone(), bytes });
+    }
+    let (_, m, total) = model_from_files(files)?;
+    Ok((manifest.name, m, total))
 }
 
 #[cfg(test)]

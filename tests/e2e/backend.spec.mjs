@@ -247,6 +247,36 @@ try {
   const loaded = await tid('loaded-models').innerText();
   check(loaded.includes(outCkpt.name) && /MoE, \d+ experts/.test(loaded), `the Load page lists ${outCkpt.name} as an MoE`);
   results.opened = opened;
+
+  // ---- cancel a running training job, then resume it ----------------------------
+  const LONG = Number(process.env.E2E_RESUME_STEPS || 150);
+  await tid('tab-jobs').click();
+  await tid('job-steps').fill(String(LONG));
+  await clearMsg();
+  await tid('job-submit').click();
+  log(await okMsg());
+  await page.waitForFunction(() => Number(document.querySelector('[data-testid=job-step]')?.dataset.step) >= 10, null, { timeout: 120_000 });
+  const longId = await tid('job-live').getAttribute('data-job');
+  await clearMsg();
+  await tid('job-cancel').click();
+  log(await okMsg());
+  await page.waitForFunction(() => document.querySelector('[data-testid=job-state]')?.textContent === 'cancelled', null, { timeout: 60_000 });
+  const cancelled = await apiJson(`jobs/${longId}`);
+  const cancelStep = cancelled.progress?.step;
+  check(cancelled.state === 'cancelled' && cancelStep < LONG, `Cancel: job ${longId.slice(0, 8)} cancelled at step ${cancelStep} of ${LONG}`);
+  await clearMsg();
+  await tid('job-resume').click();
+  log(await okMsg());
+  const re = await followJob(300_000);
+  const resumedJob = await apiJson(`jobs/${longId}`);
+  const reSteps = [...new Set(re.steps.map((x) => x.step).filter((x) => x > 0))];
+  const rePts = Number(await tid('loss-curve').getAttribute('data-points'));
+  check(re.state === 'succeeded' && resumedJob.attempts === 2 && resumedJob.progress?.step === LONG,
+    `Resume: ${re.state} after ${resumedJob.attempts} attempts, step ${resumedJob.progress?.step}`);
+  check(reSteps.length > 0 && reSteps[0] > 1, `the resumed run continued from step ${reSteps[0]} (not from 1)`);
+  check(rePts === LONG, `the loss curve holds all ${rePts} steps (before and after the resume)`);
+  results.cancel_resume = { job: longId, steps: LONG, cancelled_at_step: cancelStep, first_step_after_resume: reSteps[0],
+    final_loss: resumedJob.progress?.loss, attempts: resumedJob.attempts };
   check(pageErrors.length === 0, `no page errors${pageErrors.length ? `: ${pageErrors.join(' | ')}` : ''}`);
 } catch (e) {
   failures++;

@@ -749,59 +749,72 @@ pub fn JobsPage() -> impl IntoView {
         }
     };
 
+    // The followed job's card: rebuilt only when another job is shown; its
+    // fields follow the events one by one (so an open log stays open).
+    let job_id = Memo::new(move |_| live.with(|l| l.job.clone()));
+    let prog = move || live.with(|l| l.progress.clone().unwrap_or_default());
+    let dash = || "–".to_string();
     let live_view = move || {
-        let l = live.get();
-        let id = l.job.clone()?;
-        let p = l.progress.clone().unwrap_or_default();
-        let state = l.state.map(|s| s.as_str()).unwrap_or("…");
-        let running = matches!(l.state, Some(JobState::Running | JobState::Queued));
-        let resumable = matches!(l.state, Some(JobState::Interrupted | JobState::Cancelled | JobState::Failed));
-        let pct = if p.steps > 0 {
-            p.step as f64 / p.steps as f64
-        } else if l.state == Some(JobState::Succeeded) {
-            1.0
-        } else {
-            0.0
+        let id = job_id.get()?;
+        let state = move || live.with(|l| l.state.map(|s| s.as_str()).unwrap_or("…"));
+        let running = move || live.with(|l| matches!(l.state, Some(JobState::Running | JobState::Queued)));
+        let resumable = move || {
+            live.with(|l| matches!(l.state, Some(JobState::Interrupted | JobState::Cancelled | JobState::Failed)))
         };
-        let arts = artefacts.get();
+        let pct = move || {
+            let p = prog();
+            if p.steps > 0 {
+                p.step as f64 / p.steps as f64
+            } else if live.with(|l| l.state == Some(JobState::Succeeded)) {
+                1.0
+            } else {
+                0.0
+            }
+        };
+        let id2 = id.clone();
+        let arts = move || {
+            let arts = artefacts.get();
+            let id = id2.clone();
+            (!arts.is_empty()).then(|| view! {
+                <div data-testid="job-artifacts">
+                    <b>"Artefacts"</b>
+                    <ul class="small">
+                        {arts.into_iter().map(|f| {
+                            let url = api::artifact_url(&id, &f.name);
+                            let file = f.name.rsplit('/').next().unwrap_or(&f.name).to_string();
+                            view! { <li><a href=url download=file data-testid=format!("artifact-{}", f.name)>{f.name.clone()}</a>
+                                {format!(" ({})", crate::format_bytes(f.size))}</li> }
+                        }).collect_view()}
+                    </ul>
+                </div>
+            })
+        };
         Some(view! {
             <div class="card" data-testid="job-live" data-job=id.clone()>
-                <h3>"Job " <code>{short(&id)}</code> " — " <span data-testid="job-state" class=format!("state {state}")>{state}</span></h3>
-                <progress max="1" value=pct.to_string()></progress>
+                <h3>"Job " <code>{short(&id)}</code> " — " <span data-testid="job-state" class=move || format!("state {}", state())>{state}</span></h3>
+                <progress max="1" value=move || pct().to_string()></progress>
                 <table class="grid small">
-                    <tr><th>"stage"</th><td data-testid="job-stage">{p.stage.clone()}</td>
-                        <th>"step"</th><td data-testid="job-step" data-step=p.step.to_string()>{format!("{} / {}", p.step, p.steps)}</td>
-                        <th>"loss"</th><td data-testid="job-loss">{p.loss.map(|x| format!("{x:.4}")).unwrap_or_else(|| "–".into())}</td></tr>
-                    <tr><th>"tokens/s"</th><td data-testid="job-tps">{p.tokens_per_s.map(|x| format!("{x:.0}")).unwrap_or_else(|| "–".into())}</td>
-                        <th>"ETA"</th><td data-testid="job-eta">{p.eta_s.map(fmt_eta).unwrap_or_else(|| "–".into())}</td>
-                        <th>"events"</th><td data-testid="job-events">{l.events}</td></tr>
+                    <tr><th>"stage"</th><td data-testid="job-stage">{move || prog().stage}</td>
+                        <th>"step"</th><td data-testid="job-step" data-step=move || prog().step.to_string()>{move || { let p = prog(); format!("{} / {}", p.step, p.steps) }}</td>
+                        <th>"loss"</th><td data-testid="job-loss">{move || prog().loss.map(|x| format!("{x:.4}")).unwrap_or_else(dash)}</td></tr>
+                    <tr><th>"tokens/s"</th><td data-testid="job-tps">{move || prog().tokens_per_s.map(|x| format!("{x:.0}")).unwrap_or_else(dash)}</td>
+                        <th>"ETA"</th><td data-testid="job-eta">{move || prog().eta_s.map(fmt_eta).unwrap_or_else(dash)}</td>
+                        <th>"events"</th><td data-testid="job-events">{move || live.with(|l| l.events)}</td></tr>
                 </table>
-                {l.stream.clone().map(|s| view! { <p class="msg small">{s}</p> })}
-                {l.error.clone().map(|e| view! { <pre class="msg error small" data-testid="job-error">{e}</pre> })}
+                {move || live.with(|l| l.stream.clone()).map(|s| view! { <p class="msg small">{s}</p> })}
+                {move || live.with(|l| l.error.clone()).map(|e| view! { <pre class="msg error small" data-testid="job-error">{e}</pre> })}
                 <LossChart points=Signal::derive(move || live.with(|l| l.loss.clone()))/>
                 <p>
-                    <button data-testid="job-cancel" on:click=move |_| act("cancel") disabled=!running>"Cancel"</button>
+                    <button data-testid="job-cancel" on:click=move |_| act("cancel") disabled=move || !running()>"Cancel"</button>
                     " "
-                    <button data-testid="job-resume" on:click=move |_| act("resume") disabled=!resumable>"Resume"</button>
+                    <button data-testid="job-resume" on:click=move |_| act("resume") disabled=move || !resumable()>"Resume"</button>
                     " "
                     <button data-testid="job-open" on:click=open_in_studio disabled=move || busy.get() || live.with(|l| l.output_checkpoint.is_none())>"Open in studio"</button>
                 </p>
-                {(!arts.is_empty()).then(|| view! {
-                    <div data-testid="job-artifacts">
-                        <b>"Artefacts"</b>
-                        <ul class="small">
-                            {arts.into_iter().map(|f| {
-                                let url = api::artifact_url(&id, &f.name);
-                                let file = f.name.rsplit('/').next().unwrap_or(&f.name).to_string();
-                                view! { <li><a href=url download=file data-testid=format!("artifact-{}", f.name)>{f.name.clone()}</a>
-                                    {format!(" ({})", crate::format_bytes(f.size))}</li> }
-                            }).collect_view()}
-                        </ul>
-                    </div>
-                })}
+                {arts}
                 <details>
-                    <summary>{format!("log ({} lines)", l.log.len())}</summary>
-                    <pre class="small" data-testid="job-log">{l.log.join("\n")}</pre>
+                    <summary>{move || live.with(|l| format!("log ({} lines)", l.log.len()))}</summary>
+                    <pre class="small" data-testid="job-log">{move || live.with(|l| l.log.join("\n"))}</pre>
                 </details>
             </div>
         })

@@ -129,11 +129,12 @@ pub async fn detect_webgpu() -> GpuStatus {
     }
 }
 
-/// Whether the studio is served by `moe-studio serve` (its `/api/health`
-/// answers 2xx with JSON) rather than a plain static server.
+/// Whether the studio is served by `moe-studio serve` (its `GET /api/info`
+/// answers with a `moe_shared::api::ServerInfo`) rather than a plain static
+/// server (which answers 404, or its `index.html` fallback: not JSON).
 pub async fn backend_available() -> bool {
-    match fetch_bytes("api/health").await {
-        Ok(b) => serde_json::from_slice::<serde_json::Value>(&b).is_ok(),
+    match fetch_bytes("api/info").await {
+        Ok(b) => serde_json::from_slice::<moe_shared::api::ServerInfo>(&b).is_ok(),
         Err(_) => false,
     }
 }

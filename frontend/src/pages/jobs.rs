@@ -225,8 +225,8 @@ pub fn JobsPage() -> impl IntoView {
         });
     };
 
-    // The studio's probe (`api/health`) may miss this server: `api/info`
-    // is the server's own description, so it decides too.
+    // The server's description (`api/info`): shown on the page; it also
+    // marks the backend as present if the studio's first probe failed.
     Effect::new(move |_| {
         if shared.backend.get().is_some() && info.get_untracked().is_none() {
             leptos::task::spawn_local(async move {

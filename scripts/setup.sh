@@ -37,17 +37,17 @@ fi
 
 # wasm-bindgen-cli must equal the wasm-bindgen version in Cargo.lock; trunk
 # is pinned. Both are built from crates.io (trunk never downloads tools:
-# frontend/Trunk.toml sets offline mode).
+# frontend/Trunk.toml sets offline mode). cargo install builds them in a
+# temporary directory it removes afterwards.
 WASM_BINDGEN_VERSION="$(awk '/^name = "wasm-bindgen"$/{getline; gsub(/version = |"/, ""); print; exit}' Cargo.lock)"
 TRUNK_VERSION="0.21.14"
-TOOLS_TARGET="$MOE_STUDIO_CACHE/tools-target"
 if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$WASM_BINDGEN_VERSION" ]; then
     log "installing wasm-bindgen-cli $WASM_BINDGEN_VERSION"
-    CARGO_TARGET_DIR="$TOOLS_TARGET" cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION" --force
+    env -u CARGO_TARGET_DIR cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION" --force
 fi
 if [ "$(trunk --version 2>/dev/null | awk '{print $2}')" != "$TRUNK_VERSION" ]; then
     log "installing trunk $TRUNK_VERSION"
-    CARGO_TARGET_DIR="$TOOLS_TARGET" cargo install trunk --version "$TRUNK_VERSION" --locked --force
+    env -u CARGO_TARGET_DIR cargo install trunk --version "$TRUNK_VERSION" --locked --force
 fi
 
 # playwright-core (pinned in tests/e2e/package-lock.json).

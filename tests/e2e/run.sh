@@ -2,12 +2,12 @@
 # End-to-end test of the browser studio (issue 7):
 #  1. builds the frontend with trunk (offline; wasm-bindgen from PATH, no
 #     wasm-opt) and copies the demo model (stories260K, never committed) into
-#     frontend/dist/demo/;
+#     the build (a private dist under tests/e2e/work/; frontend/dist is left alone);
 #  2. builds the CLI and makes the inputs: two small corpora (en, hu), an
 #     "instruct" model (stories260K fine-tuned for a few steps with
 #     `moe-studio train --stage dense`);
 #  3. runs the CLI on the same inputs (upcycle -> route -> graft), timed;
-#  4. serves frontend/dist on an ephemeral port and drives chromium with
+#  4. serves that dist on an ephemeral port and drives chromium with
 #     playwright-core (run.mjs / studio.spec.mjs); screenshots go to
 #     docs/screenshots/.
 # Exits non-zero on any failure.
@@ -26,8 +26,9 @@ step() { echo "== $*"; }
 ms() { date +%s%3N; }
 
 step "frontend: trunk build --offline"
-(cd "$root/frontend" && trunk build --offline)
-dist="$root/frontend/dist"
+# Into a private folder: frontend/dist may be rebuilt by someone else meanwhile.
+dist="$work/dist"
+(cd "$root/frontend" && trunk build --offline --dist "$dist")
 mkdir -p "$dist/demo"
 cp "$demo/stories260K.bin" "$demo/tok512.bin" "$dist/demo/"
 

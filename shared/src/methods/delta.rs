@@ -342,10 +342,12 @@ pub fn plan_graft(
     instruct: &dyn TensorSource,
     opts: &GraftOptions,
 ) -> Result<GraftPlan> {
-    if !opts.scale.is_finite() {
+    // The arithmetic is f32: a scale finite in f64 but not in f32 (1e39)
+    // would turn every zero delta into NaN.
+    if !opts.scale.is_finite() || !(opts.scale as f32).is_finite() {
         return Err(StudioError::config(
             "--scale",
-            format!("the delta scale must be a finite number (got {})", opts.scale),
+            format!("the delta scale must be a finite f32 number, |scale| < 3.4e38 (got {})", opts.scale),
         ));
     }
     check_same_tensors(base, "base", instruct, "instruct")?;
@@ -535,7 +537,18 @@ pub fn write_graft(
         check_len(target, &t.name, &theta, &t.shape)?;
         if t.origin.delta_name().is_some() {
             let (_, d) = current.as_ref().expect("set above");
+            let was_finite = theta.iter().all(|v| v.is_finite());
             add_scaled_delta(&mut theta, d);
+            if was_finite && !theta.iter().all(|v| v.is_finite()) {
+                return Err(StudioError::tensor(
+                    target.source_name(),
+                    &t.name,
+                    format!(
+                        "theta + {} * (instruct - base) overflows f32 (inf/NaN); use a smaller --scale",
+                        plan.options.scale
+                    ),
+                ));
+            }
             if let Some(s) = stats.last_mut() {
                 s.applied_to += 1;
             }

@@ -414,6 +414,10 @@ fn bad_inputs_fail_clearly_and_write_nothing() {
     // A non-finite scale.
     let e = err(&moe, &base, &instruct, f64::NAN);
     assert!(e.contains("finite"), "{e}");
+    // Finite in f64 but not in f32: every zero delta would become NaN.
+    let e = err(&moe, &base, &instruct, 1e39);
+    assert!(e.contains("finite f32"), "{e}");
+    assert_nothing_written(&out);
 
     // An empty directory as any of the three models.
     let empty = dir.path().join("empty");

@@ -163,6 +163,9 @@ pub async fn run(
             });
         }
     }
+    // Free the Burn model before the output is built: wasm32 has 4 GiB, and
+    // a 135M-parameter MoE in f32 is ~0.9 GB per copy.
+    drop(model);
     task.step("writing the routed checkpoint", 0.95).await?;
     let names: Vec<String> = domains.iter().map(|d| d.name.clone()).collect();
     let routed = routed_config(&moe, &opts);

@@ -208,9 +208,12 @@ fn upload(s: &Server, file_name: &str, bytes: &[u8], chunk: u64) -> String {
 
 /// Sends raw bytes on a new connection and returns the status and body
 /// (the request path is not normalised the way an HTTP client would).
+/// `Host: x` in `request` becomes the server's own address (other hosts
+/// are refused: DNS-rebinding guard).
 fn raw(s: &Server, request: &str) -> (u16, String) {
     let mut c = TcpStream::connect(&s.addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let request = request.replacen("Host: x\r\n", &format!("Host: {}\r\n", s.addr), 1);
     c.write_all(request.as_bytes()).unwrap();
     let mut out = String::new();
     let _ = c.read_to_string(&mut out);
@@ -296,8 +299,9 @@ fn upload_interrupt_resume_and_hostile_input() {
         let c = chunks[5];
         let mut t = TcpStream::connect(&s.addr).unwrap();
         let head = format!(
-            "PUT /api/uploads/{id}/chunks/5 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nX-Chunk-Sha256: {}\r\n\
-             Content-Length: {}\r\n\r\n",
+            "PUT /api/uploads/{id}/chunks/5 HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\n\
+             X-Chunk-Sha256: {}\r\nContent-Length: {}\r\n\r\n",
+            s.addr,
             s.token,
             sha(c),
             c.len()
@@ -491,6 +495,74 @@ fn upload_interrupt_resume_and_hostile_input() {
     let (code, e) =
         s.call("POST", "/api/checkpoints", Some(json!({"name": "t", "uploads": ["../../../../etc/passwd"]})));
     assert_eq!((code, e["field"].as_str()), (400, Some("uploads[0]")), "{e}");
+    // a llama2.c .bin without its tokenizer .bin
+    let lone = upload(&s, "stories260K.bin", &bin, 256 << 10);
+    let (code, e) = s.call("POST", "/api/checkpoints", Some(json!({"name": "no vocab", "uploads": [lone]})));
+    assert_eq!((code, e["field"].as_str()), (422, Some("uploads")), "{e}");
+    assert!(e["error"].as_str().unwrap().contains("needs its tokenizer .bin"), "{e}");
+    assert_eq!(s.get(&format!("/api/uploads/{lone}"))["state"], "complete", "a refused upload stays usable");
+    // concurrent registrations of the same uploads: one 201, the others clean 409s
+    let lone_tok = upload(&s, "tok512.bin", &tok, 4096);
+    let racers: Vec<_> = (0..4)
+        .map(|i| {
+            let (url, token, ups) = (s.url("/api/checkpoints"), s.token.clone(), json!([lone, lone_tok]));
+            std::thread::spawn(move || {
+                call("POST", &url, Some(&token), Some(json!({"name": format!("race {i}"), "uploads": ups})))
+            })
+        })
+        .collect();
+    let mut codes: Vec<(u16, Value)> = racers.into_iter().map(|t| t.join().unwrap()).collect();
+    codes.sort_by_key(|(c, _)| *c);
+    assert_eq!(codes.iter().map(|(c, _)| *c).collect::<Vec<_>>(), [201, 409, 409, 409], "{codes:?}");
+    let raced = codes[0].1["id"].as_str().unwrap().to_string();
+    let tmps: Vec<PathBuf> = files_under(&dd.join("checkpoints"))
+        .into_iter()
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(".tmp-"))
+        .collect();
+    assert!(tmps.is_empty(), "temporary checkpoint directories left: {tmps:?}");
+    // an upload used twice names the checkpoint that has it
+    let (code, e) = s.call("POST", "/api/checkpoints", Some(json!({"name": "again", "uploads": [id]})));
+    assert_eq!((code, e["field"].as_str()), (409, Some("uploads[0]")), "{e}");
+    assert!(e["error"].as_str().unwrap().contains(&format!("was already used by checkpoint {cid}")), "{e}");
+    assert!(
+        codes[1].1["error"].as_str().unwrap().contains(&format!("already used by checkpoint {raced}")),
+        "{codes:?}"
+    );
+    let (code, e) = s.call(
+        "POST",
+        "/api/jobs",
+        Some(json!({"spec": {"kind": "eval", "model": cid, "data": [{"name": "a", "upload": id}]}})),
+    );
+    assert_eq!((code, e["field"].as_str()), (422, Some("spec.data[0].upload")), "{e}");
+    assert!(e["error"].as_str().unwrap().contains("already used by checkpoint"), "{e}");
+    // every API error is JSON: wrong method, too long a target, unsatisfiable range
+    let (code, e) = s.call("PUT", "/api/info", Some(json!({})));
+    assert_eq!(code, 405, "{e}");
+    let (code, e) = s.call("GET", &format!("/api/info?{}", "x".repeat(10_000)), None);
+    assert_eq!(code, 414, "{e}");
+    let file_url = s.url(&format!("/api/checkpoints/{cid}/files/stories260K.bin"));
+    let (code, e) = finish(agent().get(&file_url).set("Range", "bytes=99999999-").call());
+    assert_eq!(code, 416, "{e}");
+    // a Range that does not parse is ignored: the whole file
+    for range in ["bytes=abc", "items=0-5", "bytes=9-2"] {
+        let r = agent().get(&file_url).set("Range", range).call().unwrap();
+        assert_eq!(r.status(), 200, "{range}");
+        let mut all = Vec::new();
+        r.into_reader().read_to_end(&mut all).unwrap();
+        assert_eq!(all.len(), bin.len(), "{range}");
+    }
+    // DNS rebinding: only the loopback names of this server are accepted as Host
+    let port = s.addr.rsplit(':').next().unwrap().to_string();
+    for host in ["evil.example", "evil.example:80", &format!("attacker.test:{port}")] {
+        let (code, body) = raw(&s, &format!("GET /api/info HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"));
+        assert_eq!(code, 421, "{host}: {body}");
+        let v: Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(v["field"], "Host");
+    }
+    for host in [format!("localhost:{port}"), "127.0.0.1".to_string(), format!("[::1]:{port}")] {
+        let (code, body) = raw(&s, &format!("GET /api/info HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"));
+        assert_eq!(code, 200, "{host}: {body}");
+    }
     // invalid job specs
     let bad_specs = [
         (
@@ -536,6 +608,21 @@ fn upload_interrupt_resume_and_hostile_input() {
             "spec.data[0].upload",
         ),
         (json!({"spec": {"kind": "upcycle", "model": cid}}), 422, "spec.experts"),
+        // checked against the model (stories260K: 5 layers, context 512)
+        (json!({"spec": {"kind": "upcycle", "model": cid, "experts": 4, "top_k": 5}}), 422, "spec.top_k"),
+        (json!({"spec": {"kind": "upcycle", "model": cid, "experts": 4, "frozen": [0, 4]}}), 422, "spec.frozen[1]"),
+        (
+            json!({"spec": {"kind": "upcycle", "model": cid, "experts_per_layer": [4, 4, null]}}),
+            422,
+            "spec.experts_per_layer",
+        ),
+        (json!({"spec": {"kind": "moerge", "models": [cid, raced], "top_k": 3}}), 422, "spec.top_k"),
+        (
+            json!({"spec": {"kind": "train", "model": cid, "stage": "dense", "steps": 5, "seq_len": 4096,
+                 "data": [{"name": "hu", "upload": j3}]}}),
+            422,
+            "spec.seq_len",
+        ),
         (json!({"spec": {"kind": "merge", "method": "ties", "models": [cid]}}), 422, "spec.base"),
         (json!({"spec": {"kind": "format-disk"}}), 422, "body"),
         (
@@ -549,6 +636,23 @@ fn upload_interrupt_resume_and_hostile_input() {
         assert_eq!((code, e["field"].as_str()), (status, Some(field)), "{body} -> {e}");
     }
     assert_eq!(s.get("/api/jobs").as_array().unwrap().len(), 0, "no job was created");
+    // a job that fails: its error does not show the data directory; once its
+    // input checkpoint is deleted it cannot resume (422 naming the field)
+    let (code, j) = s.call(
+        "POST",
+        "/api/jobs",
+        Some(json!({"spec": {"kind": "train", "model": raced, "stage": "experts", "steps": 2,
+                             "data": [{"name": "t", "upload": j3}]}})),
+    );
+    assert_eq!(code, 201, "{j}");
+    let failed = j["id"].as_str().unwrap().to_string();
+    let jf = wait_job(&s, &failed, 120);
+    assert_eq!(jf["state"], "failed", "{jf}");
+    let err = jf["error"].as_str().unwrap();
+    assert!(!err.contains(dd.to_str().unwrap()), "the data dir leaks: {err}");
+    assert_eq!(s.call("DELETE", &format!("/api/checkpoints/{raced}"), None).0, 204);
+    let (code, e) = s.call("POST", &format!("/api/jobs/{failed}/resume"), None);
+    assert_eq!((code, e["field"].as_str()), (422, Some("spec.model")), "{e}");
     // unknown routes and ids
     let (code, e) = s.call("GET", "/api/nothing-here", None);
     assert_eq!(code, 404, "{e}");
@@ -561,7 +665,15 @@ fn upload_interrupt_resume_and_hostile_input() {
     assert!(before.iter().all(|p| after.contains(p) || p.starts_with(dd.join("uploads"))));
     assert!(!root.join("evil.bin").exists() && !dd.parent().unwrap().join("evil.bin").exists());
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(std::fs::metadata(dd.join("token")).unwrap().permissions().mode() & 0o777, 0o600);
+    let mode = |p: PathBuf| std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(dd.join("token")), 0o600);
+    assert_eq!(mode(dd.join("studio.db")), 0o600);
+    for d in ["uploads", "checkpoints", "jobs"] {
+        assert_eq!(mode(dd.join(d)), 0o700, "{d}");
+    }
+    assert_eq!(mode(dd.join(format!("checkpoints/{cid}"))), 0o700);
+    assert_eq!(mode(dd.join(format!("checkpoints/{cid}/stories260K.bin"))), 0o600);
+    assert_eq!(mode(dd.join(format!("jobs/{failed}"))), 0o700);
     let info = s.get("/api/info");
     assert_eq!(info["max_upload_bytes"], 4_000_000);
     let (code, _) = raw_get(&s, "/");
@@ -570,6 +682,14 @@ fn upload_interrupt_resume_and_hostile_input() {
     let (code, _) = s.call("DELETE", &format!("/api/checkpoints/{cid}"), None);
     assert_eq!(code, 204);
     assert_eq!(s.call("GET", &format!("/api/checkpoints/{cid}"), None).0, 404);
+    // stale incomplete uploads are deleted at start (--upload-ttl-hours; 0: all)
+    let stale = hid.clone();
+    assert_eq!(s.get(&format!("/api/uploads/{stale}"))["state"], "uploading");
+    drop(s);
+    let s = Server::start(&dd, &["--upload-ttl-hours", "0"]);
+    assert_eq!(s.call("GET", &format!("/api/uploads/{stale}"), None).0, 404);
+    assert!(!dd.join(format!("uploads/{stale}")).exists());
+    assert_eq!(s.get(&format!("/api/uploads/{j1}"))["state"], "complete", "complete uploads are kept");
     drop(s);
     let _ = std::fs::remove_dir_all(&root);
 }
@@ -790,6 +910,23 @@ fn train_job_survives_kill9() {
         arts.as_array().unwrap().iter().any(|f| f["name"].as_str().unwrap().starts_with("checkpoint-")),
         "a checkpoint saved on SIGINT: {arts}"
     );
+    // its model cannot be deleted while the job can resume from that
+    // checkpoint: interrupted, and still once cancelled
+    let (code, e) = s.call("DELETE", &format!("/api/checkpoints/{moe}"), None);
+    assert_eq!(code, 409, "{e}");
+    let (code, r) = s.call("POST", &format!("/api/jobs/{c}/resume"), None);
+    assert_eq!(code, 200, "{r}");
+    let t = Instant::now();
+    while s.get(&format!("/api/jobs/{c}"))["state"] != "running" {
+        assert!(t.elapsed() < Duration::from_secs(60), "job {c} did not start again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(s.call("POST", &format!("/api/jobs/{c}/cancel"), None).0, 200);
+    let jc = wait_job(&s, &c, 60);
+    assert_eq!(jc["state"], "cancelled", "{jc}");
+    let (code, e) = s.call("DELETE", &format!("/api/checkpoints/{moe}"), None);
+    assert_eq!(code, 409, "a cancelled train job that can resume uses it: {e}");
     drop(s);
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -41,6 +41,14 @@ pub fn find_entry(dir: &Path) -> Result<String, String> {
     let bins: Vec<&String> =
         names.iter().filter(|n| n.ends_with(".bin") && !n.starts_with("tok") && *n != "tokenizer.bin").collect();
     if gguf.is_empty() && bins.len() == 1 {
+        let has_vocab = names.iter().any(|n| n.ends_with(".bin") && (n.starts_with("tok") || n == "tokenizer.bin"));
+        if !has_vocab {
+            return Err(format!(
+                "{} looks like a llama2.c checkpoint, which needs its tokenizer .bin (tok*.bin, e.g. tok512.bin): \
+                 upload it and register both files together",
+                bins[0]
+            ));
+        }
         return Ok(bins[0].clone());
     }
     if names.iter().any(|n| n.ends_with(".safetensors")) {
@@ -144,7 +152,7 @@ pub async fn create(
             .await?
             .ok_or_else(|| AppError::unprocessable(&field, format!("upload {id} not found")))?;
         if u.state != UploadState::Complete {
-            return Err(AppError::conflict(Some(&field), format!("upload {id} ({}) is not complete", u.file_name)));
+            return Err(AppError::conflict(Some(&field), upload_unusable(&u)));
         }
         if ups.iter().any(|x: &moe_shared::api::UploadStatus| x.file_name == u.file_name) {
             return Err(AppError::unprocessable(&field, format!("two uploads are named {}", u.file_name)));
@@ -152,51 +160,128 @@ pub async fn create(
         ups.push(u);
     }
     let id = uuid::Uuid::new_v4().to_string();
+    // Claim the uploads (complete -> consumed, all or none) before touching
+    // a file: of concurrent requests naming the same upload one wins, the
+    // others are 409s.
+    let claim: Vec<String> = ups.iter().map(|u| u.id.clone()).collect();
+    let (c2, idc) = (claim.clone(), id.clone());
+    st.db
+        .call(move |c| {
+            let tx = c.transaction()?;
+            for (i, u) in c2.iter().enumerate() {
+                let n = tx.execute(
+                    "UPDATE uploads SET state = 'consumed', checkpoint_id = ?2 WHERE id = ?1 AND state = 'complete'",
+                    [u, &idc],
+                )?;
+                if n != 1 {
+                    let msg = match get_upload(&tx, u)? {
+                        Some(now) => upload_unusable(&now),
+                        None => format!("upload {u} not found"),
+                    };
+                    return Err(AppError::conflict(Some(&format!("uploads[{i}]")), msg));
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await?;
+    match assemble(&st, &id, &name, &ups).await {
+        Ok(info) => {
+            for u in &ups {
+                let _ = tokio::fs::remove_dir_all(upload_dir(&st, &u.id)).await;
+            }
+            Ok((StatusCode::CREATED, Json(info)))
+        }
+        Err(e) => {
+            // Give the uploads back.
+            let idc = id.clone();
+            let r = st
+                .db
+                .call(move |c| {
+                    for u in &claim {
+                        c.execute(
+                            "UPDATE uploads SET state = 'complete', checkpoint_id = NULL \
+                             WHERE id = ?1 AND state = 'consumed' AND checkpoint_id = ?2",
+                            [u, &idc],
+                        )?;
+                    }
+                    Ok(())
+                })
+                .await;
+            if let Err(r) = r {
+                tracing::error!("releasing the uploads of checkpoint {id}: {}", r.body.error);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Why upload `u` (not `complete`) cannot be used.
+pub fn upload_unusable(u: &moe_shared::api::UploadStatus) -> String {
+    match (&u.state, &u.checkpoint_id) {
+        (UploadState::Consumed, Some(c)) => {
+            format!("upload {} ({}) was already used by checkpoint {c}", u.id, u.file_name)
+        }
+        (UploadState::Consumed, None) => format!("upload {} ({}) was already used", u.id, u.file_name),
+        _ => format!("upload {} ({}) is not complete", u.id, u.file_name),
+    }
+}
+
+/// A directory removed on drop unless committed.
+struct TmpDir {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// Links the claimed uploads into `checkpoints/.tmp-{id}`, validates them
+/// and moves them to `checkpoints/{id}`; the temporary directory never
+/// survives an error.
+async fn assemble(
+    st: &AppStateRef,
+    id: &str,
+    name: &str,
+    ups: &[moe_shared::api::UploadStatus],
+) -> AppResult<CheckpointInfo> {
     let tmp_rel = format!("checkpoints/.tmp-{id}");
-    let tmp = st.data.join(&tmp_rel);
-    tokio::fs::create_dir_all(&tmp).await?;
-    for u in &ups {
-        let src = file_path(&st, u);
-        let dst = tmp.join(&u.file_name);
-        if std::fs::hard_link(&src, &dst).is_err() {
-            tokio::fs::copy(&src, &dst).await?;
+    let mut tmp = TmpDir { path: st.data.join(&tmp_rel), keep: false };
+    tokio::fs::create_dir_all(&tmp.path).await?;
+    for u in ups {
+        let src = file_path(st, u);
+        let dst = tmp.path.join(&u.file_name);
+        if std::fs::hard_link(&src, &dst).is_err() && tokio::fs::copy(&src, &dst).await.is_err() {
+            return Err(AppError::conflict(
+                Some("uploads"),
+                format!("upload {} ({}) was deleted meanwhile", u.id, u.file_name),
+            ));
         }
     }
     let known: Vec<(String, String)> = ups.iter().map(|u| (u.file_name.clone(), u.sha256.clone())).collect();
     let data = st.data.clone();
-    let (n2, t2) = (name.clone(), tmp_rel.clone());
+    let (n2, t2) = (name.to_string(), tmp_rel.clone());
     let res = tokio::task::spawn_blocking(move || register_dir(&data, &t2, &n2, None, &known))
         .await
         .map_err(|e| AppError::internal(format!("validating: {e}")))?;
-    let mut row = match res {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = tokio::fs::remove_dir_all(&tmp).await;
-            return Err(AppError::unprocessable("uploads", format!("not a usable checkpoint: {e}")));
-        }
-    };
+    let mut row = res.map_err(|e| AppError::unprocessable("uploads", format!("not a usable checkpoint: {e}")))?;
     let rel = format!("checkpoints/{id}");
-    tokio::fs::rename(&tmp, st.data.join(&rel)).await?;
-    row.info.id = id.clone();
+    let mut dst = TmpDir { path: st.data.join(&rel), keep: false };
+    tokio::fs::rename(&tmp.path, &dst.path).await?;
+    tmp.keep = true;
+    row.info.id = id.to_string();
     row.dir = rel;
     let r2 = row.clone();
-    let up_ids: Vec<String> = ups.iter().map(|u| u.id.clone()).collect();
-    let idc = id.clone();
-    st.db
-        .call(move |c| {
-            db::insert_checkpoint(c, &r2)?;
-            for u in &up_ids {
-                c.execute("UPDATE uploads SET state = 'consumed', checkpoint_id = ?2 WHERE id = ?1", [u, &idc])?;
-            }
-            Ok(())
-        })
-        .await?;
-    for u in &ups {
-        let _ = tokio::fs::remove_dir_all(upload_dir(&st, &u.id)).await;
-    }
+    st.db.call(move |c| Ok(db::insert_checkpoint(c, &r2)?)).await?;
+    dst.keep = true;
     let mut info = row.info;
     info.summary = serde_json::from_str(&row.summary).ok();
-    Ok((StatusCode::CREATED, Json(info)))
+    Ok(info)
 }
 
 /// `GET /api/checkpoints`.
@@ -246,18 +331,36 @@ pub async fn delete(State(st): State<AppStateRef>, P(id): P<String>) -> AppResul
     let id = parse_id("id", &id)?;
     let row = load(&st, &id).await?;
     let idc = id.clone();
-    let users: Vec<String> = st
+    let candidates: Vec<(String, String, String)> = st
         .db
         .call(move |c| {
             let mut s = c.prepare(
-                "SELECT id FROM jobs WHERE state IN ('queued', 'running', 'interrupted') AND instr(spec, ?1) > 0",
+                "SELECT id, kind, state FROM jobs WHERE state IN ('queued', 'running', 'interrupted', 'cancelled', \
+                 'failed') AND instr(spec, ?1) > 0",
             )?;
-            let v = s.query_map([&idc], |r| r.get(0))?.collect::<rusqlite::Result<Vec<String>>>()?;
+            let v = s
+                .query_map([&idc], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                .collect::<rusqlite::Result<Vec<(String, String, String)>>>()?;
             Ok(v)
         })
         .await?;
+    // Unfinished jobs, and cancelled / failed train jobs that saved a
+    // checkpoint (a resume continues from it and reads this model).
+    let users: Vec<String> = candidates
+        .into_iter()
+        .filter(|(jid, kind, state)| {
+            matches!(state.as_str(), "queued" | "running" | "interrupted")
+                || (kind == "train"
+                    && moe_shared::train::checkpoint::latest_checkpoint(&st.data.join("jobs").join(jid).join("out"))
+                        .is_some())
+        })
+        .map(|(jid, _, _)| jid)
+        .collect();
     if !users.is_empty() {
-        return Err(AppError::conflict(Some("id"), format!("checkpoint {id} is used by unfinished job(s) {users:?}")));
+        return Err(AppError::conflict(
+            Some("id"),
+            format!("checkpoint {id} is used by job(s) {users:?} that are unfinished or can still resume"),
+        ));
     }
     let idc = id.clone();
     st.db.call(move |c| Ok(c.execute("DELETE FROM checkpoints WHERE id = ?1", [idc])?)).await?;
@@ -285,8 +388,25 @@ pub async fn download(
     serve_file(st.data.join(&row.dir).join(&f.name), req).await
 }
 
-/// Serves one file with Range support.
-pub async fn serve_file(path: PathBuf, req: Request) -> AppResult<Response> {
+/// Whether `v` is a syntactically valid `bytes=` range set (RFC 9110 §14.1.2).
+fn valid_range(v: &str) -> bool {
+    let Some(set) = v.trim().strip_prefix("bytes=") else { return false };
+    let num = |x: &str| !x.is_empty() && x.len() <= 19 && x.bytes().all(|b| b.is_ascii_digit());
+    set.split(',').map(str::trim).all(|r| match r.split_once('-') {
+        Some((a, "")) => num(a),
+        Some(("", b)) => num(b),
+        Some((a, b)) => num(a) && num(b) && a.parse::<u64>().ok() <= b.parse::<u64>().ok(),
+        None => false,
+    })
+}
+
+/// Serves one file with Range support. A `Range` that does not parse (or
+/// names another unit) is ignored, as RFC 9110 §14.2 allows: the whole file.
+pub async fn serve_file(path: PathBuf, mut req: Request) -> AppResult<Response> {
+    let bad = req.headers().get_all(axum::http::header::RANGE).iter().any(|v| !v.to_str().is_ok_and(valid_range));
+    if bad || req.headers().get_all(axum::http::header::RANGE).iter().count() > 1 {
+        req.headers_mut().remove(axum::http::header::RANGE);
+    }
     match ServeFile::new(path).oneshot(req).await {
         Ok(r) => Ok(r.into_response()),
         Err(e) => Err(AppError::internal(format!("serving file: {e}"))),

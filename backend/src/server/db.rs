@@ -49,6 +49,12 @@ impl Db {
         Ok(Db(Arc::new(Mutex::new(c))))
     }
 
+    /// Runs `f` on the connection on the calling thread (start-up only).
+    pub fn blocking<R>(&self, f: impl FnOnce(&mut Connection) -> R) -> R {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut g)
+    }
+
     /// Runs `f` on the connection on the blocking pool.
     ///
     /// # Errors

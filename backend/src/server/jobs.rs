@@ -22,12 +22,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use moe_shared::api::{
-    CreateJob, DataRef, FileInfo, JobEvent, JobInfo, JobSpec, JobState, Progress, TrainStage, UploadState,
+    ApiError, CreateJob, DataRef, FileInfo, JobEvent, JobInfo, JobSpec, JobState, ModelSummary, Progress, TrainStage,
+    UploadState,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{broadcast, mpsc, watch, Semaphore};
 
-use super::checkpoints::{model_path, register_dir, resolve, serve_file};
+use super::checkpoints::{model_path, register_dir, resolve, serve_file, upload_unusable};
 use super::db::{self, get_job, get_upload, now_ms, JOB_COLS};
 use super::error::{parse_id, AppError, AppResult, J, P};
 use super::uploads::file_path;
@@ -146,9 +147,14 @@ pub async fn create(State(st): State<AppStateRef>, J(req): J<CreateJob>) -> AppR
             return Err(AppError::bad("name", "expected at most 200 printable characters"));
         }
     }
+    let mut summaries: HashMap<String, ModelSummary> = HashMap::new();
     for (field, id) in req.spec.checkpoints() {
-        resolve(&st, &field, &id).await?;
+        let row = resolve(&st, &field, &id).await?;
+        if let Ok(s) = serde_json::from_str::<ModelSummary>(&row.summary) {
+            summaries.insert(id, s);
+        }
     }
+    check_against_models(&req.spec, &summaries)?;
     // Datasets: each upload must be complete; hard-linked into the job so
     // that deleting the upload later cannot break a resume.
     let mut links: Vec<(PathBuf, String)> = Vec::new();
@@ -168,7 +174,7 @@ pub async fn create(State(st): State<AppStateRef>, J(req): J<CreateJob>) -> AppR
                 .await?
                 .ok_or_else(|| AppError::unprocessable(&field, format!("upload {uid} not found")))?;
             if u.state != UploadState::Complete {
-                return Err(AppError::unprocessable(&field, format!("upload {uid} ({}) is not complete", u.file_name)));
+                return Err(AppError::unprocessable(&field, upload_unusable(&u)));
             }
             links.push((file_path(&st, &u), data_rel(d, heldout, data_ext(&u.file_name))));
         }
@@ -178,8 +184,10 @@ pub async fn create(State(st): State<AppStateRef>, J(req): J<CreateJob>) -> AppR
     tokio::fs::create_dir_all(dir.join("data")).await?;
     for (src, rel) in &links {
         let dst = dir.join(rel);
-        if std::fs::hard_link(src, &dst).is_err() {
-            tokio::fs::copy(src, &dst).await?;
+        if std::fs::hard_link(src, &dst).is_err() && tokio::fs::copy(src, &dst).await.is_err() {
+            // The upload was consumed by a checkpoint meanwhile.
+            let _ = tokio::fs::remove_dir_all(&dir).await;
+            return Err(AppError::conflict(Some("spec"), format!("the upload for {rel} is no longer available")));
         }
     }
     if let JobSpec::Upcycle(u) = &req.spec {
@@ -206,27 +214,88 @@ pub async fn create(State(st): State<AppStateRef>, J(req): J<CreateJob>) -> AppR
     Ok((StatusCode::CREATED, Json(job)))
 }
 
+/// Checks the parameters that depend on the input models (layers, context,
+/// experts) against their stored summaries; the error names the field.
+fn check_against_models(spec: &JobSpec, models: &HashMap<String, ModelSummary>) -> Result<(), ApiError> {
+    let ctx = |id: &String| models.get(id).map(|m| m.config.max_position_embeddings).filter(|&c| c > 0);
+    let over_ctx = |field: &str, v: Option<usize>, id: &String| -> Result<(), ApiError> {
+        match (v, ctx(id)) {
+            (Some(v), Some(c)) if v > c => {
+                Err(ApiError::field(field, format!("{v} is longer than the model's context ({c} tokens)")))
+            }
+            _ => Ok(()),
+        }
+    };
+    match spec {
+        JobSpec::Train(s) => over_ctx("spec.seq_len", s.seq_len, &s.model)?,
+        JobSpec::Route(s) => over_ctx("spec.context", s.context, &s.model)?,
+        JobSpec::Eval(s) => over_ctx("spec.window", s.window, &s.model)?,
+        JobSpec::Upcycle(s) => {
+            if let (Some(l), Some(m)) = (&s.experts_per_layer, models.get(&s.model)) {
+                if l.len() != m.config.num_layers {
+                    return Err(ApiError::field(
+                        "spec.experts_per_layer",
+                        format!("{} entries for a model of {} layers", l.len(), m.config.num_layers),
+                    ));
+                }
+            }
+            // The fewest experts of any MoE layer bounds top_k and the frozen indices.
+            let fewest = match (&s.experts, &s.experts_per_layer) {
+                (Some(e), _) => Some(*e),
+                (None, Some(l)) => l.iter().flatten().min().copied(),
+                _ => None,
+            };
+            if let Some(e) = fewest {
+                if let Some(k) = s.top_k.filter(|&k| k > e) {
+                    return Err(ApiError::field("spec.top_k", format!("{k} is more than the {e} experts of a layer")));
+                }
+                for (i, f) in s.frozen.iter().flatten().enumerate() {
+                    if *f >= e {
+                        return Err(ApiError::field(
+                            &format!("spec.frozen[{i}]"),
+                            format!("expert {f} does not exist (a layer has {e} experts, 0-{})", e - 1),
+                        ));
+                    }
+                }
+            }
+        }
+        JobSpec::Moerge(s) => {
+            if let Some(k) = s.top_k.filter(|&k| k > s.models.len()) {
+                return Err(ApiError::field(
+                    "spec.top_k",
+                    format!("{k} is more than the {} models (one expert each)", s.models.len()),
+                ));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// `text` with the absolute data directory replaced by `<data>` (job
+/// errors are shown through the API).
+fn hide_data_dir(st: &AppStateRef, text: &str) -> String {
+    text.replace(&st.data.display().to_string(), "<data>")
+}
+
 /// Starts a task that waits for a worker slot and runs job `id`.
 fn enqueue(st: AppStateRef, id: String) {
     tokio::spawn(async move {
         if let Err(e) = run_job(&st, &id).await {
             tracing::error!("job {id}: {}", e.body.error);
-            let msg = e.body.error.clone();
-            let idc = id.clone();
+            let msg = hide_data_dir(&st, &e.body.error);
+            let (idc, m2) = (id.clone(), msg.clone());
             let _ = st
                 .db
                 .call(move |c| {
                     c.execute(
                         "UPDATE jobs SET state = 'failed', error = ?2, pid = NULL, finished_at = ?3 WHERE id = ?1",
-                        rusqlite::params![idc, msg, now_ms()],
+                        rusqlite::params![idc, m2, now_ms()],
                     )?;
                     Ok(())
                 })
                 .await;
-            st.jobs.emit(
-                &id,
-                JobEvent::State { state: JobState::Failed, error: Some(e.body.error), output_checkpoint: None },
-            );
+            st.jobs.emit(&id, JobEvent::State { state: JobState::Failed, error: Some(msg), output_checkpoint: None });
             st.jobs.finish(&id);
         }
     });
@@ -602,7 +671,7 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
         }
         match res {
             Ok(cid) => (JobState::Succeeded, None, cid),
-            Err(e) => (JobState::Failed, Some(e), None),
+            Err(e) => (JobState::Failed, Some(hide_data_dir(st, &e)), None),
         }
     } else if cancelled {
         (JobState::Cancelled, None, None)
@@ -615,7 +684,7 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
         } else {
             errs.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n")
         };
-        (JobState::Failed, Some(format!("{msg} ({status})")), None)
+        (JobState::Failed, Some(hide_data_dir(st, &format!("{msg} ({status})"))), None)
     };
     set_state(
         st,
@@ -830,6 +899,13 @@ pub async fn resume(State(st): State<AppStateRef>, P(id): P<String>) -> AppResul
             Some("id"),
             format!("job {id} is {}; only interrupted, cancelled or failed jobs resume", job.state.as_str()),
         ));
+    }
+    // Its input models must still exist (422 naming the spec field).
+    for (field, cid) in job.spec.checkpoints() {
+        resolve(&st, &field, &cid).await.map_err(|mut e| {
+            e.body.error = format!("{}: it was deleted, so job {id} cannot resume", e.body.error);
+            e
+        })?;
     }
     requeue(&st, &job).await?;
     Ok(Json(load(&st, &id).await?))

@@ -5,16 +5,28 @@
 //! ```text
 //! moe-studio [--backend ndarray|wgpu|cuda] serve [--addr 127.0.0.1:8080] [--data-dir DIR]
 //!     [--token-file FILE] [--static-dir DIR] [--max-upload-bytes N] [--max-chunk-bytes N]
-//!     [--workers N] [--auto-resume]
+//!     [--workers N] [--auto-resume] [--allow-host NAME]... [--upload-ttl-hours 24]
 //! ```
 //! Binds loopback by default; prints `listening on http://ADDR` (port 0
-//! picks a free port). The data directory holds `studio.db` (SQLite:
+//! picks a free port). Bound to a non-loopback address it prints a warning:
+//! every `GET` (checkpoint files, logs, artefacts) is readable without the
+//! token there. The data directory holds `studio.db` (SQLite:
 //! uploads, checkpoints, jobs; migrations in `backend/migrations/`),
 //! `uploads/{id}/`, `checkpoints/{id}/`, `jobs/{id}/` and, unless
 //! `--token-file` is given, `token` (generated on first start, mode 0600,
-//! printed once). The frontend is served from `--static-dir` (default
-//! `frontend/dist` when present; single-page fallback to `index.html`).
-//! CORS headers are never sent.
+//! printed once). Everything the server and its jobs create there is private
+//! (umask 077: files 0600, directories 0700; the data dir, `uploads/`,
+//! `checkpoints/`, `jobs/` and `studio.db` are re-chmodded at start). At
+//! start, incomplete uploads created more than `--upload-ttl-hours` ago
+//! (default 24; 0: all of them) are deleted. The frontend is served from
+//! `--static-dir` (default `frontend/dist` when present; single-page
+//! fallback to `index.html`). CORS headers are never sent.
+//!
+//! DNS-rebinding guard: bound to loopback, a request (any route) whose
+//! `Host` is not `127.0.0.1`, `localhost` or `[::1]` (with or without the
+//! port) or an `--allow-host` name is a 421 JSON error (`field: "Host"`).
+//! Bound elsewhere, `Host` is checked only when `--allow-host` is given
+//! (then those names, the loopback names and the bound IP).
 //!
 //! # API
 //! Every route is under `/api`. `POST`, `PUT` and `DELETE` need
@@ -22,6 +34,8 @@
 //! browser's `EventSource` cannot send headers). Bodies are JSON (limit
 //! 1 MiB) except chunks. Every 4xx/5xx answer is
 //! `{"error": "...", "field": "..."}` ([`ApiError`](moe_shared::api::ApiError);
+//! also the router's 405, a request target over 8 KiB (414) and an
+//! unsatisfiable `Range` (416);
 //! `field` names the body field, path parameter or header at fault). Ids
 //! are lowercase hyphenated UUIDs; anything else in an id position is a 400,
 //! so no request string ever becomes a path. Types: `moe_shared::api`.
@@ -35,12 +49,12 @@
 //! | `PUT /api/uploads/{id}/chunks/{index}` | raw bytes, header `X-Chunk-Sha256: HEX` -> `UploadStatus` |
 //! | `POST /api/uploads/{id}/complete` | -> `UploadStatus` (`complete`; 422 on whole-file sha256 mismatch, which resets the upload) |
 //! | `DELETE /api/uploads/{id}` | -> 204 |
-//! | `POST /api/checkpoints` | `CreateCheckpoint` -> 201 `CheckpointInfo` (422 when the files are not a model) |
+//! | `POST /api/checkpoints` | `CreateCheckpoint` -> 201 `CheckpointInfo` (422 when the files are not a model, e.g. a llama2.c `.bin` without its `tok*.bin`; 409 naming `uploads[i]` when an upload is not complete or was already used by a checkpoint) |
 //! | `GET /api/checkpoints` | -> `[CheckpointInfo]` (no `summary`) |
 //! | `GET /api/checkpoints/{id}` | -> `CheckpointInfo` with `summary` (`ModelSummary`) |
-//! | `GET /api/checkpoints/{id}/files/{name}` | -> the file (HTTP Range) |
-//! | `DELETE /api/checkpoints/{id}` | -> 204 (409 while an unfinished job uses it) |
-//! | `POST /api/jobs` | `CreateJob` -> 201 `JobInfo` (422 naming the invalid `spec.*` field) |
+//! | `GET /api/checkpoints/{id}/files/{name}` | -> the file (HTTP Range; an unparsable `Range` is ignored: 200, whole file) |
+//! | `DELETE /api/checkpoints/{id}` | -> 204 (409 while a job that uses it is queued, running or interrupted, or is a cancelled/failed train job with a saved checkpoint) |
+//! | `POST /api/jobs` | `CreateJob` -> 201 `JobInfo` (422 naming the invalid `spec.*` field, also checked against the input models: layers, context, experts) |
 //! | `GET /api/jobs` | -> `[JobInfo]`, newest first |
 //! | `GET /api/jobs/{id}` | -> `JobInfo` |
 //! | `GET /api/jobs/{id}/events` | SSE: `event: state\|progress\|log`, `data: JobEvent` JSON |
@@ -49,7 +63,7 @@
 //! | `GET /api/jobs/{id}/artifacts` | -> `[FileInfo]` (paths relative to the job's output) |
 //! | `GET /api/jobs/{id}/artifacts/{*path}` | -> the file (HTTP Range); only paths of that listing |
 //! | `POST /api/jobs/{id}/cancel` | -> `JobInfo` (queued: cancelled at once; running: SIGINT, a train job saves a checkpoint) |
-//! | `POST /api/jobs/{id}/resume` | -> `JobInfo` (interrupted/cancelled/failed -> queued; train continues from its last checkpoint) |
+//! | `POST /api/jobs/{id}/resume` | -> `JobInfo` (interrupted/cancelled/failed -> queued; train continues from its last checkpoint; 422 naming `spec.*` when an input checkpoint was deleted) |
 //!
 //! ## Uploads: fixed-size chunks, strictly in order
 //! `POST /api/uploads {file_name, size, sha256, chunk_size?}` fixes the
@@ -63,8 +77,12 @@
 //! /api/uploads/{id}` and continue at `chunks_received`. `complete` re-hashes
 //! the whole file and renames it into place. Completed uploads are usable
 //! as datasets in job specs (`DataRef.upload`) or become checkpoint files
-//! through `POST /api/checkpoints` (hard-linked, validated with the same
-//! loaders as `moe-studio inspect`, renamed into `checkpoints/{id}/`).
+//! through `POST /api/checkpoints`: the uploads are first claimed
+//! atomically (`complete` -> `consumed`, so of concurrent requests naming
+//! one upload exactly one proceeds, the others get 409), then hard-linked
+//! into `checkpoints/.tmp-{id}/`, validated with the same loaders as
+//! `moe-studio inspect` and renamed into `checkpoints/{id}/`; on any error
+//! the temporary directory is removed and the uploads are `complete` again.
 //!
 //! ## Jobs
 //! A job runs the CLI command of its kind (`moe-studio train ...`,
@@ -74,7 +92,8 @@
 //! most `--workers` run at once (queued FIFO). Output goes to
 //! `jobs/{id}/out/` (artefacts), stderr and stdout to `jobs/{id}/log.txt`; a
 //! model written there (`out/` or train's `out/final/`) is registered as a
-//! checkpoint (`output_checkpoint`). A train job checkpoints every
+//! checkpoint (`output_checkpoint`). A failed job's `error` (from its
+//! stderr) shows the data directory as `<data>`. A train job checkpoints every
 //! `save_every` steps; `resume` continues it exactly (`train --resume`).
 //! Children watch their stdin (`MOE_STUDIO_EXIT_WITH_PARENT`): if the server
 //! dies, even by `kill -9`, they exit; at restart jobs left `running` become
@@ -133,6 +152,13 @@ pub struct ServeArgs {
     /// At start, re-queue train jobs that were interrupted (they resume from their last checkpoint).
     #[arg(long)]
     pub auto_resume: bool,
+    /// Another accepted `Host` header value (repeatable; with or without `:PORT`).
+    /// On loopback only 127.0.0.1, localhost and [::1] are accepted otherwise.
+    #[arg(long = "allow-host", value_name = "NAME")]
+    pub allow_host: Vec<String>,
+    /// At start, delete incomplete uploads older than this many hours (0: every incomplete upload).
+    #[arg(long, default_value_t = 24)]
+    pub upload_ttl_hours: u64,
 }
 
 /// Chunk size when an upload does not choose one.
@@ -158,6 +184,8 @@ pub struct AppState {
     pub upload_locks: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The job runner.
     pub jobs: jobs::Runner,
+    /// Accepted `Host` values (lowercase; empty: any).
+    allowed_hosts: Vec<String>,
 }
 
 /// Shared state handle.
@@ -233,6 +261,114 @@ async fn require_token(State(st): State<AppStateRef>, req: Request, next: Next) 
     }
 }
 
+/// The `Host` values accepted by a server bound to `addr`: on loopback
+/// `127.0.0.1`, `localhost` and `[::1]` with and without the port, plus
+/// `--allow-host` names; elsewhere no check (empty list) unless names are given.
+fn allowed_hosts(addr: SocketAddr, extra: &[String]) -> Vec<String> {
+    let mut v = Vec::new();
+    if addr.ip().is_loopback() || !extra.is_empty() {
+        let port = addr.port();
+        let mut names: Vec<String> = vec!["127.0.0.1".into(), "localhost".into(), "[::1]".into()];
+        if !addr.ip().is_loopback() {
+            names.push(match addr.ip() {
+                std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+                ip => ip.to_string(),
+            });
+        }
+        names.extend(extra.iter().map(|n| n.trim().to_ascii_lowercase()));
+        for n in names {
+            if n.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && !h.ends_with(':') && p.parse::<u16>().is_ok())
+                && !n.ends_with(']')
+            {
+                v.push(n); // given with its port
+            } else {
+                v.push(format!("{n}:{port}"));
+                v.push(n);
+            }
+        }
+    }
+    v
+}
+
+/// DNS-rebinding guard: a request whose `Host` is not an accepted name of
+/// this server is a 421 (JSON), whatever the route.
+async fn check_host(State(st): State<AppStateRef>, req: Request, next: Next) -> Response {
+    if st.allowed_hosts.is_empty() {
+        return next.run(req).await;
+    }
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .map(|h| h.to_str().unwrap_or("\u{fffd}").to_ascii_lowercase())
+        .or_else(|| req.uri().authority().map(|a| a.as_str().to_ascii_lowercase()));
+    match host {
+        Some(h) if !st.allowed_hosts.contains(&h) => {
+            let shown: String = h.chars().take(80).collect();
+            AppError::new(
+                StatusCode::MISDIRECTED_REQUEST,
+                Some("Host"),
+                format!("Host `{shown}` is not a name of this server (allowed: 127.0.0.1, localhost, [::1]; add others with --allow-host)"),
+            )
+            .into_response()
+        }
+        _ => next.run(req).await,
+    }
+}
+
+/// Longest request target the API answers (longer: 414).
+const MAX_URI: usize = 8192;
+
+/// Makes every 4xx/5xx answer of the API JSON (`ApiError`): those made by
+/// axum's router (405), tower-http's `ServeFile` (416) and the like come
+/// with an empty or plain-text body; it becomes the message.
+async fn json_errors(req: Request, next: Next) -> Response {
+    if req.uri().to_string().len() > MAX_URI {
+        return AppError::new(
+            StatusCode::URI_TOO_LONG,
+            Some("path"),
+            format!("the request target is longer than {MAX_URI} bytes"),
+        )
+        .into_response();
+    }
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let res = next.run(req).await;
+    let status = res.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return res;
+    }
+    let is_json = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return res;
+    }
+    let (parts, body) = res.into_parts();
+    let text = axum::body::to_bytes(body, 4096).await.map(|b| String::from_utf8_lossy(&b).trim().to_string());
+    let reason = status.canonical_reason().unwrap_or("error");
+    let msg = match text {
+        Ok(t) if !t.is_empty() => format!("{reason}: {t}"),
+        _ => match status {
+            StatusCode::METHOD_NOT_ALLOWED => format!("{reason}: {method} is not allowed on {path}"),
+            StatusCode::RANGE_NOT_SATISFIABLE => format!("{reason}: the Range is outside the file"),
+            _ => format!("{reason} ({method} {path})"),
+        },
+    };
+    let field = match status {
+        StatusCode::RANGE_NOT_SATISFIABLE => Some("Range"),
+        StatusCode::METHOD_NOT_ALLOWED => Some("method"),
+        _ => None,
+    };
+    let mut out = AppError::new(status, field, msg).into_response();
+    for (k, v) in parts.headers.iter() {
+        if k != header::CONTENT_TYPE && k != header::CONTENT_LENGTH && k != header::TRANSFER_ENCODING {
+            out.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    out
+}
+
 async fn info(State(st): State<AppStateRef>) -> axum::Json<ServerInfo> {
     axum::Json(ServerInfo {
         version: env!("CARGO_PKG_VERSION").into(),
@@ -286,6 +422,7 @@ pub fn router(st: AppStateRef) -> Router {
         .fallback(api_not_found)
         .layer(axum::middleware::from_fn_with_state(st.clone(), require_token))
         .layer(DefaultBodyLimit::max(JSON_LIMIT))
+        .layer(axum::middleware::from_fn(json_errors))
         .with_state(st.clone());
     let static_dir = st.args.static_dir.clone().or_else(|| {
         let d = PathBuf::from("frontend/dist");
@@ -299,7 +436,7 @@ pub fn router(st: AppStateRef) -> Router {
         }
         None => app.fallback(no_frontend),
     };
-    app.layer(TraceLayer::new_for_http())
+    app.layer(axum::middleware::from_fn_with_state(st, check_host)).layer(TraceLayer::new_for_http())
 }
 
 /// Runs the server until Ctrl-C / SIGTERM.
@@ -317,12 +454,34 @@ pub fn run(backend: &str, args: ServeArgs) -> anyhow::Result<()> {
     if args.max_chunk_bytes < MIN_CHUNK {
         anyhow::bail!("--max-chunk-bytes {}: expected at least {MIN_CHUNK}", args.max_chunk_bytes);
     }
+    // Everything the server and its jobs create is private: files 0600,
+    // directories 0700 (like the token).
+    // SAFETY: umask(2) only sets the process's file mode creation mask.
+    unsafe {
+        libc::umask(0o077);
+    }
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
     let data = args.data_dir.canonicalize().with_context(|| format!("resolving {}", args.data_dir.display()))?;
-    for sub in ["uploads", "checkpoints", "jobs"] {
-        std::fs::create_dir_all(data.join(sub)).with_context(|| format!("creating {}", data.join(sub).display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let private = |p: &Path, mode: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+                .with_context(|| format!("making {} private", p.display()))
+        };
+        private(&data, 0o700)?;
+        for sub in ["uploads", "checkpoints", "jobs"] {
+            std::fs::create_dir_all(data.join(sub))
+                .with_context(|| format!("creating {}", data.join(sub).display()))?;
+            private(&data.join(sub), 0o700)?;
+        }
+        for f in ["studio.db", "studio.db-wal", "studio.db-shm"] {
+            if data.join(f).exists() {
+                private(&data.join(f), 0o600)?;
+            }
+        }
     }
     let db = Db::open(&data.join("studio.db"))?;
+    uploads::expire(&db, &data, args.upload_ttl_hours)?;
     let (token, generated) = load_token(&args, &data)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async move {
@@ -330,6 +489,7 @@ pub fn run(backend: &str, args: ServeArgs) -> anyhow::Result<()> {
             tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("binding {}", args.addr))?;
         let addr = listener.local_addr()?;
         let default_backend = if backend == "cpu" { "ndarray".to_string() } else { backend.to_string() };
+        let allowed_hosts = allowed_hosts(addr, &args.allow_host);
         let st = Arc::new(AppState {
             data: data.clone(),
             db,
@@ -338,6 +498,7 @@ pub fn run(backend: &str, args: ServeArgs) -> anyhow::Result<()> {
             default_backend,
             upload_locks: Default::default(),
             jobs: jobs::Runner::new(args.workers)?,
+            allowed_hosts,
         });
         jobs::recover(&st).await.map_err(|e| anyhow::anyhow!("recovering jobs: {}", e.body.error))?;
         if generated {
@@ -346,6 +507,15 @@ pub fn run(backend: &str, args: ServeArgs) -> anyhow::Result<()> {
             println!("API token: in {}", args.token_file.clone().unwrap_or_else(|| data.join("token")).display());
         }
         println!("data dir {}", data.display());
+        if !addr.ip().is_loopback() {
+            let w = format!(
+                "WARNING: listening on {addr}, not loopback: every GET route (checkpoint files, job logs and \
+                 artefacts, uploads) is readable by anyone who can reach this address WITHOUT the token; \
+                 only POST/PUT/DELETE need it. Bind 127.0.0.1 unless this network is trusted."
+            );
+            eprintln!("{w}");
+            println!("{w}");
+        }
         println!("listening on http://{addr}");
         use std::io::Write;
         std::io::stdout().flush().ok();

@@ -50,6 +50,29 @@ async fn load(st: &AppStateRef, id: &str) -> AppResult<UploadStatus> {
         .ok_or_else(|| AppError::not_found("id", format!("upload {id}")))
 }
 
+/// At start: deletes incomplete uploads (rows and `uploads/{id}/`) created
+/// more than `ttl_hours` ago (0: every incomplete upload).
+///
+/// # Errors
+/// Database errors.
+pub fn expire(db: &db::Db, data: &std::path::Path, ttl_hours: u64) -> anyhow::Result<()> {
+    let cutoff = now_ms().saturating_sub(ttl_hours.saturating_mul(3_600_000));
+    let ids: Vec<String> = db.blocking(|c| -> rusqlite::Result<Vec<String>> {
+        let mut s = c.prepare("SELECT id FROM uploads WHERE state = 'uploading' AND created_at <= ?1")?;
+        let v = s.query_map([cutoff as i64], |r| r.get(0))?.collect::<rusqlite::Result<Vec<String>>>()?;
+        Ok(v)
+    })?;
+    for id in ids {
+        if !moe_shared::api::is_valid_id(&id) {
+            continue;
+        }
+        db.blocking(|c| c.execute("DELETE FROM uploads WHERE id = ?1 AND state = 'uploading'", [&id]))?;
+        let _ = std::fs::remove_dir_all(data.join("uploads").join(&id));
+        tracing::info!("upload {id}: incomplete for more than {ttl_hours} h, deleted");
+    }
+    Ok(())
+}
+
 /// `POST /api/uploads`.
 pub async fn create(
     State(st): State<AppStateRef>,

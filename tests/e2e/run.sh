@@ -80,4 +80,8 @@ fi
 step "browser: playwright-core + chromium"
 cd "$here"
 [ -d node_modules/playwright-core ] || npm ci --no-audit --no-fund
-E2E_DIST="$dist" E2E_WORK="$work" E2E_SHOTS="$root/docs/screenshots" E2E_OUT="$out" node run.mjs
+# Screenshots go to tests/e2e/out/screenshots; UPDATE_SCREENSHOTS=1 refreshes
+# the committed ones in docs/screenshots/ (the test run never edits the tree).
+shots="$out/screenshots"
+[ "${UPDATE_SCREENSHOTS:-}" = "1" ] && shots="$root/docs/screenshots"
+E2E_DIST="$dist" E2E_WORK="$work" E2E_SHOTS="$shots" E2E_OUT="$out" node run.mjs

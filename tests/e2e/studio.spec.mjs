@@ -2,7 +2,7 @@
 // must keep working), then load demo -> upcycle -> logits check -> ridge
 // router on two corpora -> graft -> download, comparing the downloads with
 // the CLI's outputs for the same inputs. Screenshots of every page go to
-// docs/screenshots/.
+// E2E_SHOTS (docs/screenshots/ with UPDATE_SCREENSHOTS=1).
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';

@@ -15,6 +15,7 @@ pub mod components;
 pub mod compute;
 pub mod jobs;
 pub mod load;
+pub mod memory;
 pub mod pages;
 pub mod store;
 pub mod task;

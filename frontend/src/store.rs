@@ -40,13 +40,56 @@ pub struct Artifact {
     pub millis: f64,
 }
 
-/// Everything loaded or produced in this tab.
+/// Everything loaded or produced in this tab. A removed model leaves an
+/// empty slot, so that the indices in [`ModelRef`]s (and the pages'
+/// selections) keep naming the same models.
 #[derive(Default)]
 pub struct Store {
-    /// Loaded input models, in load order.
-    pub inputs: Vec<Rc<InputModel>>,
-    /// Produced checkpoints, in creation order.
-    pub artifacts: Vec<Rc<Artifact>>,
+    /// Loaded input models, in load order (`None`: removed).
+    pub inputs: Vec<Option<Rc<InputModel>>>,
+    /// Produced checkpoints, in creation order (`None`: removed).
+    pub artifacts: Vec<Option<Rc<Artifact>>>,
+}
+
+impl Store {
+    /// Adds a loaded model; returns its index.
+    pub fn add_input(&mut self, m: InputModel) -> usize {
+        self.inputs.push(Some(Rc::new(m)));
+        self.inputs.len() - 1
+    }
+
+    /// Adds a produced checkpoint; returns its index.
+    pub fn add_artifact(&mut self, a: Artifact) -> usize {
+        self.artifacts.push(Some(Rc::new(a)));
+        self.artifacts.len() - 1
+    }
+
+    /// Drops a model from the store (its memory is freed once no running
+    /// step holds it).
+    pub fn remove(&mut self, r: &ModelRef) {
+        match r {
+            ModelRef::Input(i) => {
+                if let Some(x) = self.inputs.get_mut(*i) {
+                    *x = None;
+                }
+            }
+            ModelRef::Artifact(i) => {
+                if let Some(x) = self.artifacts.get_mut(*i) {
+                    *x = None;
+                }
+            }
+        }
+    }
+
+    /// The loaded models still in the store, with their indices.
+    pub fn live_inputs(&self) -> impl Iterator<Item = (usize, &Rc<InputModel>)> {
+        self.inputs.iter().enumerate().filter_map(|(i, m)| m.as_ref().map(|m| (i, m)))
+    }
+
+    /// The produced checkpoints still in the store, with their indices.
+    pub fn live_artifacts(&self) -> impl Iterator<Item = (usize, &Rc<Artifact>)> {
+        self.artifacts.iter().enumerate().filter_map(|(i, a)| a.as_ref().map(|a| (i, a)))
+    }
 }
 
 thread_local! {
@@ -140,22 +183,22 @@ impl Picked {
 /// Looks a reference up.
 pub fn pick(r: &ModelRef) -> Option<Picked> {
     with_store(|s| match r {
-        ModelRef::Input(i) => s.inputs.get(*i).cloned().map(Picked::Input),
-        ModelRef::Artifact(i) => s.artifacts.get(*i).cloned().map(Picked::Artifact),
+        ModelRef::Input(i) => s.inputs.get(*i).cloned().flatten().map(Picked::Input),
+        ModelRef::Artifact(i) => s.artifacts.get(*i).cloned().flatten().map(Picked::Artifact),
     })
 }
 
 /// `(reference, label, is_moe)` of every model in the store.
 pub fn model_choices() -> Vec<(ModelRef, String, bool)> {
     with_store(|s| {
-        let inputs = s.inputs.iter().enumerate().map(|(i, m)| {
+        let inputs = s.live_inputs().map(|(i, m)| {
             (
                 ModelRef::Input(i),
                 format!("{} — {}", m.name, crate::summary_line(&m.model.config)),
                 m.model.moe.is_some(),
             )
         });
-        let arts = s.artifacts.iter().enumerate().map(|(i, a)| {
+        let arts = s.live_artifacts().map(|(i, a)| {
             let e = a.model.moe.as_ref().map(|m| m.total_experts()).unwrap_or(0);
             (ModelRef::Artifact(i), format!("{} — {} ({} experts in all)", a.name, a.method, e), a.model.moe.is_some())
         });

@@ -5,7 +5,6 @@ import fs from 'node:fs';
 import { launch, WEBGPU_ARGS } from './browser.mjs';
 import { serve } from './server.mjs';
 import * as studio from './studio.spec.mjs';
-import * as smollm2 from './smollm2.spec.mjs';
 
 const env = (k) => { if (!process.env[k]) throw new Error(`${k} is not set (use run.sh)`); return process.env[k]; };
 const [dist, work, shots, out] = ['E2E_DIST', 'E2E_WORK', 'E2E_SHOTS', 'E2E_OUT'].map(env);
@@ -22,9 +21,6 @@ const t0 = Date.now();
 try {
   const results = await studio.run({ context: browser.context, url: srv.url, work, shots, out, check, log });
   results.total_ms = Date.now() - t0;
-  if (process.env.E2E_SMOLLM2) {
-    results.smollm2 = await smollm2.run({ context: browser.context, url: srv.url, work, out, check, log, gguf: process.env.E2E_SMOLLM2 });
-  }
   fs.writeFileSync(`${out}/results.json`, JSON.stringify(results, null, 2));
   console.log(JSON.stringify(results, null, 2));
   // Without the WebGPU flags the studio must say it falls back to the CPU.

@@ -61,21 +61,6 @@ t3=$(ms)
 "$cli" graft "$work/cli/upcycled" --base "$demo/stories260K.bin" --instruct "$work/ft" --out "$work/cli/grafted-upcycled" > /dev/null
 printf '{"upcycle_ms": %d, "route_ms": %d, "graft_ms": %d}\n' $((t1 - t0)) $((t2 - t1)) $((t3 - t2)) | tee "$out/cli_timings.json"
 
-if [ -n "${E2E_SMOLLM2:-}" ]; then
-  step "CLI on SmolLM2 (E2E_SMOLLM2=$E2E_SMOLLM2)"
-  head -n 4 "$MOE_STUDIO_DATA/corpora/lang/en/train.txt" > "$work/small-en.txt"
-  head -n 4 "$MOE_STUDIO_DATA/corpora/lang/hu/train.txt" > "$work/small-hu.txt"
-  s0=$(ms)
-  "$cli" upcycle "$E2E_SMOLLM2" --experts 2 --out "$work/cli/smollm2-upcycled" > /dev/null
-  s1=$(ms)
-  "$cli" route "$work/cli/smollm2-upcycled" --domain "en=$work/small-en.txt" --domain "hu=$work/small-hu.txt" \
-    --max-tokens 128 --out "$work/cli/smollm2-routed" > /dev/null 2>&1
-  s2=$(ms)
-  "$cli" graft "$work/cli/smollm2-upcycled" --base "$E2E_SMOLLM2" --instruct "$E2E_SMOLLM2" --out "$work/cli/smollm2-grafted" > /dev/null
-  s3=$(ms)
-  rm -rf "$work/cli/smollm2-routed" "$work/cli/smollm2-grafted"
-  printf '{"upcycle_ms": %d, "route_ms": %d, "graft_ms": %d}\n' $((s1 - s0)) $((s2 - s1)) $((s3 - s2)) | tee "$out/cli_timings_smollm2.json"
-fi
 
 step "browser: playwright-core + chromium"
 cd "$here"
@@ -85,3 +70,10 @@ cd "$here"
 shots="$out/screenshots"
 [ "${UPDATE_SCREENSHOTS:-}" = "1" ] && shots="$root/docs/screenshots"
 E2E_DIST="$dist" E2E_WORK="$work" E2E_SHOTS="$shots" E2E_OUT="$out" node run.mjs
+
+# Opt-in, after the stories260K flow, with its dist and CLI:
+# E2E_SMOLLM2=path.gguf runs run_smollm2.sh (fresh browsers, its own work dir).
+if [ -n "${E2E_SMOLLM2:-}" ]; then
+  step "SmolLM2 (E2E_SMOLLM2=$E2E_SMOLLM2): run_smollm2.sh"
+  E2E_DIST="$dist" MOE_STUDIO_CLI="$cli" bash "$here/run_smollm2.sh"
+fi

@@ -142,6 +142,13 @@ pub async fn run(
         &GraftOptions { scale },
     )
     .map_err(msg)?;
+    // The output (sink + serialised copy) and, per delta group, the f32
+    // reads of target, base and instruct, the kernel's result and its bytes.
+    let largest = plan.planned.iter().map(|p| p.byte_len() as u64).max().unwrap_or(0);
+    crate::memory::ensure(
+        "the graft",
+        crate::memory::output_need(plan.planned.iter().map(|p| p.byte_len() as u64)) + 5 * largest,
+    )?;
     let keys: Vec<Option<String>> = plan.tensors.iter().map(|x| x.origin.delta_name().map(str::to_string)).collect();
     let runs = super::slices::runs(&keys);
     let mut sink = MemorySink::new(plan.planned.clone());

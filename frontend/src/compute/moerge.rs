@@ -33,6 +33,7 @@ pub async fn run(task: &Task, models: &[Picked], opts: &MoergeOptions) -> Result
         .collect();
     let plan = plan_moerge(&inputs, opts).map_err(msg)?;
     crate::load::check_fits("the MoErged model", &models[0].model().config, Some(&plan.moe))?;
+    crate::memory::ensure("MoErge", crate::memory::output_need(plan.planned.iter().map(|p| p.byte_len() as u64)))?;
     let mut sink = MemorySink::new(plan.planned.clone());
     let mut part = MoergePlan { tensors: Vec::new(), planned: Vec::new(), ..plan.clone() };
     let n = plan.tensors.len();

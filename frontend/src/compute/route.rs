@@ -106,6 +106,23 @@ pub async fn run(
         train.push(pack_sequences(&ids[..cut], opts.context));
         held.push(pack_sequences(&ids[cut..], opts.context));
     }
+    // The routed checkpoint's plan comes first: the memory guard needs its
+    // size (the forward model, freed before the output is written, is the
+    // other phase).
+    let names: Vec<String> = domains.iter().map(|d| d.name.clone()).collect();
+    let routed = routed_config(&moe, &opts);
+    let provenance =
+        serde_json::json!({"method": "dume-ridge-router", "source": m.path, "domains": names, "lambda": opts.lambda});
+    let plan = plan_routed(m.source.as_ref(), &m.config, &routed, provenance).map_err(msg)?;
+    let moe_layers = moe.layers.iter().flatten().count() as u64;
+    crate::memory::ensure(
+        "the ridge router",
+        crate::memory::route_need(
+            crate::load::params_u64(&m.config, Some(&moe)),
+            crate::memory::ridge_stats_bytes(moe_layers, m.config.hidden_size as u64, domains.len() as u64),
+            crate::memory::output_need(plan.planned.iter().map(|p| p.byte_len() as u64)),
+        ),
+    )?;
     task.step("loading the MoE", 0.0).await?;
     let mut model = cpu_model(m)?;
     let mut stats = empty_stats(&model, opts.bias);
@@ -167,11 +184,6 @@ pub async fn run(
     // a 135M-parameter MoE in f32 is ~0.9 GB per copy.
     drop(model);
     task.step("writing the routed checkpoint", 0.95).await?;
-    let names: Vec<String> = domains.iter().map(|d| d.name.clone()).collect();
-    let routed = routed_config(&moe, &opts);
-    let provenance =
-        serde_json::json!({"method": "dume-ridge-router", "source": m.path, "domains": names, "lambda": opts.lambda});
-    let plan = plan_routed(m.source.as_ref(), &m.config, &routed, provenance).map_err(msg)?;
     let mut sink = MemorySink::new(plan.planned.clone());
     write_routed_tensors(m.source.as_ref(), &plan, &routers, 0..plan.tensors.len(), &mut sink).map_err(msg)?;
     let report = serde_json::json!({

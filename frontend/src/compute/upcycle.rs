@@ -23,6 +23,7 @@ pub async fn run(task: &Task, src: &Picked, opts: &UpcycleOptions) -> Result<Art
     }
     let plan = plan_upcycle(m.source.as_ref(), &m.config, opts).map_err(msg)?;
     crate::load::check_fits("the upcycled model", &m.config, Some(&plan.moe))?;
+    crate::memory::ensure("the upcycle", crate::memory::output_need(plan.planned.iter().map(|p| p.byte_len() as u64)))?;
     let keys: Vec<Option<String>> = plan
         .tensors
         .iter()

@@ -14,9 +14,7 @@ pub fn DownloadPage() -> impl IntoView {
     let rows = move || {
         rev.track();
         with_store(|s| {
-            s.artifacts
-                .iter()
-                .enumerate()
+            s.live_artifacts()
                 .map(|(i, a)| {
                     let mut files: Vec<(String, u64)> = vec![
                         ("model.safetensors".into(), a.safetensors.len() as u64),
@@ -31,16 +29,19 @@ pub fn DownloadPage() -> impl IntoView {
                         .map(|(name, size)| {
                             let n2 = name.clone();
                             let click = move |_| {
-                                let bytes = with_store(|s| {
-                                    let a = &s.artifacts[i];
-                                    match n2.as_str() {
-                                        "model.safetensors" => Some(a.safetensors.as_slice().to_vec()),
-                                        "config.json" => Some(a.config_json.clone()),
-                                        "tokenizer.json" => a.tokenizer_json.clone(),
-                                        other => a.extra.iter().find(|(n, _)| n == other).map(|(_, b)| b.clone()),
-                                    }
+                                // Straight from the stored bytes into a JS Blob: no
+                                // second copy in wasm memory (which ends at 4 GiB).
+                                let saved = with_store(|s| {
+                                    let a = s.artifacts.get(i)?.as_ref()?;
+                                    let bytes: &[u8] = match n2.as_str() {
+                                        "model.safetensors" => a.safetensors.as_slice(),
+                                        "config.json" => &a.config_json,
+                                        "tokenizer.json" => a.tokenizer_json.as_deref()?,
+                                        other => &a.extra.iter().find(|(n, _)| n == other)?.1,
+                                    };
+                                    Some(crate::web::download(&n2, bytes))
                                 });
-                                match bytes.map(|b| crate::web::download(&n2, &b)) {
+                                match saved {
                                     Some(Ok(())) => msg.set(Message::Ok(format!("saving {n2}"))),
                                     Some(Err(e)) => msg.set(Message::Error(e)),
                                     None => {}
@@ -74,7 +75,7 @@ pub fn DownloadPage() -> impl IntoView {
             <thead><tr><th>"checkpoint"</th><th>"made by"</th><th>"parameters"</th><th>"time"</th><th>"files"</th></tr></thead>
             <tbody>{rows}</tbody>
         </table>
-        {move || { rev.track(); with_store(|s| s.artifacts.is_empty()).then(|| view! { <p class="hint">"Nothing yet: upcycle, route, MoErge or graft a model first."</p> }) }}
+        {move || { rev.track(); with_store(|s| s.live_artifacts().next().is_none()).then(|| view! { <p class="hint">"Nothing yet: upcycle, route, MoErge or graft a model first."</p> }) }}
         <MessageLine msg=msg id="download"/>
     }
 }

@@ -1,8 +1,6 @@
 //! Graft: add `scale × (instruct − base)` to an MoE (every expert of layer
 //! l gets layer l's FFN delta) or a dense model; per-tensor delta norms.
 
-use std::rc::Rc;
-
 use leptos::prelude::*;
 use moe_shared::methods::delta::DeltaStat;
 
@@ -56,7 +54,9 @@ pub fn GraftPage() -> impl IntoView {
                         a.millis
                     )));
                     stats.set(report.deltas);
-                    update_store(rev, |st| st.artifacts.push(Rc::new(a)));
+                    update_store(rev, |st| {
+                        st.add_artifact(a);
+                    });
                 }
                 Err(e) => msg.set(Message::Error(e)),
             }

@@ -5,7 +5,6 @@
 //! static files, the page explains that and stays disabled.
 
 use std::cell::RefCell;
-use std::rc::Rc;
 
 use leptos::html;
 use leptos::prelude::*;
@@ -570,7 +569,9 @@ pub fn JobsPage() -> impl IntoView {
                 let (_, model, _) = crate::load::model_from_files(files)?;
                 let line = format!("opened {} in the studio: {}", c.name, crate::summary_line(&model.config));
                 let name = c.name.clone();
-                update_store(rev, |s| s.inputs.push(Rc::new(InputModel { name, model, file_bytes: total })));
+                update_store(rev, |s| {
+                    s.add_input(InputModel { name, model, file_bytes: total });
+                });
                 Ok(line)
             }
             .await;

@@ -1,17 +1,17 @@
 //! Load: the bundled demo model or local files (nothing is uploaded).
 
-use std::rc::Rc;
-
 use leptos::prelude::*;
 
 use crate::components::message::{Message, MessageLine};
 use crate::load::{demo_model, model_from_files};
-use crate::store::{update_store, with_store, InputModel, Revision};
+use crate::store::{update_store, with_store, InputModel, ModelRef, Revision};
 use crate::web::read_files;
 
 fn add(rev: Revision, name: String, model: moe_shared::checkpoint::LoadedModel, bytes: u64) -> String {
     let line = format!("loaded {name}: {}", crate::summary_line(&model.config));
-    update_store(rev, |s| s.inputs.push(Rc::new(InputModel { name, model, file_bytes: bytes })));
+    update_store(rev, |s| {
+        s.add_input(InputModel { name, model, file_bytes: bytes });
+    });
     line
 }
 
@@ -58,12 +58,15 @@ pub fn LoadPage() -> impl IntoView {
             busy.set(false);
         });
     };
+    let remove = move |r: ModelRef| {
+        update_store(rev, |s| s.remove(&r));
+        msg.set(Message::Ok(format!("removed; {}", crate::memory::summary())));
+    };
     let rows = move || {
         rev.track();
         with_store(|s| {
-            s.inputs
-                .iter()
-                .map(|m| {
+            s.live_inputs()
+                .map(|(i, m)| {
                     let c = &m.model.config;
                     let kind = match (&m.model.moe, m.model.format) {
                         (Some(moe), _) => format!("MoE, {} experts in all", moe.total_experts()),
@@ -77,11 +80,33 @@ pub fn LoadPage() -> impl IntoView {
                             <td>{crate::format_params(crate::load::params_u64(c, None))}</td>
                             <td>{crate::format_bytes(m.file_bytes)}</td>
                             <td>{if m.model.tokenizer.is_some() { "yes" } else { "no" }}</td>
+                            <td><button class="secondary" data-testid=format!("remove-i{i}") on:click=move |_| remove(ModelRef::Input(i))>"remove"</button></td>
                         </tr>
                     }
                 })
                 .collect_view()
         })
+    };
+    let made = move || {
+        rev.track();
+        with_store(|s| {
+            s.live_artifacts()
+                .map(|(i, a)| {
+                    view! {
+                        <tr>
+                            <td><b>{a.name.clone()}</b></td>
+                            <td>{a.method}</td>
+                            <td>{crate::format_bytes(a.safetensors.len() as u64)}</td>
+                            <td><button class="secondary" data-testid=format!("remove-a{i}") on:click=move |_| remove(ModelRef::Artifact(i))>"remove"</button></td>
+                        </tr>
+                    }
+                })
+                .collect_view()
+        })
+    };
+    let memory = move || {
+        rev.track();
+        format!("Memory of this tab: {}.", crate::memory::summary())
     };
     view! {
         <h2>"Load models"</h2>
@@ -110,9 +135,15 @@ pub fn LoadPage() -> impl IntoView {
         <MessageLine msg=msg id="load"/>
         <h3>"Loaded models"</h3>
         <table class="grid" data-testid="loaded-models">
-            <thead><tr><th>"name"</th><th>"kind"</th><th>"architecture"</th><th>"parameters"</th><th>"files"</th><th>"tokenizer"</th></tr></thead>
+            <thead><tr><th>"name"</th><th>"kind"</th><th>"architecture"</th><th>"parameters"</th><th>"files"</th><th>"tokenizer"</th><th></th></tr></thead>
             <tbody>{rows}</tbody>
         </table>
+        <h3>"Checkpoints made in this tab"</h3>
+        <table class="grid" data-testid="made-models">
+            <thead><tr><th>"name"</th><th>"made by"</th><th>"model.safetensors"</th><th></th></tr></thead>
+            <tbody>{made}</tbody>
+        </table>
+        <p class="small" data-testid="memory">{memory}" A tab's WebAssembly memory ends at 4 GiB; remove models you no longer need before a big step."</p>
         <p class="hint">"Next: " <b>"Upcycle"</b> " turns a dense model into an MoE; " <b>"MoErge + router"</b> " combines several; "
             <b>"Neurons"</b> " decides how many experts each layer should get."</p>
     }

@@ -3,8 +3,6 @@
 //! per-layer routing accuracy and per-domain perplexity (DUME vs averaging
 //! vs oracle).
 
-use std::rc::Rc;
-
 use leptos::prelude::*;
 use moe_shared::methods::route::RouteOptions;
 use moe_shared::methods::MoergeOptions;
@@ -57,7 +55,9 @@ fn MoergeForm() -> impl IntoView {
             match crate::compute::moerge::run(&task, &picked, &opts).await {
                 Ok(a) => {
                     msg.set(Message::Ok(format!("made {} in {:.0} ms", a.name, a.millis)));
-                    update_store(rev, |s| s.artifacts.push(Rc::new(a)));
+                    update_store(rev, |s| {
+                        s.add_artifact(a);
+                    });
                 }
                 Err(e) => msg.set(Message::Error(e)),
             }
@@ -175,7 +175,9 @@ fn RouterForm() -> impl IntoView {
                         names.iter().zip(&r.accuracy).map(|(n, a)| format!("{n} {:.2}", mean(a))).collect::<Vec<_>>().join(", ")
                     )));
                     result.set(Some(RouteView { names, accuracy: r.accuracy, tokens: r.tokens, ppl: r.ppl }));
-                    update_store(rev, |s| s.artifacts.push(Rc::new(r.artifact)));
+                    update_store(rev, |s| {
+                        s.add_artifact(r.artifact);
+                    });
                 }
                 Err(e) => msg.set(Message::Error(e)),
             }

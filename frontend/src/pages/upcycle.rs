@@ -1,8 +1,6 @@
 //! Upcycle: dense -> MoE (DeltaMoE phase 1 / NeuronMoE counts), parameter
 //! counts, and the logits check on a sample text.
 
-use std::rc::Rc;
-
 use leptos::prelude::*;
 use moe_shared::checkpoint::DType;
 use moe_shared::methods::{plan_upcycle, AllocationFile, CopyNoise, ExpertCounts, RouterInit, UpcycleOptions};
@@ -163,8 +161,7 @@ pub fn UpcyclePage() -> impl IntoView {
                     );
                     let mut idx = 0;
                     update_store(rev, |s| {
-                        s.artifacts.push(Rc::new(a));
-                        idx = s.artifacts.len() - 1;
+                        idx = s.add_artifact(a);
                     });
                     made.set(Some(idx));
                     msg.set(Message::Ok(line));

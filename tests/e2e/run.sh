@@ -22,23 +22,15 @@ demo="$MOE_STUDIO_DATA/models/stories260K"
 rm -rf "$work" "$out"
 mkdir -p "$work/cli" "$out"
 
-step() { echo "== $*"; }
-ms() { date +%s%3N; }
+# shellcheck source=/dev/null
+source "$here/lib.sh"
 
-step "frontend: trunk build --offline"
-# Into a private folder: frontend/dist may be rebuilt by someone else meanwhile.
 dist="$work/dist"
-(cd "$root/frontend" && trunk build --offline --dist "$dist")
+build_frontend "$dist"
 mkdir -p "$dist/demo"
 cp "$demo/stories260K.bin" "$demo/tok512.bin" "$dist/demo/"
 
-# MOE_STUDIO_CLI=path uses an already built binary instead.
-cli="${MOE_STUDIO_CLI:-}"
-if [ -z "$cli" ]; then
-  step "CLI: cargo build -p moe-studio"
-  cargo build -q -p moe-studio
-  cli="$CARGO_TARGET_DIR/debug/moe-studio"
-fi
+cli="$(cli_binary)"
 
 step "inputs: corpora and an instruct model"
 head -n 40 "$MOE_STUDIO_DATA/corpora/lang/en/train.txt" > "$work/en.txt"

@@ -37,7 +37,8 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-step() { echo "== $*"; }
+# shellcheck source=/dev/null
+source "$here/lib.sh"
 
 if [ -z "${E2E_SKIP_BUILD:-}" ]; then
   step "frontend: trunk build --offline"
@@ -48,12 +49,7 @@ dist="$root/frontend/dist"
 mkdir -p "$dist/demo"
 cp "$demo/stories260K.bin" "$demo/tok512.bin" "$dist/demo/"
 
-cli="${MOE_STUDIO_CLI:-}"
-if [ -z "$cli" ]; then
-  step "CLI: cargo build -p moe-studio"
-  cargo build -q -p moe-studio
-  cli="$CARGO_TARGET_DIR/debug/moe-studio"
-fi
+cli="$(cli_binary)"
 
 step "inputs: corpus"
 head -n "${E2E_CORPUS_LINES:-300}" "$corpus_src" > "$work/hu.txt"

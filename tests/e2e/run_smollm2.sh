@@ -23,21 +23,15 @@ out="$here/out"
 tokens="${E2E_SMOLLM2_TOKENS:-1024}"
 rm -rf "$work"
 mkdir -p "$work/cli" "$out"
-step() { echo "== $*"; }
-ms() { date +%s%3N; }
+# shellcheck source=/dev/null
+source "$here/lib.sh"
 
 dist="${E2E_DIST:-}"
 if [ -z "$dist" ]; then
-  step "frontend: trunk build --offline"
   dist="$work/dist"
-  (cd "$root/frontend" && trunk build --offline --dist "$dist")
+  build_frontend "$dist"
 fi
-cli="${MOE_STUDIO_CLI:-}"
-if [ -z "$cli" ]; then
-  step "CLI: cargo build -p moe-studio"
-  cargo build -q -p moe-studio
-  cli="$CARGO_TARGET_DIR/debug/moe-studio"
-fi
+cli="$(cli_binary)"
 
 step "inputs: 200 lines of en and hu"
 head -n 200 "$MOE_STUDIO_DATA/corpora/lang/en/train.txt" > "$work/en.txt"

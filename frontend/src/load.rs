@@ -163,6 +163,34 @@ pub struct DemoManifest {
     /// File names under `demo/`, in the form [`model_from_files`] takes
     /// (a llama2.c `.bin` + tokenizer `.bin`, a `.gguf`, or HF files).
     pub files: Vec<String>,
+    /// One sentence for the Load page.
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+impl Default for DemoManifest {
+    /// stories260K, what the build carries when there is no manifest.
+    fn default() -> Self {
+        DemoManifest {
+            name: "stories260K".into(),
+            files: vec!["stories260K.bin".into(), "tok512.bin".into()],
+            description: Some(
+                "stories260K — a 260K-parameter Llama trained on TinyStories (llama2.c format, 512-token vocabulary)."
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// The served `demo/manifest.json`, or [`DemoManifest::default`] without one.
+///
+/// # Errors
+/// A manifest that is served but does not parse.
+pub async fn demo_manifest() -> Result<DemoManifest, String> {
+    match crate::web::fetch_bytes(&format!("{DEMO_DIR}/manifest.json")).await {
+        Ok(b) => serde_json::from_slice::<DemoManifest>(&b).map_err(|e| format!("{DEMO_DIR}/manifest.json: {e}")),
+        Err(_) => Ok(DemoManifest::default()),
+    }
 }
 
 /// Fetches and parses the bundled demo model: the files `demo/manifest.json`
@@ -173,12 +201,7 @@ pub struct DemoManifest {
 /// A readable message when the demo files are not served or do not parse.
 pub async fn demo_model() -> Result<(String, LoadedModel, u64), String> {
     let hint = "(scripts/demo_model.sh copies the demo model into the build; is it there?)";
-    let manifest = match crate::web::fetch_bytes(&format!("{DEMO_DIR}/manifest.json")).await {
-        Ok(b) => serde_json::from_slice::<DemoManifest>(&b).map_err(|e| format!("{DEMO_DIR}/manifest.json: {e}"))?,
-        Err(_) => {
-            DemoManifest { name: "stories260K".into(), files: vec!["stories260K.bin".into(), "tok512.bin".into()] }
-        }
-    };
+    let manifest = demo_manifest().await?;
     let mut files = Vec::with_capacity(manifest.files.len());
     for f in &manifest.files {
         let bytes = crate::web::fetch_bytes(&format!("{DEMO_DIR}/{f}")).await.map_err(|e| format!("{e} {hint}"))?;

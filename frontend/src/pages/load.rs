@@ -3,7 +3,7 @@
 use leptos::prelude::*;
 
 use crate::components::message::{Message, MessageLine};
-use crate::load::{demo_model, model_from_files};
+use crate::load::{demo_manifest, demo_model, model_from_files, DemoManifest};
 use crate::store::{update_store, with_store, InputModel, ModelRef, Revision};
 use crate::web::read_files;
 
@@ -22,6 +22,13 @@ pub fn LoadPage() -> impl IntoView {
     let msg = RwSignal::new(Message::None);
     let busy = RwSignal::new(false);
     let custom_name = RwSignal::new(String::new());
+    // What the build's demo is (scripts/demo_model.sh writes the manifest).
+    let demo_text = RwSignal::new(DemoManifest::default().description.unwrap_or_default());
+    leptos::task::spawn_local(async move {
+        if let Ok(m) = demo_manifest().await {
+            demo_text.set(m.description.unwrap_or(m.name));
+        }
+    });
     let load_demo = move |_| {
         busy.set(true);
         msg.set(Message::None);
@@ -115,7 +122,7 @@ pub fn LoadPage() -> impl IntoView {
         <div class="cards">
             <div class="card">
                 <h3>"Demo model"</h3>
-                <p>"stories260K — a 260K-parameter Llama trained on TinyStories (llama2.c format, 512-token vocabulary)."</p>
+                <p data-testid="demo-description">{move || demo_text.get()}</p>
                 <button data-testid="load-demo" on:click=load_demo disabled=move || busy.get()>"Load the demo model"</button>
             </div>
             <div class="card">

@@ -4,9 +4,8 @@
 //! statistics equal one uninterrupted call's).
 
 use moe_shared::checkpoint::LoadedModel;
-use moe_shared::config::HfConfig;
 use moe_shared::methods::delta::{
-    graft_report, plan_graft, write_graft, DeltaStat, GraftOptions, GraftPlan, GraftReport,
+    generated_config_json, graft_report, plan_graft, write_graft, DeltaStat, GraftOptions, GraftPlan, GraftReport,
 };
 use moe_shared::methods::sink::{to_bytes, MemorySink, TensorSink};
 
@@ -23,17 +22,7 @@ fn companion(target: &Picked) -> (Vec<u8>, Option<Vec<u8>>) {
         Picked::Artifact(a) => (a.config_json.clone(), a.tokenizer_json.clone()),
         Picked::Input(i) => {
             let m = &i.model;
-            let cfg = match &m.moe {
-                Some(moe) => moe.to_config_json(&m.config),
-                None => {
-                    let mut v =
-                        serde_json::to_value(HfConfig::from_model_config(&m.config)).expect("config serialises");
-                    if let Some(o) = v.as_object_mut() {
-                        o.retain(|_, x| !x.is_null());
-                    }
-                    v
-                }
-            };
+            let cfg = generated_config_json(m);
             (pretty(&cfg), super::artifact::tokenizer_json(m.tokenizer.as_ref()))
         }
     }
@@ -66,22 +55,9 @@ async fn gpu_group(
                     inst.len()
                 ));
             }
-            let (mut d2, mut b2, mut max_abs) = (0f64, 0f64, 0f64);
-            for (&x, &y) in inst.iter().zip(&base) {
-                let d = x - y;
-                d2 += f64::from(d) * f64::from(d);
-                b2 += f64::from(y) * f64::from(y);
-                max_abs = max_abs.max(f64::from(d.abs()));
-            }
-            let (delta_l2, base_l2) = (d2.sqrt(), b2.sqrt());
             stats.push(DeltaStat {
-                name: dname.to_string(),
-                shape: group[0].shape.clone(),
-                delta_l2,
-                base_l2,
-                relative: if base_l2 > 0.0 { delta_l2 / base_l2 } else { 0.0 },
-                max_abs,
                 applied_to: group.len(),
+                ..DeltaStat::measure(dname, &group[0].shape, &base, &inst)
             });
             Some((base, inst))
         }

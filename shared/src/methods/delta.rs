@@ -459,6 +459,31 @@ pub fn add_scaled_delta(theta: &mut [f32], scaled_delta: &[f32]) {
     }
 }
 
+impl DeltaStat {
+    /// Norms of `instruct - base` for the tensor `name` (`applied_to` 0;
+    /// the caller counts the outputs). Both slices hold the tensor's values
+    /// (f32, same length); sums are accumulated in f64.
+    pub fn measure(name: &str, shape: &[usize], base: &[f32], instruct: &[f32]) -> DeltaStat {
+        let (mut d2, mut b2, mut max_abs) = (0f64, 0f64, 0f64);
+        for (&i, &b) in instruct.iter().zip(base) {
+            let d = i - b;
+            d2 += f64::from(d) * f64::from(d);
+            b2 += f64::from(b) * f64::from(b);
+            max_abs = max_abs.max(f64::from(d.abs()));
+        }
+        let (delta_l2, base_l2) = (d2.sqrt(), b2.sqrt());
+        DeltaStat {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            delta_l2,
+            base_l2,
+            relative: if base_l2 > 0.0 { delta_l2 / base_l2 } else { 0.0 },
+            max_abs,
+            applied_to: 0,
+        }
+    }
+}
+
 /// Computes `scale * (instruct - base)` (f32, in place into `instruct`) and
 /// its statistics.
 fn scaled_delta(
@@ -468,24 +493,10 @@ fn scaled_delta(
     mut instruct: Vec<f32>,
     scale: f32,
 ) -> (Vec<f32>, DeltaStat) {
-    let (mut d2, mut b2, mut max_abs) = (0f64, 0f64, 0f64);
+    let stat = DeltaStat::measure(name, shape, &base, &instruct);
     for (i, &b) in instruct.iter_mut().zip(&base) {
-        let d = *i - b;
-        d2 += f64::from(d) * f64::from(d);
-        b2 += f64::from(b) * f64::from(b);
-        max_abs = max_abs.max(f64::from(d.abs()));
-        *i = scale * d;
+        *i = scale * (*i - b);
     }
-    let (delta_l2, base_l2) = (d2.sqrt(), b2.sqrt());
-    let stat = DeltaStat {
-        name: name.to_string(),
-        shape: shape.to_vec(),
-        delta_l2,
-        base_l2,
-        relative: if base_l2 > 0.0 { delta_l2 / base_l2 } else { 0.0 },
-        max_abs,
-        applied_to: 0,
-    };
     (instruct, stat)
 }
 
@@ -619,6 +630,24 @@ pub fn graft(
     Ok(report)
 }
 
+/// The Hugging Face `config.json` for a model that has none of its own
+/// (a `.gguf` or llama2.c input): the MoE config (Mixtral or studio layout)
+/// or the dense config, null fields left out. Used by [`companion_files`]
+/// and by the browser, so both write the same bytes.
+pub fn generated_config_json(model: &crate::checkpoint::LoadedModel) -> serde_json::Value {
+    match &model.moe {
+        Some(m) => m.to_config_json(&model.config),
+        None => {
+            let mut v = serde_json::to_value(crate::config::HfConfig::from_model_config(&model.config))
+                .expect("config serialises");
+            if let Some(o) = v.as_object_mut() {
+                o.retain(|_, x| !x.is_null());
+            }
+            v
+        }
+    }
+}
+
 /// The files of a model directory that a derived checkpoint copies:
 /// `config.json`, `tokenizer.json`, `tokenizer_config.json`,
 /// `special_tokens_map.json`, `generation_config.json` (those present).
@@ -645,18 +674,7 @@ pub fn companion_files(
         }
         return Ok(out);
     }
-    let cfg = match &model.moe {
-        Some(m) => m.to_config_json(&model.config),
-        None => {
-            let mut v = serde_json::to_value(crate::config::HfConfig::from_model_config(&model.config))
-                .expect("config serialises");
-            if let Some(o) = v.as_object_mut() {
-                o.retain(|_, x| !x.is_null());
-            }
-            v
-        }
-    };
-    out.push(("config.json", serde_json::to_vec_pretty(&cfg).expect("json")));
+    out.push(("config.json", serde_json::to_vec_pretty(&generated_config_json(model)).expect("json")));
     if let Some(t) = model.tokenizer.as_ref().and_then(|t| t.to_hf_json()) {
         out.push(("tokenizer.json", t.into_bytes()));
     }

@@ -169,10 +169,10 @@ pub async fn delete(State(st): State<AppStateRef>, P(id): P<String>) -> AppResul
 
 /// `PUT /api/uploads/{id}/chunks/{index}`: streams one chunk to its offset.
 ///
-/// A chunk refused before its body was read (wrong index, state, header)
-/// has its body read and dropped first, up to `--max-chunk-bytes`, so that
-/// the client, still sending, receives the JSON error rather than a reset
-/// connection.
+/// A chunk answered before its body was read (refused for its index, state or
+/// header, or a resent chunk already received with the same sha256) has its
+/// body read and dropped first, up to `--max-chunk-bytes`, so that the client,
+/// still sending, receives the answer rather than a reset connection.
 pub async fn put_chunk(
     State(st): State<AppStateRef>,
     P((id, index)): P<(String, String)>,
@@ -181,7 +181,7 @@ pub async fn put_chunk(
 ) -> AppResult<Json<UploadStatus>> {
     let mut body = Some(body);
     let r = put_chunk_inner(&st, id, index, &headers, &mut body).await;
-    if let (Err(_), Some(b)) = (&r, body.take()) {
+    if let Some(b) = body.take() {
         let limit = st.args.max_chunk_bytes;
         let declared = headers
             .get(axum::http::header::CONTENT_LENGTH)

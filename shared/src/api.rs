@@ -582,7 +582,8 @@ pub enum JobSpec {
 pub struct CreateJob {
     /// What to run.
     pub spec: JobSpec,
-    /// Burn backend (`ndarray`, `wgpu`, `cuda`; default: the server's).
+    /// Burn backend (`ndarray`, `wgpu`, `cuda`, or `auto`; default: the
+    /// server's, which `moe-studio serve --backend auto` chose at start).
     #[serde(default)]
     pub backend: Option<String>,
     /// Display name.

@@ -1,6 +1,11 @@
 //! Burn backend selection at run time among those compiled in.
+//!
+//! `auto` (the default) picks, in order: CUDA when built with the `cuda`
+//! feature and a CUDA device answers; else wgpu when built with the `wgpu`
+//! feature and a hardware adapter exists (a CPU implementation such as
+//! lavapipe is skipped: Burn's NdArray is faster there); else NdArray (CPU).
 
-use burn::tensor::backend::Backend;
+use burn::tensor::{backend::Backend, ElementConversion, Tensor};
 
 /// A command generic over the Burn backend.
 pub trait WithBackend {
@@ -8,19 +13,140 @@ pub trait WithBackend {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()>;
 }
 
-/// Runs `w` on the backend named `name` (`ndarray`/`cpu`, and `wgpu` or
-/// `cuda` when built with those features).
-pub fn run<W: WithBackend>(name: &str, w: W) -> anyhow::Result<()> {
+/// Backends compiled into this binary (`ndarray` always; `wgpu`, `cuda`
+/// with those cargo features).
+pub fn built() -> Vec<&'static str> {
+    let mut v = vec!["ndarray"];
+    if cfg!(feature = "wgpu") {
+        v.push("wgpu");
+    }
+    if cfg!(feature = "cuda") {
+        v.push("cuda");
+    }
+    v
+}
+
+/// A backend name resolved to one that is built and usable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// `ndarray`, `wgpu` or `cuda`.
+    pub name: &'static str,
+    /// Why `auto` chose it (empty when the name was given).
+    pub reason: String,
+}
+
+/// Resolves `--backend NAME`: `auto`, `ndarray` (alias `cpu`), `wgpu`, `cuda`.
+///
+/// # Errors
+/// A name that is unknown or not built into this binary (the message lists
+/// the built ones).
+pub fn resolve(name: &str) -> anyhow::Result<Resolved> {
+    let given = |name| Ok(Resolved { name, reason: String::new() });
     match name {
-        "ndarray" | "cpu" => w.run::<burn::backend::NdArray<f32>>(Default::default()),
+        "auto" => Ok(auto()),
+        "ndarray" | "cpu" => given("ndarray"),
+        "wgpu" if cfg!(feature = "wgpu") => given("wgpu"),
+        "cuda" if cfg!(feature = "cuda") => given("cuda"),
+        other => anyhow::bail!(
+            "--backend `{other}`: expected auto, {} (built into this binary; wgpu and cuda need the cargo \
+             features of the same names)",
+            built().join(", ")
+        ),
+    }
+}
+
+/// The `auto` choice (see the module doc).
+fn auto() -> Resolved {
+    #[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(unused_mut))]
+    let mut skipped: Vec<String> = Vec::new();
+    #[cfg(feature = "cuda")]
+    {
+        if cuda_device_present() && answers::<burn::backend::Cuda>(Default::default()) {
+            return Resolved { name: "cuda", reason: "auto: a CUDA device answered".into() };
+        }
+        skipped.push("no CUDA device".into());
+    }
+    #[cfg(feature = "wgpu")]
+    {
+        match moe_kernels::Gpu::new_blocking() {
+            Ok(g) if !g.is_cpu() => {
+                return Resolved { name: "wgpu", reason: format!("auto: hardware adapter {}", g.describe()) };
+            }
+            Ok(g) => skipped.push(format!("wgpu adapter {} is a CPU implementation", g.describe())),
+            Err(e) => skipped.push(format!("no wgpu adapter ({e})")),
+        }
+    }
+    let reason = if skipped.is_empty() { String::new() } else { format!("auto: {}", skipped.join("; ")) };
+    Resolved { name: "ndarray", reason }
+}
+
+/// Whether the NVIDIA driver is loaded (checked before touching CUDA, whose
+/// initialisation panics without a driver).
+#[cfg(feature = "cuda")]
+fn cuda_device_present() -> bool {
+    std::path::Path::new("/proc/driver/nvidia/version").exists() || std::path::Path::new("/dev/nvidiactl").exists()
+}
+
+/// Whether backend `B` sums a two-element tensor on `device` (a panic
+/// while initialising it counts as no).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn answers<B: Backend>(device: B::Device) -> bool {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let t = Tensor::<B, 1>::ones([2], &device);
+        t.sum().into_scalar().elem::<f32>() == 2.0
+    }))
+    .unwrap_or(false)
+}
+
+/// Runs `w` on the backend `name` resolves to (see [`resolve`]); says on
+/// stderr what `auto` chose when more than NdArray was possible.
+///
+/// # Errors
+/// [`resolve`]'s, then the command's.
+pub fn run<W: WithBackend>(name: &str, w: W) -> anyhow::Result<()> {
+    let r = resolve(name)?;
+    announce(&r);
+    match r.name {
         #[cfg(feature = "wgpu")]
         "wgpu" => w.run::<burn::backend::Wgpu>(Default::default()),
         #[cfg(feature = "cuda")]
         "cuda" => w.run::<burn::backend::Cuda>(Default::default()),
-        other => anyhow::bail!(
-            "backend `{other}` is not available in this build (built: ndarray{}{})",
-            if cfg!(feature = "wgpu") { ", wgpu" } else { "" },
-            if cfg!(feature = "cuda") { ", cuda" } else { "" }
-        ),
+        _ => w.run::<burn::backend::NdArray<f32>>(Default::default()),
+    }
+}
+
+/// Prints `auto`'s choice on stderr (nothing when it had no choice).
+pub fn announce(r: &Resolved) {
+    if !r.reason.is_empty() {
+        eprintln!("backend: {} ({})", r.name, r.reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_resolve_and_unknown_ones_list_the_built_backends() {
+        assert_eq!(resolve("cpu").unwrap().name, "ndarray");
+        assert_eq!(resolve("ndarray").unwrap().name, "ndarray");
+        let e = resolve("tpu").unwrap_err().to_string();
+        assert!(e.contains("`tpu`") && e.contains("auto, ndarray"), "{e}");
+        if !cfg!(feature = "cuda") {
+            assert!(resolve("cuda").unwrap_err().to_string().contains("cargo features"));
+        }
+    }
+
+    #[test]
+    fn auto_without_gpu_features_is_ndarray() {
+        if !cfg!(any(feature = "cuda", feature = "wgpu")) {
+            assert_eq!(resolve("auto").unwrap(), Resolved { name: "ndarray", reason: String::new() });
+        }
+        assert!(built().contains(&resolve("auto").unwrap().name));
+    }
+
+    #[test]
+    fn the_probe_computes_on_ndarray() {
+        assert!(answers::<burn::backend::NdArray<f32>>(Default::default()));
     }
 }

@@ -2,7 +2,7 @@
 
 mod allocate;
 mod args;
-mod backend;
+pub(crate) mod backend;
 mod bench;
 mod bench_kernels;
 mod bench_train;
@@ -27,9 +27,11 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "moe-studio", version, about)]
 pub struct Cli {
-    /// Compute backend: `ndarray` (CPU, always built), `wgpu` or `cuda`
-    /// (when built with those cargo features).
-    #[arg(long, global = true, default_value = "ndarray")]
+    /// Compute backend: `auto` (CUDA if built with `cuda` and a device
+    /// answers, else wgpu if built with `wgpu` and a hardware adapter exists,
+    /// else CPU), `ndarray` (CPU, always built), `wgpu` or `cuda` (when built
+    /// with those cargo features).
+    #[arg(long, global = true, default_value = "auto")]
     pub backend: String,
     #[command(subcommand)]
     pub command: Command,

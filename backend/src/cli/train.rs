@@ -104,20 +104,21 @@ pub trait WithAutodiff {
     fn run<B: AutodiffBackend>(self) -> anyhow::Result<()>;
 }
 
-/// Runs `w` on the autodiff version of the backend named `name`.
+/// Runs `w` on the autodiff version of the backend `name` resolves to
+/// (see [`super::backend::resolve`]).
+///
+/// # Errors
+/// An unknown or unbuilt backend, then the command's.
 pub fn run_autodiff<W: WithAutodiff>(name: &str, w: W) -> anyhow::Result<()> {
     use burn::backend::Autodiff;
-    match name {
-        "ndarray" | "cpu" => w.run::<Autodiff<burn::backend::NdArray<f32>>>(),
+    let r = super::backend::resolve(name)?;
+    super::backend::announce(&r);
+    match r.name {
         #[cfg(feature = "wgpu")]
         "wgpu" => w.run::<Autodiff<burn::backend::Wgpu>>(),
         #[cfg(feature = "cuda")]
         "cuda" => w.run::<Autodiff<burn::backend::Cuda>>(),
-        other => bail!(
-            "backend `{other}` is not available in this build (built: ndarray{}{})",
-            if cfg!(feature = "wgpu") { ", wgpu" } else { "" },
-            if cfg!(feature = "cuda") { ", cuda" } else { "" }
-        ),
+        _ => w.run::<Autodiff<burn::backend::NdArray<f32>>>(),
     }
 }
 

@@ -135,7 +135,11 @@ fn data_rel(d: &DataRef, heldout: bool, ext: &str) -> String {
 /// `POST /api/jobs`.
 pub async fn create(State(st): State<AppStateRef>, J(req): J<CreateJob>) -> AppResult<(StatusCode, Json<JobInfo>)> {
     req.spec.validate()?;
-    let backend = req.backend.clone().unwrap_or_else(|| st.default_backend.clone());
+    let backend = match req.backend.as_deref() {
+        None | Some("auto") => st.default_backend.clone(),
+        Some("cpu") => "ndarray".to_string(),
+        Some(b) => b.to_string(),
+    };
     if !super::backends().contains(&backend) {
         return Err(AppError::unprocessable(
             "backend",

@@ -191,16 +191,9 @@ pub struct AppState {
 /// Shared state handle.
 pub type AppStateRef = Arc<AppState>;
 
-/// Backends compiled into this binary.
+/// Backends compiled into this binary (`ndarray` always; `wgpu`, `cuda`).
 pub fn backends() -> Vec<String> {
-    let mut v = vec!["ndarray".to_string()];
-    if cfg!(feature = "wgpu") {
-        v.push("wgpu".into());
-    }
-    if cfg!(feature = "cuda") {
-        v.push("cuda".into());
-    }
-    v
+    crate::cli::backend::built().into_iter().map(String::from).collect()
 }
 
 /// Reads `--token-file`, or DATA_DIR/token (creating it, mode 0600, on
@@ -445,9 +438,13 @@ pub fn router(st: AppStateRef) -> Router {
 /// Data directory, database, token and bind failures.
 pub fn run(backend: &str, args: ServeArgs) -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).try_init().ok();
-    if !backends().iter().any(|b| b == backend) && backend != "cpu" {
-        anyhow::bail!("--backend `{backend}` is not built into this binary (built: {})", backends().join(", "));
-    }
+    // `auto` is resolved once, here: every job then names its backend.
+    let backend = crate::cli::backend::resolve(backend)?;
+    tracing::info!(
+        "jobs run on the {} backend unless their spec names another{}",
+        backend.name,
+        if backend.reason.is_empty() { String::new() } else { format!(" ({})", backend.reason) }
+    );
     if args.workers == 0 || args.workers > 256 {
         anyhow::bail!("--workers {}: expected 1 to 256", args.workers);
     }
@@ -488,7 +485,7 @@ pub fn run(backend: &str, args: ServeArgs) -> anyhow::Result<()> {
         let listener =
             tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("binding {}", args.addr))?;
         let addr = listener.local_addr()?;
-        let default_backend = if backend == "cpu" { "ndarray".to_string() } else { backend.to_string() };
+        let default_backend = backend.name.to_string();
         let allowed_hosts = allowed_hosts(addr, &args.allow_host);
         let st = Arc::new(AppState {
             data: data.clone(),

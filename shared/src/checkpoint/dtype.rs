@@ -61,6 +61,17 @@ impl DType {
         }
     }
 
+    /// The `torch_dtype` of a Hugging Face `config.json` for tensors stored
+    /// as `self`: `bfloat16`, `float16`, else `float32` (what this project
+    /// writes quantised inputs as).
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            DType::BF16 => "bfloat16",
+            DType::F16 => "float16",
+            _ => "float32",
+        }
+    }
+
     /// Parses a user-facing name (`f32`, `f16`, `bf16`), case-insensitive.
     pub fn parse_float(s: &str) -> Option<DType> {
         match s.to_ascii_lowercase().as_str() {

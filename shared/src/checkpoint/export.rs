@@ -7,7 +7,6 @@ use crate::config::ModelConfig;
 #[cfg(not(target_arch = "wasm32"))]
 use {
     super::{PlannedTensor, TensorSource},
-    crate::config::HfConfig,
     crate::error::{Result, StudioError},
 };
 
@@ -82,25 +81,7 @@ pub fn export_dense(
         let values = src.read_f32(name)?;
         w.write_f32(name, &values)?;
     }
-    let mut hf = HfConfig::from_model_config(config);
-    hf.torch_dtype = Some(
-        match dtype {
-            Some(DType::BF16) => "bfloat16",
-            Some(DType::F16) => "float16",
-            _ => "float32",
-        }
-        .into(),
-    );
-    let mut cfg = serde_json::to_value(&hf).expect("config serialises");
-    if let Some(obj) = cfg.as_object_mut() {
-        obj.retain(|_, v| !v.is_null());
-        let arch = match config.architecture {
-            crate::config::Architecture::Llama => "LlamaForCausalLM",
-            crate::config::Architecture::Mistral => "MistralForCausalLM",
-            crate::config::Architecture::Qwen2 => "Qwen2ForCausalLM",
-        };
-        obj.insert("architectures".into(), serde_json::json!([arch]));
-    }
+    let cfg = config.to_config_json(Some(dtype.unwrap_or(DType::F32)));
     let mut extra = vec![("config.json", serde_json::to_vec_pretty(&cfg).expect("json"))];
     if let Some(t) = tokenizer_json {
         extra.push(("tokenizer.json", t));

@@ -56,6 +56,15 @@ impl Architecture {
             Architecture::Qwen2 => "qwen2",
         }
     }
+
+    /// The Hugging Face model class (`architectures[0]` in `config.json`).
+    pub fn hf_class(self) -> &'static str {
+        match self {
+            Architecture::Llama => "LlamaForCausalLM",
+            Architecture::Mistral => "MistralForCausalLM",
+            Architecture::Qwen2 => "Qwen2ForCausalLM",
+        }
+    }
 }
 
 /// The validated configuration of a dense decoder-only transformer.
@@ -340,6 +349,22 @@ impl HfConfig {
     }
 }
 
+impl ModelConfig {
+    /// The Hugging Face `config.json` of this dense model (the one builder
+    /// every dense output uses): [`HfConfig::from_model_config`] with null
+    /// fields left out, `architectures` = [`Architecture::hf_class`] and,
+    /// when `dtype` is given, `torch_dtype` ([`crate::checkpoint::DType::torch_name`]).
+    pub fn to_config_json(&self, dtype: Option<crate::checkpoint::DType>) -> serde_json::Value {
+        let mut hf = HfConfig::from_model_config(self);
+        hf.torch_dtype = dtype.map(|d| d.torch_name().to_string());
+        let mut v = serde_json::to_value(hf).expect("config serialises");
+        let obj = v.as_object_mut().expect("a struct serialises to an object");
+        obj.retain(|_, x| !x.is_null());
+        obj.insert("architectures".into(), serde_json::json!([self.architecture.hf_class()]));
+        v
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,6 +381,14 @@ mod tests {
         assert_eq!(c.rope_theta, 100000.0);
         // SmolLM2-135M has 134,515,008 parameters (tied embeddings).
         assert_eq!(c.num_parameters(), 134_515_008);
+        // the config.json we write for it reads back to the same config
+        let out = c.to_config_json(Some(crate::checkpoint::DType::BF16));
+        assert_eq!(out["architectures"], serde_json::json!(["LlamaForCausalLM"]));
+        assert_eq!(out["torch_dtype"], "bfloat16");
+        assert!(out.as_object().unwrap().values().all(|v| !v.is_null()), "{out}");
+        let bytes = serde_json::to_vec(&out).unwrap();
+        assert_eq!(HfConfig::from_json(&bytes, "out").unwrap().to_model_config("out").unwrap(), c);
+        assert!(c.to_config_json(None).get("torch_dtype").is_none());
     }
 
     #[test]

@@ -151,9 +151,8 @@ impl MoeConfig {
 
     /// `config.json` for this layout (Mixtral when possible, else studio).
     pub fn to_config_json(&self, base: &ModelConfig) -> serde_json::Value {
-        let mut v = serde_json::to_value(HfConfig::from_model_config(base)).expect("config serialises");
+        let mut v = base.to_config_json(None);
         let obj = v.as_object_mut().expect("object");
-        obj.retain(|_, x| !x.is_null());
         let frozen: Vec<Vec<usize>> =
             self.layers.iter().map(|s| s.as_ref().map(|s| s.frozen.clone()).unwrap_or_default()).collect();
         obj.insert("router_aux_loss_coef".into(), self.router_aux_loss_coef.into());
@@ -172,6 +171,8 @@ impl MoeConfig {
             );
         } else {
             obj.insert("model_type".into(), "moe_studio".into());
+            // no transformers class loads the per-layer layout
+            obj.remove("architectures");
             obj.insert("base_model_type".into(), base.architecture.model_type().into());
             obj.insert("moe_layers".into(), serde_json::to_value(&self.layers).expect("layers"));
             obj.insert(

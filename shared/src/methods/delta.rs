@@ -637,14 +637,7 @@ pub fn graft(
 pub fn generated_config_json(model: &crate::checkpoint::LoadedModel) -> serde_json::Value {
     match &model.moe {
         Some(m) => m.to_config_json(&model.config),
-        None => {
-            let mut v = serde_json::to_value(crate::config::HfConfig::from_model_config(&model.config))
-                .expect("config serialises");
-            if let Some(o) = v.as_object_mut() {
-                o.retain(|_, x| !x.is_null());
-            }
-            v
-        }
+        None => model.config.to_config_json(None),
     }
 }
 

@@ -680,11 +680,7 @@ pub fn set_config_dtype(config_json: &[u8], dtype: DType) -> Vec<u8> {
     let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(config_json) else {
         return config_json.to_vec();
     };
-    let name = match dtype {
-        DType::BF16 => "bfloat16",
-        DType::F16 => "float16",
-        _ => "float32",
-    };
+    let name = dtype.torch_name();
     let Some(obj) = v.as_object_mut() else { return config_json.to_vec() };
     if obj.contains_key("dtype") {
         obj.insert("dtype".into(), name.into());

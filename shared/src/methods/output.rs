@@ -125,11 +125,7 @@ pub fn config_json(
     provenance: serde_json::Value,
 ) -> serde_json::Value {
     let mut v = written.to_config_json(base);
-    let name = match dtype {
-        DType::BF16 => "bfloat16",
-        DType::F16 => "float16",
-        _ => "float32",
-    };
+    let name = dtype.torch_name();
     if let Some(obj) = v.as_object_mut() {
         obj.insert("torch_dtype".into(), name.into());
         if let Some(studio) = obj.get_mut("moe_studio").and_then(|s| s.as_object_mut()) {

@@ -161,15 +161,8 @@ fn config_for(
             (crate::methods::output::config_json(base, &choice.written, dtype, provenance), choice.router_scale)
         }
         None => {
-            let mut v = serde_json::to_value(crate::config::HfConfig::from_model_config(base)).expect("config");
+            let mut v = base.to_config_json(Some(dtype));
             if let Some(o) = v.as_object_mut() {
-                o.retain(|_, x| !x.is_null());
-                let arch = match base.architecture {
-                    crate::config::Architecture::Llama => "LlamaForCausalLM",
-                    crate::config::Architecture::Mistral => "MistralForCausalLM",
-                    crate::config::Architecture::Qwen2 => "Qwen2ForCausalLM",
-                };
-                o.insert("architectures".into(), serde_json::json!([arch]));
                 o.insert("moe_studio".into(), serde_json::json!({"version": 1, "provenance": provenance}));
             }
             (v, vec![])

@@ -145,6 +145,23 @@ mod tests {
         assert!(built().contains(&resolve("auto").unwrap().name));
     }
 
+    /// With the `wgpu` feature on a machine whose only adapter is a CPU
+    /// Vulkan (lavapipe), `auto` stays on NdArray and says why.
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn auto_skips_a_cpu_wgpu_adapter() {
+        let r = resolve("auto").unwrap();
+        eprintln!("auto -> {} ({})", r.name, r.reason);
+        match moe_kernels::Gpu::new_blocking() {
+            Ok(g) if g.is_cpu() => {
+                assert_eq!(r.name, "ndarray");
+                assert!(r.reason.contains("CPU implementation"), "{}", r.reason);
+            }
+            Ok(_) => assert_eq!(r.name, if cfg!(feature = "cuda") { r.name } else { "wgpu" }),
+            Err(_) => assert_eq!(r.name, "ndarray"),
+        }
+    }
+
     #[test]
     fn the_probe_computes_on_ndarray() {
         assert!(answers::<burn::backend::NdArray<f32>>(Default::default()));

@@ -6,7 +6,8 @@
 #  2. builds the CLI and makes the inputs: two small corpora (en, hu), an
 #     "instruct" model (stories260K fine-tuned for a few steps with
 #     `moe-studio train --stage dense`);
-#  3. runs the CLI on the same inputs (upcycle -> route -> graft), timed;
+#  3. runs the CLI on the same inputs (upcycle -> route -> graft; moerge of
+#     the demo + instruct models -> route), timed;
 #  4. serves that dist on an ephemeral port and drives chromium with
 #     playwright-core (run.mjs / studio.spec.mjs); screenshots go to
 #     docs/screenshots/.
@@ -51,7 +52,13 @@ t3=$(ms)
 # The same graft on the upcycled (unrouted) MoE: every input is then
 # bit-identical in the browser, so the output must be too.
 "$cli" graft "$work/cli/upcycled" --base "$demo/stories260K.bin" --instruct "$work/ft" --out "$work/cli/grafted-upcycled" > /dev/null
-printf '{"upcycle_ms": %d, "route_ms": %d, "graft_ms": %d}\n' $((t1 - t0)) $((t2 - t1)) $((t3 - t2)) | tee "$out/cli_timings.json"
+# MoErge (DUME) of the demo model and its fine-tuned copy, then routed: the
+# browser's MoErge (CPU and WebGPU) must give these bytes.
+t4=$(ms)
+"$cli" moerge "$demo/stories260K.bin" "$work/ft" --out "$work/cli/moerged" > /dev/null
+t5=$(ms)
+"$cli" route "$work/cli/moerged" --domain "en=$work/en.txt" --domain "hu=$work/hu.txt" --out "$work/cli/moerged-routed" > /dev/null 2>&1
+printf '{"upcycle_ms": %d, "route_ms": %d, "graft_ms": %d, "moerge_ms": %d}\n' $((t1 - t0)) $((t2 - t1)) $((t3 - t2)) $((t5 - t4)) | tee "$out/cli_timings.json"
 
 
 step "browser: playwright-core + chromium"

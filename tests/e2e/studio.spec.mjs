@@ -1,6 +1,7 @@
 // The browser studio end to end on stories260K: bad input first (the page
 // must keep working), then load demo -> upcycle -> logits check -> ridge
-// router on two corpora -> graft -> download, comparing the downloads with
+// router on two corpora -> graft -> MoErge (CPU and WebGPU) + router ->
+// download, comparing the downloads with
 // the CLI's outputs for the same inputs. Screenshots of every page go to
 // E2E_SHOTS (docs/screenshots/ with UPDATE_SCREENSHOTS=1).
 import crypto from 'node:crypto';
@@ -23,6 +24,26 @@ function readTensors(p) {
     out[k] = new Float32Array(buf.buffer.slice(buf.byteOffset, buf.byteOffset + buf.byteLength));
   }
   return out;
+}
+
+/** Names of the tensors whose bytes differ between two safetensors files. */
+function bytesDiffering(a, b) {
+  const raw = (p) => {
+    const buf = fs.readFileSync(p);
+    const n = Number(buf.readBigUInt64LE(0));
+    const h = JSON.parse(buf.subarray(8, 8 + n).toString());
+    delete h.__metadata__;
+    return { buf, h, base: 8 + n };
+  };
+  const A = raw(a), B = raw(b);
+  const names = Object.keys(A.h);
+  if (names.length !== Object.keys(B.h).length) throw new Error(`tensor count ${names.length} vs ${Object.keys(B.h).length}`);
+  return names.filter((k) => {
+    if (!B.h[k]) return true;
+    const [s, e] = A.h[k].data_offsets, [t, f] = B.h[k].data_offsets;
+    return A.h[k].dtype !== B.h[k].dtype || JSON.stringify(A.h[k].shape) !== JSON.stringify(B.h[k].shape)
+      || !A.buf.subarray(A.base + s, A.base + e).equals(B.buf.subarray(B.base + t, B.base + f));
+  });
 }
 
 /** max |a - b| per tensor; tensors whose bytes differ. */
@@ -143,6 +164,34 @@ export async function run({ context, url, work, shots, out, check, log }) {
   await tid('graft-run').click();
   await page.getByText(/made stories260K-upcycled-2x-grafted/).waitFor({ timeout: 120_000 });
 
+  // ---- MoErge stories260K + its fine-tuned copy (two dense models: every
+  // shared tensor is a two-model mean), on the CPU and on the WGSL kernel,
+  // then the ridge router on the MoErged model; compared with the CLI below.
+  await tab('moerge');
+  await tid('moerge-pick-i0').check();
+  await tid('moerge-pick-i1').check();
+  for (const [useGpu, key, artifact] of [[false, 'moerge_cpu', 4], [true, 'moerge', 5]]) {
+    await tid('moerge-use-gpu').setChecked(useGpu);
+    const t = Date.now();
+    await tid('moerge-run').click();
+    // The Download page (mounted, hidden) lists the new artifact when done.
+    await tid(`artifact-${artifact}`).waitFor({ state: 'attached', timeout: 120_000 });
+    const m = await text('moerge-ok');
+    results[key] = { message: m, wall_ms: Date.now() - t };
+    log(`MoErge (${useGpu ? 'WebGPU if granted' : 'CPU'}): ${m}`);
+    if (!useGpu) check(/averaged 32 shared tensors on the CPU/.test(m), `MoErge with the kernel unchecked averages on the CPU (${m})`);
+  }
+  if (gpu.includes('WebGPU:')) {
+    const m = /averaged (\d+) shared tensors on WebGPU and (\d+) on the CPU/.exec(results.moerge.message);
+    check(m && Number(m[1]) === 32 && Number(m[2]) === 0,
+      `with a WebGPU adapter MoErge averages all 32 shared tensors on the WGSL kernel (${results.moerge.message})`);
+  }
+  await tid('route-model').selectOption('a5');
+  const t3 = Date.now();
+  await tid('route-run').click();
+  await tid('artifact-6').waitFor({ state: 'attached', timeout: 300_000 });
+  results.moerge_route = { message: await text('route-ok'), wall_ms: Date.now() - t3 };
+
   // ---- Inspect the routed model.
   await tab('inspect');
   await tid('inspect-model').selectOption('a1');
@@ -193,6 +242,28 @@ export async function run({ context, url, work, shots, out, check, log }) {
   const guCli = path.join(cli, 'grafted-upcycled', 'model.safetensors');
   results.grafted_upcycled_sha256 = { browser: sha(gu), cli: sha(guCli), equal: sha(gu) === sha(guCli) };
   check(sha(gu) === sha(guCli), `graft (on the upcycled MoE) download sha256 == CLI (${sha(gu).slice(0, 16)})`);
+
+  // MoErge (CPU: artifact 4, WebGPU: 5) vs the CLI: the whole file; then the
+  // MoErged model routed (6): every non-router tensor byte-identical.
+  const mgCli = path.join(cli, 'moerged', 'model.safetensors');
+  for (const [i, key] of [[4, 'moerge_cpu'], [5, 'moerge']]) {
+    const b = await save(`dl-${i}-model.safetensors`, `${key}.safetensors`);
+    const differing = bytesDiffering(b, mgCli);
+    results[`${key}_sha256`] = { browser: sha(b), cli: sha(mgCli), equal: sha(b) === sha(mgCli), differing_tensors: differing };
+    check(sha(b) === sha(mgCli), `${key === 'moerge' ? 'MoErge (WebGPU path)' : 'MoErge (CPU path)'} download sha256 == CLI (${sha(b).slice(0, 16)}; differing tensors: ${differing.join(', ') || 'none'})`);
+  }
+  const mgCfg = await save('dl-5-config.json', 'moerged-config.json');
+  check(stripProv(mgCfg) === stripProv(path.join(cli, 'moerged', 'config.json')), 'MoErge config.json == CLI (except provenance)');
+  {
+    const b = await save('dl-6-model.safetensors', 'moerged-routed.safetensors');
+    const c = path.join(cli, 'moerged-routed', 'model.safetensors');
+    const differing = bytesDiffering(b, c);
+    const nonRouter = differing.filter((n) => !n.includes('block_sparse_moe.gate.'));
+    const cmp = compareTensors(b, c);
+    results.moerged_routed_sha256 = { browser: sha(b), cli: sha(c), equal: sha(b) === sha(c), max_abs_diff: cmp.maxDiff, differing_tensors: differing };
+    check(nonRouter.length === 0 && cmp.maxDiff < 1e-5,
+      `MoErge + router download vs CLI: non-router tensors byte-identical (${cmp.tensors - differing.length} of ${cmp.tensors} identical; differing: ${differing.join(', ') || 'none'}); routers max |diff| ${cmp.maxDiff.toExponential(2)}`);
+  }
 
   // ---- Jobs (static server: disabled with a notice).
   await tab('jobs');

@@ -2,6 +2,12 @@
 //! whose FFN in every MoE layer is the mean of that layer's experts (for a
 //! MoErged model, whose shared tensors are already the models' mean, this is
 //! the plain weight average of the dense models).
+//!
+//! It stays on the CPU even with WebGPU: the mean is taken inside the
+//! synchronous [`TensorSource::read_f32`] that the CPU forward pass reads
+//! while building its model (the kernel is asynchronous), it only feeds the
+//! perplexity table, and for three or more experts the kernel's f32 sum is
+//! not the f64 mean used here (see `moe_shared::methods::average::weighted_mean`).
 
 use moe_shared::checkpoint::{TensorInfo, TensorSource};
 use moe_shared::config::moe::{expert_weight_name, mixtral_proj};

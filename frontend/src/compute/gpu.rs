@@ -4,7 +4,13 @@
 //! [`Gpu`] once; the graft's elementwise `target + scale * (instruct -
 //! base)` then runs on it ([`super::graft`]), bit-identical to the CPU
 //! path (same f32 operations in the same order; checked end to end against
-//! the CLI's sha256). Without WebGPU every method runs the shared CPU code
+//! the CLI's sha256), and so do MoErge's averages of two models' shared
+//! tensors ([`super::moerge`]: `0.5 a + 0.5 b` in f32 equals the CLI's f64
+//! mean; three or more models or differing shapes stay on the CPU, where
+//! only the f64 accumulator gives the CLI's bits). The router page's
+//! "averaging" baseline ([`super::average`]) is read inside a synchronous
+//! tensor source for the CPU forward pass and stays there too. Without
+//! WebGPU every method runs the shared CPU code
 //! and the pages say so ([`Engine::describe`]). The ridge Gram statistics
 //! stay on the CPU: the CLI accumulates them in f64, the kernel in f32, and
 //! the browser's router must equal the CLI's.
@@ -61,7 +67,7 @@ impl Engine {
     pub fn describe(self, gpu_status: &GpuStatus) -> String {
         match (self, gpu_status) {
             (Engine::WebGpu, GpuStatus::Available(a)) => format!(
-                "graft on WebGPU (WGSL kernels, {a}); model forward passes and ridge statistics on the CPU in this tab"
+                "graft and MoErge averages on WebGPU (WGSL kernels, {a}); model forward passes and ridge statistics on the CPU in this tab"
             ),
             (_, GpuStatus::Available(a)) => {
                 format!("CPU in this tab (WebGPU adapter {a} found but the kernels could not start)")

@@ -39,6 +39,8 @@ struct RouteView {
 #[component]
 fn MoergeForm() -> impl IntoView {
     let rev = Revision::get();
+    let shared = crate::app::Shared::get();
+    let use_gpu = RwSignal::new(true);
     let chosen = RwSignal::new(Vec::<ModelRef>::new());
     let top_k = RwSignal::new("1".to_string());
     let task = Task::new();
@@ -52,9 +54,25 @@ fn MoergeForm() -> impl IntoView {
         task.start("MoErging");
         leptos::task::spawn_local(async move {
             let opts = MoergeOptions { top_k: k, ..Default::default() };
-            match crate::compute::moerge::run(&task, &picked, &opts).await {
-                Ok(a) => {
-                    msg.set(Message::Ok(format!("made {} in {:.0} ms", a.name, a.millis)));
+            let engine = crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked());
+            let on_gpu = engine == crate::compute::gpu::Engine::WebGpu && use_gpu.get_untracked();
+            match crate::compute::moerge::run(&task, &picked, &opts, on_gpu).await {
+                Ok((a, s)) => {
+                    let averaged = if on_gpu {
+                        format!(
+                            "averaged {} shared tensors on WebGPU and {} on the CPU",
+                            s.averaged_gpu, s.averaged_cpu
+                        )
+                    } else {
+                        format!("averaged {} shared tensors on the CPU", s.averaged_cpu)
+                    };
+                    msg.set(Message::Ok(format!(
+                        "made {}: {} tensors, {averaged}, {} in {:.0} ms",
+                        a.name,
+                        s.tensors,
+                        crate::format_bytes(a.safetensors.len() as u64),
+                        a.millis
+                    )));
                     update_store(rev, |s| {
                         s.add_artifact(a);
                     });
@@ -72,8 +90,9 @@ fn MoergeForm() -> impl IntoView {
             .map(|(r, label, _)| {
                 let r2 = r.clone();
                 let r3 = r.clone();
+                let id = format!("moerge-pick-{}", r.key());
                 view! {
-                    <label class="inline"><input type="checkbox" prop:checked=move || chosen.get().contains(&r2)
+                    <label class="inline"><input type="checkbox" data-testid=id prop:checked=move || chosen.get().contains(&r2)
                         on:change=move |ev| {
                             let on = event_target_checked(&ev);
                             chosen.update(|c| { c.retain(|x| x != &r3); if on { c.push(r3.clone()); } });
@@ -87,6 +106,8 @@ fn MoergeForm() -> impl IntoView {
         <p class="small">"Tick two or more dense models fine-tuned from one base (one per domain), in domain order. Shared tensors are averaged; each model's FFN becomes one expert."</p>
         <div class="checklist">{boxes}</div>
         <label>"top-k " <input type="number" min="1" class="short" prop:value=move || top_k.get() on:input=move |ev| top_k.set(event_target_value(&ev))/></label>
+        <label class="inline"><input type="checkbox" data-testid="moerge-use-gpu" prop:checked=move || use_gpu.get()
+            on:change=move |ev| use_gpu.set(event_target_checked(&ev))/>"average on the WebGPU kernel when available (uncheck to compare with the CPU path; three or more models, or shapes that differ, always average on the CPU)"</label>
         <button data-testid="moerge-run" on:click=run disabled=move || task.running()>"MoErge"</button>
         <Progress task=task/>
         <MessageLine msg=msg id="moerge"/>
@@ -220,7 +241,6 @@ fn RouterForm() -> impl IntoView {
         </div>
         <label class="inline"><input type="checkbox" data-testid="route-ppl" prop:checked=move || with_ppl.get()
             on:change=move |ev| with_ppl.set(event_target_checked(&ev))/>"also compute the perplexity table (three more passes over the held-out text)"</label>
-        <crate::components::engine_note::EngineNote/>
         <button data-testid="route-run" on:click=run disabled=move || task.running()>"Solve the router"</button>
         <Progress task=task/>
         <MessageLine msg=msg id="route"/>
@@ -235,6 +255,7 @@ pub fn MoergePage() -> impl IntoView {
         <h2>"MoErge + ridge router (DUME)"</h2>
         <p class="lead">"Combine dense models trained on different domains into one MoE without training: each becomes an expert, \
             and a ridge-regression router learns from a little text which expert each token needs. An upcycled MoE with one expert per domain works too."</p>
+        <crate::components::engine_note::EngineNote/>
         <MoergeForm/>
         <RouterForm/>
     }

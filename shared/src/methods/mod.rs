@@ -37,7 +37,7 @@ pub use allocation::{AllocationFile, ExpertCounts};
 pub use hidden::{hidden_router_rows, ExpertPrompts};
 #[cfg(not(target_arch = "wasm32"))]
 pub use moerge::moerge;
-pub use moerge::{plan_moerge, write_moerge, MoergeInput, MoergeOptions, MoergePlan};
+pub use moerge::{plan_moerge, weighted_means, write_moerge, MoergeInput, MoergeOptions, MoergePlan};
 pub use output::{Layout, MoeReport};
 pub use router_init::RouterInit;
 #[cfg(not(target_arch = "wasm32"))]

@@ -13,7 +13,7 @@
 //! architectures or tokenizers (naming both models), a model whose tensors
 //! disagree with its own config. Streaming: one tensor per model at a time.
 
-use super::average::MeanAccumulator;
+use super::average::{weighted_mean, MeanAccumulator, WeightedMean};
 use super::compat::{check_architecture, check_tokenizer};
 use super::moe_plan::{MoeTensor, Origin};
 use super::output::{check_dense_source, choose_layout, config_json, planned_tensors, LayoutChoice};
@@ -181,6 +181,36 @@ pub fn plan_moerge(inputs: &[MoergeInput<'_>], opts: &MoergeOptions) -> Result<M
     let dtype = planned.first().map(|p| p.dtype).unwrap_or(DType::F32);
     let config_json = config_json(base, &choice.written, dtype, provenance);
     Ok(MoergePlan { moe, choice, tensors, planned, config_json, warnings })
+}
+
+/// The tensors of `plan` (same order) that an f32 weighted sum of the
+/// inputs' tensors of the same name computes bit for bit: the averaged
+/// (shared, non-FFN) tensors for which [`weighted_mean`] finds weights — two
+/// models whose tensor shapes agree. `None` for experts, routers and the
+/// means only [`MeanAccumulator`] computes exactly (three or more models,
+/// shapes that differ).
+///
+/// [`write_moerge`] computes every tensor on the CPU; a GPU path (the
+/// browser's WGSL `weighted_sum`) may compute the `Some` tensors with these
+/// weights instead, reading each input's tensor with `read_f32`, checking
+/// [`WeightedMean::inputs_exact`] / [`WeightedMean::output_exact`] and
+/// writing the f32 result in the planned dtype — the same bytes.
+pub fn weighted_means(inputs: &[MoergeInput<'_>], plan: &MoergePlan) -> Vec<Option<WeightedMean>> {
+    plan.tensors
+        .iter()
+        .map(|t| match t.origin {
+            Origin::Dense { .. } => {
+                let shapes: Option<Vec<Vec<usize>>> =
+                    inputs.iter().map(|m| m.source.info(&t.name).map(|i| i.shape)).collect();
+                let shapes = shapes?;
+                if shapes.first() != Some(&t.shape) {
+                    return None;
+                }
+                weighted_mean(&shapes.iter().map(Vec::as_slice).collect::<Vec<_>>())
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// Streams the merged tensors of `plan` into `sink`, reading one tensor of

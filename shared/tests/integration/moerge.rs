@@ -14,7 +14,7 @@ use moe_shared::checkpoint::export::{dense_tensor_plan, export_dense};
 use moe_shared::checkpoint::{open_model, DType, LoadedModel, TensorInfo, TensorSource, WriteOptions};
 use moe_shared::config::moe::{expert_weight_name, mixtral_proj, router_weight_name};
 use moe_shared::config::ModelConfig;
-use moe_shared::methods::{moerge, Layout, MoergeInput, MoergeOptions};
+use moe_shared::methods::{moerge, plan_moerge, weighted_means, Layout, MoergeInput, MoergeOptions};
 use moe_shared::model::load_model;
 use moe_shared::tokenizer::Tokenizer;
 
@@ -154,6 +154,48 @@ fn two_checkpoints_average_exactly_and_keep_their_ffns() {
     }
     eprintln!("MoErge of 2 checkpoints: {averaged} tensors averaged exactly, {experts} expert tensors kept");
     assert_eq!((averaged, experts), (5 * 6 + 2, 5 * 3 * 2));
+}
+
+#[test]
+fn weighted_means_cover_the_shared_tensors_of_two_models_of_one_shape_only() {
+    let Some(a) = stories() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let b = perturbed_copy(&a, 0, &dir.path().join("b"));
+    let grown = perturbed_copy(&a, 8, &dir.path().join("grown"));
+    let opts = MoergeOptions::default();
+    let two = [MoergeInput::from(&a), MoergeInput::from(&b)];
+    let plan = plan_moerge(&two, &opts).unwrap();
+    let means = weighted_means(&two, &plan);
+    assert_eq!(means.len(), plan.tensors.len());
+    let out = dir.path().join("moe");
+    moerge(&two, &opts, &out, None, WriteOptions::default()).unwrap();
+    let merged = open_model(&out).unwrap();
+    let mut covered = 0;
+    for (t, w) in plan.tensors.iter().zip(&means) {
+        let Some(w) = w else {
+            assert!(is_ffn(&t.name) || t.name.contains("block_sparse_moe"), "{} has no weighted mean", t.name);
+            continue;
+        };
+        // The kernel's f32 arithmetic on these weights gives the written bytes.
+        let (x, y) = (a.source.read_f32(&t.name).unwrap(), b.source.read_f32(&t.name).unwrap());
+        assert!(w.inputs_exact(&x) && w.inputs_exact(&y), "{}", t.name);
+        let sum: Vec<f32> = x.iter().zip(&y).map(|(p, q)| (0.0 + p * w.weights[0]) + q * w.weights[1]).collect();
+        assert!(w.output_exact(&[&x, &y], &sum), "{}", t.name);
+        let got = merged.source.read_f32(&t.name).unwrap();
+        assert!(got.iter().zip(&sum).all(|(g, s)| g.to_bits() == s.to_bits()), "{}", t.name);
+        covered += 1;
+    }
+    assert_eq!(covered, 5 * 6 + 2);
+    // Three models, or shapes that differ: the f64 accumulator only.
+    let three = [MoergeInput::from(&a), MoergeInput::from(&b), MoergeInput::from(&a)];
+    assert!(weighted_means(&three, &plan_moerge(&three, &opts).unwrap()).iter().all(Option::is_none));
+    let mixed = [MoergeInput::from(&a), MoergeInput::from(&grown)];
+    let plan = plan_moerge(&mixed, &opts).unwrap();
+    for (t, w) in plan.tensors.iter().zip(weighted_means(&mixed, &plan)) {
+        let aligned = t.name == "model.embed_tokens.weight" || t.name == "lm_head.weight";
+        let averaged = !is_ffn(&t.name) && !t.name.contains("block_sparse_moe");
+        assert_eq!(w.is_some(), averaged && !aligned, "{}", t.name);
+    }
 }
 
 #[test]

@@ -1,7 +1,51 @@
 //! Argument helpers shared by the commands that write checkpoints.
 
+use std::path::PathBuf;
+
 use anyhow::Context;
 use moe_shared::checkpoint::{DType, WriteOptions};
+
+/// Where a command writes its checkpoint and how it reports
+/// (`--max-shard-bytes`, `--out`, `--json`), flattened into the arguments of
+/// `upcycle`, `moerge`, `merge` and `graft`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Output {
+    /// Largest shard in bytes (default 5 GB).
+    #[arg(long)]
+    pub max_shard_bytes: Option<u64>,
+    /// Output directory (must not exist or be empty).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Print a JSON summary on stdout (graft's includes per-tensor delta norms).
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl Output {
+    /// Writer options from `--max-shard-bytes`.
+    pub fn write_options(&self) -> WriteOptions {
+        write_options(self.max_shard_bytes)
+    }
+}
+
+/// `--dtype` of a command that writes a checkpoint.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OutputDtype {
+    /// Output dtype: f32, f16 or bf16 (default: the (first) input model's
+    /// float dtype, f32 for quantised tensors).
+    #[arg(long)]
+    pub dtype: Option<String>,
+}
+
+impl OutputDtype {
+    /// The parsed `--dtype` (`None`: keep the input's).
+    ///
+    /// # Errors
+    /// A name other than f32 / f16 / bf16.
+    pub fn parse(&self) -> anyhow::Result<Option<DType>> {
+        parse_dtype(&self.dtype)
+    }
+}
 
 /// Parses `--dtype` (`f32`, `f16`, `bf16`; `None` keeps the source's).
 pub fn parse_dtype(s: &Option<String>) -> anyhow::Result<Option<DType>> {

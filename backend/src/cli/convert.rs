@@ -15,10 +15,8 @@ pub struct Args {
     /// Output directory (must not exist or be empty).
     #[arg(long)]
     pub out: PathBuf,
-    /// Output dtype: f32, f16 or bf16 (default: keep float dtypes, f32 for
-    /// quantised tensors).
-    #[arg(long)]
-    pub dtype: Option<String>,
+    #[command(flatten)]
+    pub dtype: super::args::OutputDtype,
     /// Largest shard in bytes (default 5 GB).
     #[arg(long)]
     pub max_shard_bytes: Option<u64>,
@@ -26,7 +24,7 @@ pub struct Args {
 
 /// Runs `convert`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let dtype = super::args::parse_dtype(&a.dtype)?;
+    let dtype = a.dtype.parse()?;
     let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
     let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
     if tok.is_none() {

@@ -27,15 +27,8 @@ pub struct Args {
     /// Scale `lambda` on the delta (1.0 = the paper).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub scale: f64,
-    /// Largest shard in bytes (default 5 GB).
-    #[arg(long)]
-    pub max_shard_bytes: Option<u64>,
-    /// Output directory (must not exist or be empty).
-    #[arg(long)]
-    pub out: PathBuf,
-    /// Print a JSON summary (with per-tensor delta norms).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: super::args::Output,
 }
 
 /// Runs `graft`.
@@ -55,7 +48,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     let extra = companion_files(&a.target, &target)?;
-    let write_opts = super::args::write_options(a.max_shard_bytes);
+    let write_opts = a.output.write_options();
     let report = graft(
         target.source.as_ref(),
         &target.config,
@@ -63,14 +56,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         base.source.as_ref(),
         instruct.source.as_ref(),
         &GraftOptions { scale: a.scale },
-        &a.out,
+        &a.output.out,
         &extra,
         write_opts,
     )?;
     for w in &report.warnings {
         eprintln!("warning: {w}");
     }
-    if a.json {
+    if a.output.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         let largest = report.deltas.iter().max_by(|x, y| x.relative.total_cmp(&y.relative));
@@ -83,7 +76,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             report.scale,
             report.tensor_bytes as f64 / 1e6,
             report.seconds.unwrap_or(0.0),
-            a.out.display()
+            a.output.out.display()
         );
         if let Some(d) = largest {
             println!("largest relative delta: {} (||delta|| / ||base|| = {:.3e})", d.name, d.relative);

@@ -44,18 +44,10 @@ pub struct Args {
     /// Factor on the merged delta (mergekit's `lambda`).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub lambda: f64,
-    /// Output dtype: f32, f16 or bf16 (default: the first model's).
-    #[arg(long)]
-    pub dtype: Option<String>,
-    /// Largest shard in bytes (default 5 GB).
-    #[arg(long)]
-    pub max_shard_bytes: Option<u64>,
-    /// Output directory (must not exist or be empty).
-    #[arg(long)]
-    pub out: PathBuf,
-    /// Print a JSON summary.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub dtype: super::args::OutputDtype,
+    #[command(flatten)]
+    pub output: super::args::Output,
 }
 
 fn parse_method(s: &str) -> Result<MergeMethod, String> {
@@ -68,7 +60,7 @@ fn parse_rescale(s: &str) -> Result<Rescale, String> {
 
 /// Runs `merge`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let dtype = super::args::parse_dtype(&a.dtype)?;
+    let dtype = a.dtype.parse()?;
     // Positioned reads keep the inputs out of the resident set.
     let open = |p: &PathBuf, what: &str| -> anyhow::Result<LoadedModel> {
         let mut m = open_model(p).with_context(|| format!("opening {what}{}", p.display()))?;
@@ -98,15 +90,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         seed: a.seed,
         dtype,
     };
-    let write_opts = super::args::write_options(a.max_shard_bytes);
+    let write_opts = a.output.write_options();
     let sources: Vec<&dyn moe_shared::checkpoint::TensorSource> =
         models.iter().map(|m| m.source.as_ref() as &dyn moe_shared::checkpoint::TensorSource).collect();
     let base_src = base.as_ref().map(|b| b.source.as_ref() as &dyn moe_shared::checkpoint::TensorSource);
-    let report = merge(&sources, base_src, &opts, &a.out, &extra, write_opts)?;
+    let report = merge(&sources, base_src, &opts, &a.output.out, &extra, write_opts)?;
     for w in &report.warnings {
         eprintln!("warning: {w}");
     }
-    if a.json {
+    if a.output.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         let kept =
@@ -120,7 +112,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             report.tensor_bytes as f64 / 1e6,
             report.dtype,
             report.seconds.unwrap_or(0.0),
-            a.out.display()
+            a.output.out.display()
         );
     }
     Ok(())

@@ -10,7 +10,6 @@ use anyhow::Context;
 use moe_shared::checkpoint::open_model;
 use moe_shared::methods::{moerge, MoergeInput, MoergeOptions, RouterInit};
 
-use super::args::parse_dtype;
 
 /// Arguments of `moerge`.
 #[derive(Debug, Clone, clap::Args)]
@@ -31,24 +30,16 @@ pub struct Args {
     /// Seed of a random router.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Output dtype: f32, f16 or bf16 (default: the first model's).
-    #[arg(long)]
-    pub dtype: Option<String>,
-    /// Largest shard in bytes (default 5 GB).
-    #[arg(long)]
-    pub max_shard_bytes: Option<u64>,
-    /// Output directory (must not exist or be empty).
-    #[arg(long)]
-    pub out: PathBuf,
-    /// Print a JSON summary.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub dtype: super::args::OutputDtype,
+    #[command(flatten)]
+    pub output: super::args::Output,
 }
 
 /// Runs `moerge`.
 pub fn run(a: Args) -> anyhow::Result<()> {
     let started = Instant::now();
-    let dtype = parse_dtype(&a.dtype)?;
+    let dtype = a.dtype.parse()?;
     let models = a
         .models
         .iter()
@@ -67,7 +58,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ..Default::default()
     };
     let tok = models[0].tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
-    let write_opts = super::args::write_options(a.max_shard_bytes);
-    let report = moerge(&inputs, &opts, &a.out, tok, write_opts)?;
-    super::moe_summary::print(&report, &a.out, started, a.json)
+    let write_opts = a.output.write_options();
+    let report = moerge(&inputs, &opts, &a.output.out, tok, write_opts)?;
+    super::moe_summary::print(&report, &a.output.out, started, a.output.json)
 }

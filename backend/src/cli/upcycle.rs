@@ -86,19 +86,10 @@ pub struct Args {
     /// Router temperature (folded into the router weight in the Mixtral layout).
     #[arg(long, default_value_t = 1.0)]
     pub temperature: f64,
-    /// Output dtype: f32, f16 or bf16 (default: the source's float dtype,
-    /// f32 for quantised tensors).
-    #[arg(long)]
-    pub dtype: Option<String>,
-    /// Largest shard in bytes (default 5 GB).
-    #[arg(long)]
-    pub max_shard_bytes: Option<u64>,
-    /// Output directory (must not exist or be empty).
-    #[arg(long)]
-    pub out: PathBuf,
-    /// Print a JSON summary.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub dtype: super::args::OutputDtype,
+    #[command(flatten)]
+    pub output: super::args::Output,
 }
 
 #[derive(Deserialize)]
@@ -140,7 +131,7 @@ impl WithBackend for Args {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
         let a = self;
         let started = Instant::now();
-        let dtype = super::args::parse_dtype(&a.dtype)?;
+        let dtype = a.dtype.parse()?;
         let (experts, experts_source) = match (&a.experts, &a.allocation) {
             (Some(n), _) => (ExpertCounts::Uniform(*n), "--experts".to_string()),
             (None, Some(p)) => {
@@ -178,8 +169,8 @@ impl WithBackend for Args {
             router_aux_loss_coef: 0.01,
         };
         let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
-        let write_opts = super::args::write_options(a.max_shard_bytes);
-        let report = upcycle(m.source.as_ref(), &m.config, &opts, &a.out, tok, write_opts)?;
-        super::moe_summary::print(&report, &a.out, started, a.json)
+        let write_opts = a.output.write_options();
+        let report = upcycle(m.source.as_ref(), &m.config, &opts, &a.output.out, tok, write_opts)?;
+        super::moe_summary::print(&report, &a.output.out, started, a.output.json)
     }
 }

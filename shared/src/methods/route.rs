@@ -199,48 +199,58 @@ const STATS_FORMAT: &str = "moe-studio-ridge-stats-v1";
 /// `layers.{l}.tokens` (I64 `[E]`), with `__metadata__` holding the format
 /// tag, the domain names (JSON) and `bias`.
 ///
+/// The same statistics always give the same bytes (the CLI, a server job
+/// and the browser agree on the sha256): the header is written here, with
+/// sorted keys, not by `safetensors::serialize`, whose `__metadata__` is a
+/// `HashMap` written in a random order.
+///
 /// # Errors
 /// [`StudioError::Invalid`] when serialisation fails.
 pub fn stats_to_safetensors(stats: &[Option<RidgeStats>], domains: &[String]) -> Result<Vec<u8>> {
-    use safetensors::tensor::TensorView;
-    use safetensors::Dtype;
-    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut owned: Vec<(String, &str, Vec<usize>, Vec<u8>)> = Vec::new();
     let mut bias = true;
     for (l, s) in stats.iter().enumerate() {
         let Some(s) = s else { continue };
         bias = s.bias;
         let (p, e) = (s.p(), s.num_experts());
-        owned.push((
-            format!("layers.{l}.A"),
-            Dtype::F64,
-            vec![p, p],
-            s.a.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        ));
-        owned.push((
-            format!("layers.{l}.B"),
-            Dtype::F64,
-            vec![p, e],
-            s.b.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        ));
+        owned.push((format!("layers.{l}.A"), "F64", vec![p, p], s.a.iter().flat_map(|x| x.to_le_bytes()).collect()));
+        owned.push((format!("layers.{l}.B"), "F64", vec![p, e], s.b.iter().flat_map(|x| x.to_le_bytes()).collect()));
         owned.push((
             format!("layers.{l}.tokens"),
-            Dtype::I64,
+            "I64",
             vec![e],
             s.tokens.iter().flat_map(|x| (*x as i64).to_le_bytes()).collect(),
         ));
     }
-    let views: Vec<(String, TensorView<'_>)> = owned
-        .iter()
-        .map(|(n, dt, sh, b)| {
-            Ok((n.clone(), TensorView::new(*dt, sh.clone(), b).map_err(|e| StudioError::Invalid(e.to_string()))?))
-        })
-        .collect::<Result<_>>()?;
-    let mut meta = std::collections::HashMap::new();
+    let mut meta = std::collections::BTreeMap::new();
     meta.insert("format".to_string(), STATS_FORMAT.to_string());
     meta.insert("domains".to_string(), serde_json::to_string(domains).expect("json"));
     meta.insert("bias".to_string(), bias.to_string());
     meta.insert("num_layers".to_string(), stats.len().to_string());
-    safetensors::serialize(views, Some(meta)).map_err(|e| StudioError::Invalid(format!("ridge statistics: {e}")))
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::to_value(&meta).expect("string map"));
+    let mut off = 0usize;
+    for (name, dtype, shape, bytes) in &owned {
+        if bytes.len() != 8 * shape.iter().product::<usize>() {
+            return Err(StudioError::Invalid(format!("ridge statistics: tensor `{name}` has the wrong size")));
+        }
+        let end = off + bytes.len();
+        header.insert(name.clone(), serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [off, end]}));
+        off = end;
+    }
+    let mut json = serde_json::to_vec(&serde_json::Value::Object(header))
+        .map_err(|e| StudioError::Invalid(format!("ridge statistics: {e}")))?;
+    // The data starts 8-aligned (the F64 / I64 tensors stay aligned).
+    while !(json.len() + 8).is_multiple_of(8) {
+        json.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + json.len() + off);
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend(json);
+    for (_, _, _, bytes) in &owned {
+        out.extend_from_slice(bytes);
+    }
+    Ok(out)
 }
 
 /// Reads statistics written by [`stats_to_safetensors`]: per-layer stats

@@ -117,6 +117,10 @@ fn ridge_router_on_real_hidden_states() {
 
     // 5. Statistics round-trip; the written checkpoint routes like the in-memory model.
     let bytes = stats_to_safetensors(&stats, &["en".into(), "hu".into()]).unwrap();
+    for _ in 0..4 {
+        let again = stats_to_safetensors(&stats, &["en".into(), "hu".into()]).unwrap();
+        assert!(again == bytes, "the same statistics must give the same bytes");
+    }
     let (back, names) = stats_from_safetensors(&bytes, "ridge_stats.safetensors", d).unwrap();
     assert_eq!(back, stats);
     assert_eq!(names, vec!["en", "hu"]);

@@ -15,257 +15,21 @@
 //! - `load_test` (ignored; `scripts/server_load_test.sh`): 20 concurrent
 //!   chunked uploads of a 50 MB file and 100 concurrent status/SSE clients;
 //!   prints the figures and the server's peak RSS.
+//!
+//! The helpers (the server process, calls, uploads, job polling, SSE) are
+//! in `common/mod.rs`; `server_jobs.rs` runs the other job kinds (moerge,
+//! route, graft, merge, neurons) against the CLI.
+
+mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::*;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
-
-// ----- fixtures ---------------------------------------------------------------
-
-fn data_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("MOE_STUDIO_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
-    let p = dir.join("models/stories260K/stories260K.bin");
-    if p.exists() {
-        return Some(dir);
-    }
-    if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
-        panic!("{} not found (set MOE_STUDIO_DATA)", p.display());
-    }
-    eprintln!("NOTICE: skipping: {} not found (set MOE_STUDIO_DATA)", p.display());
-    None
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let base = std::env::var_os("CARGO_TARGET_TMPDIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-    let d = base.join(format!("server-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn sha(b: &[u8]) -> String {
-    hex(&Sha256::digest(b))
-}
-
-// ----- the server process ----------------------------------------------------------
-
-struct Server {
-    child: Child,
-    addr: String,
-    token: String,
-    data: PathBuf,
-    extra: Vec<String>,
-}
-
-impl Server {
-    fn start(data: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_moe-studio"))
-            .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
-            .arg(data)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starts moe-studio serve");
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut addr = None;
-        for _ in 0..20 {
-            let mut line = String::new();
-            if out.read_line(&mut line).unwrap() == 0 {
-                break;
-            }
-            if let Some(a) = line.trim().strip_prefix("listening on http://") {
-                addr = Some(a.to_string());
-                break;
-            }
-        }
-        let addr = addr.expect("the server prints its address");
-        // Keep reading stdout so the server never blocks on a full pipe.
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            while out.read_line(&mut s).map(|n| n > 0).unwrap_or(false) {
-                s.clear();
-            }
-        });
-        let token = std::fs::read_to_string(data.join("token")).unwrap().trim().to_string();
-        Server { child, addr, token, data: data.to_path_buf(), extra: extra.iter().map(|s| s.to_string()).collect() }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn kill9(&mut self) {
-        self.child.kill().unwrap(); // SIGKILL
-        self.child.wait().unwrap();
-    }
-
-    fn restart(&mut self) -> Server {
-        let extra: Vec<&str> = self.extra.iter().map(|s| s.as_str()).collect();
-        Server::start(&self.data, &extra)
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// A JSON request with the token: (status, body).
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        call(method, &self.url(path), Some(&self.token), body)
-    }
-
-    fn get(&self, path: &str) -> Value {
-        let (s, v) = self.call("GET", path, None);
-        assert_eq!(s, 200, "GET {path}: {v}");
-        v
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn agent() -> ureq::Agent {
-    ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build()
-}
-
-fn call(method: &str, url: &str, token: Option<&str>, body: Option<Value>) -> (u16, Value) {
-    let mut r = agent().request(method, url);
-    if let Some(t) = token {
-        r = r.set("Authorization", &format!("Bearer {t}"));
-    }
-    let res = match body {
-        Some(b) => r.send_json(b),
-        None => r.call(),
-    };
-    finish(res)
-}
-
-fn finish(res: Result<ureq::Response, ureq::Error>) -> (u16, Value) {
-    match res {
-        Ok(r) => {
-            let s = r.status();
-            let text = r.into_string().unwrap_or_default();
-            (s, serde_json::from_str(&text).unwrap_or(Value::Null))
-        }
-        Err(ureq::Error::Status(s, r)) => {
-            let ct = r.header("content-type").unwrap_or("").to_string();
-            let text = r.into_string().unwrap_or_default();
-            assert!(ct.starts_with("application/json"), "{s} answer is not JSON ({ct}): {text}");
-            let v: Value = serde_json::from_str(&text).expect("error body is JSON");
-            assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "error body {v}");
-            (s, v)
-        }
-        Err(e) => panic!("transport error: {e}"),
-    }
-}
-
-fn put_chunk(s: &Server, id: &str, index: u64, bytes: &[u8], chunk_sha: &str) -> (u16, Value) {
-    finish(
-        agent()
-            .put(&s.url(&format!("/api/uploads/{id}/chunks/{index}")))
-            .set("Authorization", &format!("Bearer {}", s.token))
-            .set("X-Chunk-Sha256", chunk_sha)
-            .send_bytes(bytes),
-    )
-}
-
-/// Uploads `bytes` as `file_name` in chunks of `chunk` bytes; returns the upload id.
-fn upload(s: &Server, file_name: &str, bytes: &[u8], chunk: u64) -> String {
-    let (st, u) = s.call(
-        "POST",
-        "/api/uploads",
-        Some(json!({"file_name": file_name, "size": bytes.len(), "sha256": sha(bytes), "chunk_size": chunk})),
-    );
-    assert_eq!(st, 201, "{u}");
-    let id = u["id"].as_str().unwrap().to_string();
-    for (i, c) in bytes.chunks(chunk as usize).enumerate() {
-        let (st, v) = put_chunk(s, &id, i as u64, c, &sha(c));
-        assert_eq!(st, 200, "chunk {i}: {v}");
-    }
-    if bytes.is_empty() {
-        assert_eq!(put_chunk(s, &id, 0, &[], &sha(&[])).0, 200);
-    }
-    let (st, v) = s.call("POST", &format!("/api/uploads/{id}/complete"), None);
-    assert_eq!(st, 200, "{v}");
-    assert_eq!(v["state"], "complete");
-    id
-}
-
-/// Sends raw bytes on a new connection and returns the status and body
-/// (the request path is not normalised the way an HTTP client would).
-/// `Host: x` in `request` becomes the server's own address (other hosts
-/// are refused: DNS-rebinding guard).
-fn raw(s: &Server, request: &str) -> (u16, String) {
-    let mut c = TcpStream::connect(&s.addr).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let request = request.replacen("Host: x\r\n", &format!("Host: {}\r\n", s.addr), 1);
-    c.write_all(request.as_bytes()).unwrap();
-    let mut out = String::new();
-    let _ = c.read_to_string(&mut out);
-    let status = out.split_whitespace().nth(1).and_then(|x| x.parse().ok()).unwrap_or(0);
-    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    (status, body)
-}
-
-fn raw_get(s: &Server, path: &str) -> (u16, String) {
-    raw(s, &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
-}
-
-fn wait_job(s: &Server, id: &str, secs: u64) -> Value {
-    let t = Instant::now();
-    loop {
-        let j = s.get(&format!("/api/jobs/{id}"));
-        let state = j["state"].as_str().unwrap().to_string();
-        if !matches!(state.as_str(), "queued" | "running") {
-            return j;
-        }
-        assert!(t.elapsed().as_secs() < secs, "job {id} still {state} after {secs} s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn job_log(s: &Server, id: &str) -> String {
-    agent().get(&s.url(&format!("/api/jobs/{id}/log"))).call().unwrap().into_string().unwrap()
-}
-
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        v.push(e.path());
-        if e.file_type().unwrap().is_dir() {
-            v.extend(files_under(&e.path()));
-        }
-    }
-    v.sort();
-    v
-}
-
-/// Uploads stories260K (+ its vocabulary) and registers it; returns the checkpoint id.
-fn stories_checkpoint(s: &Server, data: &Path) -> String {
-    let dir = data.join("models/stories260K");
-    let bin = std::fs::read(dir.join("stories260K.bin")).unwrap();
-    let tok = std::fs::read(dir.join("tok512.bin")).unwrap();
-    let a = upload(s, "stories260K.bin", &bin, 256 << 10);
-    let b = upload(s, "tok512.bin", &tok, 256 << 10);
-    let (st, c) = s.call("POST", "/api/checkpoints", Some(json!({"name": "stories260K", "uploads": [a, b]})));
-    assert_eq!(st, 201, "{c}");
-    c["id"].as_str().unwrap().to_string()
-}
 
 // ----- tests ---------------------------------------------------------------------
 
@@ -731,40 +495,16 @@ fn upload_interrupt_resume_and_hostile_input() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-/// Reads SSE events from `url` on a thread until a terminal state or `stop`;
-/// returns (event name, data) pairs as they arrive.
-fn sse(url: String, tx: std::sync::mpsc::Sender<(String, Value)>) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let Ok(r) = agent().get(&url).call() else { return };
-        let mut rd = BufReader::new(r.into_reader());
-        let mut event = String::new();
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match rd.read_line(&mut line) {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            let l = line.trim_end();
-            if let Some(e) = l.strip_prefix("event: ") {
-                event = e.to_string();
-            } else if let Some(d) = l.strip_prefix("data: ") {
-                let v: Value = serde_json::from_str(d).unwrap_or(Value::Null);
-                if tx.send((event.clone(), v)).is_err() {
-                    return;
-                }
-            }
-        }
-    })
-}
-
-/// Pids whose command line mentions `needle`.
+/// Pids whose command line or working directory mentions `needle` (a
+/// job's process works in `DATA/jobs/{id}`; its command line need not name
+/// the job).
 fn procs_mentioning(needle: &str) -> Vec<u32> {
     let mut v = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
         let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-        if pid != std::process::id() && String::from_utf8_lossy(&cmd).contains(needle) {
+        let cwd = std::fs::read_link(e.path().join("cwd")).map(|p| p.display().to_string()).unwrap_or_default();
+        if pid != std::process::id() && (String::from_utf8_lossy(&cmd).contains(needle) || cwd.contains(needle)) {
             v.push(pid);
         }
     }
@@ -827,6 +567,7 @@ fn train_job_survives_kill9() {
                 let step = v["step"].as_u64().unwrap();
                 if step >= 12 {
                     killed_at = step;
+                    assert!(!procs_mentioning(&a).is_empty(), "the running job's process is not found");
                     s.kill9();
                     break;
                 }

@@ -232,7 +232,6 @@ fn check_against_models(spec: &JobSpec, models: &HashMap<String, ModelSummary>) 
     };
     match spec {
         JobSpec::Train(s) => over_ctx("spec.seq_len", s.seq_len, &s.model)?,
-        JobSpec::Route(s) => over_ctx("spec.context", s.context, &s.model)?,
         JobSpec::Eval(s) => over_ctx("spec.window", s.window, &s.model)?,
         JobSpec::Upcycle(s) => {
             if let (Some(l), Some(m)) = (&s.experts_per_layer, models.get(&s.model)) {
@@ -270,10 +269,102 @@ fn check_against_models(spec: &JobSpec, models: &HashMap<String, ModelSummary>) 
                     format!("{k} is more than the {} models (one expert each)", s.models.len()),
                 ));
             }
+            for (i, id) in s.models.iter().enumerate() {
+                if models.get(id).is_some_and(|m| !moe_experts(m).is_empty()) {
+                    return Err(ApiError::field(
+                        &format!("spec.models[{i}]"),
+                        format!("checkpoint {id} is already an MoE; moerge takes dense models"),
+                    ));
+                }
+            }
         }
-        _ => {}
+        JobSpec::Route(s) => {
+            over_ctx("spec.context", s.context, &s.model)?;
+            if let Some(m) = models.get(&s.model) {
+                let experts = moe_experts(m);
+                if experts.is_empty() {
+                    return Err(ApiError::field(
+                        "spec.model",
+                        format!("checkpoint {} is not an MoE: route needs a MoErged model (run moerge first)", s.model),
+                    ));
+                }
+                if let Some(e) = experts.iter().find(|&&e| e != s.domains.len()) {
+                    return Err(ApiError::field(
+                        "spec.domains",
+                        format!(
+                            "{} domains for a model with {e} experts in a layer: one domain per expert, in expert order",
+                            s.domains.len()
+                        ),
+                    ));
+                }
+                let fewest = experts.iter().min().copied().unwrap_or(0);
+                if let Some(k) = s.top_k.filter(|&k| k > fewest) {
+                    return Err(ApiError::field(
+                        "spec.top_k",
+                        format!("{k} is more than the {fewest} experts of a layer"),
+                    ));
+                }
+            }
+        }
+        JobSpec::Graft(s) => {
+            for (field, id) in [("spec.base", &s.base), ("spec.instruct", &s.instruct)] {
+                if models.get(id).is_some_and(|m| !moe_experts(m).is_empty()) {
+                    return Err(ApiError::field(
+                        field,
+                        format!("checkpoint {id} is an MoE; the delta is taken between two dense models"),
+                    ));
+                }
+            }
+        }
+        JobSpec::Merge(s) => {
+            // Every model (and the base) must have the tensors of the first.
+            let Some(first) = models.get(&s.models[0]) else { return Ok(()) };
+            let others = s.models.iter().enumerate().skip(1).map(|(i, id)| (format!("spec.models[{i}]"), id));
+            for (field, id) in others.chain(s.base.iter().map(|b| ("spec.base".to_string(), b))) {
+                if let Some(why) = models.get(id).and_then(|m| tensor_mismatch(first, m)) {
+                    return Err(ApiError::field(
+                        &field,
+                        format!(
+                            "checkpoint {id} cannot be merged with checkpoint {} (spec.models[0]): {why}",
+                            s.models[0]
+                        ),
+                    ));
+                }
+            }
+        }
+        JobSpec::Neurons(_) => {}
     }
     Ok(())
+}
+
+/// Experts of each MoE layer of a summarised model, read from the routers'
+/// shapes (`model.layers.{l}.block_sparse_moe.gate.weight`, `[E, d]` in both
+/// MoE layouts); empty for a dense model.
+fn moe_experts(m: &ModelSummary) -> Vec<usize> {
+    m.tensors
+        .iter()
+        .filter(|t| t.name.starts_with("model.layers.") && t.name.ends_with(".block_sparse_moe.gate.weight"))
+        .filter_map(|t| t.shape.first().copied())
+        .collect()
+}
+
+/// How `b`'s tensors differ from `a`'s (names and shapes; dtypes may
+/// differ), or `None` when they match.
+fn tensor_mismatch(a: &ModelSummary, b: &ModelSummary) -> Option<String> {
+    let shapes = |m: &ModelSummary| -> HashMap<String, Vec<usize>> {
+        m.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect()
+    };
+    let (sa, sb) = (shapes(a), shapes(b));
+    for t in &a.tensors {
+        match sb.get(&t.name) {
+            None => return Some(format!("it has no tensor `{}`", t.name)),
+            Some(s) if *s != t.shape => {
+                return Some(format!("tensor `{}` is {s:?}, expected {:?}", t.name, t.shape));
+            }
+            _ => {}
+        }
+    }
+    b.tensors.iter().find(|t| !sa.contains_key(&t.name)).map(|t| format!("it has an extra tensor `{}`", t.name))
 }
 
 /// `text` with the absolute data directory replaced by `<data>` (job
@@ -322,10 +413,15 @@ fn opt<T: ToString>(argv: &mut Vec<String>, flag: &str, v: Option<T>) {
 }
 
 async fn plan(st: &AppStateRef, job: &JobInfo, resume: bool) -> AppResult<Plan> {
+    // Input models by their path relative to the job's directory (the
+    // child's working directory, `DATA/jobs/{id}`): the data directory is
+    // then named neither in the command line shown in the job's log nor in
+    // what the CLI records of its inputs (moerge's `sources`, route's
+    // `source`, graft / merge summaries), which the API serves.
     let mut models: HashMap<String, String> = HashMap::new();
     for (field, id) in job.spec.checkpoints() {
         let row = resolve(st, &field, &id).await?;
-        models.insert(id, model_path(&st.data, &row).display().to_string());
+        models.insert(id, model_path(Path::new("../.."), &row).display().to_string());
     }
     let m = |id: &String| models[id].clone();
     let data_arg = |d: &DataRef, heldout_ext: Option<&str>, dir: &Path| -> String {
@@ -732,8 +828,11 @@ pub async fn recover(st: &AppStateRef) -> AppResult<()> {
         .await?;
     for (id, pid) in &running {
         if let Some(pid) = pid.map(|p| p as u32) {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            if pid_alive(pid) && String::from_utf8_lossy(&cmdline).contains(id.as_str()) {
+            // The pid may have been reused since: only a process working in
+            // this job's directory is the job's (its command line need not
+            // name the job).
+            let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
+            if pid_alive(pid) && cwd.is_some_and(|c| c == job_dir(st, id)) {
                 tracing::warn!("job {id}: killing its process {pid} left by the previous server");
                 signal_group(pid, libc::SIGKILL);
                 for _ in 0..100 {

@@ -54,7 +54,7 @@
 //! | `GET /api/checkpoints/{id}` | -> `CheckpointInfo` with `summary` (`ModelSummary`) |
 //! | `GET /api/checkpoints/{id}/files/{name}` | -> the file (HTTP Range; an unparsable `Range` is ignored: 200, whole file) |
 //! | `DELETE /api/checkpoints/{id}` | -> 204 (409 while a job that uses it is queued, running or interrupted, or is a cancelled/failed train job with a saved checkpoint) |
-//! | `POST /api/jobs` | `CreateJob` -> 201 `JobInfo` (422 naming the invalid `spec.*` field, also checked against the input models: layers, context, experts) |
+//! | `POST /api/jobs` | `CreateJob` -> 201 `JobInfo` (422 naming the invalid `spec.*` field, also checked against the input models: layers, context, experts; MoE where route needs one, dense where moerge / graft's base and instruct must be; merge inputs of one set of tensor shapes) |
 //! | `GET /api/jobs` | -> `[JobInfo]`, newest first |
 //! | `GET /api/jobs/{id}` | -> `JobInfo` |
 //! | `GET /api/jobs/{id}/events` | SSE: `event: state\|progress\|log`, `data: JobEvent` JSON |
@@ -88,7 +88,9 @@
 //! A job runs the CLI command of its kind (`moe-studio train ...`,
 //! `upcycle`, ...) as a child process in its own process group, so the
 //! numbers are those of the CLI: arguments are built from the validated
-//! spec and the checkpoint / upload ids resolved to server-owned paths. At
+//! spec and the checkpoint / upload ids resolved to server-owned paths,
+//! relative to the job's directory (its working directory), so neither the
+//! log nor what a command records of its inputs names the data directory. At
 //! most `--workers` run at once (queued FIFO). Output goes to
 //! `jobs/{id}/out/` (artefacts), stderr and stdout to `jobs/{id}/log.txt`; a
 //! model written there (`out/` or train's `out/final/`) is registered as a

@@ -10,7 +10,6 @@ use anyhow::Context;
 use moe_shared::checkpoint::open_model;
 use moe_shared::methods::{moerge, MoergeInput, MoergeOptions, RouterInit};
 
-
 /// Arguments of `moerge`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {

@@ -9,6 +9,35 @@ use std::collections::HashMap;
 
 use crate::error::{Result, StudioError};
 
+/// A merge candidate: tokens `left` (at `pos`) and `right` (its successor
+/// when pushed) would become `id` with `score`. The heap pops the highest
+/// score, then the leftmost position, as `run.c`'s scan picks it.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    score: f32,
+    pos: usize,
+    left: u32,
+    right: u32,
+    id: u32,
+}
+
+impl PartialEq for Candidate {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == std::cmp::Ordering::Equal
+    }
+}
+impl Eq for Candidate {}
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Candidate {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.score.total_cmp(&o.score).then_with(|| o.pos.cmp(&self.pos))
+    }
+}
+
 /// A llama2.c vocabulary with merge scores.
 #[derive(Debug, Clone)]
 pub struct Llama2cTokenizer {
@@ -60,8 +89,60 @@ impl Llama2cTokenizer {
     /// Encodes like `run.c`: optional BOS, a dummy-prefix space token,
     /// one token per UTF-8 character (byte fallback `3 + byte` when the
     /// character is not in the vocabulary), then repeatedly merges the
-    /// adjacent pair whose concatenation has the highest score.
+    /// adjacent pair whose concatenation has the highest score (the leftmost
+    /// of equal scores).
+    ///
+    /// `run.c` rescans every pair after each merge (quadratic: minutes on a
+    /// 100 KB text); this keeps the candidate pairs in a heap ordered by
+    /// (score, leftmost position) and the tokens in a linked list, which
+    /// performs the same merges in the same order in `O(n log n)`.
     pub fn encode(&self, text: &str, bos: bool) -> Vec<u32> {
+        let tokens = self.initial_tokens(text, bos);
+        let start = usize::from(bos);
+        let n = tokens.len();
+        if n <= start + 1 {
+            return tokens;
+        }
+        const NONE: usize = usize::MAX;
+        let mut tok = tokens;
+        let mut next: Vec<usize> = (1..=n).map(|k| if k < n { k } else { NONE }).collect();
+        let mut prev: Vec<usize> = (0..n).map(|k| if k > start { k - 1 } else { NONE }).collect();
+        let mut alive = vec![true; n];
+        let mut heap = std::collections::BinaryHeap::new();
+        let push = |heap: &mut std::collections::BinaryHeap<Candidate>, tok: &[u32], i: usize, j: usize| {
+            if let Some(id) = self.merged_id(tok[i], tok[j]) {
+                heap.push(Candidate { score: self.scores[id as usize], pos: i, left: tok[i], right: tok[j], id });
+            }
+        };
+        for i in start..n - 1 {
+            push(&mut heap, &tok, i, i + 1);
+        }
+        while let Some(c) = heap.pop() {
+            let i = c.pos;
+            let j = next[i];
+            // stale: a neighbour merged since this pair was pushed
+            if !alive[i] || j == NONE || tok[i] != c.left || tok[j] != c.right {
+                continue;
+            }
+            tok[i] = c.id;
+            alive[j] = false;
+            next[i] = next[j];
+            if next[i] != NONE {
+                prev[next[i]] = i;
+            }
+            if prev[i] != NONE {
+                push(&mut heap, &tok, prev[i], i);
+            }
+            if next[i] != NONE {
+                push(&mut heap, &tok, i, next[i]);
+            }
+        }
+        (0..n).filter(|&k| alive[k]).map(|k| tok[k]).collect()
+    }
+
+    /// BOS, the dummy-prefix space and one token per character (or its
+    /// bytes), before any merge.
+    fn initial_tokens(&self, text: &str, bos: bool) -> Vec<u32> {
         let mut tokens: Vec<u32> = Vec::new();
         if bos {
             tokens.push(1);
@@ -79,28 +160,14 @@ impl Llama2cTokenizer {
                 None => tokens.extend(s.iter().map(|b| *b as u32 + 3)),
             }
         }
-        let start = usize::from(bos);
-        loop {
-            let mut best: Option<(f32, usize, u32)> = None;
-            for i in start..tokens.len().saturating_sub(1) {
-                let mut merged = self.pieces[tokens[i] as usize].clone();
-                merged.extend_from_slice(&self.pieces[tokens[i + 1] as usize]);
-                if let Some(&id) = self.lookup.get(&merged) {
-                    let sc = self.scores[id as usize];
-                    if best.map(|b| sc > b.0).unwrap_or(true) {
-                        best = Some((sc, i, id));
-                    }
-                }
-            }
-            match best {
-                Some((_, i, id)) => {
-                    tokens[i] = id;
-                    tokens.remove(i + 1);
-                }
-                None => break,
-            }
-        }
         tokens
+    }
+
+    /// The id of the piece `a` + `b`, when the vocabulary has it.
+    fn merged_id(&self, a: u32, b: u32) -> Option<u32> {
+        let mut merged = self.pieces[a as usize].clone();
+        merged.extend_from_slice(&self.pieces[b as usize]);
+        self.lookup.get(&merged).copied()
     }
 
     /// The bytes of one token as `run.c`'s `decode` prints them, given the
@@ -164,5 +231,90 @@ impl Llama2cTokenizer {
             prev = id;
         }
         String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `run.c`'s encode as written: rescan every adjacent pair after each
+    /// merge, take the first of the highest score.
+    fn encode_by_rescan(t: &Llama2cTokenizer, text: &str, bos: bool) -> Vec<u32> {
+        let mut tokens = t.initial_tokens(text, bos);
+        let start = usize::from(bos);
+        loop {
+            let mut best: Option<(f32, usize, u32)> = None;
+            for i in start..tokens.len().saturating_sub(1) {
+                if let Some(id) = t.merged_id(tokens[i], tokens[i + 1]) {
+                    let sc = t.scores[id as usize];
+                    if best.map(|b| sc > b.0).unwrap_or(true) {
+                        best = Some((sc, i, id));
+                    }
+                }
+            }
+            match best {
+                Some((_, i, id)) => {
+                    tokens[i] = id;
+                    tokens.remove(i + 1);
+                }
+                None => return tokens,
+            }
+        }
+    }
+
+    /// A vocabulary file: `<unk>`, `<s>`, `</s>`, 256 byte tokens, then
+    /// `pieces` with their scores.
+    fn vocab(pieces: &[(&str, f32)]) -> Llama2cTokenizer {
+        let mut all: Vec<(Vec<u8>, f32)> =
+            vec![(b"<unk>".to_vec(), 0.0), (b"<s>".to_vec(), 0.0), (b"</s>".to_vec(), 0.0)];
+        all.extend((0..=255u8).map(|b| (format!("<0x{b:02X}>").into_bytes(), 0.0)));
+        all.extend(pieces.iter().map(|(p, s)| (p.as_bytes().to_vec(), *s)));
+        let mut bytes = 16i32.to_le_bytes().to_vec();
+        for (p, s) in &all {
+            bytes.extend(s.to_le_bytes());
+            bytes.extend((p.len() as i32).to_le_bytes());
+            bytes.extend(p);
+        }
+        Llama2cTokenizer::parse(&bytes, all.len(), "test").unwrap()
+    }
+
+    #[test]
+    fn heap_merges_equal_run_c_rescan_with_ties_and_overlaps() {
+        // equal scores (ties go leftmost), overlapping candidates ("aaa"),
+        // merges that enable merges, and characters only bytes can encode
+        let t = vocab(&[
+            (" ", -1.0),
+            ("a", -1.0),
+            ("b", -1.0),
+            ("c", -1.0),
+            ("aa", -2.0),
+            ("ab", -2.0),
+            ("bc", -2.0),
+            ("aab", -3.0),
+            ("abc", -1.5),
+            (" a", -2.0),
+            (" ab", -2.5),
+            ("cc", -4.0),
+            ("ccc", -0.5),
+        ]);
+        let mut seed = 7u64;
+        let mut texts: Vec<String> = vec!["".into(), "a".into(), "aaaa".into(), "abcabc aab ccc".into(), "é ab".into()];
+        for _ in 0..300 {
+            let len = 1 + (seed % 40) as usize;
+            let s: String = (0..len)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    b"abc  e"[(seed >> 33) as usize % 6] as char
+                })
+                .collect();
+            texts.push(s);
+        }
+        for text in &texts {
+            for bos in [false, true] {
+                assert_eq!(t.encode(text, bos), encode_by_rescan(&t, text, bos), "{text:?} bos={bos}");
+            }
+        }
+        assert_eq!(t.encode("ab", true), vec![1, t.lookup[b" ab".as_slice()]]);
     }
 }

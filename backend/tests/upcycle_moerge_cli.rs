@@ -123,5 +123,14 @@ fn moerge_merges_copies_and_refuses_a_single_model() {
     let e = failure(&run(&["moerge", &model, "--out", dir.join("one").to_str().unwrap()]));
     assert!(e.contains("2 values") || e.contains("at least"), "{e}");
     assert!(!dir.join("one").exists());
+    // routing the 3-expert MoE with top-k above its experts is refused before any work
+    let (moe, routed) = (out.to_str().unwrap(), dir.join("routed"));
+    let text = dir.join("t.txt");
+    std::fs::write(&text, "Once upon a time there was a cat.\n").unwrap();
+    let d = |n: &str| format!("{n}={}", text.display());
+    let args = ["route", moe, "--domain", &d("a"), "--domain", &d("b"), "--domain", &d("c")];
+    let e = failure(&run(&[&args[..], &["--top-k", "4", "--out", routed.to_str().unwrap()]].concat()));
+    assert!(e.contains("--top-k 4: expected 1 to 3"), "{e}");
+    assert!(!routed.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }

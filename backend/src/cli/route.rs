@@ -212,6 +212,9 @@ impl WithBackend for Args {
         if !positive(a.lambda) || !a.lambda_sweep.iter().all(|&l| positive(l)) {
             bail!("--lambda and --lambda-sweep values must be > 0");
         }
+        if a.top_k == 0 || a.top_k > a.domains.len() {
+            bail!("--top-k {}: expected 1 to {} (the experts: one per --domain)", a.top_k, a.domains.len());
+        }
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let moe = m.moe.clone().with_context(|| format!("{}: not an MoE checkpoint (run `moerge` first)", m.path))?;
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer.json beside the model", m.path))?;

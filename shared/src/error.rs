@@ -14,13 +14,17 @@ pub type Result<T, E = StudioError> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum StudioError {
     /// An operating-system I/O error while touching `path`.
-    #[error("{path}: {source}")]
+    ///
+    /// The OS error is part of the message and deliberately not exposed as
+    /// `Error::source` (a field named `source` would be), so that
+    /// `anyhow`'s `{:#}` does not print it twice ("x: No such file or
+    /// directory (os error 2): No such file or directory (os error 2)").
+    #[error("{path}: {error}")]
     Io {
         /// The file or directory concerned.
         path: String,
         /// The underlying error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A file whose bytes do not follow its format (safetensors, GGUF,
     /// llama2.c, JSON): `what` says which field/offset and what was expected.
@@ -93,6 +97,6 @@ impl StudioError {
     }
     /// Builds a [`StudioError::Io`].
     pub fn io(path: impl fmt::Display, source: std::io::Error) -> Self {
-        StudioError::Io { path: path.to_string(), source }
+        StudioError::Io { path: path.to_string(), error: source }
     }
 }

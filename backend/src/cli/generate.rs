@@ -41,8 +41,10 @@ impl WithBackend for Args {
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer found with this model", m.path))?;
         let model = load_model::<B>(&m, &device)?;
-        let add_bos = matches!(m.format, moe_shared::checkpoint::ModelFormat::Llama2c);
-        let prompt_ids = tok.encode(&a.prompt, add_bos)?;
+        // Special tokens as transformers adds them: BOS where the tokenizer's
+        // post-processor has one (llama2.c: always, as run.c), for every
+        // format, so a `.bin` and its converted/upcycled copy agree.
+        let prompt_ids = tok.encode(&a.prompt, true)?;
         let sampling = Sampling { temperature: a.temperature, top_p: a.top_p, seed: a.seed };
         let new_ids = generate(&model, &prompt_ids, a.max_new_tokens, sampling, m.config.eos_token_id, &device)?;
         let mut all = prompt_ids.clone();

@@ -77,6 +77,17 @@ pub enum Command {
 
 /// Runs one parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    if !matches!(cli.command, Command::Serve(_)) {
+        // Rust ignores SIGPIPE, so `moe-studio inspect M | head` panicked
+        // with "failed printing to stdout: Broken pipe"; a command-line
+        // tool should end quietly instead, as `cat` does. (Not for `serve`,
+        // where a closed socket must not kill the server.)
+        // SAFETY: `signal` only restores the default disposition of
+        // SIGPIPE for the whole process; no handler is installed.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match cli.command {
         Command::Inspect(a) => inspect::run(a),
         Command::Generate(a) => backend::run(&cli.backend, a),

@@ -132,6 +132,11 @@ impl WithBackend for Args {
         let a = self;
         let started = Instant::now();
         let dtype = a.dtype.parse()?;
+        if !(a.temperature > 0.0 && a.temperature.is_finite()) {
+            // Checked here: the MoE config would report it under the
+            // --experts/--allocation source, naming the wrong option.
+            anyhow::bail!("--temperature: the router temperature must be a finite number > 0 (got {})", a.temperature);
+        }
         let (experts, experts_source) = match (&a.experts, &a.allocation) {
             (Some(n), _) => (ExpertCounts::Uniform(*n), "--experts".to_string()),
             (None, Some(p)) => {

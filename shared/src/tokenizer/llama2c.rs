@@ -192,8 +192,12 @@ impl Llama2cTokenizer {
     /// The same vocabulary as a Hugging Face `tokenizers` tokenizer (for
     /// `tokenizer.json` beside converted checkpoints): pieces with `▁` for
     /// spaces, merges ranked by score as transformers' `generate_merges`,
-    /// byte fallback, `<unk>`/`<s>`/`</s>` at ids 0/1/2. It encodes like
-    /// [`Llama2cTokenizer::encode`] without BOS (tested on real text).
+    /// byte fallback, `<unk>`/`<s>`/`</s>` at ids 0/1/2, and a post-processor
+    /// that prepends BOS (id 1) when special tokens are added, as `run.c`
+    /// and transformers' `LlamaTokenizerFast` (`add_bos_token`) do. It
+    /// encodes like [`Llama2cTokenizer::encode`] with and without BOS
+    /// (tested on real text), so a converted or upcycled llama2.c model
+    /// generates the same continuation as the `.bin`.
     ///
     /// # Errors
     /// [`StudioError::Tokenizer`] when a piece is not UTF-8 or the BPE model
@@ -215,6 +219,22 @@ impl Llama2cTokenizer {
         let special: Vec<tokenizers::AddedToken> =
             refs.iter().take(3).map(|t| tokenizers::AddedToken::from(t.to_string(), true).normalized(false)).collect();
         tok.add_special_tokens(&special);
+        let bos = refs.get(1).copied().ok_or_else(|| StudioError::Tokenizer {
+            source_name: src.into(),
+            what: "the vocabulary has no BOS token (id 1)".into(),
+        })?;
+        let err = |e: tokenizers::Error| StudioError::Tokenizer {
+            source_name: src.into(),
+            what: format!("BOS template: {e}"),
+        };
+        let post = tokenizers::processors::template::TemplateProcessing::builder()
+            .try_single(vec![format!("{bos}:0"), "$A:0".into()])
+            .and_then(|b| b.try_pair(vec![format!("{bos}:0"), "$A:0".into(), format!("{bos}:1"), "$B:1".into()]))
+            .map_err(|e| err(e.into()))?
+            .special_tokens(vec![(bos.to_string(), 1)])
+            .build()
+            .map_err(|e| err(e.into()))?;
+        tok.with_post_processor(Some(post));
         Ok(tok)
     }
 

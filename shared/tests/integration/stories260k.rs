@@ -89,6 +89,7 @@ fn llama2c_vocabulary_converts_to_an_equivalent_hf_tokenizer() {
         for line in std::fs::read_to_string(p).unwrap().lines().take(20) {
             let line: String = line.chars().take(300).collect();
             assert_eq!(hf.encode(&line, false).unwrap(), tok.encode(&line, false).unwrap(), "{rel}: {line:?}");
+            assert_eq!(hf.encode(&line, true).unwrap(), tok.encode(&line, true).unwrap(), "{rel}: {line:?} (BOS)");
             assert_eq!(hf.decode(&hf.encode(&line, false).unwrap()).unwrap(), line);
             lines += 1;
         }

@@ -4,7 +4,12 @@
 // files, via the API); a corpus upload; an upcycle job and a short
 // `experts`-stage training job followed live over server-sent events; the
 // artefact downloaded from the page (bytes equal to the API's); the output
-// model opened in the browser studio.
+// model opened in the browser studio; a cancelled and resumed training job;
+// then the other job kinds from the form: a 3-step dense fine-tune, a
+// MoErge of it with stories260K (first with top_k above the experts: the
+// server's 422 shown next to the top-k input), a graft onto the upcycled
+// MoE (both outputs listed with their layers and experts) and an eval of
+// the trained MoE on the hu text (perplexity shown = result.json's).
 // Env: E2E_URL, E2E_TOKEN_FILE, E2E_MODEL_DIR, E2E_CORPUS, E2E_OUT,
 // E2E_SHOTS, E2E_TMP; UPDATE_SCREENSHOTS=1 writes docs/screenshots/jobs.png.
 import crypto from 'node:crypto';
@@ -49,11 +54,11 @@ const browser = await launch([]);
 const page = await browser.context.newPage();
 const pageErrors = [];
 page.on('pageerror', (e) => pageErrors.push(String(e)));
-// Expected console errors: the studio's `api/health` probe (404 here) and
-// the chunk request the test aborts.
+// Expected console errors: the studio's `api/health` probe (404 here),
+// the chunk request the test aborts and the invalid job the test submits (422).
 page.on('console', (m) => {
   const t = m.text();
-  if (m.type() === 'error' && !/404|ERR_INTERNET_DISCONNECTED|ERR_FAILED|Failed to fetch/.test(t)) pageErrors.push(t);
+  if (m.type() === 'error' && !/404|422|ERR_INTERNET_DISCONNECTED|ERR_FAILED|Failed to fetch/.test(t)) pageErrors.push(t);
 });
 const tid = (id) => page.getByTestId(id);
 // The message line counts its messages (data-seq): wait for one after `since`.
@@ -176,7 +181,7 @@ try {
   await tid('job-kind').selectOption('upcycle');
   await tid('job-model').selectOption(base.id);
   await tid('job-experts').fill('2');
-  await tid('job-topk').fill('1');
+  await tid('job-top_k').fill('1');
   await clearMsg();
   await tid('job-submit').click();
   log(await okMsg());
@@ -191,14 +196,14 @@ try {
     upJob.output_checkpoint, { timeout: 30_000 });
   await tid('job-kind').selectOption('train');
   await tid('job-model').selectOption(upJob.output_checkpoint);
-  await tid('job-train-stage').selectOption('experts');
+  await tid('job-stage').selectOption('experts');
   await tid('job-steps').fill(String(TRAIN_STEPS));
-  await tid('job-seqlen').fill('32');
+  await tid('job-seq_len').fill('32');
   await tid('job-batch').fill('4');
   await tid('job-lr').fill('1e-3');
   await tid('job-seed').fill('7');
-  await tid('job-corpus').selectOption(corpusUp.id);
-  await tid('job-corpus-name').fill('hu');
+  await tid('job-data-0-upload').selectOption(corpusUp.id);
+  await tid('job-data-0-name').fill('hu');
   await clearMsg();
   const tTrain = Date.now();
   await tid('job-submit').click();
@@ -277,6 +282,85 @@ try {
   check(rePts === LONG, `the loss curve holds all ${rePts} steps (before and after the resume)`);
   results.cancel_resume = { job: longId, steps: LONG, cancelled_at_step: cancelStep, first_step_after_resume: reSteps[0],
     final_loss: resumedJob.progress?.loss, attempts: resumedJob.attempts };
+  // ---- the other kinds from the form ------------------------------------------
+  const layers = (await apiJson(`checkpoints/${base.id}`)).summary.config.num_layers;
+  // Submits the form as it stands and follows the job to its end.
+  const runJob = async (what, timeout = 180_000) => {
+    await clearMsg();
+    await tid('job-submit').click();
+    log(await okMsg());
+    const r = await followJob(timeout);
+    const j = await apiJson(`jobs/${r.id}`);
+    check(r.state === 'succeeded' && j.state === 'succeeded', `${what} job ${r.id.slice(0, 8)}: ${r.state}${j.error ? ` (${j.error})` : ''}`);
+    return j;
+  };
+  // The checkpoint list's layers cell of checkpoint `id` once it is shown.
+  const layersOf = async (id) => {
+    await page.waitForFunction((id) => /layers/.test(document.querySelector(`[data-testid=checkpoint-layers-${id}]`)?.textContent || ''),
+      id, { timeout: 30_000 });
+    return tid(`checkpoint-layers-${id}`).innerText();
+  };
+
+  // a dense fine-tune: the "instruct" model of the graft, the second expert of the MoErge
+  await tid('job-kind').selectOption('train');
+  await tid('job-model').selectOption(base.id);
+  await tid('job-stage').selectOption('dense');
+  await tid('job-steps').fill('3');
+  await tid('job-seq_len').fill('32');
+  await tid('job-batch').fill('4');
+  await tid('job-data-0-upload').selectOption(corpusUp.id);
+  await tid('job-data-0-name').fill('hu');
+  const ft = await runJob('dense fine-tune (train, stage dense, 3 steps)');
+  check(await layersOf(ft.output_checkpoint) === `${layers} layers · dense`, `the fine-tuned checkpoint is listed as ${layers} dense layers`);
+
+  // MoErge: an invalid top-k first (the server's 422 next to the field), then a valid one
+  await tid('job-kind').selectOption('moerge');
+  await tid('job-form-moerge').waitFor();
+  await tid(`job-models-${base.id}`).check();
+  await tid(`job-models-${ft.output_checkpoint}`).check();
+  await tid('job-top_k').fill('3');
+  const jobsBefore = (await apiJson('jobs')).length;
+  await tid('job-submit').click();
+  await tid('job-error-top_k').waitFor({ timeout: 30_000 });
+  const fieldErr = await tid('job-error-top_k').innerText();
+  check(/3 is more than the 2 models/.test(fieldErr), `top_k 3 for 2 models: the server's message is shown next to top-k: "${fieldErr}"`);
+  check((await apiJson('jobs')).length === jobsBefore, '... and no job was created');
+  await tid('job-top_k').fill('1');
+  const mo = await runJob('moerge (stories260K + fine-tune, top-k 1)');
+  check(await tid('job-error-top_k').count() === 0, 'the field error is gone after a valid submission');
+  const moLayers = await layersOf(mo.output_checkpoint);
+  const moCkpt = await apiJson(`checkpoints/${mo.output_checkpoint}`);
+  check(moLayers === `${layers} layers · 2 experts` && /moe/.test(moCkpt.architecture),
+    `the MoErged checkpoint is listed as "${moLayers}" (${moCkpt.architecture})`);
+
+  // graft: instruct − base onto the upcycled MoE
+  await tid('job-kind').selectOption('graft');
+  await tid('job-target').selectOption(upJob.output_checkpoint);
+  await tid('job-base').selectOption(base.id);
+  await tid('job-instruct').selectOption(ft.output_checkpoint);
+  const gr = await runJob('graft (upcycled MoE + fine-tune − stories260K)');
+  const grLayers = await layersOf(gr.output_checkpoint);
+  check(grLayers === `${layers} layers · 2 experts`, `the grafted checkpoint is listed as "${grLayers}"`);
+
+  // eval: perplexity of the trained MoE on the hu text
+  await tid('job-kind').selectOption('eval');
+  await tid('job-model').selectOption(trJob.output_checkpoint);
+  await tid('job-data-0-upload').selectOption(corpusUp.id);
+  await tid('job-data-0-name').fill('hu');
+  await tid('job-window').fill('64');
+  await tid('job-stride').fill('64');
+  await tid('job-max_tokens').fill('2000');
+  const ev = await runJob('eval (trained MoE on hu)');
+  await tid('eval-ppl-hu').waitFor({ timeout: 30_000 });
+  const shownPpl = await tid('eval-ppl-hu').innerText();
+  const pagePpl = Number(await tid('eval-ppl-hu').getAttribute('data-value'));
+  const evResult = await apiJson(`jobs/${ev.id}/artifacts/result.json`);
+  const apiPpl = evResult.datasets.find((d) => d.name === 'hu')?.ppl;
+  check(Number.isFinite(pagePpl) && pagePpl > 1 && Math.abs(pagePpl - apiPpl) <= 1e-12 * apiPpl && shownPpl === apiPpl.toFixed(4),
+    `eval: the page shows perplexity ${shownPpl} on hu (${evResult.datasets[0].tokens} tokens), result.json says ${apiPpl}`);
+  results.more_kinds = { layers, dense_finetune: ft.output_checkpoint, moerge: { job: mo.id, output: mo.output_checkpoint, listed: moLayers },
+    graft: { job: gr.id, output: gr.output_checkpoint, listed: grLayers }, invalid_top_k_message: fieldErr,
+    eval: { job: ev.id, model: trJob.output_checkpoint, tokens: evResult.datasets[0].tokens, ppl: apiPpl, shown: shownPpl } };
   check(pageErrors.length === 0, `no page errors${pageErrors.length ? `: ${pageErrors.join(' | ')}` : ''}`);
 } catch (e) {
   failures++;

@@ -8,7 +8,10 @@
 #  4. drives chromium (backend.spec.mjs): chunked upload of stories260K with
 #     an interruption + reload + resume, checkpoint registration, corpus
 #     upload, upcycle job, `experts`-stage training job followed live,
-#     artefact download, "Open in studio".
+#     artefact download, "Open in studio", cancel + resume; then the other
+#     kinds from the form: a dense fine-tune, moerge (after an invalid
+#     top_k whose 422 is shown next to the field), graft, eval (perplexity
+#     on the page = result.json).
 # The server is killed on exit. Exits non-zero on any failure.
 # UPDATE_SCREENSHOTS=1 writes docs/screenshots/jobs.png (else tests/e2e/out/).
 set -euo pipefail

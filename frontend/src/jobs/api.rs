@@ -24,6 +24,9 @@ pub enum ApiFailure {
         status: u16,
         /// `field: error` from the server.
         error: String,
+        /// The server's JSON error as sent (its `field` says which input
+        /// of a form is at fault), when the body was one.
+        reason: Option<ApiError>,
     },
 }
 
@@ -31,10 +34,10 @@ impl std::fmt::Display for ApiFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ApiFailure::Network(e) => write!(f, "no answer from the server ({e})"),
-            ApiFailure::Http { status: 401, error } => {
+            ApiFailure::Http { status: 401, error, .. } => {
                 write!(f, "HTTP 401: {error} — paste the token the server printed (DATA_DIR/token) above")
             }
-            ApiFailure::Http { status, error } => write!(f, "HTTP {status}: {error}"),
+            ApiFailure::Http { status, error, .. } => write!(f, "HTTP {status}: {error}"),
         }
     }
 }
@@ -106,18 +109,22 @@ pub async fn request(
     if resp.ok() {
         return Ok(bytes);
     }
-    let error = match serde_json::from_slice::<ApiError>(&bytes) {
-        Ok(e) => e.to_string(),
-        Err(_) => {
+    let reason = serde_json::from_slice::<ApiError>(&bytes).ok();
+    let error = match &reason {
+        Some(e) => e.to_string(),
+        None => {
             format!("{} {}", resp.status_text(), String::from_utf8_lossy(&bytes).chars().take(200).collect::<String>())
         }
     };
-    Err(ApiFailure::Http { status, error })
+    Err(ApiFailure::Http { status, error, reason })
 }
 
 fn parse<T: DeserializeOwned>(url: &str, b: &[u8]) -> Result<T, ApiFailure> {
-    serde_json::from_slice(b)
-        .map_err(|e| ApiFailure::Http { status: 200, error: format!("{url}: unexpected answer: {e}") })
+    serde_json::from_slice(b).map_err(|e| ApiFailure::Http {
+        status: 200,
+        error: format!("{url}: unexpected answer: {e}"),
+        reason: None,
+    })
 }
 
 /// `GET url` as JSON.

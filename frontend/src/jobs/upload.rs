@@ -177,6 +177,7 @@ pub async fn continue_upload(
                 st.file_name,
                 st.size
             ),
+            reason: None,
         });
     }
     let report = |st: &UploadStatus, phase| {
@@ -205,8 +206,11 @@ pub async fn continue_upload(
         )
         .await;
         st = match r {
-            Ok(b) => serde_json::from_slice(&b)
-                .map_err(|e| ApiFailure::Http { status: 200, error: format!("chunk {i}: unexpected answer: {e}") })?,
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| ApiFailure::Http {
+                status: 200,
+                error: format!("chunk {i}: unexpected answer: {e}"),
+                reason: None,
+            })?,
             // Out of order (another tab, or an answer lost after the server
             // counted the chunk): ask where the upload stands and go on.
             Err(ApiFailure::Http { status: 409, .. }) => api::get(&url).await?,

@@ -1,0 +1,832 @@
+//! The new-job form as plain data (no signals, so it is tested natively):
+//! the eight job kinds, one [`Field`] per field of the kind's spec type
+//! (`shared::api::*Spec`), the values typed so far ([`FormState`]), the
+//! request built from them ([`FormState::build`]) and where an error of
+//! the server (`field: "spec.top_k"`) or of the form belongs
+//! ([`FieldError`]).
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use moe_shared::api::{
+    CreateJob, DataRef, EvalSpec, GraftSpec, JobSpec, MergeMethodName, MergeSpec, MoergeSpec, NeuronsSpec, RouteSpec,
+    TrainSpec, TrainStage, UpcycleSpec,
+};
+
+/// A job kind (the `kind` of [`JobSpec`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Kind {
+    /// [`UpcycleSpec`].
+    #[default]
+    Upcycle,
+    /// [`MoergeSpec`].
+    Moerge,
+    /// [`RouteSpec`].
+    Route,
+    /// [`GraftSpec`].
+    Graft,
+    /// [`MergeSpec`].
+    Merge,
+    /// [`NeuronsSpec`].
+    Neurons,
+    /// [`TrainSpec`].
+    Train,
+    /// [`EvalSpec`].
+    Eval,
+}
+
+impl Kind {
+    /// Every kind, in the order of the selector.
+    pub const ALL: [Kind; 8] =
+        [Kind::Upcycle, Kind::Train, Kind::Eval, Kind::Moerge, Kind::Route, Kind::Graft, Kind::Merge, Kind::Neurons];
+
+    /// The wire spelling (as [`JobSpec::kind`]).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Upcycle => "upcycle",
+            Kind::Moerge => "moerge",
+            Kind::Route => "route",
+            Kind::Graft => "graft",
+            Kind::Merge => "merge",
+            Kind::Neurons => "neurons",
+            Kind::Train => "train",
+            Kind::Eval => "eval",
+        }
+    }
+
+    /// Parses the wire spelling.
+    pub fn parse(s: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// What the selector shows.
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Upcycle => "upcycle (dense → MoE)",
+            Kind::Moerge => "moerge (dense models → MoE, DUME)",
+            Kind::Route => "route (ridge router of a MoErged model)",
+            Kind::Graft => "graft (add instruct − base)",
+            Kind::Merge => "merge (linear / task arithmetic / TIES / DARE)",
+            Kind::Neurons => "neurons (language-specific neurons, NeuronMoE)",
+            Kind::Train => "train (experts / router / dense)",
+            Kind::Eval => "eval (perplexity, routing load)",
+        }
+    }
+
+    /// The form's inputs: one per field of the kind's spec type, in its order.
+    pub fn fields(self) -> &'static [Field] {
+        match self {
+            Kind::Upcycle => UPCYCLE,
+            Kind::Moerge => MOERGE,
+            Kind::Route => ROUTE,
+            Kind::Graft => GRAFT,
+            Kind::Merge => MERGE,
+            Kind::Neurons => NEURONS,
+            Kind::Train => TRAIN,
+            Kind::Eval => EVAL,
+        }
+    }
+
+    /// The field `key` of this kind's form.
+    pub fn field(self, key: &str) -> Option<&'static Field> {
+        self.fields().iter().find(|f| f.key == key)
+    }
+}
+
+/// How a field is entered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Input {
+    /// One registered checkpoint (a select).
+    Checkpoint,
+    /// A checkpoint or none (a select with an empty choice).
+    OptCheckpoint,
+    /// Several checkpoints, in the order they are ticked.
+    Checkpoints,
+    /// Uploaded text files as [`DataRef`]s: one row each, with the
+    /// sub-fields the spec reads.
+    Data {
+        /// Rows shown at first (the spec's minimum).
+        rows: usize,
+        /// `weight` (train's mixture weight).
+        weight: bool,
+        /// `original` (train's language prior).
+        original: bool,
+        /// `heldout` (route).
+        heldout: bool,
+    },
+    /// A whole number.
+    Int,
+    /// A number.
+    Float,
+    /// One of a few words; empty = the server's default unless required.
+    Choice(&'static [&'static str]),
+    /// Whole numbers separated by commas (`none` = an empty list).
+    IntList,
+    /// Experts per layer separated by commas, `-` for a dense layer.
+    LayerList,
+    /// Numbers separated by commas.
+    FloatList,
+    /// Names separated by commas.
+    Names,
+}
+
+/// One input of the form: a field of a spec type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Field {
+    /// The spec's field name (`top_k`); also the input's test id `job-top_k`.
+    pub key: &'static str,
+    /// Label.
+    pub label: &'static str,
+    /// How it is entered.
+    pub input: Input,
+    /// Placeholder: the server's default, or an example.
+    pub hint: &'static str,
+    /// Whether the spec needs a value (else empty = the server's default).
+    pub required: bool,
+    /// Shown under "more options".
+    pub advanced: bool,
+}
+
+const fn f(key: &'static str, label: &'static str, input: Input, hint: &'static str) -> Field {
+    Field { key, label, input, hint, required: false, advanced: false }
+}
+const fn req(key: &'static str, label: &'static str, input: Input, hint: &'static str) -> Field {
+    Field { key, label, input, hint, required: true, advanced: false }
+}
+const fn adv(key: &'static str, label: &'static str, input: Input, hint: &'static str) -> Field {
+    Field { key, label, input, hint, required: false, advanced: true }
+}
+const fn data(rows: usize, weight: bool, original: bool, heldout: bool) -> Input {
+    Input::Data { rows, weight, original, heldout }
+}
+
+const DTYPES: &[&str] = &["f32", "f16", "bf16"];
+
+const UPCYCLE: &[Field] = &[
+    req("model", "model", Input::Checkpoint, ""),
+    f("experts", "experts", Input::Int, "2-256"),
+    f("experts_per_layer", "experts per layer", Input::LayerList, "e.g. 2,4,-,4 (- = dense)"),
+    f("top_k", "top-k", Input::Int, "default 2"),
+    f("frozen", "frozen experts", Input::IntList, "default 0; none"),
+    f("router_init", "router init", Input::Choice(&["zeros", "random"]), "zeros"),
+    adv("noise", "noise", Input::Float, "default 0"),
+    adv("seed", "seed", Input::Int, "default 0"),
+    adv("dtype", "dtype", Input::Choice(DTYPES), "source's"),
+];
+const MOERGE: &[Field] = &[
+    req("models", "models (expert i = model i)", Input::Checkpoints, ""),
+    f("top_k", "top-k", Input::Int, "default 1"),
+    adv("seed", "seed", Input::Int, "default 0"),
+    adv("dtype", "dtype", Input::Choice(DTYPES), "source's"),
+];
+const ROUTE: &[Field] = &[
+    req("model", "MoErged model", Input::Checkpoint, ""),
+    req("domains", "domains (one per expert, in expert order)", data(2, false, false, true), ""),
+    f("lambda", "lambda", Input::Float, "default 1e-2"),
+    f("top_k", "top-k", Input::Int, "default 1"),
+    f("max_tokens", "max tokens", Input::Int, "default 10000"),
+    f("context", "context", Input::Int, "default 512"),
+];
+const GRAFT: &[Field] = &[
+    req("target", "target (MoE or dense)", Input::Checkpoint, ""),
+    req("base", "base (dense)", Input::Checkpoint, ""),
+    req("instruct", "instruct (dense)", Input::Checkpoint, ""),
+    f("scale", "scale", Input::Float, "default 1"),
+];
+const MERGE: &[Field] = &[
+    req("method", "method", Input::Choice(&["linear", "task-arithmetic", "ties", "dare", "dare-ties"]), ""),
+    req("models", "models", Input::Checkpoints, ""),
+    f("weights", "weights", Input::FloatList, "one per model, e.g. 0.5,0.5"),
+    f("base", "base", Input::OptCheckpoint, ""),
+    f("density", "density", Input::Float, "default 0.5"),
+    adv("seed", "seed", Input::Int, "default 0"),
+    adv("dtype", "dtype", Input::Choice(DTYPES), "source's"),
+];
+const NEURONS: &[Field] = &[
+    req("model", "model", Input::Checkpoint, ""),
+    req("langs", "languages (name = language code)", data(2, false, false, false), ""),
+    f("new", "new languages", Input::Names, "e.g. hu,el"),
+    f("top_n", "top-n", Input::Int, "default 1000"),
+    f("max_texts", "max texts", Input::Int, "default 300"),
+    f("max_tokens", "max tokens", Input::Int, "default 256"),
+];
+const TRAIN: &[Field] = &[
+    req("model", "model", Input::Checkpoint, ""),
+    req("stage", "stage", Input::Choice(&["experts", "router", "dense"]), ""),
+    req("data", "corpora", data(1, true, true, false), ""),
+    req("steps", "steps", Input::Int, "1-1000000"),
+    f("seq_len", "seq len", Input::Int, "CLI default"),
+    f("batch", "batch", Input::Int, "CLI default"),
+    f("lr", "lr", Input::Float, "CLI default"),
+    adv("warmup", "warmup", Input::Int, "CLI default"),
+    adv("min_lr", "min lr (fraction)", Input::Float, "CLI default"),
+    adv("grad_accum", "grad accum", Input::Int, "default 1"),
+    adv("clip", "clip", Input::Float, "CLI default"),
+    adv("alpha", "alpha (balance)", Input::Float, "CLI default"),
+    adv("prior", "prior", Input::Float, "CLI default"),
+    adv("weight_decay", "weight decay", Input::Float, "CLI default"),
+    adv("save_every", "save every", Input::Int, "steps / 10"),
+    f("seed", "seed", Input::Int, "default 0"),
+    adv("devices", "devices", Input::Int, "default 1"),
+];
+const EVAL: &[Field] = &[
+    req("model", "model", Input::Checkpoint, ""),
+    req("data", "datasets", data(1, false, false, false), ""),
+    f("window", "window", Input::Int, "default 512"),
+    f("stride", "stride", Input::Int, "default 256"),
+    f("max_tokens", "max tokens", Input::Int, "all"),
+    f("routing", "routing", Input::Choice(&["learned", "oracle", "random"]), "learned"),
+];
+
+/// One row of a [`Input::Data`] field: a [`DataRef`] as typed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DataRow {
+    /// Dataset / language / domain name.
+    pub name: String,
+    /// Upload id.
+    pub upload: String,
+    /// Held-out upload id (route), empty = none.
+    pub heldout: String,
+    /// Mixture weight (train), empty = 1.
+    pub weight: String,
+    /// An original language of the model (train).
+    pub original: bool,
+}
+
+/// What the form holds. Values are kept per field name across kinds, so a
+/// model or corpus picked for one kind stays picked for the next.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FormState {
+    /// The kind shown.
+    pub kind: Kind,
+    /// The job's display name (empty = none).
+    pub name: String,
+    /// Text, number, choice and single-checkpoint fields.
+    pub values: BTreeMap<&'static str, String>,
+    /// [`Input::Checkpoints`] fields: ids in the order they were ticked.
+    pub picked: BTreeMap<&'static str, Vec<String>>,
+    /// [`Input::Data`] fields.
+    pub data: BTreeMap<&'static str, Vec<DataRow>>,
+}
+
+impl Default for FormState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FormState {
+    /// The form as first shown: the required numbers and choices filled
+    /// in (small values for training, which suit a demo model), every
+    /// optional field empty, the spec's minimum of data rows.
+    pub fn new() -> Self {
+        let values = [
+            ("experts", "2"),
+            ("stage", "experts"),
+            ("method", "linear"),
+            ("steps", "20"),
+            ("seq_len", "64"),
+            ("batch", "4"),
+            ("lr", "1e-3"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k, v.to_string()))
+        .collect();
+        let mut data = BTreeMap::new();
+        for k in Kind::ALL {
+            for fd in k.fields() {
+                if let Input::Data { rows, .. } = fd.input {
+                    data.insert(fd.key, vec![DataRow::default(); rows]);
+                }
+            }
+        }
+        FormState { kind: Kind::default(), name: String::new(), values, picked: BTreeMap::new(), data }
+    }
+
+    /// The value of field `key` ("" when unset).
+    pub fn value(&self, key: &str) -> &str {
+        self.values.get(key).map(String::as_str).unwrap_or("")
+    }
+
+    /// Sets field `key` (`key` must be a field of some kind).
+    pub fn set(&mut self, key: &'static str, v: impl Into<String>) {
+        self.values.insert(key, v.into());
+    }
+
+    /// The checkpoints ticked for field `key`, in order.
+    pub fn picked(&self, key: &str) -> &[String] {
+        self.picked.get(key).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Ticks (appends) or unticks checkpoint `id` of field `key`.
+    pub fn tick(&mut self, key: &'static str, id: &str, on: bool) {
+        let v = self.picked.entry(key).or_default();
+        v.retain(|x| x != id);
+        if on {
+            v.push(id.to_string());
+        }
+    }
+
+    /// The rows of data field `key`.
+    pub fn rows(&self, key: &str) -> &[DataRow] {
+        self.data.get(key).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Row `i` of data field `key`, for editing (created when missing).
+    pub fn row_mut(&mut self, key: &'static str, i: usize) -> &mut DataRow {
+        let v = self.data.entry(key).or_default();
+        if v.len() <= i {
+            v.resize(i + 1, DataRow::default());
+        }
+        &mut v[i]
+    }
+
+    /// Fills what the user has not chosen yet: empty checkpoint fields
+    /// with `checkpoint` (the newest one), empty data rows with the text
+    /// uploads (row i the i-th, named after its file).
+    pub fn fill_defaults(&mut self, checkpoint: Option<&str>, texts: &[(String, String)]) {
+        for k in Kind::ALL {
+            for fd in k.fields() {
+                match fd.input {
+                    Input::Checkpoint => {
+                        if let Some(c) = checkpoint.filter(|_| self.value(fd.key).is_empty()) {
+                            self.set(fd.key, c);
+                        }
+                    }
+                    Input::Data { .. } if !texts.is_empty() => {
+                        let rows = self.data.entry(fd.key).or_default();
+                        for (i, r) in rows.iter_mut().enumerate() {
+                            if r.upload.is_empty() {
+                                let (id, file) = &texts[i % texts.len()];
+                                r.upload = id.clone();
+                                if r.name.is_empty() {
+                                    r.name = data_name(file);
+                                }
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// The request for the kind shown.
+    ///
+    /// # Errors
+    /// The first field that is missing or does not parse.
+    pub fn build(&self) -> Result<CreateJob, FieldError> {
+        let spec = match self.kind {
+            Kind::Upcycle => JobSpec::Upcycle(UpcycleSpec {
+                model: self.ckpt("model")?,
+                experts: self.opt("experts")?,
+                experts_per_layer: self.layers("experts_per_layer")?,
+                top_k: self.opt("top_k")?,
+                frozen: self.list("frozen")?,
+                router_init: self.choice("router_init"),
+                noise: self.opt("noise")?,
+                seed: self.opt("seed")?,
+                dtype: self.choice("dtype"),
+            }),
+            Kind::Moerge => JobSpec::Moerge(MoergeSpec {
+                models: self.picked("models").to_vec(),
+                top_k: self.opt("top_k")?,
+                seed: self.opt("seed")?,
+                dtype: self.choice("dtype"),
+            }),
+            Kind::Route => JobSpec::Route(RouteSpec {
+                model: self.ckpt("model")?,
+                domains: self.data_refs("domains")?,
+                lambda: self.opt("lambda")?,
+                top_k: self.opt("top_k")?,
+                max_tokens: self.opt("max_tokens")?,
+                context: self.opt("context")?,
+            }),
+            Kind::Graft => JobSpec::Graft(GraftSpec {
+                target: self.ckpt("target")?,
+                base: self.ckpt("base")?,
+                instruct: self.ckpt("instruct")?,
+                scale: self.opt("scale")?,
+            }),
+            Kind::Merge => JobSpec::Merge(MergeSpec {
+                method: match self.value("method") {
+                    "task-arithmetic" => MergeMethodName::TaskArithmetic,
+                    "ties" => MergeMethodName::Ties,
+                    "dare" => MergeMethodName::Dare,
+                    "dare-ties" => MergeMethodName::DareTies,
+                    _ => MergeMethodName::Linear,
+                },
+                models: self.picked("models").to_vec(),
+                weights: self.list("weights")?,
+                base: Some(self.value("base").to_string()).filter(|b| !b.is_empty()),
+                density: self.opt("density")?,
+                seed: self.opt("seed")?,
+                dtype: self.choice("dtype"),
+            }),
+            Kind::Neurons => JobSpec::Neurons(NeuronsSpec {
+                model: self.ckpt("model")?,
+                langs: self.data_refs("langs")?,
+                new: self.value("new").split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect(),
+                top_n: self.opt("top_n")?,
+                max_texts: self.opt("max_texts")?,
+                max_tokens: self.opt("max_tokens")?,
+            }),
+            Kind::Train => JobSpec::Train(TrainSpec {
+                model: self.ckpt("model")?,
+                stage: match self.value("stage") {
+                    "router" => TrainStage::Router,
+                    "dense" => TrainStage::Dense,
+                    _ => TrainStage::Experts,
+                },
+                data: self.data_refs("data")?,
+                steps: self.opt("steps")?.ok_or_else(|| FieldError::form("steps", "how many steps?"))?,
+                seq_len: self.opt("seq_len")?,
+                batch: self.opt("batch")?,
+                lr: self.opt("lr")?,
+                warmup: self.opt("warmup")?,
+                min_lr: self.opt("min_lr")?,
+                grad_accum: self.opt("grad_accum")?,
+                clip: self.opt("clip")?,
+                alpha: self.opt("alpha")?,
+                prior: self.opt("prior")?,
+                weight_decay: self.opt("weight_decay")?,
+                save_every: self.opt("save_every")?,
+                seed: self.opt("seed")?,
+                devices: self.opt("devices")?,
+            }),
+            Kind::Eval => JobSpec::Eval(EvalSpec {
+                model: self.ckpt("model")?,
+                data: self.data_refs("data")?,
+                window: self.opt("window")?,
+                stride: self.opt("stride")?,
+                max_tokens: self.opt("max_tokens")?,
+                routing: self.choice("routing"),
+            }),
+        };
+        let name = self.name.trim();
+        Ok(CreateJob { spec, backend: None, name: (!name.is_empty()).then(|| name.to_string()) })
+    }
+
+    fn ckpt(&self, key: &str) -> Result<String, FieldError> {
+        let v = self.value(key);
+        if v.is_empty() {
+            return Err(FieldError::form(key, "choose a checkpoint (upload and register one first)"));
+        }
+        Ok(v.to_string())
+    }
+
+    fn opt<T: FromStr>(&self, key: &str) -> Result<Option<T>, FieldError> {
+        parse_num(self.value(key)).map_err(|e| FieldError::form(key, e))
+    }
+
+    fn choice(&self, key: &str) -> Option<String> {
+        Some(self.value(key).to_string()).filter(|v| !v.is_empty())
+    }
+
+    fn list<T: FromStr>(&self, key: &str) -> Result<Option<Vec<T>>, FieldError> {
+        let v = self.value(key).trim();
+        if v.is_empty() {
+            return Ok(None);
+        }
+        if v == "none" {
+            return Ok(Some(Vec::new()));
+        }
+        v.split(',')
+            .enumerate()
+            .map(|(i, x)| {
+                parse_num(x)
+                    .and_then(|n| n.ok_or_else(|| "empty entry".to_string()))
+                    .map_err(|e| FieldError { index: Some(i), ..FieldError::form(key, e) })
+            })
+            .collect::<Result<Vec<T>, _>>()
+            .map(Some)
+    }
+
+    fn layers(&self, key: &str) -> Result<Option<Vec<Option<usize>>>, FieldError> {
+        let v = self.value(key).trim();
+        if v.is_empty() {
+            return Ok(None);
+        }
+        v.split(',')
+            .enumerate()
+            .map(|(i, x)| match x.trim() {
+                "-" | "dense" => Ok(None),
+                x => parse_num(x)
+                    .and_then(|n| n.ok_or_else(|| "empty entry (write - for a dense layer)".to_string()).map(Some))
+                    .map_err(|e| FieldError { index: Some(i), ..FieldError::form(key, e) }),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
+    fn data_refs(&self, key: &'static str) -> Result<Vec<DataRef>, FieldError> {
+        let Some(Input::Data { weight, original, heldout, .. }) = self.kind.field(key).map(|f| f.input) else {
+            return Ok(Vec::new());
+        };
+        self.rows(key)
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let at = |e: String| FieldError { index: Some(i), ..FieldError::form(key, e) };
+                if r.upload.is_empty() {
+                    return Err(at("choose an uploaded .txt or .jsonl file".into()));
+                }
+                Ok(DataRef {
+                    name: r.name.trim().to_string(),
+                    upload: r.upload.clone(),
+                    weight: if weight { parse_num(&r.weight).map_err(|e| at(format!("weight: {e}")))? } else { None },
+                    original: original && r.original,
+                    heldout: Some(r.heldout.clone()).filter(|h| heldout && !h.is_empty()),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A dataset name from a file name: its stem, limited to `[A-Za-z0-9_-]`
+/// (`hu.train.txt` -> `hu`).
+pub fn data_name(file: &str) -> String {
+    let stem = file.split('.').next().unwrap_or("");
+    let label: String = stem.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-').take(64).collect();
+    if label.is_empty() {
+        "data".into()
+    } else {
+        label
+    }
+}
+
+/// Parses a number as typed: empty = `None`; surrounding spaces and `_`
+/// separators are ignored.
+///
+/// # Errors
+/// A sentence quoting the text.
+pub fn parse_num<T: FromStr>(s: &str) -> Result<Option<T>, String> {
+    let t: String = s.trim().chars().filter(|c| *c != '_').collect();
+    if t.is_empty() {
+        return Ok(None);
+    }
+    t.parse().map(Some).map_err(|_| format!("`{}` is not a valid number here", s.trim()))
+}
+
+/// An error that belongs next to one input of the form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// The form field (a spec field name, or `name`); empty when the error
+    /// belongs to no input of the kind shown.
+    pub key: String,
+    /// The entry of a list field (row of a data field), when one.
+    pub index: Option<usize>,
+    /// The rest of the server's field path (`.upload`), when any.
+    pub sub: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl FieldError {
+    /// An error of the form itself about field `key`.
+    pub fn form(key: &str, message: impl Into<String>) -> Self {
+        FieldError { key: key.to_string(), index: None, sub: String::new(), message: message.into() }
+    }
+
+    /// Places the server's error `field` / `message` on the form of `kind`
+    /// (`spec.top_k` -> `top_k`; `spec.data[0].upload` -> `data`, row 0,
+    /// `.upload`; `name` -> the job name). A field the form has no input for
+    /// (`spec`, `backend`) gives an empty `key`.
+    pub fn from_server(kind: Kind, field: Option<&str>, message: &str) -> Self {
+        let general = FieldError { key: String::new(), index: None, sub: String::new(), message: message.into() };
+        let Some(field) = field else { return general };
+        if field == "name" {
+            return FieldError::form("name", message);
+        }
+        let Some(path) = field.strip_prefix("spec.") else { return general };
+        let end = path.find(['[', '.']).unwrap_or(path.len());
+        let (key, mut rest) = path.split_at(end);
+        let Some(fd) = kind.field(key) else { return general };
+        let mut index = None;
+        if let Some(r) = rest.strip_prefix('[') {
+            if let Some((n, tail)) = r.split_once(']') {
+                index = n.parse().ok();
+                rest = tail;
+            }
+        }
+        FieldError { key: fd.key.to_string(), index, sub: rest.to_string(), message: message.into() }
+    }
+
+    /// The text shown next to the input: the message, preceded by the
+    /// entry (`#2`) and sub-field it is about.
+    pub fn text(&self) -> String {
+        let mut at = String::new();
+        if let Some(i) = self.index {
+            at.push_str(&format!("#{}", i + 1));
+        }
+        if let Some(s) = self.sub.strip_prefix('.').filter(|s| !s.is_empty()) {
+            if !at.is_empty() {
+                at.push(' ');
+            }
+            at.push_str(s);
+        }
+        if at.is_empty() {
+            self.message.clone()
+        } else {
+            format!("{at}: {}", self.message)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "123e4567-e89b-42d3-a456-426614174000";
+    const B: &str = "123e4567-e89b-42d3-a456-426614174001";
+    const U: &str = "123e4567-e89b-42d3-a456-426614174002";
+
+    /// Every field set to a valid value (lists with two entries).
+    fn full(kind: Kind) -> FormState {
+        let mut s = FormState { kind, ..FormState::new() };
+        for fd in kind.fields() {
+            match fd.input {
+                Input::Checkpoint | Input::OptCheckpoint => s.set(fd.key, A),
+                Input::Checkpoints => {
+                    s.tick(fd.key, A, true);
+                    s.tick(fd.key, B, true);
+                }
+                Input::Data { .. } => {
+                    *s.row_mut(fd.key, 0) = DataRow {
+                        name: "en".into(),
+                        upload: U.into(),
+                        heldout: U.into(),
+                        weight: "2".into(),
+                        original: true,
+                    };
+                    *s.row_mut(fd.key, 1) = DataRow { name: "hu".into(), upload: U.into(), ..DataRow::default() };
+                }
+                Input::Int => s.set(fd.key, "3"),
+                Input::Float => s.set(fd.key, "0.5"),
+                Input::Choice(c) => s.set(fd.key, c[1]),
+                Input::IntList => s.set(fd.key, "0,1"),
+                Input::LayerList => s.set(fd.key, "2,-"),
+                Input::FloatList => s.set(fd.key, "0.5,0.5"),
+                Input::Names => s.set(fd.key, "hu"),
+            }
+        }
+        s
+    }
+
+    #[test]
+    fn every_kind_maps_its_inputs_one_to_one_to_the_spec_fields() {
+        for kind in Kind::ALL {
+            let req = full(kind).build().unwrap();
+            assert_eq!(req.spec.kind(), kind.as_str());
+            assert_eq!(Kind::parse(kind.as_str()), Some(kind));
+            let json = serde_json::to_value(&req.spec).unwrap();
+            let mut keys: Vec<&str> =
+                json.as_object().unwrap().keys().map(String::as_str).filter(|k| *k != "kind").collect();
+            let mut inputs: Vec<&str> = kind.fields().iter().map(|f| f.key).collect();
+            keys.sort();
+            inputs.sort();
+            assert_eq!(keys, inputs, "{kind:?}");
+            // and every input reaches the spec: no field is left at null
+            for (k, v) in json.as_object().unwrap() {
+                assert!(!v.is_null(), "{kind:?}.{k} was not filled from its input");
+            }
+            // the server's own checks of the field values pass (apart from
+            // the kinds whose two "exactly one of" fields were both filled)
+            if kind != Kind::Upcycle {
+                req.spec.validate().unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn input_test_ids_do_not_collide_with_the_page_s_other_ids() {
+        // `job-{key}` must not be a test id of the job card or the form itself.
+        let taken = ["kind", "name", "submit", "live", "state", "live-stage", "step", "loss", "tps", "eta", "events"];
+        let taken2 = ["cancel", "resume", "open", "log", "error", "artifacts", "follow"];
+        for k in Kind::ALL {
+            for fd in k.fields() {
+                assert!(!taken.contains(&fd.key) && !taken2.contains(&fd.key), "{k:?}.{}", fd.key);
+                assert!(!fd.key.starts_with("form-") && !fd.key.starts_with("row-"), "{}", fd.key);
+            }
+        }
+    }
+
+    #[test]
+    fn empty_optional_fields_are_the_server_defaults() {
+        let mut s = FormState::new();
+        s.set("model", A);
+        let req = s.build().unwrap();
+        assert_eq!(
+            req.spec,
+            JobSpec::Upcycle(UpcycleSpec {
+                model: A.into(),
+                experts: Some(2),
+                experts_per_layer: None,
+                top_k: None,
+                frozen: None,
+                router_init: None,
+                noise: None,
+                seed: None,
+                dtype: None,
+            })
+        );
+        assert_eq!(req.name, None);
+        req.spec.validate().unwrap();
+
+        s.kind = Kind::Eval;
+        s.fill_defaults(Some(B), &[(U.to_string(), "hu.txt".to_string())]);
+        s.set("window", " 64 ");
+        s.name = " ppl ".into();
+        let req = s.build().unwrap();
+        let JobSpec::Eval(e) = &req.spec else { panic!() };
+        assert_eq!(e.model, A, "a chosen checkpoint is kept");
+        assert_eq!(
+            e.data,
+            vec![DataRef { name: "hu".into(), upload: U.into(), weight: None, original: false, heldout: None }]
+        );
+        assert_eq!((e.window, e.stride, e.max_tokens, e.routing.clone()), (Some(64), None, None, None));
+        assert_eq!(req.name.as_deref(), Some("ppl"));
+    }
+
+    #[test]
+    fn train_reads_weight_and_original_eval_does_not() {
+        let mut s = FormState { kind: Kind::Train, ..FormState::new() };
+        s.set("model", A);
+        *s.row_mut("data", 0) =
+            DataRow { name: "hu".into(), upload: U.into(), weight: "0.5".into(), original: true, ..Default::default() };
+        let JobSpec::Train(t) = s.build().unwrap().spec else { panic!() };
+        assert_eq!((t.steps, t.seq_len, t.batch, t.lr), (20, Some(64), Some(4), Some(1e-3)));
+        assert_eq!((t.data[0].weight, t.data[0].original), (Some(0.5), true));
+        s.kind = Kind::Eval;
+        let JobSpec::Eval(e) = s.build().unwrap().spec else { panic!() };
+        assert_eq!((e.data[0].weight, e.data[0].original), (None, false));
+    }
+
+    #[test]
+    fn lists_and_choices() {
+        let mut s = FormState::new();
+        s.set("model", A);
+        s.set("experts", "");
+        s.set("experts_per_layer", "2, -,4");
+        s.set("frozen", "none");
+        s.set("router_init", "random");
+        let JobSpec::Upcycle(u) = s.build().unwrap().spec else { panic!() };
+        assert_eq!(u.experts_per_layer, Some(vec![Some(2), None, Some(4)]));
+        assert_eq!(u.frozen, Some(vec![]));
+        assert_eq!(u.router_init.as_deref(), Some("random"));
+        s.set("frozen", "0,x");
+        let e = s.build().unwrap_err();
+        assert_eq!((e.key.as_str(), e.index), ("frozen", Some(1)));
+        assert_eq!(e.text(), "#2: `x` is not a valid number here");
+
+        let mut m = FormState { kind: Kind::Moerge, ..FormState::new() };
+        m.tick("models", B, true);
+        m.tick("models", A, true);
+        m.tick("models", B, false);
+        m.tick("models", B, true);
+        let JobSpec::Moerge(x) = m.build().unwrap().spec else { panic!() };
+        assert_eq!(x.models, vec![A.to_string(), B.to_string()], "in the order ticked");
+    }
+
+    #[test]
+    fn numbers_parse_or_name_the_field() {
+        assert_eq!(parse_num::<usize>(" 1_000 "), Ok(Some(1000)));
+        assert_eq!(parse_num::<f64>("1e-3"), Ok(Some(1e-3)));
+        assert_eq!(parse_num::<usize>(""), Ok(None));
+        assert!(parse_num::<usize>("-1").is_err());
+        assert!(parse_num::<usize>("2.5").is_err());
+        let mut s = FormState::new();
+        s.set("model", A);
+        s.set("top_k", "two");
+        assert_eq!(s.build().unwrap_err(), FieldError::form("top_k", "`two` is not a valid number here"));
+        s.set("model", "");
+        assert_eq!(s.build().unwrap_err().key, "model");
+        let mut t = FormState { kind: Kind::Route, ..FormState::new() };
+        t.set("model", A);
+        let e = t.build().unwrap_err();
+        assert_eq!((e.key.as_str(), e.index), ("domains", Some(0)), "a data row without a file");
+        assert_eq!(data_name("hu.train.txt"), "hu");
+        assert_eq!(data_name("ü.txt"), "data");
+    }
+
+    #[test]
+    fn server_fields_land_on_their_inputs() {
+        let e = FieldError::from_server(Kind::Upcycle, Some("spec.top_k"), "3 is more than the 2 experts of a layer");
+        assert_eq!((e.key.as_str(), e.index, e.sub.as_str()), ("top_k", None, ""));
+        assert_eq!(e.text(), "3 is more than the 2 experts of a layer");
+        let e = FieldError::from_server(Kind::Eval, Some("spec.data[0].upload"), "upload x not found");
+        assert_eq!((e.key.as_str(), e.index, e.sub.as_str()), ("data", Some(0), ".upload"));
+        assert_eq!(e.text(), "#1 upload: upload x not found");
+        let e = FieldError::from_server(Kind::Moerge, Some("spec.models[1]"), "is an MoE");
+        assert_eq!((e.key.as_str(), e.index), ("models", Some(1)));
+        assert_eq!(FieldError::from_server(Kind::Train, Some("name"), "too long").key, "name");
+        for (kind, f) in [
+            (Kind::Train, Some("spec")),
+            (Kind::Train, Some("backend")),
+            (Kind::Eval, None),
+            (Kind::Graft, Some("spec.top_k")),
+        ] {
+            assert_eq!(FieldError::from_server(kind, f, "x").key, "", "{f:?} has no input on {kind:?}");
+        }
+    }
+}

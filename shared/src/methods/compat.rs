@@ -71,13 +71,19 @@ pub fn check_architecture(a_name: &str, a: &ModelConfig, b_name: &str, b: &Model
     Ok(warnings)
 }
 
-/// The pieces of a tokenizer, by id (bytes, so both kinds compare).
+/// The pieces of a tokenizer, by id, as Hugging Face spells them (a
+/// llama2.c vocabulary through its `tokenizer.json` form: `▁` for spaces,
+/// `<0x00>` byte pieces), so that a `.bin` and a converted copy compare.
 fn pieces(t: &Tokenizer) -> Vec<Option<Vec<u8>>> {
+    let hf_pieces = |t: &tokenizers::Tokenizer| {
+        (0..t.get_vocab_size(true) as u32).map(|id| t.id_to_token(id).map(String::into_bytes)).collect()
+    };
     match t {
-        Tokenizer::Hf(t) => {
-            (0..t.get_vocab_size(true) as u32).map(|id| t.id_to_token(id).map(String::into_bytes)).collect()
-        }
-        Tokenizer::Llama2c(t) => (0..t.vocab_size() as u32).map(|id| Some(t.piece_bytes(0, id))).collect(),
+        Tokenizer::Hf(t) => hf_pieces(t),
+        Tokenizer::Llama2c(t) => match t.to_hf("llama2.c vocabulary") {
+            Ok(h) => hf_pieces(&h),
+            Err(_) => (0..t.vocab_size() as u32).map(|id| Some(t.piece_bytes(0, id))).collect(),
+        },
     }
 }
 

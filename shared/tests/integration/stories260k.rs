@@ -96,3 +96,22 @@ fn llama2c_vocabulary_converts_to_an_equivalent_hf_tokenizer() {
     }
     assert_eq!(lines, 60);
 }
+
+#[test]
+fn llama2c_vocabulary_is_compatible_with_its_converted_tokenizer() {
+    // A `.bin` and a converted copy (even one written before tokenizer.json
+    // had the BOS post-processor) share one vocabulary: MoErge must accept
+    // them (the pieces used to compare raw bytes with `▁`/`<0x00>` pieces).
+    use moe_shared::methods::compat::check_tokenizer;
+    use moe_shared::tokenizer::Tokenizer;
+    let Some(path) = common::data_file("models/stories260K/stories260K.bin") else { return };
+    let tok = open_model(&path).unwrap().tokenizer.unwrap();
+    let Tokenizer::Llama2c(l) = &tok else { panic!("llama2.c tokenizer expected") };
+    let mut old = l.to_hf("test").unwrap();
+    old.with_post_processor(None::<tokenizers::processors::PostProcessorWrapper>);
+    let old = Tokenizer::Hf(Box::new(old));
+    let same = Tokenizer::from_hf_json(tok.to_hf_json().unwrap().as_bytes(), "converted").unwrap();
+    assert_eq!(check_tokenizer("bin", Some(&tok), "converted", Some(&same)).unwrap(), None);
+    let w = check_tokenizer("bin", Some(&tok), "old", Some(&old)).unwrap();
+    assert!(w.is_some_and(|w| w.contains("share their vocabulary")));
+}

@@ -883,3 +883,25 @@ fn load_test() {
     drop(s);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// The built frontend: pages of the app fall back to `index.html`, a missing
+/// file is a 404 (a missing `demo/manifest.json` used to come back as
+/// `index.html` with 200, which the studio then failed to parse as JSON).
+#[test]
+fn static_files_and_page_fallback() {
+    let root = tmp("static");
+    let dist = root.join("dist");
+    std::fs::create_dir_all(dist.join("demo")).unwrap();
+    std::fs::write(dist.join("index.html"), "<html>studio</html>").unwrap();
+    std::fs::write(dist.join("demo/manifest.json"), "{\"model\": \"m.bin\"}").unwrap();
+    let s = Server::start(&root.join("data"), &["--static-dir", dist.to_str().unwrap()]);
+    assert_eq!(raw_get(&s, "/demo/manifest.json"), (200, "{\"model\": \"m.bin\"}".to_string()));
+    assert_eq!(raw_get(&s, "/"), (200, "<html>studio</html>".to_string()));
+    assert_eq!(raw_get(&s, "/jobs"), (200, "<html>studio</html>".to_string()), "a page of the app");
+    assert_eq!(raw_get(&s, "/upcycle/"), (200, "<html>studio</html>".to_string()));
+    assert_eq!(raw_get(&s, "/demo/missing.json").0, 404);
+    assert_eq!(raw_get(&s, "/moe_studio_frontend_bg.wasm").0, 404);
+    assert_eq!(raw_get(&s, "/api/nothing").0, 404, "the API never falls back to the page");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&root);
+}

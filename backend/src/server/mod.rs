@@ -20,7 +20,8 @@
 //! start, incomplete uploads created more than `--upload-ttl-hours` ago
 //! (default 24; 0: all of them) are deleted. The frontend is served from
 //! `--static-dir` (default `frontend/dist` when present; single-page
-//! fallback to `index.html`). CORS headers are never sent.
+//! fallback to `index.html` for paths without a file extension, 404 for a
+//! missing file). CORS headers are never sent.
 //!
 //! DNS-rebinding guard: bound to loopback, a request (any route) whose
 //! `Host` is not `127.0.0.1`, `localhost` or `[::1]` (with or without the
@@ -427,7 +428,19 @@ pub fn router(st: AppStateRef) -> Router {
     let app = match static_dir {
         Some(d) => {
             let index = d.join("index.html");
-            app.fallback_service(ServeDir::new(&d).fallback(ServeFile::new(index)))
+            let files = ServeDir::new(&d);
+            let pages = ServeDir::new(&d).fallback(ServeFile::new(index));
+            app.fallback(move |req: axum::extract::Request| async move {
+                use tower::ServiceExt;
+                // A missing file (its last segment has an extension: `demo/manifest.json`,
+                // `x.wasm`) is a 404; any other path is a page of the app: index.html.
+                let last = req.uri().path().rsplit('/').next().unwrap_or("");
+                let res = if last.contains('.') { files.oneshot(req).await } else { pages.oneshot(req).await };
+                match res {
+                    Ok(r) => r.map(axum::body::Body::new).into_response(),
+                    Err(e) => match e {},
+                }
+            })
         }
         None => app.fallback(no_frontend),
     };

@@ -177,6 +177,7 @@ mod native {
             }
             let parent = out_dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
             std::fs::create_dir_all(parent).map_err(|e| StudioError::io(parent.display(), e))?;
+            check_free_space(out_dir, parent, &plan)?;
             let base = out_dir.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "out".into());
             let tmp = parent.join(format!(".{base}.tmp-{}", std::process::id()));
             if tmp.exists() {
@@ -332,6 +333,30 @@ mod native {
         }
     }
 
+    /// Refuses a write that cannot fit: the tensor bytes of `plan` against
+    /// the free space of `parent`'s filesystem (an `upcycle --experts 100000`
+    /// used to write until the disk was full). Skipped when the free space
+    /// cannot be read.
+    ///
+    /// # Errors
+    /// [`StudioError::Invalid`] naming the output, both sizes in GB.
+    fn check_free_space(out_dir: &Path, parent: &Path, plan: &[PlannedTensor]) -> Result<()> {
+        let need: u64 = plan
+            .iter()
+            .map(|t| t.shape.iter().product::<usize>() as u64 * t.dtype.float_size().unwrap_or(4) as u64)
+            .sum();
+        match fs4::available_space(parent) {
+            Ok(free) if need > free => Err(StudioError::Invalid(format!(
+                "output {}: the checkpoint needs {:.2} GB but its filesystem has {:.2} GB free; \
+                 free some space or choose another --out",
+                out_dir.display(),
+                need as f64 / 1e9,
+                free as f64 / 1e9
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     impl Drop for SafetensorsWriter {
         fn drop(&mut self) {
             self.file.take();
@@ -411,5 +436,16 @@ mod tests {
         let e = SafetensorsWriter::create(&out, plan(), WriteOptions::default()).err().unwrap();
         assert!(e.to_string().contains("not empty"));
         assert_eq!(std::fs::read(out.join("mine.txt")).unwrap(), b"user data");
+    }
+
+    #[test]
+    fn a_checkpoint_larger_than_the_free_space_is_refused_before_writing() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("huge");
+        // 2^50 f32 values = 4.5 PB: more than any filesystem here has free
+        let plan = vec![PlannedTensor { name: "w".into(), dtype: DType::F32, shape: vec![1 << 50] }];
+        let e = SafetensorsWriter::create(&out, plan, WriteOptions::default()).err().unwrap().to_string();
+        assert!(e.contains("needs 4503599.63 GB") && e.contains("GB free") && e.contains("huge"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing created");
     }
 }

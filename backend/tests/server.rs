@@ -887,6 +887,7 @@ fn load_test() {
 /// The built frontend: pages of the app fall back to `index.html`, a missing
 /// file is a 404 (a missing `demo/manifest.json` used to come back as
 /// `index.html` with 200, which the studio then failed to parse as JSON).
+/// Also: an upload that cannot fit the disk is refused up front (507).
 #[test]
 fn static_files_and_page_fallback() {
     let root = tmp("static");
@@ -894,7 +895,18 @@ fn static_files_and_page_fallback() {
     std::fs::create_dir_all(dist.join("demo")).unwrap();
     std::fs::write(dist.join("index.html"), "<html>studio</html>").unwrap();
     std::fs::write(dist.join("demo/manifest.json"), "{\"model\": \"m.bin\"}").unwrap();
-    let s = Server::start(&root.join("data"), &["--static-dir", dist.to_str().unwrap()]);
+    let s = Server::start(
+        &root.join("data"),
+        &["--static-dir", dist.to_str().unwrap(), "--max-upload-bytes", "1000000000000000000"],
+    );
+    // an upload larger than the data directory's free space is refused when announced
+    let (code, e) = s.call(
+        "POST",
+        "/api/uploads",
+        Some(json!({"file_name": "x.gguf", "size": 900_000_000_000_000_000u64, "sha256": "0".repeat(64)})),
+    );
+    assert_eq!((code, e["field"].as_str()), (507, Some("size")), "{e}");
+    assert!(e["error"].as_str().unwrap().contains("bytes free"), "{e}");
     assert_eq!(raw_get(&s, "/demo/manifest.json"), (200, "{\"model\": \"m.bin\"}".to_string()));
     assert_eq!(raw_get(&s, "/"), (200, "<html>studio</html>".to_string()));
     assert_eq!(raw_get(&s, "/jobs"), (200, "<html>studio</html>".to_string()), "a page of the app");

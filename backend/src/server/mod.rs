@@ -44,7 +44,7 @@
 //! | route | body -> answer |
 //! |---|---|
 //! | `GET /api/info` | -> `ServerInfo` |
-//! | `POST /api/uploads` | `CreateUpload` -> 201 `UploadStatus` (413 over `max_upload_bytes`) |
+//! | `POST /api/uploads` | `CreateUpload` -> 201 `UploadStatus` (413 over `max_upload_bytes`, 507 over the data dir's free space) |
 //! | `GET /api/uploads` | -> `[UploadStatus]` |
 //! | `GET /api/uploads/{id}` | -> `UploadStatus`: `chunks_received` is the next chunk to send |
 //! | `PUT /api/uploads/{id}/chunks/{index}` | raw bytes, header `X-Chunk-Sha256: HEX` -> `UploadStatus` |

@@ -97,6 +97,15 @@ pub async fn create(
             format!("{} bytes is over this server's upload limit of {} bytes", req.size, st.args.max_upload_bytes),
         ));
     }
+    if let Ok(free) = fs4::available_space(&st.data) {
+        if req.size > free {
+            return Err(AppError::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                Some("size"),
+                format!("{} bytes do not fit: the server's data directory has {free} bytes free", req.size),
+            ));
+        }
+    }
     let max_chunk = st.args.max_chunk_bytes;
     let chunk_size = req.chunk_size.unwrap_or(DEFAULT_CHUNK.min(max_chunk));
     if !(MIN_CHUNK..=max_chunk).contains(&chunk_size) {

@@ -119,6 +119,14 @@ fn neurons_then_allocate_then_upcycle() {
     for ext in ["csv", "json", "svg", "png"] {
         assert!(dir.join(format!("alloc.comparison.{ext}")).exists(), "alloc.comparison.{ext}");
     }
+    // The default uniform baseline adds NeuronMoE's budget, spread evenly.
+    let cmp: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("alloc.comparison.json")).unwrap()).unwrap();
+    let uniform: Vec<u64> = cmp["uniform"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    let total: u64 = e.iter().sum();
+    let per = ((2 * total + layers as u64) / (2 * layers as u64)).clamp(1, 6);
+    assert_eq!(uniform, vec![per; layers], "neuronmoe {e:?}");
+    assert!(stdout.contains("NeuronMoE's budget"), "{stdout}");
     let base = dir.join("uniform.json");
     ok(&run(&[
         "allocate",

@@ -4,7 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{ModelFormat, TensorSource};
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, MoeConfig};
+use crate::methods::Layout;
 
 /// One tensor in a model summary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -34,6 +35,59 @@ pub struct ModelSummary {
     pub tensors: Vec<TensorSummary>,
     /// Vocabulary size of the tokenizer, when one was found.
     pub tokenizer_vocab: Option<usize>,
+    /// The MoE structure, for MoE checkpoints (absent for dense models and
+    /// in summaries stored before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeSummary>,
+}
+
+/// The MoE structure of a model in a [`ModelSummary`]; per-layer lists have
+/// one entry per decoder layer (`null` / empty / `false` for a dense layer).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MoeSummary {
+    /// `mixtral` (transformers' `MixtralForCausalLM` loads it) or
+    /// `moe_studio` (the studio's own layout).
+    pub layout: Layout,
+    /// Why the Mixtral layout does not apply (studio layout only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub studio_reason: Option<String>,
+    /// Experts per layer `E_l` (`null` = dense FFN).
+    pub experts_per_layer: Vec<Option<usize>>,
+    /// Experts per token `k_l` (`null` = dense FFN).
+    pub top_k_per_layer: Vec<Option<usize>>,
+    /// Frozen experts per layer (DeltaMoE: `[0]`).
+    pub frozen_experts: Vec<Vec<usize>>,
+    /// Whether each layer's router has a bias (DUME's ridge router).
+    pub router_bias: Vec<bool>,
+    /// Router temperature per layer (`null` = dense FFN; 1 in the Mixtral
+    /// layout, where it is folded into the router weight).
+    pub temperature_per_layer: Vec<Option<f64>>,
+    /// Total parameters ([`MoeConfig::num_parameters`]).
+    pub total_parameters: usize,
+    /// Parameters used per token ([`MoeConfig::num_active_parameters`]).
+    pub active_parameters_per_token: usize,
+}
+
+impl MoeSummary {
+    /// Summarises `moe` on the dense `base`.
+    pub fn new(base: &ModelConfig, moe: &MoeConfig) -> Self {
+        let studio_reason = moe.mixtral_blocker(base);
+        MoeSummary {
+            layout: if studio_reason.is_none() { Layout::Mixtral } else { Layout::Studio },
+            studio_reason,
+            experts_per_layer: moe.layers.iter().map(|s| s.as_ref().map(|s| s.num_experts)).collect(),
+            top_k_per_layer: moe.layers.iter().map(|s| s.as_ref().map(|s| s.top_k)).collect(),
+            frozen_experts: moe
+                .layers
+                .iter()
+                .map(|s| s.as_ref().map(|s| s.frozen.clone()).unwrap_or_default())
+                .collect(),
+            router_bias: moe.layers.iter().map(|s| s.as_ref().is_some_and(|s| s.router_bias)).collect(),
+            temperature_per_layer: moe.layers.iter().map(|s| s.as_ref().map(|s| s.temperature)).collect(),
+            total_parameters: moe.num_parameters(base),
+            active_parameters_per_token: moe.num_active_parameters(base),
+        }
+    }
 }
 
 impl ModelSummary {
@@ -55,7 +109,22 @@ impl ModelSummary {
             *dtypes.entry(t.dtype.clone()).or_insert(0) += 1;
         }
         let parameters = tensors.iter().map(|t| t.shape.iter().product::<usize>()).sum();
-        ModelSummary { path: path.into(), format, config: config.clone(), parameters, dtypes, tensors, tokenizer_vocab }
+        ModelSummary {
+            path: path.into(),
+            format,
+            config: config.clone(),
+            parameters,
+            dtypes,
+            tensors,
+            tokenizer_vocab,
+            moe: None,
+        }
+    }
+
+    /// Adds the MoE structure of `moe` (a no-op for `None`, a dense model).
+    pub fn with_moe(mut self, moe: Option<&MoeConfig>) -> Self {
+        self.moe = moe.map(|m| MoeSummary::new(&self.config, m));
+        self
     }
 }
 

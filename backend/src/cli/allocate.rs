@@ -32,7 +32,9 @@ pub struct Args {
     /// Write a baseline instead of NeuronMoE: uniform or layermoe.
     #[arg(long)]
     pub baseline: Option<String>,
-    /// New experts per layer of the uniform baseline (default: floor((min + max) / 2)).
+    /// New experts per layer of the uniform baseline (default: NeuronMoE's
+    /// budget spread evenly, round(NeuronMoE total / layers), so both add
+    /// about as many experts).
     #[arg(long)]
     pub uniform: Option<usize>,
     /// New languages (comma-separated; default: those of the neurons run).
@@ -65,9 +67,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let bytes = std::fs::read(&path)
         .with_context(|| format!("reading {} (run `moe-studio neurons ... --out DIR` first)", path.display()))?;
     let report = NeuronReport::from_json(&bytes, &path.display().to_string())?;
-    let uniform = a.uniform.unwrap_or((a.min + a.max) / 2);
     let new = (!a.new.is_empty()).then_some(a.new.as_slice());
-    let cmp = compare_allocations(&report, new, range, uniform)?;
+    let cmp = compare_allocations(&report, new, range, a.uniform)?;
     let file: AllocationFile = cmp.file(method)?;
     // Round trip through the reader `upcycle --allocation` uses.
     let text = serde_json::to_string_pretty(&file)?;
@@ -121,7 +122,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 
     println!("S_l:        {}", list(&cmp.specific_counts));
     println!("neuronmoe:  {} (total {})", list(&cmp.neuronmoe), total(&cmp.neuronmoe));
-    println!("uniform:    {} (total {})", list(&cmp.uniform), total(&cmp.uniform));
+    let budget = if a.uniform.is_some() { "--uniform" } else { "NeuronMoE's budget" };
+    println!("uniform:    {} (total {}, {budget})", list(&cmp.uniform), total(&cmp.uniform));
     match &cmp.layermoe {
         Some(l) => println!("layermoe:   {} (total {})", list(l), total(l)),
         None => println!("layermoe:   n/a (every analysed language is new; no original language to compare with)"),

@@ -22,10 +22,10 @@ pub struct Args {
     #[arg(long, default_value_t = 32)]
     pub max_new_tokens: usize,
     /// Sampling temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub temperature: f32,
-    /// Nucleus sampling mass (1 = off).
-    #[arg(long, default_value_t = 1.0)]
+    /// Nucleus sampling mass in (0, 1] (1 = off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
@@ -35,9 +35,30 @@ pub struct Args {
     pub json: bool,
 }
 
+impl Args {
+    /// Checks the sampling flags (before any model is opened): `--top-p` in
+    /// (0, 1], `--temperature` finite and >= 0, `--max-new-tokens` > 0.
+    ///
+    /// # Errors
+    /// A message naming the offending flag.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            anyhow::bail!("--top-p: the nucleus mass must be in (0, 1] (got {}; 1 = off)", self.top_p);
+        }
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            anyhow::bail!("--temperature: must be a finite number >= 0 (got {}; 0 = greedy)", self.temperature);
+        }
+        if self.max_new_tokens == 0 {
+            anyhow::bail!("--max-new-tokens: must be at least 1 (got 0)");
+        }
+        Ok(())
+    }
+}
+
 impl WithBackend for Args {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
         let a = self;
+        a.validate()?;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer found with this model", m.path))?;
         let model = load_model::<B>(&m, &device)?;

@@ -3,8 +3,9 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use moe_shared::api::ModelSummary;
+use moe_shared::api::{ModelSummary, MoeSummary};
 use moe_shared::checkpoint::open_model;
+use moe_shared::methods::Layout;
 
 /// Arguments of `inspect`.
 #[derive(Debug, clap::Args)]
@@ -28,7 +29,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         &m.config,
         m.source.as_ref(),
         m.tokenizer.as_ref().map(|t| t.vocab_size()),
-    );
+    )
+    .with_moe(m.moe.as_ref());
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());
@@ -52,6 +54,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let dt: Vec<String> = s.dtypes.iter().map(|(k, v)| format!("{k}: {v}")).collect();
     println!("dtypes       {}", dt.join(", "));
     println!("tensors      {}", s.tensors.len());
+    if let Some(moe) = &s.moe {
+        print_moe(moe);
+    }
     match s.tokenizer_vocab {
         Some(v) => println!("tokenizer    {v} tokens"),
         None => println!("tokenizer    none found"),
@@ -62,4 +67,62 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `[a, b, c]` with runs of equal entries written once as `a x N`.
+fn runs<T: PartialEq>(v: &[T], show: impl Fn(&T) -> String) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i + 1;
+        while j < v.len() && v[j] == v[i] {
+            j += 1;
+        }
+        let n = j - i;
+        parts.push(if n > 1 { format!("{} x{n}", show(&v[i])) } else { show(&v[i]) });
+        i = j;
+    }
+    format!("[{}]", parts.join(", "))
+}
+
+/// The MoE lines of the text output.
+fn print_moe(m: &MoeSummary) {
+    let opt = |x: &Option<usize>| x.map(|v| v.to_string()).unwrap_or_else(|| "dense".into());
+    match m.layout {
+        Layout::Mixtral => println!("moe layout   mixtral (MixtralForCausalLM)"),
+        Layout::Studio => println!(
+            "moe layout   moe_studio (transformers cannot load it: {})",
+            m.studio_reason.as_deref().unwrap_or("studio-only features")
+        ),
+    }
+    let moe_layers = m.experts_per_layer.iter().filter(|e| e.is_some()).count();
+    println!(
+        "experts      {} per layer ({} of {} layers MoE, {} experts in all)",
+        runs(&m.experts_per_layer, opt),
+        moe_layers,
+        m.experts_per_layer.len(),
+        m.experts_per_layer.iter().flatten().sum::<usize>()
+    );
+    println!("top-k        {} per layer", runs(&m.top_k_per_layer, opt));
+    let frozen = |f: &Vec<usize>| {
+        if f.is_empty() {
+            "none".to_string()
+        } else {
+            format!("{f:?}")
+        }
+    };
+    println!("frozen       {} per layer", runs(&m.frozen_experts, frozen));
+    let biased = m.router_bias.iter().filter(|&&b| b).count();
+    println!("router bias  {}", if biased == 0 { "no".to_string() } else { format!("yes ({biased} layers)") });
+    let temps: Vec<Option<String>> = m.temperature_per_layer.iter().map(|t| t.map(|t| format!("{t}"))).collect();
+    if temps.iter().flatten().any(|t| t != "1") {
+        println!("temperature  {} per layer", runs(&temps, |t| t.clone().unwrap_or_else(|| "dense".into())));
+    }
+    println!(
+        "moe params   {} total ({:.2} M), {} active per token ({:.2} M)",
+        m.total_parameters,
+        m.total_parameters as f64 / 1e6,
+        m.active_parameters_per_token,
+        m.active_parameters_per_token as f64 / 1e6
+    );
 }

@@ -90,7 +90,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
     match cli.command {
         Command::Inspect(a) => inspect::run(a),
-        Command::Generate(a) => backend::run(&cli.backend, a),
+        Command::Generate(a) => {
+            // Bad sampling flags fail before the backend is chosen or the model read.
+            a.validate()?;
+            backend::run(&cli.backend, a)
+        }
         Command::Perplexity(a) => backend::run(&cli.backend, a),
         Command::Convert(a) => convert::run(a),
         Command::Upcycle(a) => backend::run(&cli.backend, a),

@@ -7,10 +7,13 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
+use moe_shared::config::MoeConfig;
+use moe_shared::methods::output::choose_layout;
 use moe_shared::methods::route::{
     collect_stats, empty_stats, pack_sequences, routed_config, routing_accuracy, set_routers, solve_all,
     stats_to_safetensors, write_routed, RouteOptions,
 };
+use moe_shared::methods::Layout;
 use moe_shared::model::load_model;
 
 use super::backend::WithBackend;
@@ -160,10 +163,13 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     let routers = solve_all(&stats, opts.lambda)?;
     set_routers(&mut model, &routers, opts.top_k, opts.temperature);
     let acc = routing_accuracy(&model, new_idx, &domain.heldout, a.eval_tokens);
+    let routed = routed_config(&plan.moe, &opts);
+    let (layout, warnings) = layout_warnings(&m.config, &routed);
     let report = serde_json::json!({
         "model": m.path, "added_domain": domain.name, "added_from": dense_path.display().to_string(),
         "domains": names, "new_domain_tokens": n, "options": opts,
         "new_domain_accuracy_per_layer": acc, "new_domain_mean_accuracy": mean(&acc),
+        "layout": layout, "warnings": warnings,
         "seconds": t0.elapsed().as_secs_f64(),
     });
     let mut extra = vec![("ridge_stats.safetensors", stats_to_safetensors(&stats, &names)?)];
@@ -171,9 +177,11 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     if let Some(t) = tok.to_hf_json() {
         extra.push(("tokenizer.json", t.into_bytes()));
     }
-    let routed = routed_config(&plan.moe, &opts);
     let provenance = serde_json::json!({"method": "dume-ridge-router-add-expert", "source": m.path, "added": dense_path.display().to_string()});
     write_routed(grown.source.as_ref(), &m.config, &routed, &routers, &a.out, extra, provenance)?;
+    for w in &warnings {
+        eprintln!("warning: {w}");
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -186,6 +194,30 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The layout `routed` will be written in on `base`, and the warnings to
+/// print when it is the studio layout (transformers cannot load it); when
+/// the router bias is what blocks the Mixtral layout, the warning points to
+/// `--no-bias`.
+fn layout_warnings(base: &moe_shared::config::ModelConfig, routed: &MoeConfig) -> (Layout, Vec<String>) {
+    let choice = choose_layout(base, routed);
+    let Some(reason) = choice.reason else { return (choice.layout, Vec::new()) };
+    let mut unbiased = routed.clone();
+    for s in unbiased.layers.iter_mut().flatten() {
+        s.router_bias = false;
+    }
+    let hint = if routed.layers.iter().flatten().any(|s| s.router_bias) && unbiased.mixtral_blocker(base).is_none() {
+        "; pass --no-bias to solve without the bias column and get the Mixtral layout (MixtralForCausalLM loads it)"
+    } else {
+        ""
+    };
+    (
+        choice.layout,
+        vec![format!(
+            "written in the studio layout (model_type: moe_studio), which transformers cannot load, because {reason}{hint}"
+        )],
+    )
 }
 
 fn mean(v: &[Option<f64>]) -> f64 {
@@ -266,6 +298,7 @@ impl WithBackend for Args {
         let names: Vec<String> = domains.iter().map(|d| d.name.clone()).collect();
         let stats_bytes = stats_to_safetensors(&stats, &names)?;
         let routed = routed_config(&moe, &opts);
+        let (layout, warnings) = layout_warnings(&m.config, &routed);
         let report = serde_json::json!({
             "model": m.path,
             "domains": names,
@@ -276,6 +309,8 @@ impl WithBackend for Args {
             "mean_accuracy_per_domain": accuracy.iter().map(|a| mean(a)).collect::<Vec<_>>(),
             "condition_number_per_layer": cond,
             "lambda_sweep": sweep,
+            "layout": layout,
+            "warnings": warnings,
         });
         let provenance = serde_json::json!({"method": "dume-ridge-router", "source": m.path, "domains": names, "lambda": opts.lambda});
         let mut extra = vec![("ridge_stats.safetensors", stats_bytes)];
@@ -287,6 +322,9 @@ impl WithBackend for Args {
         let mut report = report;
         report["seconds"] = t0.elapsed().as_secs_f64().into();
         report["out"] = a.out.display().to_string().into();
+        for w in &warnings {
+            eprintln!("warning: {w}");
+        }
         if a.json {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {

@@ -70,7 +70,8 @@ pub fn summarise(dir: &Path, entry: &str, name: &str) -> Result<ModelSummary, St
         e.to_string().replace(&dir.display().to_string(), name)
     })?;
     let mut s =
-        ModelSummary::new(name, m.format, &m.config, m.source.as_ref(), m.tokenizer.as_ref().map(|t| t.vocab_size()));
+        ModelSummary::new(name, m.format, &m.config, m.source.as_ref(), m.tokenizer.as_ref().map(|t| t.vocab_size()))
+            .with_moe(m.moe.as_ref());
     s.path = if entry.is_empty() { name.to_string() } else { format!("{name}/{entry}") };
     Ok(s)
 }

@@ -89,8 +89,59 @@ pub fn from_llama2c_bytes(bytes: Bytes, file_name: &str, tokenizer: Option<(&[u8
     })
 }
 
+/// The model files of a directory without `config.json`: `.gguf` files and
+/// llama2.c `.bin` files other than tokenizers (`tok*.bin`,
+/// `tokenizer.bin`), sorted by name.
+#[cfg(not(target_arch = "wasm32"))]
+fn single_file_candidates(dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>> {
+    let rd = std::fs::read_dir(dir).map_err(|e| StudioError::io(dir.display(), e))?;
+    let mut out = Vec::new();
+    for entry in rd {
+        let p = entry.map_err(|e| StudioError::io(dir.display(), e))?.path();
+        if !p.is_file() {
+            continue;
+        }
+        let file = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
+        let tokenizer = file.starts_with("tok") && ext == "bin";
+        if ext == "gguf" || (ext == "bin" && !tokenizer) {
+            out.push(p);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// A directory without `config.json`: opens its one `.gguf` or llama2.c
+/// `.bin` (the tokenizer beside it as for the file), else says what was
+/// found.
+#[cfg(not(target_arch = "wasm32"))]
+fn open_single_file_dir(dir: &std::path::Path, cfg_path: &std::path::Path) -> Result<LoadedModel> {
+    let found = single_file_candidates(dir)?;
+    match found.as_slice() {
+        [one] => open_model(one),
+        [] => Err(StudioError::config(
+            cfg_path.display(),
+            "not found: a model directory needs config.json (Hugging Face layout) or exactly one .gguf or \
+             llama2.c .bin file (tok*.bin / tokenizer.bin are tokenizers)",
+        )),
+        many => Err(StudioError::config(
+            dir.display(),
+            format!(
+                "no config.json and {} model files ({}): pass the file to open",
+                many.len(),
+                many.iter()
+                    .map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+    }
+}
+
 /// Opens a model from a path (native only): a directory in Hugging Face
-/// layout, a `.gguf` file or a llama2.c `.bin`.
+/// layout (or one holding a single `.gguf` / llama2.c `.bin` and no
+/// `config.json`), a `.gguf` file or a llama2.c `.bin`.
 ///
 /// # Errors
 /// [`StudioError::Io`] for a missing path, [`StudioError::Config`] for an
@@ -106,6 +157,9 @@ pub fn open_model(path: &std::path::Path) -> Result<LoadedModel> {
     }
     if path.is_dir() {
         let cfg_path = path.join("config.json");
+        if !cfg_path.exists() {
+            return open_single_file_dir(path, &cfg_path);
+        }
         let raw = std::fs::read(&cfg_path).map_err(|e| StudioError::io(cfg_path.display(), e))?;
         let cfg_name = cfg_path.display().to_string();
         let (config, moe) = match MoeConfig::from_config_json(&raw, &cfg_name)? {

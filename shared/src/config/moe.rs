@@ -149,6 +149,17 @@ impl MoeConfig {
         n
     }
 
+    /// Parameters one token uses in the MoE model built on `base`: every
+    /// parameter except the experts top-k routing leaves out, i.e.
+    /// [`MoeConfig::num_parameters`] minus `(E_l - k_l)` FFNs per MoE layer
+    /// (embeddings, attention, norms, routers and the LM head all count, as
+    /// in Mixtral's "active parameters").
+    pub fn num_active_parameters(&self, base: &ModelConfig) -> usize {
+        let ffn = 3 * base.hidden_size * base.intermediate_size;
+        let idle: usize = self.layers.iter().flatten().map(|s| s.num_experts.saturating_sub(s.top_k) * ffn).sum();
+        self.num_parameters(base) - idle
+    }
+
     /// `config.json` for this layout (Mixtral when possible, else studio).
     pub fn to_config_json(&self, base: &ModelConfig) -> serde_json::Value {
         let mut v = base.to_config_json(None);

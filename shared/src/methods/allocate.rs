@@ -10,7 +10,12 @@
 //!   in exact integer arithmetic. When `S_max == S_min` every layer gets
 //!   `E_min` (every non-zero layer is an `S_min` layer, which the formula
 //!   maps to `E_min`).
-//! - Uniform: the same count in every layer.
+//! - Uniform: the same count in every layer. By default the count that
+//!   matches NeuronMoE's expert budget ([`budget_matched_uniform`]:
+//!   `round(sum E_l / L)`, clamped to `[E_min, E_max]`), so the two differ
+//!   only in where the experts go — methods.md's claim is "cut the added
+//!   parameters ... at equal quality", which is a comparison at a matched
+//!   (or stated) budget; an explicit count can still be given.
 //! - LayerMoE-style (after LayerMoE, "Less, but Better", ACL 2025): per
 //!   layer, the mean cosine similarity between each new language's and each
 //!   original language's mean hidden state ([`layermoe_similarity`]); more
@@ -79,6 +84,20 @@ pub fn neuronmoe_allocation(counts: &[usize], range: ExpertRange) -> Result<Vec<
 /// layers.
 pub fn uniform_allocation(num_layers: usize, experts: usize) -> Vec<usize> {
     vec![experts; num_layers]
+}
+
+/// The per-layer count of the uniform baseline with NeuronMoE's budget:
+/// the total of `neuronmoe` spread evenly, `round(total / L)` (halves
+/// round up), clamped to `range` (`E_min` for no layers). The totals are
+/// equal whenever `L` divides the NeuronMoE total, else as close as one
+/// count per layer allows.
+pub fn budget_matched_uniform(neuronmoe: &[usize], range: ExpertRange) -> usize {
+    let layers = neuronmoe.len();
+    if layers == 0 {
+        return range.min;
+    }
+    let total: usize = neuronmoe.iter().sum();
+    ((2 * total + layers) / (2 * layers)).clamp(range.min, range.max)
 }
 
 /// The LayerMoE-style allocation from per-layer similarities (higher = more
@@ -243,7 +262,8 @@ impl AllocationComparison {
 /// Computes all three allocations from a neurons report.
 ///
 /// `new` overrides the report's new languages (the union is recomputed);
-/// `uniform` is the per-layer count of the uniform baseline.
+/// `uniform` is the per-layer count of the uniform baseline; `None` gives
+/// NeuronMoE's budget ([`budget_matched_uniform`]).
 ///
 /// # Errors
 /// As [`ExpertRange::new`] and [`union_counts`].
@@ -251,7 +271,7 @@ pub fn compare_allocations(
     report: &NeuronReport,
     new: Option<&[String]>,
     range: ExpertRange,
-    uniform: usize,
+    uniform: Option<usize>,
 ) -> Result<AllocationComparison> {
     let range = ExpertRange::new(range.min, range.max)?;
     let new: Vec<String> = new.map(<[String]>::to_vec).unwrap_or_else(|| report.new_languages.clone());
@@ -269,7 +289,7 @@ pub fn compare_allocations(
         range,
         new_languages: new,
         original_languages: original,
-        uniform: uniform_allocation(counts.len(), uniform),
+        uniform: uniform_allocation(counts.len(), uniform.unwrap_or_else(|| budget_matched_uniform(&neuronmoe, range))),
         specific_counts: counts,
         neuronmoe,
         layermoe_similarity: sim,
@@ -334,5 +354,20 @@ mod tests {
         let e = layermoe_similarity(&sim, &["en".into(), "hu".into(), "el".into()]).unwrap_err().to_string();
         assert!(e.contains("every analysed language"), "{e}");
         assert!(layermoe_similarity(&sim, &["xx".into()]).is_err());
+    }
+
+    #[test]
+    fn uniform_default_matches_the_neuronmoe_budget() {
+        // The reported case: NeuronMoE adds 10 experts over 5 layers; the
+        // uniform baseline must add 10 too (2 per layer), not 3 per layer.
+        assert_eq!(budget_matched_uniform(&[1, 1, 1, 1, 6], r(1, 6)), 2);
+        assert_eq!(uniform_allocation(5, budget_matched_uniform(&[1, 1, 1, 1, 6], r(1, 6))).iter().sum::<usize>(), 10);
+        // Not divisible: the nearest count (11 / 5 = 2.2 -> 2, 13 / 5 = 2.6 -> 3, 2.5 -> 3).
+        assert_eq!(budget_matched_uniform(&[1, 1, 1, 2, 6], r(1, 6)), 2);
+        assert_eq!(budget_matched_uniform(&[1, 1, 3, 2, 6], r(1, 6)), 3);
+        assert_eq!(budget_matched_uniform(&[2, 3], r(1, 6)), 3);
+        // Clamped to the range; no layers gives E_min.
+        assert_eq!(budget_matched_uniform(&[1, 1], r(2, 6)), 2);
+        assert_eq!(budget_matched_uniform(&[], r(1, 6)), 1);
     }
 }

@@ -2,7 +2,7 @@
 //! the choice of on-disk layout, the router temperature folding, the
 //! tensor plan with output dtypes, `config.json`, and the report.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::moe_plan::{moe_tensor_plan, MoeTensor, Origin};
 use crate::checkpoint::{DType, PlannedTensor, TensorSource};
@@ -10,7 +10,7 @@ use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
 
 /// The on-disk form of an MoE checkpoint (see `config::moe`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Layout {
     /// transformers' `MixtralForCausalLM` layout.
     #[serde(rename = "mixtral")]

@@ -331,7 +331,7 @@ fn report_round_trips_and_allocates() {
     // Union of b and c with bottom-N: distinct, at most 2 * 2 * 40.
     let s: Vec<usize> = report.union_counts.iter().map(|c| c.total).collect();
     assert!(s.iter().sum::<usize>() <= 160 && s.iter().sum::<usize>() >= 40);
-    let cmp = compare_allocations(&report, None, ExpertRange::new(1, 6).unwrap(), 3).unwrap();
+    let cmp = compare_allocations(&report, None, ExpertRange::new(1, 6).unwrap(), Some(3)).unwrap();
     assert_eq!(cmp.neuronmoe, neuronmoe_allocation(&s, ExpertRange::new(1, 6).unwrap()).unwrap());
     assert_eq!(cmp.original_languages, vec!["a".to_string()]);
     assert_eq!(cmp.layermoe.as_ref().unwrap().len(), 2);
@@ -343,9 +343,14 @@ fn report_round_trips_and_allocates() {
         let new = cmp.get(m).unwrap();
         assert_eq!(totals, new.iter().map(|&e| Some(e + 1)).collect::<Vec<_>>(), "{m:?}");
     }
+    // Without an explicit count the uniform baseline has NeuronMoE's budget.
+    let cmp = compare_allocations(&report, None, ExpertRange::new(1, 6).unwrap(), None).unwrap();
+    let total: usize = cmp.neuronmoe.iter().sum();
+    let per = ((2 * total + 2) / 4).clamp(1, 6);
+    assert_eq!(cmp.uniform, vec![per; 2], "neuronmoe {:?}", cmp.neuronmoe);
     // Every language new: no LayerMoE baseline, a clear error.
     let all: Vec<String> = vec!["a".into(), "b".into(), "c".into()];
-    let cmp = compare_allocations(&report, Some(&all), ExpertRange::new(1, 6).unwrap(), 3).unwrap();
+    let cmp = compare_allocations(&report, Some(&all), ExpertRange::new(1, 6).unwrap(), Some(3)).unwrap();
     let e = cmp.file(AllocationMethod::LayerMoe).unwrap_err().to_string();
     assert!(e.contains("original"), "{e}");
 }

@@ -115,3 +115,37 @@ fn llama2c_vocabulary_is_compatible_with_its_converted_tokenizer() {
     let w = check_tokenizer("bin", Some(&tok), "old", Some(&old)).unwrap();
     assert!(w.is_some_and(|w| w.contains("share their vocabulary")));
 }
+
+/// A directory without config.json opens its one llama2.c `.bin` (the
+/// `tok*.bin` beside it is a tokenizer, not a candidate); with two
+/// candidates the error lists them; with none it asks for config.json.
+#[test]
+fn directory_without_config_opens_its_single_model_file() {
+    let Some(path) = common::data_file("models/stories260K/stories260K.bin") else {
+        return;
+    };
+    let dir = path.parent().unwrap();
+    let m = open_model(dir).unwrap();
+    assert_eq!(m.format, ModelFormat::Llama2c);
+    assert!(m.path.ends_with("stories260K.bin"), "{}", m.path);
+    assert_eq!(m.config.vocab_size, 512);
+    assert!(m.tokenizer.is_some(), "tok512.bin found beside the model");
+
+    let two = tempfile::tempdir().unwrap();
+    std::fs::copy(&path, two.path().join("a.bin")).unwrap();
+    std::fs::copy(&path, two.path().join("b.bin")).unwrap();
+    std::fs::copy(dir.join("tok512.bin"), two.path().join("tok512.bin")).unwrap();
+    std::fs::write(two.path().join("c.gguf"), b"GGUF").unwrap();
+    let e = open_model(two.path()).expect_err("several candidates").to_string();
+    assert!(e.contains("a.bin, b.bin, c.gguf") && !e.contains("tok512"), "{e}");
+
+    std::fs::remove_file(two.path().join("b.bin")).unwrap();
+    std::fs::remove_file(two.path().join("c.gguf")).unwrap();
+    let m = open_model(two.path()).unwrap();
+    assert!(m.path.ends_with("a.bin") && m.tokenizer.is_some(), "{}", m.path);
+
+    let none = tempfile::tempdir().unwrap();
+    std::fs::write(none.path().join("tokenizer.bin"), b"x").unwrap();
+    let e = open_model(none.path()).expect_err("no candidate").to_string();
+    assert!(e.contains("config.json") && e.contains("exactly one"), "{e}");
+}

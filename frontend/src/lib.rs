@@ -60,15 +60,21 @@ pub fn format_bytes(n: u64) -> String {
     }
 }
 
-/// One-line description of a dense model for the model picker, e.g.
-/// `llama · 30 layers · d=576 · 134.5M params`.
-pub fn summary_line(c: &moe_shared::config::ModelConfig) -> String {
+/// One-line description of a model for the model picker, e.g.
+/// `llama · 30 layers · d=576 · 134.5M params`; an MoE counts all its
+/// experts and adds the parameters active per token
+/// (`· 756.7K params (426.4K active per token)`).
+pub fn summary_line(c: &moe_shared::config::ModelConfig, moe: Option<&moe_shared::config::MoeConfig>) -> String {
+    let active = match moe {
+        Some(m) => format!(" ({} active per token)", format_params(load::active_params_u64(c, Some(m)))),
+        None => String::new(),
+    };
     format!(
-        "{} · {} layers · d={} · {} params",
+        "{} · {} layers · d={} · {} params{active}",
         c.architecture.model_type(),
         c.num_layers,
         c.hidden_size,
-        format_params(load::params_u64(c, None))
+        format_params(load::params_u64(c, moe))
     )
 }
 

@@ -38,6 +38,30 @@ pub fn params_u64(c: &ModelConfig, moe: Option<&MoeConfig>) -> u64 {
     n
 }
 
+/// Parameters one token uses: the dense part plus, per MoE layer, its
+/// `top_k` experts (not all of them) and the router (as model cards give
+/// "active parameters"). Equals [`params_u64`] for a dense model.
+pub fn active_params_u64(c: &ModelConfig, moe: Option<&MoeConfig>) -> u64 {
+    let d = c.hidden_size as u64;
+    let ffn = 3 * d * c.intermediate_size as u64;
+    let mut n = params_u64(c, None);
+    for s in moe.iter().flat_map(|m| m.layers.iter().flatten()) {
+        let (e, k) = (s.num_experts as u64, s.top_k.min(s.num_experts) as u64);
+        n += k.saturating_sub(1) * ffn + e * d + if s.router_bias { e } else { 0 };
+    }
+    n
+}
+
+/// The Load page's parameter cell: the total, and for an MoE the
+/// parameters active per token (`756.7K (426.4K active per token)`).
+pub fn params_label(c: &ModelConfig, moe: Option<&MoeConfig>) -> String {
+    let total = crate::format_params(params_u64(c, moe));
+    match moe {
+        Some(m) => format!("{total} ({} active per token)", crate::format_params(active_params_u64(c, Some(m)))),
+        None => total,
+    }
+}
+
 /// Refuses a model whose f32 weights would not fit the tab.
 ///
 /// # Errors
@@ -59,6 +83,13 @@ pub fn check_fits(name: &str, config: &ModelConfig, moe: Option<&MoeConfig>) -> 
 
 fn ext(name: &str) -> String {
     name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default()
+}
+
+/// A llama2.c vocabulary file name (`tok512.bin`, `tokenizer.bin`), as the
+/// CLI and the server tell it from the checkpoint beside it.
+pub fn is_vocab_bin(name: &str) -> bool {
+    let base = name.rsplit(['/', '\\']).next().unwrap_or(name).to_ascii_lowercase();
+    base.ends_with(".bin") && base.starts_with("tok")
 }
 
 fn err(e: moe_shared::StudioError) -> String {
@@ -102,8 +133,10 @@ pub fn model_from_files(files: Vec<PickedFile>) -> Result<(String, LoadedModel, 
     if bins.is_empty() {
         return Err("no model file: choose a .gguf, a llama2.c .bin or .safetensors files".into());
     }
-    // The checkpoint is the largest .bin; a second one is its tokenizer.
-    bins.sort_by_key(|f| std::cmp::Reverse(f.bytes.len()));
+    // As the CLI: the vocabulary is `tok*.bin` / `tokenizer.bin`, the
+    // checkpoint the other `.bin` (by size only when the names do not tell:
+    // a truncated checkpoint can be smaller than its vocabulary).
+    bins.sort_by_key(|f| (is_vocab_bin(&f.name), std::cmp::Reverse(f.bytes.len())));
     let model = bins.remove(0);
     let tok = bins.first().map(|t| (t.bytes.as_slice(), t.name.as_str()));
     let m = from_llama2c_bytes(Bytes::from_vec(model.bytes), &model.name, tok).map_err(err)?;
@@ -234,6 +267,50 @@ mod tests {
             "num_hidden_layers":3,"num_attention_heads":4,"num_key_value_heads":2}"#;
         let c = HfConfig::from_json(cfg, "c").unwrap().to_model_config("c").unwrap();
         assert_eq!(params_u64(&c, None), c.num_parameters() as u64);
+    }
+
+    /// stories260K's shape (dim 64, FFN 172, 5 layers, 8/4 heads, vocab 512).
+    fn stories260k() -> ModelConfig {
+        let cfg = br#"{"model_type":"llama","vocab_size":512,"hidden_size":64,"intermediate_size":172,
+            "num_hidden_layers":5,"num_attention_heads":8,"num_key_value_heads":4,"tie_word_embeddings":true}"#;
+        HfConfig::from_json(cfg, "c").unwrap().to_model_config("c").unwrap()
+    }
+
+    #[test]
+    fn an_moe_counts_all_its_experts_and_its_active_ones() {
+        use moe_shared::config::MoeLayerSpec;
+        let c = stories260k();
+        let spec = MoeLayerSpec { num_experts: 4, top_k: 2, frozen: vec![0], router_bias: false, temperature: 1.0 };
+        let moe = MoeConfig::uniform(c.num_layers, spec);
+        // The count the CLI's upcycle report prints (shared).
+        assert_eq!(params_u64(&c, Some(&moe)), moe.num_parameters(&c) as u64);
+        assert_eq!(crate::format_params(params_u64(&c, None)), "260.0K");
+        // Per token: the dense model + one more expert FFN and the router per layer.
+        let ffn = 3 * 64 * 172;
+        assert_eq!(active_params_u64(&c, Some(&moe)), c.num_parameters() as u64 + 5 * (ffn + 4 * 64));
+        assert_eq!(params_label(&c, Some(&moe)), "756.7K (426.4K active per token)");
+        assert_eq!(params_label(&c, None), "260.0K");
+        // The "loaded ..." line and the model pickers count the same way.
+        assert_eq!(
+            crate::summary_line(&c, Some(&moe)),
+            "llama · 5 layers · d=64 · 756.7K params (426.4K active per token)"
+        );
+        assert_eq!(crate::summary_line(&c, None), "llama · 5 layers · d=64 · 260.0K params");
+        assert_eq!(active_params_u64(&c, None), params_u64(&c, None));
+    }
+
+    #[test]
+    fn the_llama2c_checkpoint_is_told_by_name_not_size() {
+        assert!(is_vocab_bin("tok512.bin") && is_vocab_bin("tokenizer.bin") && is_vocab_bin("dir/Tok4096.bin"));
+        assert!(!is_vocab_bin("tr.bin") && !is_vocab_bin("stories260K.bin"));
+        // A truncated checkpoint smaller than its vocabulary: the error names the checkpoint.
+        let files = vec![
+            PickedFile { name: "tok512.bin".into(), bytes: vec![0; 6000] },
+            PickedFile { name: "tr.bin".into(), bytes: vec![0; 40] },
+        ];
+        let e = model_from_files(files).unwrap_err();
+        assert!(e.starts_with("tr.bin"), "{e}");
+        assert!(!e.contains("tok512.bin"), "{e}");
     }
 
     #[test]

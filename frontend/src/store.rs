@@ -194,7 +194,7 @@ pub fn model_choices() -> Vec<(ModelRef, String, bool)> {
         let inputs = s.live_inputs().map(|(i, m)| {
             (
                 ModelRef::Input(i),
-                format!("{} — {}", m.name, crate::summary_line(&m.model.config)),
+                format!("{} — {}", m.name, crate::summary_line(&m.model.config, m.model.moe.as_ref())),
                 m.model.moe.is_some(),
             )
         });

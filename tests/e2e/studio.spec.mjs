@@ -109,6 +109,9 @@ export async function run({ context, url, work, shots, out, check, log }) {
   // ---- Upcycle (2 experts, top-2, expert 0 frozen) + logits check.
   await tab('upcycle');
   await tid('upcycle-model').selectOption('i0');
+  await tid('upcycle-experts').fill('65');
+  const e65 = await text('upcycle-error-experts');
+  check(e65.includes('at most 64'), `65 experts -> refused next to the field (${e65})`);
   await tid('upcycle-experts').fill('2');
   await tid('param-counts').waitFor();
   const t0 = Date.now();
@@ -121,6 +124,11 @@ export async function run({ context, url, work, shots, out, check, log }) {
   results.logits_max_abs_diff = diff;
   check(diff < 1e-4, `logits check passes: max |dense - MoE| = ${diff}`);
   await shot('upcycle');
+  // The Load page counts the MoE's parameters (stories260K, 2 experts in 5 layers), not the dense ones.
+  await tab('load');
+  const params = await text('params-a0');
+  results.upcycled_params = params;
+  check(params.startsWith('425.8K'), `Load page: the upcycled MoE has 425.8K parameters (${params})`);
 
   // ---- Ridge router on two corpora (expert 0 = en, expert 1 = hu).
   await tab('moerge');
@@ -197,7 +205,8 @@ export async function run({ context, url, work, shots, out, check, log }) {
   await tid('inspect-model').selectOption('a1');
   await tid('inspect-layer').fill('3');
   await tid('inspect-run').click();
-  await tid('inspect-tokens').waitFor();
+  const toks = await text('inspect-tokens');
+  check(toks.startsWith('Once upon a time there was') && !toks.includes('\uFFFD'), `Inspect shows the tokens with their spaces (${toks.slice(0, 40)}...)`);
   await shot('inspect');
 
   // ---- Neurons on the dense model.

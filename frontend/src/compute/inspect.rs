@@ -1,7 +1,10 @@
 //! The teaching view: which expert each token goes to at one layer, and the
 //! load per expert.
 
+use std::ops::Range;
+
 use moe_shared::model::{ForwardOptions, Trace};
+use moe_shared::tokenizer::Tokenizer;
 
 use super::{cpu_model, encode, tokens};
 use crate::store::Picked;
@@ -10,8 +13,10 @@ use crate::Cpu;
 /// Routing of a text at one layer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Inspection {
-    /// `(token text, top-1 expert)` per token.
-    pub tokens: Vec<(String, usize)>,
+    /// The text as the tokenizer decodes it, one span per token (with its
+    /// leading space), or per group of byte tokens that together make one
+    /// character: `(text, top-1 expert of each token in the span)`.
+    pub tokens: Vec<(String, Vec<usize>)>,
     /// Experts of the layer.
     pub experts: usize,
     /// Fraction of routed slots (top-k) per expert.
@@ -44,10 +49,9 @@ pub fn inspect(src: &Picked, text: &str, layer: usize) -> Result<Inspection, Str
     let _ = model.forward_hidden_with(tokens(&ids), None, ForwardOptions::default(), Some(&mut trace));
     let r = trace.routing.get(layer).and_then(|r| r.as_ref()).ok_or("no routing recorded for this layer")?;
     let tok = m.tokenizer.as_ref().ok_or("no tokenizer")?;
-    let toks = ids
-        .iter()
-        .enumerate()
-        .map(|(t, &id)| (tok.decode(&[id]).unwrap_or_else(|_| format!("<{id}>")), r.chosen[t * r.top_k] as usize))
+    let toks = token_spans(tok, &ids)
+        .into_iter()
+        .map(|(text, span)| (text, span.map(|t| r.chosen[t * r.top_k] as usize).collect()))
         .collect();
     let total = r.counts.iter().sum::<usize>().max(1) as f64;
     Ok(Inspection {
@@ -56,4 +60,121 @@ pub fn inspect(src: &Picked, text: &str, layer: usize) -> Result<Inspection, Str
         load: r.counts.iter().map(|&c| c as f64 / total).collect(),
         moe_layers,
     })
+}
+
+/// The text of each token as it reads in the decoded text: the tokenizer's
+/// own decode of the ids up to and including the token, minus that of the
+/// ids before it (so a token keeps its leading space, which decoding one
+/// token alone strips). Byte-fallback tokens (`<0xE2>` ...) that only
+/// together form one UTF-8 character are one span (up to 4 tokens); a byte
+/// that forms no character stays `\u{FFFD}`.
+pub fn token_spans(tok: &Tokenizer, ids: &[u32]) -> Vec<(String, Range<usize>)> {
+    const PARTIAL: char = char::REPLACEMENT_CHARACTER;
+    let dec = |r: &[u32]| tok.decode(r).unwrap_or_default();
+    let mut out = Vec::new();
+    let mut prefix = String::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let mut end = i + 1;
+        let mut full = dec(&ids[..end]);
+        if full.ends_with(PARTIAL) {
+            // The following tokens complete the character only when they
+            // are byte pieces themselves (each decodes to U+FFFD alone).
+            for j in i + 2..=(i + 4).min(ids.len()) {
+                if !dec(&ids[j - 1..j]).contains(PARTIAL) {
+                    break;
+                }
+                let f = dec(&ids[..j]);
+                if !f.ends_with(PARTIAL) {
+                    (end, full) = (j, f);
+                    break;
+                }
+            }
+        }
+        let text = match full.strip_prefix(prefix.as_str()) {
+            Some(t) => t.to_string(),
+            None => dec(&ids[i..end]),
+        };
+        let text = if text.is_empty() { format!("<{}>", ids[i]) } else { text };
+        out.push((text, i..end));
+        prefix = full;
+        i = end;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moe_shared::tokenizer::Llama2cTokenizer;
+
+    /// A llama2.c vocabulary: <unk> <s> </s>, the 256 byte pieces, then
+    /// `words` (scores rising, so longer merges win as their order says).
+    fn vocab(words: &[&str]) -> Tokenizer {
+        let mut pieces: Vec<Vec<u8>> = vec![b"<unk>".to_vec(), b"<s>".to_vec(), b"</s>".to_vec()];
+        pieces.extend((0..=255u8).map(|b| format!("<0x{b:02X}>").into_bytes()));
+        pieces.extend(words.iter().map(|w| w.as_bytes().to_vec()));
+        let mut bytes = 16i32.to_le_bytes().to_vec();
+        for (i, p) in pieces.iter().enumerate() {
+            bytes.extend((i as f32).to_le_bytes());
+            bytes.extend((p.len() as i32).to_le_bytes());
+            bytes.extend(p);
+        }
+        Tokenizer::Llama2c(Llama2cTokenizer::parse(&bytes, pieces.len(), "tok.bin").unwrap())
+    }
+
+    fn texts(tok: &Tokenizer, text: &str) -> Vec<String> {
+        let ids = tok.encode(text, false).unwrap();
+        let spans = token_spans(tok, &ids);
+        // The spans cover every token once, in order.
+        assert_eq!(spans.iter().map(|(_, r)| r.len()).sum::<usize>(), ids.len());
+        spans.into_iter().map(|(t, _)| t).collect()
+    }
+
+    #[test]
+    fn tokens_keep_their_leading_space() {
+        let tok = vocab(&[
+            " ", "O", "n", "c", "e", "a", "d", "o", "g", ".", "On", "Onc", "Once", " Once", " a", "do", "dog", " dog",
+        ]);
+        let t = texts(&tok, "Once a dog.");
+        assert_eq!(t, ["Once", " a", " dog", "."]);
+        assert_eq!(t.concat(), tok.decode(&tok.encode("Once a dog.", false).unwrap()).unwrap());
+    }
+
+    #[test]
+    fn split_characters_are_one_span() {
+        // No piece for "á" (C3 A1) or "ő" (C5 91): byte fallback.
+        let tok = vocab(&[" ", "r", "v", "z", " z"]);
+        let ids = tok.encode("zárvő z", false).unwrap();
+        let spans = token_spans(&tok, &ids);
+        let t: Vec<&str> = spans.iter().map(|(t, _)| t.as_str()).collect();
+        assert_eq!(t.concat(), "zárvő z");
+        assert!(t.contains(&"ő"), "{t:?}");
+        let o = spans.iter().find(|(t, _)| t == "ő").unwrap();
+        assert_eq!(o.1.len(), 2, "two byte tokens");
+        assert!(!t.iter().any(|t| t.contains(char::REPLACEMENT_CHARACTER)), "{t:?}");
+        // A lone byte that forms no character stays one replacement glyph per token.
+        let lone = token_spans(&tok, &[3 + 0xC5, 3 + b'r' as u32]);
+        assert_eq!(lone.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>(), ["\u{FFFD}", "r"]);
+    }
+
+    /// The tester's text on the real stories260K vocabulary, when
+    /// `$MOE_STUDIO_DATA` has it (skipped otherwise).
+    #[test]
+    fn stories260k_reads_with_spaces_and_whole_characters() {
+        let dir = std::env::var("MOE_STUDIO_DATA").unwrap_or_else(|_| "../../shared/data".into());
+        let Ok(bytes) = std::fs::read(format!("{dir}/models/stories260K/tok512.bin")) else {
+            eprintln!("skipped: no stories260K in {dir}");
+            return;
+        };
+        let tok = Tokenizer::Llama2c(Llama2cTokenizer::parse(&bytes, 512, "tok512.bin").unwrap());
+        let text = "Once upon a time there was a dog. Egyszer volt egy árvíztűrő kutya.";
+        let t = texts(&tok, text);
+        assert_eq!(t.concat(), text, "{t:?}");
+        assert!(t.iter().any(|x| x.starts_with(' ')), "{t:?}");
+        for ch in ["á", "í", "ű", "ő"] {
+            assert!(t.iter().any(|x| x.contains(ch)), "{ch} in {t:?}");
+        }
+        assert!(!t.concat().contains(char::REPLACEMENT_CHARACTER));
+    }
 }

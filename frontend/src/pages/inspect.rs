@@ -9,6 +9,33 @@ use crate::components::model_select::{Filter, ModelSelect};
 use crate::compute::inspect::{inspect, Inspection};
 use crate::store::{pick, ModelRef};
 
+/// Background and tooltip of a token span: its expert's colour; a
+/// character split into byte tokens routed to different experts gets one
+/// stripe per byte token, and the tooltip names them.
+fn token_style(experts: &[usize]) -> (String, String) {
+    match experts {
+        [] => (String::new(), String::new()),
+        [e] => (format!("background:{}", color(*e)), format!("expert {e}")),
+        [first, rest @ ..] if rest.iter().all(|e| e == first) => (
+            format!("background:{}", color(*first)),
+            format!("expert {first} ({} byte tokens of one character)", experts.len()),
+        ),
+        _ => {
+            let n = experts.len() as f64;
+            let stops: Vec<String> = experts
+                .iter()
+                .enumerate()
+                .map(|(i, &e)| format!("{} {:.0}% {:.0}%", color(e), 100.0 * i as f64 / n, 100.0 * (i + 1) as f64 / n))
+                .collect();
+            let names: Vec<String> = experts.iter().map(usize::to_string).collect();
+            (
+                format!("background:linear-gradient(90deg, {})", stops.join(", ")),
+                format!("experts {} (byte tokens of one character)", names.join(" · ")),
+            )
+        }
+    }
+}
+
 /// The Inspect page.
 #[component]
 pub fn InspectPage() -> impl IntoView {
@@ -46,8 +73,9 @@ pub fn InspectPage() -> impl IntoView {
             let toks = r
                 .tokens
                 .iter()
-                .map(|(t, e)| {
-                    view! { <span class="tok" style=format!("background:{}", color(*e)) title=format!("expert {e}")>{t.clone()}</span> }
+                .map(|(t, experts)| {
+                    let (style, title) = token_style(experts);
+                    view! { <span class="tok" style=style title=title>{t.clone()}</span> }
                 })
                 .collect_view();
             // One series per expert (its own colour), one bar each.
@@ -78,5 +106,21 @@ pub fn InspectPage() -> impl IntoView {
         <button data-testid="inspect-run" on:click=run>"Route"</button>
         <MessageLine msg=msg id="inspect"/>
         {shown}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_split_character_shows_its_experts() {
+        assert_eq!(token_style(&[1]), (format!("background:{}", color(1)), "expert 1".into()));
+        let (bg, title) = token_style(&[1, 1]);
+        assert_eq!(bg, format!("background:{}", color(1)));
+        assert_eq!(title, "expert 1 (2 byte tokens of one character)");
+        let (bg, title) = token_style(&[0, 1]);
+        assert_eq!(bg, format!("background:linear-gradient(90deg, {} 0% 50%, {} 50% 100%)", color(0), color(1)));
+        assert_eq!(title, "experts 0 · 1 (byte tokens of one character)");
     }
 }

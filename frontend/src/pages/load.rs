@@ -8,7 +8,7 @@ use crate::store::{update_store, with_store, InputModel, ModelRef, Revision};
 use crate::web::read_files;
 
 fn add(rev: Revision, name: String, model: moe_shared::checkpoint::LoadedModel, bytes: u64) -> String {
-    let line = format!("loaded {name}: {}", crate::summary_line(&model.config));
+    let line = format!("loaded {name}: {}", crate::summary_line(&model.config, model.moe.as_ref()));
     update_store(rev, |s| {
         s.add_input(InputModel { name, model, file_bytes: bytes });
     });
@@ -84,7 +84,7 @@ pub fn LoadPage() -> impl IntoView {
                             <td><b>{m.name.clone()}</b></td>
                             <td>{kind}</td>
                             <td>{format!("{} · {} layers · d={} · FFN {} · vocab {}", c.architecture.model_type(), c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size)}</td>
-                            <td>{crate::format_params(crate::load::params_u64(c, None))}</td>
+                            <td data-testid=format!("params-i{i}")>{crate::load::params_label(c, m.model.moe.as_ref())}</td>
                             <td>{crate::format_bytes(m.file_bytes)}</td>
                             <td>{if m.model.tokenizer.is_some() { "yes" } else { "no" }}</td>
                             <td><button class="secondary" data-testid=format!("remove-i{i}") on:click=move |_| remove(ModelRef::Input(i))>"remove"</button></td>
@@ -103,6 +103,7 @@ pub fn LoadPage() -> impl IntoView {
                         <tr>
                             <td><b>{a.name.clone()}</b></td>
                             <td>{a.method}</td>
+                            <td data-testid=format!("params-a{i}")>{crate::load::params_label(&a.model.config, a.model.moe.as_ref())}</td>
                             <td>{crate::format_bytes(a.safetensors.len() as u64)}</td>
                             <td><button class="secondary" data-testid=format!("remove-a{i}") on:click=move |_| remove(ModelRef::Artifact(i))>"remove"</button></td>
                         </tr>
@@ -131,7 +132,7 @@ pub fn LoadPage() -> impl IntoView {
                 <ul class="small">
                     <li>"Hugging Face: " <code>"*.safetensors"</code> " + " <code>"config.json"</code> " + " <code>"tokenizer.json"</code></li>
                     <li>"GGUF: one " <code>".gguf"</code> " file (tokenizer inside)"</li>
-                    <li>"llama2.c: the " <code>".bin"</code> " checkpoint + its tokenizer " <code>".bin"</code></li>
+                    <li>"llama2.c: the " <code>".bin"</code> " checkpoint + its tokenizer " <code>"tok*.bin"</code> " / " <code>"tokenizer.bin"</code></li>
                 </ul>
                 <label>"name (optional) " <input type="text" placeholder="e.g. my-model-instruct" data-testid="model-name"
                     prop:value=move || custom_name.get() on:input=move |ev| custom_name.set(event_target_value(&ev))/></label>
@@ -147,7 +148,7 @@ pub fn LoadPage() -> impl IntoView {
         </table>
         <h3>"Checkpoints made in this tab"</h3>
         <table class="grid" data-testid="made-models">
-            <thead><tr><th>"name"</th><th>"made by"</th><th>"model.safetensors"</th><th></th></tr></thead>
+            <thead><tr><th>"name"</th><th>"made by"</th><th>"parameters"</th><th>"model.safetensors"</th><th></th></tr></thead>
             <tbody>{made}</tbody>
         </table>
         <p class="small" data-testid="memory">{memory}" A tab's WebAssembly memory ends at 4 GiB; remove models you no longer need before a big step."</p>

@@ -54,6 +54,10 @@ pub fn NeuronsPage() -> impl IntoView {
             Ok(x) => x,
             Err(e) => return msg.set(Message::Error(e)),
         };
+        if lo > hi {
+            // The page's words, not the CLI's `--min <= --max`.
+            return msg.set(Message::Error(format!("E_min ({lo}) is greater than E_max ({hi}): make E_min <= E_max")));
+        }
         let texts: Vec<LanguageTexts> = langs
             .get_untracked()
             .iter()

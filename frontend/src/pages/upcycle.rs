@@ -3,7 +3,9 @@
 
 use leptos::prelude::*;
 use moe_shared::checkpoint::DType;
-use moe_shared::methods::{plan_upcycle, AllocationFile, CopyNoise, ExpertCounts, RouterInit, UpcycleOptions};
+use moe_shared::methods::{
+    plan_upcycle, AllocationFile, CopyNoise, ExpertCounts, RouterInit, UpcycleOptions, UpcyclePlan,
+};
 
 use crate::app::Shared;
 use crate::components::message::{Message, MessageLine};
@@ -30,14 +32,150 @@ fn num<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String> {
     s.trim().parse().map_err(|_| format!("{what}: `{s}` is not a valid number"))
 }
 
+/// The most experts per layer the page offers (the input's `max`); more
+/// belong to the CLI or the server's Jobs page.
+pub const MAX_EXPERTS: usize = 64;
+
+/// The form field an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    /// Uniform experts per layer.
+    Experts,
+    /// The allocation JSON.
+    Allocation,
+    /// top-k.
+    TopK,
+    /// Frozen experts.
+    Frozen,
+    /// Router init.
+    Router,
+    /// Seed.
+    Seed,
+    /// Output dtype.
+    Dtype,
+    /// Not one field (the model, its size, the tab's memory).
+    Model,
+}
+
+impl Field {
+    /// The field's label on the page.
+    pub fn label(self) -> &'static str {
+        match self {
+            Field::Experts => "experts per layer",
+            Field::Allocation => "allocation",
+            Field::TopK => "top-k",
+            Field::Frozen => "frozen experts",
+            Field::Router => "router init",
+            Field::Seed => "seed",
+            Field::Dtype => "dtype",
+            Field::Model => "model",
+        }
+    }
+
+    /// The `data-testid` suffix of the field's error.
+    pub fn id(self) -> &'static str {
+        match self {
+            Field::Experts => "experts",
+            Field::Allocation => "allocation",
+            Field::TopK => "topk",
+            Field::Frozen => "frozen",
+            Field::Router => "router",
+            Field::Seed => "seed",
+            Field::Dtype => "dtype",
+            Field::Model => "model",
+        }
+    }
+}
+
+/// What the plan's statistics show.
+#[derive(Clone, Debug, PartialEq)]
+struct PlanStats {
+    dense: u64,
+    moe: u64,
+    active: u64,
+    per: Vec<String>,
+    k_active: usize,
+    layout: String,
+}
+
+impl PlanStats {
+    fn of(c: &moe_shared::config::ModelConfig, plan: &UpcyclePlan) -> Self {
+        PlanStats {
+            dense: crate::load::params_u64(c, None),
+            moe: crate::load::params_u64(c, Some(&plan.moe)),
+            active: crate::load::active_params_u64(c, Some(&plan.moe)),
+            per: plan
+                .moe
+                .layers
+                .iter()
+                .map(|s| s.as_ref().map_or("dense".into(), |s| s.num_experts.to_string()))
+                .collect(),
+            k_active: plan.moe.layers.iter().flatten().map(|s| s.top_k).max().unwrap_or(1),
+            layout: format!("{:?}", plan.choice.layout),
+        }
+    }
+}
+
+/// Refuses counts above [`MAX_EXPERTS`] before any plan is made.
+///
+/// # Errors
+/// The field and a message in the page's words.
+pub fn check_counts(counts: &ExpertCounts, field: Field) -> Result<(), (Field, String)> {
+    let too_many = |l: Option<usize>, e: usize| {
+        let at = l.map(|l| format!("layer {l} has {e} experts")).unwrap_or_else(|| format!("{e} experts"));
+        (
+            field,
+            format!(
+                "{}: {at}, the browser studio makes at most {MAX_EXPERTS} per layer \
+                 (use the CLI or the server's Jobs page for more)",
+                field.label()
+            ),
+        )
+    };
+    match counts {
+        ExpertCounts::Uniform(e) if *e > MAX_EXPERTS => Err(too_many(None, *e)),
+        ExpertCounts::PerLayer(v) => match v.iter().enumerate().find(|(_, e)| e.is_some_and(|e| e > MAX_EXPERTS)) {
+            Some((l, e)) => Err(too_many(Some(l), e.unwrap_or_default())),
+            None => Ok(()),
+        },
+        ExpertCounts::Uniform(_) => Ok(()),
+    }
+}
+
+/// A shared planning error in the page's words: the field it is about,
+/// named by its label instead of the CLI's flag (`--experts: layer 0:
+/// top-k 3 must be ...` -> `top-k: layer 0: top-k 3 must be ...`).
+pub fn plan_error(e: &moe_shared::StudioError, experts: Field) -> (Field, String) {
+    match e {
+        moe_shared::StudioError::Config { what, .. } => {
+            let field = if what.contains("top-k") {
+                Field::TopK
+            } else if what.contains("frozen expert") {
+                Field::Frozen
+            } else if what.contains("router") {
+                Field::Router
+            } else {
+                experts
+            };
+            (field, format!("{}: {what}", field.label()))
+        }
+        e => (Field::Model, e.to_string()),
+    }
+}
+
 impl Form {
-    fn options(&self) -> Result<UpcycleOptions, String> {
+    fn options(&self) -> Result<UpcycleOptions, (Field, String)> {
+        let at = |f: Field| move |e: String| (f, e);
         let (experts, experts_source) = if self.mode_alloc.get() {
             let raw = self.allocation.get();
-            (AllocationFile::parse(raw.as_bytes(), "allocation").map_err(|e| e.to_string())?, "allocation".to_string())
+            let a =
+                AllocationFile::parse(raw.as_bytes(), "allocation").map_err(|e| (Field::Allocation, e.to_string()))?;
+            (a, "allocation".to_string())
         } else {
-            (ExpertCounts::Uniform(num(&self.experts.get(), "experts per layer")?), "--experts".to_string())
+            let e = num(&self.experts.get(), "experts per layer").map_err(at(Field::Experts))?;
+            (ExpertCounts::Uniform(e), "experts per layer".to_string())
         };
+        check_counts(&experts, self.experts_field())?;
         let frozen = self
             .frozen
             .get()
@@ -45,27 +183,49 @@ impl Form {
             .map(str::trim)
             .filter(|s| !s.is_empty())
             .map(|s| num::<usize>(s, "frozen experts"))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(at(Field::Frozen))?;
         let router_init = match self.router.get().as_str() {
             "random" => RouterInit::Random { std: 0.02 },
             _ => RouterInit::Zeros,
         };
         let dtype = match self.dtype.get().as_str() {
             "source" => None,
-            d => Some(DType::parse_float(d).ok_or_else(|| format!("unknown dtype {d}"))?),
+            d => Some(DType::parse_float(d).ok_or_else(|| (Field::Dtype, format!("dtype: unknown dtype {d}")))?),
         };
         Ok(UpcycleOptions {
             experts,
             experts_source,
-            top_k: num(&self.top_k.get(), "top-k")?,
+            top_k: num(&self.top_k.get(), "top-k").map_err(at(Field::TopK))?,
             frozen,
             router_init,
             noise: CopyNoise::NONE,
-            seed: num(&self.seed.get(), "seed")?,
+            seed: num(&self.seed.get(), "seed").map_err(at(Field::Seed))?,
             temperature: 1.0,
             dtype,
             router_aux_loss_coef: 0.01,
         })
+    }
+
+    fn experts_field(&self) -> Field {
+        if self.mode_alloc.get_untracked() {
+            Field::Allocation
+        } else {
+            Field::Experts
+        }
+    }
+
+    /// The options and the plan for `m`, refused (in the page's words,
+    /// with the field they are about) when they are invalid, or before any
+    /// work when the MoE would not fit the tab.
+    fn plan(&self, m: &moe_shared::checkpoint::LoadedModel) -> Result<(UpcycleOptions, UpcyclePlan), (Field, String)> {
+        let o = self.options()?;
+        let plan = plan_upcycle(m.source.as_ref(), &m.config, &o).map_err(|e| plan_error(&e, self.experts_field()))?;
+        let model = |e: String| (Field::Model, e);
+        crate::load::check_fits("the upcycled model", &m.config, Some(&plan.moe)).map_err(model)?;
+        let need = crate::memory::output_need(plan.planned.iter().map(|p| p.byte_len() as u64));
+        crate::memory::ensure("the upcycle", need).map_err(model)?;
+        Ok((o, plan))
     }
 }
 
@@ -99,39 +259,44 @@ pub fn UpcyclePage() -> impl IntoView {
     let check_msg = RwSignal::new(Message::None);
     let check_task = Task::new();
 
-    // Parameter counts from the plan (headers only, cheap).
-    let counts = move || {
+    // The plan for the chosen model (headers only, cheap): its parameter
+    // counts, or the error and the field it is about.
+    let planned = Memo::new(move |_| {
         rev.track();
-        let r = model.get()?;
-        let p = pick(&r)?;
+        let p = pick(&model.get()?)?;
         let m = p.model();
-        let dense = crate::load::params_u64(&m.config, None);
-        Some(
-            match f.options().and_then(|o| plan_upcycle(m.source.as_ref(), &m.config, &o).map_err(|e| e.to_string())) {
-                Ok(plan) => {
-                    let moe = crate::load::params_u64(&m.config, Some(&plan.moe));
-                    let k_active: usize = plan.moe.layers.iter().flatten().map(|s| s.top_k).max().unwrap_or(1);
-                    let per: Vec<String> = plan
-                        .moe
-                        .layers
-                        .iter()
-                        .map(|s| s.as_ref().map_or("dense".into(), |s| s.num_experts.to_string()))
-                        .collect();
-                    view! {
-                        <div class="stats" data-testid="param-counts">
-                            <div><span>"dense parameters"</span><b>{crate::format_params(dense)}</b></div>
-                            <div><span>"MoE parameters"</span><b>{crate::format_params(moe)}</b></div>
-                            <div><span>"growth"</span><b>{format!("×{:.2}", moe as f64 / dense as f64)}</b></div>
-                            <div><span>"experts per layer"</span><b>{per.join(" · ")}</b></div>
-                            <div><span>"experts used per token"</span><b>{k_active}</b></div>
-                            <div><span>"layout"</span><b>{format!("{:?}", plan.choice.layout)}</b></div>
-                        </div>
-                    }
-                    .into_any()
-                }
-                Err(e) => view! { <p class="msg error" data-testid="upcycle-plan-error">{e}</p> }.into_any(),
-            },
-        )
+        Some(f.plan(m).map(|(_, plan)| PlanStats::of(&m.config, &plan)))
+    });
+    let field_error = move |field: Field| {
+        move || {
+            planned.with(|p| match p {
+                Some(Err((f, e))) if *f == field => Some(view! {
+                    <span class="msg error small field-error" role="alert" data-testid=format!("upcycle-error-{}", field.id())>{e.clone()}</span>
+                }),
+                _ => None,
+            })
+        }
+    };
+    let counts = move || {
+        planned.get().map(|r| match r {
+            Ok(s) => view! {
+                <div class="stats" data-testid="param-counts">
+                    <div><span>"dense parameters"</span><b>{crate::format_params(s.dense)}</b></div>
+                    <div><span>"MoE parameters"</span><b>{crate::format_params(s.moe)}</b></div>
+                    <div><span>"active per token"</span><b>{crate::format_params(s.active)}</b></div>
+                    <div><span>"growth"</span><b>{format!("×{:.2}", s.moe as f64 / s.dense as f64)}</b></div>
+                    <div><span>"experts per layer"</span><b>{s.per.join(" · ")}</b></div>
+                    <div><span>"experts used per token"</span><b>{s.k_active}</b></div>
+                    <div><span>"layout"</span><b>{s.layout}</b></div>
+                </div>
+            }
+            .into_any(),
+            // Errors about one field are shown next to it.
+            Err((Field::Model, e)) => {
+                view! { <p class="msg error" data-testid="upcycle-plan-error">{e}</p> }.into_any()
+            }
+            Err(_) => ().into_any(),
+        })
     };
 
     let run = move |_| {
@@ -139,9 +304,9 @@ pub fn UpcyclePage() -> impl IntoView {
             msg.set(Message::Error("load a dense model first (Load page)".into()));
             return;
         };
-        let opts = match f.options() {
-            Ok(o) => o,
-            Err(e) => {
+        let opts = match f.plan(p.model()) {
+            Ok((o, _)) => o,
+            Err((_, e)) => {
                 msg.set(Message::Error(e));
                 return;
             }
@@ -211,21 +376,28 @@ pub fn UpcyclePage() -> impl IntoView {
             <fieldset>
                 <legend>"Experts per layer"</legend>
                 <label class="inline"><input type="radio" name="mode" prop:checked=move || !f.mode_alloc.get() on:change=move |_| f.mode_alloc.set(false)/>"uniform: "
-                    <input type="number" min="1" max="64" class="short" data-testid="upcycle-experts" prop:value=move || f.experts.get()
+                    <input type="number" min="1" max=MAX_EXPERTS class="short" data-testid="upcycle-experts" prop:value=move || f.experts.get()
                         on:input=move |ev| f.experts.set(event_target_value(&ev))/></label>
+                    {field_error(Field::Experts)}
                 <label class="inline"><input type="radio" name="mode" data-testid="upcycle-mode-alloc" prop:checked=move || f.mode_alloc.get() on:change=move |_| f.mode_alloc.set(true)/>
                     "from an allocation (JSON, e.g. from the Neurons page)"</label>
                 <textarea rows="2" data-testid="upcycle-allocation" prop:value=move || f.allocation.get() on:input=move |ev| f.allocation.set(event_target_value(&ev))
                     disabled=move || !f.mode_alloc.get()></textarea>
+                {field_error(Field::Allocation)}
             </fieldset>
             <div class="row">
                 <label>"top-k" <input type="number" min="1" class="short" data-testid="upcycle-topk" prop:value=move || f.top_k.get() on:input=move |ev| f.top_k.set(event_target_value(&ev))/></label>
+                {field_error(Field::TopK)}
                 <label>"frozen experts" <input type="text" class="short" data-testid="upcycle-frozen" prop:value=move || f.frozen.get() on:input=move |ev| f.frozen.set(event_target_value(&ev))/></label>
+                {field_error(Field::Frozen)}
                 <label>"router init" <select on:change=move |ev| f.router.set(event_target_value(&ev))>
                     <option value="zeros">"zeros"</option><option value="random">"random (std 0.02)"</option></select></label>
+                {field_error(Field::Router)}
                 <label>"seed" <input type="number" class="short" prop:value=move || f.seed.get() on:input=move |ev| f.seed.set(event_target_value(&ev))/></label>
+                {field_error(Field::Seed)}
                 <label>"dtype" <select on:change=move |ev| f.dtype.set(event_target_value(&ev))>
                     <option value="source">"as the source"</option><option value="f32">"f32"</option><option value="bf16">"bf16"</option><option value="f16">"f16"</option></select></label>
+                {field_error(Field::Dtype)}
             </div>
         </div>
         {counts}
@@ -239,5 +411,57 @@ pub fn UpcyclePage() -> impl IntoView {
         <button data-testid="logits-run" on:click=run_check disabled=move || made.get().is_none() || check_task.running()>"Check logits"</button>
         <Progress task=check_task/>
         <MessageLine msg=check_msg id="logits"/>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn more_experts_than_the_page_offers_are_refused() {
+        assert!(check_counts(&ExpertCounts::Uniform(64), Field::Experts).is_ok());
+        for e in [65, 100_000] {
+            let (f, m) = check_counts(&ExpertCounts::Uniform(e), Field::Experts).unwrap_err();
+            assert_eq!(f, Field::Experts);
+            assert!(
+                m.starts_with(&format!("experts per layer: {e} experts, the browser studio makes at most 64")),
+                "{m}"
+            );
+        }
+        let (f, m) =
+            check_counts(&ExpertCounts::PerLayer(vec![Some(2), None, Some(65)]), Field::Allocation).unwrap_err();
+        assert_eq!(f, Field::Allocation);
+        assert!(m.starts_with("allocation: layer 2 has 65 experts"), "{m}");
+    }
+
+    #[test]
+    fn shared_errors_name_the_form_field_not_the_cli_flag() {
+        use moe_shared::config::{MoeConfig, MoeLayerSpec};
+        let cfg = br#"{"model_type":"llama","vocab_size":32,"hidden_size":8,"intermediate_size":16,
+            "num_hidden_layers":2,"num_attention_heads":2,"num_key_value_heads":2}"#;
+        let base = moe_shared::config::HfConfig::from_json(cfg, "c").unwrap().to_model_config("c").unwrap();
+        let spec = |k: usize, frozen: Vec<usize>| MoeLayerSpec {
+            num_experts: 2,
+            top_k: k,
+            frozen,
+            router_bias: false,
+            temperature: 1.0,
+        };
+        let check = |s: MoeLayerSpec| {
+            let e = MoeConfig::uniform(2, s).validate(&base, "experts per layer").unwrap_err();
+            plan_error(&e, Field::Experts)
+        };
+        let (f, m) = check(spec(3, vec![0]));
+        assert_eq!(f, Field::TopK);
+        assert!(m.starts_with("top-k: layer 0: top-k 3 must be between 1 and the expert count 2"), "{m}");
+        let (f, m) = check(spec(1, vec![5]));
+        assert_eq!(
+            (f, m.as_str()),
+            (Field::Frozen, "frozen experts: layer 0: frozen expert 5 does not exist (2 experts)")
+        );
+        let (f, m) = check(MoeLayerSpec { num_experts: 0, ..spec(1, vec![]) });
+        assert_eq!(f, Field::Experts);
+        assert!(!m.contains("--"), "{m}");
     }
 }

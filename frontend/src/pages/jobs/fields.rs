@@ -122,7 +122,7 @@ fn upload_select(ctx: Ctx, key: &'static str, i: usize, heldout: bool) -> impl I
         f.rows(key).get(i).map(|r| if heldout { r.heldout.clone() } else { r.upload.clone() }).unwrap_or_default()
     };
     let set = move |v: String| {
-        let texts = ctx.texts();
+        let texts = ctx.texts_untracked();
         let file_of = |id: &str| texts.iter().find(|(x, _)| x == id).map(|x| x.1.clone());
         form.update(|f| {
             let r = f.row_mut(key, i);

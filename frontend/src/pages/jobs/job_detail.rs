@@ -183,7 +183,8 @@ fn open_in_studio(ctx: Ctx, rev: Revision) {
                 files.push(crate::web::PickedFile { name: f.name.clone(), bytes });
             }
             let (_, model, _) = crate::load::model_from_files(files)?;
-            let line = format!("opened {} in the studio: {}", c.name, crate::summary_line(&model.config));
+            let line =
+                format!("opened {} in the studio: {}", c.name, crate::summary_line(&model.config, model.moe.as_ref()));
             let name = c.name.clone();
             update_store(rev, |s| {
                 s.add_input(InputModel { name, model, file_bytes: total });

@@ -123,14 +123,16 @@ impl Ctx {
         self.msg.set(Message::Error(format!("{what}: {}", e.into())));
     }
 
-    /// Completed text uploads (`.txt`, `.jsonl`): `(id, file name)`.
+    /// Completed text uploads (`.txt`, `.jsonl`): `(id, file name)`; a
+    /// tracked read, for views that list them.
     pub fn texts(self) -> Vec<(String, String)> {
-        self.uploads.with(|u| {
-            u.iter()
-                .filter(|u| u.state == UploadState::Complete && is_text(&u.file_name))
-                .map(|u| (u.id.clone(), u.file_name.clone()))
-                .collect()
-        })
+        self.uploads.with(|u| text_uploads(u))
+    }
+
+    /// [`Ctx::texts`] read untracked, for event handlers and async tasks
+    /// (outside a reactive context, where a tracked read warns).
+    pub fn texts_untracked(self) -> Vec<(String, String)> {
+        self.uploads.with_untracked(|u| text_uploads(u))
     }
 
     /// Reloads uploads, checkpoints (and the summaries not fetched yet)
@@ -162,7 +164,7 @@ impl Ctx {
                 Err(e) => self.fail("listing checkpoints", e),
             }
             let first = self.checkpoints.with_untracked(|c| c.first().map(|c| c.id.clone()));
-            let texts = self.texts();
+            let texts = self.texts_untracked();
             self.form.update(|f| f.fill_defaults(first.as_deref(), &texts));
             match api::get::<Vec<JobInfo>>("api/jobs").await {
                 Ok(v) => self.jobs.set(v),
@@ -176,6 +178,13 @@ impl Default for Ctx {
     fn default() -> Self {
         Self::new()
     }
+}
+
+fn text_uploads(u: &[UploadStatus]) -> Vec<(String, String)> {
+    u.iter()
+        .filter(|u| u.state == UploadState::Complete && is_text(&u.file_name))
+        .map(|u| (u.id.clone(), u.file_name.clone()))
+        .collect()
 }
 
 /// Whether an uploaded file is a corpus (`.txt`, `.jsonl`).

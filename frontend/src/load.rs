@@ -288,6 +288,8 @@ mod tests {
         // Per token: the dense model + one more expert FFN and the router per layer.
         let ffn = 3 * 64 * 172;
         assert_eq!(active_params_u64(&c, Some(&moe)), c.num_parameters() as u64 + 5 * (ffn + 4 * 64));
+        // ... which is what the CLI's `inspect` prints (shared, usize)
+        assert_eq!(active_params_u64(&c, Some(&moe)), moe.num_active_parameters(&c) as u64);
         assert_eq!(params_label(&c, Some(&moe)), "756.7K (426.4K active per token)");
         assert_eq!(params_label(&c, None), "260.0K");
         // The "loaded ..." line and the model pickers count the same way.

@@ -2,29 +2,14 @@
 //! tiny fixtures (tests/fixtures/merge): `--json` summaries, the output
 //! directory, and clear errors with nothing written on bad input.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+
+use common::{arg as path, failure, json, run};
 
 fn fixture(dtype: &str, name: &str) -> String {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/merge").join(dtype).join(name);
-    p.display().to_string()
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moe-studio")).args(args).output().expect("runs the binary")
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("--json prints JSON")
-}
-
-fn failure(out: &Output) -> String {
-    assert!(!out.status.success(), "expected a failure, stdout: {}", String::from_utf8_lossy(&out.stdout));
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn path(p: &Path) -> String {
     p.display().to_string()
 }
 

@@ -3,52 +3,11 @@
 //! without config.json, the sampling flags checked before the model is
 //! read, and `route`'s studio-layout warning pointing to `--no-bias`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-/// stories260K from the shared data (`$MOE_STUDIO_DATA`, default
-/// `../../shared/data`); `None` with a notice when absent, a panic under
-/// `CI=true`.
-fn stories() -> Option<PathBuf> {
-    let dir = std::env::var_os("MOE_STUDIO_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
-    let p = dir.join("models/stories260K/stories260K.bin");
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
-        panic!("{} not found (set MOE_STUDIO_DATA)", p.display());
-    }
-    eprintln!("NOTICE: skipping: {} not found (set MOE_STUDIO_DATA)", p.display());
-    None
-}
+use std::path::Path;
 
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moe-studio")).args(args).output().expect("runs the binary")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_str(&ok(out)).expect("--json prints JSON")
-}
-
-fn failure(out: &Output) -> String {
-    assert!(!out.status.success(), "expected a failure, stdout: {}", String::from_utf8_lossy(&out.stdout));
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let p = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("inspect_generate_route_cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    std::fs::create_dir_all(&p).unwrap();
-    p
-}
+use common::{failure, json, ok, run, stories, tmp};
 
 #[test]
 fn inspect_shows_the_moe_structure_in_text_and_json() {

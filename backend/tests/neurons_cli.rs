@@ -8,48 +8,9 @@
 //! `$CARGO_MANIFEST_DIR/../../shared/data`; when it is missing the tests
 //! print a notice and pass, except under `CI=true`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn data() -> Option<PathBuf> {
-    let p = match std::env::var_os("MOE_STUDIO_DATA") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
-    };
-    if p.join("models/stories260K/stories260K.bin").exists() {
-        return Some(p);
-    }
-    if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
-        panic!("shared data not found at {} (set MOE_STUDIO_DATA)", p.display());
-    }
-    eprintln!("NOTICE: skipping test: shared data not found at {}", p.display());
-    None
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moe-studio")).args(args).output().expect("runs the binary")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn failure(out: &Output) -> String {
-    assert!(!out.status.success(), "expected a failure, stdout: {}", String::from_utf8_lossy(&out.stdout));
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let p = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("neurons_cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    std::fs::create_dir_all(&p).unwrap();
-    p
-}
-
-fn s(p: &Path) -> String {
-    p.display().to_string()
-}
+use common::{arg as s, data_dir as data, failure, ok, run, tmp};
 
 #[test]
 fn neurons_then_allocate_then_upcycle() {

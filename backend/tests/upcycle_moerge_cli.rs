@@ -2,46 +2,13 @@
 //! `--json` summaries, both allocation-file forms, and clear errors with no
 //! output directory on bad input.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-/// stories260K from the shared data (`$MOE_STUDIO_DATA`, default
-/// `../../shared/data`); `None` with a notice when absent, a panic under
-/// `CI=true`.
+use common::{failure, json, run, tmp};
+
+/// stories260K's checkpoint path as an argument.
 fn stories() -> Option<String> {
-    let dir = std::env::var_os("MOE_STUDIO_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
-    let p = dir.join("models/stories260K/stories260K.bin");
-    if p.exists() {
-        return Some(p.display().to_string());
-    }
-    if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
-        panic!("{} not found (set MOE_STUDIO_DATA)", p.display());
-    }
-    eprintln!("NOTICE: skipping: {} not found (set MOE_STUDIO_DATA)", p.display());
-    None
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moe-studio")).args(args).output().expect("runs the binary")
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("--json prints JSON")
-}
-
-fn failure(out: &Output) -> String {
-    assert!(!out.status.success(), "expected a failure, stdout: {}", String::from_utf8_lossy(&out.stdout));
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let p = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("upcycle_moerge_cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    std::fs::create_dir_all(&p).unwrap();
-    p
+    common::stories().map(|p| common::arg(&p))
 }
 
 #[test]

@@ -1,6 +1,7 @@
-//! Helpers shared by the server's integration tests (`server.rs`,
-//! `server_jobs.rs`): the `moe-studio serve` process on a temporary data
-//! directory, JSON calls, chunked uploads, job polling, SSE, fixtures.
+//! Helpers shared by the backend's integration tests: the shared data and
+//! temporary directories, the `moe-studio` CLI (`*_cli.rs`), and for
+//! `server.rs` / `server_jobs.rs` the `moe-studio serve` process on a
+//! temporary data directory, JSON calls, chunked uploads, job polling, SSE.
 //!
 //! Each test crate compiles this module on its own and uses a part of it,
 //! hence `dead_code` is allowed here.
@@ -9,7 +10,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -35,14 +36,48 @@ pub fn data_dir() -> Option<PathBuf> {
     None
 }
 
-/// A fresh, empty directory `server-{name}-{pid}` under Cargo's test
-/// temporary directory.
+/// A fresh, empty directory `{test crate}-{name}-{pid}` under Cargo's
+/// test temporary directory.
 pub fn tmp(name: &str) -> PathBuf {
     let base = std::env::var_os("CARGO_TARGET_TMPDIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-    let d = base.join(format!("server-{name}-{}", std::process::id()));
+    let d = base.join(format!("{}-{name}-{}", env!("CARGO_CRATE_NAME"), std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// stories260K's llama2.c checkpoint in the shared data (see [`data_dir`]).
+pub fn stories() -> Option<PathBuf> {
+    data_dir().map(|d| d.join("models/stories260K/stories260K.bin"))
+}
+
+/// `p` as a command-line argument.
+pub fn arg(p: &Path) -> String {
+    p.display().to_string()
+}
+
+// ----- the CLI -----------------------------------------------------------------
+
+/// Runs `moe-studio ARGS` (the binary of this package) to completion.
+pub fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_moe-studio")).args(args).output().expect("runs the binary")
+}
+
+/// stdout of a command that must succeed (its stderr in the panic).
+pub fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The `--json` stdout of a command that must succeed.
+pub fn json(out: &Output) -> Value {
+    serde_json::from_str(&ok(out)).expect("--json prints JSON")
+}
+
+/// stderr of a command that must fail (its stdout in the panic).
+pub fn failure(out: &Output) -> String {
+    assert!(!out.status.success(), "expected a failure, stdout: {}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// Lowercase hex of `b`.

@@ -31,6 +31,19 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{json, Value};
 
+/// The request line and headers of a raw `PUT` of chunk `index` holding
+/// `c` (its sha256 and length), for tests that write the body themselves.
+fn chunk_head(s: &Server, id: &str, index: u64, c: &[u8]) -> String {
+    format!(
+        "PUT /api/uploads/{id}/chunks/{index} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\n\
+         X-Chunk-Sha256: {}\r\nContent-Length: {}\r\n\r\n",
+        s.addr,
+        s.token,
+        sha(c),
+        c.len()
+    )
+}
+
 // ----- tests ---------------------------------------------------------------------
 
 #[test]
@@ -62,15 +75,7 @@ fn upload_interrupt_resume_and_hostile_input() {
     {
         let c = chunks[5];
         let mut t = TcpStream::connect(&s.addr).unwrap();
-        let head = format!(
-            "PUT /api/uploads/{id}/chunks/5 HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\n\
-             X-Chunk-Sha256: {}\r\nContent-Length: {}\r\n\r\n",
-            s.addr,
-            s.token,
-            sha(c),
-            c.len()
-        );
-        t.write_all(head.as_bytes()).unwrap();
+        t.write_all(chunk_head(&s, &id, 5, c).as_bytes()).unwrap();
         t.write_all(&c[..c.len() / 2]).unwrap();
         drop(t);
     }
@@ -113,15 +118,7 @@ fn upload_interrupt_resume_and_hostile_input() {
         let mut t = TcpStream::connect(&s.addr).unwrap();
         t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         for c in [chunks[3], chunks[4]] {
-            let head = format!(
-                "PUT /api/uploads/{id}/chunks/3 HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\n\
-                 X-Chunk-Sha256: {}\r\nContent-Length: {}\r\n\r\n",
-                s.addr,
-                s.token,
-                sha(c),
-                c.len()
-            );
-            t.write_all(head.as_bytes()).unwrap();
+            t.write_all(chunk_head(&s, &id, 3, c).as_bytes()).unwrap();
             t.write_all(c).unwrap();
         }
         let tail = format!("GET /api/uploads/{id} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", s.addr);

@@ -61,11 +61,15 @@ fn neurons_then_allocate_then_upcycle() {
     }
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("neurons.json")).unwrap()).unwrap();
     assert_eq!(report["languages"].as_array().unwrap().len(), 3);
-    assert_eq!(report["languages"][1]["top"].as_array().unwrap().len(), 50);
+    // The top-50: the neurons above the cut plus the places its tie shares.
+    let hu = &report["languages"][1];
+    assert_eq!(hu["top"].as_array().unwrap().len() + hu["top_cut"]["slots"].as_u64().unwrap() as usize, 50);
+    assert_eq!(report["version"], 2);
+    assert!(stdout.contains("cut_AP") && stdout.contains("tied_at_cut"), "{stdout}");
     assert_eq!(report["pooling"], "max");
     let layers = report["union_counts"].as_array().unwrap().len();
     let csv = std::fs::read_to_string(out.join("layer_counts.csv")).unwrap();
-    assert_eq!(csv.lines().next().unwrap(), "layer,en,hu,tr,union_new");
+    assert_eq!(csv.lines().next().unwrap(), "layer,en,hu,tr,union_new,union_new_tie_weighted");
     assert_eq!(csv.lines().count(), layers + 1);
 
     let alloc = dir.join("alloc.json");
@@ -173,4 +177,55 @@ fn bad_input_is_explained() {
     let e =
         failure(&run(&["allocate", "--neurons", &s(&dir), "--baseline", "random", "--out", &s(&dir.join("a.json"))]));
     assert!(e.contains("expected uniform or layermoe"), "{e}");
+}
+
+/// Too few texts for the Average Precision (3 per language on stories260K's
+/// 3,000 neurons: C(9, 3) = 84 orders, so ~36 neurons reach AP = 1 by
+/// chance) and a tie at the cut are said on stderr, with the advice.
+#[test]
+fn few_texts_and_ties_are_warned() {
+    let Some(d) = data() else { return };
+    let dir = tmp("warn");
+    let model = s(&d.join("models/stories260K/stories260K.bin"));
+    let lang = |c: &str| format!("{c}={}", s(&d.join(format!("corpora/lang/{c}/valid.txt"))));
+    let out = dir.join("neurons");
+    let o = run(&[
+        "neurons",
+        &model,
+        "--lang",
+        &lang("en"),
+        "--lang",
+        &lang("hu"),
+        "--lang",
+        &lang("el"),
+        "--top-n",
+        "50",
+        "--max-texts",
+        "3",
+        "--max-tokens",
+        "24",
+        "--out",
+        &s(&out),
+    ]);
+    let stdout = ok(&o);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("warning: `hu`: 3 of 9 texts are too few for the Average Precision")
+            && stderr.contains("1/C(9, 3)")
+            && stderr.contains("Give at least 6 texts per language"),
+        "{stderr}"
+    );
+    // Such few texts also tie at the cut: the CLI says how many and the
+    // union's tie-weighted part.
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("neurons.json")).unwrap()).unwrap();
+    let tied: Vec<u64> = report["languages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["top_cut"]["tied"].as_array().unwrap().len() as u64)
+        .collect();
+    if tied.iter().any(|&t| t > 0) {
+        assert!(stdout.contains("tie-weighted"), "{stdout}");
+    }
+    eprintln!("tied at the cut per language: {tied:?}\n{stdout}\n{stderr}");
 }

@@ -16,6 +16,7 @@ use moe_shared::methods::neurons::NeuronReport;
 use moe_shared::methods::AllocationFile;
 
 use super::neuron_figures::{grouped_bars, Series};
+use super::neurons::count_text;
 
 /// Arguments of `allocate`.
 #[derive(Debug, Clone, clap::Args)]
@@ -84,7 +85,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         writeln!(
             csv,
             "{l},{},{},{},{},{}",
-            cmp.specific_counts[l],
+            count_text(cmp.specific_counts[l]),
             cmp.neuronmoe[l],
             cmp.uniform[l],
             cmp.layermoe.as_ref().map(|v| v[l].to_string()).unwrap_or_default(),
@@ -120,7 +121,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         format!("New experts per layer for {} (E in [{}, {}])", cmp.new_languages.join(","), range.min, range.max);
     let figs = grouped_bars(&stem_with(&a.out, ".comparison"), &title, "layer", "new experts", &series)?;
 
-    println!("S_l:        {}", list(&cmp.specific_counts));
+    let s_l: Vec<String> = cmp.specific_counts.iter().map(|&x| count_text(x)).collect();
+    println!("S_l:        {}", s_l.join(","));
+    for w in report.warnings_for(&cmp.new_languages).iter().filter(|w| w.affects_allocation) {
+        eprintln!("warning: {}", w.message);
+    }
     println!("neuronmoe:  {} (total {})", list(&cmp.neuronmoe), total(&cmp.neuronmoe));
     let budget = if a.uniform.is_some() { "--uniform" } else { "NeuronMoE's budget" };
     println!("uniform:    {} (total {}, {budget})", list(&cmp.uniform), total(&cmp.uniform));

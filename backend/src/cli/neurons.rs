@@ -100,6 +100,16 @@ fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
+/// A specific-neuron count as the CSV files write it: whole counts as
+/// integers, tie-weighted ones with 4 decimals.
+pub fn count_text(x: f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.4}")
+    }
+}
+
 /// Writes the CSV files and figures of a report into `dir`; returns the
 /// paths written.
 pub fn write_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
@@ -113,13 +123,14 @@ pub fn write_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec<Pa
     for c in &codes {
         write!(s, ",{c}")?;
     }
-    writeln!(s, ",union_new")?;
+    writeln!(s, ",union_new,union_new_tie_weighted")?;
     for l in 0..nl {
         write!(s, "{l}")?;
         for lang in &report.languages {
-            write!(s, ",{}", lang.counts[l].total)?;
+            write!(s, ",{}", count_text(lang.counts[l].total))?;
         }
-        writeln!(s, ",{}", report.union_counts[l].total)?;
+        let u = &report.union_counts[l];
+        writeln!(s, ",{},{}", count_text(u.total), count_text(u.tie_weighted))?;
     }
     let p = dir.join("layer_counts.csv");
     write(&p, &s)?;
@@ -132,7 +143,7 @@ pub fn write_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec<Pa
     {
         for (l, c) in counts.iter().enumerate() {
             for (comp, n) in report.layout.layers[l].iter().zip(&c.per_component) {
-                writeln!(s, "{name},{l},{},{n}", comp.component)?;
+                writeln!(s, "{name},{l},{},{}", comp.component, count_text(*n))?;
             }
         }
     }
@@ -140,11 +151,20 @@ pub fn write_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec<Pa
     write(&p, &s)?;
     written.push(p);
 
-    let mut s = String::from("language,kind,rank,layer,component,unit,ap\n");
+    // The neurons above each cut count 1 (rank = their place); the
+    // neurons tied at the cut share the places left (rank empty, weight
+    // slots / tied).
+    let mut s = String::from("language,kind,rank,layer,component,unit,ap,weight\n");
+    let segs = report.layout.segments();
     for lang in &report.languages {
-        for (kind, list) in [("top", &lang.top), ("bottom", &lang.bottom)] {
+        for (kind, list, cut) in [("top", &lang.top, &lang.top_cut), ("bottom", &lang.bottom, &lang.bottom_cut)] {
             for (r, n) in list.iter().enumerate() {
-                writeln!(s, "{},{kind},{r},{},{},{},{:.6}", lang.code, n.layer, n.component, n.unit, n.ap)?;
+                writeln!(s, "{},{kind},{r},{},{},{},{:.6},1", lang.code, n.layer, n.component, n.unit, n.ap)?;
+            }
+            for &i in &cut.tied {
+                let p = moe_shared::methods::neurons::NeuronLayout::locate_in(&segs, i).context("tied neuron index")?;
+                let comp = &report.layout.layers[p.layer][p.slot].component;
+                writeln!(s, "{},{kind},,{},{comp},{},{:.6},{:.6}", lang.code, p.layer, p.unit, cut.ap, cut.weight())?;
             }
         }
     }
@@ -172,15 +192,22 @@ pub fn write_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec<Pa
         .iter()
         .map(|l| Series {
             name: label(&l.code),
-            values: l.counts.iter().map(|c| c.total as f64).collect(),
+            values: l.counts.iter().map(|c| c.total).collect(),
             emphasis: false,
         })
         .collect();
     series.push(Series {
         name: union_name.clone(),
-        values: report.union_counts.iter().map(|c| c.total as f64).collect(),
+        values: report.union_counts.iter().map(|c| c.total).collect(),
         emphasis: true,
     });
+    if report.union_counts.iter().any(|c| c.tie_weighted > 0.0) {
+        series.push(Series {
+            name: format!("{union_name}: tie-weighted part"),
+            values: report.union_counts.iter().map(|c| c.tie_weighted).collect(),
+            emphasis: false,
+        });
+    }
     let title = format!(
         "Language-specific neurons per layer (top-{} by AP{}, {} pooling)",
         report.top_n,
@@ -209,7 +236,7 @@ pub fn write_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec<Pa
                 report.layout.layers[l]
                     .iter()
                     .position(|x| x.component == comp)
-                    .map(|i| c.per_component[i] as f64)
+                    .map(|i| c.per_component[i])
                     .unwrap_or(0.0)
             })
             .collect()
@@ -341,34 +368,21 @@ impl WithBackend for Args {
         let mut written = vec![json];
         written.extend(write_outputs(&report, &a.out)?);
 
-        println!("language  texts  tokens  base_rate  mean_AP  top1_AP  topN_AP");
-        for l in &report.languages {
+        print!("{}", summary_table(&report));
+        for w in report.warnings() {
+            eprintln!("warning: {}", w.message);
+        }
+        let totals: Vec<String> = report.union_counts.iter().map(|c| count_text(c.total)).collect();
+        println!("S_l (union of {}): {}", report.new_languages.join(","), totals.join(","));
+        let tied: f64 = report.union_counts.iter().map(|c| c.tie_weighted).sum();
+        if tied > 0.0 {
+            let total: f64 = report.union_counts.iter().map(|c| c.total).sum();
             println!(
-                "{:<8} {:>6} {:>7} {:>10.3} {:>8.3} {:>8.3} {:>8.3}",
-                l.code,
-                l.texts,
-                l.tokens,
-                l.base_rate,
-                l.mean_ap,
-                l.top.first().map(|n| n.ap).unwrap_or(f64::NAN),
-                l.top.last().map(|n| n.ap).unwrap_or(f64::NAN)
+                "  of which {} ({:.0}%) tie-weighted: neurons tied at a cut-off share its places (slots / tied)",
+                count_text((tied * 1e4).round() / 1e4),
+                100.0 * tied / total
             );
         }
-        for l in &report.languages {
-            if l.top_cutoff_ties_left_out > 0 {
-                eprintln!(
-                    "warning: `{}`: {} more neurons have the same AP ({:.4}) as the {}-th; the top-{} among them \
-                     is decided by flat index (earlier layers first), not by AP",
-                    l.code,
-                    l.top_cutoff_ties_left_out,
-                    l.top.last().map(|n| n.ap).unwrap_or(f64::NAN),
-                    report.top_n,
-                    report.top_n
-                );
-            }
-        }
-        let totals: Vec<String> = report.union_counts.iter().map(|c| c.total.to_string()).collect();
-        println!("S_l (union of {}): {}", report.new_languages.join(","), totals.join(","));
         let n_texts = encoded.len() as f64;
         let analysis_s = t_capture + t_ap + t_analyze;
         println!(
@@ -422,6 +436,35 @@ impl WithBackend for Args {
         }
         Ok(())
     }
+}
+
+/// The per-language table the CLI prints: texts, tokens, base rate, mean
+/// AP, the best AP, the AP at the top-N cut-off, and the neurons tied at
+/// the cut with the places they share (`-` when no tie crosses it).
+pub fn summary_table(report: &NeuronReport) -> String {
+    let mut s = format!(
+        "language  texts  tokens  base_rate  mean_AP  top1_AP  cut_AP  tied_at_cut (places of top-{})\n",
+        report.top_n
+    );
+    for l in &report.languages {
+        let best = l.top.first().map(|n| n.ap).unwrap_or(l.top_cut.ap);
+        let cut = if l.top_cut.crosses() {
+            format!("{} ({})", l.top_cut.tied.len(), l.top_cut.slots)
+        } else {
+            "-".to_string()
+        };
+        s.push_str(&format!(
+            "{:<8} {:>6} {:>7} {:>10.3} {:>8.3} {:>8.3} {:>7.4}  {cut}\n",
+            l.code,
+            l.texts,
+            l.tokens,
+            l.base_rate,
+            l.mean_ap,
+            best,
+            l.top_cut.ap
+        ));
+    }
+    s
 }
 
 /// Arguments of `neurons-plot`: redraw the CSV files and figures of a

@@ -11,6 +11,18 @@ pub struct Series {
     pub values: Vec<Option<f64>>,
 }
 
+/// A part of one series' bars drawn hatched (e.g. the tie-weighted part of
+/// a count): `parts[g]` of group `g`'s bar, at its top.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Marked {
+    /// Index of the series whose bars are marked.
+    pub series: usize,
+    /// The marked amount per group (0: nothing marked).
+    pub parts: Vec<f64>,
+    /// Legend label of the hatching.
+    pub label: String,
+}
+
 const COLORS: [&str; 8] = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"];
 
 /// The colour of series or expert `i`.
@@ -29,6 +41,7 @@ pub fn BarChart(
     series: Vec<Series>,
     #[prop(optional)] max: Option<f64>,
     #[prop(optional)] reference: Option<(f64, String)>,
+    #[prop(optional)] marked: Option<Marked>,
 ) -> impl IntoView {
     let (w, h, left, bottom, top) = (640.0, 220.0, 44.0, 36.0, 14.0);
     let data_max = series.iter().flat_map(|s| s.values.iter().flatten().copied()).fold(0.0, f64::max);
@@ -50,10 +63,21 @@ pub fn BarChart(
             if let Some(v) = v {
                 let x = left + g as f64 * gw + gw * 0.1 + si as f64 * bw;
                 let tip = format!("{} {}: {:.3}", s.label, groups.get(g).cloned().unwrap_or_default(), v);
+                let marked_part = marked
+                    .as_ref()
+                    .filter(|m| m.series == si)
+                    .and_then(|m| m.parts.get(g).copied().filter(|&p| p > 0.0).map(|p| (p, m.label.clone())));
+                let mark_tip = marked_part.as_ref().map(|(p, label)| format!("{tip} (of which {p:.3} {label})"));
                 bars.push(view! {
                     <rect x=format!("{x:.1}") y=format!("{:.1}", y(*v)) width=format!("{:.1}", bw.max(1.0))
                         height=format!("{:.1}", (h - bottom - y(*v)).max(0.0)) fill=color(si)><title>{tip}</title></rect>
-                });
+                }.into_any());
+                if let (Some((p, _)), Some(mark_tip)) = (marked_part, mark_tip) {
+                    bars.push(view! {
+                        <rect class="marked" x=format!("{x:.1}") y=format!("{:.1}", y(*v)) width=format!("{:.1}", bw.max(1.0))
+                            height=format!("{:.1}", (y(*v - p) - y(*v)).max(0.0)) fill="url(#hatch)"><title>{mark_tip}</title></rect>
+                    }.into_any());
+                }
             }
         }
     }
@@ -82,15 +106,24 @@ pub fn BarChart(
             <text x=format!("{}", w - 10.0) y=format!("{:.1}", y(v) - 4.0) class="tick" text-anchor="end">{label}</text>
         }
     });
-    let legend: Vec<_> = series
+    let mut legend: Vec<_> = series
         .iter()
         .enumerate()
-        .map(|(i, s)| view! { <span class="legend"><i style=format!("background:{}", color(i))></i>{s.label.clone()}</span> })
+        .map(|(i, s)| view! { <span class="legend"><i style=format!("background:{}", color(i))></i>{s.label.clone()}</span> }.into_any())
         .collect();
+    if let Some(m) = marked.as_ref().filter(|m| m.parts.iter().any(|&p| p > 0.0)) {
+        legend.push(view! { <span class="legend" data-testid="chart-marked"><i class="hatched"></i>{m.label.clone()}</span> }.into_any());
+    }
     view! {
         <figure class="chart">
             <figcaption>{title}</figcaption>
             <svg viewBox=format!("0 0 {w} {h}") width="100%" role="img">
+                <defs>
+                    <pattern id="hatch" width="5" height="5" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">
+                        <rect width="5" height="5" fill="#ffffff" fill-opacity="0.55"/>
+                        <line x1="0" y1="0" x2="0" y2="5" stroke="#1d2430" stroke-width="1.6"/>
+                    </pattern>
+                </defs>
                 {yticks}
                 {bars}
                 {refline}

@@ -6,8 +6,9 @@
 
 use moe_shared::methods::allocate::{neuronmoe_allocation, ExpertRange};
 use moe_shared::methods::neurons::{
-    analyze, average_precision_table, AnalysisOptions, CollectOptions, NeuronCollector, NeuronReport,
+    analyze, average_precision_table, AnalysisOptions, CollectOptions, NeuronCollector, NeuronReport, NeuronWarning,
 };
+use serde::{Deserialize, Serialize};
 
 use super::{cpu_model, msg};
 use crate::store::Picked;
@@ -22,16 +23,76 @@ pub struct LanguageTexts {
     pub lines: Vec<String>,
 }
 
-/// Analysis and allocation.
-pub struct NeuronResult {
-    /// The analysis (`neurons.json`).
-    pub report: NeuronReport,
+/// One language's top-N cut-off, as the page's table shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CutRow {
+    /// Language code.
+    pub code: String,
+    /// Texts of the language.
+    pub texts: usize,
+    /// The AP of the N-th neuron.
+    pub cut_ap: f64,
+    /// Neurons tied at the cut (0: no tie crosses it).
+    pub tied: usize,
+    /// Places of the N they share.
+    pub places: usize,
+}
+
+/// What the page shows of an analysis and its allocation (plain data, so it
+/// can cross from a worker).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NeuronOutcome {
+    /// Language codes (the first is the original language).
+    pub codes: Vec<String>,
+    /// Per language, specific neurons per layer (tie-weighted).
+    pub per_lang: Vec<Vec<f64>>,
+    /// `S_l`: the union of the new languages per layer (tie-weighted).
+    pub union: Vec<f64>,
+    /// The tie-weighted part of `union` per layer.
+    pub union_tied: Vec<f64>,
     /// New experts per layer (NeuronMoE).
     pub allocation: Vec<usize>,
     /// Neurons analysed.
     pub neurons: usize,
+    /// Texts analysed.
+    pub texts: usize,
+    /// N of top-N.
+    pub top_n: usize,
+    /// Per language, the top-N cut-off.
+    pub cuts: Vec<CutRow>,
+    /// Ties and too few texts ([`NeuronReport::warnings`]).
+    pub warnings: Vec<NeuronWarning>,
     /// Milliseconds.
     pub millis: f64,
+}
+
+impl NeuronOutcome {
+    /// The page's view of `report` and its allocation.
+    pub fn new(report: &NeuronReport, allocation: Vec<usize>, millis: f64) -> Self {
+        NeuronOutcome {
+            codes: report.codes(),
+            per_lang: report.languages.iter().map(|l| l.counts.iter().map(|c| c.total).collect()).collect(),
+            union: report.union_counts.iter().map(|c| c.total).collect(),
+            union_tied: report.union_counts.iter().map(|c| c.tie_weighted).collect(),
+            allocation,
+            neurons: report.layout.num_neurons(),
+            texts: report.languages.iter().map(|l| l.texts).sum(),
+            top_n: report.top_n,
+            cuts: report
+                .languages
+                .iter()
+                .map(|l| CutRow {
+                    code: l.code.clone(),
+                    texts: l.texts,
+                    cut_ap: l.top_cut.ap,
+                    tied: if l.top_cut.crosses() { l.top_cut.tied.len() } else { 0 },
+                    places: l.top_cut.slots,
+                })
+                .collect(),
+            warnings: report.warnings(),
+            millis,
+        }
+    }
 }
 
 /// Splits pasted text into texts (non-empty lines, at most `max`).
@@ -42,15 +103,15 @@ pub fn lines(text: &str, max: usize) -> Vec<String> {
 /// Runs the analysis and the allocation.
 ///
 /// # Errors
-/// Fewer than two languages or texts, MoE input, analysis errors,
-/// cancellation.
+/// Fewer than two languages or texts, MoE input, top-N outside
+/// `1..=neurons`, analysis errors, cancellation.
 pub async fn run(
     task: &Task,
     src: &Picked,
     langs: &[LanguageTexts],
     top_n: usize,
     range: (usize, usize),
-) -> Result<NeuronResult, String> {
+) -> Result<NeuronOutcome, String> {
     let t0 = crate::web::now_ms();
     let m = src.model();
     if m.moe.is_some() {
@@ -80,8 +141,11 @@ pub async fn run(
     let model = cpu_model(m)?;
     let codes: Vec<String> = langs.iter().map(|l| l.code.clone()).collect();
     let mut col = NeuronCollector::new(&model, codes, CollectOptions::default()).map_err(msg)?;
-    col.reserve(encoded.len());
     let neurons = col.layout().num_neurons();
+    if top_n == 0 || top_n > neurons {
+        return Err(format!("top-N must be between 1 and {neurons} (the neurons of {}); got {top_n}", src.name()));
+    }
+    col.reserve(encoded.len());
     for (k, (lang, ids)) in encoded.iter().enumerate() {
         col.add_text(*lang, ids).map_err(msg)?;
         task.step(
@@ -93,11 +157,10 @@ pub async fn run(
     let pooled = col.finish().map_err(msg)?;
     task.step("average precision per neuron", 0.85).await?;
     let table = average_precision_table(&pooled, 1).map_err(msg)?;
-    let top_n = top_n.clamp(1, neurons);
     let report = analyze(&pooled, &table, &AnalysisOptions { top_n, ..Default::default() }).map_err(msg)?;
-    let counts: Vec<usize> = report.union_counts.iter().map(|c| c.total).collect();
+    let counts: Vec<f64> = report.union_counts.iter().map(|c| c.total).collect();
     let allocation = neuronmoe_allocation(&counts, range).map_err(msg)?;
-    Ok(NeuronResult { report, allocation, neurons, millis: crate::web::now_ms() - t0 })
+    Ok(NeuronOutcome::new(&report, allocation, crate::web::now_ms() - t0))
 }
 
 #[cfg(test)]

@@ -5,27 +5,22 @@
 use leptos::prelude::*;
 
 use crate::app::Shared;
-use crate::components::chart::{BarChart, Series};
+use crate::components::chart::{BarChart, Marked, Series};
 use crate::components::message::{Message, MessageLine};
 use crate::components::model_select::{Filter, ModelSelect};
 use crate::components::progress::Progress;
-use crate::compute::neurons::{lines, LanguageTexts};
+use crate::compute::neurons::{lines, LanguageTexts, NeuronOutcome};
 use crate::pages::Page;
 use crate::store::{pick, ModelRef};
+use moe_shared::methods::neurons::WarningKind;
 use crate::task::Task;
 
-const EN: &str = "The cat sat on the mat.\nTom likes to play with his red ball.\nThe sun is big and warm today.\nMom made a cake for the party.\nThe bird sang a happy song.\nLily found a shiny stone in the garden.";
-const HU: &str = "A macska a szőnyegen ült.\nTomi szeret a piros labdájával játszani.\nA nap ma nagy és meleg.\nAnya tortát sütött a bulira.\nA madár vidám dalt énekelt.\nLili egy fényes követ talált a kertben.";
-
-#[derive(Clone)]
-struct Outcome {
-    codes: Vec<String>,
-    per_lang: Vec<Vec<usize>>,
-    union: Vec<usize>,
-    allocation: Vec<usize>,
-    neurons: usize,
-    millis: f64,
-}
+// Ten texts per language: with fewer, neurons unrelated to the language
+// separate it perfectly by chance (the few-texts warning, shared's
+// `min_texts_per_language`: 10 for two languages on SmolLM2's 155,520
+// neurons at top-N 100).
+const EN: &str = "The cat sat on the mat.\nTom likes to play with his red ball.\nThe sun is big and warm today.\nMom made a cake for the party.\nThe bird sang a happy song.\nLily found a shiny stone in the garden.\nThe dog ran to the park with Ben.\nWe ate apples under the old tree.\nThe little boat floated on the lake.\nGrandpa read a story before bed.";
+const HU: &str = "A macska a szőnyegen ült.\nTomi szeret a piros labdájával játszani.\nA nap ma nagy és meleg.\nAnya tortát sütött a bulira.\nA madár vidám dalt énekelt.\nLili egy fényes követ talált a kertben.\nA kutya Benivel a parkba futott.\nAlmát ettünk az öreg fa alatt.\nA kis csónak a tavon úszott.\nNagypapa esti mesét olvasott.";
 
 /// The Neurons page.
 #[component]
@@ -41,7 +36,7 @@ pub fn NeuronsPage() -> impl IntoView {
     let e_max = RwSignal::new("6".to_string());
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
-    let out = RwSignal::new(None::<Outcome>);
+    let out = RwSignal::new(None::<NeuronOutcome>);
     let run = move |_| {
         let Some(p) = model.get_untracked().and_then(|r| pick(&r)) else {
             return msg.set(Message::Error("load a dense model first".into()));
@@ -70,24 +65,9 @@ pub fn NeuronsPage() -> impl IntoView {
                 Ok(r) => {
                     msg.set(Message::Ok(format!(
                         "analysed {} neurons on {} texts in {:.0} ms; new experts per layer: {:?}",
-                        r.neurons,
-                        texts.iter().map(|t| t.lines.len()).sum::<usize>(),
-                        r.millis,
-                        r.allocation
+                        r.neurons, r.texts, r.millis, r.allocation
                     )));
-                    out.set(Some(Outcome {
-                        codes: r.report.languages.iter().map(|l| l.code.clone()).collect(),
-                        per_lang: r
-                            .report
-                            .languages
-                            .iter()
-                            .map(|l| l.counts.iter().map(|c| c.total).collect())
-                            .collect(),
-                        union: r.report.union_counts.iter().map(|c| c.total).collect(),
-                        allocation: r.allocation,
-                        neurons: r.neurons,
-                        millis: r.millis,
-                    }));
+                    out.set(Some(r));
                 }
                 Err(e) => msg.set(Message::Error(e)),
             }
@@ -101,18 +81,40 @@ pub fn NeuronsPage() -> impl IntoView {
                 .codes
                 .iter()
                 .zip(&o.per_lang)
-                .map(|(c, v)| Series { label: format!("{c}-specific"), values: v.iter().map(|&x| Some(x as f64)).collect() })
+                .map(|(c, v)| Series { label: format!("{c}-specific"), values: v.iter().map(|&x| Some(x)).collect() })
                 .collect();
-            series.push(Series { label: "union of new languages (S_l)".into(), values: o.union.iter().map(|&x| Some(x as f64)).collect() });
+            series.push(Series { label: "union of new languages (S_l)".into(), values: o.union.iter().map(|&x| Some(x)).collect() });
+            let marked = Marked {
+                series: series.len() - 1,
+                parts: o.union_tied.clone(),
+                label: "tie-weighted: neurons tied at the top-N cut-off, each counting places / tied".into(),
+            };
             let alloc = Series { label: "new experts E_l".into(), values: o.allocation.iter().map(|&x| Some(x as f64)).collect() };
+            let warnings = o.warnings.iter().map(|w| view! {
+                <p class="notice" data-testid=format!("neurons-warning-{}", match w.kind { WarningKind::Tie => "tie", WarningKind::FewTexts => "few-texts" })>
+                    {if w.affects_allocation { "⚠ " } else { "" }}{w.message.clone()}</p>
+            }).collect_view();
+            let cut_rows = o.cuts.iter().map(|c| view! {
+                <tr><td>{c.code.clone()}</td><td class="num">{c.texts}</td><td class="num">{format!("{:.4}", c.cut_ap)}</td>
+                    <td class="num">{if c.tied > 0 { format!("{} for {} places", c.tied, c.places) } else { "none".into() }}</td></tr>
+            }).collect_view();
+            let cuts = view! {
+                <table class="grid cuts" data-testid="neurons-cuts">
+                    <tr><th>"language"</th><th class="num">"texts"</th><th class="num">{format!("AP at the top-{} cut-off", o.top_n)}</th>
+                        <th class="num">"neurons tied at the cut-off"</th></tr>
+                    {cut_rows}
+                </table>
+            };
             let json = serde_json::json!({ "new_experts_per_layer": o.allocation }).to_string();
             let use_it = move |_| {
                 shared.allocation.set(Some(json.clone()));
                 shared.go(Page::Upcycle);
             };
             view! {
-                <BarChart title=format!("Language-specific neurons per layer (top-N by Average Precision, of {} neurons)", o.neurons)
-                    x_label="layer" groups=layers.clone() series=series/>
+                {warnings}
+                {cuts}
+                <BarChart title=format!("Language-specific neurons per layer (top-{} by Average Precision, of {} neurons)", o.top_n, o.neurons)
+                    x_label="layer" groups=layers.clone() series=series marked=marked/>
                 <BarChart title="NeuronMoE allocation: new experts per layer (more specific neurons → more experts)"
                     x_label="layer" groups=layers series=vec![alloc]/>
                 <p data-testid="allocation">{format!("allocation (total per layer = 1 + new): {:?} — {:.0} ms", o.allocation, o.millis)}</p>

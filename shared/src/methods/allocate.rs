@@ -6,10 +6,19 @@
 //!   over the new languages, [`super::neurons::union_counts`]), `S_min` the
 //!   smallest non-zero `S_l` and `S_max` the largest,
 //!   `E_l = E_min + floor((S_l − S_min) / (S_max − S_min) · (E_max − E_min))`,
-//!   clamped to `[E_min, E_max]`; `S_l = 0` gives `E_min`. The floor is taken
-//!   in exact integer arithmetic. When `S_max == S_min` every layer gets
-//!   `E_min` (every non-zero layer is an `S_min` layer, which the formula
-//!   maps to `E_min`).
+//!   clamped to `[E_min, E_max]`; `S_l = 0` gives `E_min`. When
+//!   `S_max == S_min` every layer gets `E_min` (every non-zero layer is an
+//!   `S_min` layer, which the formula maps to `E_min`). `S_l` may be
+//!   fractional: neurons tied at the top-N cut-off count `slots / tied`
+//!   ([`super::neurons::select`]). `S_min` is then the smallest positive
+//!   `S_l`, however small (a layer reached only by a tie is a non-zero
+//!   layer), and the quotient is computed in f64 and floored after adding
+//!   1e-9, so that a quotient that is an integer up to rounding counts as
+//!   that integer. For whole counts this is the exact integer result: the
+//!   product `(S_l − S_min) · (E_max − E_min)` is exact, the division is
+//!   correctly rounded (an integer quotient comes out exact), and a
+//!   non-integer quotient is at least `1 / (S_max − S_min)` away from the
+//!   next integer, far more than 1e-9 for any real neuron count.
 //! - Uniform: the same count in every layer. By default the count that
 //!   matches NeuronMoE's expert budget ([`budget_matched_uniform`]:
 //!   `round(sum E_l / L)`, clamped to `[E_min, E_max]`), so the two differ
@@ -54,28 +63,36 @@ impl ExpertRange {
     }
 }
 
-/// NeuronMoE's `E_l` from the per-layer counts `S_l` (see the module docs).
+/// NeuronMoE's `E_l` from the per-layer counts `S_l` (see the module docs;
+/// fractional counts come from ties at the top-N cut-off).
 ///
 /// # Errors
-/// As [`ExpertRange::new`]; [`StudioError::Invalid`] for no layers.
-pub fn neuronmoe_allocation(counts: &[usize], range: ExpertRange) -> Result<Vec<usize>> {
+/// As [`ExpertRange::new`]; [`StudioError::Invalid`] for no layers or a
+/// negative or non-finite count.
+pub fn neuronmoe_allocation(counts: &[f64], range: ExpertRange) -> Result<Vec<usize>> {
     let range = ExpertRange::new(range.min, range.max)?;
     if counts.is_empty() {
         return Err(StudioError::Invalid("no layers to allocate experts to".into()));
     }
-    let s_max = counts.iter().copied().max().unwrap_or(0);
-    let Some(s_min) = counts.iter().copied().filter(|&s| s > 0).min() else {
+    if let Some(l) = counts.iter().position(|s| !s.is_finite() || *s < 0.0) {
+        return Err(StudioError::Invalid(format!(
+            "layer {l}: specific-neuron count {} (expected a finite count >= 0)",
+            counts[l]
+        )));
+    }
+    let s_max = counts.iter().copied().fold(0.0, f64::max);
+    let Some(s_min) = counts.iter().copied().filter(|&s| s > 0.0).min_by(f64::total_cmp) else {
         return Ok(vec![range.min; counts.len()]);
     };
-    let span = (range.max - range.min) as u128;
+    let span = (range.max - range.min) as f64;
     Ok(counts
         .iter()
         .map(|&s| {
-            if s == 0 || s_max == s_min {
+            if s == 0.0 || s_max == s_min {
                 return range.min;
             }
-            let extra = ((s - s_min) as u128 * span) / (s_max - s_min) as u128;
-            (range.min + extra as usize).clamp(range.min, range.max)
+            let extra = ((s - s_min) * span / (s_max - s_min) + 1e-9).floor() as usize;
+            (range.min + extra).clamp(range.min, range.max)
         })
         .collect())
 }
@@ -200,8 +217,8 @@ pub struct AllocationComparison {
     pub new_languages: Vec<String>,
     /// Original languages (the others analysed).
     pub original_languages: Vec<String>,
-    /// `S_l` per layer.
-    pub specific_counts: Vec<usize>,
+    /// `S_l` per layer (tie-weighted, so possibly fractional).
+    pub specific_counts: Vec<f64>,
     /// NeuronMoE `E_l`.
     pub neuronmoe: Vec<usize>,
     /// Uniform `E_l`.
@@ -275,7 +292,7 @@ pub fn compare_allocations(
 ) -> Result<AllocationComparison> {
     let range = ExpertRange::new(range.min, range.max)?;
     let new: Vec<String> = new.map(<[String]>::to_vec).unwrap_or_else(|| report.new_languages.clone());
-    let counts: Vec<usize> = union_counts(report, &new)?.iter().map(|c| c.total).collect();
+    let counts: Vec<f64> = union_counts(report, &new)?.iter().map(|c| c.total).collect();
     let neuronmoe = neuronmoe_allocation(&counts, range)?;
     let original: Vec<String> = report.codes().into_iter().filter(|c| !new.contains(c)).collect();
     let (sim, layermoe) = if original.is_empty() {
@@ -305,32 +322,54 @@ mod tests {
         ExpertRange::new(a, b).unwrap()
     }
 
+    fn f(v: &[u32]) -> Vec<f64> {
+        v.iter().map(|&x| f64::from(x)).collect()
+    }
+
     #[test]
     fn formula_by_hand() {
         // S = [0, 10, 20, 30, 110]: S_min = 10, S_max = 110, E in [1, 6].
         // 10 -> 1; 20 -> 1 + floor(10/100*5) = 1; 30 -> 1 + floor(1.0) = 2; 110 -> 6.
-        assert_eq!(neuronmoe_allocation(&[0, 10, 20, 30, 110], r(1, 6)).unwrap(), vec![1, 1, 1, 2, 6]);
+        assert_eq!(neuronmoe_allocation(&f(&[0, 10, 20, 30, 110]), r(1, 6)).unwrap(), vec![1, 1, 1, 2, 6]);
         // Exact floor at boundaries: (S - S_min)/(S_max - S_min) * 5 = 3 exactly.
-        assert_eq!(neuronmoe_allocation(&[1, 61, 101], r(1, 6)).unwrap(), vec![1, 4, 6]);
+        assert_eq!(neuronmoe_allocation(&f(&[1, 61, 101]), r(1, 6)).unwrap(), vec![1, 4, 6]);
     }
 
     #[test]
     fn edge_cases() {
         // All zero: E_min everywhere.
-        assert_eq!(neuronmoe_allocation(&[0, 0, 0], r(1, 6)).unwrap(), vec![1, 1, 1]);
+        assert_eq!(neuronmoe_allocation(&f(&[0, 0, 0]), r(1, 6)).unwrap(), vec![1, 1, 1]);
         // S_max == S_min: E_min everywhere.
-        assert_eq!(neuronmoe_allocation(&[0, 7, 7], r(1, 6)).unwrap(), vec![1, 1, 1]);
+        assert_eq!(neuronmoe_allocation(&f(&[0, 7, 7]), r(1, 6)).unwrap(), vec![1, 1, 1]);
         // Single layer.
-        assert_eq!(neuronmoe_allocation(&[5], r(2, 4)).unwrap(), vec![2]);
+        assert_eq!(neuronmoe_allocation(&f(&[5]), r(2, 4)).unwrap(), vec![2]);
         // E_min == E_max.
-        assert_eq!(neuronmoe_allocation(&[0, 3, 900], r(3, 3)).unwrap(), vec![3, 3, 3]);
+        assert_eq!(neuronmoe_allocation(&f(&[0, 3, 900]), r(3, 3)).unwrap(), vec![3, 3, 3]);
         // E_min = 0 allowed.
-        assert_eq!(neuronmoe_allocation(&[1, 2], r(0, 2)).unwrap(), vec![0, 2]);
+        assert_eq!(neuronmoe_allocation(&f(&[1, 2]), r(0, 2)).unwrap(), vec![0, 2]);
         let e = ExpertRange::new(6, 1).unwrap_err().to_string();
         assert!(e.contains("E_min (6) is greater than E_max (1)"), "{e}");
-        let e = neuronmoe_allocation(&[1, 2], ExpertRange { min: 6, max: 1 }).unwrap_err().to_string();
+        let e = neuronmoe_allocation(&f(&[1, 2]), ExpertRange { min: 6, max: 1 }).unwrap_err().to_string();
         assert!(e.contains("E_min (6)"), "{e}");
-        assert!(neuronmoe_allocation(&[], r(1, 6)).is_err());
+        assert!(neuronmoe_allocation(&f(&[]), r(1, 6)).is_err());
+    }
+
+    #[test]
+    fn fractional_counts() {
+        // Tie-weighted counts: S_min = 0.25 (a layer reached only by a tie),
+        // S_max = 10.25. 5.25 -> 1 + floor(5/10*5) = 3 (exactly 2.5 -> 2);
+        // 8.25 -> 1 + floor(4) = 5, an integer quotient from fractions.
+        let e = neuronmoe_allocation(&[0.0, 0.25, 5.25, 8.25, 10.25], r(1, 6)).unwrap();
+        assert_eq!(e, vec![1, 1, 3, 5, 6]);
+        // A quotient that is an integer only up to rounding: S_max = 0.1 + 0.2
+        // (0.30000000000000004), S_min 0.1; the layer with S = 0.3 is S_max
+        // up to rounding: 4.999999999999998 in f64, which counts as 5 -> 6
+        // (a plain floor gives 5).
+        let e = neuronmoe_allocation(&[0.1, 0.1 + 0.2, 0.3, 0.2], r(1, 6)).unwrap();
+        assert_eq!(e, vec![1, 6, 6, 3]);
+        let err = neuronmoe_allocation(&[1.0, f64::NAN], r(1, 6)).unwrap_err().to_string();
+        assert!(err.contains("layer 1") && err.contains("NaN"), "{err}");
+        assert!(neuronmoe_allocation(&[-1.0, 2.0], r(1, 6)).is_err());
     }
 
     #[test]

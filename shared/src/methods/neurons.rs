@@ -20,7 +20,10 @@
 //! 3. [`analyze`]: top-N (highest AP) and bottom-N (lowest AP) neurons per
 //!    language, per-layer counts of specific neurons per component, and the
 //!    union over the new languages ([`union_counts`]) that NeuronMoE's
-//!    allocation ([`super::allocate`]) maps to experts.
+//!    allocation ([`super::allocate`]) maps to experts. Neurons tied at the
+//!    N-th AP share the places left instead of being taken in index order
+//!    ([`select`]), and [`NeuronReport::warnings`] says when a tie or too
+//!    few texts make the counts uncertain.
 //!
 //! Neurons are indexed flat, layer-major, then component in
 //! [`COMPONENTS`] order, then unit ([`NeuronLayout`]).
@@ -30,6 +33,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, StudioError};
 use crate::model::{ForwardOptions, Mlp, Pooling, Trace, Transformer};
+
+pub mod select;
+pub use select::{
+    chance_perfect_neurons, min_texts_per_language, select_by_ap, weighted_counts, Cutoff, NeuronWarning, Selection,
+    WarningKind, CHANCE_SHARE, TIE_SHARE,
+};
 
 /// The linear maps whose output units are neurons, in capture order
 /// (attention first, then the dense FFN).
@@ -644,13 +653,19 @@ pub struct NeuronAp {
     pub ap: f64,
 }
 
-/// Specific-neuron counts of one layer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Specific-neuron counts of one layer. Neurons tied at a cut-off count
+/// fractionally ([`select`]): a count is whole when no tie reaches the
+/// layer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LayerCounts {
     /// Per component, aligned with `layout.layers[l]`.
-    pub per_component: Vec<usize>,
+    pub per_component: Vec<f64>,
     /// Sum over components.
-    pub total: usize,
+    pub total: f64,
+    /// The part of `total` that comes from neurons tied at a cut-off
+    /// (weighted); `total − tie_weighted` neurons are certain.
+    #[serde(default)]
+    pub tie_weighted: f64,
 }
 
 /// The analysis of one language.
@@ -666,22 +681,33 @@ pub struct LanguageNeurons {
     pub base_rate: f64,
     /// Mean AP over all neurons.
     pub mean_ap: f64,
-    /// The `top_n` neurons of highest AP (ties: lower flat index first).
+    /// The neurons of the top-N (highest AP) that are above the cut-off
+    /// AP, best first (equal APs in flat order, for display only). With no
+    /// tie across the cut these are all N.
     pub top: Vec<NeuronAp>,
-    /// The `top_n` neurons of lowest AP (ties: lower flat index first).
+    /// The tie at the top-N cut-off: `top.len() + top_cut.slots == N`.
+    #[serde(default)]
+    pub top_cut: Cutoff,
+    /// The same for the bottom-N (lowest AP).
     pub bottom: Vec<NeuronAp>,
-    /// Per layer, the counts of this language's specific neurons (`top`, plus
-    /// `bottom` when `include_bottom`).
+    /// The tie at the bottom-N cut-off.
+    #[serde(default)]
+    pub bottom_cut: Cutoff,
+    /// Per layer, the counts of this language's specific neurons (`top` and
+    /// its tie, plus `bottom` and its tie when `include_bottom`).
     pub counts: Vec<LayerCounts>,
-    /// Neurons whose AP equals the N-th of `top` but that were left out:
-    /// ties at the cut are broken by flat index (earlier layers first), so a
-    /// non-zero value means the top-N is not decided by AP alone (e.g. more
-    /// than N neurons separate the language perfectly, AP = 1).
-    #[serde(default)]
-    pub top_cutoff_ties_left_out: usize,
-    /// The same for `bottom`.
-    #[serde(default)]
-    pub bottom_cutoff_ties_left_out: usize,
+}
+
+impl LanguageNeurons {
+    /// The selections that make this language's specific set: the top-N,
+    /// plus the bottom-N when `include_bottom`.
+    pub fn selections(&self, include_bottom: bool) -> Vec<Selection<'_>> {
+        let mut v = vec![Selection { certain: &self.top, cut: &self.top_cut }];
+        if include_bottom {
+            v.push(Selection { certain: &self.bottom, cut: &self.bottom_cut });
+        }
+        v
+    }
 }
 
 /// Cosine similarity of the languages' mean FFN inputs per layer (the
@@ -715,7 +741,8 @@ impl Default for AnalysisOptions {
 /// Everything the analysis found; the `neurons.json` that `allocate` reads.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NeuronReport {
-    /// File format version (1).
+    /// File format version: 2 (tie-aware counts; 1, read too, broke ties
+    /// at the cut by flat index).
     pub version: u32,
     /// Pooling over tokens.
     pub pooling: Pooling,
@@ -731,7 +758,8 @@ pub struct NeuronReport {
     pub languages: Vec<LanguageNeurons>,
     /// The new languages of `union_counts`.
     pub new_languages: Vec<String>,
-    /// `S_l` per layer: distinct specific neurons over the new languages.
+    /// `S_l` per layer: specific neurons of the union over the new
+    /// languages, tie-weighted ([`select`]).
     pub union_counts: Vec<LayerCounts>,
     /// Mean-hidden-state similarity per layer.
     pub similarity: LayerSimilarity,
@@ -740,18 +768,6 @@ pub struct NeuronReport {
 fn neuron_ap(layout: &NeuronLayout, segs: &[(usize, usize, usize, usize)], index: usize, ap: f64) -> NeuronAp {
     let p = NeuronLayout::locate_in(segs, index).expect("index in range");
     NeuronAp { layer: p.layer, component: layout.layers[p.layer][p.slot].component.clone(), unit: p.unit, index, ap }
-}
-
-fn count_layers(layout: &NeuronLayout, indices: impl IntoIterator<Item = usize>) -> Vec<LayerCounts> {
-    let segs = layout.segments();
-    let mut counts: Vec<LayerCounts> =
-        layout.layers.iter().map(|c| LayerCounts { per_component: vec![0; c.len()], total: 0 }).collect();
-    for i in indices {
-        let p = NeuronLayout::locate_in(&segs, i).expect("index in range");
-        counts[p.layer].per_component[p.slot] += 1;
-        counts[p.layer].total += 1;
-    }
-    counts
 }
 
 /// The cosine similarities of the languages' mean FFN inputs per layer.
@@ -783,20 +799,10 @@ pub fn layer_similarity(p: &PooledActivations) -> LayerSimilarity {
     LayerSimilarity { languages: p.languages.clone(), cosine }
 }
 
-/// The specific-neuron set of one language: `top`, plus `bottom` when
-/// `include_bottom` (distinct flat indices).
-pub fn specific_set(lang: &LanguageNeurons, include_bottom: bool) -> Vec<usize> {
-    let mut v: Vec<usize> = lang.top.iter().map(|n| n.index).collect();
-    if include_bottom {
-        v.extend(lang.bottom.iter().map(|n| n.index));
-    }
-    v.sort_unstable();
-    v.dedup();
-    v
-}
-
-/// `S_l`: per layer, the distinct specific neurons of the union over `new`
-/// (language codes of the report).
+/// `S_l`: per layer, the specific neurons of the union over `new`
+/// (language codes of the report): a neuron counts 1 when it is above a
+/// cut-off for any of them, else `1 − ∏(1 − w)` over the ties it is in
+/// ([`select`]; without ties, the number of distinct specific neurons).
 ///
 /// # Errors
 /// [`StudioError::Invalid`] for an empty list or a code the report lacks.
@@ -804,17 +810,15 @@ pub fn union_counts(report: &NeuronReport, new: &[String]) -> Result<Vec<LayerCo
     if new.is_empty() {
         return Err(StudioError::Invalid("no new languages given for the union of specific neurons".into()));
     }
-    let mut all = Vec::new();
+    let mut sets = Vec::new();
     for code in new {
         let lang = report.languages.iter().find(|l| &l.code == code).ok_or_else(|| {
             let known: Vec<&str> = report.languages.iter().map(|l| l.code.as_str()).collect();
             StudioError::Invalid(format!("new language `{code}` was not analysed (languages: {})", known.join(", ")))
         })?;
-        all.extend(specific_set(lang, report.include_bottom));
+        sets.extend(lang.selections(report.include_bottom));
     }
-    all.sort_unstable();
-    all.dedup();
-    Ok(count_layers(&report.layout, all))
+    Ok(weighted_counts(&report.layout, &sets))
 }
 
 /// Top-N / bottom-N per language, per-layer counts, the union over the new
@@ -842,36 +846,30 @@ pub fn analyze(p: &PooledActivations, table: &ApTable, opts: &AnalysisOptions) -
     let mut languages = Vec::new();
     for (c, code) in p.languages.iter().enumerate() {
         let ap = &table.ap[c];
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_unstable_by(|&a, &b| ap[b].total_cmp(&ap[a]).then(a.cmp(&b)));
-        let top: Vec<NeuronAp> = order[..opts.top_n].iter().map(|&i| neuron_ap(&p.layout, &segs, i, ap[i])).collect();
-        order.sort_unstable_by(|&a, &b| ap[a].total_cmp(&ap[b]).then(a.cmp(&b)));
-        let bottom: Vec<NeuronAp> =
-            order[..opts.top_n].iter().map(|&i| neuron_ap(&p.layout, &segs, i, ap[i])).collect();
-        let left_out = |list: &[NeuronAp]| {
-            let cut = list.last().map(|n| n.ap).unwrap_or(f64::NAN);
-            ap.iter().filter(|&&x| x == cut).count() - list.iter().filter(|n| n.ap == cut).count()
+        let list = |ids: Vec<usize>| -> Vec<NeuronAp> {
+            ids.into_iter().map(|i| neuron_ap(&p.layout, &segs, i, ap[i])).collect()
         };
-        let (top_cutoff_ties_left_out, bottom_cutoff_ties_left_out) = (left_out(&top), left_out(&bottom));
+        let (top, top_cut) = select_by_ap(ap, opts.top_n, true);
+        let (bottom, bottom_cut) = select_by_ap(ap, opts.top_n, false);
         let mut lang = LanguageNeurons {
             code: code.clone(),
             texts: per_lang[c],
             tokens: p.tokens[c],
             base_rate: table.base_rate[c],
             mean_ap: ap.iter().sum::<f64>() / n as f64,
-            top,
-            bottom,
+            top: list(top),
+            top_cut,
+            bottom: list(bottom),
+            bottom_cut,
             counts: Vec::new(),
-            top_cutoff_ties_left_out,
-            bottom_cutoff_ties_left_out,
         };
-        lang.counts = count_layers(&p.layout, specific_set(&lang, opts.include_bottom));
+        lang.counts = weighted_counts(&p.layout, &lang.selections(opts.include_bottom));
         languages.push(lang);
     }
     let new_languages =
         if opts.new_languages.is_empty() { p.languages[1..].to_vec() } else { opts.new_languages.clone() };
     let mut report = NeuronReport {
-        version: 1,
+        version: 2,
         pooling: p.options.pooling,
         max_tokens: p.options.max_tokens,
         top_n: opts.top_n,
@@ -899,11 +897,11 @@ impl NeuronReport {
                 format!("{e} (expected the neurons.json written by `moe-studio neurons`)"),
             )
         })?;
-        if r.version != 1 {
+        if !(1..=2).contains(&r.version) {
             return Err(StudioError::format(
                 source_name,
                 "neurons JSON",
-                format!("version {} (this build reads 1)", r.version),
+                format!("version {} (this build reads 1 and 2)", r.version),
             ));
         }
         if r.union_counts.len() != r.layout.num_layers() {

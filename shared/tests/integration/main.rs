@@ -14,6 +14,7 @@ mod gguf_malformed;
 mod gguf_tokenizer;
 mod hf_tiny;
 mod merge;
+mod neuron_ties;
 mod moerge;
 mod neurons;
 mod route;

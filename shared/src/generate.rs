@@ -86,6 +86,23 @@ pub fn generate<B: Backend>(
     eos: Option<u32>,
     device: &B::Device,
 ) -> Result<Vec<u32>> {
+    generate_with(model, prompt, max_new_tokens, sampling, eos, device, |_| {})
+}
+
+/// [`generate`], calling `on_token(new tokens so far)` after each new token
+/// (progress in the browser studio).
+///
+/// # Errors
+/// As [`generate`].
+pub fn generate_with<B: Backend>(
+    model: &Transformer<B>,
+    prompt: &[u32],
+    max_new_tokens: usize,
+    sampling: Sampling,
+    eos: Option<u32>,
+    device: &B::Device,
+    mut on_token: impl FnMut(usize),
+) -> Result<Vec<u32>> {
     if prompt.is_empty() {
         return Err(StudioError::Invalid("the prompt encodes to no tokens".into()));
     }
@@ -112,6 +129,7 @@ pub fn generate<B: Backend>(
         let logits: Vec<f32> = logits.into_data().convert::<f32>().to_vec().expect("f32 logits");
         let next = sample(&logits, &sampling, &mut rng);
         out.push(next);
+        on_token(out.len());
         if Some(next) == eos {
             break;
         }

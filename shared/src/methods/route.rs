@@ -70,6 +70,29 @@ pub fn empty_stats<B: Backend>(model: &Transformer<B>, bias: bool) -> Vec<Option
         .collect()
 }
 
+/// The FFN inputs (what the router sees) of one sequence with every MoE
+/// layer forced to expert `domain`: per layer `l` with `want[l]`, the
+/// `[tokens, d]` row-major values; `None` for the others. These are the
+/// rows [`collect_stats`] accumulates (and the browser's WebGPU Gram
+/// kernel takes).
+pub fn forced_ffn_inputs<B: Backend>(
+    model: &Transformer<B>,
+    domain: usize,
+    seq: &[u32],
+    want: &[bool],
+) -> Vec<Option<Vec<f32>>> {
+    let opts = ForwardOptions { routing: Routing::Forced(domain), capture_ffn_inputs: true, ..Default::default() };
+    let trace = forward_trace(model, seq, opts);
+    trace
+        .ffn_inputs
+        .into_iter()
+        .enumerate()
+        .map(|(l, x)| {
+            want.get(l).copied().unwrap_or(false).then(|| x.into_data().convert::<f32>().to_vec().expect("f32"))
+        })
+        .collect()
+}
+
 /// Accumulates the statistics of domain `domain` (= expert index) from
 /// `sequences`, forcing every MoE layer to that expert; stops after
 /// `max_tokens` tokens. Returns the tokens used.
@@ -94,7 +117,7 @@ pub fn collect_stats<B: Backend>(
             }
         }
     }
-    let opts = ForwardOptions { routing: Routing::Forced(domain), capture_ffn_inputs: true, ..Default::default() };
+    let moe: Vec<bool> = stats.iter().map(Option::is_some).collect();
     let mut used = 0usize;
     for seq in sequences {
         if used >= max_tokens {
@@ -104,11 +127,9 @@ pub fn collect_stats<B: Backend>(
         if take == 0 {
             continue;
         }
-        let trace = forward_trace(model, &seq[..take], opts);
-        for (l, x) in trace.ffn_inputs.into_iter().enumerate() {
-            if let Some(s) = stats[l].as_mut() {
-                let v: Vec<f32> = x.into_data().convert::<f32>().to_vec().expect("f32");
-                s.accumulate(&v, domain)?;
+        for (l, x) in forced_ffn_inputs(model, domain, &seq[..take], &moe).into_iter().enumerate() {
+            if let (Some(s), Some(x)) = (stats[l].as_mut(), x) {
+                s.accumulate(&x, domain)?;
             }
         }
         used += take;

@@ -307,7 +307,9 @@ fn planted_neuron_ranks_first_with_ap_one() {
         }
         // Base rates and counts.
         assert!((a.base_rate - 1.0 / 3.0).abs() < 1e-15);
-        assert_eq!(report.union_counts.iter().map(|c| c.total).sum::<f64>(), 10.0);
+        // Tie weights sum to the places they share (up to rounding).
+        let s: f64 = report.union_counts.iter().map(|c| c.total).sum();
+        assert!((s - 10.0).abs() < 1e-9, "{s}");
         let gate_slot = report.layout.layers[1].iter().position(|c| c.component == "gate_proj").unwrap();
         assert!(report.union_counts[1].per_component[gate_slot] >= 1.0);
         eprintln!("{pooling:?}: planted AP(a) = {}, runner-up AP = {:.4}", first.ap, a.top[1].ap);

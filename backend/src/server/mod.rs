@@ -103,9 +103,11 @@
 //! `interrupted` (with `--auto-resume`, train jobs are re-queued).
 
 mod checkpoints;
+mod conn;
 mod db;
 mod error;
 mod jobs;
+mod limits;
 mod uploads;
 
 pub use jobs::EXIT_WITH_PARENT_ENV;
@@ -162,6 +164,24 @@ pub struct ServeArgs {
     /// At start, delete incomplete uploads older than this many hours (0: every incomplete upload).
     #[arg(long, default_value_t = 24)]
     pub upload_ttl_hours: u64,
+    /// A chunk whose body stalls this long (no byte) is dropped and its upload unlocked (408).
+    #[arg(long, default_value_t = 60)]
+    pub chunk_timeout_secs: u64,
+    /// Memory limit of each job's process group, bytes (0: 80% of the host's memory).
+    #[arg(long, default_value_t = 0)]
+    pub job_memory_limit: u64,
+    /// A cancelled job's time between SIGINT and SIGKILL, seconds; a train job gets two of its
+    /// steps and the time to write its checkpoint on top.
+    #[arg(long, default_value_t = 30)]
+    pub cancel_grace_secs: u64,
+    /// A connection that sends no complete request head within this many seconds is closed
+    /// (also an idle keep-alive connection).
+    #[arg(long, default_value_t = 20)]
+    pub header_timeout_secs: u64,
+    /// Most connections open at once (lowered to fit the open-file limit); a quarter of them
+    /// at most may be connections that have not presented the token.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
 }
 
 /// Chunk size when an upload does not choose one.
@@ -177,12 +197,16 @@ pub struct AppState {
     pub data: PathBuf,
     /// The registry.
     pub db: Db,
-    /// The bearer token.
-    token: String,
+    /// The bearer token's and the read cookie's digests.
+    pub credentials: Credentials,
     /// Limits and settings.
     pub args: ServeArgs,
     /// The default Burn backend of jobs.
     pub default_backend: String,
+    /// Held while an upload is announced (free space vs. promised space).
+    pub upload_reserve: tokio::sync::Mutex<()>,
+    /// The memory limit of each job, bytes.
+    pub job_memory_limit: u64,
     /// Per-upload locks (one chunk of an upload at a time).
     pub upload_locks: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The job runner.
@@ -234,27 +258,143 @@ fn load_token(args: &ServeArgs, data: &Path) -> anyhow::Result<(String, bool)> {
     Ok((token, true))
 }
 
-/// Constant-time comparison of the presented and expected tokens.
-fn token_matches(given: &str, expected: &str) -> bool {
-    let (a, b) = (given.as_bytes(), expected.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Name of the read cookie set by `POST /api/session`.
+pub const READ_COOKIE: &str = "moe_studio_read";
+
+/// The credentials of the server: digests of the token and of the read
+/// cookie's value, compared in constant time and at a fixed length (the
+/// sha256 of what was presented against the sha256 of the token), so that
+/// neither the time of a refusal nor its answer depends on the token's
+/// length or on how many leading characters were right.
+pub struct Credentials {
+    token_digest: [u8; 32],
+    cookie_value: String,
+    cookie_digest: [u8; 32],
 }
 
+/// What a request presents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presented {
+    /// `Authorization: Bearer` with the right token (reads and writes).
+    Token,
+    /// The read cookie of `POST /api/session` (reads only).
+    ReadCookie,
+    /// A wrong bearer token or cookie.
+    Wrong,
+    /// Nothing.
+    Nothing,
+}
+
+fn sha256(b: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(b).into()
+}
+
+/// Constant-time equality of two digests.
+fn digests_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Credentials {
+    /// The credentials of `token`.
+    pub fn new(token: &str) -> Self {
+        // The cookie carries a value derived from the token, not the token:
+        // a leaked cookie reads, it never writes.
+        let cookie_value = uploads::hex(&sha256(format!("moe-studio read cookie v1\0{token}").as_bytes()));
+        Credentials {
+            token_digest: sha256(token.as_bytes()),
+            cookie_digest: sha256(cookie_value.as_bytes()),
+            cookie_value,
+        }
+    }
+
+    /// Whether `given` is the token (constant time whatever its length).
+    pub fn token_matches(&self, given: &str) -> bool {
+        digests_equal(&sha256(given.as_bytes()), &self.token_digest)
+    }
+
+    /// What the request headers present: the bearer token first, else the read cookie.
+    pub fn presented(&self, headers: &axum::http::HeaderMap) -> Presented {
+        if let Some(auth) = headers.get(header::AUTHORIZATION) {
+            let t = auth.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
+            return match t {
+                Some(t) if self.token_matches(t) => Presented::Token,
+                _ => Presented::Wrong,
+            };
+        }
+        let mut seen = false;
+        for v in headers.get_all(header::COOKIE) {
+            for kv in v.to_str().unwrap_or("").split(';') {
+                if let Some((k, val)) = kv.trim().split_once('=') {
+                    if k == READ_COOKIE {
+                        if digests_equal(&sha256(val.trim().as_bytes()), &self.cookie_digest) {
+                            return Presented::ReadCookie;
+                        }
+                        seen = true;
+                    }
+                }
+            }
+        }
+        if seen {
+            Presented::Wrong
+        } else {
+            Presented::Nothing
+        }
+    }
+
+    /// The `Set-Cookie` value of `POST /api/session`: `HttpOnly` (no script
+    /// reads it), `SameSite=Strict` (no other site's page sends it),
+    /// `Path=/api`.
+    fn set_cookie(&self) -> String {
+        format!("{READ_COOKIE}={}; Path=/api; HttpOnly; SameSite=Strict", self.cookie_value)
+    }
+}
+
+/// Whether a request needs no credentials: `GET /api/info` (what the page
+/// probes before it has a token).
+fn is_public(method: &Method, path: &str) -> bool {
+    matches!(*method, Method::GET | Method::HEAD) && path == "/info"
+}
+
+/// Every API route but `GET /api/info` needs credentials: the bearer token
+/// for any method, or the read cookie for `GET` / `HEAD` (an `EventSource`
+/// and a download link cannot set headers). A mutating request never
+/// accepts the cookie: on loopback every port is the same site, so
+/// `SameSite` alone would not stop another local page from sending it.
 async fn require_token(State(st): State<AppStateRef>, req: Request, next: Next) -> Response {
-    if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+    if is_public(req.method(), req.uri().path()) {
         return next.run(req).await;
     }
-    let auth = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    match auth.and_then(|v| v.strip_prefix("Bearer ")) {
-        Some(t) if token_matches(t.trim(), &st.token) => next.run(req).await,
-        Some(_) => AppError::new(StatusCode::UNAUTHORIZED, Some("Authorization"), "wrong token").into_response(),
-        None => AppError::new(
+    let read = matches!(*req.method(), Method::GET | Method::HEAD);
+    match st.credentials.presented(req.headers()) {
+        Presented::Token => next.run(req).await,
+        Presented::ReadCookie if read => next.run(req).await,
+        Presented::ReadCookie => AppError::new(
+            StatusCode::UNAUTHORIZED,
+            Some("Authorization"),
+            "the session cookie only reads: this route needs `Authorization: Bearer TOKEN`",
+        )
+        .into_response(),
+        Presented::Wrong => AppError::new(StatusCode::UNAUTHORIZED, Some("Authorization"), "wrong token").into_response(),
+        Presented::Nothing => AppError::new(
             StatusCode::UNAUTHORIZED,
             Some("Authorization"),
             "this route needs `Authorization: Bearer TOKEN` (the token is in DATA_DIR/token or --token-file)",
         )
         .into_response(),
     }
+}
+
+/// `POST /api/session` (bearer token): sets the read cookie, so that the
+/// page's `EventSource` and download links are authorised. 204.
+async fn create_session(State(st): State<AppStateRef>) -> Response {
+    (StatusCode::NO_CONTENT, [(header::SET_COOKIE, st.credentials.set_cookie())]).into_response()
+}
+
+/// `DELETE /api/session`: clears the read cookie. 204.
+async fn delete_session() -> Response {
+    let clear = format!("{READ_COOKIE}=; Path=/api; HttpOnly; SameSite=Strict; Max-Age=0");
+    (StatusCode::NO_CONTENT, [(header::SET_COOKIE, clear)]).into_response()
 }
 
 /// The `Host` values accepted by a server bound to `addr`: on loopback
@@ -394,6 +534,7 @@ async fn no_frontend() -> impl IntoResponse {
 pub fn router(st: AppStateRef) -> Router {
     let api = Router::new()
         .route("/info", get(info))
+        .route("/session", post(create_session).delete(delete_session))
         .route("/uploads", post(uploads::create).get(uploads::list))
         .route("/uploads/{id}", get(uploads::status).delete(uploads::delete))
         .route(
@@ -494,21 +635,34 @@ pub fn run(backend: &str, args: ServeArgs) -> anyhow::Result<()> {
     }
     let db = Db::open(&data.join("studio.db"))?;
     uploads::expire(&db, &data, args.upload_ttl_hours)?;
+    checkpoints::recover(&db, &data)?;
+    let fd_limit = conn::raise_fd_limit();
+    let job_memory_limit = match args.job_memory_limit {
+        0 => limits::host_memory().map(|(total, _)| total / 10 * 8).unwrap_or(u64::MAX),
+        n => n,
+    };
     let (token, generated) = load_token(&args, &data)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async move {
         let listener =
             tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("binding {}", args.addr))?;
+        let (max_conns, max_unauth) = conn::caps(args.max_connections, fd_limit);
+        let limits = conn::Limits::new(max_conns, max_unauth);
+        tracing::info!(
+            "at most {max_conns} connections ({max_unauth} without the token) under an open-file limit of {fd_limit}"
+        );
         let addr = listener.local_addr()?;
         let default_backend = backend.name.to_string();
         let allowed_hosts = allowed_hosts(addr, &args.allow_host);
         let st = Arc::new(AppState {
             data: data.clone(),
             db,
-            token: token.clone(),
+            credentials: Credentials::new(&token),
             args: args.clone(),
             default_backend,
             upload_locks: Default::default(),
+            upload_reserve: Default::default(),
+            job_memory_limit,
             jobs: jobs::Runner::new(args.workers)?,
             allowed_hosts,
         });
@@ -521,9 +675,8 @@ pub fn run(backend: &str, args: ServeArgs) -> anyhow::Result<()> {
         println!("data dir {}", data.display());
         if !addr.ip().is_loopback() {
             let w = format!(
-                "WARNING: listening on {addr}, not loopback: every GET route (checkpoint files, job logs and \
-                 artefacts, uploads) is readable by anyone who can reach this address WITHOUT the token; \
-                 only POST/PUT/DELETE need it. Bind 127.0.0.1 unless this network is trusted."
+                "WARNING: listening on {addr}, not loopback: the token travels in clear text over plain HTTP \
+                 to and from anyone who can reach this address. Bind 127.0.0.1 unless this network is trusted."
             );
             eprintln!("{w}");
             println!("{w}");
@@ -533,7 +686,8 @@ pub fn run(backend: &str, args: ServeArgs) -> anyhow::Result<()> {
         std::io::stdout().flush().ok();
         let app = router(st.clone());
         let st2 = st.clone();
-        let shutdown = async move {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
             let ctrl_c = tokio::signal::ctrl_c();
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
@@ -542,8 +696,9 @@ pub fn run(backend: &str, args: ServeArgs) -> anyhow::Result<()> {
             // Ends the SSE streams (or the graceful shutdown would wait for
             // their clients) and sends SIGINT to the running jobs.
             jobs::begin_shutdown(&st2);
-        };
-        axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("serving")?;
+            let _ = stop_tx.send(true);
+        });
+        conn::serve(st.clone(), listener, app, limits, stop_rx).await;
         jobs::shutdown(&st).await;
         Ok(())
     })

@@ -463,8 +463,12 @@ impl FormState {
                 routing: self.choice("routing"),
             }),
         };
-        let name = self.name.trim();
-        Ok(CreateJob { spec, backend: None, name: (!name.is_empty()).then(|| name.to_string()) })
+        // An empty name is no name; any other goes through the server's check.
+        let name = match self.name.trim() {
+            "" => None,
+            n => Some(moe_shared::api::check_name("name", n).map_err(|e| FieldError::form("name", e.error))?),
+        };
+        Ok(CreateJob { spec, backend: None, name })
     }
 
     fn ckpt(&self, key: &str) -> Result<String, FieldError> {

@@ -174,12 +174,12 @@ fn a_large_metadata_array_costs_no_memory() {
     assert_eq!((a.len(), a.elem_type_name()), (24 << 20, "uint8"));
     assert_eq!(a.iter().nth(300).and_then(|v| v.as_u64()), Some(300 % 256));
     // 2.6M one-letter strings (24 MB): iterated borrowed, never held.
-    let data = one_array(8, 24 << 20 / 9);
+    let data = one_array(8, (24 << 20) / 9);
     let (f, peak) = measured(|| GgufFile::parse(Bytes::from_vec(data), "big-str.gguf").unwrap());
     assert!(peak < (64 << 10), "{peak}");
     let a = f.get("x").unwrap().as_array().unwrap();
     let (n, peak) = measured(|| a.strs().unwrap().filter(|s| *s == "c").count());
-    assert_eq!(n, (24 << 20 / 9 + 23) / 26);
+    assert_eq!(n, ((24 << 20) / 9 + 23) / 26);
     assert!(peak < (4 << 10), "{peak}");
 }
 

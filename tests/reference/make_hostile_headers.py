@@ -53,11 +53,11 @@ def kv_arr(k, elem_type, n, payload):
 
 G = "gguf_header"
 put(G, "array_len_past_file", gguf([kv_arr("tokenizer.ggml.tokens", 8, 1 << 60, b"")]), "count 1152921504606846976")
-put(G, "string_len_past_file", gguf([gstr("general.name") + struct.pack("<IQ", 8, 1 << 40)]), "exceeds")
+put(G, "string_len_past_file", gguf([gstr("general.name") + struct.pack("<IQ", 8, 1 << 20)]), "exceeds")
 put(G, "string_over_limit", gguf([gstr("general.name") + struct.pack("<IQ", 8, 1 << 62)]), "limit")
 put(G, "kv_count_huge", gguf([], n_kv=1 << 40), "metadata_kv_count")
 put(G, "tensor_count_huge", gguf([], n_tensors=1 << 50), "tensor_count")
-nested = struct.pack("<IIQ", 9, 9, 1)
+nested = struct.pack("<IQ", 9, 1)
 deep = gstr("x") + struct.pack("<I", 9) + nested * 9 + struct.pack("<IQ", 0, 0)
 put(G, "arrays_nested_too_deep", gguf([deep]), "nested deeper")
 put(G, "unknown_value_type", gguf([gstr("x") + struct.pack("<I", 13)]), "unknown value type")

@@ -133,10 +133,16 @@ impl Limits {
     }
 
     /// (unauthenticated, authorised) connections open now.
+    #[cfg(test)]
     pub fn counts(&self) -> (usize, usize) {
         let p = self.lock();
         (p.unauth.len(), p.auth.len())
     }
+}
+
+/// Resolves once `rx` holds `true`.
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
 }
 
 /// Serves `app` on `listener` until `shutdown` turns true, then closes the
@@ -146,7 +152,7 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: Arc<Limits>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     let header_timeout = Duration::from_secs(st.args.header_timeout_secs.max(1));
     let (done_tx, mut done_rx) = watch::channel(0usize);
@@ -154,7 +160,7 @@ pub async fn serve(
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
-            _ = shutdown.wait_for(|s| *s) => break,
+            _ = stopped(shutdown.clone()) => break,
         };
         let stream = match accepted {
             Ok((s, _)) => s,
@@ -173,9 +179,9 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let (st2, app, limits2, conn2, mut shutdown2) =
+        let (st2, app, limits2, conn2, shutdown2) =
             (st.clone(), app.clone(), limits.clone(), conn.clone(), shutdown.clone());
-        let (open2, done2) = (open.clone(), done_tx.clone());
+        let (open2, done2, limits3) = (open.clone(), done_tx.clone(), limits.clone());
         open.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
@@ -195,12 +201,12 @@ pub async fn serve(
             tokio::select! {
                 _ = served.as_mut() => {}
                 _ = conn.close.notified() => {}
-                _ = shutdown2.wait_for(|s| *s) => {
+                _ = stopped(shutdown2) => {
                     served.as_mut().graceful_shutdown();
                     let _ = tokio::time::timeout(Duration::from_secs(10), served.as_mut()).await;
                 }
             }
-            limits.remove(id);
+            limits3.remove(id);
             let n = open2.fetch_sub(1, Ordering::SeqCst) - 1;
             let _ = done2.send(n);
         });

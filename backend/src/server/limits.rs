@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often a child's memory is measured.
+/// How often a child's memory is measured (every tenth of it in its first second).
 pub const POLL: Duration = Duration::from_millis(100);
 
 /// `MemTotal` and `MemAvailable` of `/proc/meminfo`, bytes (`None` when unreadable).
@@ -168,10 +168,14 @@ pub fn watch(pid: u32, limit: u64, name: &str) -> Arc<Watch> {
     });
     let w2 = w.clone();
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(POLL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let started = std::time::Instant::now();
+        let mut first = true;
         while !w2.done.load(Ordering::Relaxed) {
-            tick.tick().await;
+            // Every 10 ms in the first second (short jobs get measured too), then every POLL.
+            if !first {
+                tokio::time::sleep(if started.elapsed() < Duration::from_secs(1) { POLL / 10 } else { POLL }).await;
+            }
+            first = false;
             let w3 = w2.clone();
             let m = tokio::task::spawn_blocking(move || match w3.cgroup.as_ref().and_then(Cgroup::current) {
                 Some(c) => c,

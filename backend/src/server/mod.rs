@@ -6,11 +6,13 @@
 //! moe-studio [--backend ndarray|wgpu|cuda] serve [--addr 127.0.0.1:8080] [--data-dir DIR]
 //!     [--token-file FILE] [--static-dir DIR] [--max-upload-bytes N] [--max-chunk-bytes N]
 //!     [--workers N] [--auto-resume] [--allow-host NAME]... [--upload-ttl-hours 24]
+//!     [--chunk-timeout-secs 60] [--job-memory-limit BYTES] [--cancel-grace-secs 30]
+//!     [--header-timeout-secs 20] [--max-connections 1024]
 //! ```
 //! Binds loopback by default; prints `listening on http://ADDR` (port 0
 //! picks a free port). Bound to a non-loopback address it prints a warning:
-//! every `GET` (checkpoint files, logs, artefacts) is readable without the
-//! token there. The data directory holds `studio.db` (SQLite:
+//! the token then travels in clear text (plain HTTP). The data directory
+//! holds `studio.db` (SQLite:
 //! uploads, checkpoints, jobs; migrations in `backend/migrations/`),
 //! `uploads/{id}/`, `checkpoints/{id}/`, `jobs/{id}/` and, unless
 //! `--token-file` is given, `token` (generated on first start, mode 0600,
@@ -30,10 +32,21 @@
 //! (then those names, the loopback names and the bound IP).
 //!
 //! # API
-//! Every route is under `/api`. `POST`, `PUT` and `DELETE` need
-//! `Authorization: Bearer TOKEN` (401 otherwise); `GET`s are open (the
-//! browser's `EventSource` cannot send headers). Bodies are JSON (limit
-//! 1 MiB) except chunks. Every 4xx/5xx answer is
+//! Every route is under `/api`, and every one but `GET /api/info` needs
+//! credentials (401 otherwise): `Authorization: Bearer TOKEN` for any
+//! method, or — for `GET` / `HEAD` only — the read cookie that `POST
+//! /api/session` sets. The cookie exists because the browser's
+//! `EventSource` and download links cannot send headers; it is chosen over
+//! a per-job read token because one mechanism then covers every read (SSE,
+//! logs, artefacts, checkpoint files) and no secret ever appears in a URL
+//! (history, logs, `Referer`). It is `HttpOnly` (no script reads it),
+//! `SameSite=Strict` (no other site's page sends it) and `Path=/api`; its
+//! value is derived from the token (a leaked cookie reads, never writes),
+//! and a mutating request never accepts it: on loopback every port is the
+//! same site, so another local page could otherwise send it. Both are
+//! compared as sha256 digests in constant time, so neither the time nor
+//! the answer depends on the token's length. The static frontend is
+//! public. Bodies are JSON (limit 1 MiB) except chunks. Every 4xx/5xx answer is
 //! `{"error": "...", "field": "..."}` ([`ApiError`](moe_shared::api::ApiError);
 //! also the router's 405, a request target over 8 KiB (414) and an
 //! unsatisfiable `Range` (416);
@@ -43,11 +56,13 @@
 //!
 //! | route | body -> answer |
 //! |---|---|
-//! | `GET /api/info` | -> `ServerInfo` |
-//! | `POST /api/uploads` | `CreateUpload` -> 201 `UploadStatus` (413 over `max_upload_bytes`, 507 over the data dir's free space) |
+//! | `GET /api/info` | -> `ServerInfo` (public) |
+//! | `POST /api/session` | -> 204, `Set-Cookie` of the read cookie (bearer token needed) |
+//! | `DELETE /api/session` | -> 204, the read cookie cleared |
+//! | `POST /api/uploads` | `CreateUpload` -> 201 `UploadStatus` (413 over `max_upload_bytes`, 507 over the data dir's free space less what unfinished uploads still have to send) |
 //! | `GET /api/uploads` | -> `[UploadStatus]` |
 //! | `GET /api/uploads/{id}` | -> `UploadStatus`: `chunks_received` is the next chunk to send |
-//! | `PUT /api/uploads/{id}/chunks/{index}` | raw bytes, header `X-Chunk-Sha256: HEX` -> `UploadStatus` |
+//! | `PUT /api/uploads/{id}/chunks/{index}` | raw bytes, header `X-Chunk-Sha256: HEX` -> `UploadStatus` (408 when the body stalls `--chunk-timeout-secs`) |
 //! | `POST /api/uploads/{id}/complete` | -> `UploadStatus` (`complete`; 422 on whole-file sha256 mismatch, which resets the upload) |
 //! | `DELETE /api/uploads/{id}` | -> 204 |
 //! | `POST /api/checkpoints` | `CreateCheckpoint` -> 201 `CheckpointInfo` (422 when the files are not a model, e.g. a llama2.c `.bin` without its `tok*.bin`; 409 naming `uploads[i]` when an upload is not complete or was already used by a checkpoint) |
@@ -55,7 +70,7 @@
 //! | `GET /api/checkpoints/{id}` | -> `CheckpointInfo` with `summary` (`ModelSummary`) |
 //! | `GET /api/checkpoints/{id}/files/{name}` | -> the file (HTTP Range; an unparsable `Range` is ignored: 200, whole file) |
 //! | `DELETE /api/checkpoints/{id}` | -> 204 (409 while a job that uses it is queued, running or interrupted, or is a cancelled/failed train job with a saved checkpoint) |
-//! | `POST /api/jobs` | `CreateJob` -> 201 `JobInfo` (422 naming the invalid `spec.*` field, also checked against the input models: layers, context, experts; MoE where route needs one, dense where moerge / graft's base and instruct must be; merge inputs of one set of tensor shapes) |
+//! | `POST /api/jobs` | `CreateJob` -> 201 `JobInfo` (422 naming the invalid `spec.*` field, also checked against the input models: layers, context, experts; MoE where route needs one, dense where moerge / graft's base and instruct must be; merge inputs of one set of tensor shapes; train `devices` within the backend's, its memory estimate within the job memory limit; 400 for a bad `name`) |
 //! | `GET /api/jobs` | -> `[JobInfo]`, newest first |
 //! | `GET /api/jobs/{id}` | -> `JobInfo` |
 //! | `GET /api/jobs/{id}/events` | SSE: `event: state\|progress\|log`, `data: JobEvent` JSON |
@@ -63,7 +78,7 @@
 //! | `GET /api/jobs/{id}/log` | -> text (HTTP Range) |
 //! | `GET /api/jobs/{id}/artifacts` | -> `[FileInfo]` (paths relative to the job's output) |
 //! | `GET /api/jobs/{id}/artifacts/{*path}` | -> the file (HTTP Range); only paths of that listing |
-//! | `POST /api/jobs/{id}/cancel` | -> `JobInfo` (queued: cancelled at once; running: SIGINT, a train job saves a checkpoint) |
+//! | `POST /api/jobs/{id}/cancel` | -> `JobInfo` (queued: cancelled at once, and it never starts; running: SIGINT, a train job saves a checkpoint; SIGKILL after the grace period, which the state's `error` then says) |
 //! | `POST /api/jobs/{id}/resume` | -> `JobInfo` (interrupted/cancelled/failed -> queued; train continues from its last checkpoint; 422 naming `spec.*` when an input checkpoint was deleted) |
 //!
 //! ## Uploads: fixed-size chunks, strictly in order
@@ -84,6 +99,25 @@
 //! into `checkpoints/.tmp-{id}/`, validated with the same loaders as
 //! `moe-studio inspect` and renamed into `checkpoints/{id}/`; on any error
 //! the temporary directory is removed and the uploads are `complete` again.
+//! The validation runs `moe-studio inspect --json` in a child process (its
+//! own process group) under a memory budget of twice the files' size plus
+//! 256 MB, so a hostile file can fail its registration but never grow the
+//! server. After a crash (even `kill -9`) anywhere in between, the start
+//! brings each registration to one end: the uploads `complete` again, or
+//! the checkpoint registered (`checkpoints::recover`). A crash inside
+//! `complete`'s rename leaves the file renamed: `complete` again finishes.
+//!
+//! ## Connections
+//! Every connection must send a complete request head within
+//! `--header-timeout-secs` (default 20; an idle keep-alive connection is
+//! closed after the same time). At most `--max-connections` (default 1024,
+//! lowered to fit the open-file limit, which is raised to its hard limit at
+//! start) are open; at most a quarter of them may be connections that have
+//! not yet presented the token or the read cookie, and a new one beyond
+//! that closes the oldest of those: a flood of half-open connections only
+//! evicts itself, and the other slots stay for authorised users (a
+//! per-address cap would not do on loopback, where attacker and user are
+//! both 127.0.0.1). See `conn.rs`.
 //!
 //! ## Jobs
 //! A job runs the CLI command of its kind (`moe-studio train ...`,
@@ -100,7 +134,23 @@
 //! `save_every` steps; `resume` continues it exactly (`train --resume`).
 //! Children watch their stdin (`MOE_STUDIO_EXIT_WITH_PARENT`): if the server
 //! dies, even by `kill -9`, they exit; at restart jobs left `running` become
-//! `interrupted` (with `--auto-resume`, train jobs are re-queued).
+//! `interrupted` (with `--auto-resume`, train jobs are re-queued), and the
+//! hidden temporary directories of writers that a killed attempt left in a
+//! job's directory are removed (also before every start and resume).
+//!
+//! A worker takes a job with one conditional statement (`queued ->
+//! running` only while it is still queued), and `cancel` of a queued job is
+//! the mirror statement: exactly one of them wins, so a `cancelled` answer
+//! means the job never starts. Each job runs under a memory limit
+//! (`--job-memory-limit`, default 80% of the host's memory): a cgroup v2
+//! `memory.max` where the server's cgroup delegates the memory controller,
+//! else the server polls the job's process group (resident anonymous +
+//! shared memory, every 100 ms; memory-mapped checkpoints are page cache and
+//! do not count) and kills it above the limit; not `RLIMIT_AS`, which
+//! memory-mapped checkpoints and CUDA's address reservations defeat. The
+//! memory is in `JobInfo.memory` and in `memory` events. Cancel sends
+//! SIGINT, then SIGKILL after `--cancel-grace-secs` (default 30) plus, for
+//! train, two steps at its pace and its checkpoint's size at 50 MB/s.
 
 mod checkpoints;
 mod conn;

@@ -409,7 +409,7 @@ pub fn tiny_llama2c(dir: &Path) -> (PathBuf, PathBuf) {
     let bin = dir.join("tiny.bin");
     std::fs::write(&bin, &b).unwrap();
     let mut t: Vec<u8> = 16i32.to_le_bytes().to_vec();
-    let mut piece = |t: &mut Vec<u8>, score: f32, p: &[u8]| {
+    let piece = |t: &mut Vec<u8>, score: f32, p: &[u8]| {
         t.extend(score.to_le_bytes());
         t.extend((p.len() as i32).to_le_bytes());
         t.extend(p);

@@ -121,7 +121,10 @@ fn upload_interrupt_resume_and_hostile_input() {
             t.write_all(chunk_head(&s, &id, 3, c).as_bytes()).unwrap();
             t.write_all(c).unwrap();
         }
-        let tail = format!("GET /api/uploads/{id} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", s.addr);
+        let tail = format!(
+            "GET /api/uploads/{id} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+            s.addr, s.token
+        );
         t.write_all(tail.as_bytes()).unwrap();
         let mut out = String::new();
         let _ = t.read_to_string(&mut out);

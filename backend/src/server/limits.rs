@@ -219,8 +219,12 @@ mod tests {
     #[test]
     fn own_memory_is_measured() {
         let me = std::process::id();
-        let m = process_memory(me);
-        assert!(m > 1 << 20, "{m}");
+        let before = process_memory(me);
+        let block = vec![1u8; 16 << 20];
+        let after = process_memory(me);
+        assert!(after >= before + (15 << 20), "{before} -> {after}");
+        assert_eq!(group_memory(u32::MAX - 1), 0);
+        drop(block);
         assert_eq!(process_memory(u32::MAX), 0);
         let (total, avail) = host_memory().unwrap();
         assert!(total >= avail && avail > 0);

@@ -86,7 +86,10 @@ fn attack_run() {
             leaked += body.len();
         }
     }
-    println!("ATTACK read-without-token: {refused}/{} user-data GET routes answered 401, {leaked} bytes leaked", routes.len());
+    println!(
+        "ATTACK read-without-token: {refused}/{} user-data GET routes answered 401, {leaked} bytes leaked",
+        routes.len()
+    );
     assert_eq!((refused, leaked), (routes.len(), 0));
 
     // 2. A 100 MB hostile GGUF: one metadata array of 100M u8s.

@@ -71,7 +71,13 @@ fn reads_need_the_token() {
         assert_eq!(code, 401, "GET {p} with a wrong token");
     }
     // HEAD too; /api/info and the static page stay public.
-    assert_eq!(raw_status(&s, &format!("HEAD /api/checkpoints/{cid}/files/tiny.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")), 401);
+    assert_eq!(
+        raw_status(
+            &s,
+            &format!("HEAD /api/checkpoints/{cid}/files/tiny.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        ),
+        401
+    );
     assert_eq!(call("GET", &s.url("/api/info"), None, None).0, 200);
     assert_ne!(raw_status(&s, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"), 401);
     // With the token: the file, byte for byte.
@@ -84,7 +90,10 @@ fn reads_need_the_token() {
     let r = s.req("POST", &s.url("/api/session")).call().unwrap();
     assert_eq!(r.status(), 204);
     let cookie = r.header("set-cookie").unwrap().to_string();
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.contains("Path=/api"), "{cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.contains("Path=/api"),
+        "{cookie}"
+    );
     assert!(!cookie.contains(&s.token), "the cookie carries the token itself");
     let pair = cookie.split(';').next().unwrap().to_string();
     let r = agent().get(&file).set("Cookie", &pair).call().unwrap();
@@ -372,8 +381,12 @@ fn a_registration_killed_midway_strands_nothing() {
         let b = upload(&s, "tok260.bin", &tok, 4096);
         let ghost = "0b6c1b4e-9d7e-4f1e-8c59-3a8b2f7c9d10";
         s.kill9();
-        sql(&data, &format!("UPDATE uploads SET state = 'consumed', checkpoint_id = '{ghost}' WHERE id IN ('{a}', '{b}');"));
-        let leftover = if renamed { data.join("checkpoints").join(ghost) } else { data.join(format!("checkpoints/.tmp-{ghost}")) };
+        sql(
+            &data,
+            &format!("UPDATE uploads SET state = 'consumed', checkpoint_id = '{ghost}' WHERE id IN ('{a}', '{b}');"),
+        );
+        let leftover =
+            if renamed { data.join("checkpoints").join(ghost) } else { data.join(format!("checkpoints/.tmp-{ghost}")) };
         std::fs::create_dir_all(&leftover).unwrap();
         std::fs::hard_link(data.join(format!("uploads/{a}/tiny.bin")), leftover.join("tiny.bin")).unwrap();
         s = s.restart();
@@ -475,13 +488,15 @@ fn hf_dir(dir: &std::path::Path, tensors: &[(&str, Vec<usize>)], duplicate: bool
     let mut parts = Vec::new();
     for (name, shape) in tensors {
         let n: usize = shape.iter().product::<usize>() * 4;
-        parts.push(format!("\"{name}\":{{\"dtype\":\"F32\",\"shape\":{shape:?},\"data_offsets\":[{off},{}]}}", off + n));
+        parts
+            .push(format!("\"{name}\":{{\"dtype\":\"F32\",\"shape\":{shape:?},\"data_offsets\":[{off},{}]}}", off + n));
         off += n;
     }
     if duplicate {
         let (name, shape) = &tensors[0];
         let n: usize = shape.iter().product::<usize>() * 4;
-        parts.push(format!("\"{name}\":{{\"dtype\":\"F32\",\"shape\":{shape:?},\"data_offsets\":[{off},{}]}}", off + n));
+        parts
+            .push(format!("\"{name}\":{{\"dtype\":\"F32\",\"shape\":{shape:?},\"data_offsets\":[{off},{}]}}", off + n));
         off += n;
     }
     header.push_str(&parts.join(","));
@@ -499,7 +514,10 @@ fn checkpoints_are_checked_against_their_config() {
     let bad = d.join("bad");
     hf_dir(&bad, &[("model.embed_tokens.weight", vec![10, 8])], false);
     let e = failure(&run(&["inspect", &arg(&bad)]));
-    assert!(e.contains("1 tensor(s) of the wrong shape: `model.embed_tokens.weight` is [10, 8], expected [16, 8]"), "{e}");
+    assert!(
+        e.contains("1 tensor(s) of the wrong shape: `model.embed_tokens.weight` is [10, 8], expected [16, 8]"),
+        "{e}"
+    );
     assert!(e.contains("19 tensor(s) missing: `model.layers.0.input_layernorm.weight` [8]"), "{e}");
     // A tensor listed twice.
     let dup = d.join("dup");

@@ -212,7 +212,10 @@ pub fn check_name(field: &str, name: &str) -> Result<String, ApiError> {
     }
     let n = t.chars().count();
     if n > MAX_NAME_CHARS {
-        return Err(ApiError::field(field, format!("the name is {n} characters long: expected at most {MAX_NAME_CHARS}")));
+        return Err(ApiError::field(
+            field,
+            format!("the name is {n} characters long: expected at most {MAX_NAME_CHARS}"),
+        ));
     }
     if let Some((i, c)) = t.chars().enumerate().find(|(_, c)| is_forbidden_in_name(*c)) {
         return Err(ApiError::field(

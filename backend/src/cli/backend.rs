@@ -41,7 +41,8 @@ pub fn device_count(name: &str) -> usize {
                         rd.flatten()
                             .filter(|e| {
                                 let n = e.file_name().to_string_lossy().into_owned();
-                                n.strip_prefix("nvidia").is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                                n.strip_prefix("nvidia")
+                                    .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
                             })
                             .count()
                     })

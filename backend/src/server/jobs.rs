@@ -123,7 +123,11 @@ impl Runner {
     /// The memory of running job `id` now.
     fn memory(&self, id: &str) -> Option<JobMemory> {
         self.if_live(id, |l| {
-            l.memory.as_ref().map(|w| JobMemory { current_bytes: w.current(), peak_bytes: w.peak(), limit_bytes: w.limit })
+            l.memory.as_ref().map(|w| JobMemory {
+                current_bytes: w.current(),
+                peak_bytes: w.peak(),
+                limit_bytes: w.limit,
+            })
         })
         .flatten()
     }
@@ -983,7 +987,8 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
             Err(e) => (JobState::Failed, Some(hide_data_dir(st, &e)), None),
         }
     } else if let Some(Killed::Memory { peak, limit }) = killed {
-        let how = if memory.enforced_by_cgroup() { "the kernel killed it (cgroup memory.max)" } else { "killed (SIGKILL)" };
+        let how =
+            if memory.enforced_by_cgroup() { "the kernel killed it (cgroup memory.max)" } else { "killed (SIGKILL)" };
         let msg = format!(
             "its memory reached {} (resident, anonymous + shared), over the job memory limit of {} \
              (serve --job-memory-limit): {how}{}",

@@ -425,7 +425,9 @@ async fn require_token(State(st): State<AppStateRef>, req: Request, next: Next) 
             "the session cookie only reads: this route needs `Authorization: Bearer TOKEN`",
         )
         .into_response(),
-        Presented::Wrong => AppError::new(StatusCode::UNAUTHORIZED, Some("Authorization"), "wrong token").into_response(),
+        Presented::Wrong => {
+            AppError::new(StatusCode::UNAUTHORIZED, Some("Authorization"), "wrong token").into_response()
+        }
         Presented::Nothing => AppError::new(
             StatusCode::UNAUTHORIZED,
             Some("Authorization"),

@@ -306,10 +306,7 @@ pub fn raw(s: &Server, request: &str) -> (u16, String) {
 
 /// A raw `GET path` with the token on a new connection (see [`raw`]).
 pub fn raw_get(s: &Server, path: &str) -> (u16, String) {
-    raw(
-        s,
-        &format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n", s.token),
-    )
+    raw(s, &format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n", s.token))
 }
 
 /// Polls job `id` until it leaves queued/running (at most `secs`); returns it.

@@ -20,7 +20,9 @@ const SHOWN: usize = 8;
 /// experts of [`crate::methods::moe_plan::moe_tensor_plan`] in an MoE.
 pub fn expected_tensors(config: &ModelConfig, moe: Option<&MoeConfig>) -> Vec<(String, Vec<usize>)> {
     match moe {
-        Some(m) => crate::methods::moe_plan::moe_tensor_plan(config, m).into_iter().map(|t| (t.name, t.shape)).collect(),
+        Some(m) => {
+            crate::methods::moe_plan::moe_tensor_plan(config, m).into_iter().map(|t| (t.name, t.shape)).collect()
+        }
         None => super::export::dense_tensor_plan(config),
     }
 }

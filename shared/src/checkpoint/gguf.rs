@@ -529,7 +529,13 @@ impl<'a> Reader<'a> {
                         }
                     }
                 }
-                GgufValue::Array(GgufArray { bytes: self.bytes.clone(), elem_type: elem_ty, len: n, start, end: self.pos })
+                GgufValue::Array(GgufArray {
+                    bytes: self.bytes.clone(),
+                    elem_type: elem_ty,
+                    len: n,
+                    start,
+                    end: self.pos,
+                })
             }
             10 => GgufValue::U64(u64::from_le_bytes(self.array(&w)?)),
             11 => GgufValue::I64(i64::from_le_bytes(self.array(&w)?)),
@@ -557,7 +563,10 @@ impl Reader<'_> {
             }
             t => {
                 let sz = fixed_size(t).ok_or_else(|| {
-                    self.err(format!("array `{key}` at byte {}: unknown element value type {t} (valid: 0..=12)", self.pos))
+                    self.err(format!(
+                        "array `{key}` at byte {}: unknown element value type {t} (valid: 0..=12)",
+                        self.pos
+                    ))
                 })?;
                 self.take(sz, &|| format!("element of array `{key}`"))?;
             }

@@ -2,9 +2,9 @@
 //! (`config.json` + safetensors + `tokenizer.json`), a `.gguf` file, or a
 //! llama2.c `.bin` (with its `tok{V}.bin` / `tokenizer.bin` beside it).
 
+use super::check::check_tensors;
 use super::gguf::GgufModel;
 use super::llama2c::Llama2cModel;
-use super::check::check_tensors;
 use super::{Bytes, TensorSource};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::Result;

@@ -140,7 +140,10 @@ fn check_header(buf: &[u8], file_name: &str) -> Result<()> {
         )));
     }
     if len > (buf.len() as u64).saturating_sub(8) {
-        return Err(fmt(format!("header length {len} runs past the end of the file ({} bytes): truncated?", buf.len())));
+        return Err(fmt(format!(
+            "header length {len} runs past the end of the file ({} bytes): truncated?",
+            buf.len()
+        )));
     }
     struct Keys;
     impl<'de> serde::de::Visitor<'de> for Keys {

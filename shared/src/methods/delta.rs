@@ -311,7 +311,6 @@ fn out_dtype(src: DType) -> DType {
     }
 }
 
-
 /// Validates a graft and plans its output (reads tensor headers only).
 ///
 /// `target` is the model that receives the delta (an MoE from

@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{ModelFormat, TensorSource};
 use crate::config::{ModelConfig, MoeConfig};
+use crate::methods::merge::MergeMethod;
 use crate::methods::Layout;
+use crate::train::Stage;
 
 /// One tensor in a model summary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -415,17 +417,6 @@ pub struct DataRef {
     pub heldout: Option<String>,
 }
 
-/// Training stage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TrainStage {
-    /// New experts + routers of an MoE.
-    Experts,
-    /// Routers only.
-    Router,
-    /// Every parameter of a dense model.
-    Dense,
-}
 
 /// `train` (see `moe-studio train --help`); unset options take the CLI's
 /// defaults. The output model is `final/` of the job's artefacts and is
@@ -435,8 +426,8 @@ pub enum TrainStage {
 pub struct TrainSpec {
     /// Checkpoint id of the model to train.
     pub model: String,
-    /// Stage.
-    pub stage: TrainStage,
+    /// Stage (`experts`, `router`, `dense`): [`Stage`], the trainer's own.
+    pub stage: Stage,
     /// Corpora (at least one).
     pub data: Vec<DataRef>,
     /// Optimizer steps (1-1,000,000).
@@ -569,41 +560,13 @@ pub struct GraftSpec {
     pub scale: Option<f64>,
 }
 
-/// Merge method names (mergekit semantics).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum MergeMethodName {
-    /// Weighted average.
-    Linear,
-    /// Base + weighted deltas.
-    TaskArithmetic,
-    /// TIES.
-    Ties,
-    /// DARE.
-    Dare,
-    /// DARE + TIES.
-    DareTies,
-}
-
-impl MergeMethodName {
-    /// The CLI spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MergeMethodName::Linear => "linear",
-            MergeMethodName::TaskArithmetic => "task-arithmetic",
-            MergeMethodName::Ties => "ties",
-            MergeMethodName::Dare => "dare",
-            MergeMethodName::DareTies => "dare-ties",
-        }
-    }
-}
-
 /// `merge`: the weight-merging baselines.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MergeSpec {
-    /// Method.
-    pub method: MergeMethodName,
+    /// Method (`linear`, `task-arithmetic`, `ties`, `dare`, `dare-ties`):
+    /// [`MergeMethod`], the merge's own.
+    pub method: MergeMethod,
     /// Checkpoint ids (1-64).
     pub models: Vec<String>,
     /// One weight per model (finite).
@@ -875,9 +838,9 @@ impl JobSpec {
                 }
                 match (&s.base, s.method) {
                     (Some(b), _) => check_id("spec.base", b)?,
-                    (None, MergeMethodName::Linear) => {}
+                    (None, MergeMethod::Linear) => {}
                     (None, m) => {
-                        return Err(ApiError::field("spec.base", format!("{} needs a base model", m.as_str())))
+                        return Err(ApiError::field("spec.base", format!("{} needs a base model", m.name())))
                     }
                 }
                 check_f("spec.density", s.density, 0.0, 1.0, true)?;

@@ -6,6 +6,7 @@
 //! i-th `--data` is expert i's domain); `--routing random` replaces the
 //! routers by seeded Gaussian ones (DUME's random-routing baseline).
 
+use moe_shared::jobs::Defaults as D;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
@@ -28,10 +29,10 @@ pub struct Args {
     #[arg(long = "data", required = true)]
     pub data: Vec<String>,
     /// Tokens per window.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = D::default().eval_window)]
     pub window: usize,
     /// Advance between windows.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = D::default().eval_stride)]
     pub stride: usize,
     /// Score only the first N tokens of each dataset.
     #[arg(long)]

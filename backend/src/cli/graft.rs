@@ -4,6 +4,7 @@
 //! `l` gets layer `l`'s dense FFN delta, routers none). On a dense target
 //! this is task arithmetic with one model.
 
+use moe_shared::jobs::Defaults as D;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -25,7 +26,7 @@ pub struct Args {
     #[arg(long)]
     pub instruct: PathBuf,
     /// Scale `lambda` on the delta (1.0 = the paper).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = D::default().scale, allow_negative_numbers = true)]
     pub scale: f64,
     #[command(flatten)]
     pub output: super::args::Output,

@@ -2,6 +2,7 @@
 //! [--weights ...] [--base DENSE] --out DIR`: the weight-merging baselines
 //! (mergekit semantics; see `moe_shared::methods::merge`).
 
+use moe_shared::jobs::Defaults as D;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -28,10 +29,10 @@ pub struct Args {
     #[arg(long)]
     pub base: Option<PathBuf>,
     /// Fraction of each delta kept by ties / dare, in (0, 1].
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = D::default().merge_density)]
     pub density: f64,
     /// Seed of dare's random drop.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = D::default().seed)]
     pub seed: u64,
     /// Divide by the sum of weights: true or false (default as mergekit:
     /// true for linear and ties, false otherwise).

@@ -8,6 +8,7 @@
 //! `specific_per_layer.{svg,png}` and `specific_per_component.{svg,png}`, and
 //! with `--bench` `bench.json` (texts/s, capture overhead, peak memory).
 
+use moe_shared::jobs::Defaults as D;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -36,7 +37,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub new: Vec<String>,
     /// Specific neurons per language (top-N by Average Precision; also bottom-N).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = D::default().neurons_top_n)]
     pub top_n: usize,
     /// Count the bottom-N (neurons off for the language) as specific too.
     #[arg(long)]
@@ -45,10 +46,10 @@ pub struct Args {
     #[arg(long, default_value = "mean")]
     pub pool: String,
     /// Texts used per language (the first non-empty lines).
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = D::default().neurons_max_texts)]
     pub max_texts: usize,
     /// Each text is truncated to this many tokens.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = D::default().neurons_max_tokens)]
     pub max_tokens: usize,
     /// Threads for the Average Precision (default: all cores).
     #[arg(long)]

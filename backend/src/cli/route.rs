@@ -1,6 +1,7 @@
 //! `moe-studio route MOE --domain NAME=FILE[:HELDOUT]... --out DIR`: DUME's
 //! ridge router for an MoErged model (domain i = expert i).
 
+use moe_shared::jobs::Defaults as D;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -34,19 +35,19 @@ pub struct Args {
     #[arg(long, conflicts_with = "domains")]
     pub add_expert: Option<String>,
     /// Ridge strength lambda (> 0).
-    #[arg(long, default_value_t = 1e-2)]
+    #[arg(long, default_value_t = D::default().route_lambda)]
     pub lambda: f64,
     /// Experts per token at inference.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = D::default().route_top_k)]
     pub top_k: usize,
     /// Router temperature.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = D::default().temperature)]
     pub temperature: f64,
     /// Tokens per domain for the statistics.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = D::default().route_max_tokens)]
     pub max_tokens: usize,
     /// Tokens per sequence.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = D::default().route_context)]
     pub context: usize,
     /// Solve without the bias column (the result then exports in the Mixtral layout).
     #[arg(long)]
@@ -55,7 +56,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub lambda_sweep: Vec<f64>,
     /// Held-out tokens per domain for the accuracy report.
-    #[arg(long, default_value_t = 2_000)]
+    #[arg(long, default_value_t = D::default().route_eval_tokens)]
     pub eval_tokens: usize,
     /// Output directory.
     #[arg(long)]

@@ -23,7 +23,7 @@ use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use moe_shared::api::{
     ApiError, CreateJob, DataRef, FileInfo, JobEvent, JobInfo, JobMemory, JobSpec, JobState, ModelSummary, Progress,
-    TrainStage, UploadState,
+    UploadState,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{broadcast, mpsc, watch, Semaphore};
@@ -239,7 +239,7 @@ pub async fn create(State(st): State<AppStateRef>, J(req): J<CreateJob>) -> AppR
     if let JobSpec::Upcycle(u) = &req.spec {
         if let Some(l) = &u.experts_per_layer {
             let body = serde_json::json!({ "experts_per_layer": l });
-            tokio::fs::write(dir.join("allocation.json"), body.to_string()).await?;
+            tokio::fs::write(dir.join(moe_shared::jobs::ALLOCATION_FILE), body.to_string()).await?;
         }
     }
     let spec_json = serde_json::to_string(&req.spec).map_err(|e| AppError::internal(e.to_string()))?;
@@ -555,13 +555,32 @@ struct Plan {
     stdout_result: bool,
 }
 
-fn opt<T: ToString>(argv: &mut Vec<String>, flag: &str, v: Option<T>) {
-    if let Some(v) = v {
-        // `--flag=value` so that negative numbers are not taken for flags.
-        argv.push(format!("--{flag}={}", v.to_string()));
+/// A job's inputs as its child process sees them: paths relative to the
+/// job's directory (its working directory).
+struct JobDirInputs {
+    /// Checkpoint id -> model path.
+    models: HashMap<String, String>,
+    /// The job's directory, where its datasets were linked.
+    dir: PathBuf,
+}
+
+impl moe_shared::jobs::JobInputs for JobDirInputs {
+    fn model(&self, id: &str) -> String {
+        self.models.get(id).cloned().unwrap_or_default()
+    }
+    fn data(&self, d: &DataRef, heldout: bool) -> String {
+        for ext in [".txt", ".jsonl", ".json"] {
+            let rel = data_rel(d, heldout, ext);
+            if self.dir.join(&rel).exists() {
+                return rel;
+            }
+        }
+        data_rel(d, heldout, ".txt")
     }
 }
 
+/// The command line of `job` ([`JobSpec::cli_args`], after `--backend`)
+/// and where its output lands.
 async fn plan(st: &AppStateRef, job: &JobInfo, resume: bool) -> AppResult<Plan> {
     // Input models by their path relative to the job's directory (the
     // child's working directory, `DATA/jobs/{id}`): the data directory is
@@ -573,156 +592,14 @@ async fn plan(st: &AppStateRef, job: &JobInfo, resume: bool) -> AppResult<Plan> 
         let row = resolve(st, &field, &id).await?;
         models.insert(id, model_path(Path::new("../.."), &row).display().to_string());
     }
-    let m = |id: &String| models[id].clone();
-    let data_arg = |d: &DataRef, heldout_ext: Option<&str>, dir: &Path| -> String {
-        let find = |heldout: bool| -> String {
-            for ext in [".txt", ".jsonl", ".json"] {
-                let rel = data_rel(d, heldout, ext);
-                if dir.join(&rel).exists() {
-                    return rel;
-                }
-            }
-            data_rel(d, heldout, ".txt")
-        };
-        let mut s = format!("{}={}", d.name, find(false));
-        if heldout_ext.is_some() && d.heldout.is_some() {
-            s.push(':');
-            s.push_str(&find(true));
-        }
-        s
-    };
-    let dir = job_dir(st, &job.id);
-    let rel_out = format!("jobs/{}/out", job.id);
-    let mut a: Vec<String> = vec![format!("--backend={}", job.backend)];
-    let mut model_out = Some(rel_out.clone());
-    let mut stdout_result = false;
-    match &job.spec {
-        JobSpec::Train(s) => {
-            a.extend(["train".into(), m(&s.model)]);
-            let stage = match s.stage {
-                TrainStage::Experts => "experts",
-                TrainStage::Router => "router",
-                TrainStage::Dense => "dense",
-            };
-            a.push(format!("--stage={stage}"));
-            for d in &s.data {
-                let mut x = data_arg(d, None, &dir);
-                if let Some(w) = d.weight {
-                    x.push_str(&format!(":{w}"));
-                }
-                if d.original {
-                    x.push_str(":orig");
-                }
-                a.push(format!("--data={x}"));
-            }
-            a.push(format!("--steps={}", s.steps));
-            opt(&mut a, "seq-len", s.seq_len);
-            opt(&mut a, "batch", s.batch);
-            opt(&mut a, "lr", s.lr);
-            opt(&mut a, "warmup", s.warmup);
-            opt(&mut a, "min-lr", s.min_lr);
-            opt(&mut a, "grad-accum", s.grad_accum);
-            opt(&mut a, "clip", s.clip);
-            opt(&mut a, "alpha", s.alpha);
-            opt(&mut a, "prior", s.prior);
-            opt(&mut a, "weight-decay", s.weight_decay);
-            a.push(format!("--save-every={}", s.save_every.unwrap_or((s.steps / 10).max(1))));
-            opt(&mut a, "seed", s.seed);
-            opt(&mut a, "devices", s.devices);
-            a.extend(["--out=out".into(), "--json".into()]);
-            if resume {
-                a.push("--resume".into());
-            }
-            model_out = Some(format!("{rel_out}/final"));
-        }
-        JobSpec::Upcycle(s) => {
-            a.extend(["upcycle".into(), m(&s.model)]);
-            opt(&mut a, "experts", s.experts);
-            if s.experts_per_layer.is_some() {
-                a.push("--allocation=allocation.json".into());
-            }
-            opt(&mut a, "top-k", s.top_k);
-            match &s.frozen {
-                Some(f) if f.is_empty() => a.push("--no-frozen".into()),
-                Some(f) => {
-                    a.push(format!("--frozen={}", f.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")))
-                }
-                None => {}
-            }
-            opt(&mut a, "router-init", s.router_init.clone());
-            opt(&mut a, "noise", s.noise);
-            opt(&mut a, "seed", s.seed);
-            opt(&mut a, "dtype", s.dtype.clone());
-            a.extend(["--out=out".into(), "--json".into()]);
-        }
-        JobSpec::Moerge(s) => {
-            a.push("moerge".into());
-            a.extend(s.models.iter().map(m));
-            opt(&mut a, "top-k", s.top_k);
-            opt(&mut a, "seed", s.seed);
-            opt(&mut a, "dtype", s.dtype.clone());
-            a.extend(["--out=out".into(), "--json".into()]);
-        }
-        JobSpec::Route(s) => {
-            a.extend(["route".into(), m(&s.model)]);
-            for d in &s.domains {
-                a.push(format!("--domain={}", data_arg(d, Some(""), &dir)));
-            }
-            opt(&mut a, "lambda", s.lambda);
-            opt(&mut a, "top-k", s.top_k);
-            opt(&mut a, "max-tokens", s.max_tokens);
-            opt(&mut a, "context", s.context);
-            a.extend(["--out=out".into(), "--json".into()]);
-        }
-        JobSpec::Graft(s) => {
-            a.extend(["graft".into(), m(&s.target), format!("--base={}", m(&s.base))]);
-            a.push(format!("--instruct={}", m(&s.instruct)));
-            opt(&mut a, "scale", s.scale);
-            a.extend(["--out=out".into(), "--json".into()]);
-        }
-        JobSpec::Merge(s) => {
-            a.extend(["merge".into(), s.method.as_str().into()]);
-            a.extend(s.models.iter().map(m));
-            if let Some(w) = &s.weights {
-                a.push(format!("--weights={}", w.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")));
-            }
-            if let Some(b) = &s.base {
-                a.push(format!("--base={}", m(b)));
-            }
-            opt(&mut a, "density", s.density);
-            opt(&mut a, "seed", s.seed);
-            opt(&mut a, "dtype", s.dtype.clone());
-            a.extend(["--out=out".into(), "--json".into()]);
-        }
-        JobSpec::Neurons(s) => {
-            a.extend(["neurons".into(), m(&s.model)]);
-            for d in &s.langs {
-                a.push(format!("--lang={}", data_arg(d, None, &dir)));
-            }
-            if !s.new.is_empty() {
-                a.push(format!("--new={}", s.new.join(",")));
-            }
-            opt(&mut a, "top-n", s.top_n);
-            opt(&mut a, "max-texts", s.max_texts);
-            opt(&mut a, "max-tokens", s.max_tokens);
-            a.push("--out=out".into());
-            model_out = None;
-        }
-        JobSpec::Eval(s) => {
-            a.extend(["eval".into(), m(&s.model)]);
-            for d in &s.data {
-                a.push(format!("--data={}", data_arg(d, None, &dir)));
-            }
-            opt(&mut a, "window", s.window);
-            opt(&mut a, "stride", s.stride);
-            opt(&mut a, "max-tokens", s.max_tokens);
-            opt(&mut a, "routing", s.routing.clone());
-            a.push("--json".into());
-            model_out = None;
-            stdout_result = true;
-        }
-    }
-    Ok(Plan { argv: a, model_out, stdout_result })
+    let inputs = JobDirInputs { models, dir: job_dir(st, &job.id) };
+    let mut argv = vec![format!("--backend={}", job.backend)];
+    argv.extend(job.spec.cli_args(&inputs, resume));
+    Ok(Plan {
+        argv,
+        model_out: job.spec.output_model().map(|o| format!("jobs/{}/{o}", job.id)),
+        stdout_result: job.spec.stdout_is_result(),
+    })
 }
 
 async fn set_state(
@@ -861,10 +738,7 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
         }
     });
     let stage = match &job.spec {
-        JobSpec::Train(s) => format!(
-            "train/{}",
-            serde_json::to_value(s.stage).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
-        ),
+        JobSpec::Train(s) => format!("train/{}", s.stage.name()),
         other => other.kind().to_string(),
     };
     let mut progress = job.progress.clone().unwrap_or_default();

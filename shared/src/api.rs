@@ -417,7 +417,6 @@ pub struct DataRef {
     pub heldout: Option<String>,
 }
 
-
 /// `train` (see `moe-studio train --help`); unset options take the CLI's
 /// defaults. The output model is `final/` of the job's artefacts and is
 /// registered as a checkpoint.
@@ -839,9 +838,7 @@ impl JobSpec {
                 match (&s.base, s.method) {
                     (Some(b), _) => check_id("spec.base", b)?,
                     (None, MergeMethod::Linear) => {}
-                    (None, m) => {
-                        return Err(ApiError::field("spec.base", format!("{} needs a base model", m.name())))
-                    }
+                    (None, m) => return Err(ApiError::field("spec.base", format!("{} needs a base model", m.name()))),
                 }
                 check_f("spec.density", s.density, 0.0, 1.0, true)?;
                 check_dtype("spec.dtype", &s.dtype)?;

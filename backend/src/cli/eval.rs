@@ -6,13 +6,13 @@
 //! i-th `--data` is expert i's domain); `--routing random` replaces the
 //! routers by seeded Gaussian ones (DUME's random-routing baseline).
 
-use moe_shared::jobs::Defaults as D;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
 use moe_shared::eval::{evaluate, randomize_routers, PerplexityOptions};
+use moe_shared::jobs::Defaults as D;
 use moe_shared::model::{load_model, Routing};
 use moe_shared::train::data::{split_documents, tokenize_documents};
 use moe_shared::train::freeze::is_moe;

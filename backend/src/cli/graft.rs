@@ -4,11 +4,11 @@
 //! `l` gets layer `l`'s dense FFN delta, routers none). On a dense target
 //! this is task arithmetic with one model.
 
-use moe_shared::jobs::Defaults as D;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use moe_shared::checkpoint::{open_model, LoadedModel};
+use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::delta::{companion_files, graft, GraftOptions};
 use moe_shared::methods::stream_read::use_positioned_reads;
 

@@ -2,11 +2,11 @@
 //! [--weights ...] [--base DENSE] --out DIR`: the weight-merging baselines
 //! (mergekit semantics; see `moe_shared::methods::merge`).
 
-use moe_shared::jobs::Defaults as D;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use moe_shared::checkpoint::{open_model, LoadedModel};
+use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::delta::companion_files;
 use moe_shared::methods::merge::{merge, set_config_dtype, MergeMethod, MergeOptions, Rescale};
 use moe_shared::methods::stream_read::use_positioned_reads;

@@ -157,7 +157,10 @@ mod job_spec_tests {
             "steps": 40, "seq_len": 64, "batch": 3, "lr": 0.001, "warmup": 2, "min_lr": 0.2, "grad_accum": 2,
             "clip": 0.5, "alpha": 0.02, "prior": 0.3, "weight_decay": 0.1, "seed": 7, "devices": 1}));
         let Command::Train(t) = parse(&train) else { panic!("train") };
-        assert_eq!((t.stage.as_str(), t.steps, t.seq_len, t.batch, t.warmup, t.grad_accum, t.seed), ("router", 40, 64, 3, 2, 2, 7));
+        assert_eq!(
+            (t.stage.as_str(), t.steps, t.seq_len, t.batch, t.warmup, t.grad_accum, t.seed),
+            ("router", 40, 64, 3, 2, 2, 7)
+        );
         assert_eq!((t.lr, t.min_lr, t.clip, t.alpha, t.prior, t.weight_decay), (Some(0.001), 0.2, 0.5, 0.02, 0.3, 0.1));
         assert_eq!((t.save_every, t.data.clone()), (4, vec!["hu=data/hu.txt:2:orig".to_string()]));
         assert_eq!(t.model, std::path::PathBuf::from(format!("models/{A}")));
@@ -174,7 +177,10 @@ mod job_spec_tests {
         let merge = spec(serde_json::json!({"kind": "merge", "method": "dare-ties", "models": [A, B],
             "weights": [0.5, -0.25], "base": A, "density": 0.3, "seed": 5, "dtype": "f16"}));
         let Command::Merge(m) = parse(&merge) else { panic!("merge") };
-        assert_eq!((m.method.name(), m.weights.clone(), m.density, m.seed), ("dare-ties", Some(vec![0.5, -0.25]), 0.3, 5));
+        assert_eq!(
+            (m.method.name(), m.weights.clone(), m.density, m.seed),
+            ("dare-ties", Some(vec![0.5, -0.25]), 0.3, 5)
+        );
         for (v, kind) in [
             (serde_json::json!({"kind": "moerge", "models": [A, B], "top_k": 2, "seed": 1, "dtype": "f32"}), "moerge"),
             (serde_json::json!({"kind": "graft", "target": A, "base": B, "instruct": A, "scale": -0.5}), "graft"),
@@ -210,36 +216,24 @@ mod job_spec_tests {
         else {
             panic!()
         };
-        assert_eq!((t.seq_len, t.batch, t.warmup, t.grad_accum, t.devices, t.seed), (
-            d.train_seq_len,
-            d.train_batch,
-            d.train_warmup,
-            d.train_grad_accum,
-            d.train_devices,
-            d.seed
-        ));
-        assert_eq!((t.min_lr, t.clip, t.alpha, t.prior, t.weight_decay), (
-            d.train_min_lr,
-            d.train_clip,
-            d.train_alpha,
-            d.train_prior,
-            d.train_weight_decay
-        ));
+        assert_eq!(
+            (t.seq_len, t.batch, t.warmup, t.grad_accum, t.devices, t.seed),
+            (d.train_seq_len, d.train_batch, d.train_warmup, d.train_grad_accum, d.train_devices, d.seed)
+        );
+        assert_eq!(
+            (t.min_lr, t.clip, t.alpha, t.prior, t.weight_decay),
+            (d.train_min_lr, d.train_clip, d.train_alpha, d.train_prior, d.train_weight_decay)
+        );
         let Command::Upcycle(u) = bare(&["m", "upcycle", "x", "--experts", "2", "--out", "o"]) else { panic!() };
-        assert_eq!((u.top_k, u.frozen.clone(), u.noise, u.router_std), (
-            d.upcycle_top_k,
-            d.upcycle_frozen.clone(),
-            d.upcycle_noise,
-            d.upcycle_router_std
-        ));
+        assert_eq!(
+            (u.top_k, u.frozen.clone(), u.noise, u.router_std),
+            (d.upcycle_top_k, d.upcycle_frozen.clone(), d.upcycle_noise, d.upcycle_router_std)
+        );
         let Command::Route(r) = bare(&["m", "route", "x", "--domain", "a=b", "--out", "o"]) else { panic!() };
-        assert_eq!((r.lambda, r.top_k, r.max_tokens, r.context, r.eval_tokens), (
-            d.route_lambda,
-            d.route_top_k,
-            d.route_max_tokens,
-            d.route_context,
-            d.route_eval_tokens
-        ));
+        assert_eq!(
+            (r.lambda, r.top_k, r.max_tokens, r.context, r.eval_tokens),
+            (d.route_lambda, d.route_top_k, d.route_max_tokens, d.route_context, d.route_eval_tokens)
+        );
         let Command::Eval(e) = bare(&["m", "eval", "x", "--data", "a=b"]) else { panic!() };
         assert_eq!((e.window, e.stride), (d.eval_window, d.eval_stride));
         let Command::Neurons(n) = bare(&["m", "neurons", "x", "--lang", "a=b", "--lang", "c=d", "--out", "o"]) else {

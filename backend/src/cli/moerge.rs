@@ -3,12 +3,12 @@
 //! averaged, FFN `i` = expert `i`, zero router until the ridge router is
 //! fitted).
 
-use moe_shared::jobs::Defaults as D;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
 use moe_shared::checkpoint::open_model;
+use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::{moerge, MoergeInput, MoergeOptions, RouterInit};
 
 /// Arguments of `moerge`.

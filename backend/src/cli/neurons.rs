@@ -8,7 +8,6 @@
 //! `specific_per_layer.{svg,png}` and `specific_per_component.{svg,png}`, and
 //! with `--bench` `bench.json` (texts/s, capture overhead, peak memory).
 
-use moe_shared::jobs::Defaults as D;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -16,6 +15,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
+use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::neurons::{
     analyze, average_precision_table, AnalysisOptions, CollectOptions, NeuronCollector, NeuronReport,
 };

@@ -10,7 +10,6 @@
 //! newest one exactly. Ctrl-C finishes the current step, saves a
 //! checkpoint and exits (a second Ctrl-C exits at once).
 
-use moe_shared::jobs::Defaults as D;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +18,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use burn::tensor::backend::AutodiffBackend;
 use moe_shared::checkpoint::{open_model, LoadedModel};
+use moe_shared::jobs::Defaults as D;
 use moe_shared::model::load_model;
 use moe_shared::tokenizer::{Llama2cTokenizer, Tokenizer};
 use moe_shared::train::checkpoint::latest_checkpoint;

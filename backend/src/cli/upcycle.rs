@@ -9,13 +9,13 @@
 //! with one entry per expert (mergekit's `positive_prompts` /
 //! `negative_prompts` names are accepted too).
 
-use moe_shared::jobs::Defaults as D;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::{open_model, LoadedModel};
+use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::{
     hidden_router_rows, upcycle, AllocationFile, CopyNoise, ExpertCounts, ExpertPrompts, NoiseKind, RouterInit,
     UpcycleOptions,

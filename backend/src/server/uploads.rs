@@ -313,14 +313,16 @@ async fn put_chunk_inner(
         let frame = match tokio::time::timeout(idle, stream.next()).await {
             Ok(Some(f)) => f,
             Ok(None) => break,
-            Err(_) => return Err(AppError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                Some("body"),
-                format!(
+            Err(_) => {
+                return Err(AppError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    Some("body"),
+                    format!(
                     "chunk {index}: no bytes for {} s after {got} of {expected}; the chunk was dropped, send it again",
                     idle.as_secs()
                 ),
-            )),
+                ))
+            }
         };
         let bytes = frame
             .map_err(|e| AppError::bad("body", format!("chunk {index}: the body was cut off ({e}); send it again")))?;

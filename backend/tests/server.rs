@@ -121,7 +121,10 @@ fn upload_interrupt_resume_and_hostile_input() {
             t.write_all(chunk_head(&s, &id, 3, c).as_bytes()).unwrap();
             t.write_all(c).unwrap();
         }
-        let tail = format!("GET /api/uploads/{id} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", s.addr);
+        let tail = format!(
+            "GET /api/uploads/{id} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+            s.addr, s.token
+        );
         t.write_all(tail.as_bytes()).unwrap();
         let mut out = String::new();
         let _ = t.read_to_string(&mut out);
@@ -173,8 +176,8 @@ fn upload_interrupt_resume_and_hostile_input() {
     assert!(info["parameters"].as_u64().unwrap() > 200_000);
     let f = info["files"].as_array().unwrap().iter().find(|f| f["name"] == "stories260K.bin").unwrap().clone();
     assert_eq!(f["sha256"], want_sha.as_str());
-    let r = agent()
-        .get(&s.url(&format!("/api/checkpoints/{cid}/files/stories260K.bin")))
+    let r = s
+        .req("GET", &s.url(&format!("/api/checkpoints/{cid}/files/stories260K.bin")))
         .set("Range", "bytes=100-199")
         .call()
         .unwrap();
@@ -339,11 +342,11 @@ fn upload_interrupt_resume_and_hostile_input() {
     let (code, e) = s.call("GET", &format!("/api/info?{}", "x".repeat(10_000)), None);
     assert_eq!(code, 414, "{e}");
     let file_url = s.url(&format!("/api/checkpoints/{cid}/files/stories260K.bin"));
-    let (code, e) = finish(agent().get(&file_url).set("Range", "bytes=99999999-").call());
+    let (code, e) = finish(s.req("GET", &file_url).set("Range", "bytes=99999999-").call());
     assert_eq!(code, 416, "{e}");
     // a Range that does not parse is ignored: the whole file
     for range in ["bytes=abc", "items=0-5", "bytes=9-2"] {
-        let r = agent().get(&file_url).set("Range", range).call().unwrap();
+        let r = s.req("GET", &file_url).set("Range", range).call().unwrap();
         assert_eq!(r.status(), 200, "{range}");
         let mut all = Vec::new();
         r.into_reader().read_to_end(&mut all).unwrap();
@@ -545,7 +548,7 @@ fn train_job_survives_kill9() {
     assert_eq!(code, 201, "{j}");
     let a = j["id"].as_str().unwrap().to_string();
     let (tx, rx) = std::sync::mpsc::channel();
-    let _reader = sse(s.url(&format!("/api/jobs/{a}/events")), tx);
+    let _reader = sse(s.url(&format!("/api/jobs/{a}/events")), &s.token, tx);
     let mut progress = 0;
     let mut saw_running = false;
     let mut killed_at = 0;
@@ -624,8 +627,8 @@ fn train_job_survives_kill9() {
     assert_eq!(info["source_job"], a.as_str());
     let arts = s.get(&format!("/api/jobs/{a}/artifacts"));
     assert!(arts.as_array().unwrap().iter().any(|f| f["name"] == "final/config.json"), "{arts}");
-    let r = agent()
-        .get(&s.url(&format!("/api/jobs/{a}/artifacts/final/config.json")))
+    let r = s
+        .req("GET", &s.url(&format!("/api/jobs/{a}/artifacts/final/config.json")))
         .set("Range", "bytes=0-0")
         .call()
         .unwrap();
@@ -645,11 +648,11 @@ fn train_job_survives_kill9() {
     let je = wait_job(&s, &e, 300);
     assert_eq!(je["state"], "succeeded", "{je}\n{}", job_log(&s, &e));
     let res: Value =
-        agent().get(&s.url(&format!("/api/jobs/{e}/artifacts/result.json"))).call().unwrap().into_json().unwrap();
+        s.req("GET", &s.url(&format!("/api/jobs/{e}/artifacts/result.json"))).call().unwrap().into_json().unwrap();
     assert!(res.to_string().contains("hu"), "{res}");
     // SSE of a finished job: its state, then the stream ends
     let (tx, rx) = std::sync::mpsc::channel();
-    sse(s.url(&format!("/api/jobs/{a}/events")), tx).join().unwrap();
+    sse(s.url(&format!("/api/jobs/{a}/events")), &s.token, tx).join().unwrap();
     let evs: Vec<(String, Value)> = rx.try_iter().collect();
     assert_eq!(evs[0].0, "state");
     assert_eq!(evs[0].1["state"], "succeeded");
@@ -663,7 +666,7 @@ fn train_job_survives_kill9() {
     assert_eq!(code, 201, "{j}");
     let c = j["id"].as_str().unwrap().to_string();
     let (tx, rx) = std::sync::mpsc::channel();
-    let reader = sse(s.url(&format!("/api/jobs/{c}/events")), tx);
+    let reader = sse(s.url(&format!("/api/jobs/{c}/events")), &s.token, tx);
     while let Ok((ev, v)) = rx.recv_timeout(Duration::from_secs(120)) {
         if ev == "progress" && v["step"].as_u64().unwrap() >= 3 {
             break;
@@ -809,7 +812,7 @@ fn load_test() {
         clients.push(std::thread::spawn(move || {
             if c % 2 == 0 {
                 // SSE: follow the job for 5 progress events
-                let r = match agent().get(&s.url(&format!("/api/jobs/{job}/events"))).call() {
+                let r = match s.req("GET", &s.url(&format!("/api/jobs/{job}/events"))).call() {
                     Ok(r) => r,
                     Err(e) => {
                         eprintln!("sse {c}: {e}");

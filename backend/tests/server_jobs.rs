@@ -70,7 +70,7 @@ fn succeeded(s: &Server, id: &str) -> Value {
 
 /// GET `path` as bytes (200).
 fn bytes(s: &Server, path: &str) -> Vec<u8> {
-    let r = agent().get(&s.url(path)).call().unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    let r = s.req("GET", &s.url(path)).call().unwrap_or_else(|e| panic!("GET {path}: {e}"));
     assert_eq!(r.status(), 200, "GET {path}");
     let mut v = Vec::new();
     std::io::Read::read_to_end(&mut r.into_reader(), &mut v).unwrap();

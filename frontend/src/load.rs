@@ -172,6 +172,8 @@ fn hf_model(files: Vec<PickedFile>, total: u64) -> Result<(String, LoadedModel, 
         shards.push(SafetensorsFile::parse(Bytes::from_vec(f.bytes), &f.name).map_err(err)?);
     }
     let source = SafetensorsModel::from_files(&name, shards, index.as_ref()).map_err(err)?;
+    // The same check as `inspect` and the server's registration.
+    moe_shared::checkpoint::check::check_tensors(&source, &config, moe.as_ref()).map_err(err)?;
     let m = LoadedModel {
         path: name.clone(),
         format: ModelFormat::Safetensors,

@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{ModelFormat, TensorSource};
 use crate::config::{ModelConfig, MoeConfig};
+use crate::methods::merge::MergeMethod;
 use crate::methods::Layout;
+use crate::train::Stage;
 
 /// One tensor in a model summary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -182,6 +184,51 @@ pub fn is_valid_file_name(s: &str) -> bool {
         && s.len() <= 128
         && s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
         && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// Longest display name of a checkpoint or a job, in characters.
+pub const MAX_NAME_CHARS: usize = 200;
+
+/// Whether `c` may not appear in a display name: control characters
+/// (Unicode `Cc`), the bidirectional formatting characters that reorder
+/// what is shown (U+061C, U+200E/F, U+202A-U+202E, U+2066-U+2069: a name
+/// must read as it is stored), line and paragraph separators and the BOM.
+pub fn is_forbidden_in_name(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{FEFF}')
+}
+
+/// Checks the display name of a checkpoint or a job, the same way for the
+/// server (`POST /api/checkpoints`, `POST /api/jobs`, job outputs) and the
+/// browser's forms; returns it trimmed of surrounding whitespace.
+///
+/// # Errors
+/// An [`ApiError`] about `field` for an empty (or all-whitespace) name, one
+/// over [`MAX_NAME_CHARS`] characters, or one holding a character of
+/// [`is_forbidden_in_name`] (named by its code point).
+pub fn check_name(field: &str, name: &str) -> Result<String, ApiError> {
+    let t = name.trim();
+    if t.is_empty() {
+        return Err(ApiError::field(field, "the name is empty: expected 1-200 printable characters"));
+    }
+    let n = t.chars().count();
+    if n > MAX_NAME_CHARS {
+        return Err(ApiError::field(
+            field,
+            format!("the name is {n} characters long: expected at most {MAX_NAME_CHARS}"),
+        ));
+    }
+    if let Some((i, c)) = t.chars().enumerate().find(|(_, c)| is_forbidden_in_name(*c)) {
+        return Err(ApiError::field(
+            field,
+            format!(
+                "character {i} of the name is U+{:04X}, a control or bidirectional-formatting character: expected printable text",
+                c as u32
+            ),
+        ));
+    }
+    Ok(t.to_string())
 }
 
 /// Whether `s` is a lowercase hex sha256 (64 characters).
@@ -370,18 +417,6 @@ pub struct DataRef {
     pub heldout: Option<String>,
 }
 
-/// Training stage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TrainStage {
-    /// New experts + routers of an MoE.
-    Experts,
-    /// Routers only.
-    Router,
-    /// Every parameter of a dense model.
-    Dense,
-}
-
 /// `train` (see `moe-studio train --help`); unset options take the CLI's
 /// defaults. The output model is `final/` of the job's artefacts and is
 /// registered as a checkpoint.
@@ -390,8 +425,8 @@ pub enum TrainStage {
 pub struct TrainSpec {
     /// Checkpoint id of the model to train.
     pub model: String,
-    /// Stage.
-    pub stage: TrainStage,
+    /// Stage (`experts`, `router`, `dense`): [`Stage`], the trainer's own.
+    pub stage: Stage,
     /// Corpora (at least one).
     pub data: Vec<DataRef>,
     /// Optimizer steps (1-1,000,000).
@@ -524,41 +559,13 @@ pub struct GraftSpec {
     pub scale: Option<f64>,
 }
 
-/// Merge method names (mergekit semantics).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum MergeMethodName {
-    /// Weighted average.
-    Linear,
-    /// Base + weighted deltas.
-    TaskArithmetic,
-    /// TIES.
-    Ties,
-    /// DARE.
-    Dare,
-    /// DARE + TIES.
-    DareTies,
-}
-
-impl MergeMethodName {
-    /// The CLI spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MergeMethodName::Linear => "linear",
-            MergeMethodName::TaskArithmetic => "task-arithmetic",
-            MergeMethodName::Ties => "ties",
-            MergeMethodName::Dare => "dare",
-            MergeMethodName::DareTies => "dare-ties",
-        }
-    }
-}
-
 /// `merge`: the weight-merging baselines.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MergeSpec {
-    /// Method.
-    pub method: MergeMethodName,
+    /// Method (`linear`, `task-arithmetic`, `ties`, `dare`, `dare-ties`):
+    /// [`MergeMethod`], the merge's own.
+    pub method: MergeMethod,
     /// Checkpoint ids (1-64).
     pub models: Vec<String>,
     /// One weight per model (finite).
@@ -830,10 +837,8 @@ impl JobSpec {
                 }
                 match (&s.base, s.method) {
                     (Some(b), _) => check_id("spec.base", b)?,
-                    (None, MergeMethodName::Linear) => {}
-                    (None, m) => {
-                        return Err(ApiError::field("spec.base", format!("{} needs a base model", m.as_str())))
-                    }
+                    (None, MergeMethod::Linear) => {}
+                    (None, m) => return Err(ApiError::field("spec.base", format!("{} needs a base model", m.name()))),
                 }
                 check_f("spec.density", s.density, 0.0, 1.0, true)?;
                 check_dtype("spec.dtype", &s.dtype)?;
@@ -1020,10 +1025,26 @@ pub struct JobInfo {
     /// End, Unix ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<u64>,
+    /// Memory of its process (last attempt), once it has started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<JobMemory>,
+}
+
+/// The memory of a job's process group: resident anonymous + shared memory
+/// (memory-mapped checkpoint files are page cache and do not count),
+/// measured while it runs, against the limit it runs under.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobMemory {
+    /// Last measured, bytes (0 once the job ended).
+    pub current_bytes: u64,
+    /// Highest measured, bytes.
+    pub peak_bytes: u64,
+    /// The limit, bytes: over it the job is killed and fails saying so.
+    pub limit_bytes: u64,
 }
 
 /// One server-sent event of `GET /api/jobs/{id}/events`; the SSE `event:`
-/// field is the variant name (`state`, `progress`, `log`) and `data:` is
+/// field is the variant name (`state`, `progress`, `log`, `memory`) and `data:` is
 /// this value as JSON. The stream starts with the current `state` (and the
 /// last `progress`) and ends after a terminal state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1047,6 +1068,8 @@ pub enum JobEvent {
         /// The line.
         line: String,
     },
+    /// The memory of the running job (every second).
+    Memory(JobMemory),
 }
 
 impl JobEvent {
@@ -1056,6 +1079,7 @@ impl JobEvent {
             JobEvent::State { .. } => "state",
             JobEvent::Progress(_) => "progress",
             JobEvent::Log { .. } => "log",
+            JobEvent::Memory(_) => "memory",
         }
     }
 }
@@ -1078,6 +1102,20 @@ mod server_api_tests {
         assert_eq!(chunk_len(10, 4, 2), Some(2));
         assert_eq!(chunk_len(10, 4, 3), None);
         assert_eq!(chunk_len(0, 4, 0), Some(0));
+    }
+
+    #[test]
+    fn names_are_checked_the_same_everywhere() {
+        assert_eq!(check_name("name", "  stories260K MoE  ").unwrap(), "stories260K MoE");
+        assert_eq!(check_name("name", "árvíztűrő 🦀 models").unwrap(), "árvíztűrő 🦀 models");
+        for bad in ["", "   ", "a\nb", "a\u{7}b", "evil\u{202E}txt.exe", "x\u{2066}y", "\u{200F}", "a\u{FEFF}"] {
+            let e = check_name("spec.name", bad).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some("spec.name"), "{bad:?}");
+        }
+        assert!(check_name("name", &"x".repeat(200)).is_ok());
+        assert!(check_name("name", &"x".repeat(201)).unwrap_err().error.contains("201 characters"));
+        let e = check_name("name", "a\u{202E}b").unwrap_err().error;
+        assert!(e.contains("U+202E"), "{e}");
     }
 
     #[test]

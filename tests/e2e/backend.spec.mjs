@@ -38,7 +38,8 @@ const log = (s) => console.log(`     ${s}`);
 const sha = (buf) => crypto.createHash('sha256').update(buf).digest('hex');
 const shaFile = (p) => sha(fs.readFileSync(p));
 const api = async (p) => {
-  const r = await fetch(new URL(`api/${p}`, url));
+  // Reads need the token too (issue 18).
+  const r = await fetch(new URL(`api/${p}`, url), { headers: { Authorization: `Bearer ${token}` } });
   if (!r.ok) throw new Error(`GET api/${p}: HTTP ${r.status} ${await r.text()}`);
   return r;
 };

@@ -26,6 +26,38 @@ pub fn built() -> Vec<&'static str> {
     v
 }
 
+/// Devices backend `name` can use for data parallelism (`train
+/// --devices`): NdArray has one, the CPU (more "devices" would be replicas
+/// of the model on the same cores, each costing its memory); wgpu one, its
+/// default adapter; CUDA the GPUs the NVIDIA driver lists
+/// (`/proc/driver/nvidia/gpus/*`, else `/dev/nvidiaN`), at least one.
+pub fn device_count(name: &str) -> usize {
+    match name {
+        "cuda" => {
+            let gpus = std::fs::read_dir("/proc/driver/nvidia/gpus").map(|rd| rd.flatten().count()).unwrap_or(0);
+            let nodes = || {
+                std::fs::read_dir("/dev")
+                    .map(|rd| {
+                        rd.flatten()
+                            .filter(|e| {
+                                let n = e.file_name().to_string_lossy().into_owned();
+                                n.strip_prefix("nvidia")
+                                    .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                            })
+                            .count()
+                    })
+                    .unwrap_or(0)
+            };
+            if gpus > 0 {
+                gpus
+            } else {
+                nodes().max(1)
+            }
+        }
+        _ => 1,
+    }
+}
+
 /// A backend name resolved to one that is built and usable.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
@@ -160,6 +192,12 @@ mod tests {
             Ok(_) => assert_eq!(r.name, if cfg!(feature = "cuda") { r.name } else { "wgpu" }),
             Err(_) => assert_eq!(r.name, "ndarray"),
         }
+    }
+
+    #[test]
+    fn the_cpu_has_one_device() {
+        assert_eq!(device_count("ndarray"), 1);
+        assert!(device_count("cuda") >= 1);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use anyhow::{bail, Context};
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
 use moe_shared::eval::{evaluate, randomize_routers, PerplexityOptions};
+use moe_shared::jobs::Defaults as D;
 use moe_shared::model::{load_model, Routing};
 use moe_shared::train::data::{split_documents, tokenize_documents};
 use moe_shared::train::freeze::is_moe;
@@ -28,10 +29,10 @@ pub struct Args {
     #[arg(long = "data", required = true)]
     pub data: Vec<String>,
     /// Tokens per window.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = D::default().eval_window)]
     pub window: usize,
     /// Advance between windows.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = D::default().eval_stride)]
     pub stride: usize,
     /// Score only the first N tokens of each dataset.
     #[arg(long)]

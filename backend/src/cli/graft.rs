@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use moe_shared::checkpoint::{open_model, LoadedModel};
+use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::delta::{companion_files, graft, GraftOptions};
 use moe_shared::methods::stream_read::use_positioned_reads;
 
@@ -25,7 +26,7 @@ pub struct Args {
     #[arg(long)]
     pub instruct: PathBuf,
     /// Scale `lambda` on the delta (1.0 = the paper).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = D::default().scale, allow_negative_numbers = true)]
     pub scale: f64,
     #[command(flatten)]
     pub output: super::args::Output,

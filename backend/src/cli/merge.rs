@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use moe_shared::checkpoint::{open_model, LoadedModel};
+use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::delta::companion_files;
 use moe_shared::methods::merge::{merge, set_config_dtype, MergeMethod, MergeOptions, Rescale};
 use moe_shared::methods::stream_read::use_positioned_reads;
@@ -28,10 +29,10 @@ pub struct Args {
     #[arg(long)]
     pub base: Option<PathBuf>,
     /// Fraction of each delta kept by ties / dare, in (0, 1].
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = D::default().merge_density)]
     pub density: f64,
     /// Seed of dare's random drop.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = D::default().seed)]
     pub seed: u64,
     /// Divide by the sum of weights: true or false (default as mergekit:
     /// true for linear and ties, false otherwise).

@@ -113,3 +113,136 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(a) => crate::server::run(&cli.backend, a),
     }
 }
+
+/// The job specs and the CLI describe the same commands: every spec's
+/// command line (`shared::jobs`) parses with this CLI, each set field
+/// reaches the option of the same name, and the CLI's defaults are the
+/// spec's [`moe_shared::jobs::Defaults`].
+#[cfg(test)]
+mod job_spec_tests {
+    use super::*;
+    use moe_shared::api::{DataRef, JobSpec};
+    use moe_shared::jobs::{Defaults, JobInputs};
+
+    struct Paths;
+    impl JobInputs for Paths {
+        fn model(&self, id: &str) -> String {
+            format!("models/{id}")
+        }
+        fn data(&self, d: &DataRef, heldout: bool) -> String {
+            format!("data/{}{}.txt", d.name, if heldout { ".heldout" } else { "" })
+        }
+    }
+
+    const A: &str = "123e4567-e89b-42d3-a456-426614174000";
+    const B: &str = "123e4567-e89b-42d3-a456-426614174001";
+    const U: &str = "123e4567-e89b-42d3-a456-426614174002";
+
+    fn spec(v: serde_json::Value) -> JobSpec {
+        let s: JobSpec = serde_json::from_value(v).unwrap();
+        s.validate().unwrap();
+        s
+    }
+
+    fn parse(s: &JobSpec) -> Command {
+        let mut argv = vec!["moe-studio".to_string(), "--backend=ndarray".to_string()];
+        argv.extend(s.cli_args(&Paths, false));
+        Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}")).command
+    }
+
+    #[test]
+    fn every_spec_s_command_line_parses_with_the_cli_and_carries_its_values() {
+        let d = |n: &str| serde_json::json!({"name": n, "upload": U, "heldout": U, "weight": 2.0, "original": true});
+        let train = spec(serde_json::json!({"kind": "train", "model": A, "stage": "router", "data": [d("hu")],
+            "steps": 40, "seq_len": 64, "batch": 3, "lr": 0.001, "warmup": 2, "min_lr": 0.2, "grad_accum": 2,
+            "clip": 0.5, "alpha": 0.02, "prior": 0.3, "weight_decay": 0.1, "seed": 7, "devices": 1}));
+        let Command::Train(t) = parse(&train) else { panic!("train") };
+        assert_eq!(
+            (t.stage.as_str(), t.steps, t.seq_len, t.batch, t.warmup, t.grad_accum, t.seed),
+            ("router", 40, 64, 3, 2, 2, 7)
+        );
+        assert_eq!((t.lr, t.min_lr, t.clip, t.alpha, t.prior, t.weight_decay), (Some(0.001), 0.2, 0.5, 0.02, 0.3, 0.1));
+        assert_eq!((t.save_every, t.data.clone()), (4, vec!["hu=data/hu.txt:2:orig".to_string()]));
+        assert_eq!(t.model, std::path::PathBuf::from(format!("models/{A}")));
+        let up = spec(serde_json::json!({"kind": "upcycle", "model": A, "experts": 4, "top_k": 1, "frozen": [0, 1],
+            "router_init": "random", "noise": 0.01, "seed": 3, "dtype": "bf16"}));
+        let Command::Upcycle(u) = parse(&up) else { panic!("upcycle") };
+        assert_eq!((u.experts, u.top_k, u.frozen.clone(), u.noise, u.seed), (Some(4), 1, vec![0, 1], 0.01, 3));
+        assert_eq!(u.dtype.dtype.as_deref(), Some("bf16"));
+        let route = spec(serde_json::json!({"kind": "route", "model": A, "domains": [d("en"), d("hu")],
+            "lambda": 0.5, "top_k": 2, "max_tokens": 99, "context": 32}));
+        let Command::Route(r) = parse(&route) else { panic!("route") };
+        assert_eq!((r.lambda, r.top_k, r.max_tokens, r.context), (0.5, 2, 99, 32));
+        assert_eq!(r.domains[1], "hu=data/hu.txt:data/hu.heldout.txt");
+        let merge = spec(serde_json::json!({"kind": "merge", "method": "dare-ties", "models": [A, B],
+            "weights": [0.5, -0.25], "base": A, "density": 0.3, "seed": 5, "dtype": "f16"}));
+        let Command::Merge(m) = parse(&merge) else { panic!("merge") };
+        assert_eq!(
+            (m.method.name(), m.weights.clone(), m.density, m.seed),
+            ("dare-ties", Some(vec![0.5, -0.25]), 0.3, 5)
+        );
+        for (v, kind) in [
+            (serde_json::json!({"kind": "moerge", "models": [A, B], "top_k": 2, "seed": 1, "dtype": "f32"}), "moerge"),
+            (serde_json::json!({"kind": "graft", "target": A, "base": B, "instruct": A, "scale": -0.5}), "graft"),
+            (
+                serde_json::json!({"kind": "neurons", "model": A, "langs": [{"name": "en", "upload": U}, {"name": "hu", "upload": U}],
+                    "new": ["hu"], "top_n": 10, "max_texts": 5, "max_tokens": 16}),
+                "neurons",
+            ),
+            (
+                serde_json::json!({"kind": "eval", "model": A, "data": [{"name": "hu", "upload": U}], "window": 64,
+                    "stride": 32, "max_tokens": 100, "routing": "oracle"}),
+                "eval",
+            ),
+        ] {
+            let s = spec(v);
+            let ok = match (parse(&s), kind) {
+                (Command::Moerge(m), "moerge") => m.top_k == 2 && m.models.len() == 2,
+                (Command::Graft(g), "graft") => g.scale == -0.5,
+                (Command::Neurons(n), "neurons") => n.top_n == 10 && n.max_texts == 5 && n.new == ["hu"],
+                (Command::Eval(e), "eval") => e.window == 64 && e.stride == 32 && e.routing == "oracle",
+                _ => false,
+            };
+            assert!(ok, "{kind}");
+        }
+    }
+
+    #[test]
+    fn the_cli_defaults_are_the_spec_defaults() {
+        let d = Defaults::default();
+        let bare = |argv: &[&str]| Cli::try_parse_from(argv).unwrap().command;
+        let Command::Train(t) =
+            bare(&["m", "train", "x", "--stage", "dense", "--data", "a=b", "--steps", "1", "--out", "o"])
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (t.seq_len, t.batch, t.warmup, t.grad_accum, t.devices, t.seed),
+            (d.train_seq_len, d.train_batch, d.train_warmup, d.train_grad_accum, d.train_devices, d.seed)
+        );
+        assert_eq!(
+            (t.min_lr, t.clip, t.alpha, t.prior, t.weight_decay),
+            (d.train_min_lr, d.train_clip, d.train_alpha, d.train_prior, d.train_weight_decay)
+        );
+        let Command::Upcycle(u) = bare(&["m", "upcycle", "x", "--experts", "2", "--out", "o"]) else { panic!() };
+        assert_eq!(
+            (u.top_k, u.frozen.clone(), u.noise, u.router_std),
+            (d.upcycle_top_k, d.upcycle_frozen.clone(), d.upcycle_noise, d.upcycle_router_std)
+        );
+        let Command::Route(r) = bare(&["m", "route", "x", "--domain", "a=b", "--out", "o"]) else { panic!() };
+        assert_eq!(
+            (r.lambda, r.top_k, r.max_tokens, r.context, r.eval_tokens),
+            (d.route_lambda, d.route_top_k, d.route_max_tokens, d.route_context, d.route_eval_tokens)
+        );
+        let Command::Eval(e) = bare(&["m", "eval", "x", "--data", "a=b"]) else { panic!() };
+        assert_eq!((e.window, e.stride), (d.eval_window, d.eval_stride));
+        let Command::Neurons(n) = bare(&["m", "neurons", "x", "--lang", "a=b", "--lang", "c=d", "--out", "o"]) else {
+            panic!()
+        };
+        assert_eq!((n.top_n, n.max_texts, n.max_tokens), (d.neurons_top_n, d.neurons_max_texts, d.neurons_max_tokens));
+        let Command::Merge(m) = bare(&["m", "merge", "linear", "x", "--out", "o"]) else { panic!() };
+        assert_eq!(m.density, d.merge_density);
+        let Command::Moerge(m) = bare(&["m", "moerge", "x", "y", "--out", "o"]) else { panic!() };
+        assert_eq!(m.top_k, d.moerge_top_k);
+    }
+}

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use moe_shared::checkpoint::open_model;
+use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::{moerge, MoergeInput, MoergeOptions, RouterInit};
 
 /// Arguments of `moerge`.
@@ -18,16 +19,16 @@ pub struct Args {
     #[arg(required = true, num_args = 2..)]
     pub models: Vec<PathBuf>,
     /// Experts per token (DUME reference: 1).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = D::default().moerge_top_k)]
     pub top_k: usize,
     /// Router temperature.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = D::default().temperature)]
     pub temperature: f64,
     /// Initialise routers with `N(0, std^2)` instead of zeros.
     #[arg(long)]
     pub router_std: Option<f64>,
     /// Seed of a random router.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = D::default().seed)]
     pub seed: u64,
     #[command(flatten)]
     pub dtype: super::args::OutputDtype,

@@ -15,6 +15,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
+use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::neurons::{
     analyze, average_precision_table, AnalysisOptions, CollectOptions, NeuronCollector, NeuronReport,
 };
@@ -36,7 +37,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub new: Vec<String>,
     /// Specific neurons per language (top-N by Average Precision; also bottom-N).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = D::default().neurons_top_n)]
     pub top_n: usize,
     /// Count the bottom-N (neurons off for the language) as specific too.
     #[arg(long)]
@@ -45,10 +46,10 @@ pub struct Args {
     #[arg(long, default_value = "mean")]
     pub pool: String,
     /// Texts used per language (the first non-empty lines).
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = D::default().neurons_max_texts)]
     pub max_texts: usize,
     /// Each text is truncated to this many tokens.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = D::default().neurons_max_tokens)]
     pub max_tokens: usize,
     /// Threads for the Average Precision (default: all cores).
     #[arg(long)]

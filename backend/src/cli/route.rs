@@ -8,10 +8,11 @@ use anyhow::{bail, Context};
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
 use moe_shared::config::MoeConfig;
+use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::output::choose_layout;
 use moe_shared::methods::route::{
-    collect_stats, empty_stats, pack_sequences, routed_config, routing_accuracy, set_routers, solve_all,
-    stats_to_safetensors, write_routed, RouteOptions,
+    check_domains, collect_stats, domain_sequences, empty_stats, mean_accuracy, routed_config, routing_accuracy,
+    set_routers, solve_all, stats_to_safetensors, write_routed, DomainSequences, RouteOptions, RouteReport,
 };
 use moe_shared::methods::Layout;
 use moe_shared::model::load_model;
@@ -34,19 +35,19 @@ pub struct Args {
     #[arg(long, conflicts_with = "domains")]
     pub add_expert: Option<String>,
     /// Ridge strength lambda (> 0).
-    #[arg(long, default_value_t = 1e-2)]
+    #[arg(long, default_value_t = D::default().route_lambda)]
     pub lambda: f64,
     /// Experts per token at inference.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = D::default().route_top_k)]
     pub top_k: usize,
     /// Router temperature.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = D::default().temperature)]
     pub temperature: f64,
     /// Tokens per domain for the statistics.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = D::default().route_max_tokens)]
     pub max_tokens: usize,
     /// Tokens per sequence.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = D::default().route_context)]
     pub context: usize,
     /// Solve without the bias column (the result then exports in the Mixtral layout).
     #[arg(long)]
@@ -55,7 +56,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub lambda_sweep: Vec<f64>,
     /// Held-out tokens per domain for the accuracy report.
-    #[arg(long, default_value_t = 2_000)]
+    #[arg(long, default_value_t = D::default().route_eval_tokens)]
     pub eval_tokens: usize,
     /// Output directory.
     #[arg(long)]
@@ -63,12 +64,6 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-struct Domain {
-    name: String,
-    train: Vec<Vec<u32>>,
-    heldout: Vec<Vec<u32>>,
 }
 
 fn parse_domain(spec: &str) -> anyhow::Result<(String, PathBuf, Option<PathBuf>)> {
@@ -84,29 +79,19 @@ fn parse_domain(spec: &str) -> anyhow::Result<(String, PathBuf, Option<PathBuf>)
     Ok((name.to_string(), train, held))
 }
 
+/// Reads a domain's files and prepares it as the tab does ([`domain_sequences`]).
 fn read_domain(
     tok: &moe_shared::tokenizer::Tokenizer,
     name: String,
     train: &PathBuf,
     held: Option<&PathBuf>,
     context: usize,
-) -> anyhow::Result<Domain> {
-    let read = |p: &PathBuf| -> anyhow::Result<Vec<u32>> {
-        let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-        if text.trim().is_empty() {
-            bail!("domain `{name}`: {} is empty", p.display());
-        }
-        Ok(tok.encode(&text, false)?)
-    };
-    let ids = read(train)?;
-    let (train_ids, held_ids) = match held {
-        Some(h) => (ids, read(h)?),
-        None => {
-            let cut = ids.len() * 9 / 10;
-            (ids[..cut].to_vec(), ids[cut..].to_vec())
-        }
-    };
-    Ok(Domain { name, train: pack_sequences(&train_ids, context), heldout: pack_sequences(&held_ids, context) })
+) -> anyhow::Result<DomainSequences> {
+    let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+    let text = read(train)?;
+    let held_text = held.map(read).transpose()?;
+    let (tw, hw) = (train.display().to_string(), held.map(|h| h.display().to_string()).unwrap_or_default());
+    Ok(domain_sequences(tok, &name, (&text, &tw), held_text.as_deref().map(|h| (h, hw.as_str())), context)?)
 }
 
 /// `route MOE --add-expert NAME=DENSE:TRAIN[:HELDOUT] --out DIR`.
@@ -168,7 +153,7 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     let report = serde_json::json!({
         "model": m.path, "added_domain": domain.name, "added_from": dense_path.display().to_string(),
         "domains": names, "new_domain_tokens": n, "options": opts,
-        "new_domain_accuracy_per_layer": acc, "new_domain_mean_accuracy": mean(&acc),
+        "new_domain_accuracy_per_layer": acc, "new_domain_mean_accuracy": mean_accuracy(&acc),
         "layout": layout, "warnings": warnings,
         "seconds": t0.elapsed().as_secs_f64(),
     });
@@ -190,7 +175,7 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
             domain.name,
             a.out.display(),
             t0.elapsed().as_secs_f64(),
-            mean(&acc)
+            mean_accuracy(&acc)
         );
     }
     Ok(())
@@ -220,11 +205,6 @@ fn layout_warnings(base: &moe_shared::config::ModelConfig, routed: &MoeConfig) -
     )
 }
 
-fn mean(v: &[Option<f64>]) -> f64 {
-    let xs: Vec<f64> = v.iter().flatten().copied().collect();
-    xs.iter().sum::<f64>() / xs.len().max(1) as f64
-}
-
 impl WithBackend for Args {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
         if self.add_expert.is_some() {
@@ -250,17 +230,7 @@ impl WithBackend for Args {
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let moe = m.moe.clone().with_context(|| format!("{}: not an MoE checkpoint (run `moerge` first)", m.path))?;
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer.json beside the model", m.path))?;
-        for (l, s) in moe.layers.iter().enumerate() {
-            if let Some(s) = s {
-                if s.num_experts != a.domains.len() {
-                    bail!(
-                        "layer {l} has {} experts but {} domains were given (one per expert, in order)",
-                        s.num_experts,
-                        a.domains.len()
-                    );
-                }
-            }
-        }
+        check_domains(&moe, a.domains.len())?;
         let mut domains = Vec::new();
         for spec in &a.domains {
             let (name, train, held) = parse_domain(spec)?;
@@ -291,7 +261,7 @@ impl WithBackend for Args {
             let acc: Vec<f64> = domains
                 .iter()
                 .enumerate()
-                .map(|(i, d)| mean(&routing_accuracy(&model, i, &d.heldout, a.eval_tokens)))
+                .map(|(i, d)| mean_accuracy(&routing_accuracy(&model, i, &d.heldout, a.eval_tokens)))
                 .collect();
             sweep.push(serde_json::json!({"lambda": lambda, "mean_accuracy_per_domain": acc}));
         }
@@ -299,19 +269,12 @@ impl WithBackend for Args {
         let stats_bytes = stats_to_safetensors(&stats, &names)?;
         let routed = routed_config(&moe, &opts);
         let (layout, warnings) = layout_warnings(&m.config, &routed);
-        let report = serde_json::json!({
-            "model": m.path,
-            "domains": names,
-            "tokens_per_domain": tokens,
-            "options": opts,
-            "random_routing_accuracy": 1.0 / domains.len() as f64,
-            "accuracy_per_domain_per_layer": accuracy,
-            "mean_accuracy_per_domain": accuracy.iter().map(|a| mean(a)).collect::<Vec<_>>(),
-            "condition_number_per_layer": cond,
-            "lambda_sweep": sweep,
-            "layout": layout,
-            "warnings": warnings,
-        });
+        let mut report = RouteReport::new(&m.path, &domains, tokens, opts, accuracy.clone());
+        report.condition_number_per_layer = Some(cond);
+        report.lambda_sweep = Some(sweep);
+        report.layout = Some(layout);
+        report.warnings = Some(warnings.clone());
+        let report = serde_json::to_value(&report)?;
         let provenance = serde_json::json!({"method": "dume-ridge-router", "source": m.path, "domains": names, "lambda": opts.lambda});
         let mut extra = vec![("ridge_stats.safetensors", stats_bytes)];
         extra.push(("ridge_report.json", serde_json::to_vec_pretty(&report)?));
@@ -329,11 +292,11 @@ impl WithBackend for Args {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
             println!("routed {} -> {} ({:.1} s)", m.path, a.out.display(), t0.elapsed().as_secs_f64());
-            println!("random routing accuracy: {:.3}", 1.0 / domains.len() as f64);
+            println!("random routing accuracy: {:.3}", report["random_routing_accuracy"].as_f64().unwrap_or(0.0));
             for (i, d) in domains.iter().enumerate() {
                 let per: Vec<String> =
                     accuracy[i].iter().map(|x| x.map(|v| format!("{v:.2}")).unwrap_or("-".into())).collect();
-                println!("{:>10}: mean {:.3}  per layer [{}]", d.name, mean(&accuracy[i]), per.join(" "));
+                println!("{:>10}: mean {:.3}  per layer [{}]", d.name, mean_accuracy(&accuracy[i]), per.join(" "));
             }
         }
         Ok(())

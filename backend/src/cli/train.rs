@@ -18,6 +18,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use burn::tensor::backend::AutodiffBackend;
 use moe_shared::checkpoint::{open_model, LoadedModel};
+use moe_shared::jobs::Defaults as D;
 use moe_shared::model::load_model;
 use moe_shared::tokenizer::{Llama2cTokenizer, Tokenizer};
 use moe_shared::train::checkpoint::latest_checkpoint;
@@ -40,37 +41,37 @@ pub struct Args {
     #[arg(long)]
     pub steps: usize,
     /// Tokens per sequence.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = D::default().train_seq_len)]
     pub seq_len: usize,
     /// Sequences per device per micro-step.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = D::default().train_batch)]
     pub batch: usize,
     /// Peak learning rate (default: 5e-5 for experts and dense, 1e-4 for router).
     #[arg(long)]
     pub lr: Option<f64>,
     /// Linear warm-up steps.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = D::default().train_warmup)]
     pub warmup: usize,
     /// Final learning rate of the cosine, as a fraction of --lr.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = D::default().train_min_lr)]
     pub min_lr: f64,
     /// Micro-steps per optimizer step (gradient accumulation).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = D::default().train_grad_accum)]
     pub grad_accum: usize,
     /// Maximum global gradient norm (0: no clipping).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = D::default().train_clip)]
     pub clip: f64,
     /// Load-balancing loss coefficient.
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = D::default().train_alpha)]
     pub alpha: f64,
     /// Load-balancing formula: `per-layer` (methods.md) or `hf-mixtral` (transformers' pooled form, k times larger).
     #[arg(long, default_value = "per-layer")]
     pub lb_form: String,
     /// Language-prior coefficient (applies to `:orig` data).
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = D::default().train_prior)]
     pub prior: f64,
     /// AdamW weight decay.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = D::default().train_weight_decay)]
     pub weight_decay: f64,
     /// Checkpoint every N steps (0: only at the end).
     #[arg(long, default_value_t = 0)]
@@ -79,7 +80,7 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     pub keep: usize,
     /// Seed of the data order.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = D::default().seed)]
     pub seed: u64,
     /// Output directory.
     #[arg(long)]
@@ -88,7 +89,7 @@ pub struct Args {
     #[arg(long)]
     pub resume: bool,
     /// Devices for data parallelism (each runs --batch sequences per micro-step).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = D::default().train_devices)]
     pub devices: usize,
     /// Tokenizer (tokenizer.json or a llama2.c tok*.bin) when the model has none beside it.
     #[arg(long)]

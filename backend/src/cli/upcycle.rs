@@ -15,6 +15,7 @@ use std::time::Instant;
 use anyhow::Context;
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::{open_model, LoadedModel};
+use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::{
     hidden_router_rows, upcycle, AllocationFile, CopyNoise, ExpertCounts, ExpertPrompts, NoiseKind, RouterInit,
     UpcycleOptions,
@@ -57,10 +58,10 @@ pub struct Args {
     #[arg(long)]
     pub allocation: Option<PathBuf>,
     /// Experts per token.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = D::default().upcycle_top_k)]
     pub top_k: usize,
     /// Frozen experts of every layer, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "0")]
+    #[arg(long, value_delimiter = ',', default_values_t = D::default().upcycle_frozen)]
     pub frozen: Vec<usize>,
     /// Freeze no expert (overrides --frozen).
     #[arg(long)]
@@ -69,22 +70,22 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = RouterInitArg::Zeros)]
     pub router_init: RouterInitArg,
     /// Standard deviation of the random router.
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, default_value_t = D::default().upcycle_router_std)]
     pub router_std: f64,
     /// Prompts per expert for `--router-init hidden` (JSON).
     #[arg(long)]
     pub expert_prompts: Option<PathBuf>,
     /// Standard deviation of the noise on the non-frozen copies (0 = none).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = D::default().upcycle_noise)]
     pub noise: f64,
     /// How the noise combines with the weights.
     #[arg(long, value_enum, default_value_t = NoiseArg::Mul)]
     pub noise_kind: NoiseArg,
     /// Seed of the random router and the noise.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = D::default().seed)]
     pub seed: u64,
     /// Router temperature (folded into the router weight in the Mixtral layout).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = D::default().temperature)]
     pub temperature: f64,
     #[command(flatten)]
     pub dtype: super::args::OutputDtype,

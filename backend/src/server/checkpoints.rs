@@ -8,7 +8,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use moe_shared::api::{CheckpointInfo, CreateCheckpoint, FileInfo, ModelSummary, UploadState};
-use moe_shared::checkpoint::open_model;
 use tower::ServiceExt;
 use tower_http::services::ServeFile;
 
@@ -62,56 +61,116 @@ pub fn find_entry(dir: &Path) -> Result<String, String> {
     ))
 }
 
-/// Opens the model at `dir`/`entry` and summarises it (blocking).
-pub fn summarise(dir: &Path, entry: &str, name: &str) -> Result<ModelSummary, String> {
+fn architecture(s: &ModelSummary) -> String {
+    format!("{}{}", s.config.architecture.model_type(), if s.moe.is_some() { " moe" } else { "" })
+}
+
+/// Memory budget of validating files of `bytes` bytes in all: twice
+/// their size plus 256 MB (a tokenizer built from them, the parse).
+pub fn register_budget(bytes: u64) -> u64 {
+    bytes.saturating_mul(2).saturating_add(256 << 20)
+}
+
+/// Opens the model at `dir`/`entry` as `moe-studio inspect --json` does, in
+/// a child process (its own process group) under a memory budget of
+/// [`register_budget`] of the directory's files: a hostile file can make
+/// the child fail, never the server grow. The summary names the model
+/// `name` (`name/entry` for a file), never a server path.
+///
+/// # Errors
+/// The loader's message (server paths replaced by `name`), or a sentence
+/// saying that validation went over its memory budget.
+pub async fn summarise(st: &AppStateRef, dir: &Path, entry: &str, name: &str) -> Result<ModelSummary, String> {
     let p = if entry.is_empty() { dir.to_path_buf() } else { dir.join(entry) };
-    let m = open_model(&p).map_err(|e| {
-        // Do not leak server paths: name the file by its checkpoint name.
-        e.to_string().replace(&dir.display().to_string(), name)
-    })?;
-    let mut s =
-        ModelSummary::new(name, m.format, &m.config, m.source.as_ref(), m.tokenizer.as_ref().map(|t| t.vocab_size()))
-            .with_moe(m.moe.as_ref());
+    let files: u64 = std::fs::read_dir(dir)
+        .map_err(|e| format!("reading {name}: {e}"))?
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum();
+    let budget = register_budget(files);
+    let mut cmd = tokio::process::Command::new(st.jobs.exe());
+    cmd.arg("inspect")
+        .arg(&p)
+        .arg("--json")
+        .current_dir(dir)
+        .env(super::EXIT_WITH_PARENT_ENV, "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|e| format!("starting the validation of {name}: {e}"))?;
+    let stdin = child.stdin.take();
+    let pid = child.id().unwrap_or(0);
+    let memory = super::limits::watch(pid, budget, &format!("moe-studio-register-{}", uuid::Uuid::new_v4()));
+    let out = child.wait_with_output().await.map_err(|e| format!("validating {name}: {e}"));
+    drop(stdin);
+    memory.stop();
+    let out = out?;
+    if memory.over_limit() {
+        return Err(format!(
+            "validating {name} needed more than {} of memory (the budget for {} of files: twice their size + \
+             256 MB), so it was stopped: a header that claims more than its file holds?",
+            super::limits::human(budget),
+            super::limits::human(files)
+        ));
+    }
+    let hide = |t: &str| t.replace(&dir.display().to_string(), name);
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+        let msg = if lines.is_empty() { err.trim().to_string() } else { lines.join("\n") };
+        let msg = msg.strip_prefix("error: ").unwrap_or(&msg).to_string();
+        let msg = msg.strip_prefix(&format!("opening {}: ", p.display())).unwrap_or(&msg).to_string();
+        return Err(hide(&msg));
+    }
+    let mut s: ModelSummary = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("validating {name}: unexpected output of inspect --json ({e})"))?;
     s.path = if entry.is_empty() { name.to_string() } else { format!("{name}/{entry}") };
     Ok(s)
 }
 
-fn architecture(s: &ModelSummary, moe: bool) -> String {
-    format!("{}{}", s.config.architecture.model_type(), if moe { " moe" } else { "" })
-}
-
-/// Registers the model in `dir` (relative to the data dir `data`) as a
-/// checkpoint: files hashed, summary stored. Blocking.
+/// Registers the model in `rel` (relative to the data directory) as a
+/// checkpoint: validated in a child process ([`summarise`]), files hashed
+/// (streamed; `known_sha` gives those already known), summary stored.
 ///
 /// # Errors
 /// When the directory is not a model (the message says why).
-pub fn register_dir(
-    data: &Path,
+pub async fn register_dir(
+    st: &AppStateRef,
     rel: &str,
     name: &str,
     source_job: Option<String>,
     known_sha: &[(String, String)],
 ) -> Result<CheckpointRow, String> {
-    let dir = data.join(rel);
-    let entry = find_entry(&dir)?;
-    let summary = summarise(&dir, &entry, name)?;
-    let p = if entry.is_empty() { dir.clone() } else { dir.join(&entry) };
-    let moe = open_model(&p).map(|m| m.moe.is_some()).unwrap_or(false);
-    let mut files = Vec::new();
-    let mut rd: Vec<_> = std::fs::read_dir(&dir).map_err(|e| e.to_string())?.filter_map(|e| e.ok()).collect();
-    rd.sort_by_key(|e| e.file_name());
-    for e in rd {
-        let n = e.file_name().to_string_lossy().into_owned();
-        if !e.file_type().is_ok_and(|t| t.is_file()) || !moe_shared::api::is_valid_file_name(&n) {
-            continue;
+    let dir = st.data.join(rel);
+    let d2 = dir.clone();
+    let entry = tokio::task::spawn_blocking(move || find_entry(&d2)).await.map_err(|e| e.to_string())??;
+    let summary = summarise(st, &dir, &entry, name).await?;
+    let known = known_sha.to_vec();
+    let d2 = dir.clone();
+    let files = tokio::task::spawn_blocking(move || -> Result<Vec<FileInfo>, String> {
+        let mut files = Vec::new();
+        let mut rd: Vec<_> = std::fs::read_dir(&d2).map_err(|e| e.to_string())?.filter_map(|e| e.ok()).collect();
+        rd.sort_by_key(|e| e.file_name());
+        for e in rd {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if !e.file_type().is_ok_and(|t| t.is_file()) || !moe_shared::api::is_valid_file_name(&n) {
+                continue;
+            }
+            let size = e.metadata().map(|m| m.len()).unwrap_or(0);
+            let sha = match known.iter().find(|(k, _)| *k == n) {
+                Some((_, s)) => s.clone(),
+                None => sha256_file(&e.path()).map_err(|err| format!("hashing {n}: {err}"))?,
+            };
+            files.push(FileInfo { name: n, size, sha256: Some(sha) });
         }
-        let size = e.metadata().map(|m| m.len()).unwrap_or(0);
-        let sha = match known_sha.iter().find(|(k, _)| *k == n) {
-            Some((_, s)) => s.clone(),
-            None => sha256_file(&e.path()).map_err(|err| format!("hashing {n}: {err}"))?,
-        };
-        files.push(FileInfo { name: n, size, sha256: Some(sha) });
-    }
+        Ok(files)
+    })
+    .await
+    .map_err(|e| e.to_string())??;
     Ok(CheckpointRow {
         info: CheckpointInfo {
             id: uuid::Uuid::new_v4().to_string(),
@@ -120,7 +179,7 @@ pub fn register_dir(
             files,
             source_job,
             parameters: summary.parameters,
-            architecture: architecture(&summary, moe),
+            architecture: architecture(&summary),
             created_at: now_ms(),
             summary: None,
         },
@@ -135,10 +194,7 @@ pub async fn create(
     State(st): State<AppStateRef>,
     J(req): J<CreateCheckpoint>,
 ) -> AppResult<(StatusCode, Json<CheckpointInfo>)> {
-    let name = req.name.trim().to_string();
-    if name.is_empty() || name.chars().count() > 200 || name.chars().any(|c| c.is_control()) {
-        return Err(AppError::bad("name", "expected 1-200 printable characters"));
-    }
+    let name = moe_shared::api::check_name("name", &req.name).map_err(bad_request)?;
     if req.uploads.is_empty() || req.uploads.len() > 64 {
         return Err(AppError::bad("uploads", format!("{} uploads: expected 1 to 64", req.uploads.len())));
     }
@@ -217,6 +273,11 @@ pub async fn create(
     }
 }
 
+/// An [`moe_shared::api::ApiError`] as a 400.
+pub fn bad_request(e: moe_shared::api::ApiError) -> AppError {
+    AppError { status: StatusCode::BAD_REQUEST, body: e }
+}
+
 /// Why upload `u` (not `complete`) cannot be used.
 pub fn upload_unusable(u: &moe_shared::api::UploadStatus) -> String {
     match (&u.state, &u.checkpoint_id) {
@@ -265,12 +326,9 @@ async fn assemble(
         }
     }
     let known: Vec<(String, String)> = ups.iter().map(|u| (u.file_name.clone(), u.sha256.clone())).collect();
-    let data = st.data.clone();
-    let (n2, t2) = (name.to_string(), tmp_rel.clone());
-    let res = tokio::task::spawn_blocking(move || register_dir(&data, &t2, &n2, None, &known))
+    let mut row = register_dir(st, &tmp_rel, name, None, &known)
         .await
-        .map_err(|e| AppError::internal(format!("validating: {e}")))?;
-    let mut row = res.map_err(|e| AppError::unprocessable("uploads", format!("not a usable checkpoint: {e}")))?;
+        .map_err(|e| AppError::unprocessable("uploads", format!("not a usable checkpoint: {e}")))?;
     let rel = format!("checkpoints/{id}");
     let mut dst = TmpDir { path: st.data.join(&rel), keep: false };
     tokio::fs::rename(&tmp.path, &dst.path).await?;
@@ -283,6 +341,67 @@ async fn assemble(
     let mut info = row.info;
     info.summary = serde_json::from_str(&row.summary).ok();
     Ok(info)
+}
+
+/// At start, after a crash (even `kill -9`) during a registration: what
+/// is on disk and in the database is brought to one of the two ends of
+/// [`create`] — the uploads usable again, or the checkpoint registered —
+/// never an upload marked consumed by a checkpoint that does not exist.
+///
+/// - `checkpoints/.tmp-*` (a registration's assembly) is removed;
+/// - `checkpoints/{id}` without a database row (renamed into place, the
+///   row not yet written) is removed;
+/// - an upload `consumed` by a checkpoint that has no row becomes
+///   `complete` again (its file is still in `uploads/{id}/`);
+/// - `uploads/{id}/` of an upload consumed by an existing checkpoint
+///   (the crash came before the clean-up) is removed.
+///
+/// # Errors
+/// Database errors.
+pub fn recover(db: &db::Db, data: &Path) -> anyhow::Result<()> {
+    let known: std::collections::HashSet<String> = db.blocking(|c| -> rusqlite::Result<_> {
+        let mut s = c.prepare("SELECT id FROM checkpoints")?;
+        let v = s.query_map([], |r| r.get::<_, String>(0))?.collect::<rusqlite::Result<_>>()?;
+        Ok(v)
+    })?;
+    if let Ok(rd) = std::fs::read_dir(data.join("checkpoints")) {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let orphan = n.starts_with(".tmp-") || (moe_shared::api::is_valid_id(&n) && !known.contains(&n));
+            if orphan {
+                tracing::warn!("checkpoints/{n}: left by an interrupted registration, removed");
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let consumed: Vec<(String, Option<String>)> = db.blocking(|c| -> rusqlite::Result<_> {
+        let mut s = c.prepare("SELECT id, checkpoint_id FROM uploads WHERE state = 'consumed'")?;
+        let v = s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
+        Ok(v)
+    })?;
+    for (uid, cid) in consumed {
+        if !moe_shared::api::is_valid_id(&uid) {
+            continue;
+        }
+        let dir = data.join("uploads").join(&uid);
+        match cid {
+            Some(c) if known.contains(&c) => {
+                if dir.exists() {
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+            }
+            _ => {
+                tracing::warn!("upload {uid}: its registration did not finish; it is complete again");
+                db.blocking(|c| {
+                    c.execute(
+                        "UPDATE uploads SET state = 'complete', checkpoint_id = NULL WHERE id = ?1 AND state = 'consumed'",
+                        [&uid],
+                    )
+                })?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `GET /api/checkpoints`.

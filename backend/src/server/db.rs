@@ -11,12 +11,15 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context;
 use rusqlite::{Connection, OptionalExtension, Row};
 
-use moe_shared::api::{CheckpointInfo, FileInfo, JobInfo, JobState, UploadState, UploadStatus};
+use moe_shared::api::{CheckpointInfo, FileInfo, JobInfo, JobMemory, JobState, UploadState, UploadStatus};
 
 use super::error::AppError;
 
 /// The migrations, in order; migration `i` brings `user_version` to `i + 1`.
-const MIGRATIONS: &[(&str, &str)] = &[("0001_init.sql", include_str!("../../migrations/0001_init.sql"))];
+const MIGRATIONS: &[(&str, &str)] = &[
+    ("0001_init.sql", include_str!("../../migrations/0001_init.sql")),
+    ("0002_job_memory.sql", include_str!("../../migrations/0002_job_memory.sql")),
+];
 
 /// A shared handle on the database.
 #[derive(Clone)]
@@ -219,8 +222,8 @@ pub fn insert_checkpoint(c: &mut Connection, row: &CheckpointRow) -> rusqlite::R
 // ----- jobs ------------------------------------------------------------------
 
 /// Columns read by [`job_from_row`].
-pub const JOB_COLS: &str =
-    "id, name, kind, spec, backend, state, error, progress, output_checkpoint, attempts, created_at, started_at, finished_at";
+pub const JOB_COLS: &str = "id, name, kind, spec, backend, state, error, progress, output_checkpoint, attempts, \
+                            created_at, started_at, finished_at, memory_current, memory_peak, memory_limit";
 
 /// A job row (columns [`JOB_COLS`]).
 pub fn job_from_row(r: &Row) -> rusqlite::Result<JobInfo> {
@@ -243,6 +246,12 @@ pub fn job_from_row(r: &Row) -> rusqlite::Result<JobInfo> {
         created_at: r.get(10)?,
         started_at: r.get(11)?,
         finished_at: r.get(12)?,
+        memory: match (r.get::<_, Option<u64>>(13)?, r.get::<_, Option<u64>>(14)?, r.get::<_, Option<u64>>(15)?) {
+            (c, Some(peak), Some(limit)) => {
+                Some(JobMemory { current_bytes: c.unwrap_or(0), peak_bytes: peak, limit_bytes: limit })
+            }
+            _ => None,
+        },
     })
 }
 

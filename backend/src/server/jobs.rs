@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use moe_shared::api::{
-    ApiError, CreateJob, DataRef, FileInfo, JobEvent, JobInfo, JobSpec, JobState, ModelSummary, Progress, TrainStage,
+    ApiError, CreateJob, DataRef, FileInfo, JobEvent, JobInfo, JobMemory, JobSpec, JobState, ModelSummary, Progress,
     UploadState,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -38,13 +38,25 @@ use super::AppStateRef;
 /// the server) closes, so no job outlives a killed server.
 pub const EXIT_WITH_PARENT_ENV: &str = "MOE_STUDIO_EXIT_WITH_PARENT";
 
-/// Seconds a cancelled job gets to stop after SIGINT before SIGKILL.
-const CANCEL_GRACE: Duration = Duration::from_secs(30);
+/// Why the server killed a job (SIGKILL).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Killed {
+    /// It did not stop within this long after the SIGINT of a cancel.
+    Grace(Duration),
+    /// Its memory went over its limit.
+    Memory { peak: u64, limit: u64 },
+}
 
 struct Live {
     tx: broadcast::Sender<JobEvent>,
     pid: Option<u32>,
     cancel: bool,
+    /// Which start of a job this is (a cancel's SIGKILL timer kills only the start it cancelled).
+    run: u64,
+    /// Why the server killed it, if it did.
+    killed: Option<Killed>,
+    /// The memory watch of the running child.
+    memory: Option<Arc<super::limits::Watch>>,
 }
 
 /// The worker pool and the live state of running jobs.
@@ -53,6 +65,7 @@ pub struct Runner {
     live: Mutex<HashMap<String, Live>>,
     shutdown: watch::Sender<bool>,
     exe: PathBuf,
+    runs: std::sync::atomic::AtomicU64,
 }
 
 impl Runner {
@@ -66,14 +79,31 @@ impl Runner {
             live: Mutex::new(HashMap::new()),
             shutdown: watch::channel(false).0,
             exe: std::env::current_exe()?,
+            runs: std::sync::atomic::AtomicU64::new(1),
         })
+    }
+
+    /// The executable jobs run (this binary).
+    pub fn exe(&self) -> &Path {
+        &self.exe
     }
 
     fn with_live<R>(&self, id: &str, f: impl FnOnce(&mut Live) -> R) -> R {
         let mut m = self.live.lock().unwrap_or_else(|e| e.into_inner());
-        let l =
-            m.entry(id.to_string()).or_insert_with(|| Live { tx: broadcast::channel(256).0, pid: None, cancel: false });
+        let l = m.entry(id.to_string()).or_insert_with(|| Live {
+            tx: broadcast::channel(256).0,
+            pid: None,
+            cancel: false,
+            run: 0,
+            killed: None,
+            memory: None,
+        });
         f(l)
+    }
+
+    /// `f` on the live state of `id` when there is one (never creates it).
+    fn if_live<R>(&self, id: &str, f: impl FnOnce(&mut Live) -> R) -> Option<R> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).get_mut(id).map(f)
     }
 
     fn emit(&self, id: &str, ev: JobEvent) {
@@ -89,10 +119,22 @@ impl Runner {
     fn live_pids(&self) -> Vec<u32> {
         self.live.lock().unwrap_or_else(|e| e.into_inner()).values().filter_map(|l| l.pid).collect()
     }
+
+    /// The memory of running job `id` now.
+    fn memory(&self, id: &str) -> Option<JobMemory> {
+        self.if_live(id, |l| {
+            l.memory.as_ref().map(|w| JobMemory {
+                current_bytes: w.current(),
+                peak_bytes: w.peak(),
+                limit_bytes: w.limit,
+            })
+        })
+        .flatten()
+    }
 }
 
 /// Sends `sig` to the process group led by `pid` (jobs run in their own group).
-fn signal_group(pid: u32, sig: i32) {
+pub fn signal_group(pid: u32, sig: i32) {
     // SAFETY: kill(2) has no memory effects; a stale pid only yields ESRCH.
     unsafe {
         libc::kill(-(pid as i32), sig);
@@ -146,11 +188,10 @@ pub async fn create(State(st): State<AppStateRef>, J(req): J<CreateJob>) -> AppR
             format!("`{backend}` is not built into this server (built: {})", super::backends().join(", ")),
         ));
     }
-    if let Some(n) = &req.name {
-        if n.chars().count() > 200 || n.chars().any(|c| c.is_control()) {
-            return Err(AppError::bad("name", "expected at most 200 printable characters"));
-        }
-    }
+    let name = match &req.name {
+        Some(n) => Some(moe_shared::api::check_name("name", n).map_err(super::checkpoints::bad_request)?),
+        None => None,
+    };
     let mut summaries: HashMap<String, ModelSummary> = HashMap::new();
     for (field, id) in req.spec.checkpoints() {
         let row = resolve(&st, &field, &id).await?;
@@ -159,6 +200,7 @@ pub async fn create(State(st): State<AppStateRef>, J(req): J<CreateJob>) -> AppR
         }
     }
     check_against_models(&req.spec, &summaries)?;
+    check_resources(&st, &backend, &req.spec, &summaries)?;
     // Datasets: each upload must be complete; hard-linked into the job so
     // that deleting the upload later cannot break a resume.
     let mut links: Vec<(PathBuf, String)> = Vec::new();
@@ -197,13 +239,13 @@ pub async fn create(State(st): State<AppStateRef>, J(req): J<CreateJob>) -> AppR
     if let JobSpec::Upcycle(u) = &req.spec {
         if let Some(l) = &u.experts_per_layer {
             let body = serde_json::json!({ "experts_per_layer": l });
-            tokio::fs::write(dir.join("allocation.json"), body.to_string()).await?;
+            tokio::fs::write(dir.join(moe_shared::jobs::ALLOCATION_FILE), body.to_string()).await?;
         }
     }
     let spec_json = serde_json::to_string(&req.spec).map_err(|e| AppError::internal(e.to_string()))?;
     tokio::fs::write(dir.join("spec.json"), &spec_json).await?;
     let kind = req.spec.kind().to_string();
-    let (idc, name) = (id.clone(), req.name.clone());
+    let idc = id.clone();
     let job = st
         .db
         .call(move |c| {
@@ -337,6 +379,51 @@ fn check_against_models(spec: &JobSpec, models: &HashMap<String, ModelSummary>) 
     Ok(())
 }
 
+/// Refuses a spec that cannot fit this server: a train job's `devices`
+/// above what its backend has ([`crate::cli::backend::device_count`]), or
+/// whose [`moe_shared::train::memory_estimate`] (batch × sequence ×
+/// vocabulary, parameters and optimizer state, activations) exceeds the
+/// job memory limit (`--job-memory-limit`).
+fn check_resources(
+    st: &AppStateRef,
+    backend: &str,
+    spec: &JobSpec,
+    models: &HashMap<String, ModelSummary>,
+) -> Result<(), ApiError> {
+    let JobSpec::Train(s) = spec else { return Ok(()) };
+    let devices = s.devices.unwrap_or(1);
+    let have = crate::cli::backend::device_count(backend);
+    if devices > have {
+        return Err(ApiError::field(
+            "spec.devices",
+            format!(
+                "{devices} devices: the {backend} backend of this server has {have} (on the CPU every \"device\" \
+                 would be one more copy of the model on the same cores)"
+            ),
+        ));
+    }
+    let Some(m) = models.get(&s.model) else { return Ok(()) };
+    let params = m.moe.as_ref().map(|x| x.total_parameters).unwrap_or(m.parameters) as u64;
+    let top_k = m.moe.as_ref().and_then(|x| x.top_k_per_layer.iter().flatten().max().copied()).unwrap_or(1) as u64;
+    let (batch, seq) = (s.batch.unwrap_or(8) as u64, s.seq_len.unwrap_or(256) as u64);
+    let need = moe_shared::train::memory_estimate(&m.config, params, top_k, batch, seq, devices as u64);
+    if need > st.job_memory_limit {
+        let field = if s.batch.is_some() || s.seq_len.is_none() { "spec.batch" } else { "spec.seq_len" };
+        return Err(ApiError::field(
+            field,
+            format!(
+                "batch {batch} x seq_len {seq} x vocabulary {} on {devices} device(s) needs about {} (weights, \
+                 gradients and AdamW state of {params} parameters, logits, activations), more than this server's \
+                 job memory limit of {}: lower batch or seq_len (grad_accum keeps the tokens per step)",
+                m.config.vocab_size,
+                super::limits::human(need),
+                super::limits::human(st.job_memory_limit)
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Experts of each MoE layer of a summarised model, read from the routers'
 /// shapes (`model.layers.{l}.block_sparse_moe.gate.weight`, `[E, d]` in both
 /// MoE layouts); empty for a dense model.
@@ -367,6 +454,68 @@ fn tensor_mismatch(a: &ModelSummary, b: &ModelSummary) -> Option<String> {
     b.tensors.iter().find(|t| !sa.contains_key(&t.name)).map(|t| format!("it has an extra tensor `{}`", t.name))
 }
 
+/// For a train job killed by the server: where a resume continues from
+/// (its newest saved checkpoint, or the start); empty for other kinds.
+fn checkpoint_note(dir: &Path, spec: &JobSpec) -> String {
+    if !matches!(spec, JobSpec::Train(_)) {
+        return String::new();
+    }
+    match moe_shared::train::checkpoint::latest_checkpoint(&dir.join("out")) {
+        Some((step, _)) => format!("; a resume continues from its last checkpoint, step {step}"),
+        None => "; it has no checkpoint yet: a resume starts over".to_string(),
+    }
+}
+
+/// How long a cancelled job gets between SIGINT and SIGKILL: `serve
+/// --cancel-grace-secs`, plus for a train job (which finishes its step,
+/// then saves a checkpoint of the weights and the AdamW moments) two
+/// steps at its measured pace and the checkpoint's size at a slow disk's
+/// 50 MB/s.
+async fn cancel_grace(st: &AppStateRef, job: &JobInfo) -> Duration {
+    let base = Duration::from_secs(st.args.cancel_grace_secs);
+    if !matches!(job.spec, JobSpec::Train(_)) {
+        return base;
+    }
+    let step = job
+        .progress
+        .as_ref()
+        .and_then(|p| Some(p.eta_s? / (p.steps.checked_sub(p.step).filter(|&n| n > 0)? as f64)))
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(0.0);
+    // Weights (4 bytes) + two AdamW moments (8 bytes) per parameter.
+    let bytes = job_parameters(st, job).await.saturating_mul(12);
+    base + Duration::from_secs_f64(2.0 * step + bytes as f64 / 50e6)
+}
+
+/// Parameters of a train job's model, from its stored summary (0 when unknown).
+async fn job_parameters(st: &AppStateRef, job: &JobInfo) -> u64 {
+    let JobSpec::Train(s) = &job.spec else { return 0 };
+    let id = s.model.clone();
+    st.db
+        .call(move |c| Ok(db::get_checkpoint(c, &id)?))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|r| serde_json::from_str::<ModelSummary>(&r.summary).ok())
+        .map(|m| m.moe.as_ref().map(|x| x.total_parameters).unwrap_or(m.parameters) as u64)
+        .unwrap_or(0)
+}
+
+/// Removes the hidden temporary entries of a job's directory or its
+/// output: the temporary directories of writers (a model `out/` is written
+/// as `.out.tmp-PID` beside it, a train checkpoint as
+/// `out/.checkpoint-N.tmp-PID`) that a killed attempt left behind.
+fn remove_hidden_temporaries(out: &Path) {
+    let Ok(rd) = std::fs::read_dir(out) else { return };
+    for e in rd.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if n.starts_with('.') && n.contains(".tmp") {
+            let p = e.path();
+            let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+        }
+    }
+}
+
 /// `text` with the absolute data directory replaced by `<data>` (job
 /// errors are shown through the API).
 fn hide_data_dir(st: &AppStateRef, text: &str) -> String {
@@ -384,7 +533,8 @@ fn enqueue(st: AppStateRef, id: String) {
                 .db
                 .call(move |c| {
                     c.execute(
-                        "UPDATE jobs SET state = 'failed', error = ?2, pid = NULL, finished_at = ?3 WHERE id = ?1",
+                        "UPDATE jobs SET state = 'failed', error = ?2, pid = NULL, finished_at = ?3 \
+                         WHERE id = ?1 AND state IN ('queued', 'running')",
                         rusqlite::params![idc, m2, now_ms()],
                     )?;
                     Ok(())
@@ -405,13 +555,32 @@ struct Plan {
     stdout_result: bool,
 }
 
-fn opt<T: ToString>(argv: &mut Vec<String>, flag: &str, v: Option<T>) {
-    if let Some(v) = v {
-        // `--flag=value` so that negative numbers are not taken for flags.
-        argv.push(format!("--{flag}={}", v.to_string()));
+/// A job's inputs as its child process sees them: paths relative to the
+/// job's directory (its working directory).
+struct JobDirInputs {
+    /// Checkpoint id -> model path.
+    models: HashMap<String, String>,
+    /// The job's directory, where its datasets were linked.
+    dir: PathBuf,
+}
+
+impl moe_shared::jobs::JobInputs for JobDirInputs {
+    fn model(&self, id: &str) -> String {
+        self.models.get(id).cloned().unwrap_or_default()
+    }
+    fn data(&self, d: &DataRef, heldout: bool) -> String {
+        for ext in [".txt", ".jsonl", ".json"] {
+            let rel = data_rel(d, heldout, ext);
+            if self.dir.join(&rel).exists() {
+                return rel;
+            }
+        }
+        data_rel(d, heldout, ".txt")
     }
 }
 
+/// The command line of `job` ([`JobSpec::cli_args`], after `--backend`)
+/// and where its output lands.
 async fn plan(st: &AppStateRef, job: &JobInfo, resume: bool) -> AppResult<Plan> {
     // Input models by their path relative to the job's directory (the
     // child's working directory, `DATA/jobs/{id}`): the data directory is
@@ -423,156 +592,14 @@ async fn plan(st: &AppStateRef, job: &JobInfo, resume: bool) -> AppResult<Plan> 
         let row = resolve(st, &field, &id).await?;
         models.insert(id, model_path(Path::new("../.."), &row).display().to_string());
     }
-    let m = |id: &String| models[id].clone();
-    let data_arg = |d: &DataRef, heldout_ext: Option<&str>, dir: &Path| -> String {
-        let find = |heldout: bool| -> String {
-            for ext in [".txt", ".jsonl", ".json"] {
-                let rel = data_rel(d, heldout, ext);
-                if dir.join(&rel).exists() {
-                    return rel;
-                }
-            }
-            data_rel(d, heldout, ".txt")
-        };
-        let mut s = format!("{}={}", d.name, find(false));
-        if heldout_ext.is_some() && d.heldout.is_some() {
-            s.push(':');
-            s.push_str(&find(true));
-        }
-        s
-    };
-    let dir = job_dir(st, &job.id);
-    let rel_out = format!("jobs/{}/out", job.id);
-    let mut a: Vec<String> = vec![format!("--backend={}", job.backend)];
-    let mut model_out = Some(rel_out.clone());
-    let mut stdout_result = false;
-    match &job.spec {
-        JobSpec::Train(s) => {
-            a.extend(["train".into(), m(&s.model)]);
-            let stage = match s.stage {
-                TrainStage::Experts => "experts",
-                TrainStage::Router => "router",
-                TrainStage::Dense => "dense",
-            };
-            a.push(format!("--stage={stage}"));
-            for d in &s.data {
-                let mut x = data_arg(d, None, &dir);
-                if let Some(w) = d.weight {
-                    x.push_str(&format!(":{w}"));
-                }
-                if d.original {
-                    x.push_str(":orig");
-                }
-                a.push(format!("--data={x}"));
-            }
-            a.push(format!("--steps={}", s.steps));
-            opt(&mut a, "seq-len", s.seq_len);
-            opt(&mut a, "batch", s.batch);
-            opt(&mut a, "lr", s.lr);
-            opt(&mut a, "warmup", s.warmup);
-            opt(&mut a, "min-lr", s.min_lr);
-            opt(&mut a, "grad-accum", s.grad_accum);
-            opt(&mut a, "clip", s.clip);
-            opt(&mut a, "alpha", s.alpha);
-            opt(&mut a, "prior", s.prior);
-            opt(&mut a, "weight-decay", s.weight_decay);
-            a.push(format!("--save-every={}", s.save_every.unwrap_or((s.steps / 10).max(1))));
-            opt(&mut a, "seed", s.seed);
-            opt(&mut a, "devices", s.devices);
-            a.extend(["--out=out".into(), "--json".into()]);
-            if resume {
-                a.push("--resume".into());
-            }
-            model_out = Some(format!("{rel_out}/final"));
-        }
-        JobSpec::Upcycle(s) => {
-            a.extend(["upcycle".into(), m(&s.model)]);
-            opt(&mut a, "experts", s.experts);
-            if s.experts_per_layer.is_some() {
-                a.push("--allocation=allocation.json".into());
-            }
-            opt(&mut a, "top-k", s.top_k);
-            match &s.frozen {
-                Some(f) if f.is_empty() => a.push("--no-frozen".into()),
-                Some(f) => {
-                    a.push(format!("--frozen={}", f.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")))
-                }
-                None => {}
-            }
-            opt(&mut a, "router-init", s.router_init.clone());
-            opt(&mut a, "noise", s.noise);
-            opt(&mut a, "seed", s.seed);
-            opt(&mut a, "dtype", s.dtype.clone());
-            a.extend(["--out=out".into(), "--json".into()]);
-        }
-        JobSpec::Moerge(s) => {
-            a.push("moerge".into());
-            a.extend(s.models.iter().map(m));
-            opt(&mut a, "top-k", s.top_k);
-            opt(&mut a, "seed", s.seed);
-            opt(&mut a, "dtype", s.dtype.clone());
-            a.extend(["--out=out".into(), "--json".into()]);
-        }
-        JobSpec::Route(s) => {
-            a.extend(["route".into(), m(&s.model)]);
-            for d in &s.domains {
-                a.push(format!("--domain={}", data_arg(d, Some(""), &dir)));
-            }
-            opt(&mut a, "lambda", s.lambda);
-            opt(&mut a, "top-k", s.top_k);
-            opt(&mut a, "max-tokens", s.max_tokens);
-            opt(&mut a, "context", s.context);
-            a.extend(["--out=out".into(), "--json".into()]);
-        }
-        JobSpec::Graft(s) => {
-            a.extend(["graft".into(), m(&s.target), format!("--base={}", m(&s.base))]);
-            a.push(format!("--instruct={}", m(&s.instruct)));
-            opt(&mut a, "scale", s.scale);
-            a.extend(["--out=out".into(), "--json".into()]);
-        }
-        JobSpec::Merge(s) => {
-            a.extend(["merge".into(), s.method.as_str().into()]);
-            a.extend(s.models.iter().map(m));
-            if let Some(w) = &s.weights {
-                a.push(format!("--weights={}", w.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")));
-            }
-            if let Some(b) = &s.base {
-                a.push(format!("--base={}", m(b)));
-            }
-            opt(&mut a, "density", s.density);
-            opt(&mut a, "seed", s.seed);
-            opt(&mut a, "dtype", s.dtype.clone());
-            a.extend(["--out=out".into(), "--json".into()]);
-        }
-        JobSpec::Neurons(s) => {
-            a.extend(["neurons".into(), m(&s.model)]);
-            for d in &s.langs {
-                a.push(format!("--lang={}", data_arg(d, None, &dir)));
-            }
-            if !s.new.is_empty() {
-                a.push(format!("--new={}", s.new.join(",")));
-            }
-            opt(&mut a, "top-n", s.top_n);
-            opt(&mut a, "max-texts", s.max_texts);
-            opt(&mut a, "max-tokens", s.max_tokens);
-            a.push("--out=out".into());
-            model_out = None;
-        }
-        JobSpec::Eval(s) => {
-            a.extend(["eval".into(), m(&s.model)]);
-            for d in &s.data {
-                a.push(format!("--data={}", data_arg(d, None, &dir)));
-            }
-            opt(&mut a, "window", s.window);
-            opt(&mut a, "stride", s.stride);
-            opt(&mut a, "max-tokens", s.max_tokens);
-            opt(&mut a, "routing", s.routing.clone());
-            a.push("--json".into());
-            model_out = None;
-            stdout_result = true;
-        }
-    }
-    Ok(Plan { argv: a, model_out, stdout_result })
+    let inputs = JobDirInputs { models, dir: job_dir(st, &job.id) };
+    let mut argv = vec![format!("--backend={}", job.backend)];
+    argv.extend(job.spec.cli_args(&inputs, resume));
+    Ok(Plan {
+        argv,
+        model_out: job.spec.output_model().map(|o| format!("jobs/{}/{o}", job.id)),
+        stdout_result: job.spec.stdout_is_result(),
+    })
 }
 
 async fn set_state(
@@ -616,6 +643,36 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
     };
     let plan = plan(st, &job, resume).await?;
     let dir = job_dir(st, id);
+    // Writers' hidden temporary directories left by an earlier attempt
+    // that was killed (a resumed train job writes beside them).
+    remove_hidden_temporaries(&dir);
+    remove_hidden_temporaries(&dir.join("out"));
+    // queued -> running in one conditional statement: a cancel that won
+    // (state already `cancelled`) leaves 0 rows changed and nothing starts.
+    let run = st.jobs.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    st.jobs.with_live(id, |l| {
+        l.pid = None;
+        l.cancel = false;
+        l.run = run;
+        l.killed = None;
+        l.memory = None;
+    });
+    let started = now_ms();
+    let idc = id.to_string();
+    let won = st
+        .db
+        .call(move |c| {
+            Ok(c.execute(
+                "UPDATE jobs SET state = 'running', pid = NULL, attempts = attempts + 1, started_at = ?2, \
+                 finished_at = NULL, error = NULL WHERE id = ?1 AND state = 'queued'",
+                rusqlite::params![idc, started as i64],
+            )?)
+        })
+        .await?;
+    if won != 1 {
+        st.jobs.finish(id);
+        return Ok(());
+    }
     let log_path = dir.join("log.txt");
     let mut log = tokio::fs::OpenOptions::new().create(true).append(true).open(&log_path).await?;
     log.write_all(
@@ -639,18 +696,25 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
     // Held until the child exits: closing it tells the child to exit.
     let _stdin = child.stdin.take();
     let pid = child.id().unwrap_or(0);
-    st.jobs.with_live(id, |l| {
+    // A cancel that came after the transition but before the pid was known
+    // set `cancel` and could not signal: do it now.
+    let limit = st.job_memory_limit;
+    let memory = super::limits::watch(pid, limit, &format!("moe-studio-job-{id}"));
+    let cancel_early = st.jobs.with_live(id, |l| {
         l.pid = Some(pid);
-        l.cancel = false;
+        l.memory = Some(memory.clone());
+        l.cancel
     });
-    let started = now_ms();
     set_state(
         st,
         id,
-        "UPDATE jobs SET state = 'running', pid = ?2, attempts = attempts + 1, started_at = ?3, finished_at = NULL, error = NULL WHERE id = ?1",
-        vec![(pid as i64).into(), (started as i64).into()],
+        "UPDATE jobs SET pid = ?2, memory_current = 0, memory_peak = 0, memory_limit = ?3 WHERE id = ?1",
+        vec![(pid as i64).into(), (limit as i64).into()],
     )
     .await?;
+    if cancel_early {
+        signal_group(pid, libc::SIGINT);
+    }
     st.jobs.emit(id, JobEvent::State { state: JobState::Running, error: None, output_checkpoint: None });
 
     let (tx, mut rx) = mpsc::channel::<Line>(256);
@@ -674,10 +738,7 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
         }
     });
     let stage = match &job.spec {
-        JobSpec::Train(s) => format!(
-            "train/{}",
-            serde_json::to_value(s.stage).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
-        ),
+        JobSpec::Train(s) => format!("train/{}", s.stage.name()),
         other => other.kind().to_string(),
     };
     let mut progress = job.progress.clone().unwrap_or_default();
@@ -686,7 +747,32 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
     let mut tail: Vec<String> = Vec::new();
     let mut first: Option<(usize, Instant)> = None;
     let mut last_db = Instant::now() - Duration::from_secs(10);
-    while let Some(line) = rx.recv().await {
+    let mut memory_tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        let line = tokio::select! {
+            l = rx.recv() => match l {
+                Some(l) => l,
+                None => break,
+            },
+            _ = memory_tick.tick() => {
+                st.jobs.emit(
+                    id,
+                    JobEvent::Memory(JobMemory {
+                        current_bytes: memory.current(),
+                        peak_bytes: memory.peak(),
+                        limit_bytes: memory.limit,
+                    }),
+                );
+                set_state(
+                    st,
+                    id,
+                    "UPDATE jobs SET memory_current = ?2, memory_peak = ?3 WHERE id = ?1",
+                    vec![(memory.current() as i64).into(), (memory.peak() as i64).into()],
+                )
+                .await?;
+                continue;
+            }
+        };
         match line {
             Line::Out(l) => {
                 if plan.stdout_result {
@@ -738,15 +824,21 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
     }
     let status = child.wait().await?;
     drop(_stdin);
+    memory.stop();
     log.write_all(format!("--- exit {status}\n").as_bytes()).await?;
     log.flush().await?;
-    let cancelled = st.jobs.with_live(id, |l| {
+    let (cancelled, killed) = st.jobs.with_live(id, |l| {
         l.pid = None;
-        l.cancel
+        (l.cancel, l.killed)
     });
+    let killed = if memory.over_limit() {
+        Some(Killed::Memory { peak: memory.peak().max(memory.limit), limit: memory.limit })
+    } else {
+        killed
+    };
     let shutting_down = *st.jobs.shutdown.borrow();
     let p = serde_json::to_string(&progress).unwrap_or_default();
-    let (state, error, output) = if status.success() {
+    let (state, error, output) = if status.success() && killed.is_none() {
         let mut res: Result<Option<String>, String> = Ok(None);
         if plan.stdout_result {
             let out = dir.join("out");
@@ -754,13 +846,8 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
             tokio::fs::write(out.join("result.json"), &stdout_buf).await?;
         }
         if let Some(rel) = plan.model_out.clone() {
-            let data = st.data.clone();
             let name = job.name.clone().unwrap_or_else(|| format!("{} {}", job.kind, &id[..8]));
-            let jid = id.to_string();
-            let r = tokio::task::spawn_blocking(move || register_dir(&data, &rel, &name, Some(jid), &[]))
-                .await
-                .map_err(|e| AppError::internal(e.to_string()))?;
-            res = match r {
+            res = match register_dir(st, &rel, &name, Some(id.to_string()), &[]).await {
                 Ok(row) => {
                     let cid = row.info.id.clone();
                     st.db.call(move |c| db::insert_checkpoint(c, &row).map_err(AppError::from)).await?;
@@ -773,8 +860,28 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
             Ok(cid) => (JobState::Succeeded, None, cid),
             Err(e) => (JobState::Failed, Some(hide_data_dir(st, &e)), None),
         }
+    } else if let Some(Killed::Memory { peak, limit }) = killed {
+        let how =
+            if memory.enforced_by_cgroup() { "the kernel killed it (cgroup memory.max)" } else { "killed (SIGKILL)" };
+        let msg = format!(
+            "its memory reached {} (resident, anonymous + shared), over the job memory limit of {} \
+             (serve --job-memory-limit): {how}{}",
+            super::limits::human(peak),
+            super::limits::human(limit),
+            checkpoint_note(&dir, &job.spec),
+        );
+        (JobState::Failed, Some(msg), None)
     } else if cancelled {
-        (JobState::Cancelled, None, None)
+        let error = match killed {
+            Some(Killed::Grace(g)) => Some(format!(
+                "it did not stop within {:.0} s of the cancel's SIGINT and was killed (SIGKILL) before it saved a \
+                 checkpoint{}",
+                g.as_secs_f64(),
+                checkpoint_note(&dir, &job.spec),
+            )),
+            _ => None,
+        };
+        (JobState::Cancelled, error, None)
     } else if shutting_down {
         (JobState::Interrupted, Some("the server stopped while this job ran".to_string()), None)
     } else {
@@ -786,6 +893,13 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
         };
         (JobState::Failed, Some(hide_data_dir(st, &format!("{msg} ({status})"))), None)
     };
+    set_state(
+        st,
+        id,
+        "UPDATE jobs SET memory_current = 0, memory_peak = ?2 WHERE id = ?1",
+        vec![(memory.peak() as i64).into()],
+    )
+    .await?;
     set_state(
         st,
         id,
@@ -811,13 +925,6 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
 /// # Errors
 /// Database errors.
 pub async fn recover(st: &AppStateRef) -> AppResult<()> {
-    if let Ok(rd) = std::fs::read_dir(st.data.join("checkpoints")) {
-        for e in rd.flatten() {
-            if e.file_name().to_string_lossy().starts_with(".tmp-") {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-    }
     let running: Vec<(String, Option<i64>)> = st
         .db
         .call(|c| {
@@ -851,6 +958,14 @@ pub async fn recover(st: &AppStateRef) -> AppResult<()> {
         )
         .await?;
         tracing::info!("job {id}: interrupted by the previous server's stop");
+    }
+    // No job runs yet: every hidden writer temporary under a job's output
+    // was left by a killed attempt.
+    if let Ok(rd) = std::fs::read_dir(st.data.join("jobs")) {
+        for e in rd.flatten() {
+            remove_hidden_temporaries(&e.path());
+            remove_hidden_temporaries(&e.path().join("out"));
+        }
     }
     if st.args.auto_resume {
         for (id, _) in &running {
@@ -915,6 +1030,8 @@ async fn requeue(st: &AppStateRef, job: &JobInfo) -> AppResult<()> {
     if !resume && out.exists() {
         tokio::fs::remove_dir_all(&out).await?;
     }
+    remove_hidden_temporaries(&out);
+    remove_hidden_temporaries(&job_dir(st, &job.id));
     let idc = job.id.clone();
     let changed = st
         .db
@@ -950,43 +1067,72 @@ pub async fn list(State(st): State<AppStateRef>) -> AppResult<Json<Vec<JobInfo>>
 /// `GET /api/jobs/{id}`.
 pub async fn get_one(State(st): State<AppStateRef>, P(id): P<String>) -> AppResult<Json<JobInfo>> {
     let id = parse_id("id", &id)?;
-    Ok(Json(load(&st, &id).await?))
+    let mut job = load(&st, &id).await?;
+    if job.state == JobState::Running {
+        // The live measurement rather than the last one written (every second).
+        job.memory = st.jobs.memory(&id).or(job.memory);
+    }
+    Ok(Json(job))
 }
 
 /// `POST /api/jobs/{id}/cancel`.
 pub async fn cancel(State(st): State<AppStateRef>, P(id): P<String>) -> AppResult<Json<JobInfo>> {
     let id = parse_id("id", &id)?;
     let job = load(&st, &id).await?;
-    match job.state {
-        JobState::Queued => {
-            let idc = id.clone();
-            st.db
-                .call(move |c| {
-                    Ok(c.execute(
-                        "UPDATE jobs SET state = 'cancelled', finished_at = ?2 WHERE id = ?1 AND state = 'queued'",
-                        rusqlite::params![idc, now_ms()],
-                    )?)
-                })
-                .await?;
+    let mut state = job.state;
+    if state == JobState::Queued {
+        // queued -> cancelled in one conditional statement; when it changes
+        // nothing, the worker took the job first (queued -> running, also
+        // conditional) and it is cancelled as a running job below.
+        let idc = id.clone();
+        let n = st
+            .db
+            .call(move |c| {
+                Ok(c.execute(
+                    "UPDATE jobs SET state = 'cancelled', finished_at = ?2 WHERE id = ?1 AND state = 'queued'",
+                    rusqlite::params![idc, now_ms()],
+                )?)
+            })
+            .await?;
+        if n == 1 {
             st.jobs.emit(&id, JobEvent::State { state: JobState::Cancelled, error: None, output_checkpoint: None });
             st.jobs.finish(&id);
+            return Ok(Json(load(&st, &id).await?));
         }
+        state = load(&st, &id).await?.state;
+    }
+    match state {
         JobState::Running => {
+            // `cancel` is set under the same lock the worker takes to record
+            // the pid: either the pid is known here, or the worker sees the
+            // flag right after spawning and sends the SIGINT itself.
             let pid = st.jobs.with_live(&id, |l| {
                 l.cancel = true;
                 l.pid
             });
             if let Some(pid) = pid {
                 signal_group(pid, libc::SIGINT);
-                let st2 = st.clone();
-                let id2 = id.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(CANCEL_GRACE).await;
-                    if st2.jobs.with_live(&id2, |l| l.pid) == Some(pid) {
-                        signal_group(pid, libc::SIGKILL);
-                    }
-                });
             }
+            let run = st.jobs.with_live(&id, |l| l.run);
+            let grace = cancel_grace(&st, &job).await;
+            let st2 = st.clone();
+            let id2 = id.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                let pid = st2
+                    .jobs
+                    .if_live(&id2, |l| match l.pid {
+                        Some(pid) if l.run == run && l.cancel => {
+                            l.killed = Some(Killed::Grace(grace));
+                            Some(pid)
+                        }
+                        _ => None,
+                    })
+                    .flatten();
+                if let Some(pid) = pid {
+                    signal_group(pid, libc::SIGKILL);
+                }
+            });
         }
         s => return Err(AppError::conflict(Some("id"), format!("job {id} is already {}", s.as_str()))),
     }

@@ -6,11 +6,13 @@
 //! moe-studio [--backend ndarray|wgpu|cuda] serve [--addr 127.0.0.1:8080] [--data-dir DIR]
 //!     [--token-file FILE] [--static-dir DIR] [--max-upload-bytes N] [--max-chunk-bytes N]
 //!     [--workers N] [--auto-resume] [--allow-host NAME]... [--upload-ttl-hours 24]
+//!     [--chunk-timeout-secs 60] [--job-memory-limit BYTES] [--cancel-grace-secs 30]
+//!     [--header-timeout-secs 20] [--max-connections 1024]
 //! ```
 //! Binds loopback by default; prints `listening on http://ADDR` (port 0
 //! picks a free port). Bound to a non-loopback address it prints a warning:
-//! every `GET` (checkpoint files, logs, artefacts) is readable without the
-//! token there. The data directory holds `studio.db` (SQLite:
+//! the token then travels in clear text (plain HTTP). The data directory
+//! holds `studio.db` (SQLite:
 //! uploads, checkpoints, jobs; migrations in `backend/migrations/`),
 //! `uploads/{id}/`, `checkpoints/{id}/`, `jobs/{id}/` and, unless
 //! `--token-file` is given, `token` (generated on first start, mode 0600,
@@ -30,10 +32,21 @@
 //! (then those names, the loopback names and the bound IP).
 //!
 //! # API
-//! Every route is under `/api`. `POST`, `PUT` and `DELETE` need
-//! `Authorization: Bearer TOKEN` (401 otherwise); `GET`s are open (the
-//! browser's `EventSource` cannot send headers). Bodies are JSON (limit
-//! 1 MiB) except chunks. Every 4xx/5xx answer is
+//! Every route is under `/api`, and every one but `GET /api/info` needs
+//! credentials (401 otherwise): `Authorization: Bearer TOKEN` for any
+//! method, or — for `GET` / `HEAD` only — the read cookie that `POST
+//! /api/session` sets. The cookie exists because the browser's
+//! `EventSource` and download links cannot send headers; it is chosen over
+//! a per-job read token because one mechanism then covers every read (SSE,
+//! logs, artefacts, checkpoint files) and no secret ever appears in a URL
+//! (history, logs, `Referer`). It is `HttpOnly` (no script reads it),
+//! `SameSite=Strict` (no other site's page sends it) and `Path=/api`; its
+//! value is derived from the token (a leaked cookie reads, never writes),
+//! and a mutating request never accepts it: on loopback every port is the
+//! same site, so another local page could otherwise send it. Both are
+//! compared as sha256 digests in constant time, so neither the time nor
+//! the answer depends on the token's length. The static frontend is
+//! public. Bodies are JSON (limit 1 MiB) except chunks. Every 4xx/5xx answer is
 //! `{"error": "...", "field": "..."}` ([`ApiError`](moe_shared::api::ApiError);
 //! also the router's 405, a request target over 8 KiB (414) and an
 //! unsatisfiable `Range` (416);
@@ -43,11 +56,13 @@
 //!
 //! | route | body -> answer |
 //! |---|---|
-//! | `GET /api/info` | -> `ServerInfo` |
-//! | `POST /api/uploads` | `CreateUpload` -> 201 `UploadStatus` (413 over `max_upload_bytes`, 507 over the data dir's free space) |
+//! | `GET /api/info` | -> `ServerInfo` (public) |
+//! | `POST /api/session` | -> 204, `Set-Cookie` of the read cookie (bearer token needed) |
+//! | `DELETE /api/session` | -> 204, the read cookie cleared |
+//! | `POST /api/uploads` | `CreateUpload` -> 201 `UploadStatus` (413 over `max_upload_bytes`, 507 over the data dir's free space less what unfinished uploads still have to send) |
 //! | `GET /api/uploads` | -> `[UploadStatus]` |
 //! | `GET /api/uploads/{id}` | -> `UploadStatus`: `chunks_received` is the next chunk to send |
-//! | `PUT /api/uploads/{id}/chunks/{index}` | raw bytes, header `X-Chunk-Sha256: HEX` -> `UploadStatus` |
+//! | `PUT /api/uploads/{id}/chunks/{index}` | raw bytes, header `X-Chunk-Sha256: HEX` -> `UploadStatus` (408 when the body stalls `--chunk-timeout-secs`) |
 //! | `POST /api/uploads/{id}/complete` | -> `UploadStatus` (`complete`; 422 on whole-file sha256 mismatch, which resets the upload) |
 //! | `DELETE /api/uploads/{id}` | -> 204 |
 //! | `POST /api/checkpoints` | `CreateCheckpoint` -> 201 `CheckpointInfo` (422 when the files are not a model, e.g. a llama2.c `.bin` without its `tok*.bin`; 409 naming `uploads[i]` when an upload is not complete or was already used by a checkpoint) |
@@ -55,7 +70,7 @@
 //! | `GET /api/checkpoints/{id}` | -> `CheckpointInfo` with `summary` (`ModelSummary`) |
 //! | `GET /api/checkpoints/{id}/files/{name}` | -> the file (HTTP Range; an unparsable `Range` is ignored: 200, whole file) |
 //! | `DELETE /api/checkpoints/{id}` | -> 204 (409 while a job that uses it is queued, running or interrupted, or is a cancelled/failed train job with a saved checkpoint) |
-//! | `POST /api/jobs` | `CreateJob` -> 201 `JobInfo` (422 naming the invalid `spec.*` field, also checked against the input models: layers, context, experts; MoE where route needs one, dense where moerge / graft's base and instruct must be; merge inputs of one set of tensor shapes) |
+//! | `POST /api/jobs` | `CreateJob` -> 201 `JobInfo` (422 naming the invalid `spec.*` field, also checked against the input models: layers, context, experts; MoE where route needs one, dense where moerge / graft's base and instruct must be; merge inputs of one set of tensor shapes; train `devices` within the backend's, its memory estimate within the job memory limit; 400 for a bad `name`) |
 //! | `GET /api/jobs` | -> `[JobInfo]`, newest first |
 //! | `GET /api/jobs/{id}` | -> `JobInfo` |
 //! | `GET /api/jobs/{id}/events` | SSE: `event: state\|progress\|log`, `data: JobEvent` JSON |
@@ -63,7 +78,7 @@
 //! | `GET /api/jobs/{id}/log` | -> text (HTTP Range) |
 //! | `GET /api/jobs/{id}/artifacts` | -> `[FileInfo]` (paths relative to the job's output) |
 //! | `GET /api/jobs/{id}/artifacts/{*path}` | -> the file (HTTP Range); only paths of that listing |
-//! | `POST /api/jobs/{id}/cancel` | -> `JobInfo` (queued: cancelled at once; running: SIGINT, a train job saves a checkpoint) |
+//! | `POST /api/jobs/{id}/cancel` | -> `JobInfo` (queued: cancelled at once, and it never starts; running: SIGINT, a train job saves a checkpoint; SIGKILL after the grace period, which the state's `error` then says) |
 //! | `POST /api/jobs/{id}/resume` | -> `JobInfo` (interrupted/cancelled/failed -> queued; train continues from its last checkpoint; 422 naming `spec.*` when an input checkpoint was deleted) |
 //!
 //! ## Uploads: fixed-size chunks, strictly in order
@@ -84,6 +99,25 @@
 //! into `checkpoints/.tmp-{id}/`, validated with the same loaders as
 //! `moe-studio inspect` and renamed into `checkpoints/{id}/`; on any error
 //! the temporary directory is removed and the uploads are `complete` again.
+//! The validation runs `moe-studio inspect --json` in a child process (its
+//! own process group) under a memory budget of twice the files' size plus
+//! 256 MB, so a hostile file can fail its registration but never grow the
+//! server. After a crash (even `kill -9`) anywhere in between, the start
+//! brings each registration to one end: the uploads `complete` again, or
+//! the checkpoint registered (`checkpoints::recover`). A crash inside
+//! `complete`'s rename leaves the file renamed: `complete` again finishes.
+//!
+//! ## Connections
+//! Every connection must send a complete request head within
+//! `--header-timeout-secs` (default 20; an idle keep-alive connection is
+//! closed after the same time). At most `--max-connections` (default 1024,
+//! lowered to fit the open-file limit, which is raised to its hard limit at
+//! start) are open; at most a quarter of them may be connections that have
+//! not yet presented the token or the read cookie, and a new one beyond
+//! that closes the oldest of those: a flood of half-open connections only
+//! evicts itself, and the other slots stay for authorised users (a
+//! per-address cap would not do on loopback, where attacker and user are
+//! both 127.0.0.1). See `conn.rs`.
 //!
 //! ## Jobs
 //! A job runs the CLI command of its kind (`moe-studio train ...`,
@@ -100,12 +134,30 @@
 //! `save_every` steps; `resume` continues it exactly (`train --resume`).
 //! Children watch their stdin (`MOE_STUDIO_EXIT_WITH_PARENT`): if the server
 //! dies, even by `kill -9`, they exit; at restart jobs left `running` become
-//! `interrupted` (with `--auto-resume`, train jobs are re-queued).
+//! `interrupted` (with `--auto-resume`, train jobs are re-queued), and the
+//! hidden temporary directories of writers that a killed attempt left in a
+//! job's directory are removed (also before every start and resume).
+//!
+//! A worker takes a job with one conditional statement (`queued ->
+//! running` only while it is still queued), and `cancel` of a queued job is
+//! the mirror statement: exactly one of them wins, so a `cancelled` answer
+//! means the job never starts. Each job runs under a memory limit
+//! (`--job-memory-limit`, default 80% of the host's memory): a cgroup v2
+//! `memory.max` where the server's cgroup delegates the memory controller,
+//! else the server polls the job's process group (resident anonymous +
+//! shared memory, every 100 ms; memory-mapped checkpoints are page cache and
+//! do not count) and kills it above the limit; not `RLIMIT_AS`, which
+//! memory-mapped checkpoints and CUDA's address reservations defeat. The
+//! memory is in `JobInfo.memory` and in `memory` events. Cancel sends
+//! SIGINT, then SIGKILL after `--cancel-grace-secs` (default 30) plus, for
+//! train, two steps at its pace and its checkpoint's size at 50 MB/s.
 
 mod checkpoints;
+mod conn;
 mod db;
 mod error;
 mod jobs;
+mod limits;
 mod uploads;
 
 pub use jobs::EXIT_WITH_PARENT_ENV;
@@ -162,6 +214,24 @@ pub struct ServeArgs {
     /// At start, delete incomplete uploads older than this many hours (0: every incomplete upload).
     #[arg(long, default_value_t = 24)]
     pub upload_ttl_hours: u64,
+    /// A chunk whose body stalls this long (no byte) is dropped and its upload unlocked (408).
+    #[arg(long, default_value_t = 60)]
+    pub chunk_timeout_secs: u64,
+    /// Memory limit of each job's process group, bytes (0: 80% of the host's memory).
+    #[arg(long, default_value_t = 0)]
+    pub job_memory_limit: u64,
+    /// A cancelled job's time between SIGINT and SIGKILL, seconds; a train job gets two of its
+    /// steps and the time to write its checkpoint on top.
+    #[arg(long, default_value_t = 30)]
+    pub cancel_grace_secs: u64,
+    /// A connection that sends no complete request head within this many seconds is closed
+    /// (also an idle keep-alive connection).
+    #[arg(long, default_value_t = 20)]
+    pub header_timeout_secs: u64,
+    /// Most connections open at once (lowered to fit the open-file limit); a quarter of them
+    /// at most may be connections that have not presented the token.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
 }
 
 /// Chunk size when an upload does not choose one.
@@ -177,12 +247,16 @@ pub struct AppState {
     pub data: PathBuf,
     /// The registry.
     pub db: Db,
-    /// The bearer token.
-    token: String,
+    /// The bearer token's and the read cookie's digests.
+    pub credentials: Credentials,
     /// Limits and settings.
     pub args: ServeArgs,
     /// The default Burn backend of jobs.
     pub default_backend: String,
+    /// Held while an upload is announced (free space vs. promised space).
+    pub upload_reserve: tokio::sync::Mutex<()>,
+    /// The memory limit of each job, bytes.
+    pub job_memory_limit: u64,
     /// Per-upload locks (one chunk of an upload at a time).
     pub upload_locks: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The job runner.
@@ -234,27 +308,145 @@ fn load_token(args: &ServeArgs, data: &Path) -> anyhow::Result<(String, bool)> {
     Ok((token, true))
 }
 
-/// Constant-time comparison of the presented and expected tokens.
-fn token_matches(given: &str, expected: &str) -> bool {
-    let (a, b) = (given.as_bytes(), expected.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Name of the read cookie set by `POST /api/session`.
+pub const READ_COOKIE: &str = "moe_studio_read";
+
+/// The credentials of the server: digests of the token and of the read
+/// cookie's value, compared in constant time and at a fixed length (the
+/// sha256 of what was presented against the sha256 of the token), so that
+/// neither the time of a refusal nor its answer depends on the token's
+/// length or on how many leading characters were right.
+pub struct Credentials {
+    token_digest: [u8; 32],
+    cookie_value: String,
+    cookie_digest: [u8; 32],
 }
 
+/// What a request presents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presented {
+    /// `Authorization: Bearer` with the right token (reads and writes).
+    Token,
+    /// The read cookie of `POST /api/session` (reads only).
+    ReadCookie,
+    /// A wrong bearer token or cookie.
+    Wrong,
+    /// Nothing.
+    Nothing,
+}
+
+fn sha256(b: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(b).into()
+}
+
+/// Constant-time equality of two digests.
+fn digests_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Credentials {
+    /// The credentials of `token`.
+    pub fn new(token: &str) -> Self {
+        // The cookie carries a value derived from the token, not the token:
+        // a leaked cookie reads, it never writes.
+        let cookie_value = uploads::hex(&sha256(format!("moe-studio read cookie v1\0{token}").as_bytes()));
+        Credentials {
+            token_digest: sha256(token.as_bytes()),
+            cookie_digest: sha256(cookie_value.as_bytes()),
+            cookie_value,
+        }
+    }
+
+    /// Whether `given` is the token (constant time whatever its length).
+    pub fn token_matches(&self, given: &str) -> bool {
+        digests_equal(&sha256(given.as_bytes()), &self.token_digest)
+    }
+
+    /// What the request headers present: the bearer token first, else the read cookie.
+    pub fn presented(&self, headers: &axum::http::HeaderMap) -> Presented {
+        if let Some(auth) = headers.get(header::AUTHORIZATION) {
+            let t = auth.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
+            return match t {
+                Some(t) if self.token_matches(t) => Presented::Token,
+                _ => Presented::Wrong,
+            };
+        }
+        let mut seen = false;
+        for v in headers.get_all(header::COOKIE) {
+            for kv in v.to_str().unwrap_or("").split(';') {
+                if let Some((k, val)) = kv.trim().split_once('=') {
+                    if k == READ_COOKIE {
+                        if digests_equal(&sha256(val.trim().as_bytes()), &self.cookie_digest) {
+                            return Presented::ReadCookie;
+                        }
+                        seen = true;
+                    }
+                }
+            }
+        }
+        if seen {
+            Presented::Wrong
+        } else {
+            Presented::Nothing
+        }
+    }
+
+    /// The `Set-Cookie` value of `POST /api/session`: `HttpOnly` (no script
+    /// reads it), `SameSite=Strict` (no other site's page sends it),
+    /// `Path=/api`.
+    fn set_cookie(&self) -> String {
+        format!("{READ_COOKIE}={}; Path=/api; HttpOnly; SameSite=Strict", self.cookie_value)
+    }
+}
+
+/// Whether a request needs no credentials: `GET /api/info` (what the page
+/// probes before it has a token).
+fn is_public(method: &Method, path: &str) -> bool {
+    matches!(*method, Method::GET | Method::HEAD) && path == "/info"
+}
+
+/// Every API route but `GET /api/info` needs credentials: the bearer token
+/// for any method, or the read cookie for `GET` / `HEAD` (an `EventSource`
+/// and a download link cannot set headers). A mutating request never
+/// accepts the cookie: on loopback every port is the same site, so
+/// `SameSite` alone would not stop another local page from sending it.
 async fn require_token(State(st): State<AppStateRef>, req: Request, next: Next) -> Response {
-    if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+    if is_public(req.method(), req.uri().path()) {
         return next.run(req).await;
     }
-    let auth = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    match auth.and_then(|v| v.strip_prefix("Bearer ")) {
-        Some(t) if token_matches(t.trim(), &st.token) => next.run(req).await,
-        Some(_) => AppError::new(StatusCode::UNAUTHORIZED, Some("Authorization"), "wrong token").into_response(),
-        None => AppError::new(
+    let read = matches!(*req.method(), Method::GET | Method::HEAD);
+    match st.credentials.presented(req.headers()) {
+        Presented::Token => next.run(req).await,
+        Presented::ReadCookie if read => next.run(req).await,
+        Presented::ReadCookie => AppError::new(
+            StatusCode::UNAUTHORIZED,
+            Some("Authorization"),
+            "the session cookie only reads: this route needs `Authorization: Bearer TOKEN`",
+        )
+        .into_response(),
+        Presented::Wrong => {
+            AppError::new(StatusCode::UNAUTHORIZED, Some("Authorization"), "wrong token").into_response()
+        }
+        Presented::Nothing => AppError::new(
             StatusCode::UNAUTHORIZED,
             Some("Authorization"),
             "this route needs `Authorization: Bearer TOKEN` (the token is in DATA_DIR/token or --token-file)",
         )
         .into_response(),
     }
+}
+
+/// `POST /api/session` (bearer token): sets the read cookie, so that the
+/// page's `EventSource` and download links are authorised. 204.
+async fn create_session(State(st): State<AppStateRef>) -> Response {
+    (StatusCode::NO_CONTENT, [(header::SET_COOKIE, st.credentials.set_cookie())]).into_response()
+}
+
+/// `DELETE /api/session`: clears the read cookie. 204.
+async fn delete_session() -> Response {
+    let clear = format!("{READ_COOKIE}=; Path=/api; HttpOnly; SameSite=Strict; Max-Age=0");
+    (StatusCode::NO_CONTENT, [(header::SET_COOKIE, clear)]).into_response()
 }
 
 /// The `Host` values accepted by a server bound to `addr`: on loopback
@@ -394,6 +586,7 @@ async fn no_frontend() -> impl IntoResponse {
 pub fn router(st: AppStateRef) -> Router {
     let api = Router::new()
         .route("/info", get(info))
+        .route("/session", post(create_session).delete(delete_session))
         .route("/uploads", post(uploads::create).get(uploads::list))
         .route("/uploads/{id}", get(uploads::status).delete(uploads::delete))
         .route(
@@ -494,21 +687,34 @@ pub fn run(backend: &str, args: ServeArgs) -> anyhow::Result<()> {
     }
     let db = Db::open(&data.join("studio.db"))?;
     uploads::expire(&db, &data, args.upload_ttl_hours)?;
+    checkpoints::recover(&db, &data)?;
+    let fd_limit = conn::raise_fd_limit();
+    let job_memory_limit = match args.job_memory_limit {
+        0 => limits::host_memory().map(|(total, _)| total / 10 * 8).unwrap_or(u64::MAX),
+        n => n,
+    };
     let (token, generated) = load_token(&args, &data)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async move {
         let listener =
             tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("binding {}", args.addr))?;
+        let (max_conns, max_unauth) = conn::caps(args.max_connections, fd_limit);
+        let limits = conn::Limits::new(max_conns, max_unauth);
+        tracing::info!(
+            "at most {max_conns} connections ({max_unauth} without the token) under an open-file limit of {fd_limit}"
+        );
         let addr = listener.local_addr()?;
         let default_backend = backend.name.to_string();
         let allowed_hosts = allowed_hosts(addr, &args.allow_host);
         let st = Arc::new(AppState {
             data: data.clone(),
             db,
-            token: token.clone(),
+            credentials: Credentials::new(&token),
             args: args.clone(),
             default_backend,
             upload_locks: Default::default(),
+            upload_reserve: Default::default(),
+            job_memory_limit,
             jobs: jobs::Runner::new(args.workers)?,
             allowed_hosts,
         });
@@ -521,9 +727,8 @@ pub fn run(backend: &str, args: ServeArgs) -> anyhow::Result<()> {
         println!("data dir {}", data.display());
         if !addr.ip().is_loopback() {
             let w = format!(
-                "WARNING: listening on {addr}, not loopback: every GET route (checkpoint files, job logs and \
-                 artefacts, uploads) is readable by anyone who can reach this address WITHOUT the token; \
-                 only POST/PUT/DELETE need it. Bind 127.0.0.1 unless this network is trusted."
+                "WARNING: listening on {addr}, not loopback: the token travels in clear text over plain HTTP \
+                 to and from anyone who can reach this address. Bind 127.0.0.1 unless this network is trusted."
             );
             eprintln!("{w}");
             println!("{w}");
@@ -533,7 +738,8 @@ pub fn run(backend: &str, args: ServeArgs) -> anyhow::Result<()> {
         std::io::stdout().flush().ok();
         let app = router(st.clone());
         let st2 = st.clone();
-        let shutdown = async move {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
             let ctrl_c = tokio::signal::ctrl_c();
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
@@ -542,8 +748,9 @@ pub fn run(backend: &str, args: ServeArgs) -> anyhow::Result<()> {
             // Ends the SSE streams (or the graceful shutdown would wait for
             // their clients) and sends SIGINT to the running jobs.
             jobs::begin_shutdown(&st2);
-        };
-        axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("serving")?;
+            let _ = stop_tx.send(true);
+        });
+        conn::serve(st.clone(), listener, app, limits, stop_rx).await;
         jobs::shutdown(&st).await;
         Ok(())
     })

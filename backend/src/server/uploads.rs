@@ -97,19 +97,38 @@ pub async fn create(
             format!("{} bytes is over this server's upload limit of {} bytes", req.size, st.args.max_upload_bytes),
         ));
     }
-    if let Ok(free) = fs4::available_space(&st.data) {
-        if req.size > free {
-            return Err(AppError::new(
-                StatusCode::INSUFFICIENT_STORAGE,
-                Some("size"),
-                format!("{} bytes do not fit: the server's data directory has {free} bytes free", req.size),
-            ));
-        }
-    }
     let max_chunk = st.args.max_chunk_bytes;
     let chunk_size = req.chunk_size.unwrap_or(DEFAULT_CHUNK.min(max_chunk));
     if !(MIN_CHUNK..=max_chunk).contains(&chunk_size) {
         return Err(AppError::bad("chunk_size", format!("{chunk_size}: expected {MIN_CHUNK} to {max_chunk} bytes")));
+    }
+    // One announcement at a time: the space promised to unfinished uploads
+    // and this one's row are counted and written under the same lock.
+    let _reserve = st.upload_reserve.lock().await;
+    let promised = st
+        .db
+        .call(|c| {
+            let v: i64 = c.query_row(
+                "SELECT coalesce(sum(max(size - min(chunks_received * chunk_size, size), 0)), 0) \
+                 FROM uploads WHERE state = 'uploading'",
+                [],
+                |r| r.get(0),
+            )?;
+            Ok(v.max(0) as u64)
+        })
+        .await?;
+    if let Ok(free) = fs4::available_space(&st.data) {
+        if req.size.saturating_add(promised) > free {
+            return Err(AppError::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                Some("size"),
+                format!(
+                    "{} bytes do not fit: the server's data directory has {free} bytes free, of which {promised} \
+                     are promised to the chunks still to come of unfinished uploads (finish or delete them first)",
+                    req.size
+                ),
+            ));
+        }
     }
     let id = uuid::Uuid::new_v4().to_string();
     let u = UploadStatus {
@@ -287,7 +306,24 @@ async fn put_chunk_inner(
     let mut hasher = Sha256::new();
     let mut got: u64 = 0;
     let mut stream = body.take().expect("body not read yet").into_data_stream();
-    while let Some(frame) = stream.next().await {
+    let idle = std::time::Duration::from_secs(st.args.chunk_timeout_secs.max(1));
+    loop {
+        // A stalled sender (no byte for `--chunk-timeout-secs`) loses the
+        // chunk and its lock, so that the client's retry is accepted.
+        let frame = match tokio::time::timeout(idle, stream.next()).await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(_) => {
+                return Err(AppError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    Some("body"),
+                    format!(
+                    "chunk {index}: no bytes for {} s after {got} of {expected}; the chunk was dropped, send it again",
+                    idle.as_secs()
+                ),
+                ))
+            }
+        };
         let bytes = frame
             .map_err(|e| AppError::bad("body", format!("chunk {index}: the body was cut off ({e}); send it again")))?;
         got += bytes.len() as u64;
@@ -367,10 +403,17 @@ pub async fn complete(State(st): State<AppStateRef>, P(id): P<String>) -> AppRes
         ));
     }
     let part = part_path(&st, &u);
-    let p2 = part.clone();
+    let fin = file_path(&st, &u);
+    // A crash between the rename below and the database update leaves the
+    // file renamed and the row `uploading`: completing again finishes it.
+    let renamed = !part.exists() && fin.exists();
+    let p2 = if renamed { fin.clone() } else { part.clone() };
     let sha = tokio::task::spawn_blocking(move || sha256_file(&p2))
         .await
         .map_err(|e| AppError::internal(format!("hashing: {e}")))??;
+    if sha != u.sha256 && renamed {
+        tokio::fs::rename(&fin, &part).await?;
+    }
     if sha != u.sha256 {
         let idc = id.clone();
         st.db
@@ -385,8 +428,14 @@ pub async fn complete(State(st): State<AppStateRef>, P(id): P<String>) -> AppRes
             format!("the file's sha256 is {sha}, not the announced {}; the upload was reset to chunk 0", u.sha256),
         ));
     }
-    std::fs::File::open(&part)?.sync_all()?;
-    tokio::fs::rename(&part, file_path(&st, &u)).await?;
+    if !renamed {
+        std::fs::File::open(&part)?.sync_all()?;
+        tokio::fs::rename(&part, &fin).await?;
+        // The rename itself is durable once the directory is synced.
+        if let Ok(d) = std::fs::File::open(upload_dir(&st, &id)) {
+            let _ = d.sync_all();
+        }
+    }
     let idc = id.clone();
     let u = st
         .db

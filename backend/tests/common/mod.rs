@@ -109,14 +109,31 @@ pub struct Server {
 impl Server {
     /// Starts the server on `data` with `extra` arguments and waits for its address.
     pub fn start(data: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_moe-studio"))
-            .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
+        Self::start_limited(data, extra, None)
+    }
+
+    /// [`Server::start`] with the open-file limit (soft and hard) set to `nofile`.
+    pub fn start_limited(data: &Path, extra: &[&str], nofile: Option<u64>) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_moe-studio"));
+        cmd.args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
             .arg(data)
             .args(extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starts moe-studio serve");
+            .stderr(Stdio::null());
+        if let Some(n) = nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe; it only changes the child's limit.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let r = libc::rlimit { rlim_cur: n, rlim_max: n };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().expect("starts moe-studio serve");
         let mut out = BufReader::new(child.stdout.take().unwrap());
         let mut addr = None;
         for _ in 0..20 {
@@ -152,6 +169,16 @@ impl Server {
         self.child.wait().unwrap();
     }
 
+    /// Resident memory of the server process, bytes (`VmRSS`).
+    pub fn rss(&self) -> u64 {
+        let t = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        t.lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l[6..].trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    }
+
     /// A new server on the same data directory with the same arguments.
     pub fn restart(&mut self) -> Server {
         let extra: Vec<&str> = self.extra.iter().map(|s| s.as_str()).collect();
@@ -166,6 +193,11 @@ impl Server {
     /// A JSON request with the token: (status, body).
     pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         call(method, &self.url(path), Some(&self.token), body)
+    }
+
+    /// A `method` request to the full `url` with the token, to send.
+    pub fn req(&self, method: &str, url: &str) -> ureq::Request {
+        agent().request(method, url).set("Authorization", &format!("Bearer {}", self.token))
     }
 
     /// GET `path` with the token; asserts 200 and returns the JSON body.
@@ -272,9 +304,9 @@ pub fn raw(s: &Server, request: &str) -> (u16, String) {
     (status, body)
 }
 
-/// A raw `GET path` on a new connection (see [`raw`]).
+/// A raw `GET path` with the token on a new connection (see [`raw`]).
 pub fn raw_get(s: &Server, path: &str) -> (u16, String) {
-    raw(s, &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+    raw(s, &format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n", s.token))
 }
 
 /// Polls job `id` until it leaves queued/running (at most `secs`); returns it.
@@ -293,7 +325,13 @@ pub fn wait_job(s: &Server, id: &str, secs: u64) -> Value {
 
 /// The job's log (`GET /api/jobs/{id}/log`).
 pub fn job_log(s: &Server, id: &str) -> String {
-    agent().get(&s.url(&format!("/api/jobs/{id}/log"))).call().unwrap().into_string().unwrap()
+    agent()
+        .get(&s.url(&format!("/api/jobs/{id}/log")))
+        .set("Authorization", &format!("Bearer {}", s.token))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap()
 }
 
 /// Every path under `dir` (files and directories), sorted.
@@ -321,11 +359,12 @@ pub fn stories_checkpoint(s: &Server, data: &Path) -> String {
     c["id"].as_str().unwrap().to_string()
 }
 
-/// Reads SSE events from `url` on a thread until a terminal state or `stop`;
+/// Reads SSE events from `url` (with the token) on a thread until a terminal state or `stop`;
 /// returns (event name, data) pairs as they arrive.
-pub fn sse(url: String, tx: std::sync::mpsc::Sender<(String, Value)>) -> std::thread::JoinHandle<()> {
+pub fn sse(url: String, token: &str, tx: std::sync::mpsc::Sender<(String, Value)>) -> std::thread::JoinHandle<()> {
+    let auth = format!("Bearer {token}");
     std::thread::spawn(move || {
-        let Ok(r) = agent().get(&url).call() else { return };
+        let Ok(r) = agent().get(&url).set("Authorization", &auth).call() else { return };
         let mut rd = BufReader::new(r.into_reader());
         let mut event = String::new();
         let mut line = String::new();
@@ -346,4 +385,52 @@ pub fn sse(url: String, tx: std::sync::mpsc::Sender<(String, Value)>) -> std::th
             }
         }
     })
+}
+
+// ----- a tiny model ------------------------------------------------------------------
+
+/// Writes a tiny llama2.c model `tiny.bin` (d 8, ffn 16, 1 layer, 2 heads,
+/// context 32, vocabulary 260 = 3 specials + 256 byte-fallback tokens + " a")
+/// and its vocabulary `tok260.bin` into `dir`; returns both paths. Small
+/// enough to register, upcycle and train in milliseconds, with no shared data.
+pub fn tiny_llama2c(dir: &Path) -> (PathBuf, PathBuf) {
+    let (d, f, l, nh, nkv, v, seq) = (8i32, 16i32, 1i32, 2i32, 2i32, 260i32, 32i32);
+    let (du, fu, vu, hd) = (d as usize, f as usize, v as usize, (d / nh) as usize);
+    let kv = nkv as usize * hd;
+    let floats = vu * du + l as usize * (du + 2 * du * du + 2 * kv * du + du + 3 * fu * du) + du + seq as usize * hd;
+    let mut b: Vec<u8> = [d, f, l, nh, nkv, v, seq].iter().flat_map(|x| x.to_le_bytes()).collect();
+    for i in 0..floats {
+        let x = ((i as f32) * 0.7548).sin() * 0.2;
+        b.extend(x.to_le_bytes());
+    }
+    let bin = dir.join("tiny.bin");
+    std::fs::write(&bin, &b).unwrap();
+    let mut t: Vec<u8> = 16i32.to_le_bytes().to_vec();
+    let piece = |t: &mut Vec<u8>, score: f32, p: &[u8]| {
+        t.extend(score.to_le_bytes());
+        t.extend((p.len() as i32).to_le_bytes());
+        t.extend(p);
+    };
+    piece(&mut t, 0.0, b"<unk>");
+    piece(&mut t, 0.0, b"\n<s>\n");
+    piece(&mut t, 0.0, b"\n</s>\n");
+    for byte in 0..=255u8 {
+        piece(&mut t, 0.0, format!("<0x{byte:02X}>").as_bytes());
+    }
+    piece(&mut t, -1.0, b" a");
+    let tok = dir.join("tok260.bin");
+    std::fs::write(&tok, &t).unwrap();
+    (bin, tok)
+}
+
+/// Uploads [`tiny_llama2c`] and registers it as checkpoint `name`; returns its id.
+pub fn tiny_checkpoint(s: &Server, name: &str) -> String {
+    let dir = s.data.with_extension("tiny-model");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (bin, tok) = tiny_llama2c(&dir);
+    let a = upload(s, "tiny.bin", &std::fs::read(bin).unwrap(), 4096);
+    let b = upload(s, "tok260.bin", &std::fs::read(tok).unwrap(), 4096);
+    let (st, c) = s.call("POST", "/api/checkpoints", Some(json!({"name": name, "uploads": [a, b]})));
+    assert_eq!(st, 201, "{c}");
+    c["id"].as_str().unwrap().to_string()
 }

@@ -8,8 +8,8 @@
 
 use moe_shared::eval::{evaluate, PerplexityOptions};
 use moe_shared::methods::route::{
-    collect_stats, empty_stats, pack_sequences, plan_routed, routed_config, routing_accuracy, set_routers, solve_all,
-    stats_to_safetensors, write_routed_tensors, RouteOptions,
+    check_domains, collect_stats, domain_sequences, empty_stats, plan_routed, routed_config, routing_accuracy,
+    set_routers, solve_all, stats_to_safetensors, write_routed_tensors, DomainSequences, RouteOptions, RouteReport,
 };
 use moe_shared::methods::sink::MemorySink;
 use moe_shared::model::{load_transformer, Routing};
@@ -58,11 +58,8 @@ pub struct RouteResult {
     pub route_millis: f64,
 }
 
-/// Mean over the MoE layers.
-pub fn mean(v: &[Option<f64>]) -> f64 {
-    let xs: Vec<f64> = v.iter().flatten().copied().collect();
-    xs.iter().sum::<f64>() / xs.len().max(1) as f64
-}
+/// Mean over the MoE layers (shared with the CLI's report).
+pub use moe_shared::methods::route::mean_accuracy as mean;
 
 /// Runs the ridge router on the MoE `src` with one text per expert.
 ///
@@ -84,28 +81,15 @@ pub async fn run(
     if !(opts.lambda.is_finite() && opts.lambda > 0.0) {
         return Err("lambda must be a number > 0".into());
     }
-    for (l, s) in moe.layers.iter().enumerate() {
-        if let Some(s) = s {
-            if s.num_experts != domains.len() {
-                return Err(format!(
-                    "layer {l} has {} experts but {} domains were given (one text per expert, in order)",
-                    s.num_experts,
-                    domains.len()
-                ));
-            }
-        }
-    }
-    let mut train = Vec::new();
-    let mut held = Vec::new();
-    for d in domains {
-        if d.text.trim().is_empty() {
-            return Err(format!("domain `{}`: the text is empty", d.name));
-        }
-        let ids = tok.encode(&d.text, false).map_err(msg)?;
-        let cut = ids.len() * 9 / 10;
-        train.push(pack_sequences(&ids[..cut], opts.context));
-        held.push(pack_sequences(&ids[cut..], opts.context));
-    }
+    // The CLI's domain check, tokenisation and held-out split (shared).
+    check_domains(&moe, domains.len()).map_err(msg)?;
+    let seqs: Vec<DomainSequences> = domains
+        .iter()
+        .map(|d| domain_sequences(tok, &d.name, (&d.text, "the text"), None, opts.context))
+        .collect::<Result<_, _>>()
+        .map_err(msg)?;
+    let train: Vec<&Vec<Vec<u32>>> = seqs.iter().map(|d| &d.train).collect();
+    let held: Vec<&Vec<Vec<u32>>> = seqs.iter().map(|d| &d.heldout).collect();
     // The routed checkpoint's plan comes first: the memory guard needs its
     // size (the forward model, freed before the output is written, is the
     // other phase).
@@ -131,7 +115,7 @@ pub async fn run(
     for (i, d) in domains.iter().enumerate() {
         let mut used = 0usize;
         let total: usize = train[i].iter().map(Vec::len).sum::<usize>().min(opts.max_tokens).max(1);
-        for seq in &train[i] {
+        for seq in train[i].iter() {
             if used >= opts.max_tokens {
                 break;
             }
@@ -186,18 +170,10 @@ pub async fn run(
     task.step("writing the routed checkpoint", 0.95).await?;
     let mut sink = MemorySink::new(plan.planned.clone());
     write_routed_tensors(m.source.as_ref(), &plan, &routers, 0..plan.tensors.len(), &mut sink).map_err(msg)?;
-    let report = serde_json::json!({
-        "model": m.path,
-        "domains": names,
-        "tokens_per_domain": tokens,
-        "options": opts,
-        "random_routing_accuracy": 1.0 / n,
-        "accuracy_per_domain_per_layer": accuracy,
-        "mean_accuracy_per_domain": accuracy.iter().map(|a| mean(a)).collect::<Vec<_>>(),
-    });
+    let report = RouteReport::new(&m.path, &seqs, tokens.clone(), opts, accuracy.clone());
     let extra = vec![
         ("ridge_stats.safetensors".to_string(), stats_to_safetensors(&stats, &names).map_err(msg)?),
-        ("ridge_report.json".to_string(), pretty(&report)),
+        ("ridge_report.json".to_string(), pretty(&serde_json::to_value(&report).unwrap_or_default())),
     ];
     let out = Output {
         name: format!("{}-routed", src.name()),

@@ -132,7 +132,21 @@ fn parse<T: DeserializeOwned>(url: &str, b: &[u8]) -> Result<T, ApiFailure> {
 /// # Errors
 /// See [`request`]; an answer that is not the expected JSON is an `Http` error.
 pub async fn get<T: DeserializeOwned>(url: &str) -> Result<T, ApiFailure> {
-    parse(url, &request("GET", url, None, Body::None, &[]).await?)
+    // Reads need the token too (the server's `/api/info` aside).
+    let token = load(TOKEN_KEY);
+    parse(url, &request("GET", url, token.as_deref(), Body::None, &[]).await?)
+}
+
+/// `POST api/session` with the token: the server answers with its read
+/// cookie (`HttpOnly`, `SameSite=Strict`), which the browser then sends
+/// with the requests that cannot carry a header — the job's
+/// `EventSource` and the download links. Returns whether the token was
+/// accepted.
+pub async fn open_session(token: &str) -> bool {
+    if token.trim().is_empty() {
+        return false;
+    }
+    request("POST", "api/session", Some(token), Body::None, &[]).await.is_ok()
 }
 
 /// `method url` with a JSON body (or none) and the token; the answer as JSON.

@@ -1,5 +1,5 @@
 //! Following a job live: `GET /api/jobs/{id}/events` through the browser's
-//! `EventSource` (events `state`, `progress`, `log`; `data:` is a
+//! `EventSource` (events `state`, `progress`, `log`, `memory`; `data:` is a
 //! [`JobEvent`] as JSON).
 
 use moe_shared::api::JobEvent;
@@ -42,7 +42,7 @@ pub fn follow(
             Err(e) => web_sys::console::warn_1(&format!("job event not understood ({e}): {text}").into()),
         }
     });
-    for name in ["state", "progress", "log"] {
+    for name in ["state", "progress", "log", "memory"] {
         source
             .add_event_listener_with_callback(name, on_message.as_ref().unchecked_ref())
             .map_err(|_| format!("cannot listen to `{name}` events"))?;

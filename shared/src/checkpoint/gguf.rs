@@ -42,6 +42,13 @@ pub const DEFAULT_ALIGNMENT: usize = 32;
 pub const MAX_DIMS: usize = 4;
 /// Deepest nesting of array values accepted (arrays of arrays of ...).
 const MAX_ARRAY_DEPTH: usize = 8;
+/// Longest metadata string accepted, bytes (a whole `tokenizer.json`
+/// stored as `tokenizer.huggingface.json` is a few megabytes).
+pub const MAX_STRING: usize = 64 << 20;
+/// Most metadata key/values accepted (real files have tens).
+pub const MAX_KV: u64 = 1 << 16;
+/// Most tensors accepted (real files have at most a few thousand).
+pub const MAX_TENSORS: u64 = 1 << 20;
 /// Architectures [`GgufModel::model_config`] supports.
 pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2";
 
@@ -66,8 +73,9 @@ pub enum GgufValue {
     Bool(bool),
     /// Type 8: a UTF-8 string.
     String(String),
-    /// Type 9: an array of values of one type (possibly arrays themselves).
-    Array(Vec<GgufValue>),
+    /// Type 9: an array of values of one type (possibly arrays themselves),
+    /// read from the file as it is iterated ([`GgufArray`]).
+    Array(GgufArray),
     /// Type 10.
     U64(u64),
     /// Type 11.
@@ -131,7 +139,7 @@ impl GgufValue {
     }
 
     /// The elements of an `Array`.
-    pub fn as_array(&self) -> Option<&[GgufValue]> {
+    pub fn as_array(&self) -> Option<&GgufArray> {
         match self {
             GgufValue::Array(a) => Some(a),
             _ => None,
@@ -156,6 +164,190 @@ impl GgufValue {
             GgufValue::F64(_) => "float64",
         }
     }
+}
+
+/// An array metadata value: its element type and count, and where its
+/// elements are in the file. Elements are decoded as they are iterated,
+/// so a metadata array costs no memory however long it is — the vocabulary
+/// arrays (`tokenizer.ggml.tokens`, `scores`, `token_type`, `merges`) are
+/// the only large ones in real files, and a hostile file could otherwise
+/// make a 100 MB array cost gigabytes of `GgufValue`s. The elements were
+/// validated when the file was parsed (bounds, UTF-8, nesting).
+#[derive(Clone)]
+pub struct GgufArray {
+    bytes: Bytes,
+    elem_type: u32,
+    len: usize,
+    /// Byte range of the elements in the file.
+    start: usize,
+    end: usize,
+}
+
+impl GgufArray {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The GGUF name of the element type (`"string"`, `"float32"`, ...).
+    pub fn elem_type_name(&self) -> &'static str {
+        type_name_of(self.elem_type)
+    }
+
+    /// Bytes the elements take in the file.
+    pub fn byte_len(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// The elements, decoded one at a time (strings are copied; see
+    /// [`GgufArray::strs`] to borrow them).
+    pub fn iter(&self) -> impl Iterator<Item = GgufValue> + '_ {
+        let buf = &self.bytes.as_slice()[..self.end];
+        let mut pos = self.start;
+        let mut left = self.len;
+        std::iter::from_fn(move || {
+            if left == 0 {
+                return None;
+            }
+            left -= 1;
+            let (v, next) = decode(&self.bytes, buf, pos, self.elem_type)?;
+            pos = next;
+            Some(v)
+        })
+    }
+
+    /// The elements of a string array, borrowed from the file (`None` for
+    /// another element type).
+    pub fn strs(&self) -> Option<impl Iterator<Item = &str> + '_> {
+        if self.elem_type != 8 {
+            return None;
+        }
+        let buf = &self.bytes.as_slice()[..self.end];
+        let mut pos = self.start;
+        let mut left = self.len;
+        Some(std::iter::from_fn(move || {
+            if left == 0 {
+                return None;
+            }
+            left -= 1;
+            let n = u64::from_le_bytes(buf.get(pos..pos + 8)?.try_into().ok()?) as usize;
+            let s = std::str::from_utf8(buf.get(pos + 8..pos + 8 + n)?).ok()?;
+            pos += 8 + n;
+            Some(s)
+        }))
+    }
+}
+
+impl std::fmt::Debug for GgufArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let first: Vec<GgufValue> = self.iter().take(4).collect();
+        write!(f, "[{}; {}] {first:?}{}", self.elem_type_name(), self.len, if self.len > 4 { "..." } else { "" })
+    }
+}
+
+impl PartialEq for GgufArray {
+    fn eq(&self, other: &Self) -> bool {
+        self.elem_type == other.elem_type && self.len == other.len && self.iter().eq(other.iter())
+    }
+}
+
+/// The GGUF name of value type `ty`.
+fn type_name_of(ty: u32) -> &'static str {
+    match ty {
+        0 => "uint8",
+        1 => "int8",
+        2 => "uint16",
+        3 => "int16",
+        4 => "uint32",
+        5 => "int32",
+        6 => "float32",
+        7 => "bool",
+        8 => "string",
+        9 => "array",
+        10 => "uint64",
+        11 => "int64",
+        12 => "float64",
+        _ => "unknown",
+    }
+}
+
+/// Decodes one already-validated value of type `ty` at `pos` of `buf`;
+/// returns it and the position after it (`None` only if the bytes were not
+/// validated, which [`GgufFile::parse`] rules out).
+fn decode(bytes: &Bytes, buf: &[u8], pos: usize, ty: u32) -> Option<(GgufValue, usize)> {
+    let b = |n: usize| buf.get(pos..pos + n);
+    let a = |n: usize| -> Option<[u8; 8]> {
+        let mut x = [0u8; 8];
+        x[..n].copy_from_slice(b(n)?);
+        Some(x)
+    };
+    Some(match ty {
+        0 => (GgufValue::U8(b(1)?[0]), pos + 1),
+        1 => (GgufValue::I8(b(1)?[0] as i8), pos + 1),
+        2 => (GgufValue::U16(u16::from_le_bytes(b(2)?.try_into().ok()?)), pos + 2),
+        3 => (GgufValue::I16(i16::from_le_bytes(b(2)?.try_into().ok()?)), pos + 2),
+        4 => (GgufValue::U32(u32::from_le_bytes(b(4)?.try_into().ok()?)), pos + 4),
+        5 => (GgufValue::I32(i32::from_le_bytes(b(4)?.try_into().ok()?)), pos + 4),
+        6 => (GgufValue::F32(f32::from_le_bytes(b(4)?.try_into().ok()?)), pos + 4),
+        7 => (GgufValue::Bool(b(1)?[0] != 0), pos + 1),
+        8 => {
+            let n = u64::from_le_bytes(a(8)?) as usize;
+            let s = std::str::from_utf8(buf.get(pos + 8..pos + 8 + n)?).ok()?;
+            (GgufValue::String(s.to_owned()), pos + 8 + n)
+        }
+        9 => {
+            let elem_type = u32::from_le_bytes(b(4)?.try_into().ok()?);
+            let len = u64::from_le_bytes(buf.get(pos + 4..pos + 12)?.try_into().ok()?) as usize;
+            let start = pos + 12;
+            let mut end = start;
+            for _ in 0..len {
+                end = skip_valid(buf, end, elem_type)?;
+            }
+            (GgufValue::Array(GgufArray { bytes: bytes.clone(), elem_type, len, start, end }), end)
+        }
+        10 => (GgufValue::U64(u64::from_le_bytes(a(8)?)), pos + 8),
+        11 => (GgufValue::I64(i64::from_le_bytes(a(8)?)), pos + 8),
+        12 => (GgufValue::F64(f64::from_le_bytes(a(8)?)), pos + 8),
+        _ => return None,
+    })
+}
+
+/// The position after one already-validated value of type `ty` at `pos`.
+fn skip_valid(buf: &[u8], pos: usize, ty: u32) -> Option<usize> {
+    match ty {
+        8 => Some(pos + 8 + u64::from_le_bytes(buf.get(pos..pos + 8)?.try_into().ok()?) as usize),
+        9 => {
+            let elem_type = u32::from_le_bytes(buf.get(pos..pos + 4)?.try_into().ok()?);
+            let len = u64::from_le_bytes(buf.get(pos + 4..pos + 12)?.try_into().ok()?) as usize;
+            match fixed_size(elem_type) {
+                Some(sz) => Some(pos + 12 + len * sz),
+                None => {
+                    let mut p = pos + 12;
+                    for _ in 0..len {
+                        p = skip_valid(buf, p, elem_type)?;
+                    }
+                    Some(p)
+                }
+            }
+        }
+        t => Some(pos + fixed_size(t)?),
+    }
+}
+
+/// Encoded size of a fixed-size value type (`None` for strings, arrays and unknown types).
+fn fixed_size(ty: u32) -> Option<usize> {
+    Some(match ty {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        10..=12 => 8,
+        _ => return None,
+    })
 }
 
 /// One tensor info of a GGUF file, as stored (GGUF name, `ne` order).
@@ -206,6 +398,7 @@ pub struct GgufFile {
 /// Bounds-checked little-endian cursor over the file bytes.
 struct Reader<'a> {
     buf: &'a [u8],
+    bytes: &'a Bytes,
     pos: usize,
     file: &'a str,
 }
@@ -250,8 +443,20 @@ impl<'a> Reader<'a> {
 
     /// A length-prefixed UTF-8 string.
     fn string(&mut self, what: &dyn Fn() -> String) -> Result<String> {
+        Ok(self.str_ref(what)?.to_owned())
+    }
+
+    /// A length-prefixed UTF-8 string, borrowed from the file; at most
+    /// [`MAX_STRING`] bytes.
+    fn str_ref(&mut self, what: &dyn Fn() -> String) -> Result<&'a str> {
         let start = self.pos;
         let len = self.u64(&|| format!("length of {}", what()))?;
+        if len > MAX_STRING as u64 {
+            return Err(self.err(format!(
+                "{} at byte {start}: string length {len} is over the {MAX_STRING}-byte limit of a metadata string",
+                what()
+            )));
+        }
         if len > self.remaining() as u64 {
             return Err(self.err(format!(
                 "{} at byte {start}: string length {len} exceeds the {} bytes left in the file",
@@ -261,7 +466,7 @@ impl<'a> Reader<'a> {
         }
         let raw = self.take(len as usize, what)?;
         match std::str::from_utf8(raw) {
-            Ok(s) => Ok(s.to_owned()),
+            Ok(s) => Ok(s),
             Err(e) => Err(self.err(format!(
                 "{} at byte {start}: string is not valid UTF-8 (invalid byte at string offset {})",
                 what(),
@@ -312,11 +517,25 @@ impl<'a> Reader<'a> {
                 })?;
                 let len = self.u64(&|| format!("array length of `{key}`"))?;
                 let n = self.check_count(len, min, &|| format!("array `{key}`"), at)?;
-                let mut items = Vec::with_capacity(n);
-                for _ in 0..n {
-                    items.push(self.value(elem_ty, key, depth + 1)?);
+                let start = self.pos;
+                match fixed_size(elem_ty) {
+                    Some(sz) => {
+                        self.take(n * sz, &|| format!("elements of array `{key}`"))?;
+                    }
+                    None => {
+                        // Strings and arrays: walked and validated, not kept.
+                        for _ in 0..n {
+                            self.skip_value(elem_ty, key, depth + 1)?;
+                        }
+                    }
                 }
-                GgufValue::Array(items)
+                GgufValue::Array(GgufArray {
+                    bytes: self.bytes.clone(),
+                    elem_type: elem_ty,
+                    len: n,
+                    start,
+                    end: self.pos,
+                })
             }
             10 => GgufValue::U64(u64::from_le_bytes(self.array(&w)?)),
             11 => GgufValue::I64(i64::from_le_bytes(self.array(&w)?)),
@@ -328,6 +547,31 @@ impl<'a> Reader<'a> {
                 )))
             }
         })
+    }
+}
+
+impl Reader<'_> {
+    /// Validates one value of type `ty` (an array element) without
+    /// keeping it: bounds, UTF-8 of strings, nesting of arrays.
+    fn skip_value(&mut self, ty: u32, key: &str, depth: usize) -> Result<()> {
+        match ty {
+            8 => {
+                self.str_ref(&|| format!("element of array `{key}`"))?;
+            }
+            9 => {
+                self.value(9, key, depth)?;
+            }
+            t => {
+                let sz = fixed_size(t).ok_or_else(|| {
+                    self.err(format!(
+                        "array `{key}` at byte {}: unknown element value type {t} (valid: 0..=12)",
+                        self.pos
+                    ))
+                })?;
+                self.take(sz, &|| format!("element of array `{key}`"))?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -367,7 +611,8 @@ impl GgufFile {
     /// unknown (its size cannot be computed).
     pub fn parse(bytes: Bytes, file_name: &str) -> Result<GgufFile> {
         let buf = bytes.as_slice();
-        let mut r = Reader { buf, pos: 0, file: file_name };
+        super::check::refuse_lfs_pointer(buf, file_name, FORMAT)?;
+        let mut r = Reader { buf, bytes: &bytes, pos: 0, file: file_name };
         let magic = r.array::<4>(&|| "magic".to_string())?;
         if &magic != b"GGUF" {
             return Err(r.err(format!("bad magic {:?} at byte 0 (expected \"GGUF\")", String::from_utf8_lossy(&magic))));
@@ -387,6 +632,12 @@ impl GgufFile {
         let kv_count = r.u64(&|| "metadata_kv_count".to_string())?;
         // Minimal sizes: a kv is key (8) + type (4) + value (>= 1); a tensor
         // info is name (8) + n_dims (4) + type (4) + offset (8).
+        if kv_count > MAX_KV {
+            return Err(r.err(format!("metadata_kv_count {kv_count} at byte 16 is over the limit of {MAX_KV}")));
+        }
+        if tensor_count > MAX_TENSORS {
+            return Err(r.err(format!("tensor_count {tensor_count} at byte 8 is over the limit of {MAX_TENSORS}")));
+        }
         let kv_n = r.check_count(kv_count, 13, &|| "metadata_kv_count".to_string(), 16)?;
         let mut metadata = Vec::with_capacity(kv_n);
         let mut meta_index = HashMap::with_capacity(kv_n);

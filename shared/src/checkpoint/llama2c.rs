@@ -57,6 +57,7 @@ impl Llama2cModel {
     /// or the size does not match the header.
     pub fn parse(bytes: Bytes, file_name: &str) -> Result<Self> {
         let buf = bytes.as_slice();
+        super::check::refuse_lfs_pointer(buf, file_name, "llama2.c")?;
         let fmt = |what: String| StudioError::format(file_name, "llama2.c", what);
         if buf.len() < 28 {
             return Err(fmt(format!("file is {} bytes, shorter than the 28-byte header", buf.len())));
@@ -96,6 +97,20 @@ impl Llama2cModel {
             eos_token_id: Some(2),
         };
         config.validate(file_name)?;
+        // The size the header implies, checked against the file before any
+        // tensor is listed (a 28-byte header claiming 2^24 layers must cost
+        // nothing), in u128 so that no product overflows.
+        let (d_, f_, l_, v_, kv_) = (d as u128, f as u128, l as u128, v as u128, kv as u128);
+        let per_layer = d_ + d_ * d_ + 2 * kv_ * d_ + d_ * d_ + d_ + 3 * f_ * d_;
+        let floats = v_ * d_ * if shared { 1 } else { 2 } + l_ * per_layer + d_ + seq as u128 * hd as u128;
+        let expected = 28 + 4 * floats;
+        if buf.len() as u128 != expected {
+            return Err(fmt(format!(
+                "file is {} bytes but the header (dim {d}, hidden {f}, layers {l}, heads {nh}/{nkv}, vocab {v}, seq {seq}, {} classifier) needs exactly {expected}",
+                buf.len(),
+                if shared { "shared" } else { "separate" }
+            )));
+        }
         // Offsets in floats, after the header.
         let mut off = 0usize;
         let mut tensors: Vec<(TensorInfo, usize, Option<usize>)> = Vec::new();
@@ -129,14 +144,7 @@ impl Llama2cModel {
             push("lm_head.weight".into(), vec![v, d], off, None);
             off += v * d;
         }
-        let expected = 28 + 4 * off;
-        if buf.len() != expected {
-            return Err(fmt(format!(
-                "file is {} bytes but the header (dim {d}, hidden {f}, layers {l}, heads {nh}/{nkv}, vocab {v}, seq {seq}, {} classifier) needs exactly {expected}",
-                buf.len(),
-                if shared { "shared" } else { "separate" }
-            )));
-        }
+        debug_assert_eq!(28 + 4 * off as u128, expected);
         let index = tensors.iter().enumerate().map(|(i, t)| (t.0.name.clone(), i)).collect();
         Ok(Llama2cModel { name: file_name.to_string(), bytes, config, tensors, index })
     }

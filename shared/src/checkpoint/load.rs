@@ -2,6 +2,7 @@
 //! (`config.json` + safetensors + `tokenizer.json`), a `.gguf` file, or a
 //! llama2.c `.bin` (with its `tok{V}.bin` / `tokenizer.bin` beside it).
 
+use super::check::check_tensors;
 use super::gguf::GgufModel;
 use super::llama2c::Llama2cModel;
 use super::{Bytes, TensorSource};
@@ -52,6 +53,7 @@ impl std::fmt::Debug for LoadedModel {
 pub fn from_gguf_bytes(bytes: Bytes, file_name: &str) -> Result<LoadedModel> {
     let model: GgufModel = super::gguf::open(bytes, file_name)?;
     let config = model.model_config()?;
+    check_tensors(&model, &config, None)?;
     let tokenizer = if model.file.get("tokenizer.ggml.model").is_some() {
         Some(Tokenizer::Hf(Box::new(crate::tokenizer::gguf::tokenizer_from_gguf(&model)?)))
     } else {
@@ -162,14 +164,17 @@ pub fn open_model(path: &std::path::Path) -> Result<LoadedModel> {
         }
         let raw = std::fs::read(&cfg_path).map_err(|e| StudioError::io(cfg_path.display(), e))?;
         let cfg_name = cfg_path.display().to_string();
+        super::check::refuse_lfs_pointer(&raw, &cfg_name, "config.json")?;
         let (config, moe) = match MoeConfig::from_config_json(&raw, &cfg_name)? {
             Some((base, moe)) => (base, Some(moe)),
             None => (HfConfig::from_json(&raw, &cfg_name)?.to_model_config(&cfg_name)?, None),
         };
         let source = SafetensorsModel::open_dir(path)?;
+        check_tensors(&source, &config, moe.as_ref())?;
         let tok_path = path.join("tokenizer.json");
         let tokenizer = if tok_path.exists() {
             let b = std::fs::read(&tok_path).map_err(|e| StudioError::io(tok_path.display(), e))?;
+            super::check::refuse_lfs_pointer(&b, &tok_path.display().to_string(), "tokenizer.json")?;
             Some(Tokenizer::from_hf_json(&b, &tok_path.display().to_string())?)
         } else {
             None
@@ -184,6 +189,7 @@ pub fn open_model(path: &std::path::Path) -> Result<LoadedModel> {
         });
     }
     let bytes = Bytes::map_file(path)?;
+    super::check::refuse_lfs_pointer(bytes.as_slice(), &name, "model file")?;
     let magic = bytes.as_slice().get(..4);
     if magic == Some(b"GGUF".as_slice()) {
         return from_gguf_bytes(bytes, &name);

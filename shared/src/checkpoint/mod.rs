@@ -8,6 +8,7 @@
 //! the methods never care where a tensor came from.
 
 pub mod bytes;
+pub mod check;
 pub mod dtype;
 pub mod export;
 pub mod gguf;

@@ -120,6 +120,61 @@ fn diagnose(buf: &[u8], err: &safetensors::SafeTensorError) -> String {
     generic
 }
 
+/// Largest safetensors JSON header accepted, bytes. Real headers are tens
+/// to hundreds of kilobytes (a few hundred bytes per tensor); the
+/// `safetensors` crate's own limit is 100 MB, which a hostile header could
+/// fill with tensors that cost several times that in memory.
+pub const MAX_HEADER: u64 = 16 << 20;
+
+/// Checks the header before it is parsed: its length is at most
+/// [`MAX_HEADER`] and within the file, and no tensor is listed twice (JSON
+/// allows repeated keys; a map would silently keep the last).
+fn check_header(buf: &[u8], file_name: &str) -> Result<()> {
+    let fmt = |what: String| StudioError::format(file_name, "safetensors", what);
+    let Some(len) = buf.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))) else {
+        return Err(fmt(format!("file is {} bytes, shorter than the 8-byte header length", buf.len())));
+    };
+    if len > MAX_HEADER {
+        return Err(fmt(format!(
+            "header length {len} is over the {MAX_HEADER}-byte limit (real headers are well under 1 MB)"
+        )));
+    }
+    if len > (buf.len() as u64).saturating_sub(8) {
+        return Err(fmt(format!(
+            "header length {len} runs past the end of the file ({} bytes): truncated?",
+            buf.len()
+        )));
+    }
+    struct Keys;
+    impl<'de> serde::de::Visitor<'de> for Keys {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object of tensors")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> std::result::Result<(), A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(k) = m.next_key::<std::borrow::Cow<'de, str>>()? {
+                m.next_value::<serde::de::IgnoredAny>()?;
+                if !seen.insert(k.clone().into_owned()) {
+                    return Err(serde::de::Error::custom(format!("tensor `{k}` is listed twice in the header")));
+                }
+            }
+            Ok(())
+        }
+    }
+    let header = &buf[8..8 + len as usize];
+    let mut de = serde_json::Deserializer::from_slice(header);
+    match serde::Deserializer::deserialize_map(&mut de, Keys) {
+        Ok(()) => Ok(()),
+        // Only the duplicate is reported here; other JSON errors get the
+        // fuller diagnosis after the crate's parse.
+        Err(e) if e.to_string().contains("listed twice") => {
+            Err(fmt(e.to_string().split(" at line").next().unwrap_or("").to_string()))
+        }
+        Err(_) => Ok(()),
+    }
+}
+
 impl SafetensorsFile {
     /// Parses and validates a safetensors buffer.
     ///
@@ -128,6 +183,8 @@ impl SafetensorsFile {
     /// tensor whose offsets overlap, leave gaps or run past the file.
     pub fn parse(bytes: Bytes, file_name: &str) -> Result<Self> {
         let buf = bytes.as_slice();
+        super::check::refuse_lfs_pointer(buf, file_name, "safetensors")?;
+        check_header(buf, file_name)?;
         let (n, meta) = safetensors::SafeTensors::read_metadata(buf)
             .map_err(|e| StudioError::format(file_name, "safetensors", diagnose(buf, &e)))?;
         let data_start = 8 + n;

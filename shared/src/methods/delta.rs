@@ -311,14 +311,6 @@ fn out_dtype(src: DType) -> DType {
     }
 }
 
-/// The tensors `config` (and `moe`) describe, with shapes.
-fn expected_tensors(config: &ModelConfig, moe: Option<&MoeConfig>) -> Vec<(String, Vec<usize>)> {
-    match moe {
-        Some(m) => super::moe_plan::moe_tensor_plan(config, m).into_iter().map(|t| (t.name, t.shape)).collect(),
-        None => crate::checkpoint::export::dense_tensor_plan(config),
-    }
-}
-
 /// Validates a graft and plans its output (reads tensor headers only).
 ///
 /// `target` is the model that receives the delta (an MoE from
@@ -356,7 +348,7 @@ pub fn plan_graft(
         return Err(StudioError::Invalid(format!("target {} holds no tensors", target.source_name())));
     }
     let by_name: HashMap<&str, &TensorInfo> = target_tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-    for (name, shape) in expected_tensors(target_config, target_moe) {
+    for (name, shape) in crate::checkpoint::check::expected_tensors(target_config, target_moe) {
         match by_name.get(name.as_str()) {
             None => {
                 return Err(StudioError::tensor(

@@ -63,8 +63,9 @@ use super::sink::{to_bytes, TensorSink};
 use crate::checkpoint::{DType, PlannedTensor, TensorSource};
 use crate::error::{Result, StudioError};
 
-/// A merge method (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// A merge method (see the module docs); also the `method` of the server's
+/// merge job spec (`crate::api::MergeSpec`), in the same kebab-case spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum MergeMethod {
     /// Weighted average of the models (mergekit `linear`).

@@ -201,6 +201,137 @@ pub fn routing_accuracy<B: Backend>(
         .collect()
 }
 
+/// One domain of a ridge-router run: its token sequences for the
+/// statistics and for the held-out routing accuracy (domain `i` = expert `i`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DomainSequences {
+    /// Domain name (`en`, `code`, ...).
+    pub name: String,
+    /// Statistics sequences (at most `context` tokens each).
+    pub train: Vec<Vec<u32>>,
+    /// Held-out sequences.
+    pub heldout: Vec<Vec<u32>>,
+}
+
+/// Checks that every MoE layer of `moe` has one expert per domain (DUME:
+/// domain `i` routes to expert `i`).
+///
+/// # Errors
+/// [`StudioError::Invalid`] naming the first layer whose expert count differs.
+pub fn check_domains(moe: &MoeConfig, domains: usize) -> Result<()> {
+    for (l, s) in moe.layers.iter().enumerate() {
+        if let Some(s) = s {
+            if s.num_experts != domains {
+                return Err(StudioError::Invalid(format!(
+                    "layer {l} has {} experts but {domains} domains were given (one per expert, in order)",
+                    s.num_experts
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Tokenises one domain (`text`, and `heldout` when given; `what` /
+/// `heldout_what` name them in errors: a file, "the text") and packs it
+/// into sequences of `context` tokens ([`pack_sequences`]); without
+/// held-out text the last 10% of the tokens are held out (methods.md §2).
+/// The CLI's `route` (files) and the tab's router (pasted texts) both
+/// prepare their domains here, so they split and pack the same tokens.
+///
+/// # Errors
+/// [`StudioError::Invalid`] for an empty text; the tokenizer's errors.
+pub fn domain_sequences(
+    tok: &crate::tokenizer::Tokenizer,
+    name: &str,
+    (text, what): (&str, &str),
+    heldout: Option<(&str, &str)>,
+    context: usize,
+) -> Result<DomainSequences> {
+    let encode = |t: &str, w: &str| -> Result<Vec<u32>> {
+        if t.trim().is_empty() {
+            return Err(StudioError::Invalid(format!("domain `{name}`: {w} is empty")));
+        }
+        tok.encode(t, false)
+    };
+    let ids = encode(text, what)?;
+    let (train, held) = match heldout {
+        Some((h, hw)) => (ids, encode(h, hw)?),
+        None => {
+            let cut = ids.len() * 9 / 10;
+            (ids[..cut].to_vec(), ids[cut..].to_vec())
+        }
+    };
+    Ok(DomainSequences {
+        name: name.to_string(),
+        train: pack_sequences(&train, context),
+        heldout: pack_sequences(&held, context),
+    })
+}
+
+/// Mean of a per-layer accuracy list over its MoE layers (dense layers, `None`, skipped).
+pub fn mean_accuracy(v: &[Option<f64>]) -> f64 {
+    let xs: Vec<f64> = v.iter().flatten().copied().collect();
+    xs.iter().sum::<f64>() / xs.len().max(1) as f64
+}
+
+/// `ridge_report.json` of a run (the CLI's `route` and the tab's router
+/// write the same document).
+#[derive(Debug, Clone, Serialize)]
+pub struct RouteReport {
+    /// The routed model's source.
+    pub model: String,
+    /// Domain names, expert order.
+    pub domains: Vec<String>,
+    /// Statistics tokens per domain.
+    pub tokens_per_domain: Vec<usize>,
+    /// The options solved with.
+    pub options: RouteOptions,
+    /// `1 / domains`, what random routing scores.
+    pub random_routing_accuracy: f64,
+    /// `[domain][layer]` held-out routing accuracy (`None`: dense layer).
+    pub accuracy_per_domain_per_layer: Vec<Vec<Option<f64>>>,
+    /// Mean over the MoE layers, per domain.
+    pub mean_accuracy_per_domain: Vec<f64>,
+    /// Condition number of each layer's ridge system, when computed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub condition_number_per_layer: Option<Vec<Option<f64>>>,
+    /// Held-out accuracy at other lambdas, when asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lambda_sweep: Option<Vec<serde_json::Value>>,
+    /// The layout the routed model is written in, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layout: Option<super::Layout>,
+    /// Warnings (the studio layout, which transformers cannot load).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warnings: Option<Vec<String>>,
+}
+
+impl RouteReport {
+    /// The report of `domains` routed with `opts`.
+    pub fn new(
+        model: &str,
+        domains: &[DomainSequences],
+        tokens_per_domain: Vec<usize>,
+        options: RouteOptions,
+        accuracy: Vec<Vec<Option<f64>>>,
+    ) -> Self {
+        RouteReport {
+            model: model.to_string(),
+            domains: domains.iter().map(|d| d.name.clone()).collect(),
+            tokens_per_domain,
+            options,
+            random_routing_accuracy: 1.0 / domains.len().max(1) as f64,
+            mean_accuracy_per_domain: accuracy.iter().map(|a| mean_accuracy(a)).collect(),
+            accuracy_per_domain_per_layer: accuracy,
+            condition_number_per_layer: None,
+            lambda_sweep: None,
+            layout: None,
+            warnings: None,
+        }
+    }
+}
+
 /// The MoE layout after routing: each MoE layer gets the router bias flag,
 /// top-k and temperature of `opts`.
 pub fn routed_config(moe: &MoeConfig, opts: &RouteOptions) -> MoeConfig {

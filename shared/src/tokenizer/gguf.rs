@@ -121,18 +121,26 @@ fn tok_err(src: &str, what: impl Into<String>) -> StudioError {
     StudioError::Tokenizer { source_name: src.to_string(), what: what.into() }
 }
 
-fn string_array<'a>(model: &'a GgufModel, key: &str) -> Result<Option<Vec<&'a str>>> {
+/// Largest vocabulary read from GGUF metadata (real ones are at most a
+/// few hundred thousand tokens; the tokenizer built from them costs
+/// about a hundred bytes per token).
+pub const MAX_VOCAB: usize = 1 << 21;
+/// Most BPE merges read from GGUF metadata.
+pub const MAX_MERGES: usize = 1 << 22;
+
+fn string_array<'a>(model: &'a GgufModel, key: &str, max: usize) -> Result<Option<Vec<&'a str>>> {
     let src = model.file.file_name();
     match model.file.get(key) {
         None => Ok(None),
-        Some(GgufValue::Array(items)) => items
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                v.as_str().ok_or_else(|| tok_err(src, format!("`{key}`[{i}] is a {}, not a string", v.type_name())))
-            })
-            .collect::<Result<Vec<_>>>()
-            .map(Some),
+        Some(GgufValue::Array(a)) => {
+            if a.len() > max {
+                return Err(tok_err(src, format!("`{key}` has {} entries, over the limit of {max}", a.len())));
+            }
+            match a.strs() {
+                Some(items) => Ok(Some(items.collect())),
+                None => Err(tok_err(src, format!("`{key}` is an array of {}, not of strings", a.elem_type_name()))),
+            }
+        }
         Some(v) => Err(tok_err(src, format!("`{key}` must be an array of strings, found {}", v.type_name()))),
     }
 }
@@ -206,7 +214,7 @@ pub fn build_tokenizer(model: &GgufModel) -> Result<(Tokenizer, Vec<String>)> {
     let kind = model.file.get_str("tokenizer.ggml.model").ok_or_else(|| {
         tok_err(src, "GGUF metadata `tokenizer.ggml.model` is missing (the file carries no tokenizer)")
     })?;
-    let tokens = string_array(model, "tokenizer.ggml.tokens")?
+    let tokens = string_array(model, "tokenizer.ggml.tokens", MAX_VOCAB)?
         .ok_or_else(|| tok_err(src, "GGUF metadata `tokenizer.ggml.tokens` is missing"))?;
     if tokens.is_empty() {
         return Err(tok_err(src, "`tokenizer.ggml.tokens` is empty"));
@@ -297,7 +305,7 @@ fn gpt2_tokenizer(model: &GgufModel, meta: &Meta, warnings: &mut Vec<String>) ->
             (tok, i as u32)
         })
         .collect();
-    let merges = string_array(model, "tokenizer.ggml.merges")?.ok_or_else(|| {
+    let merges = string_array(model, "tokenizer.ggml.merges", MAX_MERGES)?.ok_or_else(|| {
         tok_err(src, "GGUF metadata `tokenizer.ggml.merges` is missing (needed for a gpt2 tokenizer)")
     })?;
     let merges = parse_merges(src, &merges)?;
@@ -383,7 +391,7 @@ fn llama_tokenizer(model: &GgufModel, meta: &Meta) -> Result<Tokenizer> {
     let src = meta.src;
     let n = meta.tokens.len();
     let vocab: Vocab = meta.tokens.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect();
-    let merges = match string_array(model, "tokenizer.ggml.merges")? {
+    let merges = match string_array(model, "tokenizer.ggml.merges", MAX_MERGES)? {
         Some(m) => parse_merges(src, &m)?,
         None => {
             let scores = number_array(model, "tokenizer.ggml.scores", n)?.ok_or_else(|| {

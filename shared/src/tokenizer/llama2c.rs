@@ -53,13 +53,17 @@ impl Llama2cTokenizer {
     /// [`StudioError::Format`] naming `file_name` when the file is
     /// truncated or a token length is invalid.
     pub fn parse(bytes: &[u8], vocab_size: usize, file_name: &str) -> Result<Self> {
+        crate::checkpoint::check::refuse_lfs_pointer(bytes, file_name, "llama2.c tokenizer")?;
         let err = |what: String| StudioError::format(file_name, "llama2.c tokenizer", what);
         let mut pos = 4usize;
         if bytes.len() < 4 {
             return Err(err("file is shorter than its 4-byte header".into()));
         }
-        let mut pieces = Vec::with_capacity(vocab_size);
-        let mut scores = Vec::with_capacity(vocab_size);
+        // Each token takes at least 8 bytes: reserve what the file can hold,
+        // not what the model header claims.
+        let cap = vocab_size.min(bytes.len() / 8);
+        let mut pieces = Vec::with_capacity(cap);
+        let mut scores = Vec::with_capacity(cap);
         for i in 0..vocab_size {
             if pos + 8 > bytes.len() {
                 return Err(err(format!("truncated at token {i} of {vocab_size} (byte {pos})")));

@@ -327,6 +327,12 @@ fn bad_inputs_fail_clearly_and_write_nothing() {
         |_, _, v| v,
         Some(("model.embed_tokens.weight", vec![500, 64])),
     );
+    // (Its config says so too: a checkpoint that disagrees with its own
+    // config is refused when it is opened, before any graft.)
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(small_vocab.join("config.json")).unwrap()).unwrap();
+    cfg["vocab_size"] = 500.into();
+    std::fs::write(small_vocab.join("config.json"), serde_json::to_vec(&cfg).unwrap()).unwrap();
     let e = err(&moe, &base, &small_vocab, 1.0);
     assert!(
         e.contains("different vocabularies")

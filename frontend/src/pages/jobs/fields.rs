@@ -18,9 +18,11 @@ pub fn form_field(ctx: Ctx, fd: &'static Field) -> impl IntoView {
         Input::OptCheckpoint => checkpoint_select(ctx, key, true).into_any(),
         Input::Checkpoints => checkpoint_ticks(ctx, key).into_any(),
         Input::Data { weight, original, heldout, .. } => data_rows(ctx, key, weight, original, heldout).into_any(),
-        Input::Choice(choices) => choice_select(ctx, key, choices, (!fd.required).then_some(fd.hint)).into_any(),
+        Input::Choice(choices) => {
+            choice_select(ctx, key, choices, (!fd.required).then_some(fd.hint.as_str())).into_any()
+        }
         Input::Int | Input::Float | Input::IntList | Input::LayerList | Input::FloatList | Input::Names => {
-            text_box(ctx, key, fd.hint).into_any()
+            text_box(ctx, key, fd.hint.as_str()).into_any()
         }
     };
     let block = matches!(fd.input, Input::Checkpoints | Input::Data { .. });

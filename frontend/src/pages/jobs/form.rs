@@ -1,6 +1,7 @@
 //! The new-job form as plain data (no signals, so it is tested natively):
 //! the eight job kinds, one [`Field`] per field of the kind's spec type
-//! (`shared::api::*Spec`), the values typed so far ([`FormState`]), the
+//! (both from `shared::jobs`, with the CLI's defaults as hints), the values
+//! typed so far ([`FormState`]), the
 //! request built from them ([`FormState::build`]) and where an error of
 //! the server (`field: "spec.top_k"`) or of the form belongs
 //! ([`FieldError`]).
@@ -8,235 +9,16 @@
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
+use moe_shared::methods::merge::MergeMethod;
+use moe_shared::train::Stage;
+
 use moe_shared::api::{
-    CreateJob, DataRef, EvalSpec, GraftSpec, JobSpec, MergeMethodName, MergeSpec, MoergeSpec, NeuronsSpec, RouteSpec,
-    TrainSpec, TrainStage, UpcycleSpec,
+    CreateJob, DataRef, EvalSpec, GraftSpec, JobSpec, MergeSpec, MoergeSpec, NeuronsSpec, RouteSpec, TrainSpec,
+    UpcycleSpec,
 };
 
-/// A job kind (the `kind` of [`JobSpec`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Kind {
-    /// [`UpcycleSpec`].
-    #[default]
-    Upcycle,
-    /// [`MoergeSpec`].
-    Moerge,
-    /// [`RouteSpec`].
-    Route,
-    /// [`GraftSpec`].
-    Graft,
-    /// [`MergeSpec`].
-    Merge,
-    /// [`NeuronsSpec`].
-    Neurons,
-    /// [`TrainSpec`].
-    Train,
-    /// [`EvalSpec`].
-    Eval,
-}
-
-impl Kind {
-    /// Every kind, in the order of the selector.
-    pub const ALL: [Kind; 8] =
-        [Kind::Upcycle, Kind::Train, Kind::Eval, Kind::Moerge, Kind::Route, Kind::Graft, Kind::Merge, Kind::Neurons];
-
-    /// The wire spelling (as [`JobSpec::kind`]).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Upcycle => "upcycle",
-            Kind::Moerge => "moerge",
-            Kind::Route => "route",
-            Kind::Graft => "graft",
-            Kind::Merge => "merge",
-            Kind::Neurons => "neurons",
-            Kind::Train => "train",
-            Kind::Eval => "eval",
-        }
-    }
-
-    /// Parses the wire spelling.
-    pub fn parse(s: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-
-    /// What the selector shows.
-    pub fn label(self) -> &'static str {
-        match self {
-            Kind::Upcycle => "upcycle (dense → MoE)",
-            Kind::Moerge => "moerge (dense models → MoE, DUME)",
-            Kind::Route => "route (ridge router of a MoErged model)",
-            Kind::Graft => "graft (add instruct − base)",
-            Kind::Merge => "merge (linear / task arithmetic / TIES / DARE)",
-            Kind::Neurons => "neurons (language-specific neurons, NeuronMoE)",
-            Kind::Train => "train (experts / router / dense)",
-            Kind::Eval => "eval (perplexity, routing load)",
-        }
-    }
-
-    /// The form's inputs: one per field of the kind's spec type, in its order.
-    pub fn fields(self) -> &'static [Field] {
-        match self {
-            Kind::Upcycle => UPCYCLE,
-            Kind::Moerge => MOERGE,
-            Kind::Route => ROUTE,
-            Kind::Graft => GRAFT,
-            Kind::Merge => MERGE,
-            Kind::Neurons => NEURONS,
-            Kind::Train => TRAIN,
-            Kind::Eval => EVAL,
-        }
-    }
-
-    /// The field `key` of this kind's form.
-    pub fn field(self, key: &str) -> Option<&'static Field> {
-        self.fields().iter().find(|f| f.key == key)
-    }
-}
-
-/// How a field is entered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Input {
-    /// One registered checkpoint (a select).
-    Checkpoint,
-    /// A checkpoint or none (a select with an empty choice).
-    OptCheckpoint,
-    /// Several checkpoints, in the order they are ticked.
-    Checkpoints,
-    /// Uploaded text files as [`DataRef`]s: one row each, with the
-    /// sub-fields the spec reads.
-    Data {
-        /// Rows shown at first (the spec's minimum).
-        rows: usize,
-        /// `weight` (train's mixture weight).
-        weight: bool,
-        /// `original` (train's language prior).
-        original: bool,
-        /// `heldout` (route).
-        heldout: bool,
-    },
-    /// A whole number.
-    Int,
-    /// A number.
-    Float,
-    /// One of a few words; empty = the server's default unless required.
-    Choice(&'static [&'static str]),
-    /// Whole numbers separated by commas (`none` = an empty list).
-    IntList,
-    /// Experts per layer separated by commas, `-` for a dense layer.
-    LayerList,
-    /// Numbers separated by commas.
-    FloatList,
-    /// Names separated by commas.
-    Names,
-}
-
-/// One input of the form: a field of a spec type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Field {
-    /// The spec's field name (`top_k`); also the input's test id `job-top_k`.
-    pub key: &'static str,
-    /// Label.
-    pub label: &'static str,
-    /// How it is entered.
-    pub input: Input,
-    /// Placeholder: the server's default, or an example.
-    pub hint: &'static str,
-    /// Whether the spec needs a value (else empty = the server's default).
-    pub required: bool,
-    /// Shown under "more options".
-    pub advanced: bool,
-}
-
-const fn f(key: &'static str, label: &'static str, input: Input, hint: &'static str) -> Field {
-    Field { key, label, input, hint, required: false, advanced: false }
-}
-const fn req(key: &'static str, label: &'static str, input: Input, hint: &'static str) -> Field {
-    Field { key, label, input, hint, required: true, advanced: false }
-}
-const fn adv(key: &'static str, label: &'static str, input: Input, hint: &'static str) -> Field {
-    Field { key, label, input, hint, required: false, advanced: true }
-}
-const fn data(rows: usize, weight: bool, original: bool, heldout: bool) -> Input {
-    Input::Data { rows, weight, original, heldout }
-}
-
-const DTYPES: &[&str] = &["f32", "f16", "bf16"];
-
-const UPCYCLE: &[Field] = &[
-    req("model", "model", Input::Checkpoint, ""),
-    f("experts", "experts", Input::Int, "2-256"),
-    f("experts_per_layer", "experts per layer", Input::LayerList, "e.g. 2,4,-,4 (- = dense)"),
-    f("top_k", "top-k", Input::Int, "default 2"),
-    f("frozen", "frozen experts", Input::IntList, "default 0; none"),
-    f("router_init", "router init", Input::Choice(&["zeros", "random"]), "zeros"),
-    adv("noise", "noise", Input::Float, "default 0"),
-    adv("seed", "seed", Input::Int, "default 0"),
-    adv("dtype", "dtype", Input::Choice(DTYPES), "source's"),
-];
-const MOERGE: &[Field] = &[
-    req("models", "models (expert i = model i)", Input::Checkpoints, ""),
-    f("top_k", "top-k", Input::Int, "default 1"),
-    adv("seed", "seed", Input::Int, "default 0"),
-    adv("dtype", "dtype", Input::Choice(DTYPES), "source's"),
-];
-const ROUTE: &[Field] = &[
-    req("model", "MoErged model", Input::Checkpoint, ""),
-    req("domains", "domains (one per expert, in expert order)", data(2, false, false, true), ""),
-    f("lambda", "lambda", Input::Float, "default 1e-2"),
-    f("top_k", "top-k", Input::Int, "default 1"),
-    f("max_tokens", "max tokens", Input::Int, "default 10000"),
-    f("context", "context", Input::Int, "default 512"),
-];
-const GRAFT: &[Field] = &[
-    req("target", "target (MoE or dense)", Input::Checkpoint, ""),
-    req("base", "base (dense)", Input::Checkpoint, ""),
-    req("instruct", "instruct (dense)", Input::Checkpoint, ""),
-    f("scale", "scale", Input::Float, "default 1"),
-];
-const MERGE: &[Field] = &[
-    req("method", "method", Input::Choice(&["linear", "task-arithmetic", "ties", "dare", "dare-ties"]), ""),
-    req("models", "models", Input::Checkpoints, ""),
-    f("weights", "weights", Input::FloatList, "one per model, e.g. 0.5,0.5"),
-    f("base", "base", Input::OptCheckpoint, ""),
-    f("density", "density", Input::Float, "default 0.5"),
-    adv("seed", "seed", Input::Int, "default 0"),
-    adv("dtype", "dtype", Input::Choice(DTYPES), "source's"),
-];
-const NEURONS: &[Field] = &[
-    req("model", "model", Input::Checkpoint, ""),
-    req("langs", "languages (name = language code)", data(2, false, false, false), ""),
-    f("new", "new languages", Input::Names, "e.g. hu,el"),
-    f("top_n", "top-n", Input::Int, "default 1000"),
-    f("max_texts", "max texts", Input::Int, "default 300"),
-    f("max_tokens", "max tokens", Input::Int, "default 256"),
-];
-const TRAIN: &[Field] = &[
-    req("model", "model", Input::Checkpoint, ""),
-    req("stage", "stage", Input::Choice(&["experts", "router", "dense"]), ""),
-    req("data", "corpora", data(1, true, true, false), ""),
-    req("steps", "steps", Input::Int, "1-1000000"),
-    f("seq_len", "seq len", Input::Int, "CLI default"),
-    f("batch", "batch", Input::Int, "CLI default"),
-    f("lr", "lr", Input::Float, "CLI default"),
-    adv("warmup", "warmup", Input::Int, "CLI default"),
-    adv("min_lr", "min lr (fraction)", Input::Float, "CLI default"),
-    adv("grad_accum", "grad accum", Input::Int, "default 1"),
-    adv("clip", "clip", Input::Float, "CLI default"),
-    adv("alpha", "alpha (balance)", Input::Float, "CLI default"),
-    adv("prior", "prior", Input::Float, "CLI default"),
-    adv("weight_decay", "weight decay", Input::Float, "CLI default"),
-    adv("save_every", "save every", Input::Int, "steps / 10"),
-    f("seed", "seed", Input::Int, "default 0"),
-    adv("devices", "devices", Input::Int, "default 1"),
-];
-const EVAL: &[Field] = &[
-    req("model", "model", Input::Checkpoint, ""),
-    req("data", "datasets", data(1, false, false, false), ""),
-    f("window", "window", Input::Int, "default 512"),
-    f("stride", "stride", Input::Int, "default 256"),
-    f("max_tokens", "max tokens", Input::Int, "all"),
-    f("routing", "routing", Input::Choice(&["learned", "oracle", "random"]), "learned"),
-];
+/// The kinds, their inputs and defaults are the spec's own (`shared::jobs`).
+pub use moe_shared::jobs::{Field, Input, JobKind as Kind};
 
 /// One row of a [`Input::Data`] field: a [`DataRef`] as typed.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -409,13 +191,7 @@ impl FormState {
                 scale: self.opt("scale")?,
             }),
             Kind::Merge => JobSpec::Merge(MergeSpec {
-                method: match self.value("method") {
-                    "task-arithmetic" => MergeMethodName::TaskArithmetic,
-                    "ties" => MergeMethodName::Ties,
-                    "dare" => MergeMethodName::Dare,
-                    "dare-ties" => MergeMethodName::DareTies,
-                    _ => MergeMethodName::Linear,
-                },
+                method: MergeMethod::parse(self.value("method")).unwrap_or(MergeMethod::Linear),
                 models: self.picked("models").to_vec(),
                 weights: self.list("weights")?,
                 base: Some(self.value("base").to_string()).filter(|b| !b.is_empty()),
@@ -433,11 +209,7 @@ impl FormState {
             }),
             Kind::Train => JobSpec::Train(TrainSpec {
                 model: self.ckpt("model")?,
-                stage: match self.value("stage") {
-                    "router" => TrainStage::Router,
-                    "dense" => TrainStage::Dense,
-                    _ => TrainStage::Experts,
-                },
+                stage: Stage::parse(self.value("stage")).unwrap_or(Stage::Experts),
                 data: self.data_refs("data")?,
                 steps: self.opt("steps")?.ok_or_else(|| FieldError::form("steps", "how many steps?"))?,
                 seq_len: self.opt("seq_len")?,
@@ -463,8 +235,12 @@ impl FormState {
                 routing: self.choice("routing"),
             }),
         };
-        let name = self.name.trim();
-        Ok(CreateJob { spec, backend: None, name: (!name.is_empty()).then(|| name.to_string()) })
+        // An empty name is no name; any other goes through the server's check.
+        let name = match self.name.trim() {
+            "" => None,
+            n => Some(moe_shared::api::check_name("name", n).map_err(|e| FieldError::form("name", e.error))?),
+        };
+        Ok(CreateJob { spec, backend: None, name })
     }
 
     fn ckpt(&self, key: &str) -> Result<String, FieldError> {

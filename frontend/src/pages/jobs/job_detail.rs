@@ -65,6 +65,7 @@ pub fn watch(ctx: Ctx, id: String) {
         progress: current.as_ref().and_then(|j| j.progress.clone()),
         error: current.as_ref().and_then(|j| j.error.clone()),
         output_checkpoint: current.as_ref().and_then(|j| j.output_checkpoint.clone()),
+        memory: current.as_ref().and_then(|j| j.memory),
         ..Live::default()
     });
     let id2 = id.clone();
@@ -114,6 +115,7 @@ pub fn watch(ctx: Ctx, id: String) {
                         l.log.drain(..n - 200);
                     }
                 }
+                JobEvent::Memory(m) => l.memory = Some(m),
             }
         });
         if terminal {
@@ -278,6 +280,9 @@ pub fn job_detail(ctx: Ctx) -> impl IntoView {
                     <tr><th>"tokens/s"</th><td data-testid="job-tps">{move || prog().tokens_per_s.map(|x| format!("{x:.0}")).unwrap_or_else(dash)}</td>
                         <th>"ETA"</th><td data-testid="job-eta">{move || prog().eta_s.map(fmt_eta).unwrap_or_else(dash)}</td>
                         <th>"events"</th><td data-testid="job-events">{move || live.with(|l| l.events)}</td></tr>
+                    <tr><th>"memory"</th><td colspan="5" data-testid="job-memory">{move || live.with(|l| l.memory.map(|m| format!(
+                        "{} now · peak {} · limit {}", crate::format_bytes(m.current_bytes), crate::format_bytes(m.peak_bytes),
+                        crate::format_bytes(m.limit_bytes))).unwrap_or_else(dash))}</td></tr>
                 </table>
                 {move || live.with(|l| l.stream.clone()).map(|s| view! { <p class="msg small">{s}</p> })}
                 {move || live.with(|l| l.error.clone()).map(|e| view! { <pre class="msg error small" data-testid="job-error">{e}</pre> })}

@@ -59,6 +59,14 @@ pub fn JobsPage() -> impl IntoView {
     Effect::new(move |_| {
         let t = token.get();
         api::save(api::TOKEN_KEY, t.trim());
+        // The read cookie for the event streams and download links; then
+        // what the token may read.
+        let t = t.trim().to_string();
+        leptos::task::spawn_local(async move {
+            if api::open_session(&t).await && token.get_untracked().trim() == t {
+                ctx.refresh();
+            }
+        });
     });
 
     let off = Signal::derive(move || shared.backend.get() != Some(true) || info.get().is_none());

@@ -71,6 +71,8 @@ pub struct Live {
     pub stream: Option<String>,
     /// An eval job's result.
     pub eval: Option<Vec<EvalRow>>,
+    /// The job's memory (live while it runs, else its last attempt's peak).
+    pub memory: Option<moe_shared::api::JobMemory>,
 }
 
 /// The page's state.

@@ -156,13 +156,14 @@ pub fn uploads_section(ctx: Ctx, info: RwSignal<Option<ServerInfo>>, off: Signal
 
     let register = move |_| {
         let ids = checked.get_untracked();
-        let name = ckpt_name.get_untracked().trim().to_string();
         if ids.is_empty() {
             return msg.set(Message::Error("tick the uploaded files of the model first".into()));
         }
-        if name.is_empty() {
-            return msg.set(Message::Error("name the checkpoint".into()));
-        }
+        // The server's own check of names (no empty, control or bidi characters).
+        let name = match moe_shared::api::check_name("name", &ckpt_name.get_untracked()) {
+            Ok(n) => n,
+            Err(e) => return msg.set(Message::Error(format!("checkpoint name: {}", e.error))),
+        };
         busy.set(true);
         leptos::task::spawn_local(async move {
             let body = CreateCheckpoint { name, uploads: ids };

@@ -104,8 +104,11 @@ pub fn planned_tensors(
         .map(|t| {
             let from = match &t.origin {
                 Origin::Dense { .. } => src_dtype(&t.name),
-                Origin::Expert { dense_name, .. } => src_dtype(dense_name),
-                Origin::RouterWeight { layer } | Origin::RouterBias { layer } => {
+                Origin::Expert { dense_name, .. } | Origin::SharedExpert { dense_name, .. } => src_dtype(dense_name),
+                Origin::RouterWeight { layer }
+                | Origin::RouterBias { layer }
+                | Origin::SelectionBias { layer }
+                | Origin::SharedGate { layer } => {
                     src_dtype(&format!("model.layers.{layer}.mlp.gate_proj.weight"))
                 }
             };

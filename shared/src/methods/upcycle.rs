@@ -594,7 +594,7 @@ pub fn drop_upcycle(w: &[f32], shape: &[usize], proj: Proj, cols: &[usize], seed
     // Flat indices of the values to replace, in row-major order.
     let picked: Vec<usize> = match proj {
         Proj::Down => (0..rows).flat_map(|r| cols.iter().map(move |&c| r * inner + c)).collect(),
-        Proj::Gate | Proj::Up => cols.iter().flat_map(|&r| (r * inner..(r + 1) * inner)).collect(),
+        Proj::Gate | Proj::Up => cols.iter().flat_map(|&r| r * inner..(r + 1) * inner).collect(),
     };
     let n = picked.len() as f64;
     let mean = picked.iter().map(|&i| f64::from(w[i])).sum::<f64>() / n;

@@ -94,6 +94,37 @@ pub enum Routing {
     Forced(usize),
 }
 
+/// The `k` experts with the highest `scores` (`[n, E]`) per row, highest
+/// first, ties broken by the LOWER expert index: `n * k` indices,
+/// row-major. Computed on the host because Burn's sort is unstable (it may
+/// order equal values either way, and backends differ); the studio's
+/// documented behaviour needs determinism: a zero router picks experts
+/// `0..k`, and granular upcycling's zero router picks whole copies (the
+/// slices `c·G .. c·G + G` of the first `k` copies).
+pub fn top_k_lowest_index_first<B: Backend>(scores: Tensor<B, 2>, k: usize) -> Vec<u32> {
+    let [n, e] = scores.dims();
+    let v: Vec<f32> = scores.into_data().convert::<f32>().to_vec().expect("float data");
+    let mut out = Vec::with_capacity(n * k);
+    let mut order: Vec<u32> = Vec::with_capacity(e);
+    for row in v.chunks(e.max(1)).take(n) {
+        order.clear();
+        order.extend(0..e as u32);
+        // Stable: equal scores keep ascending index order (-0.0 equals 0.0;
+        // NaN ranks last).
+        let key = |i: u32| {
+            let x = row[i as usize];
+            if x.is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                x + 0.0
+            }
+        };
+        order.sort_by(|&a, &b| key(b).total_cmp(&key(a)));
+        out.extend_from_slice(&order[..k.min(e)]);
+    }
+    out
+}
+
 /// The weights of the chosen experts, `[n * k]` row-major, from the router
 /// `logits` `[n, E]` (temperature applied, selection bias NOT applied) and
 /// the chosen indices `idx` `[n, k]`:
@@ -210,10 +241,10 @@ impl<B: Backend> MoeLayer<B> {
             return (out, trace);
         }
         let k = self.top_k.min(e_count);
-        let (_, idx) = self.selection_scores(&logits).topk_with_indices(k, 1);
-        let weights = routing_weights(logits.clone(), idx.clone(), self.norm_topk_prob);
-        let chosen: Vec<u32> =
-            idx.into_data().convert::<i64>().to_vec::<i64>().expect("int data").into_iter().map(|x| x as u32).collect();
+        let chosen = top_k_lowest_index_first(self.selection_scores(&logits), k);
+        let idx_data: Vec<i64> = chosen.iter().map(|&e| i64::from(e)).collect();
+        let idx = Tensor::<B, 2, Int>::from_data(TensorData::new(idx_data, [n, k]), &device);
+        let weights = routing_weights(logits.clone(), idx, self.norm_topk_prob);
         let mut slots: Vec<Vec<i64>> = vec![Vec::new(); e_count];
         for (slot, &e) in chosen.iter().enumerate() {
             slots[e as usize].push(slot as i64);
@@ -360,6 +391,15 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn ties_go_to_the_lower_index() {
+        let dev = Default::default();
+        let s = Tensor::<B, 2>::from_data(TensorData::new(vec![0.0f32; 40], [2, 20]), &dev);
+        assert_eq!(top_k_lowest_index_first(s, 4), vec![0, 1, 2, 3, 0, 1, 2, 3]);
+        let s = Tensor::<B, 2>::from_data(TensorData::new(vec![1.0f32, 2.0, 2.0, 0.5, 2.0, 3.0], [1, 6]), &dev);
+        assert_eq!(top_k_lowest_index_first(s, 3), vec![5, 1, 2]);
     }
 
     #[test]

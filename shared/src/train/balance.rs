@@ -110,7 +110,7 @@ mod tests {
     /// +1.2 / +0.6 / 0 / -0.6 over random inputs (top-2 of 512 tokens), so
     /// expert 0 is chosen for most tokens and expert 3 for few. The aux-free
     /// update (gamma = 0.05) at least halves the max/min load ratio within
-    /// 40 updates, and the routing weights are untouched by the bias.
+    /// 10 updates (5.8 -> 1.8 here) and brings it under 1.25 within 40.
     #[test]
     fn aux_free_updates_halve_the_load_ratio_of_a_skewed_router() {
         let (d, e, n) = (8, 4, 512);
@@ -135,7 +135,8 @@ mod tests {
             trace.push(max_min_load_ratio(&counts(&layer)));
         }
         let r = *trace.last().unwrap();
-        eprintln!("aux-free: max/min load ratio {r0:.2} -> {r:.2} in {updates} updates ({trace:.2?})");
-        assert!(r <= r0 / 2.0, "ratio {r0} -> {r}: {trace:?}");
+        eprintln!("aux-free: max/min load ratio {r0:.2} -> {:.2} after 10 updates, {r:.2} after {updates} ({trace:.2?})", trace[10]);
+        assert!(trace[10] <= r0 / 2.0, "ratio {r0} -> {} after 10 updates: {trace:?}", trace[10]);
+        assert!(r < 1.25, "ratio {r0} -> {r} after {updates} updates: {trace:?}");
     }
 }

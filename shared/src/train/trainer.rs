@@ -588,7 +588,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         // wasm32-unknown-unknown's std has no clock: timings read 0 there.
         #[cfg(not(target_arch = "wasm32"))]
         let t0 = std::time::Instant::now();
-        let c = &self.config;
+        let c = &self.config.clone();
         let n_dev = self.devices.len();
         let settings = LossSettings {
             alpha: if c.balance == Balance::Aux { c.alpha } else { 0.0 },

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData};
-use moe_shared::checkpoint::{open_model, DType, LoadedModel, TensorSource, WriteOptions};
+use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
 use moe_shared::config::moe::{expert_weight_name, shared_expert_weight_name, SHARED_EXPERT_LAYOUTS};
 use moe_shared::methods::upcycle::drop_columns;
 use moe_shared::methods::{

@@ -22,9 +22,7 @@ use moe_shared::model::load_model;
 use moe_shared::tokenizer::{Llama2cTokenizer, Tokenizer};
 use moe_shared::train::checkpoint::latest_checkpoint;
 use moe_shared::train::data::load_mixture;
-use moe_shared::train::{
-    devices, Balance, DataSpec, LbForm, RunOutcome, Stage, StepMetrics, TrainConfig, Trainer,
-};
+use moe_shared::train::{devices, Balance, DataSpec, LbForm, RunOutcome, Stage, StepMetrics, TrainConfig, Trainer};
 
 /// Arguments of `train`.
 #[derive(Debug, Clone, clap::Args)]

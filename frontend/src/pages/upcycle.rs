@@ -509,12 +509,8 @@ mod tests {
         let cfg = br#"{"model_type":"llama","vocab_size":32,"hidden_size":8,"intermediate_size":16,
             "num_hidden_layers":2,"num_attention_heads":2,"num_key_value_heads":2}"#;
         let base = moe_shared::config::HfConfig::from_json(cfg, "c").unwrap().to_model_config("c").unwrap();
-        let spec = |k: usize, frozen: Vec<usize>| MoeLayerSpec {
-            num_experts: 2,
-            top_k: k,
-            frozen,
-            ..Default::default()
-        };
+        let spec =
+            |k: usize, frozen: Vec<usize>| MoeLayerSpec { num_experts: 2, top_k: k, frozen, ..Default::default() };
         let check = |s: MoeLayerSpec| {
             let e = MoeConfig::uniform(2, s).validate(&base, "experts per layer").unwrap_err();
             plan_error(&e, Field::Experts)

@@ -496,9 +496,9 @@ mod tests {
         let e = MoeConfig::uniform(2, spec(2, 3)).validate(&b, "x").unwrap_err().to_string();
         assert!(e.contains("top-k 3"), "{e}");
         let e = MoeConfig::uniform(2, MoeLayerSpec { num_experts: 0, ..Default::default() })
-        .validate(&b, "x")
-        .unwrap_err()
-        .to_string();
+            .validate(&b, "x")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("at least 1 expert"), "{e}");
     }
 }

@@ -363,11 +363,9 @@ pub fn plan_graft(
             format!("the delta scale must be a finite f32 number, |scale| < 3.4e38 (got {})", opts.scale),
         ));
     }
-    if let Some((l, s)) = target_moe
-        .into_iter()
-        .flat_map(|m| m.layers.iter().enumerate())
-        .find_map(|(l, s)| s.as_ref().filter(|s| s.expert_width(target_config) != target_config.intermediate_size).map(|s| (l, s)))
-    {
+    if let Some((l, s)) = target_moe.into_iter().flat_map(|m| m.layers.iter().enumerate()).find_map(|(l, s)| {
+        s.as_ref().filter(|s| s.expert_width(target_config) != target_config.intermediate_size).map(|s| (l, s))
+    }) {
         return Err(StudioError::config(
             target.source_name(),
             format!(

@@ -108,9 +108,7 @@ pub fn planned_tensors(
                 Origin::RouterWeight { layer }
                 | Origin::RouterBias { layer }
                 | Origin::SelectionBias { layer }
-                | Origin::SharedGate { layer } => {
-                    src_dtype(&format!("model.layers.{layer}.mlp.gate_proj.weight"))
-                }
+                | Origin::SharedGate { layer } => src_dtype(&format!("model.layers.{layer}.mlp.gate_proj.weight")),
             };
             PlannedTensor { name: t.name.clone(), dtype: out_dtype(from, explicit), shape: t.shape.clone() }
         })

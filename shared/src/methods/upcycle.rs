@@ -355,9 +355,7 @@ pub fn write_upcycle(
     opts: &UpcycleOptions,
     sink: &mut dyn TensorSink,
 ) -> Result<()> {
-    // The dense FFN tensor being copied, its f32 values and (lazily) its
-    // output bytes for the plain copies.
-    let mut current: Option<(String, Vec<f32>, Option<Vec<u8>>)> = None;
+    let mut current: Option<DenseTensor> = None;
     let g = opts.granularity.max(1);
     for (t, p) in plan.tensors.iter().zip(&plan.planned) {
         let spec = |layer: usize| plan.moe.layers[layer].as_ref().expect("an MoE layer");
@@ -403,11 +401,7 @@ pub fn write_upcycle(
                     }
                     continue;
                 }
-                let mut v = if g > 1 {
-                    granular_slice(values, &t.shape, proj, g, expert % g)
-                } else {
-                    values.clone()
-                };
+                let mut v = if g > 1 { granular_slice(values, &t.shape, proj, g, expert % g) } else { values.clone() };
                 if drop {
                     let f_e = if proj == Proj::Down { t.shape[1] } else { t.shape[0] };
                     let cols = drop_columns(f_e, opts.drop_ratio, opts.seed, *layer, *expert);
@@ -427,12 +421,16 @@ pub fn write_upcycle(
     Ok(())
 }
 
+/// The dense FFN tensor being copied: its name, f32 values and (lazily)
+/// its output bytes for the plain copies.
+type DenseTensor = (String, Vec<f32>, Option<Vec<u8>>);
+
 /// The dense tensor `name` in `current` (read unless it is already there).
 fn load_dense<'a>(
-    current: &'a mut Option<(String, Vec<f32>, Option<Vec<u8>>)>,
+    current: &'a mut Option<DenseTensor>,
     src: &dyn TensorSource,
     name: &str,
-) -> Result<&'a mut (String, Vec<f32>, Option<Vec<u8>>)> {
+) -> Result<&'a mut DenseTensor> {
     if current.as_ref().map(|c| c.0.as_str()) != Some(name) {
         *current = Some((name.to_string(), src.read_f32(name)?, None));
     }

@@ -82,12 +82,13 @@ fn hf_linear<B: Backend>(
 /// `model.layers.{l}.self_attn.{q,k,v,o}_proj.weight` (`[out, in]`, q/k/v
 /// `.bias` when `attention_bias`), `model.layers.{l}.mlp.{gate,up,down}_proj.weight`,
 /// `model.norm.weight [d]`, `lm_head.weight [V, d]` unless tied. MoE layers
-/// read `model.layers.{l}.block_sparse_moe.gate.weight [E, d]` (+ `.bias`,
-/// + `.e_score_correction_bias [E]` with a selection bias) and
-/// `...experts.{e}.{w1,w3}.weight [f_e, d]`, `.w2.weight [d, f_e]` (`f_e`
-/// the expert width) instead of `mlp.*`, plus
+/// read, instead of `mlp.*`, `model.layers.{l}.block_sparse_moe.gate.weight
+/// [E, d]` (with `.bias` when the router has one, and
+/// `.e_score_correction_bias [E]` with a selection bias),
+/// `...experts.{e}.{w1,w3}.weight [f_e, d]` and `.w2.weight [d, f_e]`
+/// (`f_e` the expert width), and when the spec has them
 /// `...shared_experts.{i}.{w1,w3,w2}.weight` (dense width) and
-/// `...shared_expert_gate.weight [N, d]` when the spec has them.
+/// `...shared_expert_gate.weight [N, d]`.
 ///
 /// # Errors
 /// [`StudioError::Tensor`] for a missing tensor or a shape that disagrees
@@ -148,9 +149,8 @@ pub fn load_transformer<B: Backend>(
                         })
                     };
                     let fe = spec.expert_width(config);
-                    let experts = (0..e)
-                        .map(|x| swiglu(&|w| expert_weight_name(l, x, w), fe))
-                        .collect::<Result<Vec<_>>>()?;
+                    let experts =
+                        (0..e).map(|x| swiglu(&|w| expert_weight_name(l, x, w), fe)).collect::<Result<Vec<_>>>()?;
                     let n = spec.shared_experts;
                     let shared_experts = (0..n)
                         .map(|i| swiglu(&|w| shared_expert_weight_name(l, i, w), f))

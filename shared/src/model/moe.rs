@@ -361,7 +361,8 @@ mod tests {
         let (d, f, n) = (4, 6, 3);
         let dev = Default::default();
         let router: Vec<f32> = (0..2 * d).map(|j| (j as f32 * 0.9).sin()).collect();
-        let routed_only = MoeLayer::new(linear_from_hf(&router, 2, d, None, &dev), vec![ffn(0.0, d, f), ffn(1.0, d, f)], 1, 1.0);
+        let routed_only =
+            MoeLayer::new(linear_from_hf(&router, 2, d, None, &dev), vec![ffn(0.0, d, f), ffn(1.0, d, f)], 1, 1.0);
         let xs: Vec<f32> = (0..n * d).map(|j| ((j as f32) * 0.43).cos()).collect();
         let x = Tensor::<B, 3>::from_data(TensorData::new(xs, [1, n, d]), &dev);
         let base: Vec<f32> = routed_only.forward(x.clone(), Routing::Learned).0.into_data().to_vec().unwrap();
@@ -406,7 +407,8 @@ mod tests {
     fn forced_routing_uses_one_expert() {
         let (d, f) = (4, 5);
         let dev = Default::default();
-        let layer = MoeLayer::new(linear_from_hf(&[0.0; 8], 2, d, None, &dev), vec![ffn(0.0, d, f), ffn(5.0, d, f)], 1, 1.0);
+        let layer =
+            MoeLayer::new(linear_from_hf(&[0.0; 8], 2, d, None, &dev), vec![ffn(0.0, d, f), ffn(5.0, d, f)], 1, 1.0);
         let x = Tensor::<B, 3>::from_data(TensorData::new(vec![0.5f32; 2 * d], [1, 2, d]), &dev);
         let (out, trace) = layer.forward(x.clone(), Routing::Forced(1));
         let want: Vec<f32> = layer.experts[1].forward(x).into_data().to_vec().unwrap();

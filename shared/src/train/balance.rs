@@ -135,7 +135,10 @@ mod tests {
             trace.push(max_min_load_ratio(&counts(&layer)));
         }
         let r = *trace.last().unwrap();
-        eprintln!("aux-free: max/min load ratio {r0:.2} -> {:.2} after 10 updates, {r:.2} after {updates} ({trace:.2?})", trace[10]);
+        eprintln!(
+            "aux-free: max/min load ratio {r0:.2} -> {:.2} after 10 updates, {r:.2} after {updates} ({trace:.2?})",
+            trace[10]
+        );
         assert!(trace[10] <= r0 / 2.0, "ratio {r0} -> {} after 10 updates: {trace:?}", trace[10]);
         assert!(r < 1.25, "ratio {r0} -> {r} after {updates} updates: {trace:?}");
     }

@@ -100,7 +100,8 @@ pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str
     if stage == Stage::Experts {
         let trainable = model.layers.iter().any(|b| match &b.mlp {
             Mlp::Moe(m) => {
-                (0..m.num_experts()).any(|e| !m.frozen.contains(&e)) || (!m.shared_experts.is_empty() && !m.shared_frozen)
+                (0..m.num_experts()).any(|e| !m.frozen.contains(&e))
+                    || (!m.shared_experts.is_empty() && !m.shared_frozen)
             }
             Mlp::Dense(_) => false,
         });
@@ -132,7 +133,8 @@ pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str
                     // Shared experts and their gate train with the experts
                     // unless frozen; the router stage trains routers only.
                     if stage == Stage::Router || m.shared_frozen {
-                        m.shared_experts = std::mem::take(&mut m.shared_experts).into_iter().map(|e| e.no_grad()).collect();
+                        m.shared_experts =
+                            std::mem::take(&mut m.shared_experts).into_iter().map(|e| e.no_grad()).collect();
                         m.shared_expert_gate = m.shared_expert_gate.take().map(|g| g.no_grad());
                     }
                     Mlp::Moe(m)

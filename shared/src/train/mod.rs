@@ -23,9 +23,9 @@ pub mod losses;
 pub mod schedule;
 pub mod trainer;
 
+pub use balance::Balance;
 pub use data::{Batch, DataSpec, Mixture, MixtureState, PackedSource};
 pub use freeze::{apply_stage, param_counts, ParamCounts, Stage};
-pub use balance::Balance;
 pub use losses::{expert_load, language_prior_loss, load_balancing_loss, next_token_loss, router_z_loss, LbForm};
 pub use schedule::LrSchedule;
 #[cfg(not(target_arch = "wasm32"))]

@@ -645,10 +645,8 @@ impl<B: AutodiffBackend> Trainer<B> {
         let lb = mean_opt(&|s| s.lb);
         let z = mean_opt(&|s| s.z);
         let prior = mean_opt(&|s| s.prior);
-        let loss = ce
-            + settings.alpha * lb.unwrap_or(0.0)
-            + c.z_loss * z.unwrap_or(0.0)
-            + c.prior * prior.unwrap_or(0.0);
+        let loss =
+            ce + settings.alpha * lb.unwrap_or(0.0) + c.z_loss * z.unwrap_or(0.0) + c.prior * prior.unwrap_or(0.0);
         if !loss.is_finite() {
             return Err(StudioError::Invalid(format!(
                 "step {}: the loss is {loss} (try a lower --lr or --clip); the step was not applied",

@@ -73,13 +73,23 @@ fn top1_router_gets_a_next_token_gradient_only_unnormalised() {
         }
     }
     let unnormalised = router_grad_norm(&model, &ids);
-    eprintln!("top-1 router |grad of next-token loss|: renormalised {renormalised:e}, softmax over all {unnormalised:e}");
+    eprintln!(
+        "top-1 router |grad of next-token loss|: renormalised {renormalised:e}, softmax over all {unnormalised:e}"
+    );
     assert_eq!(renormalised, 0.0, "one renormalised weight is always 1");
     assert!(unnormalised > 1e-3, "{unnormalised}");
 
     // Through the trainer: --stage router --alpha 0 is refused with
     // renormalised top-1 and trains with --norm-topk false.
-    let c = TrainConfig { steps: 2, seq_len: 32, batch_size: 2, alpha: 0.0, lr: 1e-2, warmup: 0, ..TrainConfig::new(Stage::Router) };
+    let c = TrainConfig {
+        steps: 2,
+        seq_len: 32,
+        batch_size: 2,
+        alpha: 0.0,
+        lr: 1e-2,
+        warmup: 0,
+        ..TrainConfig::new(Stage::Router)
+    };
     let data = || train_util::hu_en(&tok, 32, false, 0).unwrap();
     let e = Trainer::new(load_model::<A>(&moe, &device).unwrap(), data(), c.clone(), vec![device], "top1")
         .err()
@@ -92,7 +102,7 @@ fn top1_router_gets_a_next_token_gradient_only_unnormalised() {
     let before = tensor_values(t.model(), name).unwrap();
     t.step().unwrap();
     assert_ne!(tensor_values(t.model(), name).unwrap(), before, "the router moved on the next-token loss alone");
-    assert_eq!(t.model().moe_config().unwrap().layers[0].as_ref().unwrap().norm_topk_prob, false);
+    assert!(!t.model().moe_config().unwrap().layers[0].as_ref().unwrap().norm_topk_prob);
 }
 
 #[test]
@@ -131,7 +141,13 @@ fn aux_free_balancing_moves_logs_and_saves_the_selection_bias() {
         let prev = last.clone().unwrap_or(vec![0.0; 4]);
         for e in 0..4 {
             let step = bias[e] - prev[e];
-            let want = if load[e] > 0.25 { -0.01 } else if load[e] < 0.25 { 0.01 } else { 0.0 };
+            let want = if load[e] > 0.25 {
+                -0.01
+            } else if load[e] < 0.25 {
+                0.01
+            } else {
+                0.0
+            };
             assert!((step - want).abs() < 1e-6, "expert {e}: load {} bias {} -> {}", load[e], prev[e], bias[e]);
         }
         last = Some(bias);
@@ -161,7 +177,14 @@ fn shared_experts_train_unless_frozen() {
     for frozen in [false, true] {
         let shared = SharedExperts { count: 1, gate: true, frozen, ..Default::default() };
         let moe = upcycled(&dense, &dir.path().join(frozen.to_string()), 2, shared);
-        let c = TrainConfig { steps: 2, seq_len: 32, batch_size: 2, lr: 1e-2, warmup: 0, ..TrainConfig::new(Stage::Experts) };
+        let c = TrainConfig {
+            steps: 2,
+            seq_len: 32,
+            batch_size: 2,
+            lr: 1e-2,
+            warmup: 0,
+            ..TrainConfig::new(Stage::Experts)
+        };
         let data = train_util::hu_en(&tok, 32, false, 0).unwrap();
         let mut t = Trainer::new(load_model::<A>(&moe, &device).unwrap(), data, c, vec![device], "moe").unwrap();
         let names = [

@@ -31,7 +31,11 @@ fn logits(m: &LoadedModel, ids: &[u32]) -> Vec<f32> {
     let model = load_model::<B>(m, &device).unwrap();
     let ids: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
     let n = ids.len();
-    model.forward(Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, n]), &device), None).into_data().to_vec().unwrap()
+    model
+        .forward(Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, n]), &device), None)
+        .into_data()
+        .to_vec()
+        .unwrap()
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -188,7 +192,8 @@ fn drop_ratio_zero_is_the_plain_upcycle() {
     run(&m, &UpcycleOptions { drop_ratio: 0.0, ..opts(RouterInit::Random { std: 0.5 }) }, &b);
     let read = |p: &Path| std::fs::read(p.join("model.safetensors")).unwrap();
     assert!(read(&a) == read(&b), "--drop-ratio 0 writes the plain upcycle's bytes");
-    let (d, _) = diff_to_dense(&m, &UpcycleOptions { drop_ratio: 0.0, ..opts(RouterInit::Random { std: 0.5 }) }, dir.path());
+    let (d, _) =
+        diff_to_dense(&m, &UpcycleOptions { drop_ratio: 0.0, ..opts(RouterInit::Random { std: 0.5 }) }, dir.path());
     assert!(d < 1e-4, "{d}");
 }
 
@@ -226,7 +231,8 @@ fn drop_upcycling_redraws_exactly_r_of_each_non_frozen_expert() {
                 // The slice of the dense FFN this expert was cut from.
                 let s = e % g;
                 let rows = |v: &[f32]| v[s * fe * 64..(s + 1) * fe * 64].to_vec();
-                let cols: Vec<f32> = (0..64).flat_map(|i| down[i * f + s * fe..i * f + (s + 1) * fe].to_vec()).collect();
+                let cols: Vec<f32> =
+                    (0..64).flat_map(|i| down[i * f + s * fe..i * f + (s + 1) * fe].to_vec()).collect();
                 let scale = g as f32;
                 let w2: Vec<f32> = w("w2").iter().map(|x| x / scale).collect();
                 let changed = [
@@ -255,14 +261,17 @@ fn drop_upcycling_redraws_exactly_r_of_each_non_frozen_expert() {
             let gate = m.source.read_f32("model.layers.3.mlp.gate_proj.weight").unwrap();
             let units = drop_columns(f, r, 9, 3, 1);
             let new: Vec<f64> = units.iter().flat_map(|&j| e1[j * 64..(j + 1) * 64].to_vec()).map(f64::from).collect();
-            let old: Vec<f64> = units.iter().flat_map(|&j| gate[j * 64..(j + 1) * 64].to_vec()).map(f64::from).collect();
+            let old: Vec<f64> =
+                units.iter().flat_map(|&j| gate[j * 64..(j + 1) * 64].to_vec()).map(f64::from).collect();
             let stats = |v: &[f64]| {
                 let n = v.len() as f64;
                 let mean = v.iter().sum::<f64>() / n;
                 (mean, (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt())
             };
             let ((m1, s1), (m0, s0)) = (stats(&new), stats(&old));
-            eprintln!("drop-upcycled values: mean {m1:.4} std {s1:.4}; the replaced originals: mean {m0:.4} std {s0:.4}");
+            eprintln!(
+                "drop-upcycled values: mean {m1:.4} std {s1:.4}; the replaced originals: mean {m0:.4} std {s0:.4}"
+            );
             assert!((s1 / s0 - 1.0).abs() < 0.1 && (m1 - m0).abs() < 0.1 * s0, "{m1} {s1} vs {m0} {s0}");
         }
     }

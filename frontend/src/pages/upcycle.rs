@@ -527,4 +527,50 @@ mod tests {
         assert_eq!(f, Field::Experts);
         assert!(!m.contains("--"), "{m}");
     }
+
+    /// The variants' refusals come from shared's upcycle plan and land next
+    /// to their own field, before any work.
+    #[test]
+    fn variant_errors_land_next_to_their_field() {
+        use moe_shared::checkpoint::{DType, PlannedTensor};
+        use moe_shared::methods::sink::MemorySink;
+        let cfg = br#"{"model_type":"llama","vocab_size":32,"hidden_size":8,"intermediate_size":12,
+            "num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":2,"tie_word_embeddings":true}"#;
+        let base = moe_shared::config::HfConfig::from_json(cfg, "c").unwrap().to_model_config("c").unwrap();
+        let plan: Vec<PlannedTensor> = moe_shared::checkpoint::export::dense_tensor_plan(&base)
+            .into_iter()
+            .map(|(name, shape)| PlannedTensor { name, dtype: DType::F32, shape })
+            .collect();
+        let mut sink = MemorySink::new(plan.clone());
+        for p in &plan {
+            let n: usize = p.shape.iter().product();
+            moe_shared::methods::sink::write_values(&mut sink, &p.name, DType::F32, &vec![0.5; n]).unwrap();
+        }
+        let bytes = sink.into_safetensors().unwrap();
+        let src = moe_shared::checkpoint::safetensors_io::SafetensorsFile::parse(
+            moe_shared::checkpoint::Bytes::from_vec(bytes),
+            "tiny",
+        )
+        .unwrap();
+        let field_of = |o: UpcycleOptions| plan_error(&plan_upcycle(&src, &base, &o).unwrap_err(), Field::Experts);
+        let (f, m) = field_of(UpcycleOptions { drop_ratio: 2.0, ..Default::default() });
+        assert_eq!(f, Field::DropRatio);
+        assert!(m.starts_with("drop ratio: "), "{m}");
+        let (f, m) = field_of(UpcycleOptions { granularity: 5, ..Default::default() });
+        assert_eq!(f, Field::Granularity);
+        assert!(m.contains("divisors of 12: 2, 3, 4, 6, 12"), "{m}");
+        // A valid plan counts the shared experts and the narrower experts.
+        let o = UpcycleOptions {
+            granularity: 2,
+            shared: SharedExperts { count: 1, gate: true, ..Default::default() },
+            ..Default::default()
+        };
+        let p = plan_upcycle(&src, &base, &o).unwrap();
+        let s = PlanStats::of(&base, &p);
+        assert_eq!((s.shared, s.expert_width.as_str(), s.k_active), (1, "6 of 12", 4));
+        let d = 8u64;
+        // 8 experts of 3·8·6, the router [8, 8], one shared FFN 3·8·12 and its gate [1, 8].
+        assert_eq!(s.moe - s.dense, 8 * 3 * d * 6 + 8 * d + 3 * d * 12 + d - 3 * d * 12);
+        assert_eq!(s.moe - s.active, 4 * 3 * d * 6);
+    }
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{failure, json, run, tmp};
+use common::{failure, json, ok, run, tmp};
 
 /// stories260K's checkpoint path as an argument.
 fn stories() -> Option<String> {
@@ -99,5 +99,100 @@ fn moerge_merges_copies_and_refuses_a_single_model() {
     let e = failure(&run(&[&args[..], &["--top-k", "4", "--out", routed.to_str().unwrap()]].concat()));
     assert!(e.contains("--top-k 4: expected 1 to 3"), "{e}");
     assert!(!routed.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The upcycling variants and routing options end to end: granular + shared
+/// + Drop-Upcycling upcycle (studio layout, E·G experts), then stage 1 with
+/// aux-loss-free balancing, z-loss and un-normalised top-k, whose
+/// metrics.jsonl logs the load, the bias and the z-loss; bad values are
+/// refused before anything is written.
+#[test]
+fn upcycle_variants_then_train_with_routing_options() {
+    let Some(model) = stories() else { return };
+    let dir = tmp("variants");
+    let out = dir.join("moe");
+    let o = out.to_str().unwrap();
+    let s = json(&run(&[
+        "upcycle",
+        &model,
+        "--experts",
+        "3",
+        "--granularity",
+        "2",
+        "--shared-experts",
+        "1",
+        "--shared-gate",
+        "--drop-ratio",
+        "0.5",
+        "--router-init",
+        "random",
+        "--dtype",
+        "f32",
+        "--out",
+        o,
+        "--json",
+    ]));
+    assert_eq!(s["layout"], "moe_studio");
+    assert_eq!(s["experts_per_layer"], serde_json::json!([6, 6, 6, 6, 6]));
+    let l0 = &s["moe"]["layers"][0];
+    assert_eq!((l0["top_k"].as_u64(), l0["expert_intermediate_size"].as_u64()), (Some(4), Some(86)));
+    assert_eq!((l0["shared_experts"].as_u64(), l0["shared_expert_gate"].as_bool()), (Some(1), Some(true)));
+    assert!(s["layout_reason"].as_str().unwrap().contains("qwen2_moe"), "{s}");
+
+    let text = dir.join("t.txt");
+    std::fs::write(&text, "Once upon a time there was a little cat. It liked to play in the sun.\n".repeat(40))
+        .unwrap();
+    let tok = common::data_dir().unwrap().join("models/stories260K/tok512.bin");
+    let train = dir.join("train");
+    let data = format!("t={}", text.display());
+    let base = [
+        "train",
+        o,
+        "--tokenizer",
+        tok.to_str().unwrap(),
+        "--stage",
+        "experts",
+        "--data",
+        &data,
+        "--steps",
+        "2",
+        "--seq-len",
+        "32",
+        "--batch",
+        "2",
+        "--out",
+    ];
+    let e = failure(&run(&[&base[..], &[train.to_str().unwrap(), "--balance", "auxfree"]].concat()));
+    assert!(e.contains("--balance `auxfree`") && e.contains("aux-free"), "{e}");
+    let opts = ["--balance", "aux-free", "--bias-update-rate", "0.01", "--z-loss", "1e-3", "--norm-topk", "false"];
+    ok(&run(&[&base[..], &[train.to_str().unwrap()], &opts[..]].concat()));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(train.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    for m in &lines {
+        assert!(m["z_loss"].as_f64().unwrap() > 0.0, "{m}");
+        assert_eq!(m["selection_bias"][0].as_array().unwrap().len(), 6, "{m}");
+        assert_eq!(m["expert_load"][0].as_array().unwrap().len(), 6, "{m}");
+    }
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(train.join("final/config.json")).unwrap()).unwrap();
+    let l0 = &cfg["moe_layers"][0];
+    assert_eq!((l0["selection_bias"].as_bool(), l0["norm_topk_prob"].as_bool()), (Some(true), Some(false)), "{cfg}");
+
+    for (args, want) in [
+        (&["--drop-ratio", "1.5"][..], "--drop-ratio"),
+        (&["--granularity", "3"][..], "divisors of 172: 2, 4, 43"),
+        (&["--shared-gate"][..], "--shared-experts"),
+    ] {
+        let bad = dir.join("bad");
+        let cmd = [&["upcycle", &model, "--experts", "4", "--out", bad.to_str().unwrap()][..], args].concat();
+        let e = failure(&run(&cmd));
+        assert!(e.contains(want), "{args:?}: {e}");
+        assert!(!bad.exists());
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

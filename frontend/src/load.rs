@@ -30,26 +30,18 @@ pub fn params_u64(c: &ModelConfig, moe: Option<&MoeConfig>) -> u64 {
     let ffn = 3 * d * u(c.intermediate_size);
     let layer = attn + ffn + 2 * d;
     let head = if c.tie_word_embeddings { 0 } else { u(c.vocab_size) * d };
-    let mut n = u(c.vocab_size) * d + u(c.num_layers) * layer + d + head;
-    for s in moe.iter().flat_map(|m| m.layers.iter().flatten()) {
-        let e = u(s.num_experts);
-        n += e.saturating_sub(1) * ffn + e * d + if s.router_bias { e } else { 0 };
-    }
-    n
+    let n = u(c.vocab_size) * d + u(c.num_layers) * layer + d + head;
+    // The MoE blocks (routed experts, routers, shared experts): shared's
+    // count, in u64.
+    moe.map_or(n, |m| m.num_parameters_on(c, n))
 }
 
 /// Parameters one token uses: the dense part plus, per MoE layer, its
 /// `top_k` experts (not all of them) and the router (as model cards give
 /// "active parameters"). Equals [`params_u64`] for a dense model.
 pub fn active_params_u64(c: &ModelConfig, moe: Option<&MoeConfig>) -> u64 {
-    let d = c.hidden_size as u64;
-    let ffn = 3 * d * c.intermediate_size as u64;
-    let mut n = params_u64(c, None);
-    for s in moe.iter().flat_map(|m| m.layers.iter().flatten()) {
-        let (e, k) = (s.num_experts as u64, s.top_k.min(s.num_experts) as u64);
-        n += k.saturating_sub(1) * ffn + e * d + if s.router_bias { e } else { 0 };
-    }
-    n
+    let n = params_u64(c, None);
+    moe.map_or(n, |m| m.num_active_parameters_on(c, n))
 }
 
 /// The Load page's parameter cell: the total, and for an MoE the
@@ -282,7 +274,7 @@ mod tests {
     fn an_moe_counts_all_its_experts_and_its_active_ones() {
         use moe_shared::config::MoeLayerSpec;
         let c = stories260k();
-        let spec = MoeLayerSpec { num_experts: 4, top_k: 2, frozen: vec![0], router_bias: false, temperature: 1.0 };
+        let spec = MoeLayerSpec { num_experts: 4, top_k: 2, frozen: vec![0], ..Default::default() };
         let moe = MoeConfig::uniform(c.num_layers, spec);
         // The count the CLI's upcycle report prints (shared).
         assert_eq!(params_u64(&c, Some(&moe)), moe.num_parameters(&c) as u64);

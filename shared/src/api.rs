@@ -64,6 +64,21 @@ pub struct MoeSummary {
     /// Router temperature per layer (`null` = dense FFN; 1 in the Mixtral
     /// layout, where it is folded into the router weight).
     pub temperature_per_layer: Vec<Option<f64>>,
+    /// Shared experts per layer (DeepSeekMoE / Qwen2-MoE); empty when no
+    /// layer has any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_experts_per_layer: Vec<usize>,
+    /// Routed expert width per layer (`null` = dense FFN); empty when every
+    /// expert has the FFN's width (granular upcycling narrows them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expert_width_per_layer: Vec<Option<usize>>,
+    /// Layers whose chosen experts are weighed by the softmax over all
+    /// experts (`norm_topk_prob: false`); empty when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unnormalised_top_k_layers: Vec<usize>,
+    /// Layers with an aux-loss-free selection bias; empty when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub selection_bias_layers: Vec<usize>,
     /// Total parameters ([`MoeConfig::num_parameters`]).
     pub total_parameters: usize,
     /// Parameters used per token ([`MoeConfig::num_active_parameters`]).
@@ -86,10 +101,33 @@ impl MoeSummary {
                 .collect(),
             router_bias: moe.layers.iter().map(|s| s.as_ref().is_some_and(|s| s.router_bias)).collect(),
             temperature_per_layer: moe.layers.iter().map(|s| s.as_ref().map(|s| s.temperature)).collect(),
+            shared_experts_per_layer: {
+                let v: Vec<usize> = moe.layers.iter().map(|s| s.as_ref().map_or(0, |s| s.shared_experts)).collect();
+                if v.iter().all(|&n| n == 0) {
+                    Vec::new()
+                } else {
+                    v
+                }
+            },
+            expert_width_per_layer: {
+                let v: Vec<Option<usize>> = moe.layers.iter().map(|s| s.as_ref().map(|s| s.expert_width(base))).collect();
+                if v.iter().flatten().all(|&w| w == base.intermediate_size) {
+                    Vec::new()
+                } else {
+                    v
+                }
+            },
+            unnormalised_top_k_layers: layers_where(moe, |s| !s.norm_topk_prob),
+            selection_bias_layers: layers_where(moe, |s| s.selection_bias),
             total_parameters: moe.num_parameters(base),
             active_parameters_per_token: moe.num_active_parameters(base),
         }
     }
+}
+
+/// The MoE layers of `moe` whose spec satisfies `f`.
+fn layers_where(moe: &MoeConfig, f: impl Fn(&crate::config::MoeLayerSpec) -> bool) -> Vec<usize> {
+    moe.layers.iter().enumerate().filter(|(_, s)| s.as_ref().is_some_and(&f)).map(|(l, _)| l).collect()
 }
 
 impl ModelSummary {

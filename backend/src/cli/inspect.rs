@@ -118,6 +118,18 @@ fn print_moe(m: &MoeSummary) {
     if temps.iter().flatten().any(|t| t != "1") {
         println!("temperature  {} per layer", runs(&temps, |t| t.clone().unwrap_or_else(|| "dense".into())));
     }
+    if !m.shared_experts_per_layer.is_empty() {
+        println!("shared       {} per layer (always active)", runs(&m.shared_experts_per_layer, |n| n.to_string()));
+    }
+    if !m.expert_width_per_layer.is_empty() {
+        println!("expert width {} per layer", runs(&m.expert_width_per_layer, opt));
+    }
+    if !m.unnormalised_top_k_layers.is_empty() {
+        println!("top-k weight softmax over all experts (norm_topk_prob false) in layers {:?}", m.unnormalised_top_k_layers);
+    }
+    if !m.selection_bias_layers.is_empty() {
+        println!("aux-free     selection bias in layers {:?}", m.selection_bias_layers);
+    }
     println!(
         "moe params   {} total ({:.2} M), {} active per token ({:.2} M)",
         m.total_parameters,

@@ -23,7 +23,7 @@ use moe_shared::model::load_model;
 use moe_shared::tokenizer::{Llama2cTokenizer, Tokenizer};
 use moe_shared::train::checkpoint::latest_checkpoint;
 use moe_shared::train::data::load_mixture;
-use moe_shared::train::{devices, DataSpec, LbForm, RunOutcome, Stage, StepMetrics, TrainConfig, Trainer};
+use moe_shared::train::{devices, Balance, DataSpec, LbForm, RunOutcome, Stage, StepMetrics, TrainConfig, Trainer};
 
 /// Arguments of `train`.
 #[derive(Debug, Clone, clap::Args)]
@@ -70,6 +70,21 @@ pub struct Args {
     /// Language-prior coefficient (applies to `:orig` data).
     #[arg(long, default_value_t = D::default().train_prior)]
     pub prior: f64,
+    /// Load balancing: `aux` (--alpha x the load-balancing loss), `aux-free` (DeepSeek-V3's per-expert
+    /// selection bias, moved by --bias-update-rate against each expert's load error after every step; no
+    /// loss term) or `none`.
+    #[arg(long, default_value = "aux")]
+    pub balance: String,
+    /// The aux-free bias step per optimizer step (DeepSeek-V3's gamma).
+    #[arg(long, default_value_t = 1e-3)]
+    pub bias_update_rate: f64,
+    /// Router z-loss coefficient (ST-MoE: 1e-3; 0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub z_loss: f64,
+    /// Renormalise the top-k weights (`true`) or weigh by the softmax over all experts (`false`, Switch /
+    /// Qwen2-MoE; gives a top-1 router the next-token gradient). Default: the model's own setting.
+    #[arg(long, action = clap::ArgAction::Set)]
+    pub norm_topk: Option<bool>,
     /// AdamW weight decay.
     #[arg(long, default_value_t = D::default().train_weight_decay)]
     pub weight_decay: f64,
@@ -190,6 +205,8 @@ impl Args {
             .with_context(|| format!("--stage `{}`: expected experts, router or dense", self.stage))?;
         let lb_form = LbForm::parse(&self.lb_form)
             .with_context(|| format!("--lb-form `{}`: expected per-layer or hf-mixtral", self.lb_form))?;
+        let balance = Balance::parse(&self.balance)
+            .with_context(|| format!("--balance `{}`: expected aux, aux-free or none", self.balance))?;
         Ok(TrainConfig {
             stage,
             steps: self.steps,
@@ -208,6 +225,10 @@ impl Args {
             keep: self.keep,
             seed: self.seed,
             devices: self.devices,
+            balance,
+            bias_update_rate: self.bias_update_rate,
+            z_loss: self.z_loss,
+            norm_topk: self.norm_topk,
             ..TrainConfig::new(stage)
         })
     }
@@ -354,10 +375,11 @@ impl WithAutodiff for Args {
             }
             bar.set_position(m.step as u64);
             bar.set_message(format!(
-                "loss {:.4} ce {:.4}{} lr {:.2e} {:.0} tok/s{}",
+                "loss {:.4} ce {:.4}{}{} lr {:.2e} {:.0} tok/s{}",
                 m.loss,
                 m.ce_loss,
                 m.lb_loss.map(|x| format!(" lb {x:.3}")).unwrap_or_default(),
+                m.z_loss.map(|x| format!(" z {x:.2}")).unwrap_or_default(),
                 m.lr,
                 m.tokens_per_s,
                 load_summary(m)

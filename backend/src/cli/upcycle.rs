@@ -8,6 +8,12 @@
 //! `{"experts": [{"positive": ["text", ...], "negative": [...]}, ...]}`
 //! with one entry per expert (mergekit's `positive_prompts` /
 //! `negative_prompts` names are accepted too).
+//!
+//! Variants (methods.md "Upcycling variants"): `--shared-experts N
+//! [--shared-gate] [--shared-init zero|copy] [--shared-frozen]`,
+//! `--drop-ratio r` (Drop-Upcycling), `--granularity G` (fine-grained
+//! experts), `--norm-topk false` (un-normalised top-k). `--experts`,
+//! `--top-k` and `--frozen` count whole copies of the FFN.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -18,7 +24,7 @@ use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::{
     hidden_router_rows, upcycle, AllocationFile, CopyNoise, ExpertCounts, ExpertPrompts, NoiseKind, RouterInit,
-    UpcycleOptions,
+    SharedExperts, SharedInit, UpcycleOptions,
 };
 use moe_shared::model::load_model;
 use serde::Deserialize;
@@ -43,6 +49,15 @@ pub enum NoiseArg {
     Mul,
     /// `w + noise * n`.
     Add,
+}
+
+/// Shared-expert initialisations offered on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SharedInitArg {
+    /// Down projection zero: the shared experts output 0 at first.
+    Zero,
+    /// Scaled copies of the FFN.
+    Copy,
 }
 
 /// Arguments of `upcycle`.
@@ -87,6 +102,31 @@ pub struct Args {
     /// Router temperature (folded into the router weight in the Mixtral layout).
     #[arg(long, default_value_t = D::default().temperature)]
     pub temperature: f64,
+    /// Always-active shared experts per MoE layer (DeepSeekMoE, Qwen1.5/2-MoE); written in the studio layout.
+    #[arg(long, default_value_t = 0)]
+    pub shared_experts: usize,
+    /// Gate each shared expert by sigmoid(w·x) (Qwen2-MoE) instead of adding it as is (DeepSeekMoE).
+    #[arg(long)]
+    pub shared_gate: bool,
+    /// Shared-expert init: `zero` (down projection 0: the model still equals the dense one) or `copy`
+    /// (copies of the FFN, every shared and the routed part scaled to 1/(N+1) of the output; Qwen1.5-MoE).
+    #[arg(long, value_enum, default_value_t = SharedInitArg::Zero)]
+    pub shared_init: SharedInitArg,
+    /// Keep the shared experts (and their gate) frozen in training.
+    #[arg(long)]
+    pub shared_frozen: bool,
+    /// Drop-Upcycling: fraction r in [0, 1] of each non-frozen copy's intermediate units re-initialised
+    /// (Nakamura et al. 2025; the paper's default 0.5), seeded by --seed.
+    #[arg(long, default_value_t = 0.0)]
+    pub drop_ratio: f64,
+    /// Granular upcycling: split every copy into G experts of f/G units; --experts E and --top-k k
+    /// become E·G experts and top-(k·G) (Megatron-Core --moe-upcycling-granularity). G must divide f.
+    #[arg(long, default_value_t = 1)]
+    pub granularity: usize,
+    /// Renormalise the top-k weights (`true`, Mixtral) or weigh each chosen expert by its softmax over all
+    /// experts (`false`, Switch / Qwen2-MoE; routed experts scaled so that the zero router keeps the function).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub norm_topk: bool,
     #[command(flatten)]
     pub dtype: super::args::OutputDtype,
     #[command(flatten)]
@@ -173,6 +213,18 @@ impl WithBackend for Args {
             temperature: a.temperature,
             dtype,
             router_aux_loss_coef: 0.01,
+            shared: SharedExperts {
+                count: a.shared_experts,
+                gate: a.shared_gate,
+                init: match a.shared_init {
+                    SharedInitArg::Zero => SharedInit::Zero,
+                    SharedInitArg::Copy => SharedInit::Copy,
+                },
+                frozen: a.shared_frozen,
+            },
+            drop_ratio: a.drop_ratio,
+            granularity: a.granularity,
+            norm_topk_prob: a.norm_topk,
         };
         let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
         let write_opts = a.output.write_options();

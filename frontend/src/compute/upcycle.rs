@@ -28,7 +28,7 @@ pub async fn run(task: &Task, src: &Picked, opts: &UpcycleOptions) -> Result<Art
         .tensors
         .iter()
         .map(|t| match &t.origin {
-            Origin::Expert { dense_name, .. } => Some(dense_name.clone()),
+            Origin::Expert { dense_name, .. } | Origin::SharedExpert { dense_name, .. } => Some(dense_name.clone()),
             _ => None,
         })
         .collect();

@@ -4,7 +4,8 @@
 use leptos::prelude::*;
 use moe_shared::checkpoint::DType;
 use moe_shared::methods::{
-    plan_upcycle, AllocationFile, CopyNoise, ExpertCounts, RouterInit, UpcycleOptions, UpcyclePlan,
+    plan_upcycle, AllocationFile, CopyNoise, ExpertCounts, RouterInit, SharedExperts, SharedInit, UpcycleOptions,
+    UpcyclePlan,
 };
 
 use crate::app::Shared;
@@ -26,6 +27,11 @@ struct Form {
     router: RwSignal<String>,
     seed: RwSignal<String>,
     dtype: RwSignal<String>,
+    shared: RwSignal<String>,
+    shared_gate: RwSignal<bool>,
+    shared_init: RwSignal<String>,
+    drop_ratio: RwSignal<String>,
+    granularity: RwSignal<String>,
 }
 
 fn num<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String> {
@@ -53,6 +59,12 @@ pub enum Field {
     Seed,
     /// Output dtype.
     Dtype,
+    /// Shared experts (count, gate, init).
+    Shared,
+    /// Drop-Upcycling ratio.
+    DropRatio,
+    /// Granularity.
+    Granularity,
     /// Not one field (the model, its size, the tab's memory).
     Model,
 }
@@ -68,6 +80,9 @@ impl Field {
             Field::Router => "router init",
             Field::Seed => "seed",
             Field::Dtype => "dtype",
+            Field::Shared => "shared experts",
+            Field::DropRatio => "drop ratio",
+            Field::Granularity => "granularity",
             Field::Model => "model",
         }
     }
@@ -82,6 +97,9 @@ impl Field {
             Field::Router => "router",
             Field::Seed => "seed",
             Field::Dtype => "dtype",
+            Field::Shared => "shared",
+            Field::DropRatio => "drop",
+            Field::Granularity => "granularity",
             Field::Model => "model",
         }
     }
@@ -95,6 +113,8 @@ struct PlanStats {
     active: u64,
     per: Vec<String>,
     k_active: usize,
+    shared: usize,
+    expert_width: String,
     layout: String,
 }
 
@@ -111,6 +131,11 @@ impl PlanStats {
                 .map(|s| s.as_ref().map_or("dense".into(), |s| s.num_experts.to_string()))
                 .collect(),
             k_active: plan.moe.layers.iter().flatten().map(|s| s.top_k).max().unwrap_or(1),
+            shared: plan.moe.layers.iter().flatten().map(|s| s.shared_experts).max().unwrap_or(0),
+            expert_width: {
+                let w = plan.moe.layers.iter().flatten().map(|s| s.expert_width(c)).max().unwrap_or(0);
+                format!("{w} of {}", c.intermediate_size)
+            },
             layout: format!("{:?}", plan.choice.layout),
         }
     }
@@ -147,8 +172,14 @@ pub fn check_counts(counts: &ExpertCounts, field: Field) -> Result<(), (Field, S
 /// top-k 3 must be ...` -> `top-k: layer 0: top-k 3 must be ...`).
 pub fn plan_error(e: &moe_shared::StudioError, experts: Field) -> (Field, String) {
     match e {
-        moe_shared::StudioError::Config { what, .. } => {
-            let field = if what.contains("top-k") {
+        moe_shared::StudioError::Config { what, source_name } => {
+            let field = if source_name == "--drop-ratio" {
+                Field::DropRatio
+            } else if source_name == "--granularity" {
+                Field::Granularity
+            } else if source_name == "--shared-experts" || what.contains("shared expert") {
+                Field::Shared
+            } else if what.contains("top-k") {
                 Field::TopK
             } else if what.contains("frozen expert") {
                 Field::Frozen
@@ -193,6 +224,13 @@ impl Form {
             "source" => None,
             d => Some(DType::parse_float(d).ok_or_else(|| (Field::Dtype, format!("dtype: unknown dtype {d}")))?),
         };
+        let count: usize = num(&self.shared.get(), "shared experts").map_err(at(Field::Shared))?;
+        let shared = SharedExperts {
+            count,
+            gate: count > 0 && self.shared_gate.get(),
+            init: if count > 0 && self.shared_init.get() == "copy" { SharedInit::Copy } else { SharedInit::Zero },
+            frozen: false,
+        };
         Ok(UpcycleOptions {
             experts,
             experts_source,
@@ -204,6 +242,10 @@ impl Form {
             temperature: 1.0,
             dtype,
             router_aux_loss_coef: 0.01,
+            shared,
+            drop_ratio: num(&self.drop_ratio.get(), "drop ratio").map_err(at(Field::DropRatio))?,
+            granularity: num(&self.granularity.get(), "granularity").map_err(at(Field::Granularity))?,
+            norm_topk_prob: true,
         })
     }
 
@@ -244,6 +286,11 @@ pub fn UpcyclePage() -> impl IntoView {
         router: RwSignal::new("zeros".into()),
         seed: RwSignal::new("0".into()),
         dtype: RwSignal::new("source".into()),
+        shared: RwSignal::new("0".into()),
+        shared_gate: RwSignal::new(false),
+        shared_init: RwSignal::new("zero".into()),
+        drop_ratio: RwSignal::new("0".into()),
+        granularity: RwSignal::new("1".into()),
     };
     Effect::new(move |_| {
         if let Some(a) = shared.allocation.get() {
@@ -287,6 +334,8 @@ pub fn UpcyclePage() -> impl IntoView {
                     <div><span>"growth"</span><b>{format!("×{:.2}", s.moe as f64 / s.dense as f64)}</b></div>
                     <div><span>"experts per layer"</span><b>{s.per.join(" · ")}</b></div>
                     <div><span>"experts used per token"</span><b>{s.k_active}</b></div>
+                    <div><span>"shared experts"</span><b>{s.shared}</b></div>
+                    <div><span>"expert width"</span><b>{s.expert_width}</b></div>
                     <div><span>"layout"</span><b>{s.layout}</b></div>
                 </div>
             }
@@ -399,6 +448,25 @@ pub fn UpcyclePage() -> impl IntoView {
                     <option value="source">"as the source"</option><option value="f32">"f32"</option><option value="bf16">"bf16"</option><option value="f16">"f16"</option></select></label>
                 {field_error(Field::Dtype)}
             </div>
+            <fieldset>
+                <legend>"Variants"</legend>
+                <div class="row">
+                    <label title="always-active experts beside the routed ones (DeepSeekMoE, Qwen1.5/2-MoE)">"shared experts"
+                        <input type="number" min="0" class="short" data-testid="upcycle-shared" prop:value=move || f.shared.get() on:input=move |ev| f.shared.set(event_target_value(&ev))/></label>
+                    <label class="inline" title="scale each shared expert by sigmoid(w·x), as Qwen2-MoE"><input type="checkbox" data-testid="upcycle-shared-gate" prop:checked=move || f.shared_gate.get()
+                        on:change=move |ev| f.shared_gate.set(event_target_checked(&ev)) disabled=move || f.shared.get().trim() == "0"/>"sigmoid gate"</label>
+                    <label title="zero: the shared experts output 0 at first (the MoE equals the dense model); copy: scaled copies of the FFN">"shared init"
+                        <select data-testid="upcycle-shared-init" on:change=move |ev| f.shared_init.set(event_target_value(&ev)) disabled=move || f.shared.get().trim() == "0">
+                        <option value="zero">"zero"</option><option value="copy">"copy (scaled)"</option></select></label>
+                    {field_error(Field::Shared)}
+                    <label title="Drop-Upcycling: the fraction of each non-frozen copy's FFN units re-initialised (paper: 0.5)">"drop ratio"
+                        <input type="number" min="0" max="1" step="0.05" class="short" data-testid="upcycle-drop" prop:value=move || f.drop_ratio.get() on:input=move |ev| f.drop_ratio.set(event_target_value(&ev))/></label>
+                    {field_error(Field::DropRatio)}
+                    <label title="granular upcycling: each copy becomes G experts of f/G units, routed top-(k·G)">"granularity G"
+                        <input type="number" min="1" class="short" data-testid="upcycle-granularity" prop:value=move || f.granularity.get() on:input=move |ev| f.granularity.set(event_target_value(&ev))/></label>
+                    {field_error(Field::Granularity)}
+                </div>
+            </fieldset>
         </div>
         {counts}
         <crate::components::engine_note::EngineNote/>
@@ -441,13 +509,8 @@ mod tests {
         let cfg = br#"{"model_type":"llama","vocab_size":32,"hidden_size":8,"intermediate_size":16,
             "num_hidden_layers":2,"num_attention_heads":2,"num_key_value_heads":2}"#;
         let base = moe_shared::config::HfConfig::from_json(cfg, "c").unwrap().to_model_config("c").unwrap();
-        let spec = |k: usize, frozen: Vec<usize>| MoeLayerSpec {
-            num_experts: 2,
-            top_k: k,
-            frozen,
-            router_bias: false,
-            temperature: 1.0,
-        };
+        let spec =
+            |k: usize, frozen: Vec<usize>| MoeLayerSpec { num_experts: 2, top_k: k, frozen, ..Default::default() };
         let check = |s: MoeLayerSpec| {
             let e = MoeConfig::uniform(2, s).validate(&base, "experts per layer").unwrap_err();
             plan_error(&e, Field::Experts)
@@ -463,5 +526,51 @@ mod tests {
         let (f, m) = check(MoeLayerSpec { num_experts: 0, ..spec(1, vec![]) });
         assert_eq!(f, Field::Experts);
         assert!(!m.contains("--"), "{m}");
+    }
+
+    /// The variants' refusals come from shared's upcycle plan and land next
+    /// to their own field, before any work.
+    #[test]
+    fn variant_errors_land_next_to_their_field() {
+        use moe_shared::checkpoint::{DType, PlannedTensor};
+        use moe_shared::methods::sink::MemorySink;
+        let cfg = br#"{"model_type":"llama","vocab_size":32,"hidden_size":8,"intermediate_size":12,
+            "num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":2,"tie_word_embeddings":true}"#;
+        let base = moe_shared::config::HfConfig::from_json(cfg, "c").unwrap().to_model_config("c").unwrap();
+        let plan: Vec<PlannedTensor> = moe_shared::checkpoint::export::dense_tensor_plan(&base)
+            .into_iter()
+            .map(|(name, shape)| PlannedTensor { name, dtype: DType::F32, shape })
+            .collect();
+        let mut sink = MemorySink::new(plan.clone());
+        for p in &plan {
+            let n: usize = p.shape.iter().product();
+            moe_shared::methods::sink::write_values(&mut sink, &p.name, DType::F32, &vec![0.5; n]).unwrap();
+        }
+        let bytes = sink.into_safetensors().unwrap();
+        let src = moe_shared::checkpoint::safetensors_io::SafetensorsFile::parse(
+            moe_shared::checkpoint::Bytes::from_vec(bytes),
+            "tiny",
+        )
+        .unwrap();
+        let field_of = |o: UpcycleOptions| plan_error(&plan_upcycle(&src, &base, &o).unwrap_err(), Field::Experts);
+        let (f, m) = field_of(UpcycleOptions { drop_ratio: 2.0, ..Default::default() });
+        assert_eq!(f, Field::DropRatio);
+        assert!(m.starts_with("drop ratio: "), "{m}");
+        let (f, m) = field_of(UpcycleOptions { granularity: 5, ..Default::default() });
+        assert_eq!(f, Field::Granularity);
+        assert!(m.contains("divisors of 12: 2, 3, 4, 6, 12"), "{m}");
+        // A valid plan counts the shared experts and the narrower experts.
+        let o = UpcycleOptions {
+            granularity: 2,
+            shared: SharedExperts { count: 1, gate: true, ..Default::default() },
+            ..Default::default()
+        };
+        let p = plan_upcycle(&src, &base, &o).unwrap();
+        let s = PlanStats::of(&base, &p);
+        assert_eq!((s.shared, s.expert_width.as_str(), s.k_active), (1, "6 of 12", 4));
+        let d = 8u64;
+        // 8 experts of 3·8·6, the router [8, 8], one shared FFN 3·8·12 and its gate [1, 8].
+        assert_eq!(s.moe - s.dense, 8 * 3 * d * 6 + 8 * d + 3 * d * 12 + d - 3 * d * 12);
+        assert_eq!(s.moe - s.active, 4 * 3 * d * 6);
     }
 }

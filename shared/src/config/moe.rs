@@ -44,10 +44,110 @@ pub struct MoeLayerSpec {
     /// Router temperature `T` (logits are divided by it before top-k).
     #[serde(default = "one")]
     pub temperature: f64,
+    /// Intermediate width of each routed expert (Qwen2-MoE / DeepSeek
+    /// `moe_intermediate_size`); `None` = the dense `intermediate_size`.
+    /// Granular upcycling makes it `f / G` (methods.md "Granular
+    /// upcycling").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_intermediate_size: Option<usize>,
+    /// Always-active shared experts beside the routed ones, each a SwiGLU FFN
+    /// of the dense width (DeepSeekMoE §3.2; Qwen1.5/2-MoE). Their outputs
+    /// are added to the routed output of every token.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shared_experts: usize,
+    /// Whether shared expert `i`'s output is scaled by `sigmoid(g_i · x)`
+    /// (Qwen2-MoE's `shared_expert_gate`, one row per shared expert), else
+    /// added as it is (DeepSeekMoE).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shared_expert_gate: bool,
+    /// Shared experts (and their gate) stay frozen in training.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shared_frozen: bool,
+    /// Renormalise the chosen experts' weights over the top-k (softmax of
+    /// the k chosen logits; Mixtral, Qwen2-MoE `norm_topk_prob: true`), or
+    /// weigh each chosen expert by its softmax over ALL experts (`false`:
+    /// Switch Transformers §2.1, Qwen2-MoE `norm_topk_prob: false`).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub norm_topk_prob: bool,
+    /// Whether the router carries an aux-loss-free selection bias `[E]`
+    /// (DeepSeek-V3 §2.1.2 `e_score_correction_bias`): added to the logits
+    /// to choose the top-k only, never to the weights.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub selection_bias: bool,
 }
 
 fn one() -> f64 {
     1.0
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_zero(x: &usize) -> bool {
+    *x == 0
+}
+
+fn is_false(x: &bool) -> bool {
+    !*x
+}
+
+fn is_true(x: &bool) -> bool {
+    *x
+}
+
+/// The layouts that can hold shared experts (named in refusals).
+pub const SHARED_EXPERT_LAYOUTS: &str =
+    "qwen2_moe (one sigmoid-gated shared expert), deepseek_moe (ungated shared experts) or studio (any)";
+
+impl Default for MoeLayerSpec {
+    /// One expert, top-1, nothing frozen, no router bias, `T = 1`, experts
+    /// of the dense width, no shared experts, renormalised top-k, no
+    /// selection bias. Callers set at least `num_experts` and `top_k`.
+    fn default() -> Self {
+        MoeLayerSpec {
+            num_experts: 1,
+            top_k: 1,
+            frozen: Vec::new(),
+            router_bias: false,
+            temperature: 1.0,
+            expert_intermediate_size: None,
+            shared_experts: 0,
+            shared_expert_gate: false,
+            shared_frozen: false,
+            norm_topk_prob: true,
+            selection_bias: false,
+        }
+    }
+}
+
+impl MoeLayerSpec {
+    /// Intermediate width of this layer's routed experts on `base`.
+    pub fn expert_width(&self, base: &ModelConfig) -> usize {
+        self.expert_intermediate_size.unwrap_or(base.intermediate_size)
+    }
+
+    /// Parameters of this MoE layer's FFN block (routed experts, router,
+    /// router bias, shared experts and their gate), in `u64` so that the
+    /// browser (32-bit `usize`) counts large models too. The selection
+    /// bias is a buffer, not a parameter.
+    pub fn block_parameters(&self, base: &ModelConfig) -> u64 {
+        let u = |x: usize| x as u64;
+        let d = u(base.hidden_size);
+        let (e, n) = (u(self.num_experts), u(self.shared_experts));
+        e * 3 * d * u(self.expert_width(base))
+            + e * d
+            + if self.router_bias { e } else { 0 }
+            + n * 3 * d * u(base.intermediate_size)
+            + if self.shared_expert_gate { n * d } else { 0 }
+    }
+
+    /// Parameters of this block that one token does not use: the
+    /// `E - k` routed experts top-k routing leaves out.
+    pub fn idle_parameters(&self, base: &ModelConfig) -> u64 {
+        let idle = self.num_experts.saturating_sub(self.top_k) as u64;
+        idle * 3 * base.hidden_size as u64 * self.expert_width(base) as u64
+    }
 }
 
 /// The MoE layout of a model: one entry per decoder layer, `None` for a
@@ -98,6 +198,15 @@ impl MoeConfig {
             if !(s.temperature > 0.0 && s.temperature.is_finite()) {
                 return err(format!("layer {l}: router temperature must be > 0 (got {})", s.temperature));
             }
+            if s.expert_intermediate_size == Some(0) {
+                return err(format!("layer {l}: the expert intermediate size must be at least 1"));
+            }
+            if s.shared_experts == 0 && (s.shared_expert_gate || s.shared_frozen) {
+                return err(format!(
+                    "layer {l}: a shared-expert gate or frozen shared experts without shared experts \
+                     (give the number of shared experts)"
+                ));
+            }
         }
         Ok(())
     }
@@ -126,6 +235,26 @@ impl MoeConfig {
                 }
                 Some(s) if s.top_k != first.top_k => return Some(format!("layer {l} has a different top-k")),
                 Some(s) if s.router_bias => return Some(format!("layer {l}'s router has a bias")),
+                Some(s) if s.expert_width(base) != first.expert_width(base) => {
+                    return Some(format!("layer {l}'s experts have another width than layer 0's"))
+                }
+                Some(s) if s.shared_experts > 0 => {
+                    return Some(format!(
+                        "layer {l} has shared experts, which Mixtral cannot hold (layouts that can: {})",
+                        SHARED_EXPERT_LAYOUTS
+                    ))
+                }
+                Some(s) if !s.norm_topk_prob => {
+                    return Some(format!(
+                        "layer {l} weighs experts by the softmax over all experts (norm_topk_prob false); \
+                         Mixtral always renormalises over the top-k (layouts that can: qwen2_moe, qwen3_moe, studio)"
+                    ))
+                }
+                Some(s) if s.selection_bias => {
+                    return Some(format!(
+                        "layer {l}'s router has an aux-loss-free selection bias, which only the studio layout holds"
+                    ))
+                }
                 _ => {}
             }
         }
@@ -137,27 +266,42 @@ impl MoeConfig {
         self.layers.iter().flatten().map(|s| s.num_experts).sum()
     }
 
-    /// Parameter count of the MoE model built on `base`.
+    /// Parameter count of the MoE model built on `base`: the dense model
+    /// with each MoE layer's FFN replaced by its block
+    /// ([`MoeLayerSpec::block_parameters`]: routed experts of their own
+    /// width, router, shared experts and gates).
     pub fn num_parameters(&self, base: &ModelConfig) -> usize {
-        let ffn = 3 * base.hidden_size * base.intermediate_size;
-        let mut n = base.num_parameters();
-        for s in self.layers.iter().flatten() {
-            n += (s.num_experts - 1) * ffn
-                + s.num_experts * base.hidden_size
-                + if s.router_bias { s.num_experts } else { 0 };
-        }
-        n
+        self.num_parameters_u64(base) as usize
+    }
+
+    /// [`MoeConfig::num_parameters`] in `u64` (the browser's `usize` has 32
+    /// bits).
+    pub fn num_parameters_u64(&self, base: &ModelConfig) -> u64 {
+        self.num_parameters_on(base, base.num_parameters() as u64)
+    }
+
+    /// [`MoeConfig::num_parameters_u64`] with the dense count `dense` given
+    /// (the browser counts it in `u64` itself).
+    pub fn num_parameters_on(&self, base: &ModelConfig, dense: u64) -> u64 {
+        let ffn = 3 * base.hidden_size as u64 * base.intermediate_size as u64;
+        self.layers.iter().flatten().fold(dense, |n, s| n - ffn + s.block_parameters(base))
     }
 
     /// Parameters one token uses in the MoE model built on `base`: every
-    /// parameter except the experts top-k routing leaves out, i.e.
-    /// [`MoeConfig::num_parameters`] minus `(E_l - k_l)` FFNs per MoE layer
-    /// (embeddings, attention, norms, routers and the LM head all count, as
-    /// in Mixtral's "active parameters").
+    /// parameter except the routed experts top-k routing leaves out, i.e.
+    /// [`MoeConfig::num_parameters`] minus `(E_l - k_l)` experts per MoE
+    /// layer (embeddings, attention, norms, routers, shared experts and the
+    /// LM head all count, as in Mixtral's and DeepSeekMoE's "active
+    /// parameters").
     pub fn num_active_parameters(&self, base: &ModelConfig) -> usize {
-        let ffn = 3 * base.hidden_size * base.intermediate_size;
-        let idle: usize = self.layers.iter().flatten().map(|s| s.num_experts.saturating_sub(s.top_k) * ffn).sum();
-        self.num_parameters(base) - idle
+        self.num_active_parameters_on(base, base.num_parameters() as u64) as usize
+    }
+
+    /// [`MoeConfig::num_active_parameters`] in `u64` with the dense count
+    /// `dense` given.
+    pub fn num_active_parameters_on(&self, base: &ModelConfig, dense: u64) -> u64 {
+        let idle: u64 = self.layers.iter().flatten().map(|s| s.idle_parameters(base)).sum();
+        self.num_parameters_on(base, dense) - idle
     }
 
     /// `config.json` for this layout (Mixtral when possible, else studio).
@@ -172,6 +316,9 @@ impl MoeConfig {
             obj.insert("model_type".into(), "mixtral".into());
             obj.insert("architectures".into(), serde_json::json!(["MixtralForCausalLM"]));
             obj.insert("num_local_experts".into(), first.num_experts.into());
+            // Granular experts: Mixtral's `intermediate_size` is the expert
+            // width (every layer is MoE there, so no dense FFN needs f).
+            obj.insert("intermediate_size".into(), first.expert_width(base).into());
             obj.insert("num_experts_per_tok".into(), first.top_k.into());
             obj.insert("output_router_logits".into(), false.into());
             obj.insert("sliding_window".into(), serde_json::Value::Null);
@@ -238,8 +385,7 @@ impl MoeConfig {
                         num_experts: e,
                         top_k: k,
                         frozen: frozen.get(l).cloned().unwrap_or_default(),
-                        router_bias: false,
-                        temperature: 1.0,
+                        ..Default::default()
                     })
                 })
                 .collect()
@@ -272,6 +418,25 @@ pub fn expert_weight_name(l: usize, e: usize, w: &str) -> String {
     format!("model.layers.{l}.block_sparse_moe.experts.{e}.{w}.weight")
 }
 
+/// Tensor name of shared expert `i`'s projection in layer `l` (studio
+/// layout; `w` as in [`expert_weight_name`], every shared expert of the
+/// dense width `[f, d]` / `[d, f]`).
+pub fn shared_expert_weight_name(l: usize, i: usize, w: &str) -> String {
+    format!("model.layers.{l}.block_sparse_moe.shared_experts.{i}.{w}.weight")
+}
+
+/// Tensor name of layer `l`'s shared-expert gate (`[N, d]`, one sigmoid gate
+/// row per shared expert; studio layout).
+pub fn shared_expert_gate_name(l: usize) -> String {
+    format!("model.layers.{l}.block_sparse_moe.shared_expert_gate.weight")
+}
+
+/// Tensor name of layer `l`'s aux-loss-free selection bias (`[E]`; the name
+/// DeepSeek-V3 gives it in transformers, studio layout).
+pub fn selection_bias_name(l: usize) -> String {
+    format!("model.layers.{l}.block_sparse_moe.gate.e_score_correction_bias")
+}
+
 /// The Mixtral expert projection that holds a dense `mlp.{proj}`:
 /// gate_proj -> w1, up_proj -> w3, down_proj -> w2.
 pub fn mixtral_proj(dense_proj: &str) -> &'static str {
@@ -294,7 +459,7 @@ mod tests {
     }
 
     fn spec(e: usize, k: usize) -> MoeLayerSpec {
-        MoeLayerSpec { num_experts: e, top_k: k, frozen: vec![0], router_bias: false, temperature: 1.0 }
+        MoeLayerSpec { num_experts: e, top_k: k, frozen: vec![0], ..Default::default() }
     }
 
     #[test]
@@ -330,13 +495,10 @@ mod tests {
         assert!(e.contains("alloc.json") && e.contains("3 layers") && e.contains("has 2"), "{e}");
         let e = MoeConfig::uniform(2, spec(2, 3)).validate(&b, "x").unwrap_err().to_string();
         assert!(e.contains("top-k 3"), "{e}");
-        let e = MoeConfig::uniform(
-            2,
-            MoeLayerSpec { num_experts: 0, top_k: 1, frozen: vec![], router_bias: false, temperature: 1.0 },
-        )
-        .validate(&b, "x")
-        .unwrap_err()
-        .to_string();
+        let e = MoeConfig::uniform(2, MoeLayerSpec { num_experts: 0, ..Default::default() })
+            .validate(&b, "x")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("at least 1 expert"), "{e}");
     }
 }

@@ -71,7 +71,9 @@ pub fn plan_add_expert(
     let mut planned = Vec::with_capacity(tensors.len());
     for t in &tensors {
         let dtype = match &t.origin {
-            Origin::RouterWeight { layer } | Origin::RouterBias { layer } => router_dtype(*layer),
+            Origin::RouterWeight { layer } | Origin::RouterBias { layer } | Origin::SelectionBias { layer } => {
+                router_dtype(*layer)
+            }
             Origin::Expert { layer, expert, .. } if *expert == models => moe_src
                 .info(&expert_weight_name(*layer, 0, t.name.rsplit('.').nth(1).unwrap_or("w1")))
                 .map(|i| i.dtype)
@@ -131,6 +133,13 @@ pub fn write_add_expert(
                 b.push(0.0);
                 b
             }
+            // The new expert starts with no selection bias.
+            Origin::SelectionBias { layer } => {
+                let mut b = moe_src.read_f32(&crate::config::moe::selection_bias_name(*layer))?;
+                b.push(0.0);
+                b
+            }
+            Origin::SharedGate { .. } | Origin::SharedExpert { .. } => moe_src.read_f32(&t.name)?,
         };
         write_values(sink, &t.name, p.dtype, &values)?;
     }

@@ -16,8 +16,15 @@
 //!   trained ones alike;
 //! - layers that a studio-layout MoE keeps dense (`model.layers.{l}.mlp.*`)
 //!   get their own `mlp` delta (they are shared tensors by name);
-//! - **routers** (`block_sparse_moe.gate.{weight,bias}`) get no delta and are
-//!   copied unchanged.
+//! - **routers** (`block_sparse_moe.gate.{weight,bias}`, the aux-free
+//!   `gate.e_score_correction_bias`) get no delta and are copied unchanged;
+//! - **shared experts** and their gate (`block_sparse_moe.shared_experts.*`,
+//!   `shared_expert_gate`) are copied unchanged too: the routed experts,
+//!   whose weights sum to 1, already carry the whole FFN delta, and a
+//!   shared expert is a learned residual beside them (zero at upcycling by
+//!   default), not a copy of the FFN whose delta it could take;
+//! - granular experts (slices of `f/G` units, scaled) are refused: the
+//!   dense delta would have to be sliced and scaled as the upcycle did.
 //!
 //! A dense target works too: grafting onto a dense model is task arithmetic
 //! on one model (`theta + scale * (instruct - base)`).
@@ -80,7 +87,8 @@ pub enum DeltaOrigin {
         /// (`model.layers.{layer}.mlp.{gate,up,down}_proj.weight`).
         delta: String,
     },
-    /// A router weight or bias: copied, no delta.
+    /// A router weight, bias or selection bias, a shared expert or its
+    /// gate: copied, no delta.
     Router {
         /// Decoder layer.
         layer: usize,
@@ -109,7 +117,12 @@ pub fn delta_origin(name: &str) -> DeltaOrigin {
     let Some((l, rest)) = rest.split_once('.') else { return shared() };
     let Ok(layer) = l.parse::<usize>() else { return shared() };
     let Some(rest) = rest.strip_prefix("block_sparse_moe.") else { return shared() };
-    if rest == "gate.weight" || rest == "gate.bias" {
+    if rest == "gate.weight"
+        || rest == "gate.bias"
+        || rest == "gate.e_score_correction_bias"
+        || rest == "shared_expert_gate.weight"
+        || rest.starts_with("shared_experts.")
+    {
         return DeltaOrigin::Router { layer };
     }
     let Some(rest) = rest.strip_prefix("experts.") else { return shared() };
@@ -340,6 +353,19 @@ pub fn plan_graft(
         return Err(StudioError::config(
             "--scale",
             format!("the delta scale must be a finite f32 number, |scale| < 3.4e38 (got {})", opts.scale),
+        ));
+    }
+    if let Some((l, s)) = target_moe.into_iter().flat_map(|m| m.layers.iter().enumerate()).find_map(|(l, s)| {
+        s.as_ref().filter(|s| s.expert_width(target_config) != target_config.intermediate_size).map(|s| (l, s))
+    }) {
+        return Err(StudioError::config(
+            target.source_name(),
+            format!(
+                "layer {l}'s experts are slices of {} of the FFN's {} units (granular upcycling): grafting the dense \
+                 FFN delta onto them would need it sliced and scaled as the upcycle did, which graft does not do",
+                s.expert_width(target_config),
+                target_config.intermediate_size
+            ),
         ));
     }
     check_same_tensors(base, "base", instruct, "instruct")?;
@@ -686,6 +712,13 @@ mod tests {
         );
         assert_eq!(delta_origin("model.layers.1.block_sparse_moe.gate.weight"), DeltaOrigin::Router { layer: 1 });
         assert_eq!(delta_origin("model.layers.1.block_sparse_moe.gate.bias"), DeltaOrigin::Router { layer: 1 });
+        for kept in [
+            "model.layers.2.block_sparse_moe.gate.e_score_correction_bias",
+            "model.layers.2.block_sparse_moe.shared_expert_gate.weight",
+            "model.layers.2.block_sparse_moe.shared_experts.1.w2.weight",
+        ] {
+            assert_eq!(delta_origin(kept), DeltaOrigin::Router { layer: 2 }, "{kept}");
+        }
         for n in ["model.embed_tokens.weight", "model.layers.2.mlp.up_proj.weight", "lm_head.weight"] {
             assert_eq!(delta_origin(n).delta_name(), Some(n));
         }

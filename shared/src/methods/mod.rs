@@ -42,7 +42,9 @@ pub use output::{Layout, MoeReport};
 pub use router_init::RouterInit;
 #[cfg(not(target_arch = "wasm32"))]
 pub use upcycle::upcycle;
-pub use upcycle::{plan_upcycle, write_upcycle, CopyNoise, NoiseKind, UpcycleOptions, UpcyclePlan};
+pub use upcycle::{
+    plan_upcycle, write_upcycle, CopyNoise, NoiseKind, SharedExperts, SharedInit, UpcycleOptions, UpcyclePlan,
+};
 
 pub mod delta;
 pub mod merge;

@@ -4,16 +4,23 @@
 //! The order is the dense order of [`dense_tensor_plan`] with each MoE
 //! layer's `mlp.{gate,up,down}_proj.weight` replaced, in place, by the router
 //! (`block_sparse_moe.gate.weight [E, d]`, `.gate.bias [E]` when the router
-//! has one) and then the experts **projection-major**: `w1` of experts
-//! `0..E` (from `gate_proj`), then `w3` (from `up_proj`), then `w2` (from
-//! `down_proj`). Projection-major order lets a writer read one dense FFN
-//! tensor and emit its `E` copies before reading the next, so upcycling holds
-//! one source tensor at a time. Readers look tensors up by name, so the order
+//! has one, `.gate.e_score_correction_bias [E]` with a selection bias), the
+//! shared-expert gate (`block_sparse_moe.shared_expert_gate.weight [N, d]`)
+//! and then the experts **projection-major**: `w1` of experts `0..E` and of
+//! shared experts `0..N` (from `gate_proj`), then `w3` (from `up_proj`),
+//! then `w2` (from `down_proj`). Routed experts have the spec's expert width
+//! (`[f_e, d]`, `[d, f_e]`), shared experts the dense width.
+//! Projection-major order lets a writer read one dense FFN tensor and emit
+//! its copies before reading the next, so upcycling holds one source tensor
+//! at a time. Readers look tensors up by name, so the order
 //! is invisible to them. Names are those of `config::moe` (Mixtral layout;
 //! the studio layout uses the same names).
 
 use crate::checkpoint::export::dense_tensor_plan;
-use crate::config::moe::{expert_weight_name, mixtral_proj, router_bias_name, router_weight_name};
+use crate::config::moe::{
+    expert_weight_name, mixtral_proj, router_bias_name, router_weight_name, selection_bias_name,
+    shared_expert_gate_name, shared_expert_weight_name,
+};
 use crate::config::{ModelConfig, MoeConfig};
 
 /// Where the values of one output tensor come from.
@@ -44,6 +51,26 @@ pub enum Origin {
     RouterBias {
         /// Decoder layer.
         layer: usize,
+    },
+    /// Aux-loss-free selection bias `[E]` of MoE layer `layer`.
+    SelectionBias {
+        /// Decoder layer.
+        layer: usize,
+    },
+    /// Shared-expert gate `[N, d]` of MoE layer `layer`.
+    SharedGate {
+        /// Decoder layer.
+        layer: usize,
+    },
+    /// Shared expert `index` of MoE layer `layer`, made from the dense
+    /// tensor `dense_name`.
+    SharedExpert {
+        /// Decoder layer.
+        layer: usize,
+        /// Shared expert index within the layer.
+        index: usize,
+        /// Name of the dense FFN projection it derives from.
+        dense_name: String,
     },
 }
 
@@ -95,13 +122,38 @@ pub fn moe_tensor_plan(base: &ModelConfig, moe: &MoeConfig) -> Vec<MoeTensor> {
                     origin: Origin::RouterBias { layer: l },
                 });
             }
+            if spec.selection_bias {
+                out.push(MoeTensor {
+                    name: selection_bias_name(l),
+                    shape: vec![e_count],
+                    origin: Origin::SelectionBias { layer: l },
+                });
+            }
+            if spec.shared_expert_gate {
+                out.push(MoeTensor {
+                    name: shared_expert_gate_name(l),
+                    shape: vec![spec.shared_experts, d],
+                    origin: Origin::SharedGate { layer: l },
+                });
+            }
         }
         let w = mixtral_proj(proj);
+        // The dense shape with the intermediate axis (rows of gate/up,
+        // columns of down) at the expert width.
+        let fe = spec.expert_width(base);
+        let expert_shape = if proj == "down_proj" { vec![shape[0], fe] } else { vec![fe, shape[1]] };
         for e in 0..e_count {
             out.push(MoeTensor {
                 name: expert_weight_name(l, e, w),
-                shape: shape.clone(),
+                shape: expert_shape.clone(),
                 origin: Origin::Expert { layer: l, expert: e, dense_name: name.clone() },
+            });
+        }
+        for i in 0..spec.shared_experts {
+            out.push(MoeTensor {
+                name: shared_expert_weight_name(l, i, w),
+                shape: shape.clone(),
+                origin: Origin::SharedExpert { layer: l, index: i, dense_name: name.clone() },
             });
         }
     }
@@ -122,7 +174,7 @@ mod tests {
 
     #[test]
     fn experts_replace_the_ffn_projection_major() {
-        let spec = MoeLayerSpec { num_experts: 2, top_k: 1, frozen: vec![0], router_bias: true, temperature: 1.0 };
+        let spec = MoeLayerSpec { num_experts: 2, top_k: 1, frozen: vec![0], router_bias: true, ..Default::default() };
         let moe = MoeConfig { layers: vec![Some(spec), None], router_aux_loss_coef: 0.01 };
         let plan = moe_tensor_plan(&base(), &moe);
         let names: Vec<&str> = plan.iter().map(|t| t.name.as_str()).collect();
@@ -144,5 +196,31 @@ mod tests {
         assert_eq!(plan[i + 6].shape, vec![8, 12]);
         assert!(names.contains(&"model.layers.1.mlp.down_proj.weight"));
         assert!(!names.iter().any(|n| n.starts_with("model.layers.0.mlp")));
+    }
+
+    #[test]
+    fn granular_and_shared_experts_have_their_widths() {
+        let spec = MoeLayerSpec {
+            num_experts: 4,
+            top_k: 2,
+            expert_intermediate_size: Some(3),
+            shared_experts: 1,
+            shared_expert_gate: true,
+            selection_bias: true,
+            ..Default::default()
+        };
+        let moe = MoeConfig { layers: vec![Some(spec), None], router_aux_loss_coef: 0.01 };
+        let plan = moe_tensor_plan(&base(), &moe);
+        let shape = |n: &str| plan.iter().find(|t| t.name == n).unwrap().shape.clone();
+        let p = "model.layers.0.block_sparse_moe";
+        assert_eq!(shape(&format!("{p}.experts.3.w1.weight")), vec![3, 8]);
+        assert_eq!(shape(&format!("{p}.experts.0.w2.weight")), vec![8, 3]);
+        assert_eq!(shape(&format!("{p}.shared_experts.0.w3.weight")), vec![12, 8]);
+        assert_eq!(shape(&format!("{p}.shared_experts.0.w2.weight")), vec![8, 12]);
+        assert_eq!(shape(&format!("{p}.shared_expert_gate.weight")), vec![1, 8]);
+        assert_eq!(shape(&format!("{p}.gate.e_score_correction_bias")), vec![4]);
+        let numel: u64 = plan.iter().map(|t| t.shape.iter().product::<usize>() as u64).sum();
+        // The plan holds every parameter plus the selection bias (a buffer).
+        assert_eq!(numel, moe.num_parameters_u64(&base()) + 4);
     }
 }

@@ -9,6 +9,14 @@
 //! - Routers start at zero (or seeded random); DUME's ridge-regression
 //!   router is fitted afterwards on the merged model.
 //!
+//! No shared experts: DUME's MoE computes `sum_i p_i(x) FFN_i(x)` with the
+//! ridge router predicting the domain `i`, and each term keeps its meaning
+//! only because expert `i` is domain `i`'s own FFN. A shared expert would
+//! add an always-on term that no domain was trained with (the mean FFN, say,
+//! is the weight-averaging baseline's FFN and would double-count it), so
+//! `moerge` offers no `--shared-experts`; upcycle with shared experts and
+//! train them instead (methods.md "Shared experts").
+//!
 //! Refused before anything is written: fewer than two models, different
 //! architectures or tokenizers (naming both models), a model whose tensors
 //! disagree with its own config. Streaming: one tensor per model at a time.
@@ -137,8 +145,8 @@ pub fn plan_moerge(inputs: &[MoergeInput<'_>], opts: &MoergeOptions) -> Result<M
         num_experts: inputs.len(),
         top_k: opts.top_k,
         frozen: opts.frozen.clone(),
-        router_bias: false,
         temperature: opts.temperature,
+        ..Default::default()
     };
     let moe =
         MoeConfig { router_aux_loss_coef: opts.router_aux_loss_coef, ..MoeConfig::uniform(base.num_layers, spec) };
@@ -244,6 +252,10 @@ pub fn write_moerge(
                 plan.choice.router_scale[*layer],
             ),
             Origin::RouterBias { .. } => vec![0.0; t.shape[0]],
+            // plan_moerge's layout has none of these (see `plan_moerge`).
+            Origin::SelectionBias { .. } | Origin::SharedGate { .. } | Origin::SharedExpert { .. } => {
+                return Err(StudioError::Invalid(format!("moerge does not make `{}`", t.name)))
+            }
         };
         write_values(sink, &t.name, p.dtype, &values)?;
     }

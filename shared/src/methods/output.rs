@@ -104,10 +104,11 @@ pub fn planned_tensors(
         .map(|t| {
             let from = match &t.origin {
                 Origin::Dense { .. } => src_dtype(&t.name),
-                Origin::Expert { dense_name, .. } => src_dtype(dense_name),
-                Origin::RouterWeight { layer } | Origin::RouterBias { layer } => {
-                    src_dtype(&format!("model.layers.{layer}.mlp.gate_proj.weight"))
-                }
+                Origin::Expert { dense_name, .. } | Origin::SharedExpert { dense_name, .. } => src_dtype(dense_name),
+                Origin::RouterWeight { layer }
+                | Origin::RouterBias { layer }
+                | Origin::SelectionBias { layer }
+                | Origin::SharedGate { layer } => src_dtype(&format!("model.layers.{layer}.mlp.gate_proj.weight")),
             };
             PlannedTensor { name: t.name.clone(), dtype: out_dtype(from, explicit), shape: t.shape.clone() }
         })

@@ -60,6 +60,22 @@ impl NormalRng {
     }
 }
 
+/// `m` distinct indices drawn uniformly from `0..n` (a partial
+/// Fisher-Yates shuffle), sorted, seeded by `(seed, name)` like
+/// [`NormalRng::for_tensor`]. `m` is clamped to `n`.
+pub fn sample_indices(seed: u64, name: &str, n: usize, m: usize) -> Vec<usize> {
+    let mut rng = StdRng::seed_from_u64(mix(seed ^ mix(fnv1a(name))));
+    let mut all: Vec<usize> = (0..n).collect();
+    let m = m.min(n);
+    for i in 0..m {
+        let j = rng.random_range(i..n);
+        all.swap(i, j);
+    }
+    all.truncate(m);
+    all.sort_unstable();
+    all
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,6 +86,24 @@ mod tests {
         assert_eq!(a, NormalRng::for_tensor(7, "x").normals(5, 1.0));
         assert_ne!(a, NormalRng::for_tensor(8, "x").normals(5, 1.0));
         assert_ne!(a, NormalRng::for_tensor(7, "y").normals(5, 1.0));
+    }
+
+    #[test]
+    fn index_samples_are_distinct_seeded_and_cover_the_range() {
+        let a = sample_indices(3, "e", 100, 40);
+        assert_eq!(a.len(), 40);
+        assert!(a.windows(2).all(|w| w[0] < w[1]) && a[39] < 100);
+        assert_eq!(a, sample_indices(3, "e", 100, 40));
+        assert_ne!(a, sample_indices(3, "f", 100, 40));
+        assert_eq!(sample_indices(1, "x", 5, 9), vec![0, 1, 2, 3, 4]);
+        // Every index is drawn about equally often.
+        let mut hits = [0usize; 10];
+        for s in 0..2000 {
+            for i in sample_indices(s, "u", 10, 3) {
+                hits[i] += 1;
+            }
+        }
+        assert!(hits.iter().all(|&h| (500..700).contains(&h)), "{hits:?}");
     }
 
     #[test]

@@ -123,10 +123,7 @@ mod tests {
     use crate::config::MoeLayerSpec;
 
     fn moe(e: usize) -> MoeConfig {
-        MoeConfig::uniform(
-            2,
-            MoeLayerSpec { num_experts: e, top_k: 1, frozen: vec![], router_bias: false, temperature: 1.0 },
-        )
+        MoeConfig::uniform(2, MoeLayerSpec { num_experts: e, top_k: 1, ..Default::default() })
     }
 
     #[test]

@@ -10,7 +10,10 @@ use super::moe::MoeLayer;
 use super::transformer::Mlp;
 use super::{Attention, DecoderBlock, Rope, SwiGlu, Transformer};
 use crate::checkpoint::TensorSource;
-use crate::config::moe::{expert_weight_name, router_bias_name, router_weight_name};
+use crate::config::moe::{
+    expert_weight_name, router_bias_name, router_weight_name, selection_bias_name, shared_expert_gate_name,
+    shared_expert_weight_name,
+};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
 
@@ -79,9 +82,13 @@ fn hf_linear<B: Backend>(
 /// `model.layers.{l}.self_attn.{q,k,v,o}_proj.weight` (`[out, in]`, q/k/v
 /// `.bias` when `attention_bias`), `model.layers.{l}.mlp.{gate,up,down}_proj.weight`,
 /// `model.norm.weight [d]`, `lm_head.weight [V, d]` unless tied. MoE layers
-/// read `model.layers.{l}.block_sparse_moe.gate.weight [E, d]` (+ `.bias`)
-/// and `...experts.{e}.{w1,w3}.weight [f, d]`, `.w2.weight [d, f]` instead
-/// of `mlp.*`.
+/// read, instead of `mlp.*`, `model.layers.{l}.block_sparse_moe.gate.weight
+/// [E, d]` (with `.bias` when the router has one, and
+/// `.e_score_correction_bias [E]` with a selection bias),
+/// `...experts.{e}.{w1,w3}.weight [f_e, d]` and `.w2.weight [d, f_e]`
+/// (`f_e` the expert width), and when the spec has them
+/// `...shared_experts.{i}.{w1,w3,w2}.weight` (dense width) and
+/// `...shared_expert_gate.weight [N, d]`.
 ///
 /// # Errors
 /// [`StudioError::Tensor`] for a missing tensor or a shape that disagrees
@@ -134,21 +141,41 @@ pub fn load_transformer<B: Backend>(
                         d,
                         device,
                     )?;
-                    let experts = (0..e)
-                        .map(|x| {
-                            Ok(SwiGlu {
-                                gate_proj: hf_linear(src, &expert_weight_name(l, x, "w1"), None, f, d, device)?,
-                                up_proj: hf_linear(src, &expert_weight_name(l, x, "w3"), None, f, d, device)?,
-                                down_proj: hf_linear(src, &expert_weight_name(l, x, "w2"), None, d, f, device)?,
-                            })
+                    let swiglu = |name: &dyn Fn(&str) -> String, f: usize| -> Result<SwiGlu<B>> {
+                        Ok(SwiGlu {
+                            gate_proj: hf_linear(src, &name("w1"), None, f, d, device)?,
+                            up_proj: hf_linear(src, &name("w3"), None, f, d, device)?,
+                            down_proj: hf_linear(src, &name("w2"), None, d, f, device)?,
                         })
+                    };
+                    let fe = spec.expert_width(config);
+                    let experts =
+                        (0..e).map(|x| swiglu(&|w| expert_weight_name(l, x, w), fe)).collect::<Result<Vec<_>>>()?;
+                    let n = spec.shared_experts;
+                    let shared_experts = (0..n)
+                        .map(|i| swiglu(&|w| shared_expert_weight_name(l, i, w), f))
                         .collect::<Result<Vec<_>>>()?;
+                    let shared_expert_gate = if spec.shared_expert_gate {
+                        Some(hf_linear(src, &shared_expert_gate_name(l), None, n, d, device)?)
+                    } else {
+                        None
+                    };
+                    let selection_bias = if spec.selection_bias {
+                        Some(read_checked(src, &selection_bias_name(l), &[e])?)
+                    } else {
+                        None
+                    };
                     Mlp::Moe(MoeLayer {
                         gate,
                         experts,
+                        shared_experts,
+                        shared_expert_gate,
                         top_k: spec.top_k,
                         temperature: spec.temperature,
                         frozen: spec.frozen.clone(),
+                        shared_frozen: spec.shared_frozen,
+                        norm_topk_prob: spec.norm_topk_prob,
+                        selection_bias,
                     })
                 }
             },

@@ -82,10 +82,15 @@ pub fn tensor_values<B: Backend>(model: &Transformer<B>, name: &str) -> Option<V
                 match r {
                     "gate.weight" => Some(lin_w(&m.gate)),
                     "gate.bias" => lin_b(&m.gate),
+                    "gate.e_score_correction_bias" => m.selection_bias.clone(),
+                    "shared_expert_gate.weight" => m.shared_expert_gate.as_ref().map(lin_w),
                     _ => {
-                        let r = r.strip_prefix("experts.")?;
+                        let (list, r) = match r.strip_prefix("experts.") {
+                            Some(r) => (&m.experts, r),
+                            None => (&m.shared_experts, r.strip_prefix("shared_experts.")?),
+                        };
                         let (e, w) = r.split_once('.')?;
-                        let ex = m.experts.get(e.parse::<usize>().ok()?)?;
+                        let ex = list.get(e.parse::<usize>().ok()?)?;
                         match w {
                             "w1.weight" => Some(lin_w(&ex.gate_proj)),
                             "w3.weight" => Some(lin_w(&ex.up_proj)),

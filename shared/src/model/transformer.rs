@@ -220,13 +220,23 @@ impl<B: Backend> Transformer<B> {
             .iter()
             .map(|b| match &b.mlp {
                 Mlp::Dense(_) => None,
-                Mlp::Moe(m) => Some(MoeLayerSpec {
-                    num_experts: m.num_experts(),
-                    top_k: m.top_k,
-                    frozen: m.frozen.clone(),
-                    router_bias: m.gate.bias.is_some(),
-                    temperature: m.temperature,
-                }),
+                Mlp::Moe(m) => {
+                    // Burn's gate_proj weight is [d, f_e].
+                    let fe = m.experts.first().map(|e| e.gate_proj.weight.dims()[1]);
+                    Some(MoeLayerSpec {
+                        num_experts: m.num_experts(),
+                        top_k: m.top_k,
+                        frozen: m.frozen.clone(),
+                        router_bias: m.gate.bias.is_some(),
+                        temperature: m.temperature,
+                        expert_intermediate_size: fe.filter(|&f| f != self.config.intermediate_size),
+                        shared_experts: m.shared_experts.len(),
+                        shared_expert_gate: m.shared_expert_gate.is_some(),
+                        shared_frozen: m.shared_frozen,
+                        norm_topk_prob: m.norm_topk_prob,
+                        selection_bias: m.selection_bias.is_some(),
+                    })
+                }
             })
             .collect();
         if layers.iter().all(|l| l.is_none()) {

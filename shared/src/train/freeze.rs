@@ -1,10 +1,12 @@
 //! Which parameters a training stage updates (methods.md §1-2).
 //!
 //! - [`Stage::Experts`] — DeltaMoE phase 1 / MoE-LPR stage 1: the routers
-//!   and every expert that is not in its layer's `frozen` list train;
+//!   and every expert that is not in its layer's `frozen` list train, and
+//!   the shared experts with their gate unless the layer's `shared_frozen`;
 //!   expert 0 (the original FFN), attention, embeddings, norms, the LM head
 //!   and dense FFNs stay frozen.
-//! - [`Stage::Router`] — MoE-LPR stage 2, DUME+, BTX: only the routers.
+//! - [`Stage::Router`] — MoE-LPR stage 2, DUME+, BTX: only the routers
+//!   (not the shared-expert gates: they belong to the shared experts).
 //! - [`Stage::Dense`] — ordinary fine-tuning of a dense model: everything.
 //!
 //! Freezing is Burn's `Module::no_grad`: a frozen parameter is not tracked
@@ -97,7 +99,10 @@ pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str
     }
     if stage == Stage::Experts {
         let trainable = model.layers.iter().any(|b| match &b.mlp {
-            Mlp::Moe(m) => (0..m.num_experts()).any(|e| !m.frozen.contains(&e)),
+            Mlp::Moe(m) => {
+                (0..m.num_experts()).any(|e| !m.frozen.contains(&e))
+                    || (!m.shared_experts.is_empty() && !m.shared_frozen)
+            }
             Mlp::Dense(_) => false,
         });
         if !trainable {
@@ -118,13 +123,21 @@ pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str
             mlp: match b.mlp {
                 Mlp::Dense(m) => Mlp::Dense(m.no_grad()),
                 Mlp::Moe(m) => {
-                    let MoeLayer { gate, experts, top_k, temperature, frozen } = m;
-                    let experts = experts
+                    let mut m: MoeLayer<B> = m;
+                    let frozen = m.frozen.clone();
+                    m.experts = std::mem::take(&mut m.experts)
                         .into_iter()
                         .enumerate()
                         .map(|(i, e)| if stage == Stage::Router || frozen.contains(&i) { e.no_grad() } else { e })
                         .collect();
-                    Mlp::Moe(MoeLayer { gate, experts, top_k, temperature, frozen })
+                    // Shared experts and their gate train with the experts
+                    // unless frozen; the router stage trains routers only.
+                    if stage == Stage::Router || m.shared_frozen {
+                        m.shared_experts =
+                            std::mem::take(&mut m.shared_experts).into_iter().map(|e| e.no_grad()).collect();
+                        m.shared_expert_gate = m.shared_expert_gate.take().map(|g| g.no_grad());
+                    }
+                    Mlp::Moe(m)
                 }
             },
         })

@@ -1,5 +1,6 @@
-//! Training losses: next-token cross-entropy, the MoE load-balancing loss
-//! and MoE-LPR's language-prior routing loss (methods.md §1).
+//! Training losses: next-token cross-entropy, the MoE load-balancing loss,
+//! ST-MoE's router z-loss and MoE-LPR's language-prior routing loss
+//! (methods.md §1, "Load balancing").
 //!
 //! All take the per-layer [`RoutingTrace`]s of one forward pass
 //! (`Transformer::forward_hidden_with(.., Some(&mut trace))`); router logits
@@ -105,6 +106,32 @@ pub fn load_balancing_loss<B: Backend>(routing: &[Option<RoutingTrace<B>>], form
     }
 }
 
+/// The router z-loss of one forward pass (`[1]` tensor), or `None` when no
+/// layer is MoE: per MoE layer
+/// `L_z = (1/B) sum_t (log sum_j exp(x_tj))^2` over its `B` token rows and
+/// `E` router logits `x` (temperature applied), averaged over layers. It
+/// keeps router logits small, which keeps the softmax numerically stable
+/// (ST-MoE's coefficient: 1e-3).
+///
+/// Source: Zoph et al., "ST-MoE: Designing Stable and Transferable Sparse
+/// Expert Models" (2022) §3.1, Eq. 5.
+pub fn router_z_loss<B: Backend>(routing: &[Option<RoutingTrace<B>>]) -> Option<Tensor<B, 1>> {
+    let layers: Vec<&RoutingTrace<B>> = routing.iter().flatten().collect();
+    let mut total: Option<Tensor<B, 1>> = None;
+    for r in &layers {
+        let [t, _] = r.logits.dims();
+        // A stable log-sum-exp: max + log(sum(exp(x - max))).
+        let max = r.logits.clone().max_dim(1).detach();
+        let lse = (r.logits.clone() - max.clone()).exp().sum_dim(1).log() + max;
+        let z = lse.powi_scalar(2).sum().div_scalar(t.max(1) as f64);
+        total = Some(match total {
+            Some(x) => x + z,
+            None => z,
+        });
+    }
+    total.map(|x| x.div_scalar(layers.len() as f64))
+}
+
 /// MoE-LPR's language-prior loss: for the token rows whose `mask` is true
 /// (tokens of an ORIGINAL language), the cross-entropy of the router
 /// distribution (one softmax over all `E` logits) against expert 0, i.e.
@@ -195,6 +222,26 @@ mod tests {
         };
         let want = (nll(&l[0..3], 1) + nll(&l[3..6], 2)) / 2.0;
         assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+    }
+
+    /// ST-MoE Eq. 5 on logits worked by hand: rows (0, ln 3) and
+    /// (ln 2, ln 2): log-sum-exps ln 4 and ln 4; rows (1, 1) and (-2, 0):
+    /// 1 + ln 2 and ln(1 + e^-2). Mean of squares per layer, then over
+    /// layers.
+    #[test]
+    fn z_loss_equals_the_st_moe_formula() {
+        let ln = f64::ln;
+        let l1 = vec![0.0, ln(3.0) as f32, ln(2.0) as f32, ln(2.0) as f32];
+        let l2 = vec![1.0f32, 1.0, -2.0, 0.0];
+        let got = scalar(router_z_loss(&[Some(trace(l1, 2, 2, 1)), None, Some(trace(l2, 2, 2, 1))]).unwrap());
+        let layer1 = (ln(4.0).powi(2) + ln(4.0).powi(2)) / 2.0;
+        let layer2 = ((1.0 + ln(2.0)).powi(2) + ln(1.0 + (-2f64).exp()).powi(2)) / 2.0;
+        let want = (layer1 + layer2) / 2.0;
+        assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+        // Large logits stay finite (the max is subtracted first).
+        let big = scalar(router_z_loss(&[Some(trace(vec![1000.0, 1000.0], 1, 2, 1))]).unwrap());
+        assert!((big - (1000.0 + ln(2.0)).powi(2)).abs() / big < 1e-5, "{big}");
+        assert!(router_z_loss::<B>(&[None]).is_none());
     }
 
     #[test]

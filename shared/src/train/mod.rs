@@ -5,13 +5,17 @@
 //!
 //! - [`data`]: files -> token ids -> packed sequences; weighted, tagged,
 //!   deterministically shuffled, resumable mixture.
-//! - [`losses`]: next-token cross-entropy, load balancing, language prior.
+//! - [`losses`]: next-token cross-entropy, load balancing, router z-loss,
+//!   language prior.
+//! - [`balance`]: `--balance aux|aux-free|none` and DeepSeek-V3's selection
+//!   bias update.
 //! - [`freeze`]: which parameters each [`Stage`] trains.
 //! - [`schedule`]: warm-up + cosine learning rate.
 //! - [`checkpoint`]: trainer state, optimizer record, stable parameter ids.
 //! - [`trainer`]: the loop (AdamW, global-norm clipping, accumulation,
 //!   data parallelism over devices, checkpoints, stop flag, metrics).
 
+pub mod balance;
 pub mod checkpoint;
 pub mod data;
 pub mod freeze;
@@ -19,9 +23,10 @@ pub mod losses;
 pub mod schedule;
 pub mod trainer;
 
+pub use balance::Balance;
 pub use data::{Batch, DataSpec, Mixture, MixtureState, PackedSource};
 pub use freeze::{apply_stage, param_counts, ParamCounts, Stage};
-pub use losses::{expert_load, language_prior_loss, load_balancing_loss, next_token_loss, LbForm};
+pub use losses::{expert_load, language_prior_loss, load_balancing_loss, next_token_loss, router_z_loss, LbForm};
 pub use schedule::LrSchedule;
 #[cfg(not(target_arch = "wasm32"))]
 pub use trainer::RunOutcome;

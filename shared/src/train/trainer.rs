@@ -10,14 +10,18 @@
 //!    thread (Burn's `Module::fork` + `GradientsParams::to_device`, the
 //!    multi-device path of `burn-train`), and the gradients come back to the
 //!    first device;
-//! 2. loss = next-token cross-entropy + `alpha` x load balancing +
-//!    `prior` x language prior (see [`super::losses`]), each micro-loss
-//!    scaled by `1 / (grad_accum * devices)` so that the accumulated
-//!    gradient is the mean;
+//! 2. loss = next-token cross-entropy + `alpha` x load balancing (with
+//!    `--balance aux`) + `z_loss` x router z-loss + `prior` x language prior
+//!    (see [`super::losses`]), each micro-loss scaled by
+//!    `1 / (grad_accum * devices)` so that the accumulated gradient is the
+//!    mean;
 //! 3. gradients summed with Burn's `GradientsAccumulator`, clipped by their
 //!    GLOBAL L2 norm (as `torch.nn.utils.clip_grad_norm_`, not Burn's
 //!    per-tensor clipping), then one AdamW step (Burn's `AdamW`: decoupled
-//!    weight decay, Loshchilov & Hutter 2019) at the scheduled rate.
+//!    weight decay, Loshchilov & Hutter 2019) at the scheduled rate;
+//! 4. with `--balance aux-free`, every MoE layer's selection bias moves by
+//!    the sign of its experts' load error over the step
+//!    ([`super::balance`], DeepSeek-V3 §2.1.2).
 //!
 //! Determinism: the data order is a pure function of the seed and the
 //! step; parameter ids are renumbered deterministically; checkpoints hold
@@ -31,10 +35,11 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
+use super::balance::{update_selection_bias, Balance};
 use super::checkpoint::{assign_param_ids, fold_router_temperatures, TrainerState};
 use super::data::{Batch, Mixture};
 use super::freeze::{apply_stage, param_counts, ParamCounts, Stage};
-use super::losses::{language_prior_loss, load_balancing_loss, next_token_loss, LbForm};
+use super::losses::{language_prior_loss, load_balancing_loss, next_token_loss, router_z_loss, LbForm};
 use super::schedule::LrSchedule;
 use crate::error::{Result, StudioError};
 use crate::model::transformer::Mlp;
@@ -85,13 +90,34 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Devices for data parallelism (1: no parallelism).
     pub devices: usize,
+    /// How the load is balanced: the `alpha` loss, DeepSeek-V3's
+    /// aux-loss-free selection bias, or nothing.
+    #[serde(default)]
+    pub balance: Balance,
+    /// The aux-free bias step `gamma` per optimizer step (DeepSeek-V3:
+    /// 0.001 on sigmoid scores; default here 1e-3).
+    #[serde(default = "default_bias_rate")]
+    pub bias_update_rate: f64,
+    /// Router z-loss coefficient (ST-MoE: 1e-3; 0 = off).
+    #[serde(default)]
+    pub z_loss: f64,
+    /// Sets every MoE layer's `norm_topk_prob` before training (`None`:
+    /// keep the model's). Saved in the checkpoint's config either way.
+    #[serde(default)]
+    pub norm_topk: Option<bool>,
+}
+
+fn default_bias_rate() -> f64 {
+    1e-3
 }
 
 impl TrainConfig {
     /// The defaults of `stage`: 5e-5 (experts, dense) or 1e-4 (router),
     /// batch 8, sequence 256, 100 steps, warm-up 10, cosine to 10%, no
     /// weight decay, betas (0.9, 0.999), eps 1e-8, clip 1.0, alpha 0.01,
-    /// per-layer load balancing, prior 0.1, seed 0, one device.
+    /// per-layer load balancing, prior 0.1, seed 0, one device,
+    /// `--balance aux`, bias step 1e-3, no z-loss, the model's top-k
+    /// normalisation.
     pub fn new(stage: Stage) -> Self {
         TrainConfig {
             stage,
@@ -114,6 +140,10 @@ impl TrainConfig {
             keep: 2,
             seed: 0,
             devices: 1,
+            balance: Balance::Aux,
+            bias_update_rate: default_bias_rate(),
+            z_loss: 0.0,
+            norm_topk: None,
         }
     }
 
@@ -159,7 +189,13 @@ impl TrainConfig {
                 return err("--clip", format!("{c} must be a positive number"));
             }
         }
-        for (name, v) in [("--alpha", self.alpha), ("--prior", self.prior), ("--weight-decay", self.weight_decay)] {
+        for (name, v) in [
+            ("--alpha", self.alpha),
+            ("--prior", self.prior),
+            ("--weight-decay", self.weight_decay),
+            ("--z-loss", self.z_loss),
+            ("--bias-update-rate", self.bias_update_rate),
+        ] {
             if !(v.is_finite() && v >= 0.0) {
                 return err(name, format!("{v} must be >= 0"));
             }
@@ -199,6 +235,9 @@ pub struct StepMetrics {
     pub lb_loss: Option<f64>,
     /// Language-prior loss (when the batch had original-language tokens).
     pub prior_loss: Option<f64>,
+    /// Router z-loss (MoE only; logged whatever its coefficient).
+    #[serde(default)]
+    pub z_loss: Option<f64>,
     /// Learning rate used.
     pub lr: f64,
     /// Global gradient norm before clipping.
@@ -216,12 +255,17 @@ pub struct StepMetrics {
     pub expert_load: Vec<Option<Vec<f64>>>,
     /// Sequences per data source in this step.
     pub source_sequences: Vec<usize>,
+    /// Per MoE layer, the aux-loss-free selection bias after this step's
+    /// update (`None` for dense layers and layers without one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub selection_bias: Vec<Option<Vec<f64>>>,
 }
 
 /// Per-micro-batch results.
 struct MicroStats {
     ce: f64,
     lb: Option<f64>,
+    z: Option<f64>,
     prior: Option<f64>,
     counts: Vec<Option<Vec<usize>>>,
 }
@@ -229,8 +273,10 @@ struct MicroStats {
 /// Loss settings handed to the worker threads.
 #[derive(Clone, Copy)]
 struct LossSettings {
+    /// `alpha` with `--balance aux`, else 0.
     alpha: f64,
     lb_form: LbForm,
+    z_loss: f64,
     prior: f64,
     scale: f64,
 }
@@ -254,11 +300,15 @@ fn micro_step<B: AutodiffBackend>(
     let hidden = model.forward_hidden_with(inputs, None, ForwardOptions::default(), Some(&mut trace));
     let ce = next_token_loss(model.head(hidden), targets);
     let lb = load_balancing_loss(&trace.routing, s.lb_form);
+    let z = router_z_loss(&trace.routing);
     let mask: Vec<bool> = batch.original.iter().flat_map(|&o| std::iter::repeat_n(o, l)).collect();
     let prior = language_prior_loss(&trace.routing, &mask);
     let mut total = ce.clone();
     if let (Some(x), true) = (&lb, s.alpha > 0.0) {
         total = total + x.clone().mul_scalar(s.alpha);
+    }
+    if let (Some(x), true) = (&z, s.z_loss > 0.0) {
+        total = total + x.clone().mul_scalar(s.z_loss);
     }
     if let (Some(x), true) = (&prior, s.prior > 0.0) {
         total = total + x.clone().mul_scalar(s.prior);
@@ -266,6 +316,7 @@ fn micro_step<B: AutodiffBackend>(
     let stats = MicroStats {
         ce: scalar(ce),
         lb: lb.map(scalar),
+        z: z.map(scalar),
         prior: prior.map(scalar),
         counts: trace.routing.iter().map(|r| r.as_ref().map(|r| r.counts.clone())).collect(),
     };
@@ -338,37 +389,77 @@ pub fn devices<B: Backend>(n: usize) -> Vec<B::Device> {
 
 type Adam<B> = OptimizerAdaptor<AdamW, Transformer<B>, B>;
 
-/// Top-1 routing weighs the chosen expert by a softmax over ONE logit,
-/// i.e. 1, so the next-token loss gives the routers no gradient (Mixtral's
-/// renormalised top-k; Switch Transformers' un-normalised `p_i` would, but
-/// the model does not implement it). Router training then only follows the
-/// load-balancing and language-prior terms.
+/// Top-1 routing with renormalised weights weighs the chosen expert by a
+/// softmax over ONE logit, i.e. 1, so the next-token loss gives the routers
+/// no gradient (Mixtral's renormalised top-k). Switch Transformers'
+/// un-normalised weights (`norm_topk_prob: false`, the softmax over all
+/// experts) do give one. Otherwise router training only follows the
+/// load-balancing, z- and language-prior terms.
 ///
 /// # Errors
 /// [`StudioError::Config`] for stage `router` when every MoE layer routes
-/// top-1 and neither `alpha` nor an applicable `prior` gives a gradient.
+/// top-1 with renormalised weights and neither `alpha` (with `--balance
+/// aux`), the z-loss nor an applicable `prior` gives a gradient.
 fn top1_check<B: Backend>(model: &Transformer<B>, c: &TrainConfig, data: &Mixture) -> Result<Vec<String>> {
-    let ks: Vec<usize> = model
+    let ks: Vec<(usize, bool)> = model
         .layers
         .iter()
         .filter_map(|b| match &b.mlp {
-            Mlp::Moe(m) => Some(m.top_k.min(m.num_experts())),
+            Mlp::Moe(m) => Some((m.top_k.min(m.num_experts()), m.norm_topk_prob)),
             Mlp::Dense(_) => None,
         })
         .collect();
-    if ks.is_empty() || ks.iter().any(|&k| k > 1) || c.stage == Stage::Dense {
+    if ks.is_empty() || ks.iter().any(|&(k, norm)| k > 1 || !norm) || c.stage == Stage::Dense {
         return Ok(Vec::new());
     }
     let prior = c.prior > 0.0 && data.sources().iter().any(|s| s.spec.original);
-    let what = "every MoE layer routes top-1: the chosen expert's weight is a softmax over one logit (= 1), so the \
-                next-token loss gives the routers no gradient";
-    if c.stage == Stage::Router && c.alpha == 0.0 && !prior {
+    let alpha = c.balance == Balance::Aux && c.alpha > 0.0;
+    let what = "every MoE layer routes top-1 with renormalised weights: the chosen expert's weight is a softmax over \
+                one logit (= 1), so the next-token loss gives the routers no gradient";
+    if c.stage == Stage::Router && !alpha && c.z_loss == 0.0 && !prior {
         return Err(StudioError::config(
             "--stage router",
-            format!("{what} and --alpha is 0 and no --prior applies: nothing would train (route with top-k >= 2)"),
+            format!(
+                "{what}, and no --alpha (with --balance aux), --z-loss or --prior applies: nothing would train \
+                 (use --norm-topk false, or route with top-k >= 2)"
+            ),
         ));
     }
-    Ok(vec![format!("{what}; routers train only through the load-balancing / language-prior terms")])
+    Ok(vec![format!(
+        "{what}; routers train only through the load-balancing / z / language-prior terms (--norm-topk false gives \
+         them the next-token gradient)"
+    )])
+}
+
+/// Applies the run's routing options to `model` before training: the
+/// `norm_topk` override and, with `--balance aux-free`, a zero selection
+/// bias on every MoE layer that has none. Returns notes for the user.
+fn prepare_routing<B: Backend>(model: &mut Transformer<B>, c: &TrainConfig) -> Vec<String> {
+    let mut notes = Vec::new();
+    for (l, block) in model.layers.iter_mut().enumerate() {
+        let Mlp::Moe(m) = &mut block.mlp else { continue };
+        if let Some(norm) = c.norm_topk {
+            if m.norm_topk_prob != norm && notes.is_empty() {
+                notes.push(format!(
+                    "--norm-topk {norm} changes how the model weighs its experts (layer {l} had norm_topk_prob {}): \
+                     the model's function changes, and an upcycled model no longer equals its dense base",
+                    m.norm_topk_prob
+                ));
+            }
+            m.norm_topk_prob = norm;
+        }
+        if c.balance == Balance::AuxFree && m.selection_bias.is_none() {
+            m.selection_bias = Some(vec![0.0; m.num_experts()]);
+        }
+    }
+    if c.balance == Balance::AuxFree {
+        notes.push(
+            "--balance aux-free: the selection bias is written in the studio layout (transformers' Mixtral cannot \
+             hold it)"
+                .into(),
+        );
+    }
+    notes
 }
 
 /// A training run in progress.
@@ -423,7 +514,9 @@ impl<B: AutodiffBackend> Trainer<B> {
         if data.seq_len() != config.seq_len {
             return Err(StudioError::config("--seq-len", "the data was packed with another sequence length"));
         }
-        let warnings = top1_check(&model, &config, &data)?;
+        let mut model = model;
+        let mut warnings = prepare_routing(&mut model, &config);
+        warnings.extend(top1_check(&model, &config, &data)?);
         B::seed(&devices[0], config.seed);
         let model = fold_router_temperatures(model);
         let model = apply_stage(model, config.stage, source)?;
@@ -495,11 +588,12 @@ impl<B: AutodiffBackend> Trainer<B> {
         // wasm32-unknown-unknown's std has no clock: timings read 0 there.
         #[cfg(not(target_arch = "wasm32"))]
         let t0 = std::time::Instant::now();
-        let c = &self.config;
+        let c = &self.config.clone();
         let n_dev = self.devices.len();
         let settings = LossSettings {
-            alpha: c.alpha,
+            alpha: if c.balance == Balance::Aux { c.alpha } else { 0.0 },
             lb_form: c.lb_form,
+            z_loss: c.z_loss,
             prior: c.prior,
             scale: 1.0 / (c.grad_accum * n_dev) as f64,
         };
@@ -549,8 +643,10 @@ impl<B: AutodiffBackend> Trainer<B> {
             (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
         };
         let lb = mean_opt(&|s| s.lb);
+        let z = mean_opt(&|s| s.z);
         let prior = mean_opt(&|s| s.prior);
-        let loss = ce + c.alpha * lb.unwrap_or(0.0) + c.prior * prior.unwrap_or(0.0);
+        let loss =
+            ce + settings.alpha * lb.unwrap_or(0.0) + c.z_loss * z.unwrap_or(0.0) + c.prior * prior.unwrap_or(0.0);
         if !loss.is_finite() {
             return Err(StudioError::Invalid(format!(
                 "step {}: the loss is {loss} (try a lower --lr or --clip); the step was not applied",
@@ -561,9 +657,9 @@ impl<B: AutodiffBackend> Trainer<B> {
         let lr = c.schedule().lr(self.step);
         let model = self.model.take().expect("model present");
         self.model = Some(self.optim.step(lr, model, grads));
-        // Expert load, summed over micro-batches.
+        // Expert load, summed over micro-batches (and devices).
         let layers = stats[0].counts.len();
-        let expert_load = (0..layers)
+        let counts: Vec<Option<Vec<usize>>> = (0..layers)
             .map(|l| {
                 let mut sum: Option<Vec<usize>> = None;
                 for s in &stats {
@@ -572,12 +668,19 @@ impl<B: AutodiffBackend> Trainer<B> {
                         acc.iter_mut().zip(cn).for_each(|(a, b)| *a += b);
                     }
                 }
-                sum.map(|v| {
+                sum
+            })
+            .collect();
+        let expert_load = counts
+            .iter()
+            .map(|v| {
+                v.as_ref().map(|v| {
                     let t = v.iter().sum::<usize>().max(1) as f64;
                     v.iter().map(|&x| x as f64 / t).collect()
                 })
             })
             .collect();
+        let selection_bias = self.update_selection_biases(&counts);
         self.step += 1;
         let tokens = c.tokens_per_step();
         self.tokens += tokens as u64;
@@ -592,6 +695,7 @@ impl<B: AutodiffBackend> Trainer<B> {
             loss,
             ce_loss: ce,
             lb_loss: lb,
+            z_loss: z,
             prior_loss: prior,
             lr,
             grad_norm,
@@ -601,7 +705,34 @@ impl<B: AutodiffBackend> Trainer<B> {
             tokens_per_s: if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 },
             expert_load,
             source_sequences,
+            selection_bias,
         })
+    }
+
+    /// With `--balance aux-free`, moves each MoE layer's selection bias by
+    /// the sign of its load error over the step (`counts`, routed slots per
+    /// expert); returns every layer's bias after the update (empty when no
+    /// layer has one).
+    fn update_selection_biases(&mut self, counts: &[Option<Vec<usize>>]) -> Vec<Option<Vec<f64>>> {
+        let (balance, rate) = (self.config.balance, self.config.bias_update_rate);
+        let model = self.model.as_mut().expect("model present");
+        let mut out = Vec::with_capacity(model.layers.len());
+        for (block, c) in model.layers.iter_mut().zip(counts) {
+            let bias = match (&mut block.mlp, c) {
+                (Mlp::Moe(m), Some(c)) => m.selection_bias.as_mut().map(|b| {
+                    if balance == Balance::AuxFree {
+                        update_selection_bias(b, c, rate);
+                    }
+                    b.iter().map(|&x| f64::from(x)).collect()
+                }),
+                _ => None,
+            };
+            out.push(bias);
+        }
+        if out.iter().all(Option::is_none) {
+            out.clear();
+        }
+        out
     }
 
     /// The state that a checkpoint records (without the optimizer bytes'

@@ -26,4 +26,6 @@ mod train_lb_golden;
 mod train_parallel;
 mod train_prior;
 mod train_resume;
+mod train_routing;
 mod upcycle;
+mod upcycle_variants;

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# Upcycling variants at one stage-1 budget (issue 15 item 5; docs/methods.md "Upcycling variants"):
+# SmolLM2-135M-Instruct -> 4 experts top-2 (expert 0 frozen), stage 1 (`train --stage experts`) on
+# Hungarian with the same tokens for every variant, then Hungarian and English validation perplexity
+# and the expert load balance:
+#   naive     plain copies (random router, std 0.02)
+#   noise     copies with 1% multiplicative noise on the non-frozen experts
+#   drop      Drop-Upcycling, r = 0.5 (Nakamura et al. 2025)
+#   granular  G = 2 (8 experts of f/2, top-4; Megatron-Core --moe-upcycling-granularity)
+# plus the dense model itself.
+#
+# Usage: experiments/upcycling.sh [--smoke]
+#   --smoke      stories260K, 3 steps of 2 x 32 tokens: checks the pipeline (CI runs it), numbers mean nothing
+#   BIN=...      the moe-studio binary (default $CARGO_TARGET_DIR/release/moe-studio, built if missing)
+#   WORK=...     run directory (default $MOE_STUDIO_CACHE/experiments/upcycling[-smoke]); kept between sittings
+#   OUT=...      where the table goes (default docs/experiments/upcycling, smoke: $WORK/report)
+#   SEEDS="1 2"  seeds (upcycle + data order); default "1 2" (full), "1" (smoke)
+#   STEPS/SEQ/BATCH/LR  the stage-1 budget (full: 100 x 4 x 256 = 102,400 tokens per run, lr 1e-4)
+#
+# Resumable: a finished upcycle (config.json), training (final/) or evaluation (eval.json) is skipped;
+# an interrupted training continues from its last checkpoint (--save-every 20, --resume). Re-running
+# after everything finished only rewrites the table.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/env.sh
+
+SMOKE=0
+[ "${1:-}" = "--smoke" ] && SMOKE=1
+D="$MOE_STUDIO_DATA"
+HU_TRAIN="$D/corpora/lang/hu/train.txt"
+HU_VALID="$D/corpora/lang/hu/valid.txt"
+EN_VALID="$D/corpora/lang/en/valid.txt"
+for f in "$HU_TRAIN" "$HU_VALID" "$EN_VALID"; do
+    [ -f "$f" ] || { echo "missing $f (set MOE_STUDIO_DATA)" >&2; exit 1; }
+done
+
+if [ "$SMOKE" = 1 ]; then
+    MODEL="$D/models/stories260K/stories260K.bin"
+    TOK=(--tokenizer "$D/models/stories260K/tok512.bin")
+    STEPS=${STEPS:-3} SEQ=${SEQ:-32} BATCH=${BATCH:-2} LR=${LR:-1e-3} EVAL_TOKENS=${EVAL_TOKENS:-512}
+    SEEDS=${SEEDS:-1} WINDOW=64
+    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/upcycling-smoke}
+    OUT=${OUT:-$WORK/report}
+else
+    MODEL=$(bash tests/reference/fetch_smollm2.sh)
+    TOK=()
+    STEPS=${STEPS:-100} SEQ=${SEQ:-256} BATCH=${BATCH:-4} LR=${LR:-1e-4} EVAL_TOKENS=${EVAL_TOKENS:-20000}
+    SEEDS=${SEEDS:-"1 2"} WINDOW=512
+    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/upcycling}
+    OUT=${OUT:-docs/experiments/upcycling}
+fi
+BIN=${BIN:-$CARGO_TARGET_DIR/release/moe-studio}
+if [ ! -x "$BIN" ]; then
+    cargo build --release -p moe-studio >&2
+fi
+mkdir -p "$WORK" "$OUT"
+LOG="$WORK/commands.log"
+
+# Runs a command, appending it and its wall time to the log.
+run() {
+    local t0
+    t0=$(date +%s)
+    echo "+ $*" | tee -a "$LOG" >&2
+    "$@"
+    echo "  ($(($(date +%s) - t0)) s)" >>"$LOG"
+}
+
+variant_args() {
+    local common=(--experts 4 --top-k 2 --router-init random --router-std 0.02 --dtype f32)
+    case "$1" in
+    naive) echo "${common[*]}" ;;
+    noise) echo "${common[*]} --noise 0.01 --noise-kind mul" ;;
+    drop) echo "${common[*]} --drop-ratio 0.5" ;;
+    granular) echo "${common[*]} --granularity 2" ;;
+    esac
+}
+
+VARIANTS="naive noise drop granular"
+EVAL=(--data "hu=$HU_VALID" --data "en=$EN_VALID" --max-tokens "$EVAL_TOKENS" --window "$WINDOW" --stride $((WINDOW / 2)) --json)
+
+if [ ! -f "$WORK/dense.eval.json" ]; then
+    run "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL[@]}" >"$WORK/dense.eval.json.tmp"
+    mv "$WORK/dense.eval.json.tmp" "$WORK/dense.eval.json"
+fi
+
+for seed in $SEEDS; do
+    for v in $VARIANTS; do
+        dir="$WORK/$v-s$seed"
+        # shellcheck disable=SC2046
+        if [ ! -f "$dir/moe/config.json" ]; then
+            rm -rf "$dir/moe"
+            run "$BIN" upcycle "$MODEL" $(variant_args "$v") --seed "$seed" --out "$dir/moe" >/dev/null
+        fi
+        if [ ! -f "$dir/train/final/config.json" ]; then
+            resume=()
+            ls -d "$dir"/train/checkpoint-* >/dev/null 2>&1 && resume=(--resume)
+            t0=$(date +%s)
+            run "$BIN" train "$dir/moe" "${TOK[@]}" --stage experts --data "hu=$HU_TRAIN" --steps "$STEPS" \
+                --seq-len "$SEQ" --batch "$BATCH" --lr "$LR" --warmup $((STEPS / 10)) --seed "$seed" \
+                --save-every 20 --keep 1 --json --out "$dir/train" "${resume[@]}" >/dev/null
+            echo $(($(date +%s) - t0)) >>"$dir/train_seconds"
+        fi
+        if [ ! -f "$dir/eval.json" ]; then
+            run "$BIN" eval "$dir/train/final" "${TOK[@]}" "${EVAL[@]}" >"$dir/eval.json.tmp"
+            mv "$dir/eval.json.tmp" "$dir/eval.json"
+        fi
+    done
+done
+
+# The table: mean (and spread over seeds) of Hungarian / English perplexity, the expert load balance
+# (max/min expert load, mean over layers, on the Hungarian validation text), tokens and wall time.
+python3 - "$WORK" "$OUT" "$SMOKE" "$STEPS" "$SEQ" "$BATCH" "$LR" "$MODEL" "$SEEDS" "$VARIANTS" <<'EOF'
+import json, os, statistics, sys
+work, out, smoke, steps, seq, batch, lr, model, seeds, variants = sys.argv[1:]
+seeds, variants = seeds.split(), variants.split()
+tokens = int(steps) * int(seq) * int(batch)
+
+def ppl(ev, name):
+    return next(d["ppl"] for d in ev["datasets"] if d["name"] == name)
+
+def balance(ev):
+    d = next(d for d in ev["datasets"] if d["name"] == "hu")
+    ratios = [max(l) / min(l) if min(l) > 0 else float("inf") for l in (d.get("load_per_layer") or []) if l]
+    return statistics.mean(ratios) if ratios else None
+
+def fmt(xs, digits=2):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
+    m = statistics.mean(xs)
+    return f"{m:.{digits}f}" + (f" ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else "")
+
+dense = json.load(open(os.path.join(work, "dense.eval.json")))
+rows, results = [], {"model": model, "tokens_per_run": tokens, "steps": int(steps), "seq_len": int(seq),
+                     "batch": int(batch), "lr": float(lr), "seeds": seeds, "dense": dense, "variants": {}}
+rows.append(("dense", f"{ppl(dense, 'hu'):.2f}", f"{ppl(dense, 'en'):.2f}", "-", "-"))
+for v in variants:
+    evs, secs = [], []
+    for s in seeds:
+        d = os.path.join(work, f"{v}-s{s}")
+        evs.append(json.load(open(os.path.join(d, "eval.json"))))
+        try:
+            secs.append(sum(int(x) for x in open(os.path.join(d, "train_seconds")).read().split()))
+        except OSError:
+            secs.append(None)
+    results["variants"][v] = {"evals": evs, "train_seconds": secs}
+    rows.append((v, fmt([ppl(e, "hu") for e in evs]), fmt([ppl(e, "en") for e in evs]),
+                 fmt([balance(e) for e in evs]), fmt(secs, 0)))
+os.makedirs(out, exist_ok=True)
+json.dump(results, open(os.path.join(out, "results.json"), "w"), indent=1)
+log = open(os.path.join(work, "commands.log")).read()
+with open(os.path.join(out, "README.md"), "w") as f:
+    f.write("# Upcycling variants at one stage-1 budget\n\n")
+    if smoke == "1":
+        f.write("**Smoke run** (stories260K, a few steps): checks the pipeline; the numbers mean nothing.\n\n")
+    f.write(f"Model `{os.path.basename(model)}`, 4 experts top-2 (expert 0 frozen), stage 1 (`train --stage experts`)"
+            f" on `lang/hu/train.txt`: {steps} steps x {batch} x {seq} = {tokens:,} tokens per run, lr {lr},"
+            f" seeds {', '.join(seeds)} (mean ± std over seeds). Perplexity on `lang/{{hu,en}}/valid.txt`"
+            " (first tokens per the command below); load balance = max/min expert load on the Hungarian text,"
+            " mean over layers (1 = perfectly balanced).\n\n")
+    f.write("| variant | hu ppl | en ppl | load max/min | train s |\n|---|---|---|---|---|\n")
+    for r in rows:
+        f.write("| " + " | ".join(r) + " |\n")
+    f.write("\nCommands (from `experiments/upcycling.sh`" + (" --smoke" if smoke == "1" else "") + "):\n\n```\n")
+    f.write(log)
+    f.write("```\n")
+print(open(os.path.join(out, "README.md")).read())
+EOF

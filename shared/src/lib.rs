@@ -12,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod eval;
 pub mod generate;
+pub mod layout;
 pub mod methods;
 pub mod model;
 pub mod tokenizer;

@@ -83,9 +83,11 @@ pub struct Args {
     /// Seed of the random router and the noise.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Router temperature (folded into the router weight in the Mixtral layout).
+    /// Router temperature (folded into the router weight in every public layout).
     #[arg(long, default_value_t = 1.0)]
     pub temperature: f64,
+    #[command(flatten)]
+    pub layout: super::args::LayoutArg,
     #[command(flatten)]
     pub dtype: super::args::OutputDtype,
     #[command(flatten)]
@@ -132,6 +134,7 @@ impl WithBackend for Args {
         let a = self;
         let started = Instant::now();
         let dtype = a.dtype.parse()?;
+        let layout = a.layout.request()?;
         if !(a.temperature > 0.0 && a.temperature.is_finite()) {
             // Checked here: the MoE config would report it under the
             // --experts/--allocation source, naming the wrong option.
@@ -172,6 +175,7 @@ impl WithBackend for Args {
             temperature: a.temperature,
             dtype,
             router_aux_loss_coef: 0.01,
+            layout,
         };
         let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
         let write_opts = a.output.write_options();

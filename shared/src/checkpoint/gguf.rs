@@ -639,6 +639,27 @@ struct Entry {
     index: usize,
     info: TensorInfo,
     permute: Permute,
+    /// `(e, E)`: expert `e` of a stacked `[E, ...]` expert tensor.
+    slice: Option<(usize, usize)>,
+}
+
+/// The canonical MoE names of a llama.cpp MoE tensor: `blk.N.ffn_gate_inp.weight`
+/// is the router of layer `N`; `blk.N.ffn_{gate,up,down}_exps.weight` (ne
+/// `[in, out, E]`) stack the `E` experts' projections.
+fn moe_names(gguf_name: &str, ne: &[u64]) -> Option<Vec<String>> {
+    use crate::layout::names::{expert_weight_name, router_weight_name, Proj};
+    let rest = gguf_name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let proj = match rest {
+        "ffn_gate_inp.weight" => return Some(vec![router_weight_name(layer)]),
+        "ffn_gate_exps.weight" => Proj::Gate,
+        "ffn_up_exps.weight" => Proj::Up,
+        "ffn_down_exps.weight" => Proj::Down,
+        _ => return None,
+    };
+    let e = *ne.get(2)? as usize;
+    (ne.len() == 3).then(|| (0..e).map(|x| expert_weight_name(layer, x, proj)).collect())
 }
 
 /// A GGUF checkpoint viewed as a [`TensorSource`] with Hugging Face names
@@ -688,6 +709,31 @@ impl GgufModel {
         let mut entries = Vec::with_capacity(file.tensors.len());
         let mut by_name = HashMap::with_capacity(file.tensors.len());
         for (index, t) in file.tensors.iter().enumerate() {
+            if let Some(experts) = moe_names(&t.name, &t.ne) {
+                let n = experts.len();
+                let shape = t.torch_shape();
+                for (e, name) in experts.into_iter().enumerate() {
+                    let (shape, slice) = if n == 1 && shape.len() == 2 {
+                        (shape.clone(), None)
+                    } else {
+                        (shape[1..].to_vec(), Some((e, n)))
+                    };
+                    if by_name.insert(name.clone(), entries.len()).is_some() {
+                        return Err(StudioError::format(
+                            &file.file,
+                            FORMAT,
+                            format!("tensor `{}` maps to `{name}`, which another tensor already has", t.name),
+                        ));
+                    }
+                    entries.push(Entry {
+                        index,
+                        info: TensorInfo { name, dtype: t.dtype, shape },
+                        permute: Permute::None,
+                        slice,
+                    });
+                }
+                continue;
+            }
             let name = hf_name(&t.name).unwrap_or_else(|| t.name.clone());
             let permute = if !llama {
                 Permute::None
@@ -705,7 +751,12 @@ impl GgufModel {
                     format!("tensor `{}` maps to Hugging Face name `{name}`, which another tensor already has", t.name),
                 ));
             }
-            entries.push(Entry { index, info: TensorInfo { name, dtype: t.dtype, shape: t.torch_shape() }, permute });
+            entries.push(Entry {
+                index,
+                info: TensorInfo { name, dtype: t.dtype, shape: t.torch_shape() },
+                permute,
+                slice: None,
+            });
         }
         Ok(GgufModel { file, architecture, entries, by_name })
     }
@@ -900,6 +951,41 @@ impl GgufModel {
     }
 }
 
+impl GgufModel {
+    /// The MoE structure of a llama.cpp MoE (`{arch}.expert_count` > 0):
+    /// every layer with `expert_count` experts and `expert_used_count` per
+    /// token, no router bias, temperature 1, frozen experts from
+    /// `moe_studio.frozen_experts` when the studio wrote the file; `None`
+    /// for a dense model.
+    ///
+    /// # Errors
+    /// [`StudioError::Config`] for a mistyped key or a top-k outside `1..=E`.
+    pub fn moe_config(&self, num_layers: usize) -> Result<Option<crate::config::MoeConfig>> {
+        let Some(e) = self.meta_usize("expert_count", false)?.filter(|&e| e > 0) else { return Ok(None) };
+        let k = self.meta_usize("expert_used_count", true)?.unwrap_or(0);
+        let frozen: Vec<Vec<usize>> = match self.file.get("moe_studio.frozen_experts").and_then(GgufValue::as_array) {
+            Some(layers) => layers
+                .iter()
+                .map(|l| l.as_array().unwrap_or(&[]).iter().filter_map(|x| x.as_u64().map(|x| x as usize)).collect())
+                .collect(),
+            None => Vec::new(),
+        };
+        let coef = self.file.get("moe_studio.router_aux_loss_coef").and_then(GgufValue::as_f64).unwrap_or(0.01);
+        let layers = (0..num_layers)
+            .map(|l| {
+                Some(crate::config::MoeLayerSpec {
+                    num_experts: e,
+                    top_k: k,
+                    frozen: frozen.get(l).cloned().unwrap_or_default(),
+                    router_bias: false,
+                    temperature: 1.0,
+                })
+            })
+            .collect();
+        Ok(Some(crate::config::MoeConfig { layers, router_aux_loss_coef: coef }))
+    }
+}
+
 /// Undoes llama.cpp's q/k row permutation in place: `data` is `rows × cols`
 /// row-major with `rows = n_head * head_dim`; HF row `h*hd + j*hd/2 + i`
 /// takes GGUF row `h*hd + 2*i + j`.
@@ -949,8 +1035,22 @@ impl TensorSource for GgufModel {
         if !quant::is_supported(t.dtype) {
             return Err(unsupported(&self.file.file, name, t.dtype));
         }
-        let data = quant::dequantize(t.dtype, self.file.tensor_bytes(t), t.n_elements)
-            .map_err(|m| StudioError::tensor(&self.file.file, name, m))?;
+        let data = match e.slice {
+            None => quant::dequantize(t.dtype, self.file.tensor_bytes(t), t.n_elements),
+            Some((x, n)) => {
+                let bytes = self.file.tensor_bytes(t);
+                let (per_bytes, per) = (bytes.len() / n, t.n_elements / n);
+                if per_bytes * n != bytes.len() || quant::byte_size(t.dtype, per) != Some(per_bytes) {
+                    return Err(StudioError::tensor(
+                        &self.file.file,
+                        name,
+                        format!("the {n} experts of `{}` do not split into whole {} blocks", t.name, t.dtype),
+                    ));
+                }
+                quant::dequantize(t.dtype, &bytes[x * per_bytes..(x + 1) * per_bytes], per)
+            }
+        }
+        .map_err(|m| StudioError::tensor(&self.file.file, name, m))?;
         if e.permute == Permute::None {
             return Ok(data);
         }

@@ -11,6 +11,7 @@ pub mod bytes;
 pub mod dtype;
 pub mod export;
 pub mod gguf;
+pub mod gguf_write;
 pub mod llama2c;
 pub mod load;
 pub mod quant;

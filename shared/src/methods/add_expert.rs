@@ -12,7 +12,7 @@
 use super::moe_plan::{moe_tensor_plan, MoeTensor, Origin};
 use super::sink::{write_values, TensorSink};
 use crate::checkpoint::{DType, PlannedTensor, TensorSource};
-use crate::config::moe::{expert_weight_name, router_bias_name, router_weight_name};
+use crate::layout::names::{self, router_bias_name, router_weight_name, TensorRole};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
 
@@ -72,10 +72,13 @@ pub fn plan_add_expert(
     for t in &tensors {
         let dtype = match &t.origin {
             Origin::RouterWeight { layer } | Origin::RouterBias { layer } => router_dtype(*layer),
-            Origin::Expert { layer, expert, .. } if *expert == models => moe_src
-                .info(&expert_weight_name(*layer, 0, t.name.rsplit('.').nth(1).unwrap_or("w1")))
-                .map(|i| i.dtype)
-                .unwrap_or(DType::F32),
+            Origin::Expert { expert, .. } if *expert == models => {
+                let first = match names::parse(&t.name) {
+                    TensorRole::Expert { layer, proj, .. } => names::expert_weight_name(layer, 0, proj),
+                    _ => t.name.clone(),
+                };
+                moe_src.info(&first).map(|i| i.dtype).unwrap_or(DType::F32)
+            }
             _ => {
                 let info = moe_src
                     .info(&t.name)

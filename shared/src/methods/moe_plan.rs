@@ -9,11 +9,11 @@
 //! `down_proj`). Projection-major order lets a writer read one dense FFN
 //! tensor and emit its `E` copies before reading the next, so upcycling holds
 //! one source tensor at a time. Readers look tensors up by name, so the order
-//! is invisible to them. Names are those of `config::moe` (Mixtral layout;
-//! the studio layout uses the same names).
+//! is invisible to them. Names are the canonical ones of
+//! [`crate::layout::names`]; a layout renames them on the way out.
 
 use crate::checkpoint::export::dense_tensor_plan;
-use crate::config::moe::{expert_weight_name, mixtral_proj, router_bias_name, router_weight_name};
+use crate::layout::names::{self, expert_weight_name, router_bias_name, router_weight_name, Proj, TensorRole};
 use crate::config::{ModelConfig, MoeConfig};
 
 /// Where the values of one output tensor come from.
@@ -58,14 +58,6 @@ pub struct MoeTensor {
     pub origin: Origin,
 }
 
-/// Splits `model.layers.{l}.mlp.{proj}.weight` into `(l, proj)`.
-fn parse_dense_ffn(name: &str) -> Option<(usize, &str)> {
-    let rest = name.strip_prefix("model.layers.")?;
-    let (l, rest) = rest.split_once('.')?;
-    let proj = rest.strip_prefix("mlp.")?.strip_suffix(".weight")?;
-    Some((l.parse().ok()?, proj))
-}
-
 /// The MoE checkpoint's tensors in write order (see the module docs).
 ///
 /// `moe` must have been validated against `base` (one entry per layer).
@@ -73,7 +65,7 @@ pub fn moe_tensor_plan(base: &ModelConfig, moe: &MoeConfig) -> Vec<MoeTensor> {
     let d = base.hidden_size;
     let mut out = Vec::new();
     for (name, shape) in dense_tensor_plan(base) {
-        let Some((l, proj)) = parse_dense_ffn(&name) else {
+        let TensorRole::DenseFfn { layer: l, proj } = names::parse(&name) else {
             out.push(MoeTensor { name, shape, origin: Origin::Dense { ffn: false } });
             continue;
         };
@@ -82,7 +74,7 @@ pub fn moe_tensor_plan(base: &ModelConfig, moe: &MoeConfig) -> Vec<MoeTensor> {
             continue;
         };
         let e_count = spec.num_experts;
-        if proj == "gate_proj" {
+        if proj == Proj::Gate {
             out.push(MoeTensor {
                 name: router_weight_name(l),
                 shape: vec![e_count, d],
@@ -96,10 +88,9 @@ pub fn moe_tensor_plan(base: &ModelConfig, moe: &MoeConfig) -> Vec<MoeTensor> {
                 });
             }
         }
-        let w = mixtral_proj(proj);
         for e in 0..e_count {
             out.push(MoeTensor {
-                name: expert_weight_name(l, e, w),
+                name: expert_weight_name(l, e, proj),
                 shape: shape.clone(),
                 origin: Origin::Expert { layer: l, expert: e, dense_name: name.clone() },
             });

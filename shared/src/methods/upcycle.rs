@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use super::allocation::ExpertCounts;
 use super::moe_plan::{MoeTensor, Origin};
-use super::output::{check_dense_source, choose_layout, config_json, planned_tensors, LayoutChoice};
+use super::output::{check_dense_source, config_json, layout_sink, planned_tensors, LayoutChoice, LayoutRequest};
 use super::rng::NormalRng;
 use super::router_init::RouterInit;
 use super::sink::{to_bytes, write_values, TensorSink};
@@ -82,13 +82,15 @@ pub struct UpcycleOptions {
     /// Seed of the random router and the noise.
     pub seed: u64,
     /// Router temperature `T` of every MoE layer (folded into the router
-    /// weight in the Mixtral layout).
+    /// weight in every public layout).
     pub temperature: f64,
     /// Output dtype (default: each tensor's source float dtype, f32 for
     /// quantised tensors).
     pub dtype: Option<DType>,
     /// Load-balancing loss coefficient recorded in the config (0.01).
     pub router_aux_loss_coef: f64,
+    /// On-disk layout (`--layout`; default `auto`).
+    pub layout: LayoutRequest,
 }
 
 impl Default for UpcycleOptions {
@@ -106,6 +108,7 @@ impl Default for UpcycleOptions {
             temperature: 1.0,
             dtype: None,
             router_aux_loss_coef: 0.01,
+            layout: LayoutRequest::Auto,
         }
     }
 }
@@ -119,7 +122,8 @@ pub struct UpcyclePlan {
     pub choice: LayoutChoice,
     /// Output tensors and their origins, in write order.
     pub tensors: Vec<MoeTensor>,
-    /// The same tensors with output dtypes (the writer's plan).
+    /// The writer's plan: `tensors` with output dtypes under the layout's
+    /// names, then the layout's zero tensors.
     pub planned: Vec<PlannedTensor>,
     /// `config.json`.
     pub config_json: serde_json::Value,
@@ -168,12 +172,10 @@ pub fn plan_upcycle(src: &dyn TensorSource, base: &ModelConfig, opts: &UpcycleOp
         return Err(StudioError::Invalid(format!("cannot write dtype {d} (use f32, f16 or bf16)")));
     }
     check_dense_source(src, base)?;
-    let choice = choose_layout(base, &moe);
+    let choice = crate::layout::choose(base, &moe, opts.layout)?;
     let (tensors, planned) = planned_tensors(src, base, &choice.written, opts.dtype);
-    let mut warnings = Vec::new();
-    if let Some(r) = &choice.reason {
-        warnings.push(format!("written in the studio layout, which transformers cannot load, because {r}"));
-    }
+    let planned = choice.disk_plan(base, &planned);
+    let warnings = choice.warnings.clone();
     let provenance = serde_json::json!({
         "method": "upcycle",
         "source": src.source_name(),
@@ -183,7 +185,7 @@ pub fn plan_upcycle(src: &dyn TensorSource, base: &ModelConfig, opts: &UpcycleOp
         "temperature": opts.temperature,
     });
     let dtype = planned.first().map(|p| p.dtype).unwrap_or(DType::F32);
-    let config_json = config_json(base, &choice.written, dtype, provenance);
+    let config_json = config_json(base, &choice, dtype, provenance);
     Ok(UpcyclePlan { moe, choice, tensors, planned, config_json, warnings })
 }
 
@@ -197,6 +199,8 @@ pub fn write_upcycle(
     opts: &UpcycleOptions,
     sink: &mut dyn TensorSink,
 ) -> Result<()> {
+    let mut out = layout_sink(sink, &plan.choice, &plan.planned, plan.tensors.len());
+    let sink: &mut dyn TensorSink = &mut out;
     // The dense FFN tensor being copied, its f32 values and (lazily) its
     // output bytes for the un-noised copies.
     let mut current: Option<(String, Vec<f32>, Option<Vec<u8>>)> = None;
@@ -235,7 +239,7 @@ pub fn write_upcycle(
             }
         }
     }
-    Ok(())
+    out.finish()
 }
 
 /// Upcycles the dense model `src` (configuration `base`) into an MoE
@@ -319,7 +323,9 @@ mod tests {
             ..Default::default()
         };
         let plan = plan_upcycle(&src, &base, &opts).unwrap();
-        assert!(plan.choice.reason.as_deref().unwrap().contains("layer 1 stays dense"));
+        assert_eq!(plan.choice.name(), "qwen2_moe", "a dense layer 1 fits Qwen2-MoE's mlp_only_layers");
+        let plan = plan_upcycle(&src, &base, &UpcycleOptions { layout: LayoutRequest::parse("studio").unwrap(), ..opts.clone() })
+            .unwrap();
         assert_eq!(plan.config_json["model_type"], "moe_studio");
         assert_eq!(plan.config_json["moe_layers"][0]["temperature"], 0.5, "studio layout keeps T");
         let mut sink = MemorySink::new(plan.planned.clone());
@@ -327,13 +333,13 @@ mod tests {
         let out = SafetensorsFile::parse(Bytes::from_vec(sink.into_safetensors().unwrap()), "out").unwrap();
         let dense = src.read_f32("model.layers.0.mlp.up_proj.weight").unwrap();
         let bf16 = |v: &[f32]| v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect::<Vec<_>>();
-        let e = |i: usize| out.read_f32(&crate::config::moe::expert_weight_name(0, i, "w3")).unwrap();
+        let e = |i: usize| out.read_f32(&crate::layout::names::expert_weight_name(0, i, crate::layout::Proj::Up)).unwrap();
         assert_eq!(e(0), bf16(&dense), "frozen expert 0 is an exact copy");
         assert_ne!(e(1), e(0));
         assert_ne!(e(1), e(2), "each copy has its own noise");
         let max = e(1).iter().zip(&e(0)).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(max < 0.1, "additive noise of std 0.01 (max {max})");
         assert!(out.info("model.layers.1.mlp.down_proj.weight").is_some());
-        assert!(out.read_f32(&crate::config::moe::router_weight_name(0)).unwrap().iter().all(|&w| w == 0.0));
+        assert!(out.read_f32(&crate::layout::names::router_weight_name(0)).unwrap().iter().all(|&w| w == 0.0));
     }
 }

@@ -10,7 +10,7 @@ use super::moe::MoeLayer;
 use super::transformer::Mlp;
 use super::{Attention, DecoderBlock, Rope, SwiGlu, Transformer};
 use crate::checkpoint::TensorSource;
-use crate::config::moe::{expert_weight_name, router_bias_name, router_weight_name};
+use crate::layout::names::{expert_weight_name, router_bias_name, router_weight_name, Proj};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
 
@@ -74,6 +74,8 @@ fn hf_linear<B: Backend>(
 /// Loads a transformer with dense configuration `config` and, for MoE
 /// checkpoints, the layout `moe`, from `src`.
 ///
+/// `src` has canonical names ([`crate::layout::names`]; an on-disk layout
+/// that renames is read through [`crate::layout::LayoutSource`]).
 /// Tensors: `model.embed_tokens.weight [V, d]`,
 /// `model.layers.{l}.{input,post_attention}_layernorm.weight [d]`,
 /// `model.layers.{l}.self_attn.{q,k,v,o}_proj.weight` (`[out, in]`, q/k/v
@@ -137,9 +139,9 @@ pub fn load_transformer<B: Backend>(
                     let experts = (0..e)
                         .map(|x| {
                             Ok(SwiGlu {
-                                gate_proj: hf_linear(src, &expert_weight_name(l, x, "w1"), None, f, d, device)?,
-                                up_proj: hf_linear(src, &expert_weight_name(l, x, "w3"), None, f, d, device)?,
-                                down_proj: hf_linear(src, &expert_weight_name(l, x, "w2"), None, d, f, device)?,
+                                gate_proj: hf_linear(src, &expert_weight_name(l, x, Proj::Gate), None, f, d, device)?,
+                                up_proj: hf_linear(src, &expert_weight_name(l, x, Proj::Up), None, f, d, device)?,
+                                down_proj: hf_linear(src, &expert_weight_name(l, x, Proj::Down), None, d, f, device)?,
                             })
                         })
                         .collect::<Result<Vec<_>>>()?;

@@ -71,7 +71,7 @@ pub fn summarise(dir: &Path, entry: &str, name: &str) -> Result<ModelSummary, St
     })?;
     let mut s =
         ModelSummary::new(name, m.format, &m.config, m.source.as_ref(), m.tokenizer.as_ref().map(|t| t.vocab_size()))
-            .with_moe(m.moe.as_ref());
+            .with_moe(m.moe.as_ref(), m.layout);
     s.path = if entry.is_empty() { name.to_string() } else { format!("{name}/{entry}") };
     Ok(s)
 }

@@ -10,7 +10,7 @@ use crate::layout::MoeLayout;
 use crate::error::Result;
 use crate::tokenizer::{Llama2cTokenizer, Tokenizer};
 #[cfg(not(target_arch = "wasm32"))]
-use {super::safetensors_io::SafetensorsModel, crate::config::HfConfig, crate::error::StudioError};
+use {super::safetensors_io::SafetensorsModel, crate::error::StudioError};
 
 /// The on-disk format a model was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -65,6 +65,29 @@ pub fn layout_view(
         (Some(l), Some(m)) => crate::layout::wrap_source(src, l, config, m),
         _ => Ok(src),
     }
+}
+
+/// Builds a [`LoadedModel`] from a Hugging Face `config.json` and the
+/// on-disk tensors `source` (any platform; the CLI's directory reader and
+/// the browser's picked files both end here): a dense config, or an MoE
+/// whose layout ([`crate::layout::read_config_json`]) decides the
+/// canonical view of `source`.
+///
+/// # Errors
+/// Configuration errors naming `cfg_name`; those of [`layout_view`].
+pub fn from_hf_parts(
+    path: &str,
+    config_json: &[u8],
+    cfg_name: &str,
+    source: Box<dyn TensorSource + Send + Sync>,
+    tokenizer: Option<Tokenizer>,
+) -> Result<LoadedModel> {
+    let (config, moe, layout) = match crate::layout::read_config_json(config_json, cfg_name)? {
+        Some((layout, base, moe)) => (base, Some(moe), Some(layout)),
+        None => (crate::config::HfConfig::from_json(config_json, cfg_name)?.to_model_config(cfg_name)?, None, None),
+    };
+    let source = layout_view(source, layout, &config, moe.as_ref())?;
+    Ok(LoadedModel { path: path.into(), format: ModelFormat::Safetensors, config, moe, layout, source, tokenizer })
 }
 
 /// Builds a [`LoadedModel`] from a GGUF buffer (any platform).
@@ -196,11 +219,10 @@ pub fn open_model(path: &std::path::Path) -> Result<LoadedModel> {
         }
         let raw = std::fs::read(&cfg_path).map_err(|e| StudioError::io(cfg_path.display(), e))?;
         let cfg_name = cfg_path.display().to_string();
-        let (config, moe, layout) = match crate::layout::read_config_json(&raw, &cfg_name)? {
-            Some((layout, base, moe)) => (base, Some(moe), Some(layout)),
-            None => (HfConfig::from_json(&raw, &cfg_name)?.to_model_config(&cfg_name)?, None, None),
-        };
-        let source = layout_view(Box::new(SafetensorsModel::open_dir(path)?), layout, &config, moe.as_ref())?;
+        // Parse the configuration before mapping the weights: a bad
+        // config.json is reported first.
+        crate::layout::read_config_json(&raw, &cfg_name)?;
+        let source = SafetensorsModel::open_dir(path)?;
         let tok_path = path.join("tokenizer.json");
         let tokenizer = if tok_path.exists() {
             let b = std::fs::read(&tok_path).map_err(|e| StudioError::io(tok_path.display(), e))?;
@@ -208,15 +230,7 @@ pub fn open_model(path: &std::path::Path) -> Result<LoadedModel> {
         } else {
             None
         };
-        return Ok(LoadedModel {
-            path: name,
-            format: ModelFormat::Safetensors,
-            config,
-            moe,
-            layout,
-            source,
-            tokenizer,
-        });
+        return from_hf_parts(&name, &raw, &cfg_name, Box::new(source), tokenizer);
     }
     let bytes = Bytes::map_file(path)?;
     let magic = bytes.as_slice().get(..4);

@@ -255,6 +255,11 @@ impl LayoutChoice {
         self.layout.name()
     }
 
+    /// The on-disk name of the canonical tensor `name` in this layout.
+    pub fn disk_name(&self, name: &str) -> String {
+        self.layout.disk_name(&names::parse(name))
+    }
+
     /// The writer's plan: `canonical` renamed to the layout's names, then
     /// the layout's zero tensors (each in the dtype of the layer's first
     /// expert, else of `canonical[0]`, else F32). The first

@@ -211,7 +211,7 @@ fn layout_warnings(
     request: LayoutRequest,
 ) -> anyhow::Result<(&'static str, Vec<String>)> {
     let choice = layout::choose(base, routed, request)?;
-    let Some(reason) = choice.reason else { return Ok((choice.name(), Vec::new())) };
+    let Some(reason) = choice.reason.clone() else { return Ok((choice.name(), Vec::new())) };
     let mut unbiased = routed.clone();
     for s in unbiased.layers.iter_mut().flatten() {
         s.router_bias = false;

@@ -13,6 +13,7 @@ mod gguf_golden;
 mod gguf_malformed;
 mod gguf_tokenizer;
 mod hf_tiny;
+mod layouts;
 mod merge;
 mod moerge;
 mod neurons;

@@ -286,7 +286,8 @@ fn gguf_export_reads_back_to_the_same_model() {
         upcycle(src.source.as_ref(), &src.config, &opts, &moe_dir, None, Default::default()).unwrap();
         let m = open_model(&moe_dir).unwrap();
         let ours = logits_of(&m, &ids);
-        for (dtype, tol) in [(DType::F32, 1e-5f32), (DType::Q8_0, 0.05)] {
+        // Q8_0: 8-bit weights of a random model with logits of std ~0.9.
+        for (dtype, tol) in [(DType::F32, 1e-5f32), (DType::F16, 0.02), (DType::Q8_0, 0.2)] {
             let out = dir.path().join(format!("{fixture_name}-{dtype}.gguf"));
             let r = write_gguf(m.source.as_ref(), &m.config, m.moe.as_ref(), dtype, vec![], &out).unwrap();
             assert!(r.types.contains_key("F32"));

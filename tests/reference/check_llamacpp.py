@@ -86,7 +86,9 @@ def main():
 
     t0 = time.time()
     llm = Llama(model_path=a.gguf, n_ctx=max(a.window, a.logits_tokens), n_batch=max(a.window, a.logits_tokens),
-                logits_all=True, n_threads=a.threads, verbose=False, seed=0)
+                logits_all=True, n_threads=a.threads, verbose=False, seed=0,
+                # an f32 KV cache (llama.cpp's default is f16), so the logits compare in f32
+                type_k=0, type_v=0)
     load_s = time.time() - t0
     text = open(a.text, encoding="utf-8").read()
     ll_ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)[: a.max_tokens]

@@ -955,7 +955,7 @@ impl GgufModel {
     /// The MoE structure of a llama.cpp MoE (`{arch}.expert_count` > 0):
     /// every layer with `expert_count` experts and `expert_used_count` per
     /// token, no router bias, temperature 1, frozen experts from
-    /// `moe_studio.frozen_experts` when the studio wrote the file; `None`
+    /// `moe_studio.frozen_experts` (JSON) when the studio wrote the file; `None`
     /// for a dense model.
     ///
     /// # Errors
@@ -963,11 +963,10 @@ impl GgufModel {
     pub fn moe_config(&self, num_layers: usize) -> Result<Option<crate::config::MoeConfig>> {
         let Some(e) = self.meta_usize("expert_count", false)?.filter(|&e| e > 0) else { return Ok(None) };
         let k = self.meta_usize("expert_used_count", true)?.unwrap_or(0);
-        let frozen: Vec<Vec<usize>> = match self.file.get("moe_studio.frozen_experts").and_then(GgufValue::as_array) {
-            Some(layers) => layers
-                .iter()
-                .map(|l| l.as_array().unwrap_or(&[]).iter().filter_map(|x| x.as_u64().map(|x| x as usize)).collect())
-                .collect(),
+        let frozen: Vec<Vec<usize>> = match self.file.get_str("moe_studio.frozen_experts") {
+            Some(json) => serde_json::from_str(json).map_err(|e| {
+                StudioError::config(&self.file.file, format!("GGUF metadata `moe_studio.frozen_experts`: {e}"))
+            })?,
             None => Vec::new(),
         };
         let coef = self.file.get("moe_studio.router_aux_loss_coef").and_then(GgufValue::as_f64).unwrap_or(0.01);

@@ -24,7 +24,8 @@
 //!   MoE, `general.file_type`, and the tokenizer as `tokenizer.ggml.*`
 //!   including `pre` ([`crate::tokenizer::gguf_export`]), without which
 //!   llama.cpp refuses the vocabulary;
-//! - `moe_studio.frozen_experts` (llama.cpp ignores it; the studio's GGUF
+//! - `moe_studio.frozen_experts` (a JSON string, one list per layer:
+//!   llama.cpp ignores it and refuses arrays of arrays; the studio's GGUF
 //!   reader reads it back).
 //!
 //! llama.cpp's `llama` MoE weights the top-k by the softmax over all `E`
@@ -362,14 +363,11 @@ fn plan(
         let s = m.layers.iter().flatten().next().expect("an MoE has an MoE layer");
         kv.push(("llama.expert_count".into(), u32v(s.num_experts)));
         kv.push(("llama.expert_used_count".into(), u32v(s.top_k)));
-        let frozen: Vec<GgufValue> = m
-            .layers
-            .iter()
-            .map(|s| {
-                GgufValue::Array(s.as_ref().map(|s| s.frozen.iter().map(|&x| u32v(x)).collect()).unwrap_or_default())
-            })
-            .collect();
-        kv.push(("moe_studio.frozen_experts".into(), GgufValue::Array(frozen)));
+        // JSON in a string: llama.cpp refuses arrays of arrays.
+        let frozen: Vec<Vec<usize>> =
+            m.layers.iter().map(|s| s.as_ref().map(|s| s.frozen.clone()).unwrap_or_default()).collect();
+        let frozen = serde_json::to_string(&frozen).expect("json");
+        kv.push(("moe_studio.frozen_experts".into(), GgufValue::String(frozen)));
         kv.push(("moe_studio.router_aux_loss_coef".into(), GgufValue::F64(m.router_aux_loss_coef)));
     }
     kv.extend(tokenizer);

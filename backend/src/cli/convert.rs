@@ -60,11 +60,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let dtype = match a.dtype.as_deref() {
             None => DType::F16,
             Some("q8_0" | "Q8_0") => DType::Q8_0,
-            Some(s) => DType::parse_float(s).with_context(|| format!("--dtype `{s}`: expected f32, f16, bf16 or q8_0"))?,
+            Some(s) => {
+                DType::parse_float(s).with_context(|| format!("--dtype `{s}`: expected f32, f16, bf16 or q8_0"))?
+            }
         };
-        let tok = tok.with_context(|| {
-            format!("{}: no tokenizer to write as tokenizer.ggml.* (llama.cpp needs one)", m.path)
-        })?;
+        let tok = tok
+            .with_context(|| format!("{}: no tokenizer to write as tokenizer.ggml.* (llama.cpp needs one)", m.path))?;
         let meta = gguf_tokenizer(&tok, &m.config, &m.path)?;
         let report = write_gguf(m.source.as_ref(), &m.config, m.moe.as_ref(), dtype, meta, &a.out)?;
         for w in &report.warnings {
@@ -73,7 +74,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if a.json {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
-            println!("wrote {} ({} tensors, {:.1} MB, {:?})", a.out.display(), report.tensors, report.bytes as f64 / 1e6, report.types);
+            println!(
+                "wrote {} ({} tensors, {:.1} MB, {:?})",
+                a.out.display(),
+                report.tensors,
+                report.bytes as f64 / 1e6,
+                report.types
+            );
         }
         return Ok(());
     }

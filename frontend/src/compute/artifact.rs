@@ -1,8 +1,8 @@
 //! Turning a method's in-memory output into an [`Artifact`]: the download's
 //! bytes, parsed back as a model for the next step.
 
-use moe_shared::checkpoint::safetensors_io::SafetensorsFile;
 use moe_shared::checkpoint::load::from_hf_parts;
+use moe_shared::checkpoint::safetensors_io::SafetensorsFile;
 use moe_shared::checkpoint::{Bytes, LoadedModel};
 use moe_shared::tokenizer::Tokenizer;
 

@@ -10,8 +10,8 @@
 //! not the f64 mean used here (see `moe_shared::methods::average::weighted_mean`).
 
 use moe_shared::checkpoint::{TensorInfo, TensorSource};
-use moe_shared::layout::names::{self, expert_weight_name, Proj, TensorRole};
 use moe_shared::config::{ModelConfig, MoeConfig};
+use moe_shared::layout::names::{self, expert_weight_name, Proj, TensorRole};
 use moe_shared::Result;
 
 /// A dense [`TensorSource`] over an MoE source.

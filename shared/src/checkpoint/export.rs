@@ -129,7 +129,11 @@ pub fn export_moe(
                 format!("shape {:?} does not match the configuration (expected {:?})", info.shape, t.shape),
             ));
         }
-        canonical.push(PlannedTensor { name: t.name.clone(), dtype: out_dtype(info.dtype, dtype), shape: t.shape.clone() });
+        canonical.push(PlannedTensor {
+            name: t.name.clone(),
+            dtype: out_dtype(info.dtype, dtype),
+            shape: t.shape.clone(),
+        });
     }
     let planned = choice.disk_plan(config, &canonical);
     let mut w = super::SafetensorsWriter::create(out_dir, planned.clone(), opts)?;

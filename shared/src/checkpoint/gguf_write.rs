@@ -247,10 +247,16 @@ fn plan(
     tokenizer: Vec<(String, GgufValue)>,
 ) -> Result<Plan> {
     if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0) {
-        return Err(StudioError::config("--dtype", format!("GGUF output type {dtype}: expected f32, f16, bf16 or q8_0")));
+        return Err(StudioError::config(
+            "--dtype",
+            format!("GGUF output type {dtype}: expected f32, f16, bf16 or q8_0"),
+        ));
     }
     if let Some(why) = gguf_blocker(config, moe) {
-        return Err(StudioError::config(src.source_name(), format!("cannot be written as a llama.cpp GGUF exactly: {why}")));
+        return Err(StudioError::config(
+            src.source_name(),
+            format!("cannot be written as a llama.cpp GGUF exactly: {why}"),
+        ));
     }
     let (d, f, v) = (config.hidden_size as u64, config.intermediate_size as u64, config.vocab_size as u64);
     let hd = config.head_dim as u64;
@@ -264,7 +270,7 @@ fn plan(
         let t = match kind {
             Some(k) => k,
             None if ne.len() == 1 => DType::F32,
-            None if dtype == DType::Q8_0 && ne[0] % 32 != 0 => {
+            None if dtype == DType::Q8_0 && !ne[0].is_multiple_of(32) => {
                 warnings.push(format!("{name}: rows of {} values are not a multiple of 32, kept F32", ne[0]));
                 DType::F32
             }
@@ -279,12 +285,32 @@ fn plan(
         let b = format!("blk.{l}");
         let perm = |name: String, heads: usize| From::Tensor { name, permute: Some(heads), scale: 1.0 };
         add(format!("{b}.attn_norm.weight"), vec![d], plain(&format!("{p}.input_layernorm.weight")), None);
-        add(format!("{b}.attn_q.weight"), vec![d, q], perm(format!("{p}.self_attn.q_proj.weight"), config.num_heads), None);
-        add(format!("{b}.attn_k.weight"), vec![d, kv], perm(format!("{p}.self_attn.k_proj.weight"), config.num_kv_heads), None);
+        add(
+            format!("{b}.attn_q.weight"),
+            vec![d, q],
+            perm(format!("{p}.self_attn.q_proj.weight"), config.num_heads),
+            None,
+        );
+        add(
+            format!("{b}.attn_k.weight"),
+            vec![d, kv],
+            perm(format!("{p}.self_attn.k_proj.weight"), config.num_kv_heads),
+            None,
+        );
         add(format!("{b}.attn_v.weight"), vec![d, kv], plain(&format!("{p}.self_attn.v_proj.weight")), None);
         if config.attention_bias {
-            add(format!("{b}.attn_q.bias"), vec![q], perm(format!("{p}.self_attn.q_proj.bias"), config.num_heads), None);
-            add(format!("{b}.attn_k.bias"), vec![kv], perm(format!("{p}.self_attn.k_proj.bias"), config.num_kv_heads), None);
+            add(
+                format!("{b}.attn_q.bias"),
+                vec![q],
+                perm(format!("{p}.self_attn.q_proj.bias"), config.num_heads),
+                None,
+            );
+            add(
+                format!("{b}.attn_k.bias"),
+                vec![kv],
+                perm(format!("{p}.self_attn.k_proj.bias"), config.num_kv_heads),
+                None,
+            );
             add(format!("{b}.attn_v.bias"), vec![kv], plain(&format!("{p}.self_attn.v_proj.bias")), None);
         }
         add(format!("{b}.attn_output.weight"), vec![q, d], plain(&format!("{p}.self_attn.o_proj.weight")), None);
@@ -305,7 +331,9 @@ fn plan(
                     From::Tensor { name: names::router_weight_name(l), permute: None, scale: s_l },
                     Some(DType::F32),
                 );
-                for (proj, g) in [(Proj::Gate, "ffn_gate_exps"), (Proj::Up, "ffn_up_exps"), (Proj::Down, "ffn_down_exps")] {
+                for (proj, g) in
+                    [(Proj::Gate, "ffn_gate_exps"), (Proj::Up, "ffn_up_exps"), (Proj::Down, "ffn_down_exps")]
+                {
                     let ne = if proj == Proj::Down { vec![f, d, e] } else { vec![d, f, e] };
                     add(format!("{b}.{g}.weight"), ne, From::Experts { layer: l, experts: s.num_experts, proj }, None);
                 }

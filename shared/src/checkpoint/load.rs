@@ -6,8 +6,8 @@ use super::gguf::GgufModel;
 use super::llama2c::Llama2cModel;
 use super::{Bytes, TensorSource};
 use crate::config::{ModelConfig, MoeConfig};
-use crate::layout::MoeLayout;
 use crate::error::Result;
+use crate::layout::MoeLayout;
 use crate::tokenizer::{Llama2cTokenizer, Tokenizer};
 #[cfg(not(target_arch = "wasm32"))]
 use {super::safetensors_io::SafetensorsModel, crate::error::StudioError};

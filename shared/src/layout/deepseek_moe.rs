@@ -63,7 +63,9 @@ impl MoeLayout for DeepseekMoe {
     fn read_config(&self, _v: &serde_json::Value, source_name: &str) -> Result<(ModelConfig, MoeConfig)> {
         Err(StudioError::config(
             source_name,
-            format!("a DeepSeek-MoE checkpoint (`model_type: \"deepseek\"`): moe-studio does not read it, because {WHY}"),
+            format!(
+                "a DeepSeek-MoE checkpoint (`model_type: \"deepseek\"`): moe-studio does not read it, because {WHY}"
+            ),
         ))
     }
 }

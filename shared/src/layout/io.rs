@@ -47,7 +47,11 @@ impl LayoutSource {
                 return Err(StudioError::format(
                     inner.source_name(),
                     "safetensors",
-                    format!("tensor `{}` maps to `{name}` in the {} layout, which another tensor already does", t.name, layout.name()),
+                    format!(
+                        "tensor `{}` maps to `{name}` in the {} layout, which another tensor already does",
+                        t.name,
+                        layout.name()
+                    ),
                 ));
             }
             tensors.push(TensorInfo { name, ..t });

@@ -14,7 +14,9 @@
 //! MoE with one `E` and `k`, no router bias, a Llama/Mistral attention
 //! (no q/k/v bias). A temperature is folded into the gate weight.
 
-use super::{base_config, get_usize, read_base, recorded_base_type, recorded_frozen, uniform, Blocker, MoeLayout, SharedExperts};
+use super::{
+    base_config, get_usize, read_base, recorded_base_type, recorded_frozen, uniform, Blocker, MoeLayout, SharedExperts,
+};
 use crate::config::{Architecture, ModelConfig, MoeConfig, MoeLayerSpec};
 use crate::error::Result;
 
@@ -113,7 +115,10 @@ mod tests {
         let b = base("llama");
         let dense = MoeConfig { layers: vec![Some(spec(4, 2)), None], router_aux_loss_coef: 0.01 };
         assert_eq!(Mixtral.check(&b, &dense).unwrap_err().field, "experts_per_layer");
-        assert_eq!(Mixtral.check(&base("qwen2"), &MoeConfig::uniform(2, spec(4, 2))).unwrap_err().field, "attention_bias");
+        assert_eq!(
+            Mixtral.check(&base("qwen2"), &MoeConfig::uniform(2, spec(4, 2))).unwrap_err().field,
+            "attention_bias"
+        );
         // frozen experts never block
         let frozen = MoeConfig::uniform(2, MoeLayerSpec { frozen: vec![0, 1, 2], ..spec(4, 2) });
         assert!(Mixtral.check(&b, &frozen).is_ok());

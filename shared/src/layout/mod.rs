@@ -191,19 +191,14 @@ pub fn names_list() -> String {
 }
 
 /// What the user asked for with `--layout`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub enum LayoutRequest {
     /// The first public layout that holds the model exactly, else the
     /// studio layout (with the reasons).
+    #[default]
     Auto,
     /// This layout, or a refusal naming why and which layouts can.
     Named(&'static dyn MoeLayout),
-}
-
-impl Default for LayoutRequest {
-    fn default() -> Self {
-        LayoutRequest::Auto
-    }
 }
 
 impl PartialEq for LayoutRequest {
@@ -497,7 +492,10 @@ mod tests {
                 MoeConfig::uniform(2, spec(4, 2)),
                 MoeConfig { layers: vec![Some(spec(3, 1)), None], router_aux_loss_coef: 0.02 },
                 MoeConfig {
-                    layers: vec![Some(spec(2, 1)), Some(MoeLayerSpec { router_bias: true, temperature: 0.5, ..spec(3, 2) })],
+                    layers: vec![
+                        Some(spec(2, 1)),
+                        Some(MoeLayerSpec { router_bias: true, temperature: 0.5, ..spec(3, 2) }),
+                    ],
                     router_aux_loss_coef: 0.01,
                 },
             ] {

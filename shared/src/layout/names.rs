@@ -262,7 +262,10 @@ mod tests {
         for r in roles {
             assert_eq!(parse(&canonical(&r)), r, "{}", canonical(&r));
         }
-        assert_eq!(canonical(&TensorRole::Expert { layer: 2, expert: 1, proj: Proj::Gate }), "model.layers.2.block_sparse_moe.experts.1.w1.weight");
+        assert_eq!(
+            canonical(&TensorRole::Expert { layer: 2, expert: 1, proj: Proj::Gate }),
+            "model.layers.2.block_sparse_moe.experts.1.w1.weight"
+        );
         for odd in [
             "model.layers.01.block_sparse_moe.gate.weight",
             "model.layers.1.block_sparse_moe.experts.x.w1.weight",

@@ -30,8 +30,7 @@
 
 use super::names::{split_layer, Proj, TensorRole};
 use super::{
-    base_config, get_usize, read_base, recorded_base_type, recorded_frozen, uniform, Blocker, MoeLayout,
-    SharedExperts,
+    base_config, get_usize, read_base, recorded_base_type, recorded_frozen, uniform, Blocker, MoeLayout, SharedExperts,
 };
 use crate::checkpoint::TensorSource;
 use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
@@ -121,7 +120,7 @@ impl MoeLayout for Qwen2Moe {
             Some(x) => serde_json::from_value(x.clone())
                 .map_err(|e| StudioError::format(source_name, "config.json", format!("`mlp_only_layers`: {e}")))?,
         };
-        let is_moe = |l: usize| e > 0 && !only.contains(&l) && (l + 1) % step == 0;
+        let is_moe = |l: usize| e > 0 && !only.contains(&l) && (l + 1).is_multiple_of(step);
         let moe_f = v.get("moe_intermediate_size").and_then(|x| x.as_u64()).map(|x| x as usize);
         let any_dense = (0..base.num_layers).any(|l| !is_moe(l));
         match moe_f {
@@ -216,15 +215,27 @@ impl MoeLayout for Qwen2Moe {
             }
             let gate = shared_expert_gate_name(l);
             let g = src.info(&gate).ok_or_else(|| {
-                StudioError::tensor(src.source_name(), &gate, "missing: Qwen2-MoE requires a shared expert in every MoE layer")
+                StudioError::tensor(
+                    src.source_name(),
+                    &gate,
+                    "missing: Qwen2-MoE requires a shared expert in every MoE layer",
+                )
             })?;
             if g.shape != [1, d] {
-                return Err(StudioError::tensor(src.source_name(), &gate, format!("shape {:?}, expected [1, {d}]", g.shape)));
+                return Err(StudioError::tensor(
+                    src.source_name(),
+                    &gate,
+                    format!("shape {:?}, expected [1, {d}]", g.shape),
+                ));
             }
             for proj in Proj::ALL {
                 let name = shared_expert_name(l, proj);
                 let info = src.info(&name).ok_or_else(|| {
-                    StudioError::tensor(src.source_name(), &name, "missing: Qwen2-MoE requires a shared expert in every MoE layer")
+                    StudioError::tensor(
+                        src.source_name(),
+                        &name,
+                        "missing: Qwen2-MoE requires a shared expert in every MoE layer",
+                    )
                 })?;
                 let values = src.read_f32(&name)?;
                 let bad = |x: &f32| if proj == Proj::Down { *x != 0.0 } else { !x.is_finite() };
@@ -270,7 +281,10 @@ mod tests {
             Qwen2Moe.disk_name(&names::parse("model.layers.3.block_sparse_moe.experts.1.w2.weight")),
             "model.layers.3.mlp.experts.1.down_proj.weight"
         );
-        assert_eq!(Qwen2Moe.disk_name(&names::parse("model.layers.3.block_sparse_moe.gate.weight")), "model.layers.3.mlp.gate.weight");
+        assert_eq!(
+            Qwen2Moe.disk_name(&names::parse("model.layers.3.block_sparse_moe.gate.weight")),
+            "model.layers.3.mlp.gate.weight"
+        );
     }
 
     #[test]

@@ -12,9 +12,9 @@
 use super::moe_plan::{moe_tensor_plan, MoeTensor, Origin};
 use super::sink::{write_values, TensorSink};
 use crate::checkpoint::{DType, PlannedTensor, TensorSource};
-use crate::layout::names::{self, router_bias_name, router_weight_name, TensorRole};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
+use crate::layout::names::{self, router_bias_name, router_weight_name, TensorRole};
 
 /// A validated plan: the grown MoE layout and its tensors.
 #[derive(Debug, Clone)]

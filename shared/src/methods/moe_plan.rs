@@ -13,8 +13,8 @@
 //! [`crate::layout::names`]; a layout renames them on the way out.
 
 use crate::checkpoint::export::dense_tensor_plan;
-use crate::layout::names::{self, expert_weight_name, router_bias_name, router_weight_name, Proj, TensorRole};
 use crate::config::{ModelConfig, MoeConfig};
+use crate::layout::names::{self, expert_weight_name, router_bias_name, router_weight_name, Proj, TensorRole};
 
 /// Where the values of one output tensor come from.
 #[derive(Debug, Clone, PartialEq, Eq)]

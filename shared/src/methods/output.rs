@@ -7,9 +7,9 @@ use serde::Serialize;
 use super::moe_plan::{moe_tensor_plan, MoeTensor, Origin};
 use crate::checkpoint::{DType, PlannedTensor, TensorSource};
 use crate::config::{ModelConfig, MoeConfig};
+use crate::error::{Result, StudioError};
 use crate::layout::LayoutSink;
 use crate::methods::sink::TensorSink;
-use crate::error::{Result, StudioError};
 
 pub use crate::layout::{LayoutChoice, LayoutRequest};
 

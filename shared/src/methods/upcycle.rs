@@ -324,8 +324,12 @@ mod tests {
         };
         let plan = plan_upcycle(&src, &base, &opts).unwrap();
         assert_eq!(plan.choice.name(), "qwen2_moe", "a dense layer 1 fits Qwen2-MoE's mlp_only_layers");
-        let plan = plan_upcycle(&src, &base, &UpcycleOptions { layout: LayoutRequest::parse("studio").unwrap(), ..opts.clone() })
-            .unwrap();
+        let plan = plan_upcycle(
+            &src,
+            &base,
+            &UpcycleOptions { layout: LayoutRequest::parse("studio").unwrap(), ..opts.clone() },
+        )
+        .unwrap();
         assert_eq!(plan.config_json["model_type"], "moe_studio");
         assert_eq!(plan.config_json["moe_layers"][0]["temperature"], 0.5, "studio layout keeps T");
         let mut sink = MemorySink::new(plan.planned.clone());
@@ -333,7 +337,8 @@ mod tests {
         let out = SafetensorsFile::parse(Bytes::from_vec(sink.into_safetensors().unwrap()), "out").unwrap();
         let dense = src.read_f32("model.layers.0.mlp.up_proj.weight").unwrap();
         let bf16 = |v: &[f32]| v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect::<Vec<_>>();
-        let e = |i: usize| out.read_f32(&crate::layout::names::expert_weight_name(0, i, crate::layout::Proj::Up)).unwrap();
+        let e =
+            |i: usize| out.read_f32(&crate::layout::names::expert_weight_name(0, i, crate::layout::Proj::Up)).unwrap();
         assert_eq!(e(0), bf16(&dense), "frozen expert 0 is an exact copy");
         assert_ne!(e(1), e(0));
         assert_ne!(e(1), e(2), "each copy has its own noise");

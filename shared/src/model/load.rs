@@ -10,9 +10,9 @@ use super::moe::MoeLayer;
 use super::transformer::Mlp;
 use super::{Attention, DecoderBlock, Rope, SwiGlu, Transformer};
 use crate::checkpoint::TensorSource;
-use crate::layout::names::{expert_weight_name, router_bias_name, router_weight_name, Proj};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
+use crate::layout::names::{expert_weight_name, router_bias_name, router_weight_name, Proj};
 
 /// Reads tensor `name`, checking that its shape is `shape`.
 ///

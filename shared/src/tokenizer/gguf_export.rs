@@ -70,7 +70,11 @@ pub fn pre_name(pre: &serde_json::Value) -> Option<&'static str> {
 /// not byte-level BPE, a pre-tokenizer llama.cpp does not know by name, a
 /// vocabulary with gaps in its ids or larger than the model's, or malformed
 /// JSON.
-pub fn gguf_tokenizer(tokenizer_json: &str, config: &ModelConfig, source_name: &str) -> Result<Vec<(String, GgufValue)>> {
+pub fn gguf_tokenizer(
+    tokenizer_json: &str,
+    config: &ModelConfig,
+    source_name: &str,
+) -> Result<Vec<(String, GgufValue)>> {
     let v: serde_json::Value = serde_json::from_str(tokenizer_json).map_err(|e| err(source_name, e.to_string()))?;
     let model = v.get("model").ok_or_else(|| err(source_name, "tokenizer.json has no `model`"))?;
     if model.get("type").and_then(|t| t.as_str()) != Some("BPE") {
@@ -100,7 +104,8 @@ pub fn gguf_tokenizer(tokenizer_json: &str, config: &ModelConfig, source_name: &
         put(id as usize, tok, NORMAL);
     }
     for a in v.get("added_tokens").and_then(|x| x.as_array()).into_iter().flatten() {
-        let (Some(id), Some(content)) = (a.get("id").and_then(|x| x.as_u64()), a.get("content").and_then(|x| x.as_str()))
+        let (Some(id), Some(content)) =
+            (a.get("id").and_then(|x| x.as_u64()), a.get("content").and_then(|x| x.as_str()))
         else {
             continue;
         };

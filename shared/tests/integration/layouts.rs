@@ -53,7 +53,11 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn json_logits(v: &serde_json::Value) -> Vec<f32> {
-    v.as_array().unwrap().iter().flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32)).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32))
+        .collect()
 }
 
 fn ids_of(v: &serde_json::Value) -> Vec<u32> {
@@ -203,26 +207,54 @@ fn a_named_layout_that_cannot_hold_the_model_is_refused_before_anything_is_writt
     let qwen2 = open_model(&fixture("tiny-qwen2")).unwrap();
     let out = dir.path().join("refused");
     // q/k/v bias into Mixtral
-    let e = upcycle(qwen2.source.as_ref(), &qwen2.config, &tiny_opts(ExpertCounts::Uniform(4), "mixtral"), &out, None, Default::default())
-        .unwrap_err()
-        .to_string();
+    let e = upcycle(
+        qwen2.source.as_ref(),
+        &qwen2.config,
+        &tiny_opts(ExpertCounts::Uniform(4), "mixtral"),
+        &out,
+        None,
+        Default::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("`attention_bias`") && e.contains("layouts that can: qwen2_moe, moe_studio"), "{e}");
     assert!(!out.exists());
     // per-layer expert counts into Qwen2-MoE
     let per_layer = ExpertCounts::PerLayer(vec![Some(2), Some(3)]);
-    let e = upcycle(qwen2.source.as_ref(), &qwen2.config, &tiny_opts(per_layer, "qwen2_moe"), &out, None, Default::default())
-        .unwrap_err()
-        .to_string();
+    let e = upcycle(
+        qwen2.source.as_ref(),
+        &qwen2.config,
+        &tiny_opts(per_layer, "qwen2_moe"),
+        &out,
+        None,
+        Default::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("`num_experts`") && e.contains("layouts that can: moe_studio"), "{e}");
     assert!(!out.exists());
     // a router bias into Mixtral (a routed DUME model), on write and on convert
     let llama = open_model(&fixture("tiny-mistral")).unwrap();
     let studio = dir.path().join("studio");
-    upcycle(llama.source.as_ref(), &llama.config, &tiny_opts(ExpertCounts::Uniform(2), "studio"), &studio, None, Default::default())
-        .unwrap();
+    upcycle(
+        llama.source.as_ref(),
+        &llama.config,
+        &tiny_opts(ExpertCounts::Uniform(2), "studio"),
+        &studio,
+        None,
+        Default::default(),
+    )
+    .unwrap();
     let m = open_model(&studio).unwrap();
     let biased = MoeConfig {
-        layers: m.moe.as_ref().unwrap().layers.iter().map(|s| s.clone().map(|s| MoeLayerSpec { router_bias: true, ..s })).collect(),
+        layers: m
+            .moe
+            .as_ref()
+            .unwrap()
+            .layers
+            .iter()
+            .map(|s| s.clone().map(|s| MoeLayerSpec { router_bias: true, ..s }))
+            .collect(),
         ..m.moe.clone().unwrap()
     };
     let d = m.config.hidden_size;
@@ -240,9 +272,18 @@ fn a_named_layout_that_cannot_hold_the_model_is_refused_before_anything_is_writt
     write_routed(m.source.as_ref(), &m.config, &biased, &routers, &routed, vec![], json, LayoutRequest::Auto).unwrap();
     let r = open_model(&routed).unwrap();
     assert_eq!(r.layout.map(|l| l.name()), Some("moe_studio"), "auto falls back to the studio layout");
-    let e = export_moe(r.source.as_ref(), &r.config, r.moe.as_ref().unwrap(), mixtral, &out, None, None, Default::default())
-        .unwrap_err()
-        .to_string();
+    let e = export_moe(
+        r.source.as_ref(),
+        &r.config,
+        r.moe.as_ref().unwrap(),
+        mixtral,
+        &out,
+        None,
+        None,
+        Default::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("`router_bias`"), "{e}");
     assert!(!out.exists());
 }
@@ -252,16 +293,40 @@ fn converting_between_layouts_round_trips_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     let qwen2 = open_model(&fixture("tiny-qwen2")).unwrap();
     let a = dir.path().join("a");
-    let opts = UpcycleOptions { temperature: 0.5, noise: CopyNoise { kind: NoiseKind::Additive, std: 0.05 }, ..tiny_opts(ExpertCounts::PerLayer(vec![Some(4), None]), "auto") };
+    let opts = UpcycleOptions {
+        temperature: 0.5,
+        noise: CopyNoise { kind: NoiseKind::Additive, std: 0.05 },
+        ..tiny_opts(ExpertCounts::PerLayer(vec![Some(4), None]), "auto")
+    };
     let report = upcycle(qwen2.source.as_ref(), &qwen2.config, &opts, &a, None, Default::default()).unwrap();
     assert_eq!(report.layout, "qwen2_moe");
     let ma = open_model(&a).unwrap();
     let studio = by_name("studio").unwrap();
     let b = dir.path().join("b");
-    export_moe(ma.source.as_ref(), &ma.config, ma.moe.as_ref().unwrap(), LayoutRequest::Named(studio), &b, None, None, Default::default()).unwrap();
+    export_moe(
+        ma.source.as_ref(),
+        &ma.config,
+        ma.moe.as_ref().unwrap(),
+        LayoutRequest::Named(studio),
+        &b,
+        None,
+        None,
+        Default::default(),
+    )
+    .unwrap();
     let mb = open_model(&b).unwrap();
     let c = dir.path().join("c");
-    export_moe(mb.source.as_ref(), &mb.config, mb.moe.as_ref().unwrap(), LayoutRequest::parse("qwen2_moe").unwrap(), &c, None, None, Default::default()).unwrap();
+    export_moe(
+        mb.source.as_ref(),
+        &mb.config,
+        mb.moe.as_ref().unwrap(),
+        LayoutRequest::parse("qwen2_moe").unwrap(),
+        &c,
+        None,
+        None,
+        Default::default(),
+    )
+    .unwrap();
     let mc = open_model(&c).unwrap();
     assert_eq!(mc.moe, ma.moe);
     for t in ma.source.tensors() {
@@ -269,7 +334,8 @@ fn converting_between_layouts_round_trips_bit_for_bit() {
         assert!(x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()), "{}", t.name);
     }
     let on_disk = moe_shared::checkpoint::safetensors_io::SafetensorsModel::open_dir(&c).unwrap();
-    let shared: Vec<String> = on_disk.tensors().into_iter().map(|t| t.name).filter(|n| n.contains("shared_expert")).collect();
+    let shared: Vec<String> =
+        on_disk.tensors().into_iter().map(|t| t.name).filter(|n| n.contains("shared_expert")).collect();
     assert_eq!(shared.len(), 4, "one zero shared expert in the one MoE layer: {shared:?}");
     let ids = [1, 5, 17, 42, 3, 88];
     assert_eq!(logits_of(&ma, &ids), logits_of(&mb, &ids));
@@ -282,7 +348,11 @@ fn gguf_export_reads_back_to_the_same_model() {
     for (fixture_name, experts, want_attn_bias) in [("tiny-qwen2", 4, true), ("tiny-mistral", 2, false)] {
         let src = open_model(&fixture(fixture_name)).unwrap();
         let moe_dir = dir.path().join(format!("{fixture_name}-moe"));
-        let opts = UpcycleOptions { temperature: 0.5, noise: CopyNoise { kind: NoiseKind::Multiplicative, std: 0.2 }, ..tiny_opts(ExpertCounts::Uniform(experts), "auto") };
+        let opts = UpcycleOptions {
+            temperature: 0.5,
+            noise: CopyNoise { kind: NoiseKind::Multiplicative, std: 0.2 },
+            ..tiny_opts(ExpertCounts::Uniform(experts), "auto")
+        };
         upcycle(src.source.as_ref(), &src.config, &opts, &moe_dir, None, Default::default()).unwrap();
         let m = open_model(&moe_dir).unwrap();
         let ours = logits_of(&m, &ids);
@@ -294,7 +364,11 @@ fn gguf_export_reads_back_to_the_same_model() {
             let g = from_gguf_bytes(Bytes::map_file(&out).unwrap(), &out.display().to_string()).unwrap();
             assert_eq!(g.config.attention_bias, want_attn_bias);
             let gm = g.moe.as_ref().unwrap();
-            assert!(gm.layers.iter().flatten().all(|s| s.num_experts == experts && s.top_k == 2 && s.frozen == vec![0]));
+            assert!(gm
+                .layers
+                .iter()
+                .flatten()
+                .all(|s| s.num_experts == experts && s.top_k == 2 && s.frozen == vec![0]));
             let diff = max_diff(&logits_of(&g, &ids), &ours);
             eprintln!("{fixture_name} GGUF {dtype}: max |dlogit| vs the safetensors export {diff:.2e}");
             assert!(diff < tol, "{fixture_name} {dtype}: {diff}");
@@ -303,7 +377,15 @@ fn gguf_export_reads_back_to_the_same_model() {
     // a dense layer has no place in llama.cpp's llama MoE: refused, nothing written
     let src = open_model(&fixture("tiny-qwen2")).unwrap();
     let moe_dir = dir.path().join("dense-layer");
-    upcycle(src.source.as_ref(), &src.config, &tiny_opts(ExpertCounts::PerLayer(vec![Some(2), None]), "auto"), &moe_dir, None, Default::default()).unwrap();
+    upcycle(
+        src.source.as_ref(),
+        &src.config,
+        &tiny_opts(ExpertCounts::PerLayer(vec![Some(2), None]), "auto"),
+        &moe_dir,
+        None,
+        Default::default(),
+    )
+    .unwrap();
     let m = open_model(&moe_dir).unwrap();
     let out = dir.path().join("refused.gguf");
     let e = write_gguf(m.source.as_ref(), &m.config, m.moe.as_ref(), DType::F32, vec![], &out).unwrap_err().to_string();

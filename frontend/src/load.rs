@@ -3,9 +3,9 @@
 //! `model.safetensors.index.json`]), a `.gguf`, or a llama2.c `.bin` with its
 //! tokenizer `.bin`. The same readers as the CLI (`moe_shared::checkpoint`).
 
-use moe_shared::checkpoint::load::{from_gguf_bytes, from_llama2c_bytes};
+use moe_shared::checkpoint::load::{from_gguf_bytes, from_hf_parts, from_llama2c_bytes};
 use moe_shared::checkpoint::safetensors_io::{parse_index, SafetensorsFile, SafetensorsModel};
-use moe_shared::checkpoint::{Bytes, LoadedModel, ModelFormat};
+use moe_shared::checkpoint::{Bytes, LoadedModel};
 use moe_shared::config::{HfConfig, ModelConfig, MoeConfig};
 use moe_shared::tokenizer::Tokenizer;
 
@@ -141,13 +141,14 @@ fn hf_model(files: Vec<PickedFile>, total: u64) -> Result<(String, LoadedModel, 
         .iter()
         .find(|f| f.name == "config.json")
         .ok_or("Hugging Face files need their config.json (pick it together with the .safetensors files)")?;
-    let (config, moe) = match MoeConfig::from_config_json(&cfg.bytes, "config.json").map_err(err)? {
-        Some((base, moe)) => (base, Some(moe)),
+    let (config, moe) = match moe_shared::layout::read_config_json(&cfg.bytes, "config.json").map_err(err)? {
+        Some((_, base, moe)) => (base, Some(moe)),
         None => (
             HfConfig::from_json(&cfg.bytes, "config.json").map_err(err)?.to_model_config("config.json").map_err(err)?,
             None,
         ),
     };
+    let cfg_bytes = cfg.bytes.clone();
     let first = files.iter().find(|f| ext(&f.name) == "safetensors").map(|f| f.name.clone()).unwrap_or_default();
     let name = first.trim_end_matches(".safetensors").to_string();
     check_fits(&name, &config, moe.as_ref())?;
@@ -164,16 +165,9 @@ fn hf_model(files: Vec<PickedFile>, total: u64) -> Result<(String, LoadedModel, 
         shards.push(SafetensorsFile::parse(Bytes::from_vec(f.bytes), &f.name).map_err(err)?);
     }
     let source = SafetensorsModel::from_files(&name, shards, index.as_ref()).map_err(err)?;
-    // The same check as `inspect` and the server's registration.
-    moe_shared::checkpoint::check::check_tensors(&source, &config, moe.as_ref()).map_err(err)?;
-    let m = LoadedModel {
-        path: name.clone(),
-        format: ModelFormat::Safetensors,
-        config,
-        moe,
-        source: Box::new(source),
-        tokenizer,
-    };
+    // `from_hf_parts` runs the same check as `inspect` and the server's
+    // registration (`check_tensors`, on the canonical view).
+    let m = from_hf_parts(&name, &cfg_bytes, "config.json", Box::new(source), tokenizer).map_err(err)?;
     Ok((name, m, total))
 }
 

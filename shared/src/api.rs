@@ -6,7 +6,6 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::{ModelFormat, TensorSource};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::methods::merge::MergeMethod;
-use crate::methods::Layout;
 use crate::train::Stage;
 
 /// One tensor in a model summary.
@@ -47,12 +46,17 @@ pub struct ModelSummary {
 /// one entry per decoder layer (`null` / empty / `false` for a dense layer).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MoeSummary {
-    /// `mixtral` (transformers' `MixtralForCausalLM` loads it) or
-    /// `moe_studio` (the studio's own layout).
-    pub layout: Layout,
-    /// Why the Mixtral layout does not apply (studio layout only).
+    /// The on-disk layout (a [`crate::layout::REGISTRY`] name: `mixtral`,
+    /// `qwen2_moe`, ..., `moe_studio`): the one it was read in, else the one
+    /// `auto` would write.
+    pub layout: String,
+    /// Why no public layout holds it (studio layout only): one reason per
+    /// public layout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub studio_reason: Option<String>,
+    /// The public layouts that hold it exactly (`convert --layout` targets).
+    #[serde(default)]
+    pub public_layouts: Vec<String>,
     /// Experts per layer `E_l` (`null` = dense FFN).
     pub experts_per_layer: Vec<Option<usize>>,
     /// Experts per token `k_l` (`null` = dense FFN).
@@ -86,12 +90,17 @@ pub struct MoeSummary {
 }
 
 impl MoeSummary {
-    /// Summarises `moe` on the dense `base`.
-    pub fn new(base: &ModelConfig, moe: &MoeConfig) -> Self {
-        let studio_reason = moe.mixtral_blocker(base);
+    /// Summarises `moe` on the dense `base`, read in `layout` (`None`: the
+    /// layout `auto` would pick).
+    pub fn new(base: &ModelConfig, moe: &MoeConfig, layout: Option<&dyn crate::layout::MoeLayout>) -> Self {
+        let auto = crate::layout::choose(base, moe, crate::layout::LayoutRequest::Auto).ok();
+        let name = layout.map(|l| l.name()).or(auto.as_ref().map(|c| c.name())).unwrap_or("moe_studio");
+        let public = crate::layout::holding(base, moe);
+        let studio_reason = if public.is_empty() { auto.and_then(|c| c.reason) } else { None };
         MoeSummary {
-            layout: if studio_reason.is_none() { Layout::Mixtral } else { Layout::Studio },
+            layout: name.to_string(),
             studio_reason,
+            public_layouts: public.iter().map(|s| s.to_string()).collect(),
             experts_per_layer: moe.layers.iter().map(|s| s.as_ref().map(|s| s.num_experts)).collect(),
             top_k_per_layer: moe.layers.iter().map(|s| s.as_ref().map(|s| s.top_k)).collect(),
             frozen_experts: moe
@@ -110,7 +119,8 @@ impl MoeSummary {
                 }
             },
             expert_width_per_layer: {
-                let v: Vec<Option<usize>> = moe.layers.iter().map(|s| s.as_ref().map(|s| s.expert_width(base))).collect();
+                let v: Vec<Option<usize>> =
+                    moe.layers.iter().map(|s| s.as_ref().map(|s| s.expert_width(base))).collect();
                 if v.iter().flatten().all(|&w| w == base.intermediate_size) {
                     Vec::new()
                 } else {
@@ -161,9 +171,10 @@ impl ModelSummary {
         }
     }
 
-    /// Adds the MoE structure of `moe` (a no-op for `None`, a dense model).
-    pub fn with_moe(mut self, moe: Option<&MoeConfig>) -> Self {
-        self.moe = moe.map(|m| MoeSummary::new(&self.config, m));
+    /// Adds the MoE structure of `moe`, read in `layout` (a no-op for
+    /// `None`, a dense model).
+    pub fn with_moe(mut self, moe: Option<&MoeConfig>, layout: Option<&dyn crate::layout::MoeLayout>) -> Self {
+        self.moe = moe.map(|m| MoeSummary::new(&self.config, m, layout));
         self
     }
 }

@@ -13,6 +13,7 @@ pub mod error;
 pub mod eval;
 pub mod generate;
 pub mod jobs;
+pub mod layout;
 pub mod methods;
 pub mod model;
 pub mod tokenizer;

@@ -17,6 +17,15 @@ files* (so the storage rounding to bf16/f16 is part of the reference):
                                 "medium" band and is smoothed), bf16 storage,
                                 sharded (model.safetensors.index.json).
   tests/fixtures/tiny-mistral/  MistralForCausalLM: untied, f16 storage.
+  tests/fixtures/tiny-mixtral/  MixtralForCausalLM written by transformers (the
+                                studio's reader on files it did not write):
+                                4 experts top-2, untied, bf16 storage.
+  tests/fixtures/tiny-qwen2-moe/ Qwen2MoeForCausalLM written by transformers:
+                                q/k/v biases, 4 experts top-2,
+                                norm_topk_prob true, layer 1 dense
+                                (mlp_only_layers), head_dim 16, a shared expert
+                                of size 8 whose down projection is ZERO (the
+                                form the studio reads exactly), tied, f32.
 
 Shapes: vocab 96, hidden 32, intermediate 48, 2 layers, 4 heads, 2 kv heads,
 max_position_embeddings 256. Every parameter is re-drawn from a seeded normal
@@ -30,7 +39,8 @@ Golden output: tests/reference/golden/tiny_fixtures.json
               "ids": [...], "logits": [[96 floats] x 12]}}
 
 Run (CPU, a few seconds):
-    ~/.cache/moe-studio/pyref-venv/bin/python tests/reference/make_tiny_fixtures.py
+    ~/.cache/moe-studio/pyref-venv/bin/python tests/reference/make_tiny_fixtures.py [NAME ...]
+(names: rebuild only those fixtures and update their golden entries).
 Deterministic: torch.manual_seed(SEED) before each model; eager attention;
 float32 on CPU.
 """
@@ -49,8 +59,12 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -79,7 +93,8 @@ COMMON = dict(
 
 
 def randomize(model, seed):
-    """Re-draws every parameter from a seeded normal (see module doc)."""
+    """Re-draws every parameter from a seeded normal (see module doc); a
+    Qwen2-MoE shared expert's down projection is then set to zero."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
@@ -88,6 +103,8 @@ def randomize(model, seed):
                 p.copy_(1.0 + 0.2 * r)
             elif name.endswith(".bias"):
                 p.copy_(0.1 * r)
+            elif "shared_expert.down_proj" in name:
+                p.zero_()
             else:
                 p.copy_(0.15 * r)
 
@@ -127,6 +144,33 @@ def specs():
             dtype=torch.float16,
             shard=None,
         ),
+        dict(
+            name="tiny-mixtral",
+            cls=MixtralForCausalLM,
+            config=MixtralConfig(
+                **COMMON, tie_word_embeddings=False, rope_theta=10000.0, num_local_experts=4, num_experts_per_tok=2
+            ),
+            dtype=torch.bfloat16,
+            shard=None,
+        ),
+        dict(
+            name="tiny-qwen2-moe",
+            cls=Qwen2MoeForCausalLM,
+            config=Qwen2MoeConfig(
+                **COMMON,
+                head_dim=16,
+                tie_word_embeddings=True,
+                rope_theta=10000.0,
+                num_experts=4,
+                num_experts_per_tok=2,
+                norm_topk_prob=True,
+                moe_intermediate_size=48,
+                shared_expert_intermediate_size=8,
+                mlp_only_layers=[1],
+            ),
+            dtype=torch.float32,
+            shard=None,
+        ),
     ]
 
 
@@ -161,7 +205,9 @@ def logits_from_saved(spec, out):
 
 
 def main():
-    golden = {
+    only = sys.argv[1:]  # fixture names to (re)build; all when none
+    golden = json.loads(GOLDEN.read_text()) if only and GOLDEN.exists() else {}
+    golden.update({
         "_meta": {
             "script": "tests/reference/make_tiny_fixtures.py",
             "python": platform.python_version(),
@@ -170,9 +216,11 @@ def main():
             "safetensors": safetensors.__version__,
             "seed": SEED,
         }
-    }
+    })
     for spec in specs():
         name = spec["name"]
+        if only and name not in only:
+            continue
         out = FIXTURES / name
         save(spec, out)
         model, logits = logits_from_saved(spec, out)

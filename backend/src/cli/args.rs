@@ -65,3 +65,41 @@ pub fn write_options(max_shard_bytes: Option<u64>) -> WriteOptions {
     }
     opts
 }
+
+/// `--layout` of a command that writes an MoE checkpoint (upcycle, moerge,
+/// route, graft, convert).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LayoutArg {
+    /// On-disk MoE layout: `auto` (the first public layout that holds the
+    /// model exactly: mixtral, then qwen2_moe; else moe_studio, with the
+    /// reason) or one of mixtral, qwen2_moe, qwen3_moe, deepseek_moe,
+    /// moe_studio (`studio`). A layout that cannot hold the model exactly is
+    /// refused, naming the field and the layouts that can, before anything
+    /// is written.
+    #[arg(long)]
+    pub layout: Option<String>,
+}
+
+impl LayoutArg {
+    /// The parsed `--layout` (`auto` when absent).
+    ///
+    /// # Errors
+    /// An unknown layout name (the error lists the names).
+    pub fn request(&self) -> anyhow::Result<moe_shared::layout::LayoutRequest> {
+        self.request_or(moe_shared::layout::LayoutRequest::Auto)
+    }
+
+    /// The parsed `--layout`, `default` when absent.
+    ///
+    /// # Errors
+    /// An unknown layout name.
+    pub fn request_or(
+        &self,
+        default: moe_shared::layout::LayoutRequest,
+    ) -> anyhow::Result<moe_shared::layout::LayoutRequest> {
+        match &self.layout {
+            Some(s) => Ok(moe_shared::layout::LayoutRequest::parse(s)?),
+            None => Ok(default),
+        }
+    }
+}

@@ -1,37 +1,118 @@
-//! `moe-studio convert MODEL --out DIR [--dtype bf16]`: any supported input
-//! to a Hugging Face safetensors directory (GGUF tensors dequantised).
+//! `moe-studio convert MODEL --out PATH [--to safetensors|gguf] [--dtype ...]
+//! [--layout auto|NAME]`: any supported input to a Hugging Face safetensors
+//! directory (GGUF tensors dequantised; an MoE written in the layout
+//! `--layout` picks) or to a llama.cpp GGUF file (`--to gguf`: dense or MoE,
+//! F32/F16/BF16/Q8_0, the tokenizer as `tokenizer.ggml.*`).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
-use moe_shared::checkpoint::export::export_dense;
-use moe_shared::checkpoint::open_model;
+use moe_shared::checkpoint::export::{export_dense, export_moe};
+use moe_shared::checkpoint::gguf_write::write_gguf;
+use moe_shared::checkpoint::{open_model, DType};
+use moe_shared::tokenizer::gguf_export::gguf_tokenizer;
+
+/// Output formats of `convert`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    /// A Hugging Face directory (`config.json`, safetensors, `tokenizer.json`).
+    Safetensors,
+    /// One llama.cpp GGUF file (architecture `llama`, MoE as `ffn_*_exps`).
+    Gguf,
+}
 
 /// Arguments of `convert`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// A Hugging Face model directory, a `.gguf` file or a llama2.c `.bin`.
     pub model: PathBuf,
-    /// Output directory (must not exist or be empty).
+    /// Output directory (safetensors; must not exist or be empty) or file
+    /// (`--to gguf`; must not exist).
     #[arg(long)]
     pub out: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Target::Safetensors)]
+    pub to: Target,
+    /// Output dtype: f32, f16 or bf16 (safetensors default: the input's
+    /// float dtype, f32 for quantised tensors); for `--to gguf` also q8_0
+    /// (default f16, as llama.cpp's converter).
+    #[arg(long)]
+    pub dtype: Option<String>,
     #[command(flatten)]
-    pub dtype: super::args::OutputDtype,
+    pub layout: super::args::LayoutArg,
     /// Largest shard in bytes (default 5 GB).
     #[arg(long)]
     pub max_shard_bytes: Option<u64>,
+    /// Print a JSON summary.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Runs `convert`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let dtype = a.dtype.parse()?;
+    let request = a.layout.request()?;
     let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
-    let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
+    let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json());
+    if a.to == Target::Gguf {
+        if a.layout.layout.is_some() {
+            anyhow::bail!("--layout applies to safetensors output; a GGUF MoE has llama.cpp's own layout");
+        }
+        let dtype = match a.dtype.as_deref() {
+            None => DType::F16,
+            Some("q8_0" | "Q8_0") => DType::Q8_0,
+            Some(s) => {
+                DType::parse_float(s).with_context(|| format!("--dtype `{s}`: expected f32, f16, bf16 or q8_0"))?
+            }
+        };
+        let tok = tok
+            .with_context(|| format!("{}: no tokenizer to write as tokenizer.ggml.* (llama.cpp needs one)", m.path))?;
+        let meta = gguf_tokenizer(&tok, &m.config, &m.path)?;
+        let report = write_gguf(m.source.as_ref(), &m.config, m.moe.as_ref(), dtype, meta, &a.out)?;
+        for w in &report.warnings {
+            eprintln!("warning: {w}");
+        }
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            println!(
+                "wrote {} ({} tensors, {:.1} MB, {:?})",
+                a.out.display(),
+                report.tensors,
+                report.bytes as f64 / 1e6,
+                report.types
+            );
+        }
+        return Ok(());
+    }
+    let dtype = super::args::parse_dtype(&a.dtype)?;
+    let tok = tok.map(String::into_bytes);
     if tok.is_none() {
         eprintln!("note: no Hugging Face tokenizer to write beside the weights");
     }
     let opts = super::args::write_options(a.max_shard_bytes);
-    export_dense(m.source.as_ref(), &m.config, &a.out, dtype, tok, opts)?;
-    println!("wrote {}", a.out.display());
+    let layout = match &m.moe {
+        None => {
+            if a.layout.layout.is_some() {
+                anyhow::bail!("{}: a dense model; --layout applies to MoE checkpoints", m.path);
+            }
+            export_dense(m.source.as_ref(), &m.config, &a.out, dtype, tok, opts)?;
+            None
+        }
+        Some(moe) => {
+            let choice = export_moe(m.source.as_ref(), &m.config, moe, request, &a.out, dtype, tok, opts)?;
+            for w in &choice.warnings {
+                eprintln!("warning: {w}");
+            }
+            Some(choice.name())
+        }
+    };
+    if a.json {
+        println!("{}", serde_json::json!({"out": a.out.display().to_string(), "layout": layout}));
+    } else {
+        match layout {
+            Some(l) => println!("wrote {} ({l} layout)", a.out.display()),
+            None => println!("wrote {}", a.out.display()),
+        }
+    }
     Ok(())
 }

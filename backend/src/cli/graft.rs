@@ -15,8 +15,8 @@ use moe_shared::methods::stream_read::use_positioned_reads;
 /// Arguments of `graft`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// The model that receives the delta: an upcycled MoE (Mixtral or studio
-    /// layout) or a dense model (a Hugging Face directory, `.gguf` or
+    /// The model that receives the delta: an upcycled MoE (any layout of
+    /// `--layout`) or a dense model (a Hugging Face directory, `.gguf` or
     /// llama2.c `.bin`).
     pub target: PathBuf,
     /// The dense base model the delta starts from.
@@ -28,6 +28,9 @@ pub struct Args {
     /// Scale `lambda` on the delta (1.0 = the paper).
     #[arg(long, default_value_t = D::default().scale, allow_negative_numbers = true)]
     pub scale: f64,
+    /// Output layout of an MoE target (default: the target's own layout).
+    #[command(flatten)]
+    pub layout: super::args::LayoutArg,
     #[command(flatten)]
     pub output: super::args::Output,
 }
@@ -48,6 +51,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             anyhow::bail!("{role} {}: an MoE model; the delta is taken between two dense models", m.path);
         }
     }
+    let keep = match target.layout {
+        Some(l) => moe_shared::layout::LayoutRequest::Named(l),
+        None => moe_shared::layout::LayoutRequest::Auto,
+    };
+    let layout = a.layout.request_or(keep)?;
     let extra = companion_files(&a.target, &target)?;
     let write_opts = a.output.write_options();
     let report = graft(
@@ -56,7 +64,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         target.moe.as_ref(),
         base.source.as_ref(),
         instruct.source.as_ref(),
-        &GraftOptions { scale: a.scale },
+        &GraftOptions { scale: a.scale, layout },
         &a.output.out,
         &extra,
         write_opts,

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use anyhow::Context;
 use moe_shared::api::{ModelSummary, MoeSummary};
 use moe_shared::checkpoint::open_model;
-use moe_shared::methods::Layout;
 
 /// Arguments of `inspect`.
 #[derive(Debug, clap::Args)]
@@ -30,7 +29,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         m.source.as_ref(),
         m.tokenizer.as_ref().map(|t| t.vocab_size()),
     )
-    .with_moe(m.moe.as_ref());
+    .with_moe(m.moe.as_ref(), m.layout);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());
@@ -88,12 +87,16 @@ fn runs<T: PartialEq>(v: &[T], show: impl Fn(&T) -> String) -> String {
 /// The MoE lines of the text output.
 fn print_moe(m: &MoeSummary) {
     let opt = |x: &Option<usize>| x.map(|v| v.to_string()).unwrap_or_else(|| "dense".into());
-    match m.layout {
-        Layout::Mixtral => println!("moe layout   mixtral (MixtralForCausalLM)"),
-        Layout::Studio => println!(
-            "moe layout   moe_studio (transformers cannot load it: {})",
+    match moe_shared::layout::by_name(&m.layout).filter(|l| l.public()) {
+        Some(l) => println!("moe layout   {} ({})", m.layout, l.loaders()),
+        None => println!(
+            "moe layout   {} (transformers cannot load it: {})",
+            m.layout,
             m.studio_reason.as_deref().unwrap_or("studio-only features")
         ),
+    }
+    if !m.public_layouts.is_empty() {
+        println!("public       {} (convert --layout NAME)", m.public_layouts.join(", "));
     }
     let moe_layers = m.experts_per_layer.iter().filter(|e| e.is_some()).count();
     println!(
@@ -125,7 +128,10 @@ fn print_moe(m: &MoeSummary) {
         println!("expert width {} per layer", runs(&m.expert_width_per_layer, opt));
     }
     if !m.unnormalised_top_k_layers.is_empty() {
-        println!("top-k weight softmax over all experts (norm_topk_prob false) in layers {:?}", m.unnormalised_top_k_layers);
+        println!(
+            "top-k weight softmax over all experts (norm_topk_prob false) in layers {:?}",
+            m.unnormalised_top_k_layers
+        );
     }
     if !m.selection_bias_layers.is_empty() {
         println!("aux-free     selection bias in layers {:?}", m.selection_bias_layers);

@@ -11,6 +11,7 @@ mod eval;
 mod generate;
 mod graft;
 mod inspect;
+mod logits;
 mod merge;
 mod moe_summary;
 mod moerge;
@@ -46,8 +47,10 @@ pub enum Command {
     Generate(generate::Args),
     /// Token-level perplexity of a model on a text file (strided windows).
     Perplexity(perplexity::Args),
-    /// Write any supported model as a Hugging Face safetensors directory.
+    /// Write any supported model as a Hugging Face safetensors directory (an MoE in any `--layout`) or a llama.cpp GGUF file (`--to gguf`).
     Convert(convert::Args),
+    /// The logits of one token window as raw f32 (for comparing with other loaders).
+    Logits(logits::Args),
     /// Dense -> MoE: copy every FFN into experts (DeltaMoE phase 1, NeuronMoE counts).
     Upcycle(upcycle::Args),
     /// N dense models -> one MoE with N experts (DUME MoErging).
@@ -97,6 +100,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Perplexity(a) => backend::run(&cli.backend, a),
         Command::Convert(a) => convert::run(a),
+        Command::Logits(a) => backend::run(&cli.backend, a),
         Command::Upcycle(a) => backend::run(&cli.backend, a),
         Command::Moerge(a) => moerge::run(a),
         Command::Route(a) => backend::run(&cli.backend, a),

@@ -42,8 +42,7 @@ pub fn print(report: &MoeReport, out: &Path, started: Instant, json: bool) -> an
     for w in &report.warnings {
         eprintln!("warning: {w}");
     }
-    let layout = serde_json::to_value(report.layout)?;
-    println!("wrote {} ({} layout)", out.display(), layout.as_str().unwrap_or("?"));
+    println!("wrote {} ({} layout)", out.display(), report.layout);
     println!("experts per layer  {:?}", report.experts_per_layer);
     println!(
         "parameters         {:.2} M (dense {:.2} M)",

@@ -31,6 +31,8 @@ pub struct Args {
     #[arg(long, default_value_t = D::default().seed)]
     pub seed: u64,
     #[command(flatten)]
+    pub layout: super::args::LayoutArg,
+    #[command(flatten)]
     pub dtype: super::args::OutputDtype,
     #[command(flatten)]
     pub output: super::args::Output,
@@ -40,6 +42,7 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let dtype = a.dtype.parse()?;
+    let layout = a.layout.request()?;
     let models = a
         .models
         .iter()
@@ -55,6 +58,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         router_init: a.router_std.map_or(RouterInit::Zeros, |std| RouterInit::Random { std }),
         seed: a.seed,
         dtype,
+        layout,
         ..Default::default()
     };
     let tok = models[0].tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);

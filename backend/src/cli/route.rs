@@ -9,12 +9,11 @@ use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
 use moe_shared::config::MoeConfig;
 use moe_shared::jobs::Defaults as D;
-use moe_shared::methods::output::choose_layout;
+use moe_shared::layout::{self, LayoutRequest};
 use moe_shared::methods::route::{
     check_domains, collect_stats, domain_sequences, empty_stats, mean_accuracy, routed_config, routing_accuracy,
     set_routers, solve_all, stats_to_safetensors, write_routed, DomainSequences, RouteOptions, RouteReport,
 };
-use moe_shared::methods::Layout;
 use moe_shared::model::load_model;
 
 use super::backend::WithBackend;
@@ -49,9 +48,12 @@ pub struct Args {
     /// Tokens per sequence.
     #[arg(long, default_value_t = D::default().route_context)]
     pub context: usize,
-    /// Solve without the bias column (the result then exports in the Mixtral layout).
+    /// Solve without the bias column (the result then exports in a public
+    /// layout: Mixtral, Qwen2-MoE).
     #[arg(long)]
     pub no_bias: bool,
+    #[command(flatten)]
+    pub layout: super::args::LayoutArg,
     /// Extra lambdas to report held-out accuracy for (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub lambda_sweep: Vec<f64>,
@@ -100,6 +102,7 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     use moe_shared::methods::add_expert::{plan_add_expert, write_add_expert};
     use moe_shared::methods::route::stats_from_safetensors;
     let t0 = Instant::now();
+    let request = a.layout.request()?;
     let spec = a.add_expert.clone().expect("checked");
     let (name, rest) = spec
         .split_once('=')
@@ -126,7 +129,8 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     let stage_dir = stage.path().join("grown");
     let mut w = SafetensorsWriter::create(&stage_dir, plan.planned.clone(), WriteOptions::default())?;
     write_add_expert(m.source.as_ref(), dense.source.as_ref(), &plan, &mut w)?;
-    let cfg = plan.moe.to_config_json(&m.config);
+    // The stage holds canonical names: the studio layout.
+    let cfg = layout::MoeLayout::write_config(&layout::studio::Studio, &m.config, &plan.moe);
     w.finish(&[("config.json", serde_json::to_vec(&cfg)?)])?;
     let grown = open_model(&stage_dir)?;
     let mut model = load_model::<B>(&grown, &device)?;
@@ -149,7 +153,7 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     set_routers(&mut model, &routers, opts.top_k, opts.temperature);
     let acc = routing_accuracy(&model, new_idx, &domain.heldout, a.eval_tokens);
     let routed = routed_config(&plan.moe, &opts);
-    let (layout, warnings) = layout_warnings(&m.config, &routed);
+    let (layout, warnings) = layout_warnings(&m.config, &routed, request)?;
     let report = serde_json::json!({
         "model": m.path, "added_domain": domain.name, "added_from": dense_path.display().to_string(),
         "domains": names, "new_domain_tokens": n, "options": opts,
@@ -163,7 +167,7 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
         extra.push(("tokenizer.json", t.into_bytes()));
     }
     let provenance = serde_json::json!({"method": "dume-ridge-router-add-expert", "source": m.path, "added": dense_path.display().to_string()});
-    write_routed(grown.source.as_ref(), &m.config, &routed, &routers, &a.out, extra, provenance)?;
+    write_routed(grown.source.as_ref(), &m.config, &routed, &routers, &a.out, extra, provenance, request)?;
     for w in &warnings {
         eprintln!("warning: {w}");
     }
@@ -181,28 +185,35 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The layout `routed` will be written in on `base`, and the warnings to
-/// print when it is the studio layout (transformers cannot load it); when
-/// the router bias is what blocks the Mixtral layout, the warning points to
-/// `--no-bias`.
-fn layout_warnings(base: &moe_shared::config::ModelConfig, routed: &MoeConfig) -> (Layout, Vec<String>) {
-    let choice = choose_layout(base, routed);
-    let Some(reason) = choice.reason else { return (choice.layout, Vec::new()) };
+/// The layout `routed` will be written in on `base` (checked before any
+/// work: an explicit `--layout` that cannot hold it is refused), and the
+/// warnings to print when it is the studio layout (transformers cannot
+/// load it); when the router bias is what keeps it out of every public
+/// layout, the warning points to `--no-bias`.
+fn layout_warnings(
+    base: &moe_shared::config::ModelConfig,
+    routed: &MoeConfig,
+    request: LayoutRequest,
+) -> anyhow::Result<(&'static str, Vec<String>)> {
+    let choice = layout::choose(base, routed, request)?;
+    let Some(reason) = choice.reason.clone() else { return Ok((choice.name(), Vec::new())) };
     let mut unbiased = routed.clone();
     for s in unbiased.layers.iter_mut().flatten() {
         s.router_bias = false;
     }
-    let hint = if routed.layers.iter().flatten().any(|s| s.router_bias) && unbiased.mixtral_blocker(base).is_none() {
-        "; pass --no-bias to solve without the bias column and get the Mixtral layout (MixtralForCausalLM loads it)"
-    } else {
-        ""
+    let public = layout::holding(base, &unbiased);
+    let hint = match public.first() {
+        Some(l) if routed.layers.iter().flatten().any(|s| s.router_bias) => {
+            format!("; pass --no-bias to solve without the bias column and get the {l} layout (transformers loads it)")
+        }
+        _ => String::new(),
     };
-    (
-        choice.layout,
+    Ok((
+        choice.name(),
         vec![format!(
             "written in the studio layout (model_type: moe_studio), which transformers cannot load, because {reason}{hint}"
         )],
-    )
+    ))
 }
 
 impl WithBackend for Args {
@@ -227,8 +238,11 @@ impl WithBackend for Args {
         if a.top_k == 0 || a.top_k > a.domains.len() {
             bail!("--top-k {}: expected 1 to {} (the experts: one per --domain)", a.top_k, a.domains.len());
         }
+        let request = a.layout.request()?;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let moe = m.moe.clone().with_context(|| format!("{}: not an MoE checkpoint (run `moerge` first)", m.path))?;
+        // Refuse an explicit layout that cannot hold the result before any work.
+        let (layout, warnings) = layout_warnings(&m.config, &routed_config(&moe, &opts), request)?;
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer.json beside the model", m.path))?;
         check_domains(&moe, a.domains.len())?;
         let mut domains = Vec::new();
@@ -268,11 +282,10 @@ impl WithBackend for Args {
         let names: Vec<String> = domains.iter().map(|d| d.name.clone()).collect();
         let stats_bytes = stats_to_safetensors(&stats, &names)?;
         let routed = routed_config(&moe, &opts);
-        let (layout, warnings) = layout_warnings(&m.config, &routed);
         let mut report = RouteReport::new(&m.path, &domains, tokens, opts, accuracy.clone());
         report.condition_number_per_layer = Some(cond);
         report.lambda_sweep = Some(sweep);
-        report.layout = Some(layout);
+        report.layout = Some(layout.to_string());
         report.warnings = Some(warnings.clone());
         let report = serde_json::to_value(&report)?;
         let provenance = serde_json::json!({"method": "dume-ridge-router", "source": m.path, "domains": names, "lambda": opts.lambda});
@@ -281,7 +294,7 @@ impl WithBackend for Args {
         if let Some(t) = tok.to_hf_json() {
             extra.push(("tokenizer.json", t.into_bytes()));
         }
-        write_routed(m.source.as_ref(), &m.config, &routed, &routers, &a.out, extra, provenance)?;
+        write_routed(m.source.as_ref(), &m.config, &routed, &routers, &a.out, extra, provenance, request)?;
         let mut report = report;
         report["seconds"] = t0.elapsed().as_secs_f64().into();
         report["out"] = a.out.display().to_string().into();

@@ -99,10 +99,11 @@ pub struct Args {
     /// Seed of the random router and the noise.
     #[arg(long, default_value_t = D::default().seed)]
     pub seed: u64,
-    /// Router temperature (folded into the router weight in the Mixtral layout).
+    /// Router temperature (folded into the router weight in every public layout).
     #[arg(long, default_value_t = D::default().temperature)]
     pub temperature: f64,
-    /// Always-active shared experts per MoE layer (DeepSeekMoE, Qwen1.5/2-MoE); written in the studio layout.
+    /// Always-active shared experts per MoE layer (DeepSeekMoE, Qwen1.5/2-MoE); one gated shared expert fits
+    /// the qwen2_moe layout, anything else the studio layout.
     #[arg(long, default_value_t = 0)]
     pub shared_experts: usize,
     /// Gate each shared expert by sigmoid(w·x) (Qwen2-MoE) instead of adding it as is (DeepSeekMoE).
@@ -127,6 +128,8 @@ pub struct Args {
     /// experts (`false`, Switch / Qwen2-MoE; routed experts scaled so that the zero router keeps the function).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub norm_topk: bool,
+    #[command(flatten)]
+    pub layout: super::args::LayoutArg,
     #[command(flatten)]
     pub dtype: super::args::OutputDtype,
     #[command(flatten)]
@@ -173,6 +176,7 @@ impl WithBackend for Args {
         let a = self;
         let started = Instant::now();
         let dtype = a.dtype.parse()?;
+        let layout = a.layout.request()?;
         if !(a.temperature > 0.0 && a.temperature.is_finite()) {
             // Checked here: the MoE config would report it under the
             // --experts/--allocation source, naming the wrong option.
@@ -225,6 +229,7 @@ impl WithBackend for Args {
             drop_ratio: a.drop_ratio,
             granularity: a.granularity,
             norm_topk_prob: a.norm_topk,
+            layout,
         };
         let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
         let write_opts = a.output.write_options();

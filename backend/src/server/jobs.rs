@@ -425,12 +425,13 @@ fn check_resources(
 }
 
 /// Experts of each MoE layer of a summarised model, read from the routers'
-/// shapes (`model.layers.{l}.block_sparse_moe.gate.weight`, `[E, d]` in both
-/// MoE layouts); empty for a dense model.
+/// shapes (`[E, d]`; summaries list canonical names whatever the on-disk
+/// layout, parsed by `moe_shared::layout::names`); empty for a dense model.
 fn moe_experts(m: &ModelSummary) -> Vec<usize> {
+    use moe_shared::layout::names::{parse, TensorRole};
     m.tensors
         .iter()
-        .filter(|t| t.name.starts_with("model.layers.") && t.name.ends_with(".block_sparse_moe.gate.weight"))
+        .filter(|t| matches!(parse(&t.name), TensorRole::Router { .. }))
         .filter_map(|t| t.shape.first().copied())
         .collect()
 }

@@ -1,9 +1,9 @@
 //! Turning a method's in-memory output into an [`Artifact`]: the download's
 //! bytes, parsed back as a model for the next step.
 
+use moe_shared::checkpoint::load::from_hf_parts;
 use moe_shared::checkpoint::safetensors_io::SafetensorsFile;
-use moe_shared::checkpoint::{Bytes, LoadedModel, ModelFormat};
-use moe_shared::config::{HfConfig, MoeConfig};
+use moe_shared::checkpoint::Bytes;
 use moe_shared::tokenizer::Tokenizer;
 
 use super::msg;
@@ -34,26 +34,10 @@ pub struct Output {
 /// # Errors
 /// Parse errors (they would mean a bug: the bytes were just written).
 pub fn into_artifact(out: Output) -> Result<Artifact, String> {
-    let (config, moe) = match MoeConfig::from_config_json(&out.config_json, "config.json").map_err(msg)? {
-        Some((base, moe)) => (base, Some(moe)),
-        None => (
-            HfConfig::from_json(&out.config_json, "config.json")
-                .map_err(msg)?
-                .to_model_config("config.json")
-                .map_err(msg)?,
-            None,
-        ),
-    };
     let bytes = Bytes::from_vec(out.safetensors);
     let file = SafetensorsFile::parse(bytes.clone(), &out.name).map_err(msg)?;
-    let model = LoadedModel {
-        path: out.name.clone(),
-        format: ModelFormat::Safetensors,
-        config,
-        moe,
-        source: Box::new(file),
-        tokenizer: out.tokenizer,
-    };
+    let model =
+        from_hf_parts(&out.name, &out.config_json, "config.json", Box::new(file), out.tokenizer).map_err(msg)?;
     Ok(Artifact {
         name: out.name,
         method: out.method,

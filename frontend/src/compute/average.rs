@@ -10,8 +10,8 @@
 //! not the f64 mean used here (see `moe_shared::methods::average::weighted_mean`).
 
 use moe_shared::checkpoint::{TensorInfo, TensorSource};
-use moe_shared::config::moe::{expert_weight_name, mixtral_proj};
 use moe_shared::config::{ModelConfig, MoeConfig};
+use moe_shared::layout::names::{self, expert_weight_name, Proj, TensorRole};
 use moe_shared::Result;
 
 /// A dense [`TensorSource`] over an MoE source.
@@ -31,13 +31,10 @@ impl<'a> AveragedExperts<'a> {
         AveragedExperts { src, moe: moe.clone(), tensors }
     }
 
-    fn expert_of(&self, name: &str) -> Option<(usize, usize, &'static str)> {
-        let rest = name.strip_prefix("model.layers.")?;
-        let (l, rest) = rest.split_once('.')?;
-        let l: usize = l.parse().ok()?;
-        let proj = rest.strip_prefix("mlp.")?.strip_suffix(".weight")?;
-        let e = self.moe.layers.get(l)?.as_ref()?.num_experts;
-        Some((l, e, mixtral_proj(proj)))
+    fn expert_of(&self, name: &str) -> Option<(usize, usize, Proj)> {
+        let TensorRole::DenseFfn { layer, proj } = names::parse(name) else { return None };
+        let e = self.moe.layers.get(layer)?.as_ref()?.num_experts;
+        Some((layer, e, proj))
     }
 }
 

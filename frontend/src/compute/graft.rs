@@ -81,7 +81,8 @@ async fn gpu_group(
             }
             None => theta,
         };
-        sink.write_tensor(&gt.name, &to_bytes(gt.dtype, &values).map_err(msg)?).map_err(msg)?;
+        let name = plan.choice.as_ref().map_or_else(|| gt.name.clone(), |c| c.disk_name(&gt.name));
+        sink.write_tensor(&name, &to_bytes(gt.dtype, &values).map_err(msg)?).map_err(msg)?;
     }
     Ok(stats)
 }
@@ -115,7 +116,7 @@ pub async fn run(
         t.moe.as_ref(),
         b.source.as_ref(),
         i.source.as_ref(),
-        &GraftOptions { scale },
+        &GraftOptions { scale, ..Default::default() },
     )
     .map_err(msg)?;
     // The output (sink + serialised copy) and, per delta group, the f32
@@ -149,9 +150,16 @@ pub async fn run(
             last = crate::web::now_ms();
         }
     }
+    if let Some(choice) = &plan.choice {
+        // The layout's zero tensors (a Qwen2-MoE zero shared expert) end the plan.
+        moe_shared::methods::output::layout_sink(&mut sink, choice, &plan.planned, plan.tensors.len())
+            .finish()
+            .map_err(msg)?;
+    }
     task.step("serialising safetensors", 1.0).await?;
     let report = graft_report(t.source.as_ref(), b.source.as_ref(), i.source.as_ref(), &plan, stats);
     let (config_json, tokenizer_json) = companion(target);
+    let config_json = moe_shared::methods::delta::graft_config_json(&plan, &t.config, &config_json);
     let out = Output {
         name: format!("{}-grafted", target.name()),
         method: "graft",

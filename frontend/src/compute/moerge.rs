@@ -145,6 +145,10 @@ pub async fn run(
             last = crate::web::now_ms();
         }
     }
+    // The layout's zero tensors (a Qwen2-MoE zero shared expert) end the plan.
+    moe_shared::methods::output::layout_sink(&mut sink, &plan.choice, &plan.planned, plan.tensors.len())
+        .finish()
+        .map_err(msg)?;
     task.step("serialising safetensors", 1.0).await?;
     let first = models[0].model();
     let out = Output {

@@ -97,7 +97,8 @@ pub async fn run(
     let routed = routed_config(&moe, &opts);
     let provenance =
         serde_json::json!({"method": "dume-ridge-router", "source": m.path, "domains": names, "lambda": opts.lambda});
-    let plan = plan_routed(m.source.as_ref(), &m.config, &routed, provenance).map_err(msg)?;
+    let plan = plan_routed(m.source.as_ref(), &m.config, &routed, provenance, moe_shared::layout::LayoutRequest::Auto)
+        .map_err(msg)?;
     let moe_layers = moe.layers.iter().flatten().count() as u64;
     crate::memory::ensure(
         "the ridge router",

@@ -46,6 +46,10 @@ pub async fn run(task: &Task, src: &Picked, opts: &UpcycleOptions) -> Result<Art
             last = crate::web::now_ms();
         }
     }
+    // The layout's zero tensors (a Qwen2-MoE zero shared expert) end the plan.
+    moe_shared::methods::output::layout_sink(&mut sink, &plan.choice, &plan.planned, plan.tensors.len())
+        .finish()
+        .map_err(msg)?;
     task.step("serialising safetensors", 1.0).await?;
     let safetensors = sink.into_safetensors().map_err(msg)?;
     let experts = plan.moe.layers.iter().flatten().map(|s| s.num_experts).max().unwrap_or(0);

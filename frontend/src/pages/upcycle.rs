@@ -246,6 +246,7 @@ impl Form {
             drop_ratio: num(&self.drop_ratio.get(), "drop ratio").map_err(at(Field::DropRatio))?,
             granularity: num(&self.granularity.get(), "granularity").map_err(at(Field::Granularity))?,
             norm_topk_prob: true,
+            layout: moe_shared::layout::LayoutRequest::Auto,
         })
     }
 

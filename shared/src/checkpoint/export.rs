@@ -1,6 +1,7 @@
-//! Writing a dense model in Hugging Face layout (`config.json`,
-//! safetensors, `tokenizer.json`) from any [`TensorSource`], streaming one
-//! tensor at a time.
+//! Writing a model in Hugging Face layout (`config.json`, safetensors,
+//! `tokenizer.json`) from any [`TensorSource`], streaming one tensor at a
+//! time: a dense model ([`export_dense`]) or an MoE in any layout of
+//! [`crate::layout`] ([`export_moe`], `convert --layout`).
 
 use super::DType;
 use crate::config::ModelConfig;
@@ -88,4 +89,73 @@ pub fn export_dense(
     }
     w.finish(&extra)?;
     Ok(())
+}
+
+/// Writes the MoE `src` (canonical names; structure `moe` on `config`) in
+/// the layout `request` picks into `out_dir` (atomically): every tensor
+/// converted to `dtype` (or kept in its float dtype), router weights scaled
+/// by `1 / T` where the layout folds temperatures, the layout's zero
+/// tensors, `config.json` (with `moe_studio.provenance`) and, when given,
+/// `tokenizer.json`. Returns the layout choice.
+///
+/// # Errors
+/// [`StudioError::Config`] when a named layout cannot hold the model
+/// (nothing is written); [`StudioError::Tensor`] for a missing or
+/// mis-shaped tensor; [`StudioError::Invalid`] when `out_dir` exists and is
+/// not empty; I/O.
+#[cfg(not(target_arch = "wasm32"))]
+#[allow(clippy::too_many_arguments)]
+pub fn export_moe(
+    src: &dyn TensorSource,
+    config: &ModelConfig,
+    moe: &crate::config::MoeConfig,
+    request: crate::layout::LayoutRequest,
+    out_dir: &std::path::Path,
+    dtype: Option<DType>,
+    tokenizer_json: Option<Vec<u8>>,
+    opts: super::WriteOptions,
+) -> Result<crate::layout::LayoutChoice> {
+    use crate::layout::names::{self, TensorRole};
+    use crate::methods::sink::{write_values, TensorSink};
+    let choice = crate::layout::choose(config, moe, request)?;
+    let plan = crate::methods::moe_plan::moe_tensor_plan(config, moe);
+    let mut canonical = Vec::with_capacity(plan.len());
+    for t in &plan {
+        let info = src.info(&t.name).ok_or_else(|| StudioError::tensor(src.source_name(), &t.name, "missing"))?;
+        if info.shape != t.shape {
+            return Err(StudioError::tensor(
+                src.source_name(),
+                &t.name,
+                format!("shape {:?} does not match the configuration (expected {:?})", info.shape, t.shape),
+            ));
+        }
+        canonical.push(PlannedTensor {
+            name: t.name.clone(),
+            dtype: out_dtype(info.dtype, dtype),
+            shape: t.shape.clone(),
+        });
+    }
+    let planned = choice.disk_plan(config, &canonical);
+    let mut w = super::SafetensorsWriter::create(out_dir, planned.clone(), opts)?;
+    let mut sink = crate::layout::LayoutSink::new(&mut w, choice.layout, &planned[canonical.len()..]);
+    for p in &canonical {
+        let mut values = src.read_f32(&p.name)?;
+        if let TensorRole::Router { layer } = names::parse(&p.name) {
+            let s = choice.router_scale[layer] as f32;
+            if s != 1.0 {
+                values.iter_mut().for_each(|x| *x *= s);
+            }
+        }
+        write_values(&mut sink as &mut dyn TensorSink, &p.name, p.dtype, &values)?;
+    }
+    sink.finish()?;
+    let out_type = canonical.first().map(|p| p.dtype).unwrap_or(DType::F32);
+    let provenance = serde_json::json!({"method": "convert", "source": src.source_name()});
+    let cfg = crate::methods::output::config_json(config, &choice, out_type, provenance);
+    let mut extra = vec![("config.json", serde_json::to_vec_pretty(&cfg).expect("json"))];
+    if let Some(t) = tokenizer_json {
+        extra.push(("tokenizer.json", t));
+    }
+    w.finish(&extra)?;
+    Ok(choice)
 }

@@ -243,6 +243,73 @@ impl GgufArray {
     }
 }
 
+impl GgufArray {
+    /// An array of `values` (all of one type; an empty array is typed
+    /// `uint32`), encoded as GGUF stores it, for the writer
+    /// (`checkpoint::gguf_write`, and the tokenizer's GGUF export).
+    pub fn from_values(values: &[GgufValue]) -> GgufArray {
+        let elem_type = values.first().map_or(4, GgufValue::type_id);
+        let mut buf = Vec::new();
+        for v in values {
+            v.encode(&mut buf);
+        }
+        let end = buf.len();
+        GgufArray { bytes: Bytes::from_vec(buf), elem_type, len: values.len(), start: 0, end }
+    }
+
+    /// GGUF encoding of the array value (element type, length, elements).
+    fn encode(&self, buf: &mut Vec<u8>) {
+        buf.extend_from_slice(&self.elem_type.to_le_bytes());
+        buf.extend_from_slice(&(self.len as u64).to_le_bytes());
+        buf.extend_from_slice(&self.bytes.as_slice()[self.start..self.end]);
+    }
+}
+
+impl GgufValue {
+    /// The GGUF value type id (`0` = uint8 ... `12` = float64).
+    pub fn type_id(&self) -> u32 {
+        match self {
+            GgufValue::U8(_) => 0,
+            GgufValue::I8(_) => 1,
+            GgufValue::U16(_) => 2,
+            GgufValue::I16(_) => 3,
+            GgufValue::U32(_) => 4,
+            GgufValue::I32(_) => 5,
+            GgufValue::F32(_) => 6,
+            GgufValue::Bool(_) => 7,
+            GgufValue::String(_) => 8,
+            GgufValue::Array(_) => 9,
+            GgufValue::U64(_) => 10,
+            GgufValue::I64(_) => 11,
+            GgufValue::F64(_) => 12,
+        }
+    }
+
+    /// Appends the GGUF encoding of the value (without its type id) to
+    /// `buf` (ggml `docs/gguf.md`: little-endian scalars, strings as
+    /// `u64` length + UTF-8 bytes, arrays as type + `u64` length + elements).
+    pub fn encode(&self, buf: &mut Vec<u8>) {
+        match self {
+            GgufValue::U8(x) => buf.push(*x),
+            GgufValue::I8(x) => buf.push(*x as u8),
+            GgufValue::U16(x) => buf.extend_from_slice(&x.to_le_bytes()),
+            GgufValue::I16(x) => buf.extend_from_slice(&x.to_le_bytes()),
+            GgufValue::U32(x) => buf.extend_from_slice(&x.to_le_bytes()),
+            GgufValue::I32(x) => buf.extend_from_slice(&x.to_le_bytes()),
+            GgufValue::F32(x) => buf.extend_from_slice(&x.to_le_bytes()),
+            GgufValue::Bool(x) => buf.push(u8::from(*x)),
+            GgufValue::String(s) => {
+                buf.extend_from_slice(&(s.len() as u64).to_le_bytes());
+                buf.extend_from_slice(s.as_bytes());
+            }
+            GgufValue::Array(a) => a.encode(buf),
+            GgufValue::U64(x) => buf.extend_from_slice(&x.to_le_bytes()),
+            GgufValue::I64(x) => buf.extend_from_slice(&x.to_le_bytes()),
+            GgufValue::F64(x) => buf.extend_from_slice(&x.to_le_bytes()),
+        }
+    }
+}
+
 impl std::fmt::Debug for GgufArray {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let first: Vec<GgufValue> = self.iter().take(4).collect();
@@ -890,6 +957,27 @@ struct Entry {
     index: usize,
     info: TensorInfo,
     permute: Permute,
+    /// `(e, E)`: expert `e` of a stacked `[E, ...]` expert tensor.
+    slice: Option<(usize, usize)>,
+}
+
+/// The canonical MoE names of a llama.cpp MoE tensor: `blk.N.ffn_gate_inp.weight`
+/// is the router of layer `N`; `blk.N.ffn_{gate,up,down}_exps.weight` (ne
+/// `[in, out, E]`) stack the `E` experts' projections.
+fn moe_names(gguf_name: &str, ne: &[u64]) -> Option<Vec<String>> {
+    use crate::layout::names::{expert_weight_name, router_weight_name, Proj};
+    let rest = gguf_name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let proj = match rest {
+        "ffn_gate_inp.weight" => return Some(vec![router_weight_name(layer)]),
+        "ffn_gate_exps.weight" => Proj::Gate,
+        "ffn_up_exps.weight" => Proj::Up,
+        "ffn_down_exps.weight" => Proj::Down,
+        _ => return None,
+    };
+    let e = *ne.get(2)? as usize;
+    (ne.len() == 3).then(|| (0..e).map(|x| expert_weight_name(layer, x, proj)).collect())
 }
 
 /// A GGUF checkpoint viewed as a [`TensorSource`] with Hugging Face names
@@ -939,6 +1027,31 @@ impl GgufModel {
         let mut entries = Vec::with_capacity(file.tensors.len());
         let mut by_name = HashMap::with_capacity(file.tensors.len());
         for (index, t) in file.tensors.iter().enumerate() {
+            if let Some(experts) = moe_names(&t.name, &t.ne) {
+                let n = experts.len();
+                let shape = t.torch_shape();
+                for (e, name) in experts.into_iter().enumerate() {
+                    let (shape, slice) = if n == 1 && shape.len() == 2 {
+                        (shape.clone(), None)
+                    } else {
+                        (shape[1..].to_vec(), Some((e, n)))
+                    };
+                    if by_name.insert(name.clone(), entries.len()).is_some() {
+                        return Err(StudioError::format(
+                            &file.file,
+                            FORMAT,
+                            format!("tensor `{}` maps to `{name}`, which another tensor already has", t.name),
+                        ));
+                    }
+                    entries.push(Entry {
+                        index,
+                        info: TensorInfo { name, dtype: t.dtype, shape },
+                        permute: Permute::None,
+                        slice,
+                    });
+                }
+                continue;
+            }
             let name = hf_name(&t.name).unwrap_or_else(|| t.name.clone());
             let permute = if !llama {
                 Permute::None
@@ -956,7 +1069,12 @@ impl GgufModel {
                     format!("tensor `{}` maps to Hugging Face name `{name}`, which another tensor already has", t.name),
                 ));
             }
-            entries.push(Entry { index, info: TensorInfo { name, dtype: t.dtype, shape: t.torch_shape() }, permute });
+            entries.push(Entry {
+                index,
+                info: TensorInfo { name, dtype: t.dtype, shape: t.torch_shape() },
+                permute,
+                slice: None,
+            });
         }
         Ok(GgufModel { file, architecture, entries, by_name })
     }
@@ -1151,6 +1269,39 @@ impl GgufModel {
     }
 }
 
+impl GgufModel {
+    /// The MoE structure of a llama.cpp MoE (`{arch}.expert_count` > 0):
+    /// every layer with `expert_count` experts and `expert_used_count` per
+    /// token, no router bias, temperature 1, frozen experts from
+    /// `moe_studio.frozen_experts` (JSON) when the studio wrote the file; `None`
+    /// for a dense model.
+    ///
+    /// # Errors
+    /// [`StudioError::Config`] for a mistyped key or a top-k outside `1..=E`.
+    pub fn moe_config(&self, num_layers: usize) -> Result<Option<crate::config::MoeConfig>> {
+        let Some(e) = self.meta_usize("expert_count", false)?.filter(|&e| e > 0) else { return Ok(None) };
+        let k = self.meta_usize("expert_used_count", true)?.unwrap_or(0);
+        let frozen: Vec<Vec<usize>> = match self.file.get_str("moe_studio.frozen_experts") {
+            Some(json) => serde_json::from_str(json).map_err(|e| {
+                StudioError::config(&self.file.file, format!("GGUF metadata `moe_studio.frozen_experts`: {e}"))
+            })?,
+            None => Vec::new(),
+        };
+        let coef = self.file.get("moe_studio.router_aux_loss_coef").and_then(GgufValue::as_f64).unwrap_or(0.01);
+        let layers = (0..num_layers)
+            .map(|l| {
+                Some(crate::config::MoeLayerSpec {
+                    num_experts: e,
+                    top_k: k,
+                    frozen: frozen.get(l).cloned().unwrap_or_default(),
+                    ..Default::default()
+                })
+            })
+            .collect();
+        Ok(Some(crate::config::MoeConfig { layers, router_aux_loss_coef: coef }))
+    }
+}
+
 /// Undoes llama.cpp's q/k row permutation in place: `data` is `rows × cols`
 /// row-major with `rows = n_head * head_dim`; HF row `h*hd + j*hd/2 + i`
 /// takes GGUF row `h*hd + 2*i + j`.
@@ -1200,8 +1351,22 @@ impl TensorSource for GgufModel {
         if !quant::is_supported(t.dtype) {
             return Err(unsupported(&self.file.file, name, t.dtype));
         }
-        let data = quant::dequantize(t.dtype, self.file.tensor_bytes(t), t.n_elements)
-            .map_err(|m| StudioError::tensor(&self.file.file, name, m))?;
+        let data = match e.slice {
+            None => quant::dequantize(t.dtype, self.file.tensor_bytes(t), t.n_elements),
+            Some((x, n)) => {
+                let bytes = self.file.tensor_bytes(t);
+                let (per_bytes, per) = (bytes.len() / n, t.n_elements / n);
+                if per_bytes * n != bytes.len() || quant::byte_size(t.dtype, per) != Some(per_bytes) {
+                    return Err(StudioError::tensor(
+                        &self.file.file,
+                        name,
+                        format!("the {n} experts of `{}` do not split into whole {} blocks", t.name, t.dtype),
+                    ));
+                }
+                quant::dequantize(t.dtype, &bytes[x * per_bytes..(x + 1) * per_bytes], per)
+            }
+        }
+        .map_err(|m| StudioError::tensor(&self.file.file, name, m))?;
         if e.permute == Permute::None {
             return Ok(data);
         }

@@ -8,9 +8,10 @@ use super::llama2c::Llama2cModel;
 use super::{Bytes, TensorSource};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::Result;
+use crate::layout::MoeLayout;
 use crate::tokenizer::{Llama2cTokenizer, Tokenizer};
 #[cfg(not(target_arch = "wasm32"))]
-use {super::safetensors_io::SafetensorsModel, crate::config::HfConfig, crate::error::StudioError};
+use {super::safetensors_io::SafetensorsModel, crate::error::StudioError};
 
 /// The on-disk format a model was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -32,9 +33,12 @@ pub struct LoadedModel {
     pub format: ModelFormat,
     /// The validated dense configuration (the base of an MoE model).
     pub config: ModelConfig,
-    /// The MoE layout, for Mixtral / studio MoE checkpoints.
+    /// The MoE structure, for MoE checkpoints.
     pub moe: Option<MoeConfig>,
-    /// Its tensors, by Hugging Face name.
+    /// The on-disk layout of an MoE checkpoint ([`crate::layout::REGISTRY`]).
+    pub layout: Option<&'static dyn crate::layout::MoeLayout>,
+    /// Its tensors, by Hugging Face name (canonical MoE names,
+    /// [`crate::layout::names`], whatever the on-disk layout).
     pub source: Box<dyn TensorSource + Send + Sync>,
     /// The tokenizer, when the model carries or sits beside one.
     pub tokenizer: Option<Tokenizer>,
@@ -46,6 +50,50 @@ impl std::fmt::Debug for LoadedModel {
     }
 }
 
+/// The canonical view of an on-disk source: `src` itself for a dense model,
+/// else [`crate::layout::wrap_source`] for its layout (which checks and
+/// drops a Qwen2-MoE zero shared expert).
+///
+/// # Errors
+/// Those of [`crate::layout::LayoutSource::new`].
+pub fn layout_view(
+    src: Box<dyn TensorSource + Send + Sync>,
+    layout: Option<&'static dyn MoeLayout>,
+    config: &ModelConfig,
+    moe: Option<&MoeConfig>,
+) -> Result<Box<dyn TensorSource + Send + Sync>> {
+    match (layout, moe) {
+        (Some(l), Some(m)) => crate::layout::wrap_source(src, l, config, m),
+        _ => Ok(src),
+    }
+}
+
+/// Builds a [`LoadedModel`] from a Hugging Face `config.json` and the
+/// on-disk tensors `source` (any platform; the CLI's directory reader and
+/// the browser's picked files both end here): a dense config, or an MoE
+/// whose layout ([`crate::layout::read_config_json`]) decides the
+/// canonical view of `source`.
+///
+/// # Errors
+/// Configuration errors naming `cfg_name`; those of [`layout_view`] and
+/// [`check_tensors`] (a tensor missing or of the wrong shape, by canonical
+/// name).
+pub fn from_hf_parts(
+    path: &str,
+    config_json: &[u8],
+    cfg_name: &str,
+    source: Box<dyn TensorSource + Send + Sync>,
+    tokenizer: Option<Tokenizer>,
+) -> Result<LoadedModel> {
+    let (config, moe, layout) = match crate::layout::read_config_json(config_json, cfg_name)? {
+        Some((layout, base, moe)) => (base, Some(moe), Some(layout)),
+        None => (crate::config::HfConfig::from_json(config_json, cfg_name)?.to_model_config(cfg_name)?, None, None),
+    };
+    let source = layout_view(source, layout, &config, moe.as_ref())?;
+    check_tensors(source.as_ref(), &config, moe.as_ref())?;
+    Ok(LoadedModel { path: path.into(), format: ModelFormat::Safetensors, config, moe, layout, source, tokenizer })
+}
+
 /// Builds a [`LoadedModel`] from a GGUF buffer (any platform).
 ///
 /// # Errors
@@ -53,7 +101,17 @@ impl std::fmt::Debug for LoadedModel {
 pub fn from_gguf_bytes(bytes: Bytes, file_name: &str) -> Result<LoadedModel> {
     let model: GgufModel = super::gguf::open(bytes, file_name)?;
     let config = model.model_config()?;
-    check_tensors(&model, &config, None)?;
+    let moe = model.moe_config(config.num_layers)?;
+    if let Some(m) = &moe {
+        m.validate(&config, file_name)?;
+    }
+    check_tensors(&model, &config, moe.as_ref())?;
+    // A llama.cpp MoE has the canonical (Mixtral) structure; it is labelled
+    // with the layout `auto` would write it in.
+    let layout = match &moe {
+        Some(m) => Some(crate::layout::choose(&config, m, crate::layout::LayoutRequest::Auto)?.layout),
+        None => None,
+    };
     let tokenizer = if model.file.get("tokenizer.ggml.model").is_some() {
         Some(Tokenizer::Hf(Box::new(crate::tokenizer::gguf::tokenizer_from_gguf(&model)?)))
     } else {
@@ -63,7 +121,8 @@ pub fn from_gguf_bytes(bytes: Bytes, file_name: &str) -> Result<LoadedModel> {
         path: file_name.into(),
         format: ModelFormat::Gguf,
         config,
-        moe: None,
+        moe,
+        layout,
         source: Box::new(model),
         tokenizer,
     })
@@ -86,6 +145,7 @@ pub fn from_llama2c_bytes(bytes: Bytes, file_name: &str, tokenizer: Option<(&[u8
         format: ModelFormat::Llama2c,
         config,
         moe: None,
+        layout: None,
         source: Box::new(model),
         tokenizer,
     })
@@ -165,12 +225,10 @@ pub fn open_model(path: &std::path::Path) -> Result<LoadedModel> {
         let raw = std::fs::read(&cfg_path).map_err(|e| StudioError::io(cfg_path.display(), e))?;
         let cfg_name = cfg_path.display().to_string();
         super::check::refuse_lfs_pointer(&raw, &cfg_name, "config.json")?;
-        let (config, moe) = match MoeConfig::from_config_json(&raw, &cfg_name)? {
-            Some((base, moe)) => (base, Some(moe)),
-            None => (HfConfig::from_json(&raw, &cfg_name)?.to_model_config(&cfg_name)?, None),
-        };
+        // Parse the configuration before mapping the weights: a bad
+        // config.json is reported first.
+        crate::layout::read_config_json(&raw, &cfg_name)?;
         let source = SafetensorsModel::open_dir(path)?;
-        check_tensors(&source, &config, moe.as_ref())?;
         let tok_path = path.join("tokenizer.json");
         let tokenizer = if tok_path.exists() {
             let b = std::fs::read(&tok_path).map_err(|e| StudioError::io(tok_path.display(), e))?;
@@ -179,14 +237,7 @@ pub fn open_model(path: &std::path::Path) -> Result<LoadedModel> {
         } else {
             None
         };
-        return Ok(LoadedModel {
-            path: name,
-            format: ModelFormat::Safetensors,
-            config,
-            moe,
-            source: Box::new(source),
-            tokenizer,
-        });
+        return from_hf_parts(&name, &raw, &cfg_name, Box::new(source), tokenizer);
     }
     let bytes = Bytes::map_file(path)?;
     super::check::refuse_lfs_pointer(bytes.as_slice(), &name, "model file")?;

@@ -12,6 +12,8 @@ pub mod check;
 pub mod dtype;
 pub mod export;
 pub mod gguf;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod gguf_write;
 pub mod llama2c;
 pub mod load;
 pub mod quant;

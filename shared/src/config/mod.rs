@@ -1,6 +1,6 @@
 //! Model configuration: the dense decoder ([`ModelConfig`], mirrored from
 //! Hugging Face `config.json`) and the MoE layout on top of it
-//! ([`MoeConfig`], Mixtral or the studio's own keys).
+//! ([`MoeConfig`]; its on-disk forms are [`crate::layout`]'s).
 
 mod dense;
 pub mod moe;

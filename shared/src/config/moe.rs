@@ -1,31 +1,19 @@
-//! MoE layout: which layers are MoE, with how many experts, top-k, frozen
-//! experts, router bias and temperature — and its two on-disk forms.
+//! The MoE structure of a model: which layers are MoE, with how many
+//! experts, top-k, frozen experts, router bias and temperature, and the
+//! upcycling variants of methods.md §5 (shared experts and their gate,
+//! granular expert width, `norm_topk_prob`, the aux-loss-free selection
+//! bias).
 //!
-//! **Mixtral layout** (written whenever every layer is MoE with the same
-//! expert count and top-k, routers have no bias and the base is llama or
-//! mistral): `config.json` with `model_type: "mixtral"`,
-//! `num_local_experts`, `num_experts_per_tok`, `router_aux_loss_coef`;
-//! tensors `model.layers.{l}.block_sparse_moe.gate.weight [E, d]` and
-//! `model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w3}.weight [f, d]`,
-//! `.w2.weight [d, f]` (transformers `MixtralForCausalLM`). A router
-//! temperature `T` is folded into the gate weight (`W / T`), which is exact.
+//! How an MoE is written to disk (Mixtral, Qwen2-MoE, the studio's own
+//! form, ...) and read back is the business of [`crate::layout`]; this
+//! module only describes and validates the structure.
 //!
-//! **Studio layout** (anything else): the same tensor names for MoE layers,
-//! `model.layers.{l}.block_sparse_moe.gate.bias [E]` when the router has a
-//! bias, `model.layers.{l}.mlp.*` for layers that stay dense, and
-//! `config.json` with `model_type: "moe_studio"`, `base_model_type` and
-//! `moe_layers` (one entry per layer: `null` for dense, else
-//! `{num_experts, top_k, frozen, router_bias, temperature}`).
-//!
-//! Both forms also carry a `moe_studio` object with the studio-only facts
-//! (frozen experts per layer), which transformers ignores.
-//!
-//! Sources: Jiang et al., "Mixtral of Experts" (2024) and transformers'
-//! `MixtralConfig`; methods.md "Checkpoint formats".
+//! Sources: Jiang et al., "Mixtral of Experts" (2024); methods.md
+//! "Checkpoint formats" and §3 (per-layer expert counts).
 
 use serde::{Deserialize, Serialize};
 
-use super::{Architecture, HfConfig, ModelConfig};
+use super::ModelConfig;
 use crate::error::{Result, StudioError};
 
 /// One MoE layer's routing and experts.
@@ -95,10 +83,6 @@ fn is_false(x: &bool) -> bool {
 fn is_true(x: &bool) -> bool {
     *x
 }
-
-/// The layouts that can hold shared experts (named in refusals).
-pub const SHARED_EXPERT_LAYOUTS: &str =
-    "qwen2_moe (one sigmoid-gated shared expert), deepseek_moe (ungated shared experts) or studio (any)";
 
 impl Default for MoeLayerSpec {
     /// One expert, top-1, nothing frozen, no router bias, `T = 1`, experts
@@ -211,56 +195,6 @@ impl MoeConfig {
         Ok(())
     }
 
-    /// Why this layout cannot be written in the Mixtral layout, or `None`
-    /// when it can.
-    pub fn mixtral_blocker(&self, base: &ModelConfig) -> Option<String> {
-        if !matches!(base.architecture, Architecture::Llama | Architecture::Mistral) {
-            return Some(format!(
-                "the base architecture is {} (Mixtral has no q/k/v bias)",
-                base.architecture.model_type()
-            ));
-        }
-        if base.attention_bias {
-            return Some("attention projections have biases".into());
-        }
-        let first = self.layers.first().and_then(|s| s.as_ref())?;
-        for (l, s) in self.layers.iter().enumerate() {
-            match s {
-                None => return Some(format!("layer {l} stays dense (Mixtral makes every layer MoE)")),
-                Some(s) if s.num_experts != first.num_experts => {
-                    return Some(format!(
-                        "layer {l} has {} experts, layer 0 has {} (Mixtral needs one count)",
-                        s.num_experts, first.num_experts
-                    ))
-                }
-                Some(s) if s.top_k != first.top_k => return Some(format!("layer {l} has a different top-k")),
-                Some(s) if s.router_bias => return Some(format!("layer {l}'s router has a bias")),
-                Some(s) if s.expert_width(base) != first.expert_width(base) => {
-                    return Some(format!("layer {l}'s experts have another width than layer 0's"))
-                }
-                Some(s) if s.shared_experts > 0 => {
-                    return Some(format!(
-                        "layer {l} has shared experts, which Mixtral cannot hold (layouts that can: {})",
-                        SHARED_EXPERT_LAYOUTS
-                    ))
-                }
-                Some(s) if !s.norm_topk_prob => {
-                    return Some(format!(
-                        "layer {l} weighs experts by the softmax over all experts (norm_topk_prob false); \
-                         Mixtral always renormalises over the top-k (layouts that can: qwen2_moe, qwen3_moe, studio)"
-                    ))
-                }
-                Some(s) if s.selection_bias => {
-                    return Some(format!(
-                        "layer {l}'s router has an aux-loss-free selection bias, which only the studio layout holds"
-                    ))
-                }
-                _ => {}
-            }
-        }
-        None
-    }
-
     /// Total experts over all MoE layers.
     pub fn total_experts(&self) -> usize {
         self.layers.iter().flatten().map(|s| s.num_experts).sum()
@@ -303,153 +237,12 @@ impl MoeConfig {
         let idle: u64 = self.layers.iter().flatten().map(|s| s.idle_parameters(base)).sum();
         self.num_parameters_on(base, dense) - idle
     }
-
-    /// `config.json` for this layout (Mixtral when possible, else studio).
-    pub fn to_config_json(&self, base: &ModelConfig) -> serde_json::Value {
-        let mut v = base.to_config_json(None);
-        let obj = v.as_object_mut().expect("object");
-        let frozen: Vec<Vec<usize>> =
-            self.layers.iter().map(|s| s.as_ref().map(|s| s.frozen.clone()).unwrap_or_default()).collect();
-        obj.insert("router_aux_loss_coef".into(), self.router_aux_loss_coef.into());
-        if self.mixtral_blocker(base).is_none() {
-            let first = self.layers[0].as_ref().expect("validated");
-            obj.insert("model_type".into(), "mixtral".into());
-            obj.insert("architectures".into(), serde_json::json!(["MixtralForCausalLM"]));
-            obj.insert("num_local_experts".into(), first.num_experts.into());
-            // Granular experts: Mixtral's `intermediate_size` is the expert
-            // width (every layer is MoE there, so no dense FFN needs f).
-            obj.insert("intermediate_size".into(), first.expert_width(base).into());
-            obj.insert("num_experts_per_tok".into(), first.top_k.into());
-            obj.insert("output_router_logits".into(), false.into());
-            obj.insert("sliding_window".into(), serde_json::Value::Null);
-            obj.remove("attention_bias");
-            obj.insert(
-                "moe_studio".into(),
-                serde_json::json!({"version": 1, "base_model_type": base.architecture.model_type(), "frozen_experts": frozen}),
-            );
-        } else {
-            obj.insert("model_type".into(), "moe_studio".into());
-            // no transformers class loads the per-layer layout
-            obj.remove("architectures");
-            obj.insert("base_model_type".into(), base.architecture.model_type().into());
-            obj.insert("moe_layers".into(), serde_json::to_value(&self.layers).expect("layers"));
-            obj.insert(
-                "moe_studio".into(),
-                serde_json::json!({"version": 1, "base_model_type": base.architecture.model_type(), "frozen_experts": frozen}),
-            );
-        }
-        v
-    }
-
-    /// Reads the MoE layout and the dense base from a `config.json` whose
-    /// `model_type` is `mixtral` or `moe_studio`; returns `None` for dense
-    /// model types.
-    ///
-    /// # Errors
-    /// [`StudioError::Config`] / [`StudioError::Format`] naming `source_name`.
-    pub fn from_config_json(bytes: &[u8], source_name: &str) -> Result<Option<(ModelConfig, MoeConfig)>> {
-        let v: serde_json::Value = serde_json::from_slice(bytes)
-            .map_err(|e| StudioError::format(source_name, "config.json", e.to_string()))?;
-        let ty = v.get("model_type").and_then(|t| t.as_str()).unwrap_or("");
-        if ty != "mixtral" && ty != "moe_studio" {
-            return Ok(None);
-        }
-        let studio = v.get("moe_studio");
-        let base_type = v
-            .get("base_model_type")
-            .or_else(|| studio.and_then(|s| s.get("base_model_type")))
-            .and_then(|t| t.as_str())
-            .unwrap_or(if ty == "mixtral" { "mistral" } else { "" })
-            .to_string();
-        let mut dense = v.clone();
-        dense["model_type"] = base_type.clone().into();
-        let hf: HfConfig = serde_json::from_value(dense)
-            .map_err(|e| StudioError::format(source_name, "config.json", e.to_string()))?;
-        let base = hf.to_model_config(source_name)?;
-        let coef = v.get("router_aux_loss_coef").and_then(|x| x.as_f64()).unwrap_or(0.01);
-        let frozen: Vec<Vec<usize>> = studio
-            .and_then(|s| s.get("frozen_experts"))
-            .and_then(|f| serde_json::from_value(f.clone()).ok())
-            .unwrap_or_default();
-        let layers = if ty == "mixtral" {
-            let get = |k: &str| {
-                v.get(k)
-                    .and_then(|x| x.as_u64())
-                    .map(|x| x as usize)
-                    .ok_or_else(|| StudioError::config(source_name, format!("mixtral config lacks `{k}`")))
-            };
-            let (e, k) = (get("num_local_experts")?, get("num_experts_per_tok")?);
-            (0..base.num_layers)
-                .map(|l| {
-                    Some(MoeLayerSpec {
-                        num_experts: e,
-                        top_k: k,
-                        frozen: frozen.get(l).cloned().unwrap_or_default(),
-                        ..Default::default()
-                    })
-                })
-                .collect()
-        } else {
-            let raw = v
-                .get("moe_layers")
-                .ok_or_else(|| StudioError::config(source_name, "moe_studio config lacks `moe_layers`"))?;
-            serde_json::from_value(raw.clone())
-                .map_err(|e| StudioError::format(source_name, "config.json", format!("`moe_layers`: {e}")))?
-        };
-        let moe = MoeConfig { layers, router_aux_loss_coef: coef };
-        moe.validate(&base, source_name)?;
-        Ok(Some((base, moe)))
-    }
-}
-
-/// Tensor name of layer `l`'s router weight (`[E, d]`).
-pub fn router_weight_name(l: usize) -> String {
-    format!("model.layers.{l}.block_sparse_moe.gate.weight")
-}
-
-/// Tensor name of layer `l`'s router bias (`[E]`, studio layout only).
-pub fn router_bias_name(l: usize) -> String {
-    format!("model.layers.{l}.block_sparse_moe.gate.bias")
-}
-
-/// Tensor name of expert `e`'s projection in layer `l`: `w` is `"w1"`
-/// (gate, `[f, d]`), `"w3"` (up, `[f, d]`) or `"w2"` (down, `[d, f]`).
-pub fn expert_weight_name(l: usize, e: usize, w: &str) -> String {
-    format!("model.layers.{l}.block_sparse_moe.experts.{e}.{w}.weight")
-}
-
-/// Tensor name of shared expert `i`'s projection in layer `l` (studio
-/// layout; `w` as in [`expert_weight_name`], every shared expert of the
-/// dense width `[f, d]` / `[d, f]`).
-pub fn shared_expert_weight_name(l: usize, i: usize, w: &str) -> String {
-    format!("model.layers.{l}.block_sparse_moe.shared_experts.{i}.{w}.weight")
-}
-
-/// Tensor name of layer `l`'s shared-expert gate (`[N, d]`, one sigmoid gate
-/// row per shared expert; studio layout).
-pub fn shared_expert_gate_name(l: usize) -> String {
-    format!("model.layers.{l}.block_sparse_moe.shared_expert_gate.weight")
-}
-
-/// Tensor name of layer `l`'s aux-loss-free selection bias (`[E]`; the name
-/// DeepSeek-V3 gives it in transformers, studio layout).
-pub fn selection_bias_name(l: usize) -> String {
-    format!("model.layers.{l}.block_sparse_moe.gate.e_score_correction_bias")
-}
-
-/// The Mixtral expert projection that holds a dense `mlp.{proj}`:
-/// gate_proj -> w1, up_proj -> w3, down_proj -> w2.
-pub fn mixtral_proj(dense_proj: &str) -> &'static str {
-    match dense_proj {
-        "gate_proj" => "w1",
-        "up_proj" => "w3",
-        _ => "w2",
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::HfConfig;
 
     fn base() -> ModelConfig {
         let json =
@@ -460,32 +253,6 @@ mod tests {
 
     fn spec(e: usize, k: usize) -> MoeLayerSpec {
         MoeLayerSpec { num_experts: e, top_k: k, frozen: vec![0], ..Default::default() }
-    }
-
-    #[test]
-    fn uniform_layout_round_trips_through_mixtral_config() {
-        let b = base();
-        let moe = MoeConfig::uniform(2, spec(4, 2));
-        let json = serde_json::to_vec(&moe.to_config_json(&b)).unwrap();
-        let (b2, m2) = MoeConfig::from_config_json(&json, "c").unwrap().unwrap();
-        assert_eq!(b2.hidden_size, 8);
-        assert_eq!(m2, moe);
-        let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
-        assert_eq!(v["model_type"], "mixtral");
-        assert_eq!(v["num_local_experts"], 4);
-    }
-
-    #[test]
-    fn per_layer_layout_uses_the_studio_form_and_round_trips() {
-        let b = base();
-        let moe = MoeConfig {
-            layers: vec![Some(spec(2, 1)), Some(MoeLayerSpec { router_bias: true, temperature: 0.1, ..spec(3, 2) })],
-            router_aux_loss_coef: 0.01,
-        };
-        assert!(moe.mixtral_blocker(&b).unwrap().contains("layer 1"));
-        let json = serde_json::to_vec(&moe.to_config_json(&b)).unwrap();
-        let (_, m2) = MoeConfig::from_config_json(&json, "c").unwrap().unwrap();
-        assert_eq!(m2, moe);
     }
 
     #[test]

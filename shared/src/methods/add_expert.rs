@@ -12,9 +12,9 @@
 use super::moe_plan::{moe_tensor_plan, MoeTensor, Origin};
 use super::sink::{write_values, TensorSink};
 use crate::checkpoint::{DType, PlannedTensor, TensorSource};
-use crate::config::moe::{expert_weight_name, router_bias_name, router_weight_name};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
+use crate::layout::names::{self, router_bias_name, router_weight_name, TensorRole};
 
 /// A validated plan: the grown MoE layout and its tensors.
 #[derive(Debug, Clone)]
@@ -74,10 +74,13 @@ pub fn plan_add_expert(
             Origin::RouterWeight { layer } | Origin::RouterBias { layer } | Origin::SelectionBias { layer } => {
                 router_dtype(*layer)
             }
-            Origin::Expert { layer, expert, .. } if *expert == models => moe_src
-                .info(&expert_weight_name(*layer, 0, t.name.rsplit('.').nth(1).unwrap_or("w1")))
-                .map(|i| i.dtype)
-                .unwrap_or(DType::F32),
+            Origin::Expert { expert, .. } if *expert == models => {
+                let first = match names::parse(&t.name) {
+                    TensorRole::Expert { layer, proj, .. } => names::expert_weight_name(layer, 0, proj),
+                    _ => t.name.clone(),
+                };
+                moe_src.info(&first).map(|i| i.dtype).unwrap_or(DType::F32)
+            }
             _ => {
                 let info = moe_src
                     .info(&t.name)
@@ -135,7 +138,7 @@ pub fn write_add_expert(
             }
             // The new expert starts with no selection bias.
             Origin::SelectionBias { layer } => {
-                let mut b = moe_src.read_f32(&crate::config::moe::selection_bias_name(*layer))?;
+                let mut b = moe_src.read_f32(&names::selection_bias_name(*layer))?;
                 b.push(0.0);
                 b
             }

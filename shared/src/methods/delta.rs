@@ -9,11 +9,10 @@
 //!   the target has under the same name as the delta) get
 //!   `theta + scale * Delta`;
 //! - **experts**: every expert `e` of MoE layer `l`
-//!   (`model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w3,w2}.weight`)
-//!   gets layer `l`'s dense FFN delta (`mlp.gate_proj -> w1`,
-//!   `mlp.up_proj -> w3`, `mlp.down_proj -> w2`; see
-//!   [`crate::config::moe::mixtral_proj`]), the frozen expert 0 and the
-//!   trained ones alike;
+//!   (canonical `model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w3,w2}.weight`,
+//!   [`crate::layout::names`]) gets layer `l`'s dense FFN delta
+//!   (`mlp.gate_proj -> w1`, `mlp.up_proj -> w3`, `mlp.down_proj -> w2`),
+//!   the frozen expert 0 and the trained ones alike;
 //! - layers that a studio-layout MoE keeps dense (`model.layers.{l}.mlp.*`)
 //!   get their own `mlp` delta (they are shared tensors by name);
 //! - **routers** (`block_sparse_moe.gate.{weight,bias}`, the aux-free
@@ -28,6 +27,10 @@
 //!
 //! A dense target works too: grafting onto a dense model is task arithmetic
 //! on one model (`theta + scale * (instruct - base)`).
+//!
+//! An MoE target is read with canonical names (its on-disk layout renamed
+//! by [`crate::layout::LayoutSource`]) and written in the layout
+//! [`GraftOptions::layout`] picks (the CLI's default: the target's own).
 //!
 //! # Numerics
 //! Every output element is computed in f32 from the f32 values of the inputs
@@ -66,6 +69,8 @@ use super::sink::{to_bytes, TensorSink};
 use crate::checkpoint::{DType, PlannedTensor, TensorInfo, TensorSource};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
+use crate::layout::names::{self, TensorRole};
+use crate::layout::{LayoutChoice, LayoutRequest};
 
 /// Where the delta of one output tensor comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -105,36 +110,23 @@ impl DeltaOrigin {
     }
 }
 
-/// Classifies a target tensor name (see the module docs).
-///
-/// `model.layers.{l}.block_sparse_moe.gate.{weight,bias}` are routers;
-/// `model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w3,w2}.weight` map to
-/// `model.layers.{l}.mlp.{gate,up,down}_proj.weight`; every other name maps
-/// to itself.
+/// Classifies a target tensor name (see the module docs), through the one
+/// name parser [`crate::layout::names::parse`]: routers, selection biases,
+/// shared experts and their gate get no delta, expert projections map to the layer's dense FFN projection
+/// (`model.layers.{l}.mlp.{gate,up,down}_proj.weight`), every other name
+/// maps to itself.
 pub fn delta_origin(name: &str) -> DeltaOrigin {
-    let shared = || DeltaOrigin::Shared { delta: name.to_string() };
-    let Some(rest) = name.strip_prefix("model.layers.") else { return shared() };
-    let Some((l, rest)) = rest.split_once('.') else { return shared() };
-    let Ok(layer) = l.parse::<usize>() else { return shared() };
-    let Some(rest) = rest.strip_prefix("block_sparse_moe.") else { return shared() };
-    if rest == "gate.weight"
-        || rest == "gate.bias"
-        || rest == "gate.e_score_correction_bias"
-        || rest == "shared_expert_gate.weight"
-        || rest.starts_with("shared_experts.")
-    {
-        return DeltaOrigin::Router { layer };
+    match names::parse(name) {
+        TensorRole::Router { layer }
+        | TensorRole::RouterBias { layer }
+        | TensorRole::SelectionBias { layer }
+        | TensorRole::SharedExpert { layer, .. }
+        | TensorRole::SharedExpertGate { layer } => DeltaOrigin::Router { layer },
+        TensorRole::Expert { layer, expert, proj } => {
+            DeltaOrigin::Expert { layer, expert, delta: names::dense_ffn_name(layer, proj) }
+        }
+        _ => DeltaOrigin::Shared { delta: name.to_string() },
     }
-    let Some(rest) = rest.strip_prefix("experts.") else { return shared() };
-    let Some((e, w)) = rest.split_once('.') else { return shared() };
-    let Ok(expert) = e.parse::<usize>() else { return shared() };
-    let proj = match w {
-        "w1.weight" => "gate_proj",
-        "w3.weight" => "up_proj",
-        "w2.weight" => "down_proj",
-        _ => return shared(),
-    };
-    DeltaOrigin::Expert { layer, expert, delta: format!("model.layers.{layer}.mlp.{proj}.weight") }
 }
 
 /// Options of [`graft`].
@@ -142,12 +134,16 @@ pub fn delta_origin(name: &str) -> DeltaOrigin {
 pub struct GraftOptions {
     /// The scale `lambda` on the delta (1.0 = the paper). Must be finite.
     pub scale: f64,
+    /// Layout of an MoE output (`--layout`; default `auto`, the CLI passes
+    /// the target's own layout when none is given).
+    #[serde(skip)]
+    pub layout: LayoutRequest,
 }
 
 impl Default for GraftOptions {
-    /// `scale = 1.0` (DeltaMoE).
+    /// `scale = 1.0` (DeltaMoE), layout `auto`.
     fn default() -> Self {
-        GraftOptions { scale: 1.0 }
+        GraftOptions { scale: 1.0, layout: LayoutRequest::Auto }
     }
 }
 
@@ -169,8 +165,11 @@ pub struct GraftTensor {
 pub struct GraftPlan {
     /// Output tensors in write order (grouped by delta, see the module docs).
     pub tensors: Vec<GraftTensor>,
-    /// The same as the writer's plan.
+    /// The writer's plan: `tensors` under the output layout's names, then
+    /// the layout's zero tensors.
     pub planned: Vec<PlannedTensor>,
+    /// The output layout of an MoE target (`None` for a dense one).
+    pub choice: Option<LayoutChoice>,
     /// The delta tensors in the order they are computed, with their shapes.
     pub deltas: Vec<(String, Vec<usize>)>,
     /// The options.
@@ -460,11 +459,19 @@ pub fn plan_graft(
         ));
     }
     let tensors: Vec<GraftTensor> = groups.into_iter().flatten().collect();
-    let planned = tensors
+    let planned: Vec<PlannedTensor> = tensors
         .iter()
         .map(|t| PlannedTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone() })
         .collect();
-    Ok(GraftPlan { tensors, planned, deltas, options: opts.clone(), warnings })
+    let choice = target_moe.map(|m| crate::layout::choose(target_config, m, opts.layout)).transpose()?;
+    let planned = match &choice {
+        Some(c) => {
+            warnings.extend(c.warnings.iter().cloned());
+            c.disk_plan(target_config, &planned)
+        }
+        None => planned,
+    };
+    Ok(GraftPlan { tensors, planned, choice, deltas, options: opts.clone(), warnings })
 }
 
 /// `theta + s_delta` elementwise, in place, keeping `theta` where `s_delta`
@@ -533,6 +540,13 @@ pub fn write_graft(
     sink: &mut dyn TensorSink,
 ) -> Result<Vec<DeltaStat>> {
     let scale = plan.options.scale as f32;
+    let studio: &dyn crate::layout::MoeLayout = &crate::layout::studio::Studio;
+    let (layout, zeros, router_scale) = match &plan.choice {
+        Some(c) => (c.layout, &plan.planned[plan.tensors.len()..], c.router_scale.as_slice()),
+        None => (studio, &plan.planned[..0], &[][..]),
+    };
+    let mut out = crate::layout::LayoutSink::new(sink, layout, zeros);
+    let sink: &mut dyn TensorSink = &mut out;
     let mut stats: Vec<DeltaStat> = Vec::with_capacity(plan.deltas.len());
     let mut current: Option<(String, Vec<f32>)> = None;
     let check_len = |src: &dyn TensorSource, name: &str, v: &[f32], shape: &[usize]| -> Result<()> {
@@ -582,8 +596,16 @@ pub fn write_graft(
                 s.applied_to += 1;
             }
         }
+        if let TensorRole::Router { layer } = names::parse(&t.name) {
+            // A temperature the output layout folds (studio target, public output).
+            let s = router_scale.get(layer).copied().unwrap_or(1.0) as f32;
+            if s != 1.0 {
+                theta.iter_mut().for_each(|w| *w *= s);
+            }
+        }
         sink.write_tensor(&t.name, &to_bytes(t.dtype, &theta)?)?;
     }
+    out.finish()?;
     Ok(stats)
 }
 
@@ -641,20 +663,44 @@ pub fn graft(
     let plan = plan_graft(target, target_config, target_moe, base, instruct, opts)?;
     let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, plan.planned.clone(), write_opts)?;
     let stats = write_graft(target, base, instruct, &plan, &mut w)?;
-    w.finish(extra_files)?;
+    let extra: Vec<(&str, Vec<u8>)> = extra_files
+        .iter()
+        .map(|(n, b)| (*n, if *n == "config.json" { graft_config_json(&plan, target_config, b) } else { b.clone() }))
+        .collect();
+    w.finish(&extra)?;
     let mut report = graft_report(target, base, instruct, &plan, stats);
     report.out_dir = Some(out_dir.display().to_string());
     report.seconds = Some(start.elapsed().as_secs_f64());
     Ok(report)
 }
 
+/// The output `config.json` of a graft, from the target's `old` one: the
+/// same bytes when the output keeps the target's layout (or is dense), else
+/// the output layout's `config.json` of the same MoE (temperatures folded
+/// as written), with `torch_dtype` and the target's `moe_studio.provenance`
+/// carried over. The CLI and the browser both call it.
+pub fn graft_config_json(plan: &GraftPlan, target_config: &ModelConfig, old: &[u8]) -> Vec<u8> {
+    let Some(choice) = &plan.choice else { return old.to_vec() };
+    let Ok(old_v) = serde_json::from_slice::<serde_json::Value>(old) else { return old.to_vec() };
+    if old_v.get("model_type").and_then(|t| t.as_str()) == choice.layout.model_type() {
+        return old.to_vec();
+    }
+    let dtype = plan.planned.first().map(|p| p.dtype).unwrap_or(DType::F32);
+    let provenance = old_v.pointer("/moe_studio/provenance").cloned().unwrap_or(serde_json::Value::Null);
+    let v = super::output::config_json(target_config, choice, dtype, provenance);
+    serde_json::to_vec_pretty(&v).expect("json")
+}
+
 /// The Hugging Face `config.json` for a model that has none of its own
-/// (a `.gguf` or llama2.c input): the MoE config (Mixtral or studio layout)
-/// or the dense config, null fields left out. Used by [`companion_files`]
+/// (a `.gguf` or llama2.c input): the MoE config in the layout it was read
+/// in, or the dense config, null fields left out. Used by [`companion_files`]
 /// and by the browser, so both write the same bytes.
 pub fn generated_config_json(model: &crate::checkpoint::LoadedModel) -> serde_json::Value {
     match &model.moe {
-        Some(m) => m.to_config_json(&model.config),
+        Some(m) => {
+            let layout = model.layout.unwrap_or(&crate::layout::studio::Studio);
+            layout.write_config(&model.config, m)
+        }
         None => model.config.to_config_json(None),
     }
 }

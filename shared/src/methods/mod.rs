@@ -9,8 +9,9 @@
 //!
 //! Both validate everything before any output exists, stream one source
 //! tensor at a time into a [`sink::TensorSink`] (the atomic safetensors
-//! writer natively) and write the Mixtral layout whenever the MoE config
-//! allows it, else the studio layout ([`output`]).
+//! writer natively) in the layout [`crate::layout::choose`] picks (`auto`:
+//! the first public layout that holds the MoE exactly, else the studio
+//! layout; see [`output`]).
 //!
 //! Helpers: [`moe_plan`] (output tensor names and origins), [`router_init`]
 //! and [`hidden`] (initial routers), [`average`] (aligned means),
@@ -38,7 +39,7 @@ pub use hidden::{hidden_router_rows, ExpertPrompts};
 #[cfg(not(target_arch = "wasm32"))]
 pub use moerge::moerge;
 pub use moerge::{plan_moerge, weighted_means, write_moerge, MoergeInput, MoergeOptions, MoergePlan};
-pub use output::{Layout, MoeReport};
+pub use output::MoeReport;
 pub use router_init::RouterInit;
 #[cfg(not(target_arch = "wasm32"))]
 pub use upcycle::upcycle;

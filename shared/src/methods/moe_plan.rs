@@ -13,15 +13,15 @@
 //! Projection-major order lets a writer read one dense FFN tensor and emit
 //! its copies before reading the next, so upcycling holds one source tensor
 //! at a time. Readers look tensors up by name, so the order
-//! is invisible to them. Names are those of `config::moe` (Mixtral layout;
-//! the studio layout uses the same names).
+//! is invisible to them. Names are the canonical ones of
+//! [`crate::layout::names`]; a layout renames them on the way out.
 
 use crate::checkpoint::export::dense_tensor_plan;
-use crate::config::moe::{
-    expert_weight_name, mixtral_proj, router_bias_name, router_weight_name, selection_bias_name,
-    shared_expert_gate_name, shared_expert_weight_name,
-};
 use crate::config::{ModelConfig, MoeConfig};
+use crate::layout::names::{
+    self, expert_weight_name, router_bias_name, router_weight_name, selection_bias_name, shared_expert_gate_name,
+    shared_expert_weight_name, Proj, TensorRole,
+};
 
 /// Where the values of one output tensor come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,14 +85,6 @@ pub struct MoeTensor {
     pub origin: Origin,
 }
 
-/// Splits `model.layers.{l}.mlp.{proj}.weight` into `(l, proj)`.
-fn parse_dense_ffn(name: &str) -> Option<(usize, &str)> {
-    let rest = name.strip_prefix("model.layers.")?;
-    let (l, rest) = rest.split_once('.')?;
-    let proj = rest.strip_prefix("mlp.")?.strip_suffix(".weight")?;
-    Some((l.parse().ok()?, proj))
-}
-
 /// The MoE checkpoint's tensors in write order (see the module docs).
 ///
 /// `moe` must have been validated against `base` (one entry per layer).
@@ -100,7 +92,7 @@ pub fn moe_tensor_plan(base: &ModelConfig, moe: &MoeConfig) -> Vec<MoeTensor> {
     let d = base.hidden_size;
     let mut out = Vec::new();
     for (name, shape) in dense_tensor_plan(base) {
-        let Some((l, proj)) = parse_dense_ffn(&name) else {
+        let TensorRole::DenseFfn { layer: l, proj } = names::parse(&name) else {
             out.push(MoeTensor { name, shape, origin: Origin::Dense { ffn: false } });
             continue;
         };
@@ -109,7 +101,7 @@ pub fn moe_tensor_plan(base: &ModelConfig, moe: &MoeConfig) -> Vec<MoeTensor> {
             continue;
         };
         let e_count = spec.num_experts;
-        if proj == "gate_proj" {
+        if proj == Proj::Gate {
             out.push(MoeTensor {
                 name: router_weight_name(l),
                 shape: vec![e_count, d],
@@ -137,21 +129,20 @@ pub fn moe_tensor_plan(base: &ModelConfig, moe: &MoeConfig) -> Vec<MoeTensor> {
                 });
             }
         }
-        let w = mixtral_proj(proj);
         // The dense shape with the intermediate axis (rows of gate/up,
         // columns of down) at the expert width.
         let fe = spec.expert_width(base);
-        let expert_shape = if proj == "down_proj" { vec![shape[0], fe] } else { vec![fe, shape[1]] };
+        let expert_shape = if proj == Proj::Down { vec![shape[0], fe] } else { vec![fe, shape[1]] };
         for e in 0..e_count {
             out.push(MoeTensor {
-                name: expert_weight_name(l, e, w),
+                name: expert_weight_name(l, e, proj),
                 shape: expert_shape.clone(),
                 origin: Origin::Expert { layer: l, expert: e, dense_name: name.clone() },
             });
         }
         for i in 0..spec.shared_experts {
             out.push(MoeTensor {
-                name: shared_expert_weight_name(l, i, w),
+                name: shared_expert_weight_name(l, i, proj),
                 shape: shape.clone(),
                 origin: Origin::SharedExpert { layer: l, index: i, dense_name: name.clone() },
             });

@@ -24,7 +24,7 @@
 use super::average::{weighted_mean, MeanAccumulator, WeightedMean};
 use super::compat::{check_architecture, check_tokenizer};
 use super::moe_plan::{MoeTensor, Origin};
-use super::output::{check_dense_source, choose_layout, config_json, planned_tensors, LayoutChoice};
+use super::output::{check_dense_source, config_json, layout_sink, planned_tensors, LayoutChoice, LayoutRequest};
 use super::router_init::RouterInit;
 use super::sink::{write_values, TensorSink};
 use crate::checkpoint::{DType, PlannedTensor, TensorSource};
@@ -63,7 +63,7 @@ impl<'a> From<&'a crate::checkpoint::LoadedModel> for MoergeInput<'a> {
 pub struct MoergeOptions {
     /// Experts per token (DUME reference: 1).
     pub top_k: usize,
-    /// Router temperature (folded into the weight in the Mixtral layout).
+    /// Router temperature (folded into the weight in every public layout).
     pub temperature: f64,
     /// Router initialisation: zeros (default) or random (`hidden` is
     /// refused: the experts come from different models).
@@ -76,6 +76,8 @@ pub struct MoergeOptions {
     pub dtype: Option<DType>,
     /// Load-balancing loss coefficient recorded in the config.
     pub router_aux_loss_coef: f64,
+    /// On-disk layout (`--layout`; default `auto`).
+    pub layout: LayoutRequest,
 }
 
 impl Default for MoergeOptions {
@@ -88,6 +90,7 @@ impl Default for MoergeOptions {
             frozen: vec![],
             dtype: None,
             router_aux_loss_coef: 0.01,
+            layout: LayoutRequest::Auto,
         }
     }
 }
@@ -101,7 +104,8 @@ pub struct MoergePlan {
     pub choice: LayoutChoice,
     /// Output tensors and their origins.
     pub tensors: Vec<MoeTensor>,
-    /// The writer's plan (output dtypes).
+    /// The writer's plan: `tensors` with output dtypes under the layout's
+    /// names, then the layout's zero tensors.
     pub planned: Vec<PlannedTensor>,
     /// `config.json`.
     pub config_json: serde_json::Value,
@@ -155,8 +159,9 @@ pub fn plan_moerge(inputs: &[MoergeInput<'_>], opts: &MoergeOptions) -> Result<M
     if let Some(d) = opts.dtype.filter(|d| d.float_size().is_none()) {
         return Err(StudioError::Invalid(format!("cannot write dtype {d} (use f32, f16 or bf16)")));
     }
-    let choice = choose_layout(base, &moe);
+    let choice = crate::layout::choose(base, &moe, opts.layout)?;
     let (tensors, planned) = planned_tensors(first.source, base, &choice.written, opts.dtype);
+    let planned = choice.disk_plan(base, &planned);
     for t in tensors.iter().filter(|t| matches!(t.origin, Origin::Dense { .. })) {
         for m in &inputs[1..] {
             let info = m.source.info(&t.name).ok_or_else(|| StudioError::tensor(m.name, &t.name, "missing"))?;
@@ -176,9 +181,7 @@ pub fn plan_moerge(inputs: &[MoergeInput<'_>], opts: &MoergeOptions) -> Result<M
             }
         }
     }
-    if let Some(r) = &choice.reason {
-        warnings.push(format!("written in the studio layout, which transformers cannot load, because {r}"));
-    }
+    warnings.extend(choice.warnings.iter().cloned());
     let provenance = serde_json::json!({
         "method": "moerge",
         "sources": inputs.iter().map(|m| m.name).collect::<Vec<_>>(),
@@ -187,7 +190,7 @@ pub fn plan_moerge(inputs: &[MoergeInput<'_>], opts: &MoergeOptions) -> Result<M
         "temperature": opts.temperature,
     });
     let dtype = planned.first().map(|p| p.dtype).unwrap_or(DType::F32);
-    let config_json = config_json(base, &choice.written, dtype, provenance);
+    let config_json = config_json(base, &choice, dtype, provenance);
     Ok(MoergePlan { moe, choice, tensors, planned, config_json, warnings })
 }
 
@@ -232,6 +235,8 @@ pub fn write_moerge(
     opts: &MoergeOptions,
     sink: &mut dyn TensorSink,
 ) -> Result<()> {
+    let mut out = layout_sink(sink, &plan.choice, &plan.planned, plan.tensors.len());
+    let sink: &mut dyn TensorSink = &mut out;
     for (t, p) in plan.tensors.iter().zip(&plan.planned) {
         let values = match &t.origin {
             Origin::Dense { .. } => {
@@ -259,11 +264,11 @@ pub fn write_moerge(
         };
         write_values(sink, &t.name, p.dtype, &values)?;
     }
-    Ok(())
+    out.finish()
 }
 
 /// MoErges `inputs` into the checkpoint directory `out_dir` (safetensors,
-/// `config.json` in the Mixtral layout when possible, and `tokenizer.json`
+/// `config.json` in the layout `opts.layout` picks, and `tokenizer.json`
 /// when given — normally the first model's). Validation happens before the
 /// output is created; the directory appears atomically and no partial
 /// output is left on error.

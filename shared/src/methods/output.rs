@@ -1,64 +1,17 @@
-//! What the MoE-producing methods (upcycle, MoErge) share on the way out:
-//! the choice of on-disk layout, the router temperature folding, the
-//! tensor plan with output dtypes, `config.json`, and the report.
+//! What the MoE-producing methods (upcycle, MoErge, route) share on the way
+//! out: the tensor plan with output dtypes, `config.json` (from the layout
+//! [`crate::layout::choose`] picked), and the report.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::moe_plan::{moe_tensor_plan, MoeTensor, Origin};
 use crate::checkpoint::{DType, PlannedTensor, TensorSource};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
+use crate::layout::LayoutSink;
+use crate::methods::sink::TensorSink;
 
-/// The on-disk form of an MoE checkpoint (see `config::moe`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Layout {
-    /// transformers' `MixtralForCausalLM` layout.
-    #[serde(rename = "mixtral")]
-    Mixtral,
-    /// The studio's own layout (`model_type: moe_studio`).
-    #[serde(rename = "moe_studio")]
-    Studio,
-}
-
-/// The layout an MoE config will be written in, and the config as written.
-#[derive(Debug, Clone)]
-pub struct LayoutChoice {
-    /// Mixtral whenever [`MoeConfig::mixtral_blocker`] allows it.
-    pub layout: Layout,
-    /// Why the Mixtral layout was not possible (studio layout only).
-    pub reason: Option<String>,
-    /// The MoE config as it goes into `config.json`: in the Mixtral layout
-    /// every temperature is 1 because `1 / T` is folded into the router
-    /// weight (exact: `(W / T) x = (W x) / T`).
-    pub written: MoeConfig,
-    /// Per-layer factor applied to router weights (`1 / T_l` in the Mixtral
-    /// layout, 1 otherwise).
-    pub router_scale: Vec<f64>,
-}
-
-/// Picks the layout for `moe` on `base` and folds temperatures if Mixtral.
-pub fn choose_layout(base: &ModelConfig, moe: &MoeConfig) -> LayoutChoice {
-    match moe.mixtral_blocker(base) {
-        None => {
-            let mut written = moe.clone();
-            let mut router_scale = Vec::with_capacity(moe.layers.len());
-            for spec in written.layers.iter_mut() {
-                let t = spec.as_ref().map(|s| s.temperature).unwrap_or(1.0);
-                router_scale.push(1.0 / t);
-                if let Some(s) = spec {
-                    s.temperature = 1.0;
-                }
-            }
-            LayoutChoice { layout: Layout::Mixtral, reason: None, written, router_scale }
-        }
-        Some(reason) => LayoutChoice {
-            layout: Layout::Studio,
-            reason: Some(reason),
-            written: moe.clone(),
-            router_scale: vec![1.0; moe.layers.len()],
-        },
-    }
-}
+pub use crate::layout::{LayoutChoice, LayoutRequest};
 
 /// Output dtype: `explicit` when given, else the source's float dtype,
 /// else F32 (quantised GGUF tensors are written dequantised).
@@ -116,16 +69,17 @@ pub fn planned_tensors(
     (tensors, planned)
 }
 
-/// `config.json` of the output: [`MoeConfig::to_config_json`] plus
+/// `config.json` of the output: the layout's
+/// [`crate::layout::MoeLayout::write_config`] of `choice.written`, plus
 /// `torch_dtype` and a `moe_studio.provenance` object (how the checkpoint
 /// was made; transformers ignores it).
 pub fn config_json(
     base: &ModelConfig,
-    written: &MoeConfig,
+    choice: &LayoutChoice,
     dtype: DType,
     provenance: serde_json::Value,
 ) -> serde_json::Value {
-    let mut v = written.to_config_json(base);
+    let mut v = choice.layout.write_config(base, &choice.written);
     let name = dtype.torch_name();
     if let Some(obj) = v.as_object_mut() {
         obj.insert("torch_dtype".into(), name.into());
@@ -134,6 +88,19 @@ pub fn config_json(
         }
     }
     v
+}
+
+/// A sink writing canonical names into `sink` under `choice`'s layout;
+/// `planned` is the writer's plan ([`LayoutChoice::disk_plan`]) and
+/// `canonical` the number of canonical tensors at its head (the rest are the
+/// layout's zero tensors, written by [`LayoutSink::finish`]).
+pub fn layout_sink<'a>(
+    sink: &'a mut dyn TensorSink,
+    choice: &'a LayoutChoice,
+    planned: &'a [PlannedTensor],
+    canonical: usize,
+) -> LayoutSink<'a> {
+    LayoutSink::new(sink, choice.layout, &planned[canonical.min(planned.len())..])
 }
 
 /// Summary of a written MoE checkpoint (printed by the CLI's `--json`).
@@ -145,10 +112,12 @@ pub struct MoeReport {
     pub sources: Vec<String>,
     /// Output directory, when written to disk.
     pub out_dir: Option<String>,
-    /// On-disk layout.
-    pub layout: Layout,
-    /// Why the Mixtral layout was not used.
+    /// On-disk layout (a [`crate::layout::REGISTRY`] name).
+    pub layout: &'static str,
+    /// Why no public layout was used (studio layout under `auto`).
     pub layout_reason: Option<String>,
+    /// The public layouts that hold this MoE exactly.
+    pub public_layouts: Vec<&'static str>,
     /// Experts per layer (0 = the layer stayed dense).
     pub experts_per_layer: Vec<usize>,
     /// The MoE config as written to `config.json`.
@@ -187,8 +156,9 @@ impl MoeReport {
             method,
             sources,
             out_dir: None,
-            layout: choice.layout,
+            layout: choice.name(),
             layout_reason: choice.reason.clone(),
+            public_layouts: crate::layout::holding(base, &choice.written),
             experts_per_layer: choice.written.layers.iter().map(|s| s.as_ref().map_or(0, |s| s.num_experts)).collect(),
             moe: choice.written.clone(),
             router_init,

@@ -31,7 +31,7 @@ pub struct RouteOptions {
     /// Tokens per sequence (`context_dim`).
     pub context: usize,
     /// Append the constant-1 column (router bias). Without it the result
-    /// exports in the Mixtral layout.
+    /// exports in a public layout (Mixtral, Qwen2-MoE).
     pub bias: bool,
 }
 
@@ -299,9 +299,10 @@ pub struct RouteReport {
     /// Held-out accuracy at other lambdas, when asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lambda_sweep: Option<Vec<serde_json::Value>>,
-    /// The layout the routed model is written in, when known.
+    /// The layout the routed model is written in (a
+    /// [`crate::layout::REGISTRY`] name), when known.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub layout: Option<super::Layout>,
+    pub layout: Option<String>,
     /// Warnings (the studio layout, which transformers cannot load).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warnings: Option<Vec<String>>,
@@ -459,38 +460,43 @@ pub fn stats_from_safetensors(
 /// [`plan_routed`]).
 #[derive(Debug, Clone)]
 pub struct RoutedPlan {
-    /// Layout choice (router scales `1/T` in the Mixtral layout).
+    /// Layout choice (router scales `1/T` where the layout folds them).
     pub choice: super::output::LayoutChoice,
     /// Output tensors and their origins, in write order.
     pub tensors: Vec<super::moe_plan::MoeTensor>,
-    /// The writer's plan (output dtypes).
+    /// The writer's plan: `tensors` with output dtypes under the layout's
+    /// names, then the layout's zero tensors.
     pub planned: Vec<crate::checkpoint::PlannedTensor>,
     /// `config.json` (with `provenance`).
     pub config_json: serde_json::Value,
 }
 
-/// Plans the routed checkpoint of `src` (an MoE checkpoint) with layout
-/// `routed` (headers only, nothing written). Any platform.
+/// Plans the routed checkpoint of `src` (an MoE checkpoint, canonical
+/// names) with MoE structure `routed`, written in the layout `layout` picks
+/// (headers only, nothing written). Any platform.
 ///
 /// # Errors
 /// [`StudioError::Tensor`] when `src` lacks a tensor of the layout or has it
-/// in another shape.
+/// in another shape; [`StudioError::Config`] when a named `layout` cannot
+/// hold `routed` (e.g. a router bias in Mixtral).
 pub fn plan_routed(
     src: &dyn crate::checkpoint::TensorSource,
     base: &crate::config::ModelConfig,
     routed: &MoeConfig,
     provenance: serde_json::Value,
+    layout: crate::layout::LayoutRequest,
 ) -> Result<RoutedPlan> {
     use super::moe_plan::{moe_tensor_plan, Origin};
     use crate::checkpoint::{DType, PlannedTensor};
-    let choice = super::output::choose_layout(base, routed);
+    let choice = crate::layout::choose(base, routed, layout)?;
     let plan = moe_tensor_plan(base, routed);
     let dtype_of = |name: &str| src.info(name).map(|i| i.dtype).filter(|d| d.float_size().is_some());
     let mut planned = Vec::with_capacity(plan.len());
     for t in &plan {
         let dtype = match &t.origin {
             Origin::RouterWeight { layer } | Origin::RouterBias { layer } => {
-                dtype_of(&crate::config::moe::expert_weight_name(*layer, 0, "w1")).unwrap_or(DType::F32)
+                dtype_of(&crate::layout::names::expert_weight_name(*layer, 0, crate::layout::Proj::Gate))
+                    .unwrap_or(DType::F32)
             }
             _ => {
                 let info = src.info(&t.name).ok_or_else(|| {
@@ -508,16 +514,18 @@ pub fn plan_routed(
         };
         planned.push(PlannedTensor { name: t.name.clone(), dtype, shape: t.shape.clone() });
     }
+    let planned = choice.disk_plan(base, &planned);
     let dtype = planned.first().map(|p| p.dtype).unwrap_or(DType::F32);
-    let config_json = super::output::config_json(base, &choice.written, dtype, provenance);
+    let config_json = super::output::config_json(base, &choice, dtype, provenance);
     Ok(RoutedPlan { choice, tensors: plan, planned, config_json })
 }
 
 /// Streams the tensors `range` of a routed plan into `sink`: every tensor of
 /// `src` is copied, router weights/biases replaced by `routers` (scaled by
-/// `1/T` when written in the Mixtral layout). Calling it on consecutive
-/// ranges writes the same bytes as one call on the whole plan (the browser
-/// yields between ranges).
+/// `1/T` where the layout folds temperatures); the range that ends the plan
+/// also writes the layout's zero tensors. Calling it on consecutive
+/// ranges of `0..plan.tensors.len()` writes the same bytes as one call on
+/// the whole plan (the browser yields between ranges).
 ///
 /// # Errors
 /// Missing routers, read errors of `src`, write errors of `sink`.
@@ -530,6 +538,9 @@ pub fn write_routed_tensors(
 ) -> Result<()> {
     use super::moe_plan::Origin;
     use super::sink::write_values;
+    let last = range.end == plan.tensors.len();
+    let mut out = super::output::layout_sink(sink, &plan.choice, &plan.planned, plan.tensors.len());
+    let sink: &mut dyn super::sink::TensorSink = &mut out;
     for (t, p) in plan.tensors[range.clone()].iter().zip(&plan.planned[range]) {
         match &t.origin {
             Origin::RouterWeight { layer } => {
@@ -549,6 +560,9 @@ pub fn write_routed_tensors(
             _ => write_values(sink, &t.name, p.dtype, &src.read_f32(&t.name)?)?,
         }
     }
+    if last {
+        out.finish()?;
+    }
     Ok(())
 }
 
@@ -559,6 +573,7 @@ pub fn write_routed_tensors(
 /// # Errors
 /// Missing tensors, I/O, an existing non-empty `out_dir`.
 #[cfg(not(target_arch = "wasm32"))]
+#[allow(clippy::too_many_arguments)]
 pub fn write_routed(
     src: &dyn crate::checkpoint::TensorSource,
     base: &crate::config::ModelConfig,
@@ -567,9 +582,10 @@ pub fn write_routed(
     out_dir: &std::path::Path,
     mut extra: Vec<(&str, Vec<u8>)>,
     provenance: serde_json::Value,
+    layout: crate::layout::LayoutRequest,
 ) -> Result<()> {
     use crate::checkpoint::{SafetensorsWriter, WriteOptions};
-    let plan = plan_routed(src, base, routed, provenance)?;
+    let plan = plan_routed(src, base, routed, provenance, layout)?;
     let mut w = SafetensorsWriter::create(out_dir, plan.planned.clone(), WriteOptions::default())?;
     write_routed_tensors(src, &plan, routers, 0..plan.tensors.len(), &mut w)?;
     extra.push(("config.json", serde_json::to_vec_pretty(&plan.config_json).expect("json")));

@@ -110,7 +110,12 @@ impl TensorSource for PreadSafetensors {
 /// Those of [`PreadSafetensors::open_dir`].
 pub fn use_positioned_reads(path: &std::path::Path, model: &mut LoadedModel) -> Result<()> {
     if model.format == ModelFormat::Safetensors && path.is_dir() {
-        model.source = Box::new(PreadSafetensors::open_dir(path)?);
+        model.source = crate::checkpoint::load::layout_view(
+            Box::new(PreadSafetensors::open_dir(path)?),
+            model.layout,
+            &model.config,
+            model.moe.as_ref(),
+        )?;
     }
     Ok(())
 }

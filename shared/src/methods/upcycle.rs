@@ -36,13 +36,14 @@ use serde::Serialize;
 
 use super::allocation::ExpertCounts;
 use super::moe_plan::{MoeTensor, Origin};
-use super::output::{check_dense_source, choose_layout, config_json, planned_tensors, LayoutChoice};
+use super::output::{check_dense_source, config_json, layout_sink, planned_tensors, LayoutChoice, LayoutRequest};
 use super::rng::{sample_indices, NormalRng};
 use super::router_init::RouterInit;
 use super::sink::{to_bytes, write_values, TensorSink};
 use crate::checkpoint::{DType, PlannedTensor, TensorSource};
 use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
 use crate::error::{Result, StudioError};
+pub use crate::layout::Proj;
 
 /// How noise combines with an expert copy's weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -132,7 +133,7 @@ pub struct UpcycleOptions {
     /// Seed of the random router and the noise.
     pub seed: u64,
     /// Router temperature `T` of every MoE layer (folded into the router
-    /// weight in the Mixtral layout).
+    /// weight in every public layout).
     pub temperature: f64,
     /// Output dtype (default: each tensor's source float dtype, f32 for
     /// quantised tensors).
@@ -149,6 +150,8 @@ pub struct UpcycleOptions {
     /// Renormalise the top-k weights (`true`, Mixtral) or weigh by the
     /// softmax over all experts (`false`, Switch / Qwen2-MoE).
     pub norm_topk_prob: bool,
+    /// On-disk layout (`--layout`; default `auto`).
+    pub layout: LayoutRequest,
 }
 
 impl Default for UpcycleOptions {
@@ -171,6 +174,7 @@ impl Default for UpcycleOptions {
             drop_ratio: 0.0,
             granularity: 1,
             norm_topk_prob: true,
+            layout: LayoutRequest::Auto,
         }
     }
 }
@@ -184,7 +188,8 @@ pub struct UpcyclePlan {
     pub choice: LayoutChoice,
     /// Output tensors and their origins, in write order.
     pub tensors: Vec<MoeTensor>,
-    /// The same tensors with output dtypes (the writer's plan).
+    /// The writer's plan: `tensors` with output dtypes under the layout's
+    /// names, then the layout's zero tensors.
     pub planned: Vec<PlannedTensor>,
     /// `config.json`.
     pub config_json: serde_json::Value,
@@ -301,12 +306,10 @@ pub fn plan_upcycle(src: &dyn TensorSource, base: &ModelConfig, opts: &UpcycleOp
         return Err(StudioError::Invalid(format!("cannot write dtype {d} (use f32, f16 or bf16)")));
     }
     check_dense_source(src, base)?;
-    let choice = choose_layout(base, &moe);
+    let choice = crate::layout::choose(base, &moe, opts.layout)?;
     let (tensors, planned) = planned_tensors(src, base, &choice.written, opts.dtype);
-    let mut warnings = Vec::new();
-    if let Some(r) = &choice.reason {
-        warnings.push(format!("written in the studio layout, which transformers cannot load, because {r}"));
-    }
+    let planned = choice.disk_plan(base, &planned);
+    let mut warnings = choice.warnings.clone();
     if !opts.norm_topk_prob && opts.router_init != RouterInit::Zeros {
         warnings.push(
             "with un-normalised top-k weights the upcycled model equals the dense one only for the zero router \
@@ -337,7 +340,7 @@ pub fn plan_upcycle(src: &dyn TensorSource, base: &ModelConfig, opts: &UpcycleOp
         obj.insert("norm_topk_prob".into(), false.into());
     }
     let dtype = planned.first().map(|p| p.dtype).unwrap_or(DType::F32);
-    let config_json = config_json(base, &choice.written, dtype, provenance);
+    let config_json = config_json(base, &choice, dtype, provenance);
     Ok(UpcyclePlan { moe, choice, tensors, planned, config_json, warnings })
 }
 
@@ -355,6 +358,8 @@ pub fn write_upcycle(
     opts: &UpcycleOptions,
     sink: &mut dyn TensorSink,
 ) -> Result<()> {
+    let mut out = layout_sink(sink, &plan.choice, &plan.planned, plan.tensors.len());
+    let sink: &mut dyn TensorSink = &mut out;
     let mut current: Option<DenseTensor> = None;
     let g = opts.granularity.max(1);
     for (t, p) in plan.tensors.iter().zip(&plan.planned) {
@@ -376,7 +381,7 @@ pub fn write_upcycle(
             }
             Origin::SharedExpert { layer, dense_name, .. } => {
                 let (_, values, _) = load_dense(&mut current, src, dense_name)?;
-                let proj = Proj::of(dense_name);
+                let proj = proj_of(dense_name);
                 let s = spec(*layer);
                 let v = shared_expert_values(opts.shared.init, proj, values, s.shared_experts, s.shared_expert_gate);
                 write_values(sink, &t.name, p.dtype, &v)?;
@@ -385,7 +390,7 @@ pub fn write_upcycle(
                 let (_, values, bytes) = load_dense(&mut current, src, dense_name)?;
                 let s = spec(*layer);
                 let frozen = s.frozen.contains(expert);
-                let proj = Proj::of(dense_name);
+                let proj = proj_of(dense_name);
                 let scale = if proj == Proj::Down { routed_output_scale(s, opts) } else { 1.0 };
                 let drop = opts.drop_ratio > 0.0 && !frozen;
                 let noise = opts.noise.std > 0.0 && !frozen;
@@ -418,7 +423,7 @@ pub fn write_upcycle(
             }
         }
     }
-    Ok(())
+    out.finish()
 }
 
 /// The dense FFN tensor being copied: its name, f32 values and (lazily)
@@ -437,28 +442,13 @@ fn load_dense<'a>(
     Ok(current.as_mut().expect("set above"))
 }
 
-/// Which projection of a SwiGLU FFN a tensor is: the intermediate axis is
-/// the rows of `gate`/`up` (`[f, d]`) and the columns of `down` (`[d, f]`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Proj {
-    /// `gate_proj` / `w1`.
-    Gate,
-    /// `up_proj` / `w3`.
-    Up,
-    /// `down_proj` / `w2`.
-    Down,
-}
-
-impl Proj {
-    /// The projection of the dense tensor `model.layers.{l}.mlp.{proj}.weight`.
-    pub fn of(dense_name: &str) -> Proj {
-        if dense_name.ends_with("down_proj.weight") {
-            Proj::Down
-        } else if dense_name.ends_with("up_proj.weight") {
-            Proj::Up
-        } else {
-            Proj::Gate
-        }
+/// The projection of the dense tensor `model.layers.{l}.mlp.{proj}.weight`
+/// (the intermediate axis is the rows of `gate`/`up` `[f, d]` and the
+/// columns of `down` `[d, f]`).
+fn proj_of(dense_name: &str) -> Proj {
+    match crate::layout::names::parse(dense_name) {
+        crate::layout::TensorRole::DenseFfn { proj, .. } => proj,
+        _ => unreachable!("the plan derives experts from dense FFN projections only: {dense_name}"),
     }
 }
 
@@ -691,7 +681,13 @@ mod tests {
             ..Default::default()
         };
         let plan = plan_upcycle(&src, &base, &opts).unwrap();
-        assert!(plan.choice.reason.as_deref().unwrap().contains("layer 1 stays dense"));
+        assert_eq!(plan.choice.name(), "qwen2_moe", "a dense layer 1 fits Qwen2-MoE's mlp_only_layers");
+        let plan = plan_upcycle(
+            &src,
+            &base,
+            &UpcycleOptions { layout: LayoutRequest::parse("studio").unwrap(), ..opts.clone() },
+        )
+        .unwrap();
         assert_eq!(plan.config_json["model_type"], "moe_studio");
         assert_eq!(plan.config_json["moe_layers"][0]["temperature"], 0.5, "studio layout keeps T");
         let mut sink = MemorySink::new(plan.planned.clone());
@@ -699,13 +695,14 @@ mod tests {
         let out = SafetensorsFile::parse(Bytes::from_vec(sink.into_safetensors().unwrap()), "out").unwrap();
         let dense = src.read_f32("model.layers.0.mlp.up_proj.weight").unwrap();
         let bf16 = |v: &[f32]| v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect::<Vec<_>>();
-        let e = |i: usize| out.read_f32(&crate::config::moe::expert_weight_name(0, i, "w3")).unwrap();
+        let e =
+            |i: usize| out.read_f32(&crate::layout::names::expert_weight_name(0, i, crate::layout::Proj::Up)).unwrap();
         assert_eq!(e(0), bf16(&dense), "frozen expert 0 is an exact copy");
         assert_ne!(e(1), e(0));
         assert_ne!(e(1), e(2), "each copy has its own noise");
         let max = e(1).iter().zip(&e(0)).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(max < 0.1, "additive noise of std 0.01 (max {max})");
         assert!(out.info("model.layers.1.mlp.down_proj.weight").is_some());
-        assert!(out.read_f32(&crate::config::moe::router_weight_name(0)).unwrap().iter().all(|&w| w == 0.0));
+        assert!(out.read_f32(&crate::layout::names::router_weight_name(0)).unwrap().iter().all(|&w| w == 0.0));
     }
 }

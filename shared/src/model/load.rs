@@ -10,12 +10,12 @@ use super::moe::MoeLayer;
 use super::transformer::Mlp;
 use super::{Attention, DecoderBlock, Rope, SwiGlu, Transformer};
 use crate::checkpoint::TensorSource;
-use crate::config::moe::{
-    expert_weight_name, router_bias_name, router_weight_name, selection_bias_name, shared_expert_gate_name,
-    shared_expert_weight_name,
-};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
+use crate::layout::names::{
+    expert_weight_name, router_bias_name, router_weight_name, selection_bias_name, shared_expert_gate_name,
+    shared_expert_weight_name, Proj,
+};
 
 /// Reads tensor `name`, checking that its shape is `shape`.
 ///
@@ -77,6 +77,8 @@ fn hf_linear<B: Backend>(
 /// Loads a transformer with dense configuration `config` and, for MoE
 /// checkpoints, the layout `moe`, from `src`.
 ///
+/// `src` has canonical names ([`crate::layout::names`]; an on-disk layout
+/// that renames is read through [`crate::layout::LayoutSource`]).
 /// Tensors: `model.embed_tokens.weight [V, d]`,
 /// `model.layers.{l}.{input,post_attention}_layernorm.weight [d]`,
 /// `model.layers.{l}.self_attn.{q,k,v,o}_proj.weight` (`[out, in]`, q/k/v
@@ -141,11 +143,11 @@ pub fn load_transformer<B: Backend>(
                         d,
                         device,
                     )?;
-                    let swiglu = |name: &dyn Fn(&str) -> String, f: usize| -> Result<SwiGlu<B>> {
+                    let swiglu = |name: &dyn Fn(Proj) -> String, f: usize| -> Result<SwiGlu<B>> {
                         Ok(SwiGlu {
-                            gate_proj: hf_linear(src, &name("w1"), None, f, d, device)?,
-                            up_proj: hf_linear(src, &name("w3"), None, f, d, device)?,
-                            down_proj: hf_linear(src, &name("w2"), None, d, f, device)?,
+                            gate_proj: hf_linear(src, &name(Proj::Gate), None, f, d, device)?,
+                            up_proj: hf_linear(src, &name(Proj::Up), None, f, d, device)?,
+                            down_proj: hf_linear(src, &name(Proj::Down), None, d, f, device)?,
                         })
                     };
                     let fe = spec.expert_width(config);

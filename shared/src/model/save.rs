@@ -1,6 +1,6 @@
 //! Writing an in-memory [`Transformer`] back to a checkpoint directory in
-//! Hugging Face layout (dense), the Mixtral layout or the studio layout
-//! (MoE), one tensor at a time (training checkpoints, browser downloads).
+//! Hugging Face layout (dense) or an MoE layout of [`crate::layout`], one
+//! tensor at a time (training checkpoints, browser downloads).
 
 use burn::nn::{Linear, RmsNorm};
 use burn::tensor::backend::Backend;
@@ -9,11 +9,10 @@ use super::linear::linear_to_hf;
 use super::transformer::Mlp;
 use super::Transformer;
 use crate::checkpoint::export::dense_tensor_plan;
-#[cfg(not(target_arch = "wasm32"))]
-use crate::config::ModelConfig;
 use crate::config::MoeConfig;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::error::{Result, StudioError};
+use crate::layout::names::{self, Proj, TensorRole};
 use crate::methods::moe_plan::moe_tensor_plan;
 
 /// The checkpoint tensor names and shapes of `model`, in write order, and
@@ -44,6 +43,15 @@ fn lin_b<B: Backend>(l: &Linear<B>) -> Option<Vec<f32>> {
     linear_to_hf(l).2
 }
 
+/// Projection `proj` of a SwiGLU FFN (an expert or a shared expert).
+fn swiglu_w<B: Backend>(ex: &super::SwiGlu<B>, proj: Proj) -> Vec<f32> {
+    lin_w(match proj {
+        Proj::Gate => &ex.gate_proj,
+        Proj::Up => &ex.up_proj,
+        Proj::Down => &ex.down_proj,
+    })
+}
+
 /// The values (row-major, Hugging Face layout) of the checkpoint tensor
 /// `name` of `model`, or `None` if the model has no such tensor. Router
 /// weights are returned as stored in the model (temperature not folded).
@@ -56,10 +64,31 @@ pub fn tensor_values<B: Backend>(model: &Transformer<B>, name: &str) -> Option<V
         "lm_head.weight" => return model.lm_head.as_ref().map(lin_w),
         _ => {}
     }
-    let rest = name.strip_prefix("model.layers.")?;
-    let (l, rest) = rest.split_once('.')?;
-    let block = model.layers.get(l.parse::<usize>().ok()?)?;
+    let role = names::parse(name);
+    let (l, rest) = names::split_layer(name)?;
+    let block = model.layers.get(l)?;
     let a = &block.self_attn;
+    match (&role, &block.mlp) {
+        (TensorRole::DenseFfn { proj, .. }, Mlp::Dense(m)) => {
+            return Some(lin_w(match proj {
+                Proj::Gate => &m.gate_proj,
+                Proj::Up => &m.up_proj,
+                Proj::Down => &m.down_proj,
+            }))
+        }
+        (TensorRole::Router { .. }, Mlp::Moe(m)) => return Some(lin_w(&m.gate)),
+        (TensorRole::RouterBias { .. }, Mlp::Moe(m)) => return lin_b(&m.gate),
+        (TensorRole::SelectionBias { .. }, Mlp::Moe(m)) => return m.selection_bias.clone(),
+        (TensorRole::SharedExpertGate { .. }, Mlp::Moe(m)) => return m.shared_expert_gate.as_ref().map(lin_w),
+        (TensorRole::Expert { expert, proj, .. }, Mlp::Moe(m)) => {
+            return Some(swiglu_w(m.experts.get(*expert)?, *proj))
+        }
+        (TensorRole::SharedExpert { index, proj, .. }, Mlp::Moe(m)) => {
+            return Some(swiglu_w(m.shared_experts.get(*index)?, *proj))
+        }
+        (TensorRole::Other(_), _) => {}
+        _ => return None,
+    }
     match rest {
         "input_layernorm.weight" => Some(norm(&block.input_layernorm)),
         "post_attention_layernorm.weight" => Some(norm(&block.post_attention_layernorm)),
@@ -70,47 +99,18 @@ pub fn tensor_values<B: Backend>(model: &Transformer<B>, name: &str) -> Option<V
         "self_attn.q_proj.bias" => lin_b(&a.q_proj),
         "self_attn.k_proj.bias" => lin_b(&a.k_proj),
         "self_attn.v_proj.bias" => lin_b(&a.v_proj),
-        _ => match &block.mlp {
-            Mlp::Dense(m) => match rest {
-                "mlp.gate_proj.weight" => Some(lin_w(&m.gate_proj)),
-                "mlp.up_proj.weight" => Some(lin_w(&m.up_proj)),
-                "mlp.down_proj.weight" => Some(lin_w(&m.down_proj)),
-                _ => None,
-            },
-            Mlp::Moe(m) => {
-                let r = rest.strip_prefix("block_sparse_moe.")?;
-                match r {
-                    "gate.weight" => Some(lin_w(&m.gate)),
-                    "gate.bias" => lin_b(&m.gate),
-                    "gate.e_score_correction_bias" => m.selection_bias.clone(),
-                    "shared_expert_gate.weight" => m.shared_expert_gate.as_ref().map(lin_w),
-                    _ => {
-                        let (list, r) = match r.strip_prefix("experts.") {
-                            Some(r) => (&m.experts, r),
-                            None => (&m.shared_experts, r.strip_prefix("shared_experts.")?),
-                        };
-                        let (e, w) = r.split_once('.')?;
-                        let ex = list.get(e.parse::<usize>().ok()?)?;
-                        match w {
-                            "w1.weight" => Some(lin_w(&ex.gate_proj)),
-                            "w3.weight" => Some(lin_w(&ex.up_proj)),
-                            "w2.weight" => Some(lin_w(&ex.down_proj)),
-                            _ => None,
-                        }
-                    }
-                }
-            }
-        },
+        _ => None,
     }
 }
 
 /// Writes `model` into `out_dir` (atomic; refuses a non-empty directory):
-/// weights in `dtype`, `config.json` (dense HF, Mixtral or studio layout;
-/// router temperatures folded into the weights for Mixtral), and
-/// `extra_files`.
+/// weights in `dtype`, `config.json` (dense HF, or the MoE layout `layout`
+/// picks, router temperatures folded into the weights where the layout
+/// folds them), and `extra_files`.
 ///
 /// # Errors
 /// [`StudioError::Invalid`] for a non-float dtype or an existing output;
+/// [`StudioError::Config`] when a named `layout` cannot hold the model;
 /// I/O errors.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn save_model<B: Backend>(
@@ -119,58 +119,48 @@ pub fn save_model<B: Backend>(
     dtype: crate::checkpoint::DType,
     mut extra_files: Vec<(&str, Vec<u8>)>,
     provenance: serde_json::Value,
+    layout: crate::layout::LayoutRequest,
 ) -> Result<()> {
     use crate::checkpoint::{PlannedTensor, SafetensorsWriter, WriteOptions};
+    use crate::methods::sink::TensorSink;
     if dtype.float_size().is_none() {
         return Err(StudioError::Invalid(format!("cannot save weights as {dtype}")));
     }
     let (plan, moe) = tensor_plan(model);
-    let (config_json, router_scale) = config_for(&model.config, moe.as_ref(), dtype, provenance);
-    let planned = plan.iter().map(|(n, s)| PlannedTensor { name: n.clone(), dtype, shape: s.clone() }).collect();
-    let mut w = SafetensorsWriter::create(out_dir, planned, WriteOptions::default())?;
-    for (name, _) in &plan {
-        let mut v = tensor_values(model, name)
-            .ok_or_else(|| StudioError::Invalid(format!("the model has no tensor `{name}`")))?;
-        if let Some(l) = router_layer(name) {
-            let s = router_scale.get(l).copied().unwrap_or(1.0) as f32;
-            if s != 1.0 && name.ends_with("gate.weight") {
-                v.iter_mut().for_each(|x| *x *= s);
-            }
-        }
-        w.write_f32(name, &v)?;
-    }
-    extra_files.push(("config.json", serde_json::to_vec_pretty(&config_json).expect("json")));
-    w.finish(&extra_files)?;
-    Ok(())
-}
-
-#[cfg(not(target_arch = "wasm32"))]
-fn router_layer(name: &str) -> Option<usize> {
-    let rest = name.strip_prefix("model.layers.")?;
-    let (l, rest) = rest.split_once('.')?;
-    rest.starts_with("block_sparse_moe.gate.").then(|| l.parse().ok()).flatten()
-}
-
-/// `config.json` for a model and the per-layer router scale (`1/T` folded
-/// in the Mixtral layout).
-#[cfg(not(target_arch = "wasm32"))]
-fn config_for(
-    base: &ModelConfig,
-    moe: Option<&MoeConfig>,
-    dtype: crate::checkpoint::DType,
-    provenance: serde_json::Value,
-) -> (serde_json::Value, Vec<f64>) {
-    match moe {
+    let planned: Vec<PlannedTensor> =
+        plan.iter().map(|(n, s)| PlannedTensor { name: n.clone(), dtype, shape: s.clone() }).collect();
+    let (config_json, router_scale, planned, choice) = match moe.as_ref() {
         Some(moe) => {
-            let choice = crate::methods::output::choose_layout(base, moe);
-            (crate::methods::output::config_json(base, &choice.written, dtype, provenance), choice.router_scale)
+            let choice = crate::layout::choose(&model.config, moe, layout)?;
+            let cfg = crate::methods::output::config_json(&model.config, &choice, dtype, provenance);
+            let disk = choice.disk_plan(&model.config, &planned);
+            (cfg, choice.router_scale.clone(), disk, Some(choice))
         }
         None => {
-            let mut v = base.to_config_json(Some(dtype));
+            let mut v = model.config.to_config_json(Some(dtype));
             if let Some(o) = v.as_object_mut() {
                 o.insert("moe_studio".into(), serde_json::json!({"version": 1, "provenance": provenance}));
             }
-            (v, vec![])
+            (v, vec![], planned, None)
         }
+    };
+    let mut w = SafetensorsWriter::create(out_dir, planned.clone(), WriteOptions::default())?;
+    let layout: &dyn crate::layout::MoeLayout = choice.as_ref().map_or(&crate::layout::studio::Studio, |c| c.layout);
+    let mut sink = crate::layout::LayoutSink::new(&mut w, layout, &planned[plan.len()..]);
+    for (name, _) in &plan {
+        let mut v = tensor_values(model, name)
+            .ok_or_else(|| StudioError::Invalid(format!("the model has no tensor `{name}`")))?;
+        if let TensorRole::Router { layer } = names::parse(name) {
+            let s = router_scale.get(layer).copied().unwrap_or(1.0) as f32;
+            if s != 1.0 {
+                v.iter_mut().for_each(|x| *x *= s);
+            }
+        }
+        let bytes = crate::methods::sink::to_bytes(dtype, &v)?;
+        sink.write_tensor(name, &bytes)?;
     }
+    sink.finish()?;
+    extra_files.push(("config.json", serde_json::to_vec_pretty(&config_json).expect("json")));
+    w.finish(&extra_files)?;
+    Ok(())
 }

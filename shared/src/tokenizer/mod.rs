@@ -2,6 +2,7 @@
 //! crate, tokenizers built from GGUF metadata, and llama2.c vocabularies.
 
 pub mod gguf;
+pub mod gguf_export;
 pub mod llama2c;
 
 pub use llama2c::Llama2cTokenizer;

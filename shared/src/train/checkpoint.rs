@@ -10,7 +10,7 @@
 //!   parameter by its position in the module tree, so a reloaded model gets
 //!   the same ids and the saved moments find their parameters;
 //! - a parametrisation that survives the round trip
-//!   ([`fold_router_temperatures`]): the Mixtral layout folds a router
+//!   ([`fold_router_temperatures`]): every public layout folds a router
 //!   temperature `T` into the router weight, so the trainer folds it before
 //!   the first step (same function, and the saved weight is then the
 //!   trained weight);
@@ -78,14 +78,17 @@ pub fn assign_param_ids<B: Backend, M: Module<B>>(module: M) -> M {
 
 /// Folds each MoE layer's router temperature into its router weight
 /// (`W * (1/T)` in f32, `T := 1`) when the model would be saved in the
-/// Mixtral layout (which stores it folded the same way); otherwise
-/// returns the model unchanged. The function computed is the same.
+/// layout `auto` picks (every public layout stores it folded the same
+/// way; the studio layout keeps `T`); otherwise returns the model
+/// unchanged. The function computed is the same.
 pub fn fold_router_temperatures<B: Backend>(mut model: Transformer<B>) -> Transformer<B> {
     let Some(moe) = model.moe_config() else {
         return model;
     };
-    let choice = crate::methods::output::choose_layout(&model.config, &moe);
-    if choice.layout != crate::methods::Layout::Mixtral {
+    let Ok(choice) = crate::layout::choose(&model.config, &moe, crate::layout::LayoutRequest::Auto) else {
+        return model;
+    };
+    if choice.layout.keeps_temperature() {
         return model;
     }
     for (block, scale) in model.layers.iter_mut().zip(choice.router_scale) {

@@ -489,7 +489,7 @@ fn adamw<B: AutodiffBackend>(c: &TrainConfig) -> Adam<B> {
 
 impl<B: AutodiffBackend> Trainer<B> {
     /// Prepares `model` (loaded on `devices[0]`) for `config.stage`: folds
-    /// router temperatures when the Mixtral layout would, freezes what the
+    /// router temperatures when the saved layout would, freezes what the
     /// stage does not train, renumbers parameters, and builds AdamW.
     /// `source` names the model in errors.
     ///
@@ -870,7 +870,7 @@ mod native {
                 "steps": self.config.steps,
                 "data": self.data.fingerprint(),
             });
-            save_model(self.model(), dir, DType::F32, extra, provenance)
+            save_model(self.model(), dir, DType::F32, extra, provenance, crate::layout::LayoutRequest::Auto)
         }
 
         /// Runs until `config.steps`, writing periodic checkpoints

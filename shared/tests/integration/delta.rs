@@ -101,7 +101,7 @@ fn run_graft(target: &Path, base: &Path, instruct: &Path, scale: f64, out: &Path
         t.moe.as_ref(),
         b.source.as_ref(),
         i.source.as_ref(),
-        &GraftOptions { scale },
+        &GraftOptions { scale, ..Default::default() },
         out,
         &extra,
         WriteOptions::default(),

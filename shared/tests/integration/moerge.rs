@@ -12,9 +12,9 @@ use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::export::{dense_tensor_plan, export_dense};
 use moe_shared::checkpoint::{open_model, DType, LoadedModel, TensorInfo, TensorSource, WriteOptions};
-use moe_shared::config::moe::{expert_weight_name, mixtral_proj, router_weight_name};
 use moe_shared::config::ModelConfig;
-use moe_shared::methods::{moerge, plan_moerge, weighted_means, Layout, MoergeInput, MoergeOptions};
+use moe_shared::layout::names::{expert_weight_name, router_weight_name, Proj};
+use moe_shared::methods::{moerge, plan_moerge, weighted_means, MoergeInput, MoergeOptions};
 use moe_shared::model::load_model;
 use moe_shared::tokenizer::Tokenizer;
 
@@ -92,7 +92,7 @@ fn three_copies_give_the_model_back() {
     let out = dir.path().join("moe");
     let inputs = [MoergeInput::from(&m); 3];
     let report = moerge(&inputs, &MoergeOptions::default(), &out, None, WriteOptions::default()).unwrap();
-    assert_eq!(report.layout, Layout::Mixtral);
+    assert_eq!(report.layout, "mixtral");
     assert_eq!(report.experts_per_layer, vec![3; 5]);
     let merged = open_model(&out).unwrap();
     for (name, _) in dense_tensor_plan(&m.config) {
@@ -104,7 +104,7 @@ fn three_copies_give_the_model_back() {
         }
         let (l, proj) = parse_ffn(&name);
         for e in 0..3 {
-            assert_eq!(merged.source.read_f32(&expert_weight_name(l, e, mixtral_proj(proj))).unwrap(), want);
+            assert_eq!(merged.source.read_f32(&expert_weight_name(l, e, Proj::from_hf(proj).unwrap())).unwrap(), want);
         }
     }
     let ids =
@@ -137,8 +137,8 @@ fn two_checkpoints_average_exactly_and_keep_their_ffns() {
         assert_ne!(x, y, "{name}: the copy must differ");
         if is_ffn(&name) {
             let (l, proj) = parse_ffn(&name);
-            assert_eq!(merged.source.read_f32(&expert_weight_name(l, 0, mixtral_proj(proj))).unwrap(), x);
-            assert_eq!(merged.source.read_f32(&expert_weight_name(l, 1, mixtral_proj(proj))).unwrap(), y);
+            assert_eq!(merged.source.read_f32(&expert_weight_name(l, 0, Proj::from_hf(proj).unwrap())).unwrap(), x);
+            assert_eq!(merged.source.read_f32(&expert_weight_name(l, 1, Proj::from_hf(proj).unwrap())).unwrap(), y);
             experts += 2;
             continue;
         }

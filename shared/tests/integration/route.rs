@@ -126,8 +126,17 @@ fn ridge_router_on_real_hidden_states() {
     assert_eq!(names, vec!["en", "hu"]);
     let out = dir.path().join("routed");
     let routed = routed_config(moe_ckpt.moe.as_ref().unwrap(), &opts);
-    write_routed(moe_ckpt.source.as_ref(), &moe_ckpt.config, &routed, &routers, &out, vec![], serde_json::json!({}))
-        .unwrap();
+    write_routed(
+        moe_ckpt.source.as_ref(),
+        &moe_ckpt.config,
+        &routed,
+        &routers,
+        &out,
+        vec![],
+        serde_json::json!({}),
+        moe_shared::layout::LayoutRequest::Auto,
+    )
+    .unwrap();
     let reloaded = load_model::<B>(&open_model(&out).unwrap(), &Default::default()).unwrap();
     assert_eq!(routing_accuracy(&reloaded, 0, &en_vs, 1000), acc_en);
 }

@@ -6,6 +6,7 @@ use crate::common;
 use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::{open_model, DType};
+use moe_shared::layout::LayoutRequest;
 use moe_shared::model::{load_model, save_model, Mlp, Transformer};
 
 type B = NdArray<f32>;
@@ -22,7 +23,8 @@ fn dense_and_moe_models_round_trip() {
     let m = open_model(&path).unwrap();
     let model = load_model::<B>(&m, &Default::default()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    save_model(&model, &dir.path().join("dense"), DType::F32, vec![], serde_json::json!({})).unwrap();
+    save_model(&model, &dir.path().join("dense"), DType::F32, vec![], serde_json::json!({}), LayoutRequest::Auto)
+        .unwrap();
     let back = load_model::<B>(&open_model(&dir.path().join("dense")).unwrap(), &Default::default()).unwrap();
     assert_eq!(logits(&back), logits(&model));
 
@@ -56,7 +58,15 @@ fn dense_and_moe_models_round_trip() {
         }
     }
     let before = logits(&moe);
-    save_model(&moe, &dir.path().join("moe2"), DType::F32, vec![], serde_json::json!({"test": true})).unwrap();
+    save_model(
+        &moe,
+        &dir.path().join("moe2"),
+        DType::F32,
+        vec![],
+        serde_json::json!({"test": true}),
+        LayoutRequest::Auto,
+    )
+    .unwrap();
     let reopened = open_model(&dir.path().join("moe2")).unwrap();
     assert_eq!(reopened.moe.as_ref().unwrap().layers[0].as_ref().unwrap().temperature, 1.0, "folded into the weights");
     let after = load_model::<B>(&reopened, &Default::default()).unwrap();

@@ -12,7 +12,7 @@ use std::path::Path;
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
-use moe_shared::config::moe::{selection_bias_name, shared_expert_weight_name};
+use moe_shared::layout::names::{selection_bias_name, shared_expert_weight_name, Proj};
 use moe_shared::methods::{upcycle, CopyNoise, ExpertCounts, NoiseKind, RouterInit, SharedExperts, UpcycleOptions};
 use moe_shared::model::save::tensor_values;
 use moe_shared::model::transformer::Mlp;
@@ -188,8 +188,8 @@ fn shared_experts_train_unless_frozen() {
         let data = train_util::hu_en(&tok, 32, false, 0).unwrap();
         let mut t = Trainer::new(load_model::<A>(&moe, &device).unwrap(), data, c, vec![device], "moe").unwrap();
         let names = [
-            shared_expert_weight_name(0, 0, "w1"),
-            shared_expert_weight_name(0, 0, "w2"),
+            shared_expert_weight_name(0, 0, Proj::Gate),
+            shared_expert_weight_name(0, 0, Proj::Down),
             "model.layers.0.block_sparse_moe.shared_expert_gate.weight".to_string(),
         ];
         let before: Vec<Vec<f32>> = names.iter().map(|n| tensor_values(t.model(), n).unwrap()).collect();

@@ -7,18 +7,19 @@ use moe_shared::api::ModelSummary;
 
 use super::state::{short, Ctx};
 
-/// Experts of each layer of a summarised model (`None` for a dense FFN),
-/// from the routers `model.layers.{l}.block_sparse_moe.gate.weight [E, d]`.
+/// Experts of each layer of a summarised model (`None` for a dense FFN):
+/// the summary's MoE structure when it has one, else the routers' shapes
+/// (`[E, d]`, canonical names parsed by `moe_shared::layout::names`).
 pub fn experts_per_layer(s: &ModelSummary) -> Vec<Option<usize>> {
+    use moe_shared::layout::names::{parse, TensorRole};
+    if let Some(m) = &s.moe {
+        return m.experts_per_layer.clone();
+    }
     let mut v = vec![None; s.config.num_layers];
     for t in &s.tensors {
-        let Some(rest) = t.name.strip_prefix("model.layers.") else { continue };
-        let Some((l, tail)) = rest.split_once('.') else { continue };
-        if tail == "block_sparse_moe.gate.weight" {
-            if let (Ok(l), Some(&e)) = (l.parse::<usize>(), t.shape.first()) {
-                if l < v.len() {
-                    v[l] = Some(e);
-                }
+        if let (TensorRole::Router { layer }, Some(&e)) = (parse(&t.name), t.shape.first()) {
+            if layer < v.len() {
+                v[layer] = Some(e);
             }
         }
     }

@@ -16,7 +16,11 @@ with the same options (the router and the noise depend only on the seed and
 the canonical tensor names) and compares its logits to these (< 1e-4).
 The `zero-noise` case also records transformers' logits of the DENSE
 fixture: an upcycle without noise computes the dense function through the
-Qwen2-MoE export (the shared expert is an exact zero).
+Qwen2-MoE export (the shared expert is an exact zero). The `shared-expert`,
+`granular` cases are issue 15's upcycling variants (docs/methods.md §5) in
+the public layouts that hold them; the `shared-expert` case also checks that
+the export's `shared_expert` / `shared_expert_gate` tensors are the model's
+own (not zero).
 
 Writes tests/reference/golden/layouts.json:
   {"_meta": {...}, "<case>": {"fixture", "args", "class", "model_type",
@@ -54,6 +58,30 @@ CASES = {
     "qwen2-qwen2moe": ("tiny-qwen2", ["--experts", "4", "--top-k", "2", *ROUTED, "--layout", "qwen2_moe"], "qwen2_moe", None),
     "llama3-qwen2moe-dense-layer": ("tiny-llama3", ["--top-k", "2", *ROUTED], "qwen2_moe", {"experts_per_layer": [4, None]}),
     "qwen2-qwen2moe-dense-first": ("tiny-qwen2", ["--top-k", "1", *ROUTED], "qwen2_moe", {"experts_per_layer": [None, 3]}),
+    # issue 15's variants in the public layouts that hold them: the model's own
+    # sigmoid-gated shared expert (copied FFN, so it is not zero) in Qwen2-MoE;
+    # granular experts (f/G) with un-normalised top-k in Qwen2-MoE
+    # (moe_intermediate_size, norm_topk_prob false); granular experts in
+    # Mixtral (intermediate_size = the expert width).
+    "qwen2-qwen2moe-shared-expert": (
+        "tiny-qwen2",
+        ["--experts", "4", "--top-k", "2", *ROUTED, "--shared-experts", "1", "--shared-gate", "--shared-init", "copy",
+         "--layout", "qwen2_moe"],
+        "qwen2_moe",
+        None,
+    ),
+    "llama3-qwen2moe-granular-unnormalised": (
+        "tiny-llama3",
+        ["--experts", "2", "--top-k", "1", "--granularity", "2", "--norm-topk", "false", *ROUTED, "--layout", "qwen2_moe"],
+        "qwen2_moe",
+        None,
+    ),
+    "llama3-mixtral-granular": (
+        "tiny-llama3",
+        ["--experts", "2", "--top-k", "1", "--granularity", "4", *ROUTED],
+        "mixtral",
+        None,
+    ),
     "qwen2-qwen2moe-zero-noise": (
         "tiny-qwen2",
         ["--experts", "4", "--top-k", "2", "--router-init", "random", "--router-std", "0.5", "--seed", "7", "--dtype", "f32"],
@@ -108,6 +136,10 @@ def main():
         if bad:
             sys.exit(f"{name}: transformers did not load the export cleanly: {bad}")
         logits = logits_of(model)
+        if "shared-expert" in name:
+            w = dict(model.named_parameters())["model.layers.0.mlp.shared_expert.down_proj.weight"]
+            if float(w.detach().abs().max()) == 0.0:
+                sys.exit(f"{name}: the shared expert is zero; expected the model's own (--shared-init copy)")
         diff = None
         if "zero-noise" in name:
             dense, _ = load(REPO / "tests" / "fixtures" / fixture)

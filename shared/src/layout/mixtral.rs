@@ -152,6 +152,22 @@ mod tests {
     }
 
     #[test]
+    fn issue_15_features_mixtral_cannot_hold_are_blocked_by_field() {
+        let b = base("llama");
+        for (s, field, says) in [
+            (MoeLayerSpec { shared_experts: 1, shared_expert_gate: true, ..spec(4, 2) }, "shared_experts", "qwen2_moe"),
+            (MoeLayerSpec { shared_experts: 2, ..spec(4, 2) }, "shared_experts", "studio"),
+            (MoeLayerSpec { norm_topk_prob: false, ..spec(4, 2) }, "norm_topk_prob", "renormalises"),
+            (MoeLayerSpec { selection_bias: true, ..spec(4, 2) }, "selection_bias", "e_score_correction_bias"),
+        ] {
+            let blk = Mixtral.check(&b, &MoeConfig::uniform(2, s)).unwrap_err();
+            assert_eq!(blk.field, field, "{blk}");
+            let msg = blk.to_string();
+            assert!(msg.contains(&format!("`{field}`")) && msg.contains("Mixtral") && msg.contains(says), "{msg}");
+        }
+    }
+
+    #[test]
     fn granular_experts_are_the_intermediate_size_and_read_back_with_the_dense_width() {
         let b = base("llama");
         let moe = MoeConfig::uniform(2, MoeLayerSpec { expert_intermediate_size: Some(3), ..spec(16, 8) });

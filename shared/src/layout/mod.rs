@@ -612,7 +612,29 @@ mod tests {
                     ],
                     router_aux_loss_coef: 0.01,
                 },
+                // issue 15's variants (methods.md §5)
+                MoeConfig::uniform(2, MoeLayerSpec { expert_intermediate_size: Some(3), ..spec(8, 4) }),
+                MoeConfig::uniform(2, MoeLayerSpec { norm_topk_prob: false, ..spec(4, 2) }),
+                MoeConfig::uniform(
+                    2,
+                    MoeLayerSpec { shared_experts: 1, shared_expert_gate: true, shared_frozen: true, ..spec(4, 2) },
+                ),
+                MoeConfig {
+                    layers: vec![
+                        Some(MoeLayerSpec {
+                            shared_experts: 2,
+                            shared_expert_gate: true,
+                            selection_bias: true,
+                            norm_topk_prob: false,
+                            expert_intermediate_size: Some(6),
+                            ..spec(4, 2)
+                        }),
+                        Some(MoeLayerSpec { shared_experts: 1, shared_frozen: true, ..spec(3, 1) }),
+                    ],
+                    router_aux_loss_coef: 0.02,
+                },
             ] {
+                assert!(studio::Studio.check(&b, &moe).is_ok());
                 for l in REGISTRY {
                     if l.check(&b, &moe).is_err() {
                         continue;

@@ -172,7 +172,6 @@ impl MoeLayout for Qwen2Moe {
     }
 
     fn read_config(&self, v: &serde_json::Value, source_name: &str) -> Result<(ModelConfig, MoeConfig)> {
-        let err = |what: String| StudioError::config(source_name, what);
         let qkv_bias = v.get("qkv_bias").and_then(|b| b.as_bool()).unwrap_or(true);
         let base_type = recorded_base_type(v).unwrap_or(if qkv_bias { "qwen2" } else { "llama" });
         let mut dense = v.clone();
@@ -191,26 +190,19 @@ impl MoeLayout for Qwen2Moe {
         let is_moe = |l: usize| e > 0 && !only.contains(&l) && (l + 1).is_multiple_of(step);
         let any_dense = (0..base.num_layers).any(|l| !is_moe(l));
         // The shared expert: the zero stand-in the studio writes for a model
-        // without one, else the model's own, of the dense width.
-        let zero =
+        // without one (marked), else the model's own, of the dense width. A
+        // foreign shared expert of another width than the dense layers'
+        // cannot be held (the studio's shared experts have the dense width),
+        // so it is read only if it is exactly zero, like the stand-in
+        // (`check_dropped` refuses it otherwise, naming it).
+        let marked =
             v.get("moe_studio").and_then(|s| s.get("zero_shared_expert")).and_then(|b| b.as_bool()) == Some(true);
+        let fs = get_usize(v, "shared_expert_intermediate_size", source_name, "qwen2_moe")?;
+        let zero = marked || (fs != base.intermediate_size && any_dense);
         if !zero {
-            match v.get("shared_expert_intermediate_size").and_then(|x| x.as_u64()).map(|x| x as usize) {
-                Some(fs) if fs != base.intermediate_size && any_dense => {
-                    return Err(err(format!(
-                        "qwen2_moe `shared_expert_intermediate_size` {fs} differs from `intermediate_size` {} of its \
-                         dense layers: moe-studio's shared experts have the dense FFN's width",
-                        base.intermediate_size
-                    )))
-                }
-                // Every layer MoE: the dense width is the shared expert's.
-                Some(fs) => base.intermediate_size = fs,
-                None => {
-                    return Err(
-                        err("qwen2_moe config lacks `shared_expert_intermediate_size` (an integer)".to_string()),
-                    )
-                }
-            }
+            // Every layer MoE, or the widths agree: the dense width is the
+            // shared expert's.
+            base.intermediate_size = fs;
         }
         let moe_f = v.get("moe_intermediate_size").and_then(|x| x.as_u64()).map(|x| x as usize);
         let expert_intermediate_size = moe_f.filter(|&f| f != base.intermediate_size);
@@ -326,13 +318,23 @@ impl MoeLayout for Qwen2Moe {
                 let bad = |x: &f32| if proj == Proj::Down { *x != 0.0 } else { !x.is_finite() };
                 if let Some(x) = values.iter().find(|x| bad(x)) {
                     let max = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let f = base.intermediate_size;
+                    let width = if proj == Proj::Down { info.shape.get(1) } else { info.shape.first() }.copied();
+                    let why = match width {
+                        Some(w) if w != f => format!(
+                            "it is {w} units wide and moe-studio's shared experts have the dense FFN's width \
+                             (intermediate_size {f}, which this checkpoint's dense layers use), so such a shared \
+                             expert is read only when it is exactly zero (down projection 0)"
+                        ),
+                        _ => "it is marked as the zero stand-in (`moe_studio.zero_shared_expert`); remove the mark \
+                              to read it as the model's own shared expert"
+                            .to_string(),
+                    };
                     return Err(StudioError::tensor(
                         src.source_name(),
                         &name,
                         format!(
-                            "the shared expert of layer {l} is marked as the zero stand-in \
-                             (`moe_studio.zero_shared_expert`) but is not zero ({x} found, max |w| = {max}, shape {:?}); \
-                             remove the mark to read it as the model's own shared expert",
+                            "the shared expert of layer {l} is not zero ({x} found, max |w| = {max}, shape {:?}): {why}",
                             info.shape
                         ),
                     ));
@@ -464,12 +466,25 @@ mod tests {
     }
 
     #[test]
-    fn a_foreign_shared_expert_of_another_width_than_the_dense_layers_is_refused() {
-        let moe = MoeConfig { layers: vec![Some(spec(4, 2)), None], router_aux_loss_coef: 0.01 };
-        let mut v = Qwen2Moe.write_config(&base("qwen2"), &moe);
-        v["moe_studio"] = serde_json::Value::Null;
-        v["shared_expert_intermediate_size"] = 20.into();
-        let e = Qwen2Moe.read_config(&v, "x/config.json").unwrap_err().to_string();
-        assert!(e.contains("x/config.json") && e.contains("shared_expert_intermediate_size"), "{e}");
+    fn a_foreign_shared_expert_is_the_models_own_unless_its_width_cannot_be_held() {
+        let b = base("qwen2");
+        let foreign = |layers: Vec<Option<MoeLayerSpec>>, fs: usize| {
+            let mut v = Qwen2Moe.write_config(&b, &MoeConfig { layers, router_aux_loss_coef: 0.01 });
+            v["moe_studio"] = serde_json::Value::Null;
+            v["shared_expert_intermediate_size"] = fs.into();
+            Qwen2Moe.read_config(&v, "x/config.json").unwrap()
+        };
+        // the dense width: the model's own
+        let (_, m) = foreign(vec![Some(spec(4, 2)), None], 12);
+        let s = m.layers[0].clone().unwrap();
+        assert_eq!((s.shared_experts, s.shared_expert_gate), (1, true));
+        // another width beside dense layers: read only as an exact zero
+        let (b2, m) = foreign(vec![Some(spec(4, 2)), None], 20);
+        assert_eq!((b2.intermediate_size, m.layers[0].as_ref().unwrap().shared_experts), (12, 0));
+        assert_eq!(Qwen2Moe.zero_tensors(&b2, &m).len(), 4);
+        // every layer MoE: the shared width is the model's FFN width
+        let (b3, m) = foreign(vec![Some(spec(4, 2)), Some(spec(4, 2))], 20);
+        let s = m.layers[0].clone().unwrap();
+        assert_eq!((b3.intermediate_size, s.shared_experts, s.expert_intermediate_size), (20, 1, Some(12)));
     }
 }

@@ -27,7 +27,9 @@ use moe_shared::config::{MoeConfig, MoeLayerSpec};
 use moe_shared::layout::{by_name, LayoutRequest};
 use moe_shared::methods::ridge::RouterWeights;
 use moe_shared::methods::route::write_routed;
-use moe_shared::methods::{upcycle, AllocationFile, CopyNoise, ExpertCounts, NoiseKind, RouterInit, UpcycleOptions};
+use moe_shared::methods::{
+    upcycle, AllocationFile, CopyNoise, ExpertCounts, NoiseKind, RouterInit, SharedInit, UpcycleOptions,
+};
 use moe_shared::model::load_model;
 
 use super::common;
@@ -84,6 +86,11 @@ fn options_of(args: &[String], allocation: &serde_json::Value) -> UpcycleOptions
             "--temperature" => o.temperature = val().parse().unwrap(),
             "--dtype" => o.dtype = DType::parse_float(&val()),
             "--layout" => o.layout = LayoutRequest::parse(&val()).unwrap(),
+            "--shared-experts" => o.shared.count = val().parse().unwrap(),
+            "--shared-gate" => o.shared.gate = true,
+            "--shared-init" => o.shared.init = if val() == "copy" { SharedInit::Copy } else { SharedInit::Zero },
+            "--granularity" => o.granularity = val().parse().unwrap(),
+            "--norm-topk" => o.norm_topk_prob = val().parse().unwrap(),
             other => panic!("make_layout_golden.py uses `{other}`, which this test does not mirror"),
         }
     }
@@ -130,7 +137,7 @@ fn every_public_layout_export_matches_transformers() {
         assert!(diff < TOL, "{name}: transformers vs ours differ by {diff}");
         n += 1;
     }
-    assert!(n >= 5, "golden cases: {n}");
+    assert!(n >= 8, "golden cases: {n}");
 }
 
 #[test]
@@ -391,4 +398,109 @@ fn gguf_export_reads_back_to_the_same_model() {
     let e = write_gguf(m.source.as_ref(), &m.config, m.moe.as_ref(), DType::F32, vec![], &out).unwrap_err().to_string();
     assert!(e.contains("layer 1 stays dense"), "{e}");
     assert!(!out.exists());
+}
+
+/// The upcycling variants of methods.md §5 (issue 15) through the layout
+/// registry: the studio layout holds every one of them and reads back the
+/// same configuration, tensors (bit for bit) and logits; a model with one
+/// gated shared expert is written by `auto` in Qwen2-MoE with its own
+/// shared expert (not the zero stand-in) and reads back the same.
+#[test]
+fn the_studio_layout_round_trips_shared_experts_gate_selection_bias_granular_and_norm_topk() {
+    use moe_shared::methods::SharedExperts;
+    use moe_shared::model::{save_model, Mlp};
+    let dir = tempfile::tempdir().unwrap();
+    let ids = [1, 5, 17, 42, 3, 88, 60, 7];
+    let src = open_model(&fixture("tiny-qwen2")).unwrap();
+    let up = dir.path().join("up");
+    let opts = UpcycleOptions {
+        shared: SharedExperts { count: 2, gate: true, init: SharedInit::Copy, frozen: true },
+        granularity: 2,
+        norm_topk_prob: false,
+        ..tiny_opts(ExpertCounts::Uniform(4), "studio")
+    };
+    let report = upcycle(src.source.as_ref(), &src.config, &opts, &up, None, Default::default()).unwrap();
+    assert_eq!(report.layout, "moe_studio");
+    let m = open_model(&up).unwrap();
+    // A selection bias that moves the choice (DeepSeek-V3 §2.1.2), as
+    // `train --balance aux-free` leaves it.
+    let mut model = load_model::<B>(&m, &Default::default()).unwrap();
+    for block in model.layers.iter_mut() {
+        if let Mlp::Moe(layer) = &mut block.mlp {
+            let e = layer.num_experts();
+            layer.selection_bias = Some((0..e).map(|i| 0.5 * i as f32 - 1.0).collect());
+        }
+    }
+    let want = model.moe_config().unwrap();
+    let s0 = want.layers[0].clone().unwrap();
+    assert_eq!(
+        (s0.shared_experts, s0.shared_expert_gate, s0.shared_frozen, s0.selection_bias, s0.norm_topk_prob),
+        (2, true, true, true, false)
+    );
+    assert_eq!((s0.num_experts, s0.top_k, s0.expert_intermediate_size), (8, 4, Some(24)));
+    let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
+    let input = || Tensor::<B, 2, Int>::from_data(TensorData::new(v.clone(), [1, ids.len()]), &Default::default());
+    let before: Vec<f32> = model.forward(input(), None).into_data().to_vec().unwrap();
+    let plain = open_model(&up).unwrap();
+    assert!(max_diff(&before, &logits_of(&plain, &ids)) > 1e-6, "the selection bias should change the logits");
+    let saved = dir.path().join("saved");
+    let studio = LayoutRequest::Named(by_name("studio").unwrap());
+    save_model(&model, &saved, DType::F32, vec![], serde_json::json!({}), studio).unwrap();
+    let back = open_model(&saved).unwrap();
+    assert_eq!(back.layout.map(|l| l.name()), Some("moe_studio"));
+    assert_eq!(back.moe.as_ref(), Some(&want));
+    assert_eq!(back.config, m.config);
+    for t in back.source.tensors() {
+        let ours = moe_shared::model::save::tensor_values(&model, &t.name).unwrap();
+        let read = back.source.read_f32(&t.name).unwrap();
+        assert!(ours.iter().zip(&read).all(|(a, b)| a.to_bits() == b.to_bits()), "{}", t.name);
+    }
+    let names: Vec<String> = back.source.tensors().into_iter().map(|t| t.name).collect();
+    for n in [
+        "model.layers.1.block_sparse_moe.gate.e_score_correction_bias",
+        "model.layers.1.block_sparse_moe.shared_expert_gate.weight",
+        "model.layers.1.block_sparse_moe.shared_experts.1.w2.weight",
+    ] {
+        assert!(names.iter().any(|x| x == n), "{n} missing from {names:?}");
+    }
+    assert_eq!(logits_of(&back, &ids), before);
+    // Every public layout refuses it, naming a field; `auto` says why.
+    for l in ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_moe"] {
+        let e = export_moe(
+            back.source.as_ref(),
+            &back.config,
+            &want,
+            LayoutRequest::parse(l).unwrap(),
+            &dir.path().join(l),
+            None,
+            None,
+            Default::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains(&format!("the `{l}` layout cannot hold")) && e.contains("layouts that can: moe_studio"),
+            "{e}"
+        );
+        assert!(!dir.path().join(l).exists());
+    }
+
+    // One gated shared expert (the model's own, copied) on a llama base:
+    // `auto` writes Qwen2-MoE with it, and it reads back the same.
+    let llama = open_model(&fixture("tiny-llama3")).unwrap();
+    let q = dir.path().join("qwen2moe");
+    let opts = UpcycleOptions {
+        shared: SharedExperts { count: 1, gate: true, init: SharedInit::Copy, frozen: false },
+        ..tiny_opts(ExpertCounts::Uniform(4), "auto")
+    };
+    let report = upcycle(llama.source.as_ref(), &llama.config, &opts, &q, None, Default::default()).unwrap();
+    assert_eq!((report.layout, report.layout_reason.as_deref()), ("qwen2_moe", None));
+    let on_disk = moe_shared::checkpoint::safetensors_io::SafetensorsModel::open_dir(&q).unwrap();
+    let down = on_disk.read_f32("model.layers.0.mlp.shared_expert.down_proj.weight").unwrap();
+    assert_eq!(on_disk.info("model.layers.0.mlp.shared_expert.down_proj.weight").unwrap().shape, vec![32, 48]);
+    assert!(down.iter().any(|&x| x != 0.0), "the model's own shared expert, not the zero stand-in");
+    let mq = open_model(&q).unwrap();
+    assert_eq!(mq.moe.as_ref(), Some(&report.moe));
+    let d = max_diff(&logits_of(&mq, &ids), &logits_of(&llama, &ids));
+    assert!(d < TOL, "zero-noise upcycle with a copied gated shared expert vs dense: {d}");
 }

@@ -102,11 +102,13 @@ fn moerge_merges_copies_and_refuses_a_single_model() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The upcycling variants and routing options end to end: granular + shared
-/// + Drop-Upcycling upcycle (studio layout, E·G experts), then stage 1 with
-/// aux-loss-free balancing, z-loss and un-normalised top-k, whose
-/// metrics.jsonl logs the load, the bias and the z-loss; bad values are
-/// refused before anything is written.
+/// The upcycling variants and routing options end to end: a granular,
+/// shared-expert, Drop-Upcycling upcycle (E·G experts and one gated shared
+/// expert: the Qwen2-MoE layout), then stage 1 with aux-loss-free
+/// balancing, z-loss and un-normalised top-k, whose metrics.jsonl logs the
+/// load, the bias and the z-loss (the trained model, with its selection
+/// bias, is written in the studio layout); bad values are refused before
+/// anything is written.
 #[test]
 fn upcycle_variants_then_train_with_routing_options() {
     let Some(model) = stories() else { return };
@@ -133,12 +135,19 @@ fn upcycle_variants_then_train_with_routing_options() {
         o,
         "--json",
     ]));
-    assert_eq!(s["layout"], "moe_studio");
+    // Granular experts and one gated shared expert: Qwen2-MoE holds both
+    // (`moe_intermediate_size`, its own `shared_expert`); Mixtral neither.
+    assert_eq!(s["layout"], "qwen2_moe", "{s}");
+    assert!(s["layout_reason"].is_null(), "{s}");
     assert_eq!(s["experts_per_layer"], serde_json::json!([6, 6, 6, 6, 6]));
     let l0 = &s["moe"]["layers"][0];
     assert_eq!((l0["top_k"].as_u64(), l0["expert_intermediate_size"].as_u64()), (Some(4), Some(86)));
     assert_eq!((l0["shared_experts"].as_u64(), l0["shared_expert_gate"].as_bool()), (Some(1), Some(true)));
-    assert!(s["layout_reason"].as_str().unwrap().contains("qwen2_moe"), "{s}");
+    let cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        (cfg["moe_intermediate_size"].as_u64(), cfg["shared_expert_intermediate_size"].as_u64()),
+        (Some(86), Some(172))
+    );
 
     let text = dir.join("t.txt");
     std::fs::write(&text, "Once upon a time there was a little cat. It liked to play in the sun.\n".repeat(40))

@@ -8,14 +8,14 @@
 //! (as if the router were an oracle) and the FFN input of each token (what
 //! the router sees) is accumulated into that layer's [`RidgeStats`].
 
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn::tensor::backend::Backend;
 use serde::{Deserialize, Serialize};
 
 use super::ridge::{RidgeStats, RouterWeights};
 use crate::config::MoeConfig;
 use crate::error::{Result, StudioError};
 use crate::model::linear::linear_from_hf;
-use crate::model::{ForwardOptions, Mlp, Routing, Trace, Transformer};
+use crate::model::{ForwardOptions, Mlp, Padding, Routing, Trace, Transformer};
 
 /// Options of the ridge router.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -47,13 +47,39 @@ pub fn pack_sequences(ids: &[u32], context: usize) -> Vec<Vec<u32>> {
     ids.chunks(context.max(2)).filter(|c| c.len() >= 2).map(|c| c.to_vec()).collect()
 }
 
-fn forward_trace<B: Backend>(model: &Transformer<B>, seq: &[u32], opts: ForwardOptions) -> Trace<B> {
+/// Sequences per right-padded forward pass when collecting statistics and
+/// measuring routing accuracy.
+pub const SEQUENCES_PER_PASS: usize = 4;
+
+/// The prefixes of `sequences` that fit in `max_tokens` tokens in total
+/// (the last one cut short), skipping empty ones.
+fn within_budget(sequences: &[Vec<u32>], max_tokens: usize) -> Vec<&[u32]> {
+    let mut out = Vec::new();
+    let mut used = 0usize;
+    for seq in sequences {
+        if used >= max_tokens {
+            break;
+        }
+        let take = seq.len().min(max_tokens - used);
+        if take > 0 {
+            out.push(&seq[..take]);
+            used += take;
+        }
+    }
+    out
+}
+
+/// One right-padded forward pass over `seqs` with a trace.
+fn forward_trace<B: Backend>(
+    model: &Transformer<B>,
+    seqs: &[&[u32]],
+    opts: ForwardOptions,
+) -> Result<(Trace<B>, Padding)> {
     let device = model.embed_tokens.weight.val().device();
-    let ids: Vec<i64> = seq.iter().map(|&x| x as i64).collect();
-    let t = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, seq.len()]), &device);
+    let (t, padding) = Padding::pad_tensor::<B>(seqs, 0, &device)?;
     let mut trace = Trace::default();
-    let _ = model.forward_hidden_with(t, None, opts, Some(&mut trace));
-    trace
+    let _ = model.forward_hidden_masked(t, Some(&padding), None, opts, Some(&mut trace));
+    Ok((trace, padding))
 }
 
 /// Empty statistics for every MoE layer of `model` (`None` for dense
@@ -96,22 +122,16 @@ pub fn collect_stats<B: Backend>(
     }
     let opts = ForwardOptions { routing: Routing::Forced(domain), capture_ffn_inputs: true, ..Default::default() };
     let mut used = 0usize;
-    for seq in sequences {
-        if used >= max_tokens {
-            break;
-        }
-        let take = seq.len().min(max_tokens - used);
-        if take == 0 {
-            continue;
-        }
-        let trace = forward_trace(model, &seq[..take], opts);
+    for group in within_budget(sequences, max_tokens).chunks(SEQUENCES_PER_PASS) {
+        let (trace, padding) = forward_trace(model, group, opts)?;
         for (l, x) in trace.ffn_inputs.into_iter().enumerate() {
             if let Some(s) = stats[l].as_mut() {
-                let v: Vec<f32> = x.into_data().convert::<f32>().to_vec().expect("f32");
+                // The real tokens' rows only (padding is not data).
+                let v: Vec<f32> = padding.select_valid(x).into_data().convert::<f32>().to_vec().expect("f32");
                 s.accumulate(&v, domain)?;
             }
         }
-        used += take;
+        used += padding.num_valid();
     }
     if used == 0 {
         return Err(StudioError::Invalid(format!("domain {domain}: no tokens to collect statistics from")));
@@ -158,19 +178,16 @@ pub fn routing_accuracy<B: Backend>(
     let n_layers = model.layers.len();
     let mut hits = vec![0usize; n_layers];
     let mut total = 0usize;
-    for seq in sequences {
-        if total >= max_tokens {
-            break;
-        }
-        let take = seq.len().min(max_tokens - total);
-        let trace = forward_trace(model, &seq[..take], ForwardOptions::default());
+    for group in within_budget(sequences, max_tokens).chunks(SEQUENCES_PER_PASS) {
+        let Ok((trace, padding)) = forward_trace(model, group, ForwardOptions::default()) else { continue };
         for (l, r) in trace.routing.iter().enumerate() {
             if let Some(r) = r {
-                // chosen[t*k] is the top-1 (largest logit) expert.
-                hits[l] += (0..take).filter(|&t| r.chosen[t * r.top_k] as usize == domain).count();
+                // One entry per real token; chosen[t*k] is the top-1
+                // (largest logit) expert.
+                hits[l] += (0..padding.num_valid()).filter(|&t| r.chosen[t * r.top_k] as usize == domain).count();
             }
         }
-        total += take;
+        total += padding.num_valid();
     }
     model
         .layers

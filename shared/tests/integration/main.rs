@@ -16,6 +16,7 @@ mod hf_tiny;
 mod merge;
 mod moerge;
 mod neurons;
+mod padding;
 mod route;
 mod save;
 mod smollm2;

@@ -11,6 +11,7 @@
 //! [`pages`] (the UI).
 
 pub mod app;
+pub mod bench;
 pub mod components;
 pub mod compute;
 pub mod jobs;

@@ -94,7 +94,10 @@ fn pool<B: Backend>(x: Tensor<B, 3>, how: Pooling, pad: Option<&PadTensors<B>>) 
         (Pooling::Mean, None) => x.mean_dim(1).reshape([b, u]),
         (Pooling::Max, None) => x.max_dim(1).reshape([b, u]),
         (Pooling::Mean, Some(p)) => (x * p.keep.clone()).sum_dim(1).reshape([b, u]) / p.lengths.clone(),
-        (Pooling::Max, Some(p)) => x.mask_fill(p.padded.clone(), f32::NEG_INFINITY).max_dim(1).reshape([b, u]),
+        (Pooling::Max, Some(p)) => {
+            let [_, s, _] = x.dims();
+            x.mask_fill(p.padded.clone().expand([b, s, u]), f32::NEG_INFINITY).max_dim(1).reshape([b, u])
+        }
     }
 }
 

@@ -128,8 +128,7 @@ fn main() {
     } else {
         "nd-plain"
     };
-    let v4 = cfg!(feature = "x86-v4");
     println!(
-        "{{\"build\":\"{build}\",\"x86_v4\":{v4},\"backend\":\"{backend}\",\"workload\":\"{workload}\",\"tokens_per_s\":{tps:.2},\"times\":{times:?}}}"
+        "{{\"build\":\"{build}\",\"backend\":\"{backend}\",\"workload\":\"{workload}\",\"tokens_per_s\":{tps:.2},\"times\":{times:?}}}"
     );
 }

@@ -150,9 +150,17 @@ def sh(*c):
         return "?"
 rustc = sh("rustc", "--version")
 commit = sh("git", "rev-parse", "--short", "HEAD")
-L = []
-L.append("# Benchmarks\n")
-L.append("Written by `scripts/bench.sh` (edit the script, not this file). Each row: median of the timed runs")
+MARK = "<!-- scripts/bench.sh writes everything below this line -->"
+head = ""
+try:
+    old = open(out).read()
+    if MARK in old:
+        head = old[: old.index(MARK)]
+except FileNotFoundError:
+    pass
+L = [head.rstrip("\n") + "\n\n" + MARK + "\n" if head else "# Benchmarks\n\n" + MARK + "\n"]
+L.append("## Latest run\n")
+L.append("Written by `scripts/bench.sh`. Each row: median of the timed runs")
 L.append("after one warm-up, the min–max range, the ratio of the medians, peak resident set. Ours and the")
 L.append("reference run in the same invocation on the same machine, one after the other.\n")
 L.append(f"- date: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}; commit {commit}; binary `{binary}`")

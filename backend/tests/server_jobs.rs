@@ -28,11 +28,11 @@ use common::*;
 use moe_shared::checkpoint::open_model;
 use serde_json::{json, Value};
 
-/// Runs `moe-studio --backend=ndarray ARGS` (what a job runs, with this
+/// Runs `moe-studio --backend=cpu ARGS` (what a job runs, with this
 /// test's paths); asserts success and returns stdout.
 fn cli(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_moe-studio"))
-        .arg("--backend=ndarray")
+        .arg("--backend=cpu")
         .args(args)
         .output()
         .expect("runs the binary");
@@ -63,7 +63,7 @@ fn submit(s: &Server, spec: Value) -> String {
 fn succeeded(s: &Server, id: &str) -> Value {
     let j = wait_job(s, id, 300);
     assert_eq!(j["state"], "succeeded", "{j}\n{}", job_log(s, id));
-    assert_eq!(j["backend"], "ndarray", "{j}");
+    assert_eq!(j["backend"], "cpu", "{j}");
     assert!(j["error"].is_null(), "{j}");
     j
 }

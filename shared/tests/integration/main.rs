@@ -17,6 +17,7 @@ mod merge;
 mod neuron_ties;
 mod moerge;
 mod neurons;
+mod padding;
 mod route;
 mod save;
 mod smollm2;

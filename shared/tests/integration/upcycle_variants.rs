@@ -8,7 +8,7 @@ use crate::common;
 
 use std::path::Path;
 
-use burn::backend::NdArray;
+use moe_shared::CpuBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
 use moe_shared::config::moe::{expert_weight_name, shared_expert_weight_name, SHARED_EXPERT_LAYOUTS};
@@ -18,7 +18,7 @@ use moe_shared::methods::{
 };
 use moe_shared::model::load_model;
 
-type B = NdArray<f32>;
+type B = CpuBackend;
 
 const SENTENCE: &str = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
 

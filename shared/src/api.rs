@@ -110,7 +110,8 @@ impl MoeSummary {
                 }
             },
             expert_width_per_layer: {
-                let v: Vec<Option<usize>> = moe.layers.iter().map(|s| s.as_ref().map(|s| s.expert_width(base))).collect();
+                let v: Vec<Option<usize>> =
+                    moe.layers.iter().map(|s| s.as_ref().map(|s| s.expert_width(base))).collect();
                 if v.iter().flatten().all(|&w| w == base.intermediate_size) {
                     Vec::new()
                 } else {

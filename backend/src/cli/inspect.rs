@@ -125,7 +125,10 @@ fn print_moe(m: &MoeSummary) {
         println!("expert width {} per layer", runs(&m.expert_width_per_layer, opt));
     }
     if !m.unnormalised_top_k_layers.is_empty() {
-        println!("top-k weight softmax over all experts (norm_topk_prob false) in layers {:?}", m.unnormalised_top_k_layers);
+        println!(
+            "top-k weight softmax over all experts (norm_topk_prob false) in layers {:?}",
+            m.unnormalised_top_k_layers
+        );
     }
     if !m.selection_bias_layers.is_empty() {
         println!("aux-free     selection bias in layers {:?}", m.selection_bias_layers);

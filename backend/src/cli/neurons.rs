@@ -196,11 +196,7 @@ pub fn write_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec<Pa
     let mut series: Vec<Series> = report
         .languages
         .iter()
-        .map(|l| Series {
-            name: label(&l.code),
-            values: l.counts.iter().map(|c| c.total).collect(),
-            emphasis: false,
-        })
+        .map(|l| Series { name: label(&l.code), values: l.counts.iter().map(|c| c.total).collect(), emphasis: false })
         .collect();
     series.push(Series {
         name: union_name.clone(),
@@ -467,13 +463,7 @@ pub fn summary_table(report: &NeuronReport) -> String {
         };
         s.push_str(&format!(
             "{:<8} {:>6} {:>7} {:>10.3} {:>8.3} {:>8.3} {:>7.4}  {cut}\n",
-            l.code,
-            l.texts,
-            l.tokens,
-            l.base_rate,
-            l.mean_ap,
-            best,
-            l.top_cut.ap
+            l.code, l.texts, l.tokens, l.base_rate, l.mean_ap, best, l.top_cut.ap
         ));
     }
     s

@@ -109,10 +109,16 @@ pub fn BarChart(
     let mut legend: Vec<_> = series
         .iter()
         .enumerate()
-        .map(|(i, s)| view! { <span class="legend"><i style=format!("background:{}", color(i))></i>{s.label.clone()}</span> }.into_any())
+        .map(|(i, s)| {
+            view! { <span class="legend"><i style=format!("background:{}", color(i))></i>{s.label.clone()}</span> }
+                .into_any()
+        })
         .collect();
     if let Some(m) = marked.as_ref().filter(|m| m.parts.iter().any(|&p| p > 0.0)) {
-        legend.push(view! { <span class="legend" data-testid="chart-marked"><i class="hatched"></i>{m.label.clone()}</span> }.into_any());
+        legend.push(
+            view! { <span class="legend" data-testid="chart-marked"><i class="hatched"></i>{m.label.clone()}</span> }
+                .into_any(),
+        );
     }
     view! {
         <figure class="chart">

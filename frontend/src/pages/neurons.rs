@@ -12,8 +12,8 @@ use crate::components::progress::Progress;
 use crate::compute::neurons::{lines, LanguageTexts, NeuronOutcome};
 use crate::pages::Page;
 use crate::store::{pick, ModelRef};
-use moe_shared::methods::neurons::WarningKind;
 use crate::task::Task;
+use moe_shared::methods::neurons::WarningKind;
 
 // Ten texts per language: with fewer, neurons unrelated to the language
 // separate it perfectly by chance (the few-texts warning, shared's

@@ -15,11 +15,11 @@
 
 use crate::common;
 
-use moe_shared::CpuBackend;
 use moe_shared::methods::neurons::{
     analyze, average_precision_table, AnalysisOptions, CollectOptions, ComponentUnits, LayerCounts, NeuronCollector,
     NeuronLayout, NeuronReport, PooledActivations, WarningKind,
 };
+use moe_shared::CpuBackend;
 
 type B = CpuBackend;
 
@@ -220,7 +220,8 @@ fn planted_tie_across_layers_is_shared_and_order_free() {
     assert_eq!(b.top_cut.tied.len(), TIED.iter().sum::<usize>(), "cut AP {}", b.top_cut.ap);
     assert!(b.top_cut.ap < 1.0);
     // Each tied neuron counts 20/40; the certain ones 1.
-    let want: Vec<f64> = TIED.iter().enumerate().map(|(l, &k)| k as f64 * 0.5 + if l == 3 { 5.0 } else { 0.0 }).collect();
+    let want: Vec<f64> =
+        TIED.iter().enumerate().map(|(l, &k)| k as f64 * 0.5 + if l == 3 { 5.0 } else { 0.0 }).collect();
     assert_eq!(totals(&report.union_counts), want);
     let tied: Vec<f64> = report.union_counts.iter().map(|c| c.tie_weighted).collect();
     assert_eq!(tied, TIED.iter().map(|&k| k as f64 * 0.5).collect::<Vec<_>>());
@@ -229,10 +230,7 @@ fn planted_tie_across_layers_is_shared_and_order_free() {
     assert!(report.union_counts.iter().all(|c| c.per_component[0] == 0.0));
     // 20 of 25 places decided by the tie: warned, for a new language.
     let w = report.warnings();
-    assert!(
-        w.iter().any(|w| w.kind == WarningKind::Tie && w.language == "b" && w.affects_allocation),
-        "{w:?}"
-    );
+    assert!(w.iter().any(|w| w.kind == WarningKind::Tie && w.language == "b" && w.affects_allocation), "{w:?}");
     let m = &w.iter().find(|w| w.kind == WarningKind::Tie).unwrap().message;
     assert!(m.contains("40 neurons tie") && m.contains("20 places") && m.contains("80%"), "{m}");
 
@@ -312,7 +310,10 @@ fn smollm2_13_texts_per_language_counts_are_order_free() {
     assert_eq!(perm.unpermute(&permuted.union_counts), report.union_counts);
     for (a, b) in report.languages.iter().zip(&permuted.languages) {
         assert_eq!(perm.unpermute(&b.counts), a.counts, "{}", a.code);
-        assert_eq!((a.top_cut.ap, a.top_cut.slots, a.top_cut.tied.len()), (b.top_cut.ap, b.top_cut.slots, b.top_cut.tied.len()));
+        assert_eq!(
+            (a.top_cut.ap, a.top_cut.slots, a.top_cut.tied.len()),
+            (b.top_cut.ap, b.top_cut.slots, b.top_cut.tied.len())
+        );
     }
     let old = index_tie_break_counts(&p, &report, &["hu", "el"], 100);
     let old_permuted = index_tie_break_counts(&q, &permuted, &["hu", "el"], 100);

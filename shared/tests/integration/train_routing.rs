@@ -10,7 +10,6 @@ use crate::train_util;
 use std::path::Path;
 
 use burn::backend::Autodiff;
-use moe_shared::CpuBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
 use moe_shared::config::moe::{selection_bias_name, shared_expert_weight_name};
@@ -19,6 +18,7 @@ use moe_shared::model::save::tensor_values;
 use moe_shared::model::transformer::Mlp;
 use moe_shared::model::{load_model, Transformer};
 use moe_shared::train::{next_token_loss, Balance, Stage, TrainConfig, Trainer};
+use moe_shared::CpuBackend;
 
 type A = Autodiff<CpuBackend>;
 

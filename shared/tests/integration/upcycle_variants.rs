@@ -8,7 +8,6 @@ use crate::common;
 
 use std::path::Path;
 
-use moe_shared::CpuBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
 use moe_shared::config::moe::{expert_weight_name, shared_expert_weight_name, SHARED_EXPERT_LAYOUTS};
@@ -17,6 +16,7 @@ use moe_shared::methods::{
     upcycle, AllocationFile, ExpertCounts, Layout, MoeReport, RouterInit, SharedExperts, SharedInit, UpcycleOptions,
 };
 use moe_shared::model::load_model;
+use moe_shared::CpuBackend;
 
 type B = CpuBackend;
 

@@ -102,8 +102,8 @@ fn moerge_merges_copies_and_refuses_a_single_model() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The upcycling variants and routing options end to end: granular + shared
-/// + Drop-Upcycling upcycle (studio layout, E·G experts), then stage 1 with
+/// The upcycling variants and routing options end to end: a granular,
+/// shared-expert, Drop-Upcycling upcycle (studio layout, E·G experts), then stage 1 with
 /// aux-loss-free balancing, z-loss and un-normalised top-k, whose
 /// metrics.jsonl logs the load, the bias and the z-loss; bad values are
 /// refused before anything is written.

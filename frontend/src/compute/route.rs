@@ -136,7 +136,7 @@ pub async fn run(
     let mut accuracy = Vec::new();
     for (i, d) in domains.iter().enumerate() {
         task.step(&format!("routing accuracy: {}", d.name), 0.65 + 0.1 * i as f64 / n).await?;
-        accuracy.push(routing_accuracy(&model, i, &held[i], eval_tokens));
+        accuracy.push(routing_accuracy(&model, i, held[i], eval_tokens));
     }
     // Perplexity: DUME vs averaging vs oracle on each held-out text.
     let mut ppl = Vec::new();

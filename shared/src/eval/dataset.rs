@@ -113,9 +113,9 @@ pub fn evaluate<B: Backend>(
         // of its window predicts token `t`), and the targets.
         let (mut rows, mut targets) = (Vec::new(), Vec::new());
         for (j, &(b, e, first)) in group.iter().enumerate() {
-            for t in first..e {
+            for (t, &id) in ids.iter().enumerate().take(e).skip(first) {
                 rows.push((j * seq + t - 1 - b) as i64);
-                targets.push(i64::from(ids[t]));
+                targets.push(i64::from(id));
             }
         }
         let d = model.config.hidden_size;

@@ -4,10 +4,24 @@
 # Playwright end-to-end suite in headless Chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each step header says when it starts and how long the previous one took;
+# the last line gives every step's time and the total.
+T0=$(date +%s); TS=$T0; LAST=""; TIMES=""
+step() {
+    local now; now=$(date +%s)
+    if [ -n "$LAST" ]; then
+        echo "--- $LAST: $((now - TS)) s"
+        TIMES="$TIMES\n  $((now - TS)) s  $LAST"
+    fi
+    TS=$now; LAST="$*"
+    echo; echo "=== $* ($(date +%H:%M:%S))"
+}
+finish() { step "done"; echo -e "step times:$TIMES\n  total $(( $(date +%s) - T0 )) s"; }
+
+step "set-up (what is missing)"
 bash scripts/setup.sh
 source scripts/env.sh
 
-step() { echo; echo "=== $* ($(date +%H:%M:%S))"; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -16,14 +30,19 @@ step "cargo clippy (deny warnings)"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p moe-studio-frontend -p moe-studio-kernels --target wasm32-unknown-unknown -- -D warnings
 
-step "wasm32 build of the portable crates"
-cargo build --target wasm32-unknown-unknown -p moe-studio-shared -p moe-studio-kernels -p moe-studio-frontend
+step "wasm32 build of the portable crates (the browser's profile, reused by trunk)"
+cargo build --profile wasm-release --target wasm32-unknown-unknown -p moe-studio-shared -p moe-studio-kernels -p moe-studio-frontend
 
 step "cargo test"
 cargo test --workspace --no-fail-fast
+
+step "benchmarks, smoke mode (every workload of scripts/bench.sh runs, tiny sizes)"
+bash scripts/bench.sh --smoke
 
 step "browser end-to-end (trunk build + playwright-core + chromium)"
 bash tests/e2e/run.sh
 
 step "server end-to-end (moe-studio serve + Jobs page: upload/resume, train over SSE, download)"
 bash tests/e2e/run_backend.sh
+
+finish

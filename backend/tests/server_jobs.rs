@@ -28,11 +28,11 @@ use common::*;
 use moe_shared::checkpoint::open_model;
 use serde_json::{json, Value};
 
-/// Runs `moe-studio --backend=ndarray ARGS` (what a job runs, with this
+/// Runs `moe-studio --backend=cpu ARGS` (what a job runs, with this
 /// test's paths); asserts success and returns stdout.
 fn cli(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_moe-studio"))
-        .arg("--backend=ndarray")
+        .arg("--backend=cpu")
         .args(args)
         .output()
         .expect("runs the binary");
@@ -63,7 +63,7 @@ fn submit(s: &Server, spec: Value) -> String {
 fn succeeded(s: &Server, id: &str) -> Value {
     let j = wait_job(s, id, 300);
     assert_eq!(j["state"], "succeeded", "{j}\n{}", job_log(s, id));
-    assert_eq!(j["backend"], "ndarray", "{j}");
+    assert_eq!(j["backend"], "cpu", "{j}");
     assert!(j["error"].is_null(), "{j}");
     j
 }
@@ -359,15 +359,19 @@ fn moerge_route_graft_merge_neurons_jobs_match_the_cli() {
     assert_eq!(langs.iter().map(|l| l["code"].as_str().unwrap()).collect::<Vec<_>>(), ["en", "hu", "el"]);
     for l in langs {
         assert_eq!(l["texts"], 60, "{}", l["code"]);
-        assert_eq!(l["top"].as_array().unwrap().len(), 30);
+        // Top-30: the neurons above the cut plus the places the tie at the
+        // cut shares (stories260K's activations tie often).
+        let cut = l["top_cut"]["slots"].as_u64().unwrap_or(0) as usize;
+        assert_eq!(l["top"].as_array().unwrap().len() + cut, 30, "{}", l["top_cut"]);
         let ap = l["mean_ap"].as_f64().unwrap();
         assert!(ap > 0.0 && ap < 1.0, "mean AP {ap}");
     }
-    let union: Vec<u64> =
-        rep["union_counts"].as_array().unwrap().iter().map(|c| c["total"].as_u64().unwrap()).collect();
+    // Fractional counts when neurons tie at the cut (methods.md §3.3).
+    let union: Vec<f64> =
+        rep["union_counts"].as_array().unwrap().iter().map(|c| c["total"].as_f64().unwrap()).collect();
     assert_eq!(union.len(), 5);
-    let total: u64 = union.iter().sum();
-    assert!(total > 30 && total <= 60, "union of hu and el specific neurons per layer {union:?}");
+    let total: f64 = union.iter().sum();
+    assert!(total > 30.0 && total <= 60.0 + 1e-9, "union of hu and el specific neurons per layer {union:?}");
     eprintln!(
         "neurons: mean AP {:?}, union (hu, el) per layer {union:?}",
         langs.iter().map(|l| l["mean_ap"].as_f64().unwrap()).collect::<Vec<_>>()

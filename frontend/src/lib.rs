@@ -11,6 +11,7 @@
 //! [`pages`] (the UI).
 
 pub mod app;
+pub mod bench;
 pub mod components;
 pub mod compute;
 pub mod jobs;
@@ -21,10 +22,10 @@ pub mod store;
 pub mod task;
 pub mod web;
 
-/// The Burn backend of the browser forward pass: NdArray on the CPU (no
-/// threads in wasm; Burn's wgpu backend spends ~30 s autotuning on software
-/// WebGPU, so it is not used).
-pub type Cpu = burn::backend::NdArray<f32>;
+/// The Burn backend of the browser forward pass: `moe_shared::CpuBackend`
+/// (burn-flex on the CPU, SIMD128, no threads in wasm; Burn's wgpu backend
+/// spends ~30 s autotuning on software WebGPU, so it is not used).
+pub type Cpu = moe_shared::CpuBackend;
 
 /// Mounts the studio on `<body>` (the trunk binary's `main`).
 pub fn start() {

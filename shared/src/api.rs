@@ -298,7 +298,7 @@ fn check_id(field: &str, id: &str) -> Result<(), ApiError> {
 pub struct ServerInfo {
     /// `moe-studio` version.
     pub version: String,
-    /// Burn backends compiled in (`ndarray` always; `wgpu`, `cuda`).
+    /// Burn backends compiled in (`cpu` always; `wgpu`, `cuda`).
     pub backends: Vec<String>,
     /// The backend jobs use unless their spec names another.
     pub default_backend: String,
@@ -707,7 +707,7 @@ pub enum JobSpec {
 pub struct CreateJob {
     /// What to run.
     pub spec: JobSpec,
-    /// Burn backend (`ndarray`, `wgpu`, `cuda`, or `auto`; default: the
+    /// Burn backend (`cpu` (alias `ndarray`), `wgpu`, `cuda`, or `auto`; default: the
     /// server's, which `moe-studio serve --backend auto` chose at start).
     #[serde(default)]
     pub backend: Option<String>,

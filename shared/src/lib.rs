@@ -20,3 +20,14 @@ pub mod tokenizer;
 pub mod train;
 
 pub use error::{Result, StudioError};
+
+/// The CPU backend of every CPU path: the CLI's `--backend cpu` (alias
+/// `ndarray`, the name stored job rows carry), the browser tab's forward
+/// passes and every test. burn-flex (Burn's pure-Rust CPU backend, the
+/// successor of the deprecated burn-ndarray): `gemm` matrix products with
+/// run-time dispatch (AVX-512 / AVX2 on x86_64, SIMD128 in wasm32), rayon
+/// threads natively, none in wasm32, and a fused attention kernel (naive
+/// for short sequences, flash attention beyond). Chosen by measurement
+/// against burn-ndarray with and without OpenBLAS (`docs/benchmarks.md`,
+/// `scripts/backend_compare.sh`).
+pub type CpuBackend = burn::backend::Flex;

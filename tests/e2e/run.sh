@@ -33,6 +33,9 @@ cp "$demo/stories260K.bin" "$demo/tok512.bin" "$dist/demo/"
 
 cli="$(cli_binary)"
 
+step "native forward of the demo model (printed beside the tab's)"
+"$cli" bench prefill "$demo/stories260K.bin" --tokens 128 --repeat 5 --json > "$work/native_forward.json"
+
 step "inputs: corpora and an instruct model"
 head -n 40 "$MOE_STUDIO_DATA/corpora/lang/en/train.txt" > "$work/en.txt"
 head -n 40 "$MOE_STUDIO_DATA/corpora/lang/hu/train.txt" > "$work/hu.txt"

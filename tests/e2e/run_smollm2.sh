@@ -37,6 +37,9 @@ step "inputs: 200 lines of en and hu"
 head -n 200 "$MOE_STUDIO_DATA/corpora/lang/en/train.txt" > "$work/en.txt"
 head -n 200 "$MOE_STUDIO_DATA/corpora/lang/hu/train.txt" > "$work/hu.txt"
 
+step "native forward of SmolLM2 (printed beside the tab's)"
+"$cli" bench prefill "$E2E_SMOLLM2" --tokens 128 --repeat 3 --json > "$work/native_forward.json"
+
 step "CLI on SmolLM2 (timed; $tokens tokens per domain)"
 s0=$(ms)
 "$cli" upcycle "$E2E_SMOLLM2" --experts 2 --out "$work/cli/upcycled" > /dev/null

@@ -99,6 +99,21 @@ export async function run({ url, work, out, check, log, gguf, tokens }) {
   const errors = [];
   const r = { tokens_per_domain: tokens };
 
+  // The tab's forward pass on SmolLM2 (128 tokens, all logits), in a
+  // fresh tab that holds only the GGUF, beside the native CLI (run_smollm2.sh
+  // wrote native_forward.json with `moe-studio bench prefill`, same ids).
+  r.tab_forward = await withPage(url, errors, async (page) => {
+    await page.getByTestId('model-files').setInputFiles(gguf);
+    await page.getByTestId('load-ok').waitFor({ timeout: 300_000 });
+    return JSON.parse(await page.evaluate(() => window.wasmBindings.bench_forward(128, 3)));
+  });
+  let nativeFwd = null;
+  try { nativeFwd = JSON.parse(fs.readFileSync(path.join(work, 'native_forward.json'), 'utf8')); } catch { /* not made */ }
+  r.native_forward = nativeFwd;
+  check(r.tab_forward.tokens_per_s > 0, 'the tab\'s forward runs on SmolLM2');
+  log(`tab forward, SmolLM2, 128 tokens: ${r.tab_forward.tokens_per_s.toFixed(1)} tokens/s` +
+      (nativeFwd ? `; native CLI: ${nativeFwd.ours.median.toFixed(1)} tokens/s` : ''));
+
   // A. upcycle + download.
   r.upcycle = await withPage(url, errors, async (page) => {
     const a = {};

@@ -98,6 +98,17 @@ export async function run({ context, url, work, shots, out, check, log }) {
   // ---- Load: demo + the instruct model (HF files) + a mismatched tiny model.
   await tid('load-demo').click();
   await page.getByText('loaded stories260K').waitFor({ timeout: 60_000 });
+  // The tab's forward pass (the wasm the studio ships, window.wasmBindings
+  // from trunk) beside the native CLI on the same machine (run.sh wrote
+  // native_forward.json with `moe-studio bench prefill`, same ids).
+  const tabFwd = JSON.parse(await page.evaluate(() => window.wasmBindings.bench_forward(128, 5)));
+  results.tab_forward = tabFwd;
+  check(tabFwd.tokens === 128 && tabFwd.tokens_per_s > 0, `the tab's forward runs (${tabFwd.model})`);
+  let nativeFwd = null;
+  try { nativeFwd = JSON.parse(fs.readFileSync(path.join(work, 'native_forward.json'), 'utf8')); } catch { /* not made */ }
+  results.native_forward = nativeFwd;
+  log(`tab forward, stories260K, 128 tokens: ${tabFwd.tokens_per_s.toFixed(0)} tokens/s (${tabFwd.backend})` +
+      (nativeFwd ? `; native CLI (${nativeFwd.backend}): ${nativeFwd.ours.median.toFixed(0)} tokens/s` : ''));
   await tid('model-name').fill('stories260K-instruct');
   await tid('model-files').setInputFiles(['model.safetensors', 'config.json', 'tokenizer.json'].map((f) => path.join(work, 'ft', f)));
   await page.getByText(/loaded stories260K-instruct/).waitFor({ timeout: 60_000 });

@@ -7,19 +7,24 @@ and the non-frozen experts; router: everything but the routers; dense:
 nothing), and runs 1 warm-up + STEPS timed training steps (forward with the
 router aux loss at coefficient 0.01, backward, global-norm clipping at 1.0,
 AdamW) on BATCH x SEQ_LEN deterministic token ids ((j*7919+13) % vocab, j
-running over the batch). Prints JSON {"tokens_per_s": ..., ...}.
+running over the batch). Prints JSON {"seconds": [per timed step],
+"tokens_per_s": ..., ...}. $MOE_STUDIO_TORCH_DEVICE (default cpu) runs it on
+another torch device (scripts/gpu_check.sh: cuda).
 """
 import json
+import os
 import sys
 import time
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM
 
 
 def main():
     path, seq, batch, steps, stage, lr = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], float(sys.argv[6])
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    dev = os.environ.get("MOE_STUDIO_TORCH_DEVICE", "cpu")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(dev)
     model.train()
     cfg = model.config
     studio = getattr(cfg, "moe_studio", None) or {}
@@ -38,7 +43,7 @@ def main():
                 keep = int(rest) not in fl
             else:  # fused [E, ...] expert tensors (transformers 5.x): mask the frozen experts' gradients
                 keep = True
-                mask = torch.ones(p.shape[0], *([1] * (p.dim() - 1)))
+                mask = torch.ones(p.shape[0], *([1] * (p.dim() - 1)), device=dev)
                 if fl:
                     mask[fl] = 0.0
                 p.register_hook(lambda g, m=mask: g * m)
@@ -53,7 +58,8 @@ def main():
 
     def batch_ids(step):
         base = step * batch * seq
-        return torch.tensor([[((base + b * seq + i) * 7919 + 13) % v for i in range(seq)] for b in range(batch)])
+        return torch.tensor([[((base + b * seq + i) * 7919 + 13) % v for i in range(seq)] for b in range(batch)],
+                            device=dev)
 
     def one(step):
         ids = batch_ids(step)
@@ -62,15 +68,18 @@ def main():
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(out.loss)
+        return float(out.loss)  # (reading the loss waits for the device)
 
     one(0)
-    t0 = time.perf_counter()
-    losses = [one(s + 1) for s in range(steps)]
-    dt = time.perf_counter() - t0
-    print(json.dumps({"tokens_per_s": steps * batch * seq / dt, "seconds": dt, "steps": steps, "losses": losses,
+    times, losses = [], []
+    for s in range(steps):
+        t0 = time.perf_counter()
+        losses.append(one(s + 1))
+        times.append(time.perf_counter() - t0)
+    med = sorted(times)[len(times) // 2]
+    print(json.dumps({"tokens_per_s": batch * seq / med, "seconds": times, "steps": steps, "losses": losses,
                       "trainable": trainable, "torch_threads": torch.get_num_threads(),
-                      "torch": torch.__version__}))
+                      "torch": torch.__version__, "transformers": transformers.__version__, "device": dev}))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@
 //! `auto` (the default) picks, in order: CUDA when built with the `cuda`
 //! feature and a CUDA device answers; else wgpu when built with the `wgpu`
 //! feature and a hardware adapter exists (a CPU implementation such as
-//! lavapipe is skipped: Burn's NdArray is faster there); else NdArray (CPU).
+//! lavapipe is skipped: the CPU backend is faster there); else `cpu`
+//! ([`moe_shared::CpuBackend`], burn-flex). `ndarray` (the CPU backend's
+//! earlier name, which stored job rows carry) and `flex` are accepted as
+//! aliases of `cpu`.
 
 use burn::tensor::{backend::Backend, ElementConversion, Tensor};
 
@@ -13,10 +16,10 @@ pub trait WithBackend {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()>;
 }
 
-/// Backends compiled into this binary (`ndarray` always; `wgpu`, `cuda`
+/// Backends compiled into this binary (`cpu` always; `wgpu`, `cuda`
 /// with those cargo features).
 pub fn built() -> Vec<&'static str> {
-    let mut v = vec!["ndarray"];
+    let mut v = vec!["cpu"];
     if cfg!(feature = "wgpu") {
         v.push("wgpu");
     }
@@ -27,7 +30,7 @@ pub fn built() -> Vec<&'static str> {
 }
 
 /// Devices backend `name` can use for data parallelism (`train
-/// --devices`): NdArray has one, the CPU (more "devices" would be replicas
+/// --devices`): the CPU backend has one, the CPU (more "devices" would be replicas
 /// of the model on the same cores, each costing its memory); wgpu one, its
 /// default adapter; CUDA the GPUs the NVIDIA driver lists
 /// (`/proc/driver/nvidia/gpus/*`, else `/dev/nvidiaN`), at least one.
@@ -61,13 +64,14 @@ pub fn device_count(name: &str) -> usize {
 /// A backend name resolved to one that is built and usable.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
-    /// `ndarray`, `wgpu` or `cuda`.
+    /// `cpu`, `wgpu` or `cuda`.
     pub name: &'static str,
     /// Why `auto` chose it (empty when the name was given).
     pub reason: String,
 }
 
-/// Resolves `--backend NAME`: `auto`, `ndarray` (alias `cpu`), `wgpu`, `cuda`.
+/// Resolves `--backend NAME`: `auto`, `cpu` (aliases `ndarray`, `flex`),
+/// `wgpu`, `cuda`.
 ///
 /// # Errors
 /// A name that is unknown or not built into this binary (the message lists
@@ -76,12 +80,12 @@ pub fn resolve(name: &str) -> anyhow::Result<Resolved> {
     let given = |name| Ok(Resolved { name, reason: String::new() });
     match name {
         "auto" => Ok(auto()),
-        "ndarray" | "cpu" => given("ndarray"),
+        "cpu" | "ndarray" | "flex" => given("cpu"),
         "wgpu" if cfg!(feature = "wgpu") => given("wgpu"),
         "cuda" if cfg!(feature = "cuda") => given("cuda"),
         other => anyhow::bail!(
-            "--backend `{other}`: expected auto, {} (built into this binary; wgpu and cuda need the cargo \
-             features of the same names)",
+            "--backend `{other}`: expected auto, {} (built into this binary; `ndarray` and `flex` name cpu; \
+             wgpu and cuda need the cargo features of the same names)",
             built().join(", ")
         ),
     }
@@ -109,7 +113,7 @@ fn auto() -> Resolved {
         }
     }
     let reason = if skipped.is_empty() { String::new() } else { format!("auto: {}", skipped.join("; ")) };
-    Resolved { name: "ndarray", reason }
+    Resolved { name: "cpu", reason }
 }
 
 /// Whether the NVIDIA driver is loaded (checked before touching CUDA, whose
@@ -131,7 +135,7 @@ fn answers<B: Backend>(device: B::Device) -> bool {
 }
 
 /// Runs `w` on the backend `name` resolves to (see [`resolve`]); says on
-/// stderr what `auto` chose when more than NdArray was possible.
+/// stderr what `auto` chose when more than the CPU was possible.
 ///
 /// # Errors
 /// [`resolve`]'s, then the command's.
@@ -143,7 +147,7 @@ pub fn run<W: WithBackend>(name: &str, w: W) -> anyhow::Result<()> {
         "wgpu" => w.run::<burn::backend::Wgpu>(Default::default()),
         #[cfg(feature = "cuda")]
         "cuda" => w.run::<burn::backend::Cuda>(Default::default()),
-        _ => w.run::<burn::backend::NdArray<f32>>(Default::default()),
+        _ => w.run::<moe_shared::CpuBackend>(Default::default()),
     }
 }
 
@@ -160,25 +164,27 @@ mod tests {
 
     #[test]
     fn names_resolve_and_unknown_ones_list_the_built_backends() {
-        assert_eq!(resolve("cpu").unwrap().name, "ndarray");
-        assert_eq!(resolve("ndarray").unwrap().name, "ndarray");
+        assert_eq!(resolve("cpu").unwrap().name, "cpu");
+        // Stored job rows name the CPU backend `ndarray`: they must keep resolving.
+        assert_eq!(resolve("ndarray").unwrap().name, "cpu");
+        assert_eq!(resolve("flex").unwrap().name, "cpu");
         let e = resolve("tpu").unwrap_err().to_string();
-        assert!(e.contains("`tpu`") && e.contains("auto, ndarray"), "{e}");
+        assert!(e.contains("`tpu`") && e.contains("auto, cpu"), "{e}");
         if !cfg!(feature = "cuda") {
             assert!(resolve("cuda").unwrap_err().to_string().contains("cargo features"));
         }
     }
 
     #[test]
-    fn auto_without_gpu_features_is_ndarray() {
+    fn auto_without_gpu_features_is_cpu() {
         if !cfg!(any(feature = "cuda", feature = "wgpu")) {
-            assert_eq!(resolve("auto").unwrap(), Resolved { name: "ndarray", reason: String::new() });
+            assert_eq!(resolve("auto").unwrap(), Resolved { name: "cpu", reason: String::new() });
         }
         assert!(built().contains(&resolve("auto").unwrap().name));
     }
 
     /// With the `wgpu` feature on a machine whose only adapter is a CPU
-    /// Vulkan (lavapipe), `auto` stays on NdArray and says why.
+    /// Vulkan (lavapipe), `auto` stays on the CPU and says why.
     #[cfg(feature = "wgpu")]
     #[test]
     fn auto_skips_a_cpu_wgpu_adapter() {
@@ -186,22 +192,23 @@ mod tests {
         eprintln!("auto -> {} ({})", r.name, r.reason);
         match moe_kernels::Gpu::new_blocking() {
             Ok(g) if g.is_cpu() => {
-                assert_eq!(r.name, "ndarray");
+                assert_eq!(r.name, "cpu");
                 assert!(r.reason.contains("CPU implementation"), "{}", r.reason);
             }
             Ok(_) => assert_eq!(r.name, if cfg!(feature = "cuda") { r.name } else { "wgpu" }),
-            Err(_) => assert_eq!(r.name, "ndarray"),
+            Err(_) => assert_eq!(r.name, "cpu"),
         }
     }
 
     #[test]
     fn the_cpu_has_one_device() {
+        assert_eq!(device_count("cpu"), 1);
         assert_eq!(device_count("ndarray"), 1);
         assert!(device_count("cuda") >= 1);
     }
 
     #[test]
-    fn the_probe_computes_on_ndarray() {
-        assert!(answers::<burn::backend::NdArray<f32>>(Default::default()));
+    fn the_probe_computes_on_the_cpu() {
+        assert!(answers::<moe_shared::CpuBackend>(Default::default()));
     }
 }

@@ -11,13 +11,15 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use burn::tensor::backend::AutodiffBackend;
 use moe_shared::checkpoint::{open_model, DType, WriteOptions};
 use moe_shared::methods::{upcycle, ExpertCounts, RouterInit, UpcycleOptions};
 use moe_shared::model::load_model;
 use moe_shared::train::{devices, DataSpec, Mixture, PackedSource, Stage, TrainConfig, Trainer};
 
+use super::bench::{backend_name, finish, peak_rss_mib, reference_name, reference_throughput, run_reference};
+use super::bench::{Measurement, Throughput};
 use super::train::WithAutodiff;
 
 /// Arguments of `bench train`.
@@ -41,7 +43,7 @@ pub struct TrainBenchArgs {
     #[arg(long, default_value_t = 4)]
     pub batch: usize,
     /// Timed steps (after one warm-up step).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 3)]
     pub steps: usize,
     /// Learning rate.
     #[arg(long, default_value_t = 5e-5)]
@@ -55,22 +57,6 @@ pub struct TrainBenchArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-fn reference(py: &PathBuf, model: &std::path::Path, a: &TrainBenchArgs) -> anyhow::Result<serde_json::Value> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/reference/bench_train.py");
-    let out = std::process::Command::new(py)
-        .arg(&script)
-        .arg(model)
-        .args([a.seq_len.to_string(), a.batch.to_string(), a.steps.to_string(), a.stage.clone(), a.lr.to_string()])
-        .output()
-        .with_context(|| format!("running {}", py.display()))?;
-    if !out.status.success() {
-        bail!("reference failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let last = text.lines().last().unwrap_or_default();
-    serde_json::from_str(last).context("reference output is not JSON")
 }
 
 impl WithAutodiff for TrainBenchArgs {
@@ -114,45 +100,81 @@ impl WithAutodiff for TrainBenchArgs {
             warmup: 0,
             ..TrainConfig::new(stage)
         };
+        let flops_per_token = train_flops_per_token(&model, a.seq_len);
         let mut t = Trainer::new(model, data, config, device, &m.path)?;
         let counts = t.param_counts();
         drop(m);
         t.step()?; // warm-up
-        let t0 = Instant::now();
         let mut losses = Vec::new();
-        for _ in 0..a.steps {
+        let mut secs = Vec::new();
+        for _ in 0..a.steps.max(1) {
+            let t0 = Instant::now();
             losses.push(t.step()?.loss);
+            secs.push(t0.elapsed().as_secs_f64());
         }
-        let dt = t0.elapsed().as_secs_f64();
-        let ours = (a.steps * per_step) as f64 / dt;
+        let ours = Throughput::of(per_step as f64, secs, peak_rss_mib());
         drop(t);
-        let reference = match &a.reference_python {
-            Some(py) => Some(reference(py, &moe_dir, &a)?),
-            None => None,
-        };
-        let theirs = reference.as_ref().and_then(|r| r["tokens_per_s"].as_f64());
-        if a.json {
-            println!(
-                "{}",
-                serde_json::json!({
-                    "seq_len": a.seq_len, "batch": a.batch, "steps": a.steps, "stage": a.stage,
-                    "trainable": counts.trainable, "tokens_per_s": ours, "seconds": dt, "losses": losses,
-                    "reference": reference,
-                })
-            );
-        } else {
-            println!(
-                "train ({} stage, batch {} x seq {}, {} trainable params): {:.1} tokens/s (moe-studio, {} timed steps, {:.1} s)",
-                a.stage, a.batch, a.seq_len, counts.trainable, ours, a.steps, dt
-            );
-            match theirs {
-                Some(r) => println!(
-                    "reference (transformers MixtralForCausalLM, same run): {r:.1} tokens/s; ratio ours/reference = {:.2}",
-                    ours / r
-                ),
-                None => println!("reference: not measured (pass --reference-python PYTHON with torch + transformers)"),
+        let (reference, reference_name, ref_losses) = match &a.reference_python {
+            Some(py) => {
+                let args = [
+                    moe_dir.display().to_string(),
+                    a.seq_len.to_string(),
+                    a.batch.to_string(),
+                    a.steps.max(1).to_string(),
+                    a.stage.clone(),
+                    a.lr.to_string(),
+                ];
+                let (v, rss) = run_reference(py, "bench_train.py", &args)?;
+                (Some(reference_throughput(&v, per_step as f64, rss)?), Some(reference_name(&v)), v["losses"].clone())
             }
-        }
+            None => (None, None, serde_json::Value::Null),
+        };
+        finish(Measurement {
+            workload: "train".into(),
+            setup: format!(
+                "{} stage, {} experts top-{}, batch {} x seq {}, AdamW, {} trainable params",
+                a.stage, a.experts, a.top_k, a.batch, a.seq_len, counts.trainable
+            ),
+            unit: "tokens/s".into(),
+            backend: backend_name::<B::InnerBackend>(),
+            ours,
+            reference,
+            reference_name: reference_name.map(|n| format!("{n}, MixtralForCausalLM")),
+            ratio: None,
+            extra: serde_json::json!({
+                "trainable": counts.trainable, "losses": losses, "reference_losses": ref_losses,
+                "model_flops_per_token": flops_per_token,
+            }),
+        })
+        .print(a.json);
         Ok(())
     }
+}
+
+/// Model FLOPs of one training step per token (forward + backward = 3x the
+/// forward's 2 FLOPs per multiply-add, PaLM appendix B): the active
+/// parameters of every matrix product (attention projections, the top-k
+/// experts or the dense FFN, routers, the LM head; not the embedding
+/// lookup) plus causal attention's score and value products
+/// (`6 * L * seq * d_attn` on average over positions). Frozen weights are
+/// counted like trainable ones, as MFU conventionally does.
+pub fn train_flops_per_token<B: burn::tensor::backend::Backend>(
+    model: &moe_shared::model::Transformer<B>,
+    seq_len: usize,
+) -> f64 {
+    use moe_shared::model::Mlp;
+    let c = &model.config;
+    let (d, hd) = (c.hidden_size as f64, c.head_dim as f64);
+    let (h, kvh) = (c.num_heads as f64, c.num_kv_heads as f64);
+    let ffn = 3.0 * d * c.intermediate_size as f64;
+    let mut matmul_params = c.vocab_size as f64 * d;
+    for b in &model.layers {
+        matmul_params += d * hd * (2.0 * h + 2.0 * kvh);
+        matmul_params += match &b.mlp {
+            Mlp::Dense(_) => ffn,
+            Mlp::Moe(m) => m.top_k.min(m.num_experts()) as f64 * ffn + d * m.num_experts() as f64,
+        };
+    }
+    let attention = 2.0 * model.layers.len() as f64 * seq_len as f64 * h * hd;
+    3.0 * (2.0 * matmul_params + attention)
 }

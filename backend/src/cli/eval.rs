@@ -34,6 +34,9 @@ pub struct Args {
     /// Advance between windows.
     #[arg(long, default_value_t = D::default().eval_stride)]
     pub stride: usize,
+    /// Windows per forward pass (a right-padded batch; more uses more memory).
+    #[arg(long, default_value_t = PerplexityOptions::DEFAULT_BATCH)]
+    pub batch: usize,
     /// Score only the first N tokens of each dataset.
     #[arg(long)]
     pub max_tokens: Option<usize>,
@@ -69,7 +72,7 @@ impl WithBackend for Args {
             "oracle" => {}
             other => bail!("--routing `{other}`: expected learned, oracle or random"),
         }
-        let opts = PerplexityOptions { window: a.window, stride: a.stride, max_tokens: a.max_tokens };
+        let opts = PerplexityOptions { window: a.window, stride: a.stride, max_tokens: a.max_tokens, batch: a.batch };
         let mut rows = Vec::new();
         for (i, s) in specs.iter().enumerate() {
             let text = std::fs::read_to_string(&s.path).with_context(|| format!("reading {}", s.path))?;

@@ -4,12 +4,14 @@ mod allocate;
 mod args;
 pub(crate) mod backend;
 mod bench;
+mod bench_capture;
 mod bench_kernels;
 mod bench_train;
 mod convert;
 mod eval;
 mod generate;
 mod graft;
+mod init_random;
 mod inspect;
 mod logits;
 mod merge;
@@ -30,8 +32,8 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     /// Compute backend: `auto` (CUDA if built with `cuda` and a device
     /// answers, else wgpu if built with `wgpu` and a hardware adapter exists,
-    /// else CPU), `ndarray` (CPU, always built), `wgpu` or `cuda` (when built
-    /// with those cargo features).
+    /// else CPU), `cpu` (always built; `ndarray` and `flex` are aliases),
+    /// `wgpu` or `cuda` (when built with those cargo features).
     #[arg(long, global = true, default_value = "auto")]
     pub backend: String,
     #[command(subcommand)]
@@ -71,6 +73,8 @@ pub enum Command {
     Train(train::Args),
     /// Per-dataset perplexity and MoE routing load.
     Eval(eval::Args),
+    /// A dense model of a Hugging Face config with random weights (benchmarks on machines without model files).
+    InitRandom(init_random::Args),
     /// Benchmarks (printed beside a reference measured in the same run).
     #[command(subcommand)]
     Bench(bench::Bench),
@@ -109,7 +113,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Neurons(a) => backend::run(&cli.backend, a),
         Command::Allocate(a) => allocate::run(a),
         Command::NeuronsPlot(a) => neurons::plot(a),
+        Command::InitRandom(a) => init_random::run(a),
         Command::Bench(bench::Bench::Prefill(a)) => backend::run(&cli.backend, a),
+        Command::Bench(bench::Bench::Generate(a)) => backend::run(&cli.backend, a),
+        Command::Bench(bench::Bench::Ridge(a)) => backend::run(&cli.backend, a),
+        Command::Bench(bench::Bench::Neurons(a)) => backend::run(&cli.backend, a),
         Command::Bench(bench::Bench::Train(a)) => train::run_autodiff(&cli.backend, a),
         Command::Bench(bench::Bench::Kernels(a)) => bench_kernels::run(a),
         Command::Train(a) => train::run_autodiff(&cli.backend, a),

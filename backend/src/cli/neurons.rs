@@ -51,6 +51,11 @@ pub struct Args {
     /// Each text is truncated to this many tokens.
     #[arg(long, default_value_t = D::default().neurons_max_tokens)]
     pub max_tokens: usize,
+    /// Texts per forward pass (one right-padded batch; pooling covers each
+    /// text's own tokens, so the result does not depend on it beyond float
+    /// summation order).
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
     /// Threads for the Average Precision (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -333,17 +338,23 @@ impl WithBackend for Args {
         }
         let (mut t_plain, mut t_capture, mut tokens) = (0.0f64, 0.0f64, 0usize);
         let t_collect = Instant::now();
-        for (k, (lang, ids)) in encoded.iter().enumerate() {
+        let mut done = 0usize;
+        for group in encoded.chunks(a.batch.max(1)) {
             if a.bench {
                 let t0 = Instant::now();
-                col.plain_forward(ids);
+                for (_, ids) in group {
+                    col.plain_forward(ids);
+                }
                 t_plain += t0.elapsed().as_secs_f64();
             }
             let t0 = Instant::now();
-            tokens += col.add_text(*lang, ids)?;
+            let texts: Vec<(usize, &[u32])> = group.iter().map(|(l, ids)| (*l, ids.as_slice())).collect();
+            tokens += col.add_texts(&texts)?;
             t_capture += t0.elapsed().as_secs_f64();
-            if (k + 1) % 100 == 0 {
-                eprintln!("  {}/{} texts, {:.1} s", k + 1, encoded.len(), t_collect.elapsed().as_secs_f64());
+            let before = done;
+            done += group.len();
+            if done / 100 > before / 100 {
+                eprintln!("  {}/{} texts, {:.1} s", done, encoded.len(), t_collect.elapsed().as_secs_f64());
             }
         }
         let pooled = col.finish()?;

@@ -24,6 +24,9 @@ pub struct Args {
     /// Advance between windows.
     #[arg(long, default_value_t = 256)]
     pub stride: usize,
+    /// Windows per forward pass (a right-padded batch; more uses more memory).
+    #[arg(long, default_value_t = PerplexityOptions::DEFAULT_BATCH)]
+    pub batch: usize,
     /// Score only the first N tokens.
     #[arg(long)]
     pub max_tokens: Option<usize>,
@@ -43,7 +46,7 @@ impl WithBackend for Args {
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer found with this model", m.path))?;
         let model = load_model::<B>(&m, &device)?;
         let ids = tok.encode(&text, false)?;
-        let opts = PerplexityOptions { window: a.window, stride: a.stride, max_tokens: a.max_tokens };
+        let opts = PerplexityOptions { window: a.window, stride: a.stride, max_tokens: a.max_tokens, batch: a.batch };
         let quiet = a.json;
         let r = perplexity(&model, &ids, opts, &device, |done, total| {
             if !quiet {

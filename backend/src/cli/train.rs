@@ -134,7 +134,7 @@ pub fn run_autodiff<W: WithAutodiff>(name: &str, w: W) -> anyhow::Result<()> {
         "wgpu" => w.run::<Autodiff<burn::backend::Wgpu>>(),
         #[cfg(feature = "cuda")]
         "cuda" => w.run::<Autodiff<burn::backend::Cuda>>(),
-        _ => w.run::<Autodiff<burn::backend::NdArray<f32>>>(),
+        _ => w.run::<Autodiff<moe_shared::CpuBackend>>(),
     }
 }
 

@@ -179,7 +179,8 @@ pub async fn create(State(st): State<AppStateRef>, J(req): J<CreateJob>) -> AppR
     req.spec.validate()?;
     let backend = match req.backend.as_deref() {
         None | Some("auto") => st.default_backend.clone(),
-        Some("cpu") => "ndarray".to_string(),
+        // `ndarray` and `flex` are older / library names of the CPU backend.
+        Some("cpu" | "ndarray" | "flex") => "cpu".to_string(),
         Some(b) => b.to_string(),
     };
     if !super::backends().contains(&backend) {

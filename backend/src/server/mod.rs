@@ -3,7 +3,7 @@
 //!
 //! # Running
 //! ```text
-//! moe-studio [--backend ndarray|wgpu|cuda] serve [--addr 127.0.0.1:8080] [--data-dir DIR]
+//! moe-studio [--backend cpu|wgpu|cuda] serve [--addr 127.0.0.1:8080] [--data-dir DIR]
 //!     [--token-file FILE] [--static-dir DIR] [--max-upload-bytes N] [--max-chunk-bytes N]
 //!     [--workers N] [--auto-resume] [--allow-host NAME]... [--upload-ttl-hours 24]
 //!     [--chunk-timeout-secs 60] [--job-memory-limit BYTES] [--cancel-grace-secs 30]
@@ -268,7 +268,7 @@ pub struct AppState {
 /// Shared state handle.
 pub type AppStateRef = Arc<AppState>;
 
-/// Backends compiled into this binary (`ndarray` always; `wgpu`, `cuda`).
+/// Backends compiled into this binary (`cpu` always; `wgpu`, `cuda`).
 pub fn backends() -> Vec<String> {
     crate::cli::backend::built().into_iter().map(String::from).collect()
 }

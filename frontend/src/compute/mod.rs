@@ -25,7 +25,7 @@ pub fn msg(e: moe_shared::StudioError) -> String {
     e.to_string()
 }
 
-/// Builds the CPU (NdArray) model of a loaded checkpoint.
+/// Builds the CPU (`moe_shared::CpuBackend`) model of a loaded checkpoint.
 ///
 /// # Errors
 /// The loader's error (missing or misshapen tensors), as text.

@@ -146,13 +146,15 @@ pub async fn run(
         return Err(format!("top-N must be between 1 and {neurons} (the neurons of {}); got {top_n}", src.name()));
     }
     col.reserve(encoded.len());
-    for (k, (lang, ids)) in encoded.iter().enumerate() {
-        col.add_text(*lang, ids).map_err(msg)?;
-        task.step(
-            &format!("activations: text {} of {}", k + 1, encoded.len()),
-            0.8 * (k + 1) as f64 / encoded.len() as f64,
-        )
-        .await?;
+    // A few texts per forward pass (right-padded; the same rows as one by
+    // one), yielding to the page between passes.
+    let mut done = 0usize;
+    for group in encoded.chunks(TEXTS_PER_PASS) {
+        let texts: Vec<(usize, &[u32])> = group.iter().map(|(l, ids)| (*l, ids.as_slice())).collect();
+        col.add_texts(&texts).map_err(msg)?;
+        done += group.len();
+        task.step(&format!("activations: text {done} of {}", encoded.len()), 0.8 * done as f64 / encoded.len() as f64)
+            .await?;
     }
     let pooled = col.finish().map_err(msg)?;
     task.step("average precision per neuron", 0.85).await?;
@@ -162,6 +164,9 @@ pub async fn run(
     let allocation = neuronmoe_allocation(&counts, range).map_err(msg)?;
     Ok(NeuronOutcome::new(&report, allocation, crate::web::now_ms() - t0))
 }
+
+/// Texts per forward pass of the capture.
+const TEXTS_PER_PASS: usize = 4;
 
 #[cfg(test)]
 mod tests {

@@ -145,7 +145,7 @@ pub async fn run(
         let avg_src = AveragedExperts::new(m.source.as_ref(), &m.config, &moe);
         let averaged = load_transformer::<crate::Cpu>(&m.config, None, &avg_src, &Default::default()).map_err(msg)?;
         let window = opts.context.min(m.config.max_position_embeddings).max(2);
-        let popts = PerplexityOptions { window, stride: window, max_tokens: Some(eval_tokens) };
+        let popts = PerplexityOptions { window, stride: window, max_tokens: Some(eval_tokens), ..Default::default() };
         let dev = Default::default();
         for (i, d) in domains.iter().enumerate() {
             task.step(&format!("perplexity: {}", d.name), 0.75 + 0.2 * i as f64 / n).await?;

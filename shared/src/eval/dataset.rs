@@ -12,7 +12,10 @@ use serde::{Deserialize, Serialize};
 use super::{PerplexityOptions, PerplexityReport};
 use crate::error::{Result, StudioError};
 use crate::model::transformer::Mlp;
-use crate::model::{ForwardOptions, Routing, Trace, Transformer};
+use crate::model::{ForwardOptions, Padding, Routing, Trace, Transformer};
+
+/// Rows of hidden states sent through the LM head at once.
+const HEAD_ROWS: usize = 512;
 
 /// Perplexity and routing load of one dataset.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,10 +46,12 @@ impl DatasetEval {
 /// Evaluates `model` on `ids` with `routing`: perplexity over the windows of
 /// [`super::perplexity`] (so the numbers are the same for learned routing)
 /// and the expert load of every MoE layer over all window positions.
+/// `opts.batch` windows run as one right-padded batch (the last window is
+/// usually shorter); padding is routed nowhere and scored nowhere.
 ///
 /// # Errors
 /// As [`super::perplexity`]: fewer than 2 tokens, a bad stride, a window
-/// beyond the model's context.
+/// beyond the model's context, a batch of 0.
 pub fn evaluate<B: Backend>(
     model: &Transformer<B>,
     ids: &[u32],
@@ -72,42 +77,65 @@ pub fn evaluate<B: Backend>(
             opts.window, model.config.max_position_embeddings
         )));
     }
-    let total_windows = n.saturating_sub(1).div_ceil(opts.stride).max(1);
-    let v = model.config.vocab_size;
-    let (mut prev_end, mut sum, mut count, mut begin, mut done) = (0usize, 0f64, 0usize, 0usize, 0usize);
-    let mut counts: Vec<Option<Vec<usize>>> = vec![None; model.layers.len()];
+    if opts.batch == 0 {
+        return Err(StudioError::Invalid("batch (windows per forward pass) must be >= 1".into()));
+    }
+    // The windows: `[begin, end)` tokens, scoring targets `first..end`.
+    let mut windows: Vec<(usize, usize, usize)> = Vec::new();
+    let (mut prev_end, mut begin) = (0usize, 0usize);
     while begin < n {
         let end = (begin + opts.window).min(n);
-        let first = prev_end.max(begin + 1);
-        if first < end {
-            let window: Vec<i64> = ids[begin..end].iter().map(|&x| x as i64).collect();
-            let len = end - begin;
-            let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(window, [1, len]), device);
-            let from = first - 1 - begin;
-            let used = end - first;
-            let mut trace = Trace::default();
-            let fo = ForwardOptions { routing, ..Default::default() };
-            let hidden = model.forward_hidden_with(tokens, None, fo, Some(&mut trace)).narrow(1, from, used);
-            for (acc, r) in counts.iter_mut().zip(&trace.routing) {
-                if let Some(r) = r {
-                    let a = acc.get_or_insert_with(|| vec![0; r.counts.len()]);
-                    a.iter_mut().zip(&r.counts).for_each(|(x, y)| *x += y);
-                }
-            }
-            let logp = log_softmax(model.head(hidden), 2).reshape([used, v]);
-            let targets: Vec<i64> = ids[first..end].iter().map(|&x| x as i64).collect();
-            let idx = Tensor::<B, 2, Int>::from_data(TensorData::new(targets, [used, 1]), device);
-            let picked: Vec<f32> = logp.gather(1, idx).into_data().convert::<f32>().to_vec().expect("f32");
-            sum -= picked.iter().map(|&x| x as f64).sum::<f64>();
-            count += used;
-        }
+        windows.push((begin, end, prev_end.max(begin + 1)));
         prev_end = end;
-        done += 1;
-        on_window(done, total_windows);
         if end == n {
             break;
         }
         begin += opts.stride;
+    }
+    let total_windows = windows.len();
+    let v = model.config.vocab_size;
+    let (mut sum, mut count, mut done) = (0f64, 0usize, 0usize);
+    let mut counts: Vec<Option<Vec<usize>>> = vec![None; model.layers.len()];
+    for group in windows.chunks(opts.batch) {
+        let texts: Vec<&[u32]> = group.iter().map(|&(b, e, _)| &ids[b..e]).collect();
+        let (tokens, padding) = Padding::pad_tensor::<B>(&texts, 0, device)?;
+        let seq = padding.seq();
+        let mut trace = Trace::default();
+        let fo = ForwardOptions { routing, ..Default::default() };
+        let hidden = model.forward_hidden_masked(tokens, Some(&padding), None, fo, Some(&mut trace));
+        for (acc, r) in counts.iter_mut().zip(&trace.routing) {
+            if let Some(r) = r {
+                let a = acc.get_or_insert_with(|| vec![0; r.counts.len()]);
+                a.iter_mut().zip(&r.counts).for_each(|(x, y)| *x += y);
+            }
+        }
+        // Hidden rows that predict a scored target (position `t - 1 - begin`
+        // of its window predicts token `t`), and the targets.
+        let (mut rows, mut targets) = (Vec::new(), Vec::new());
+        for (j, &(b, e, first)) in group.iter().enumerate() {
+            for (t, &id) in ids.iter().enumerate().take(e).skip(first) {
+                rows.push((j * seq + t - 1 - b) as i64);
+                targets.push(i64::from(id));
+            }
+        }
+        let d = model.config.hidden_size;
+        let flat = hidden.reshape([group.len() * seq, d]);
+        // The LM head and its log-softmax on at most HEAD_ROWS rows at a time
+        // (`[rows, V]` floats: 100 MB for SmolLM2's 49,152-entry vocabulary).
+        for (r, t) in rows.chunks(HEAD_ROWS).zip(targets.chunks(HEAD_ROWS)) {
+            let m = r.len();
+            let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(r.to_vec(), [m]), device);
+            let h = flat.clone().select(0, idx).reshape([1, m, d]);
+            let logp = log_softmax(model.head(h), 2).reshape([m, v]);
+            let tgt = Tensor::<B, 2, Int>::from_data(TensorData::new(t.to_vec(), [m, 1]), device);
+            let picked: Vec<f32> = logp.gather(1, tgt).into_data().convert::<f32>().to_vec().expect("f32");
+            sum -= picked.iter().map(|&x| x as f64).sum::<f64>();
+            count += m;
+        }
+        for _ in group {
+            done += 1;
+            on_window(done, total_windows);
+        }
     }
     let nll = sum / count as f64;
     let load = counts

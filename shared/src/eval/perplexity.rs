@@ -21,11 +21,24 @@ pub struct PerplexityOptions {
     pub stride: usize,
     /// Keep only the first `max_tokens` tokens of the text (`None`: all).
     pub max_tokens: Option<usize>,
+    /// Windows per forward pass (one right-padded batch, [`crate::model::Padding`]);
+    /// the numbers do not depend on it beyond float summation order.
+    #[serde(default = "default_batch")]
+    pub batch: usize,
+}
+
+fn default_batch() -> usize {
+    PerplexityOptions::DEFAULT_BATCH
+}
+
+impl PerplexityOptions {
+    /// Default windows per forward pass.
+    pub const DEFAULT_BATCH: usize = 4;
 }
 
 impl Default for PerplexityOptions {
     fn default() -> Self {
-        PerplexityOptions { window: 512, stride: 256, max_tokens: None }
+        PerplexityOptions { window: 512, stride: 256, max_tokens: None, batch: Self::DEFAULT_BATCH }
     }
 }
 

@@ -32,7 +32,7 @@ use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, StudioError};
-use crate::model::{ForwardOptions, Mlp, Pooling, Trace, Transformer};
+use crate::model::{ForwardOptions, Mlp, Padding, Pooling, Trace, Transformer};
 
 pub mod select;
 pub use select::{
@@ -294,46 +294,64 @@ impl<'a, B: Backend> NeuronCollector<'a, B> {
     /// [`StudioError::Invalid`] for an unknown language index, an empty text
     /// or a capture that disagrees with the layout.
     pub fn add_text(&mut self, language: usize, ids: &[u32]) -> Result<usize> {
-        let row = self.pooled_row(language, ids)?;
-        let n = self.layout.num_neurons();
-        self.data.extend_from_slice(&row[..n]);
-        for (s, v) in self.hidden_sums[language].iter_mut().zip(&row[n..]) {
-            *s += f64::from(*v);
-        }
-        self.labels.push(language);
-        let used = ids.len().min(self.options.max_tokens);
-        self.tokens[language] += used;
-        Ok(used)
+        self.add_texts(&[(language, ids)])
     }
 
-    /// One capture pass: `[neurons + L*d]` (pooled neurons, then each
-    /// layer's token-mean FFN input).
-    fn pooled_row(&self, language: usize, ids: &[u32]) -> Result<Vec<f32>> {
-        if language >= self.languages.len() {
-            return Err(StudioError::Invalid(format!(
-                "language index {language} out of range ({} languages)",
-                self.languages.len()
-            )));
+    /// [`NeuronCollector::add_text`] for several texts in one right-padded
+    /// forward pass (pooling runs over each text's own tokens, so the rows
+    /// equal one-by-one rows up to float summation order); rows are appended
+    /// in the given order. Returns the number of tokens used.
+    ///
+    /// # Errors
+    /// As [`NeuronCollector::add_text`], for any of the texts (then none is
+    /// added).
+    pub fn add_texts(&mut self, texts: &[(usize, &[u32])]) -> Result<usize> {
+        if texts.is_empty() {
+            return Ok(0);
         }
-        if ids.is_empty() {
-            return Err(StudioError::Invalid(format!(
-                "an empty text (0 tokens) for language `{}`",
-                self.languages[language]
-            )));
+        let rows = self.pooled_rows(texts)?;
+        let n = self.layout.num_neurons();
+        let width = rows.len() / texts.len();
+        let mut used_total = 0;
+        for (&(language, ids), row) in texts.iter().zip(rows.chunks(width)) {
+            self.data.extend_from_slice(&row[..n]);
+            for (s, v) in self.hidden_sums[language].iter_mut().zip(&row[n..]) {
+                *s += f64::from(*v);
+            }
+            self.labels.push(language);
+            let used = ids.len().min(self.options.max_tokens);
+            self.tokens[language] += used;
+            used_total += used;
         }
-        let ids = &ids[..ids.len().min(self.options.max_tokens)];
-        let s = ids.len();
-        let t = Tensor::<B, 2, Int>::from_data(
-            TensorData::new(ids.iter().map(|&x| i64::from(x)).collect::<Vec<_>>(), [1, s]),
-            &self.device,
-        );
+        Ok(used_total)
+    }
+
+    /// One capture pass over `texts`: `[texts, neurons + L*d]` row-major
+    /// (pooled neurons, then each layer's token-mean FFN input).
+    fn pooled_rows(&self, texts: &[(usize, &[u32])]) -> Result<Vec<f32>> {
+        for &(language, ids) in texts {
+            if language >= self.languages.len() {
+                return Err(StudioError::Invalid(format!(
+                    "language index {language} out of range ({} languages)",
+                    self.languages.len()
+                )));
+            }
+            if ids.is_empty() {
+                return Err(StudioError::Invalid(format!(
+                    "an empty text (0 tokens) for language `{}`",
+                    self.languages[language]
+                )));
+            }
+        }
+        let cut: Vec<&[u32]> = texts.iter().map(|(_, ids)| &ids[..ids.len().min(self.options.max_tokens)]).collect();
+        let (t, padding) = Padding::pad_tensor::<B>(&cut, 0, &self.device)?;
         let opts = ForwardOptions {
             capture_neurons: Some(self.options.pooling),
             capture_ffn_inputs: true,
             ..Default::default()
         };
         let mut trace = Trace::default();
-        let _ = self.model.forward_hidden_with(t, None, opts, Some(&mut trace));
+        let _ = self.model.forward_hidden_masked(t, Some(&padding), None, opts, Some(&mut trace));
         if trace.neurons.len() != self.layout.num_layers() || trace.ffn_inputs.len() != self.layout.num_layers() {
             return Err(StudioError::Invalid(format!(
                 "the capture returned {} layers of neurons for a {}-layer model",
@@ -341,7 +359,7 @@ impl<'a, B: Backend> NeuronCollector<'a, B> {
                 self.layout.num_layers()
             )));
         }
-        let d = self.model.config.hidden_size;
+        let (b, d) = (padding.batch(), self.model.config.hidden_size);
         let mut parts: Vec<Tensor<B, 2>> = Vec::with_capacity(8 * self.layout.num_layers());
         for (l, (layer, comps)) in trace.neurons.into_iter().zip(&self.layout.layers).enumerate() {
             let names: Vec<&str> = layer.iter().map(|(n, _)| *n).collect();
@@ -351,11 +369,15 @@ impl<'a, B: Backend> NeuronCollector<'a, B> {
             }
             parts.extend(layer.into_iter().map(|(_, t)| t));
         }
+        // Token means of the FFN inputs over each text's real positions.
+        let keep = padding.position_weights::<B>(&self.device);
+        let lengths: Vec<f32> = padding.lengths().iter().map(|&l| l as f32).collect();
+        let lengths = Tensor::<B, 2>::from_data(TensorData::new(lengths, [b, 1]), &self.device);
         for x in trace.ffn_inputs {
-            parts.push(x.mean_dim(1).reshape([1, d]));
+            parts.push((x * keep.clone()).sum_dim(1).reshape([b, d]) / lengths.clone());
         }
-        let row = Tensor::cat(parts, 1).into_data().convert::<f32>();
-        row.to_vec::<f32>().map_err(|e| StudioError::Invalid(format!("reading pooled activations: {e:?}")))
+        let rows = Tensor::cat(parts, 1).into_data().convert::<f32>();
+        rows.to_vec::<f32>().map_err(|e| StudioError::Invalid(format!("reading pooled activations: {e:?}")))
     }
 
     /// Runs one text through a plain forward pass (no capture) with the same

@@ -8,14 +8,14 @@
 //! (as if the router were an oracle) and the FFN input of each token (what
 //! the router sees) is accumulated into that layer's [`RidgeStats`].
 
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn::tensor::backend::Backend;
 use serde::{Deserialize, Serialize};
 
 use super::ridge::{RidgeStats, RouterWeights};
 use crate::config::MoeConfig;
 use crate::error::{Result, StudioError};
 use crate::model::linear::linear_from_hf;
-use crate::model::{ForwardOptions, Mlp, Routing, Trace, Transformer};
+use crate::model::{ForwardOptions, Mlp, Padding, Routing, Trace, Transformer};
 
 /// Options of the ridge router.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -47,13 +47,39 @@ pub fn pack_sequences(ids: &[u32], context: usize) -> Vec<Vec<u32>> {
     ids.chunks(context.max(2)).filter(|c| c.len() >= 2).map(|c| c.to_vec()).collect()
 }
 
-fn forward_trace<B: Backend>(model: &Transformer<B>, seq: &[u32], opts: ForwardOptions) -> Trace<B> {
+/// Sequences per right-padded forward pass when collecting statistics and
+/// measuring routing accuracy.
+pub const SEQUENCES_PER_PASS: usize = 4;
+
+/// The prefixes of `sequences` that fit in `max_tokens` tokens in total
+/// (the last one cut short), skipping empty ones.
+fn within_budget(sequences: &[Vec<u32>], max_tokens: usize) -> Vec<&[u32]> {
+    let mut out = Vec::new();
+    let mut used = 0usize;
+    for seq in sequences {
+        if used >= max_tokens {
+            break;
+        }
+        let take = seq.len().min(max_tokens - used);
+        if take > 0 {
+            out.push(&seq[..take]);
+            used += take;
+        }
+    }
+    out
+}
+
+/// One right-padded forward pass over `seqs` with a trace.
+fn forward_trace<B: Backend>(
+    model: &Transformer<B>,
+    seqs: &[&[u32]],
+    opts: ForwardOptions,
+) -> Result<(Trace<B>, Padding)> {
     let device = model.embed_tokens.weight.val().device();
-    let ids: Vec<i64> = seq.iter().map(|&x| x as i64).collect();
-    let t = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, seq.len()]), &device);
+    let (t, padding) = Padding::pad_tensor::<B>(seqs, 0, &device)?;
     let mut trace = Trace::default();
-    let _ = model.forward_hidden_with(t, None, opts, Some(&mut trace));
-    trace
+    let _ = model.forward_hidden_masked(t, Some(&padding), None, opts, Some(&mut trace));
+    Ok((trace, padding))
 }
 
 /// Empty statistics for every MoE layer of `model` (`None` for dense
@@ -70,27 +96,35 @@ pub fn empty_stats<B: Backend>(model: &Transformer<B>, bias: bool) -> Vec<Option
         .collect()
 }
 
-/// The FFN inputs (what the router sees) of one sequence with every MoE
-/// layer forced to expert `domain`: per layer `l` with `want[l]`, the
-/// `[tokens, d]` row-major values; `None` for the others. These are the
-/// rows [`collect_stats`] accumulates (and the browser's WebGPU Gram
-/// kernel takes).
+/// The FFN inputs (what the router sees) of `seqs` (one right-padded
+/// forward pass) with every MoE layer forced to expert `domain`: per layer
+/// `l` with `want[l]`, the `[tokens, d]` row-major values of the real
+/// tokens (padding rows dropped, sequences one after the other); `None`
+/// for the others. These are the rows [`collect_stats`] accumulates (and
+/// the browser's WebGPU Gram kernel takes).
+///
+/// # Errors
+/// [`StudioError::Invalid`] when `seqs` is empty or holds an empty sequence.
 pub fn forced_ffn_inputs<B: Backend>(
     model: &Transformer<B>,
     domain: usize,
-    seq: &[u32],
+    seqs: &[&[u32]],
     want: &[bool],
-) -> Vec<Option<Vec<f32>>> {
+) -> Result<(Vec<Option<Vec<f32>>>, usize)> {
     let opts = ForwardOptions { routing: Routing::Forced(domain), capture_ffn_inputs: true, ..Default::default() };
-    let trace = forward_trace(model, seq, opts);
-    trace
+    let (trace, padding) = forward_trace(model, seqs, opts)?;
+    let rows = trace
         .ffn_inputs
         .into_iter()
         .enumerate()
         .map(|(l, x)| {
-            want.get(l).copied().unwrap_or(false).then(|| x.into_data().convert::<f32>().to_vec().expect("f32"))
+            want.get(l)
+                .copied()
+                .unwrap_or(false)
+                .then(|| padding.select_valid(x).into_data().convert::<f32>().to_vec().expect("f32"))
         })
-        .collect()
+        .collect();
+    Ok((rows, padding.num_valid()))
 }
 
 /// Accumulates the statistics of domain `domain` (= expert index) from
@@ -119,20 +153,14 @@ pub fn collect_stats<B: Backend>(
     }
     let moe: Vec<bool> = stats.iter().map(Option::is_some).collect();
     let mut used = 0usize;
-    for seq in sequences {
-        if used >= max_tokens {
-            break;
-        }
-        let take = seq.len().min(max_tokens - used);
-        if take == 0 {
-            continue;
-        }
-        for (l, x) in forced_ffn_inputs(model, domain, &seq[..take], &moe).into_iter().enumerate() {
+    for group in within_budget(sequences, max_tokens).chunks(SEQUENCES_PER_PASS) {
+        let (rows, valid) = forced_ffn_inputs(model, domain, group, &moe)?;
+        for (l, x) in rows.into_iter().enumerate() {
             if let (Some(s), Some(x)) = (stats[l].as_mut(), x) {
                 s.accumulate(&x, domain)?;
             }
         }
-        used += take;
+        used += valid;
     }
     if used == 0 {
         return Err(StudioError::Invalid(format!("domain {domain}: no tokens to collect statistics from")));
@@ -179,19 +207,16 @@ pub fn routing_accuracy<B: Backend>(
     let n_layers = model.layers.len();
     let mut hits = vec![0usize; n_layers];
     let mut total = 0usize;
-    for seq in sequences {
-        if total >= max_tokens {
-            break;
-        }
-        let take = seq.len().min(max_tokens - total);
-        let trace = forward_trace(model, &seq[..take], ForwardOptions::default());
+    for group in within_budget(sequences, max_tokens).chunks(SEQUENCES_PER_PASS) {
+        let Ok((trace, padding)) = forward_trace(model, group, ForwardOptions::default()) else { continue };
         for (l, r) in trace.routing.iter().enumerate() {
             if let Some(r) = r {
-                // chosen[t*k] is the top-1 (largest logit) expert.
-                hits[l] += (0..take).filter(|&t| r.chosen[t * r.top_k] as usize == domain).count();
+                // One entry per real token; chosen[t*k] is the top-1
+                // (largest logit) expert.
+                hits[l] += (0..padding.num_valid()).filter(|&t| r.chosen[t * r.top_k] as usize == domain).count();
             }
         }
-        total += take;
+        total += padding.num_valid();
     }
     model
         .layers

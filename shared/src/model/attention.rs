@@ -1,12 +1,23 @@
 //! Grouped-query causal self-attention with RoPE and an optional KV cache.
 //!
 //! Source: Ainslie et al., "GQA" (2023); transformers `LlamaAttention`.
+//! The score/softmax/value product is Burn's fused
+//! [`burn::tensor::module::attention`] with `is_causal`: the CPU backend
+//! (burn-flex) runs it as one kernel (two gemm calls per head for short
+//! sequences, tiled flash attention with an online softmax beyond 256K
+//! scores per head), other backends and autodiff as their own fused
+//! kernel or Burn's reference composition (matmul, mask, softmax, matmul).
+//! The causal boundary is aligned bottom-right, so with a KV cache the new
+//! query `i` (absolute position `cached + i`) sees keys `0..=cached + i`.
 
 use burn::module::Module;
 use burn::nn::Linear;
-use burn::tensor::{activation::softmax, backend::Backend, Tensor, TensorData};
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{backend::Backend, Tensor};
 
-use super::rope::Rope;
+use super::linear::forward_rows;
+use super::rope::{Rope, RopeTables};
 
 /// Multi-head attention where `num_heads` query heads share
 /// `num_kv_heads` key/value heads.
@@ -28,35 +39,19 @@ pub struct Attention<B: Backend> {
     pub head_dim: usize,
 }
 
-/// Additive causal mask `[1, 1, s, total]`: 0 where query `i` (absolute
-/// position `offset + i`) may see key `j`, a large negative number
-/// elsewhere.
-pub fn causal_mask<B: Backend>(s: usize, offset: usize, device: &B::Device) -> Tensor<B, 4> {
-    let total = offset + s;
-    let mut m = vec![0f32; s * total];
-    for i in 0..s {
-        for j in (offset + i + 1)..total {
-            m[i * total + j] = f32::NEG_INFINITY;
-        }
-    }
-    Tensor::from_data(TensorData::new(m, [1, 1, s, total]), device)
-}
-
 impl<B: Backend> Attention<B> {
-    /// `x: [batch, seq, d]` -> `[batch, seq, d]`.
+    /// `x: [batch, seq, d]` -> `[batch, seq, d]`, causal.
     ///
-    /// `cos`/`sin` are RoPE tables for the new positions (`[seq, head_dim]`),
-    /// `mask` the additive causal mask `[1, 1, seq, cached + seq]`; with a
-    /// cache, keys/values are appended to layer `layer` of it.
+    /// `rope` holds the RoPE tables of the new positions
+    /// ([`Rope::tables`]); with a cache, keys/values are appended to layer
+    /// `layer` of it and the queries attend to every cached position.
     pub fn forward(
         &self,
         x: Tensor<B, 3>,
-        cos: &Tensor<B, 2>,
-        sin: &Tensor<B, 2>,
-        mask: &Tensor<B, 4>,
+        rope: &RopeTables<B>,
         cache: Option<(&mut super::KvCache<B>, usize)>,
     ) -> Tensor<B, 3> {
-        self.forward_capture(x, cos, sin, mask, cache, None)
+        self.forward_capture(x, rope, cache, None)
     }
 
     /// [`Attention::forward`] that also hands the projection outputs
@@ -65,27 +60,23 @@ impl<B: Backend> Attention<B> {
     pub fn forward_capture(
         &self,
         x: Tensor<B, 3>,
-        cos: &Tensor<B, 2>,
-        sin: &Tensor<B, 2>,
-        mask: &Tensor<B, 4>,
+        rope: &RopeTables<B>,
         cache: Option<(&mut super::KvCache<B>, usize)>,
         mut capture: Option<&mut dyn FnMut(&'static str, Tensor<B, 3>)>,
     ) -> Tensor<B, 3> {
         let [b, s, _] = x.dims();
         let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = self.q_proj.forward(x.clone());
-        let k = self.k_proj.forward(x.clone());
-        let v = self.v_proj.forward(x);
+        let q = forward_rows(&self.q_proj, x.clone());
+        let k = forward_rows(&self.k_proj, x.clone());
+        let v = forward_rows(&self.v_proj, x);
         if let Some(c) = capture.as_mut() {
             c("q_proj", q.clone());
             c("k_proj", k.clone());
             c("v_proj", v.clone());
         }
-        let q = q.reshape([b, s, h, hd]).swap_dims(1, 2);
-        let k = k.reshape([b, s, kvh, hd]).swap_dims(1, 2);
+        let q = Rope::apply(q.reshape([b, s, h, hd]).swap_dims(1, 2), rope);
+        let k = Rope::apply(k.reshape([b, s, kvh, hd]).swap_dims(1, 2), rope);
         let v = v.reshape([b, s, kvh, hd]).swap_dims(1, 2);
-        let q = Rope::apply(q, cos, sin);
-        let k = Rope::apply(k, cos, sin);
         let (k, v) = match cache {
             Some((c, layer)) => c.append(layer, k, v),
             None => (k, v),
@@ -100,11 +91,9 @@ impl<B: Backend> Attention<B> {
         } else {
             (k, v)
         };
-        let scale = 1.0 / (hd as f64).sqrt();
-        let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale) + mask.clone();
-        let probs = softmax(scores, 3);
-        let out = probs.matmul(v).swap_dims(1, 2).reshape([b, s, h * hd]);
-        let out = self.o_proj.forward(out);
+        let opts = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
+        let out = attention(q, k, v, None, None, opts).swap_dims(1, 2).reshape([b, s, h * hd]);
+        let out = forward_rows(&self.o_proj, out);
         if let Some(c) = capture.as_mut() {
             c("o_proj", out.clone());
         }

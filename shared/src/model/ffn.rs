@@ -7,6 +7,8 @@ use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::{activation::silu, backend::Backend, Tensor};
 
+use super::linear::forward_rows;
+
 /// A SwiGLU FFN with `gate_proj`, `up_proj` (`d -> f`) and `down_proj`
 /// (`f -> d`), no biases.
 #[derive(Module, Debug)]
@@ -20,10 +22,11 @@ pub struct SwiGlu<B: Backend> {
 }
 
 impl<B: Backend> SwiGlu<B> {
-    /// `x: [..., d] -> [..., d]`.
+    /// `x: [..., d] -> [..., d]` (each projection one 2-D product over
+    /// all leading positions, [`forward_rows`]).
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let g = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(g * self.up_proj.forward(x))
+        let g = silu(forward_rows(&self.gate_proj, x.clone()));
+        forward_rows(&self.down_proj, g * forward_rows(&self.up_proj, x))
     }
 
     /// [`SwiGlu::forward`] that also hands `gate_proj`, `up_proj` and
@@ -33,11 +36,11 @@ impl<B: Backend> SwiGlu<B> {
         x: Tensor<B, D>,
         capture: &mut dyn FnMut(&'static str, Tensor<B, D>),
     ) -> Tensor<B, D> {
-        let g = self.gate_proj.forward(x.clone());
-        let u = self.up_proj.forward(x);
+        let g = forward_rows(&self.gate_proj, x.clone());
+        let u = forward_rows(&self.up_proj, x);
         capture("gate_proj", g.clone());
         capture("up_proj", u.clone());
-        let out = self.down_proj.forward(silu(g) * u);
+        let out = forward_rows(&self.down_proj, silu(g) * u);
         capture("down_proj", out.clone());
         out
     }
@@ -45,6 +48,6 @@ impl<B: Backend> SwiGlu<B> {
     /// The FFN's hidden activations `silu(gate(x)) * up(x)`, `[..., f]`
     /// (the input of `down_proj`).
     pub fn hidden<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        silu(self.gate_proj.forward(x.clone())) * self.up_proj.forward(x)
+        silu(forward_rows(&self.gate_proj, x.clone())) * forward_rows(&self.up_proj, x)
     }
 }

@@ -43,3 +43,22 @@ pub fn linear_to_hf<B: Backend>(linear: &Linear<B>) -> (Vec<f32>, [usize; 2], Op
     let bias = linear.bias.as_ref().map(|b| b.val().into_data().convert::<f32>().to_vec().expect("f32 data"));
     (data, [out_features, in_features], bias)
 }
+
+/// `linear.forward(x)` for `x: [..., in]` run as one `[rows, in] x [in, out]`
+/// matrix product (`rows` = the product of the leading dimensions), then
+/// reshaped back to `[..., out]`.
+///
+/// Burn's `Linear` broadcasts its weight over the leading dimensions as a
+/// batched product, whose backward forms one `[in, out]` weight gradient per
+/// batch entry and then sums them; one 2-D product gives the same values
+/// with a single gradient and one large, better-threaded gemm call.
+pub fn forward_rows<B: Backend, const D: usize>(linear: &Linear<B>, x: Tensor<B, D>) -> Tensor<B, D> {
+    if D <= 2 {
+        return linear.forward(x);
+    }
+    let mut dims = x.dims();
+    let rows: usize = dims[..D - 1].iter().product();
+    let y = linear.forward(x.reshape([rows, dims[D - 1]]));
+    dims[D - 1] = y.dims()[1];
+    y.reshape(dims)
+}

@@ -1,6 +1,7 @@
 //! The decoder-only transformer in Burn, generic over the backend:
 //! token embedding, RMSNorm, RoPE, grouped-query attention (optional q/k/v
-//! bias), SwiGLU FFN, tied or untied LM head and a KV cache.
+//! bias), SwiGLU FFN, tied or untied LM head, a KV cache and right padding
+//! for batches of texts of different lengths.
 //!
 //! Layout follows Hugging Face's `LlamaForCausalLM` / `Qwen2ForCausalLM`
 //! (transformers `modeling_llama.py`), so tensor names map one to one.
@@ -11,6 +12,7 @@ pub mod ffn;
 pub mod linear;
 pub mod load;
 pub mod moe;
+pub mod padding;
 pub mod rope;
 pub mod save;
 pub mod transformer;
@@ -20,7 +22,8 @@ pub use cache::KvCache;
 pub use ffn::SwiGlu;
 pub use load::{load_model, load_transformer};
 pub use moe::{MoeLayer, Routing, RoutingTrace};
-pub use rope::Rope;
+pub use padding::Padding;
+pub use rope::{Rope, RopeTables};
 #[cfg(not(target_arch = "wasm32"))]
 pub use save::save_model;
 pub use transformer::{DecoderBlock, ForwardOptions, LayerNeurons, Mlp, Pooling, Trace, Transformer};

@@ -244,26 +244,62 @@ impl<B: Backend> MoeLayer<B> {
         let chosen = top_k_lowest_index_first(self.selection_scores(&logits), k);
         let idx_data: Vec<i64> = chosen.iter().map(|&e| i64::from(e)).collect();
         let idx = Tensor::<B, 2, Int>::from_data(TensorData::new(idx_data, [n, k]), &device);
+        // Weights gathered from the logits, so gradients reach the router.
         let weights = routing_weights(logits.clone(), idx, self.norm_topk_prob);
-        let mut slots: Vec<Vec<i64>> = vec![Vec::new(); e_count];
-        for (slot, &e) in chosen.iter().enumerate() {
-            slots[e as usize].push(slot as i64);
-        }
-        let counts: Vec<usize> = slots.iter().map(|v| v.len()).collect();
-        let mut out = Tensor::<B, 2>::zeros([n, d], &device);
-        for (e, expert_slots) in slots.into_iter().enumerate() {
-            let m = expert_slots.len();
-            if m == 0 {
-                continue;
+        let plan = DispatchPlan::new(&chosen, k, e_count);
+        // Sort the routed slots by expert once (one gather of the inputs and
+        // one of the weights, one upload of two index vectors), run each
+        // expert on its contiguous block, and scatter-add all results back
+        // in one pass.
+        let slots = Tensor::<B, 1, Int>::from_data(TensorData::new(plan.slots, [n * k]), &device);
+        let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(plan.rows, [n * k]), &device);
+        let xs = flat.select(0, rows.clone());
+        let ws = weights.select(0, slots).reshape([n * k, 1]);
+        let mut ys = Vec::with_capacity(e_count);
+        let mut offset = 0;
+        for (e, &m) in plan.counts.iter().enumerate() {
+            if m > 0 {
+                ys.push(self.experts[e].forward(xs.clone().narrow(0, offset, m)));
+                offset += m;
             }
-            let rows: Vec<i64> = expert_slots.iter().map(|&slot| slot / k as i64).collect();
-            let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [m]), &device);
-            let slot_idx = Tensor::<B, 1, Int>::from_data(TensorData::new(expert_slots, [m]), &device);
-            let w = weights.clone().select(0, slot_idx).reshape([m, 1]);
-            let y = self.experts[e].forward(flat.clone().select(0, rows.clone())) * w;
-            out = out.select_assign(0, rows, y, IndexingUpdateOp::Add);
         }
-        (out, RoutingTrace { logits, chosen, counts, top_k: k })
+        let y = Tensor::cat(ys, 0) * ws;
+        let out = Tensor::<B, 2>::zeros([n, d], &device).select_assign(0, rows, y, IndexingUpdateOp::Add);
+        (out, RoutingTrace { logits, chosen, counts: plan.counts, top_k: k })
+    }
+}
+
+/// Routed slots grouped by expert (a counting sort of the chosen experts).
+struct DispatchPlan {
+    /// Slot indices `t * k + j` ordered by expert, stable within an expert.
+    slots: Vec<i64>,
+    /// The token row of each entry of `slots` (`slot / k`).
+    rows: Vec<i64>,
+    /// Slots per expert.
+    counts: Vec<usize>,
+}
+
+impl DispatchPlan {
+    fn new(chosen: &[u32], k: usize, num_experts: usize) -> Self {
+        let mut counts = vec![0usize; num_experts];
+        for &e in chosen {
+            counts[e as usize] += 1;
+        }
+        let mut next: Vec<usize> = counts
+            .iter()
+            .scan(0usize, |acc, &c| {
+                let start = *acc;
+                *acc += c;
+                Some(start)
+            })
+            .collect();
+        let mut slots = vec![0i64; chosen.len()];
+        for (slot, &e) in chosen.iter().enumerate() {
+            slots[next[e as usize]] = slot as i64;
+            next[e as usize] += 1;
+        }
+        let rows = slots.iter().map(|&s| s / k as i64).collect();
+        DispatchPlan { slots, rows, counts }
     }
 }
 
@@ -271,9 +307,9 @@ impl<B: Backend> MoeLayer<B> {
 mod tests {
     use super::*;
     use crate::model::linear::linear_from_hf;
-    use burn::backend::NdArray;
+    use crate::CpuBackend;
 
-    type B = NdArray<f32>;
+    type B = CpuBackend;
 
     fn ffn(seed: f32, d: usize, f: usize) -> SwiGlu<B> {
         let dev = Default::default();

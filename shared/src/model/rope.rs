@@ -45,10 +45,10 @@ impl Rope {
         Rope { inv_freq, head_dim: hd }
     }
 
-    /// `cos` and `sin` tables for positions `start..start+len`, each
-    /// `[len, head_dim]` (the half-size table repeated twice).
-    pub fn tables<B: Backend>(&self, start: usize, len: usize, device: &B::Device) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    /// Tables for positions `start..start+len` (see [`RopeTables`]).
+    pub fn tables<B: Backend>(&self, start: usize, len: usize, device: &B::Device) -> RopeTables<B> {
         let hd = self.head_dim;
+        let half = hd / 2;
         let mut cos = Vec::with_capacity(len * hd);
         let mut sin = Vec::with_capacity(len * hd);
         for p in start..start + len {
@@ -56,26 +56,48 @@ impl Rope {
             let row: Vec<f32> = self.inv_freq.iter().map(|f| (p as f32) * (*f as f32)).collect();
             for _ in 0..2 {
                 cos.extend(row.iter().map(|a| a.cos()));
-                sin.extend(row.iter().map(|a| a.sin()));
             }
+            // rotate_half(x) = [-x2, x1], so rotate_half(x) * sin =
+            // [x2, x1] * [-sin, sin]: the sign lives in the table.
+            sin.extend(row.iter().map(|a| -a.sin()));
+            sin.extend(row.iter().map(|a| a.sin()));
         }
-        (
-            Tensor::from_data(TensorData::new(cos, [len, hd]), device),
-            Tensor::from_data(TensorData::new(sin, [len, hd]), device),
-        )
+        debug_assert_eq!(cos.len(), len * 2 * half);
+        RopeTables {
+            cos: Tensor::from_data(TensorData::new(cos, [1, len * hd]), device),
+            sin: Tensor::from_data(TensorData::new(sin, [1, len * hd]), device),
+            len,
+        }
     }
 
     /// Applies RoPE to `x` of shape `[batch, heads, seq, head_dim]` with
-    /// tables from [`Rope::tables`] (`[seq, head_dim]`).
-    pub fn apply<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 2>, sin: &Tensor<B, 2>) -> Tensor<B, 4> {
+    /// tables from [`Rope::tables`] (`seq` positions): transformers'
+    /// `q * cos + rotate_half(q) * sin`. Returns a contiguous tensor.
+    ///
+    /// The work runs on `[batch * heads, seq * head_dim]` rows, so both
+    /// products broadcast one shared row over all rows (the backends' fast
+    /// path) instead of a strided `[1, 1, seq, head_dim]` broadcast.
+    pub fn apply<B: Backend>(x: Tensor<B, 4>, t: &RopeTables<B>) -> Tensor<B, 4> {
         let [b, h, s, hd] = x.dims();
+        assert_eq!(s, t.len, "RoPE tables for {} positions, input has {s}", t.len);
         let half = hd / 2;
-        let x1 = x.clone().narrow(3, 0, half);
-        let x2 = x.clone().narrow(3, half, half);
-        let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-        let cos = cos.clone().reshape([1, 1, s, hd]);
-        let sin = sin.clone().reshape([1, 1, s, hd]);
-        let _ = (b, h);
-        x * cos + rotated * sin
+        let rows = x.reshape([b * h * s, 2, half]);
+        let swapped = Tensor::cat(vec![rows.clone().narrow(1, 1, 1), rows.clone().narrow(1, 0, 1)], 1);
+        let x = rows.reshape([b * h, s * hd]);
+        let swapped = swapped.reshape([b * h, s * hd]);
+        (x * t.cos.clone() + swapped * t.sin.clone()).reshape([b, h, s, hd])
     }
+}
+
+/// RoPE tables for `len` consecutive positions, each `[1, len * head_dim]`
+/// (position-major): `cos` is the half-size table repeated twice per
+/// position, `sin` is `[-sin, sin]` (rotate_half's sign folded in).
+#[derive(Debug, Clone)]
+pub struct RopeTables<B: Backend> {
+    /// `cos(p * inv_freq)`, twice per position.
+    pub cos: Tensor<B, 2>,
+    /// `[-sin(p * inv_freq), sin(p * inv_freq)]` per position.
+    pub sin: Tensor<B, 2>,
+    /// Number of positions.
+    pub len: usize,
 }

@@ -6,9 +6,9 @@ use burn::module::Module;
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::{backend::Backend, Int, Tensor};
 
-use super::attention::{causal_mask, Attention};
+use super::attention::Attention;
 use super::moe::{MoeLayer, Routing, RoutingTrace};
-use super::{KvCache, Rope, SwiGlu};
+use super::{KvCache, Padding, Rope, SwiGlu};
 use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
 
 /// A block's FFN: dense SwiGLU or an MoE layer.
@@ -68,11 +68,15 @@ pub struct ForwardOptions {
 /// Per-layer records of a forward pass.
 #[derive(Debug, Clone)]
 pub struct Trace<B: Backend> {
-    /// FFN inputs per layer, `[batch, seq, d]` (when captured).
+    /// FFN inputs per layer, `[batch, seq, d]` (when captured). Under
+    /// [`Padding`] the padded rows hold meaningless values: take
+    /// [`Padding::select_valid`].
     pub ffn_inputs: Vec<Tensor<B, 3>>,
-    /// Routing per layer (`None` for dense layers).
+    /// Routing per layer (`None` for dense layers). Under [`Padding`] it
+    /// covers the real tokens only, in [`Padding::valid_rows`] order.
     pub routing: Vec<Option<RoutingTrace<B>>>,
-    /// Pooled neuron activations per layer (when captured).
+    /// Pooled neuron activations per layer (when captured; under
+    /// [`Padding`] pooled over each text's real tokens).
     pub neurons: Vec<LayerNeurons<B>>,
 }
 
@@ -82,11 +86,43 @@ impl<B: Backend> Default for Trace<B> {
     }
 }
 
-fn pool<B: Backend>(x: Tensor<B, 3>, how: Pooling) -> Tensor<B, 2> {
+/// Pools `x: [batch, seq, units]` over positions; with padding, over each
+/// text's real positions only (`keep` = [`PadTensors::keep`]).
+fn pool<B: Backend>(x: Tensor<B, 3>, how: Pooling, pad: Option<&PadTensors<B>>) -> Tensor<B, 2> {
     let [b, _, u] = x.dims();
-    match how {
-        Pooling::Mean => x.mean_dim(1).reshape([b, u]),
-        Pooling::Max => x.max_dim(1).reshape([b, u]),
+    match (how, pad) {
+        (Pooling::Mean, None) => x.mean_dim(1).reshape([b, u]),
+        (Pooling::Max, None) => x.max_dim(1).reshape([b, u]),
+        (Pooling::Mean, Some(p)) => (x * p.keep.clone()).sum_dim(1).reshape([b, u]) / p.lengths.clone(),
+        (Pooling::Max, Some(p)) => {
+            let [_, s, _] = x.dims();
+            x.mask_fill(p.padded.clone().expand([b, s, u]), f32::NEG_INFINITY).max_dim(1).reshape([b, u])
+        }
+    }
+}
+
+/// Device tensors of a [`Padding`] used inside one forward pass.
+struct PadTensors<B: Backend> {
+    /// `[batch, seq, 1]`: 1 at real positions, 0 at padding.
+    keep: Tensor<B, 3>,
+    /// `[batch, seq, 1]`: true at padding.
+    padded: Tensor<B, 3, burn::tensor::Bool>,
+    /// `[batch, 1]`: real tokens per text.
+    lengths: Tensor<B, 2>,
+    /// `[num_valid]`: flat rows of the real tokens.
+    rows: Tensor<B, 1, Int>,
+}
+
+impl<B: Backend> PadTensors<B> {
+    fn new(p: &Padding, device: &B::Device) -> Self {
+        let keep = p.position_weights::<B>(device);
+        let lens: Vec<f32> = p.lengths().iter().map(|&l| l as f32).collect();
+        PadTensors {
+            padded: keep.clone().equal_elem(0.0),
+            keep,
+            lengths: Tensor::from_data(burn::tensor::TensorData::new(lens, [p.batch(), 1]), device),
+            rows: p.valid_rows_tensor::<B>(device),
+        }
     }
 }
 
@@ -122,34 +158,61 @@ impl<B: Backend> Transformer<B> {
     pub fn forward_hidden_with(
         &self,
         tokens: Tensor<B, 2, Int>,
+        cache: Option<&mut KvCache<B>>,
+        opts: ForwardOptions,
+        trace: Option<&mut Trace<B>>,
+    ) -> Tensor<B, 3> {
+        self.forward_hidden_masked(tokens, None, cache, opts, trace)
+    }
+
+    /// [`Transformer::forward_hidden_with`] for a right-padded batch of
+    /// texts of different lengths (`padding`, see [`Padding`] for what is
+    /// excluded): row `b` of the output at positions `< lengths[b]` equals
+    /// the unbatched forward of that text (up to float summation order);
+    /// the padded positions hold meaningless values. `padding: None` (or a
+    /// full one) is the plain forward.
+    ///
+    /// # Panics
+    /// If `padding` does not match `tokens`' `[batch, seq]`, or is combined
+    /// with a KV cache (generation runs one text at a time).
+    pub fn forward_hidden_masked(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        padding: Option<&Padding>,
         mut cache: Option<&mut KvCache<B>>,
         opts: ForwardOptions,
         mut trace: Option<&mut Trace<B>>,
     ) -> Tensor<B, 3> {
         let device = tokens.device();
-        let [_, s] = tokens.dims();
+        let [batch, s] = tokens.dims();
+        let padding = padding.filter(|p| !p.is_full());
+        if let Some(p) = padding {
+            assert_eq!(
+                [p.batch(), p.seq()],
+                [batch, s],
+                "padding of a [{}, {}] batch for tokens {:?}",
+                p.batch(),
+                p.seq(),
+                [batch, s]
+            );
+            assert!(cache.is_none(), "a padded batch cannot extend a KV cache");
+        }
+        let pad = padding.map(|p| PadTensors::<B>::new(p, &device));
         let offset = cache.as_ref().map(|c| c.len()).unwrap_or(0);
-        let (cos, sin) = self.rope.tables::<B>(offset, s, &device);
-        let mask = causal_mask::<B>(s, offset, &device);
+        let rope = self.rope.tables::<B>(offset, s, &device);
         let mut x = self.embed_tokens.forward(tokens);
         for (l, block) in self.layers.iter().enumerate() {
             let c = cache.as_mut().map(|c| (&mut **c, l));
             let mut pooled: LayerNeurons<B> = Vec::new();
             let mut grab = |name: &'static str, t: Tensor<B, 3>| {
                 if let Some(how) = opts.capture_neurons {
-                    pooled.push((name, pool(t, how)));
+                    pooled.push((name, pool(t, how, pad.as_ref())));
                 }
             };
             let attn_capture: Option<&mut dyn FnMut(&'static str, Tensor<B, 3>)> =
                 if opts.capture_neurons.is_some() { Some(&mut grab) } else { None };
-            let attn = block.self_attn.forward_capture(
-                block.input_layernorm.forward(x.clone()),
-                &cos,
-                &sin,
-                &mask,
-                c,
-                attn_capture,
-            );
+            let attn =
+                block.self_attn.forward_capture(block.input_layernorm.forward(x.clone()), &rope, c, attn_capture);
             let h = x + attn;
             let ffn_in = block.post_attention_layernorm.forward(h.clone());
             if let Some(t) = trace.as_mut() {
@@ -169,7 +232,24 @@ impl<B: Backend> Transformer<B> {
                     }
                 }
                 Mlp::Moe(m) => {
-                    let (y, r) = m.forward(ffn_in, opts.routing);
+                    // Under padding only the real tokens are routed (and
+                    // counted); the padded rows of the output stay zero.
+                    let (y, r) = match &pad {
+                        None => m.forward(ffn_in, opts.routing),
+                        Some(p) => {
+                            let d = ffn_in.dims()[2];
+                            let n = p.rows.dims()[0];
+                            let real = ffn_in.reshape([batch * s, d]).select(0, p.rows.clone());
+                            let (y, r) = m.forward(real.reshape([1, n, d]), opts.routing);
+                            let full = Tensor::<B, 2>::zeros([batch * s, d], &device).select_assign(
+                                0,
+                                p.rows.clone(),
+                                y.reshape([n, d]),
+                                burn::tensor::IndexingUpdateOp::Add,
+                            );
+                            (full.reshape([batch, s, d]), r)
+                        }
+                    };
                     if let Some(t) = trace.as_mut() {
                         t.routing.push(Some(r));
                     }
@@ -186,11 +266,17 @@ impl<B: Backend> Transformer<B> {
         self.norm.forward(x)
     }
 
-    /// Applies the LM head: `[batch, seq, d] -> [batch, seq, V]`.
+    /// Applies the LM head: `[batch, seq, d] -> [batch, seq, V]` (one
+    /// `[batch * seq, d] x [d, V]` product; a tied head multiplies by the
+    /// embedding's transpose in place).
     pub fn head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => hidden.matmul(self.embed_tokens.weight.val().transpose().unsqueeze::<3>()),
+            Some(head) => super::linear::forward_rows(head, hidden),
+            None => {
+                let [b, s, d] = hidden.dims();
+                let logits = hidden.reshape([b * s, d]).matmul(self.embed_tokens.weight.val().transpose());
+                logits.reshape([b, s, self.config.vocab_size])
+            }
         }
     }
 

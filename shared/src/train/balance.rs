@@ -88,10 +88,10 @@ mod tests {
     use super::*;
     use crate::model::linear::linear_from_hf;
     use crate::model::{MoeLayer, Routing, SwiGlu};
-    use burn::backend::NdArray;
+    use crate::CpuBackend;
     use burn::tensor::{Tensor, TensorData};
 
-    type B = NdArray<f32>;
+    type B = CpuBackend;
 
     #[test]
     fn the_bias_moves_against_the_load_error() {

@@ -180,9 +180,9 @@ pub fn expert_load<B: Backend>(routing: &[Option<RoutingTrace<B>>]) -> Vec<Optio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::backend::NdArray;
+    use crate::CpuBackend;
 
-    type B = NdArray<f32>;
+    type B = CpuBackend;
 
     fn trace(logits: Vec<f32>, t: usize, e: usize, k: usize) -> RoutingTrace<B> {
         let dev = Default::default();

@@ -5,11 +5,11 @@
 use crate::common;
 use crate::train_util;
 
-use burn::backend::NdArray;
 use moe_shared::eval::{evaluate, perplexity, randomize_routers, PerplexityOptions};
 use moe_shared::model::{load_model, Routing};
+use moe_shared::CpuBackend;
 
-type B = NdArray<f32>;
+type B = CpuBackend;
 
 #[test]
 fn evaluate_matches_perplexity_and_reports_load() {
@@ -18,7 +18,7 @@ fn evaluate_matches_perplexity_and_reports_load() {
     let tok = dense.tokenizer.clone().unwrap();
     let text: String = std::fs::read_to_string(path).unwrap().lines().take(40).collect::<Vec<_>>().join("\n");
     let ids = tok.encode(&text, true).unwrap();
-    let opts = PerplexityOptions { window: 128, stride: 64, max_tokens: Some(500) };
+    let opts = PerplexityOptions { window: 128, stride: 64, max_tokens: Some(500), ..Default::default() };
     let device = Default::default();
     let model = load_model::<B>(&dense, &device).unwrap();
     let want = perplexity(&model, &ids, opts, &device, |_, _| {}).unwrap();

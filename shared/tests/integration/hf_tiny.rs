@@ -11,13 +11,13 @@
 //! (transformers float32, eager attention, weights read back from the saved
 //! files so the bf16/f16 rounding is included) and are committed.
 
-use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::{open_model, DType, LoadedModel, ModelFormat};
 use moe_shared::config::{Architecture, RopeScaling};
 use moe_shared::model::{load_model, Transformer};
+use moe_shared::CpuBackend;
 
-type B = NdArray<f32>;
+type B = CpuBackend;
 
 const TOL: f32 = 1e-4;
 

@@ -18,6 +18,7 @@ mod merge;
 mod moerge;
 mod neuron_ties;
 mod neurons;
+mod padding;
 mod route;
 mod save;
 mod smollm2;

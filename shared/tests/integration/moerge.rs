@@ -8,7 +8,6 @@ use crate::common;
 
 use std::path::Path;
 
-use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::export::{dense_tensor_plan, export_dense};
 use moe_shared::checkpoint::{open_model, DType, LoadedModel, TensorInfo, TensorSource, WriteOptions};
@@ -17,8 +16,9 @@ use moe_shared::layout::names::{expert_weight_name, router_weight_name, Proj};
 use moe_shared::methods::{moerge, plan_moerge, weighted_means, MoergeInput, MoergeOptions};
 use moe_shared::model::load_model;
 use moe_shared::tokenizer::Tokenizer;
+use moe_shared::CpuBackend;
 
-type B = NdArray<f32>;
+type B = CpuBackend;
 
 fn logits(m: &LoadedModel, ids: &[u32]) -> Vec<f32> {
     let device = Default::default();

@@ -15,13 +15,13 @@
 
 use crate::common;
 
-use burn::backend::NdArray;
 use moe_shared::methods::neurons::{
     analyze, average_precision_table, AnalysisOptions, CollectOptions, ComponentUnits, LayerCounts, NeuronCollector,
     NeuronLayout, NeuronReport, PooledActivations, WarningKind,
 };
+use moe_shared::CpuBackend;
 
-type B = NdArray<f32>;
+type B = CpuBackend;
 
 struct Lcg(u64);
 

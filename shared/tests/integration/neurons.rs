@@ -11,7 +11,6 @@
 
 use crate::common;
 
-use burn::backend::NdArray;
 use moe_shared::checkpoint::{DType, TensorInfo, TensorSource};
 use moe_shared::config::{Architecture, ModelConfig, RopeScaling};
 use moe_shared::methods::allocate::{compare_allocations, neuronmoe_allocation, AllocationMethod, ExpertRange};
@@ -21,8 +20,9 @@ use moe_shared::methods::neurons::{
 };
 use moe_shared::methods::AllocationFile;
 use moe_shared::model::{load_transformer, Pooling, Transformer};
+use moe_shared::CpuBackend;
 
-type B = NdArray<f32>;
+type B = CpuBackend;
 
 /// Largest |ours − scikit-learn| allowed: both sum the same terms in f64,
 /// in a different order.

@@ -4,7 +4,6 @@
 
 use crate::common;
 
-use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::{open_model, WriteOptions};
 use moe_shared::methods::moerge::{moerge, MoergeInput, MoergeOptions};
@@ -15,8 +14,9 @@ use moe_shared::methods::route::{
 };
 use moe_shared::model::{load_model, ForwardOptions, Routing, Trace, Transformer};
 use moe_shared::tokenizer::Tokenizer;
+use moe_shared::CpuBackend;
 
-type B = NdArray<f32>;
+type B = CpuBackend;
 
 fn text_ids(tok: &Tokenizer, rel: &str, chars: usize) -> Option<Vec<u32>> {
     let p = common::data_file(rel)?;

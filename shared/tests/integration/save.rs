@@ -3,13 +3,13 @@
 
 use crate::common;
 
-use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::{open_model, DType};
 use moe_shared::layout::LayoutRequest;
 use moe_shared::model::{load_model, save_model, Mlp, Transformer};
+use moe_shared::CpuBackend;
 
-type B = NdArray<f32>;
+type B = CpuBackend;
 
 fn logits(m: &Transformer<B>) -> Vec<f32> {
     let ids: Vec<i64> = vec![1, 403, 407, 261, 378, 275, 300, 30, 280, 91, 7];

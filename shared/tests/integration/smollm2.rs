@@ -4,15 +4,15 @@
 
 use crate::common;
 
-use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::export::export_dense;
 use moe_shared::checkpoint::{open_model, LoadedModel, ModelFormat, WriteOptions};
 use moe_shared::eval::{perplexity, PerplexityOptions};
 use moe_shared::generate::{generate, Sampling};
 use moe_shared::model::{load_model, Transformer};
+use moe_shared::CpuBackend;
 
-type B = NdArray<f32>;
+type B = CpuBackend;
 
 const PROMPT: &str = "The capital of France is Paris. The capital of Germany is";
 
@@ -118,6 +118,7 @@ fn perplexity_matches_transformers_within_half_a_percent() {
             window: r["window"].as_u64().unwrap() as usize,
             stride: r["stride"].as_u64().unwrap() as usize,
             max_tokens: Some(1024),
+            ..Default::default()
         };
         let ours = perplexity(&model, &ids, opts, &device, |_, _| {}).unwrap();
         let theirs = r["ppl"].as_f64().unwrap();

@@ -3,12 +3,12 @@
 
 use crate::common;
 
-use burn::backend::NdArray;
 use moe_shared::checkpoint::{open_model, ModelFormat};
 use moe_shared::generate::{generate, Sampling};
 use moe_shared::model::load_model;
+use moe_shared::CpuBackend;
 
-type B = NdArray<f32>;
+type B = CpuBackend;
 
 #[test]
 fn greedy_generation_reproduces_llama2c() {

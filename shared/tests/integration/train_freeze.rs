@@ -6,12 +6,13 @@
 
 use crate::train_util;
 
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::Autodiff;
 use moe_shared::model::save::tensor_values;
 use moe_shared::model::{load_model, Transformer};
 use moe_shared::train::{apply_stage, Stage, TrainConfig, Trainer};
+use moe_shared::CpuBackend;
 
-type A = Autodiff<NdArray<f32>>;
+type A = Autodiff<CpuBackend>;
 
 fn names(model: &Transformer<A>) -> Vec<String> {
     moe_shared::model::save::tensor_plan(model).0.into_iter().map(|(n, _)| n).collect()

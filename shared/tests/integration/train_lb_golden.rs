@@ -4,12 +4,12 @@
 
 use crate::common;
 
-use burn::backend::NdArray;
 use burn::tensor::{Tensor, TensorData};
 use moe_shared::model::RoutingTrace;
 use moe_shared::train::{load_balancing_loss, LbForm};
+use moe_shared::CpuBackend;
 
-type B = NdArray<f32>;
+type B = CpuBackend;
 
 fn trace(logits: &[f32], t: usize, e: usize, k: usize) -> RoutingTrace<B> {
     let dev = Default::default();

@@ -4,11 +4,12 @@
 
 use crate::train_util;
 
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::Autodiff;
 use moe_shared::model::load_model;
 use moe_shared::train::{devices, Stage, TrainConfig, Trainer};
+use moe_shared::CpuBackend;
 
-type A = Autodiff<NdArray<f32>>;
+type A = Autodiff<CpuBackend>;
 
 #[test]
 fn two_workers_match_one_worker_with_the_whole_batch() {

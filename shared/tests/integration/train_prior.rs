@@ -4,13 +4,14 @@
 
 use crate::train_util;
 
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::Autodiff;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::model::{load_model, ForwardOptions, Trace, Transformer};
 use moe_shared::train::{Stage, TrainConfig, Trainer};
+use moe_shared::CpuBackend;
 
-type A = Autodiff<NdArray<f32>>;
-type B = NdArray<f32>;
+type A = Autodiff<CpuBackend>;
+type B = CpuBackend;
 
 /// Fraction of English routing slots that go to expert 0 (all layers).
 fn expert0_share(model: &Transformer<B>, ids: &[u32]) -> f64 {

@@ -7,12 +7,13 @@ use crate::train_util;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::Autodiff;
 use moe_shared::model::load_model;
 use moe_shared::train::checkpoint::latest_checkpoint;
 use moe_shared::train::{RunOutcome, Stage, TrainConfig, Trainer};
+use moe_shared::CpuBackend;
 
-type A = Autodiff<NdArray<f32>>;
+type A = Autodiff<CpuBackend>;
 
 #[test]
 fn resumed_run_repeats_the_uninterrupted_loss_curve() {

@@ -9,7 +9,7 @@ use crate::train_util;
 
 use std::path::Path;
 
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::Autodiff;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
 use moe_shared::layout::names::{selection_bias_name, shared_expert_weight_name, Proj};
@@ -18,8 +18,9 @@ use moe_shared::model::save::tensor_values;
 use moe_shared::model::transformer::Mlp;
 use moe_shared::model::{load_model, Transformer};
 use moe_shared::train::{next_token_loss, Balance, Stage, TrainConfig, Trainer};
+use moe_shared::CpuBackend;
 
-type A = Autodiff<NdArray<f32>>;
+type A = Autodiff<CpuBackend>;
 
 /// stories260K upcycled to 4 noisy copies (so the experts differ), top-`k`.
 fn upcycled(dense: &LoadedModel, dir: &Path, k: usize, shared: SharedExperts) -> LoadedModel {

@@ -8,7 +8,6 @@ use crate::common;
 
 use std::path::Path;
 
-use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
 use moe_shared::methods::{
@@ -16,8 +15,9 @@ use moe_shared::methods::{
     UpcycleOptions,
 };
 use moe_shared::model::load_model;
+use moe_shared::CpuBackend;
 
-type B = NdArray<f32>;
+type B = CpuBackend;
 
 const SENTENCE: &str = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
 

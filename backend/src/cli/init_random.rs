@@ -104,7 +104,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let device = Default::default();
     let model = load_transformer::<moe_shared::CpuBackend>(&config, None, &src, &device)?;
     let provenance = serde_json::json!({"init": "random", "std": a.std, "seed": a.seed});
-    save_model(&model, &a.out, DType::F32, Vec::new(), provenance)?;
+    save_model(&model, &a.out, DType::F32, Vec::new(), provenance, Default::default())?;
     eprintln!("wrote {} ({} parameters, random N(0, {}^2))", a.out.display(), config.num_parameters(), a.std);
     Ok(())
 }

@@ -17,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::backend::NdArray;
+use moe_shared::CpuBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::export::export_moe;
 use moe_shared::checkpoint::gguf_write::write_gguf;
@@ -34,7 +34,7 @@ use moe_shared::model::load_model;
 
 use super::common;
 
-type B = NdArray<f32>;
+type B = CpuBackend;
 
 const TOL: f32 = 1e-4;
 

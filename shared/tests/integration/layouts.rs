@@ -17,7 +17,6 @@
 
 use std::path::{Path, PathBuf};
 
-use moe_shared::CpuBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::export::export_moe;
 use moe_shared::checkpoint::gguf_write::write_gguf;
@@ -31,6 +30,7 @@ use moe_shared::methods::{
     upcycle, AllocationFile, CopyNoise, ExpertCounts, NoiseKind, RouterInit, SharedInit, UpcycleOptions,
 };
 use moe_shared::model::load_model;
+use moe_shared::CpuBackend;
 
 use super::common;
 

@@ -3,7 +3,7 @@
 //! input size. When a file parses, the config, every tensor read and the
 //! tokenizer construction are exercised too (metadata arrays are read
 //! lazily: a header of one huge array must cost nothing). Seeds:
-//! `fuzz/corpus/gguf_header/`; the same body runs in the stable
+//! `fuzz/seeds/gguf_header/`; the same body runs in the stable
 //! `shared/tests/hostile_headers.rs`.
 #![no_main]
 

@@ -1,7 +1,7 @@
 //! Fuzzes the llama2.c checkpoint and tokenizer parsers: arbitrary bytes
 //! must give `Ok` or a typed error, never a panic or an allocation beyond
 //! what the input holds (a 28-byte header may claim 2^24 layers or tokens).
-//! Seeds: `fuzz/corpus/llama2c_header/`; the same bodies run in the stable
+//! Seeds: `fuzz/seeds/llama2c_header/`; the same bodies run in the stable
 //! `shared/tests/hostile_headers.rs`.
 #![no_main]
 

@@ -1,7 +1,7 @@
 //! Fuzzes the safetensors header parser: arbitrary bytes must give `Ok` or
 //! a typed error, never a panic or an allocation far beyond the input size
 //! (header length capped, a tensor listed twice refused). Seeds:
-//! `fuzz/corpus/safetensors_header/`.
+//! `fuzz/seeds/safetensors_header/`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -1,6 +1,6 @@
 //! The parsers over hostile headers, in a stable `cargo test` (the fuzz
 //! targets of `fuzz/` need nightly): the committed seed corpus
-//! `fuzz/corpus/{gguf_header,safetensors_header,llama2c_header}/` (made by
+//! `fuzz/seeds/{gguf_header,safetensors_header,llama2c_header}/` (made by
 //! `tests/reference/make_hostile_headers.py`; `expected.json` gives the
 //! words each error must contain, "" for a file that parses), and large
 //! hostile files generated here — a GGUF whose metadata is one 24 MB array,
@@ -91,7 +91,7 @@ fn llama2c_target(data: Vec<u8>) -> Result<(), String> {
 #[test]
 fn the_seed_corpus_gives_the_expected_errors_within_the_budget() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds");
     let expected: std::collections::BTreeMap<String, String> =
         serde_json::from_slice(&std::fs::read(root.join("expected.json")).unwrap()).unwrap();
     assert!(expected.len() >= 20, "{} corpus files", expected.len());

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus of hostile file headers under fuzz/corpus/.
+"""Writes the seed corpus of hostile file headers under fuzz/seeds/.
 
 One directory per fuzz target (gguf_header, safetensors_header,
 llama2c_header), each file a few hundred bytes at most, plus
-fuzz/corpus/expected.json: for every file the words its error must contain
+fuzz/seeds/expected.json: for every file the words its error must contain
 ("" when the file must parse). `shared/tests/hostile_headers.rs` runs the
 parsers over them in a stable `cargo test` (with an allocation budget), and
 cargo-fuzz starts from them (`cargo +nightly fuzz run gguf_header
-fuzz/corpus/gguf_header`).
+fuzz/seeds/gguf_header`).
 
 Only the Python standard library is needed:
     python3 tests/reference/make_hostile_headers.py
@@ -17,7 +17,7 @@ import json
 import os
 import struct
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fuzz", "corpus")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fuzz", "seeds")
 EXPECTED = {}
 
 LFS = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"ab" * 32 + b"\nsize 538970456\n"

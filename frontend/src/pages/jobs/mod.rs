@@ -51,7 +51,11 @@ pub fn JobsPage() -> impl IntoView {
                     if shared.backend.get_untracked() != Some(true) {
                         shared.backend.set(Some(true));
                     }
-                    ctx.refresh();
+                    // Every list needs the token (issue 18): without one
+                    // there is nothing to read yet (no 401s in the console).
+                    if !token.get_untracked().trim().is_empty() {
+                        ctx.refresh();
+                    }
                 }
             });
         }

@@ -11,7 +11,7 @@
 #
 # Usage: experiments/upcycling.sh [--smoke]
 #   --smoke      stories260K, 3 steps of 2 x 32 tokens: checks the pipeline (CI runs it), numbers mean nothing
-#   BIN=...      the moe-studio binary (default $CARGO_TARGET_DIR/release/moe-studio, built if missing)
+#   BIN=...      the moe-studio binary (default: cargo builds it; release, smoke: debug)
 #   WORK=...     run directory (default $MOE_STUDIO_CACHE/experiments/upcycling[-smoke]); kept between sittings
 #   OUT=...      where the table goes (default docs/experiments/upcycling, smoke: $WORK/report)
 #   SEEDS="1 2"  seeds (upcycle + data order); default "1 2" (full), "1" (smoke)
@@ -49,9 +49,14 @@ else
     WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/upcycling}
     OUT=${OUT:-docs/experiments/upcycling}
 fi
-BIN=${BIN:-$CARGO_TARGET_DIR/release/moe-studio}
-if [ ! -x "$BIN" ]; then
-    cargo build --release -p moe-studio >&2
+if [ -z "${BIN:-}" ]; then
+    if [ "$SMOKE" = 1 ]; then
+        cargo build -q -p moe-studio >&2
+        BIN=$CARGO_TARGET_DIR/debug/moe-studio
+    else
+        cargo build -q --release -p moe-studio >&2
+        BIN=$CARGO_TARGET_DIR/release/moe-studio
+    fi
 fi
 mkdir -p "$WORK" "$OUT"
 LOG="$WORK/commands.log"

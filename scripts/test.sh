@@ -39,6 +39,13 @@ cargo test --workspace --no-fail-fast
 step "benchmarks, smoke mode (every workload of scripts/bench.sh runs, tiny sizes)"
 bash scripts/bench.sh --smoke
 
+step "experiments, smoke mode (each paper script on stories260K, a few steps; fresh run directories)"
+for exp in upcycling dume; do
+    work=$(mktemp -d)
+    WORK="$work" bash "experiments/$exp.sh" --smoke >/dev/null
+    rm -rf "$work"
+done
+
 step "browser end-to-end (trunk build + playwright-core + chromium)"
 bash tests/e2e/run.sh
 

@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# DUME on SmolLM2-135M (issue 14 item 1; docs/methods.md §2): three dense domain experts
+# (`train --stage dense` on domain/{code,math,docs}), MoErged (`moerge`), routed by the closed-form
+# ridge router (`route`, top-1 and top-2, lambda sweep), against the baselines of DUME's CLM section:
+#   expert-D     each dense domain expert (its own domain is the reference of the retention)
+#   average      uniform weight averaging of the three experts (`merge linear`)
+#   random       the MoErged model with seeded random routers (`eval --routing random`)
+#   dume-top1/2  the ridge router, statistics from each domain's train text
+#   dume-ood     the ridge router, statistics from out-of-distribution text of each domain (below)
+#   dume-plus    DUME+: the ridge router fine-tuned (`train --stage router`, no balancing loss)
+#   btx          BTX-style: a random router (std 0.02) trained the same way (load-balancing loss on)
+#                Both train top-1 routers with `--norm-topk false` (the chosen expert's output is
+#                scaled by its softmax probability, as in Switch Transformer): with renormalised
+#                top-1 weights the weight is always 1 and the next-token loss gives no gradient.
+#   oracle       every token of domain i sent to expert i (`eval --routing oracle`)
+# Retention of a model on domain D = ppl(expert-D on D) / ppl(model on D), as in DUME (§2.6).
+# Then incremental DUME (§2.4): a fourth expert (a Hungarian fine-tune, lang/hu) added with
+# `route --add-expert`: the shared tensors become the mean of four models and the old domains'
+# saved statistics are reused as they are (the old data is not revisited), so they were collected
+# on the three-model mean. Compared with re-collecting every domain's statistics on the grown
+# model (`dume-scratch4`): the router difference is what the stale statistics cost. (That a
+# re-solve on saved + new statistics equals one solve on the same statistics is exact by
+# construction and tested in shared/tests/integration/route.rs.) And its effect on the first
+# three domains.
+#
+# Out-of-distribution statistics ("dume-ood"): each domain here has a single source, so OOD is a
+# register or language shift inside the domain, never the test text's distribution:
+#   code  only the comment lines of the Python files (natural language about code),
+#   math  only the prose lines of the LaTeX book (no `\` and no `$` in the line),
+#   docs  the Hungarian translation of the help pages (lang/hu/train.txt).
+#
+# Usage: experiments/dume.sh [--smoke]
+#   --smoke      stories260K, 2 steps of 2 x 32 tokens per training: checks the pipeline (CI runs
+#                it); the numbers mean nothing
+#   BIN=...      the moe-studio binary (default: cargo builds it; release, smoke: debug)
+#   WORK=...     run directory (default $MOE_STUDIO_CACHE/experiments/dume[-smoke]); kept between sittings
+#   OUT=...      where the tables go (default docs/experiments/dume, smoke: $WORK/report)
+#   SEEDS="1 2"  seeds (dense fine-tune data order, random routers, router training); default "1 2"
+#   STEPS/SEQ/BATCH/LR             the dense fine-tune budget (full: 100 x 4 x 256 = 102,400 tokens, 1e-4)
+#   ROUTER_STEPS/ROUTER_LR         DUME+ / BTX router training (full: 50 x 4 x 256 = 51,200 tokens, 1e-3)
+#   STAT_TOKENS/EVAL_TOKENS        ridge statistics per domain / evaluation tokens per domain
+#   LAMBDAS="1e-4,1e-3,1e-1,1"     the extra lambdas `route` reports held-out routing accuracy for
+#
+# Resumable: a finished step (its config.json or JSON report) is skipped; an interrupted training
+# continues from its last checkpoint. Re-running after everything finished only rewrites the tables.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/env.sh
+
+SMOKE=0
+[ "${1:-}" = "--smoke" ] && SMOKE=1
+D="$MOE_STUDIO_DATA"
+DOMAINS="code math docs"
+for dom in $DOMAINS; do
+    for split in train valid; do
+        f="$D/corpora/domain/$dom/$split.txt"
+        [ -f "$f" ] || { echo "missing $f (set MOE_STUDIO_DATA)" >&2; exit 1; }
+    done
+done
+HU_TRAIN="$D/corpora/lang/hu/train.txt"
+HU_VALID="$D/corpora/lang/hu/valid.txt"
+
+if [ "$SMOKE" = 1 ]; then
+    MODEL="$D/models/stories260K/stories260K.bin"
+    TOK=(--tokenizer "$D/models/stories260K/tok512.bin")
+    STEPS=${STEPS:-2} SEQ=${SEQ:-32} BATCH=${BATCH:-2} LR=${LR:-1e-3}
+    ROUTER_STEPS=${ROUTER_STEPS:-2} ROUTER_LR=${ROUTER_LR:-1e-2}
+    STAT_TOKENS=${STAT_TOKENS:-512} EVAL_TOKENS=${EVAL_TOKENS:-256} CONTEXT=64 WINDOW=64
+    SEEDS=${SEEDS:-1}
+    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/dume-smoke}
+    OUT=${OUT:-$WORK/report}
+else
+    MODEL=$(bash tests/reference/fetch_smollm2.sh)
+    TOK=()
+    STEPS=${STEPS:-100} SEQ=${SEQ:-256} BATCH=${BATCH:-4} LR=${LR:-1e-4}
+    ROUTER_STEPS=${ROUTER_STEPS:-50} ROUTER_LR=${ROUTER_LR:-1e-3}
+    STAT_TOKENS=${STAT_TOKENS:-10000} EVAL_TOKENS=${EVAL_TOKENS:-10000} CONTEXT=512 WINDOW=512
+    SEEDS=${SEEDS:-"1 2"}
+    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/dume}
+    OUT=${OUT:-docs/experiments/dume}
+fi
+LAMBDAS=${LAMBDAS:-"1e-4,1e-3,1e-1,1"}
+if [ -z "${BIN:-}" ]; then
+    if [ "$SMOKE" = 1 ]; then
+        cargo build -q -p moe-studio >&2
+        BIN=$CARGO_TARGET_DIR/debug/moe-studio
+    else
+        cargo build -q --release -p moe-studio >&2
+        BIN=$CARGO_TARGET_DIR/release/moe-studio
+    fi
+fi
+mkdir -p "$WORK" "$OUT"
+LOG="$WORK/commands.log"
+
+# Runs a command, appending it and its wall time to the log.
+run() {
+    local t0
+    t0=$(date +%s)
+    echo "+ $*" | tee -a "$LOG" >&2
+    "$@"
+    echo "  ($(($(date +%s) - t0)) s)" >>"$LOG"
+}
+
+# Runs a command whose stdout is a JSON report, into FILE (written only when the command succeeds).
+report() {
+    local file=$1
+    shift
+    [ -f "$file" ] && return 0
+    run "$@" >"$file.tmp"
+    mv "$file.tmp" "$file"
+}
+
+# Trains unless DIR/final exists; resumes from a checkpoint when one is there.
+train() {
+    local dir=$1
+    shift
+    [ -f "$dir/final/config.json" ] && return 0
+    local resume=()
+    ls -d "$dir"/checkpoint-* >/dev/null 2>&1 && resume=(--resume)
+    run "$BIN" train "$@" "${TOK[@]}" --save-every 20 --keep 1 --json --out "$dir" "${resume[@]}" >/dev/null
+}
+
+# The out-of-distribution statistics texts (see the header).
+OOD="$WORK/ood"
+mkdir -p "$OOD"
+[ -s "$OOD/code.txt" ] || grep -E '^\s*#' "$D/corpora/domain/code/train.txt" | grep -v '^# =====' >"$OOD/code.txt"
+[ -s "$OOD/math.txt" ] || grep -v -E '[\\$]' "$D/corpora/domain/math/train.txt" | grep -E '[[:alpha:]]{3}' >"$OOD/math.txt"
+[ -s "$OOD/docs.txt" ] || cp "$HU_TRAIN" "$OOD/docs.txt"
+
+EVAL=(--window "$WINDOW" --stride $((WINDOW / 2)) --max-tokens "$EVAL_TOKENS" --json)
+for dom in $DOMAINS; do EVAL+=(--data "$dom=$D/corpora/domain/$dom/valid.txt"); done
+EVAL4=("${EVAL[@]}" --data "hu=$HU_VALID")
+MIX=()
+for dom in $DOMAINS; do MIX+=(--data "$dom=$D/corpora/domain/$dom/train.txt"); done
+ROUTE_DOMAINS=()
+for dom in $DOMAINS; do ROUTE_DOMAINS+=(--domain "$dom=$D/corpora/domain/$dom/train.txt"); done
+ROUTE=(--max-tokens "$STAT_TOKENS" --context "$CONTEXT" --eval-tokens "$EVAL_TOKENS" --lambda-sweep "$LAMBDAS" --json)
+
+report "$WORK/base.eval.json" "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL4[@]}"
+
+for seed in $SEEDS; do
+    S="$WORK/s$seed"
+    mkdir -p "$S"
+    # The dense experts (and the Hungarian one for the incremental step).
+    for dom in $DOMAINS hu; do
+        if [ "$dom" = hu ]; then data="hu=$HU_TRAIN"; else data="$dom=$D/corpora/domain/$dom/train.txt"; fi
+        train "$S/expert-$dom" "$MODEL" --stage dense --data "$data" --steps "$STEPS" --seq-len "$SEQ" \
+            --batch "$BATCH" --lr "$LR" --warmup $((STEPS / 10)) --seed "$seed"
+        report "$S/expert-$dom.eval.json" "$BIN" eval "$S/expert-$dom/final" "${TOK[@]}" "${EVAL4[@]}"
+    done
+    EXPERTS=()
+    for dom in $DOMAINS; do EXPERTS+=("$S/expert-$dom/final"); done
+
+    # Weight averaging.
+    if [ ! -f "$S/average/config.json" ]; then
+        rm -rf "$S/average"
+        run "$BIN" merge linear "${EXPERTS[@]}" --out "$S/average" >/dev/null
+    fi
+    report "$S/average.eval.json" "$BIN" eval "$S/average" "${TOK[@]}" "${EVAL[@]}"
+
+    # MoErging (zero routers), random and oracle routing.
+    if [ ! -f "$S/moe/config.json" ]; then
+        rm -rf "$S/moe"
+        run "$BIN" moerge "${EXPERTS[@]}" --out "$S/moe" >/dev/null
+    fi
+    report "$S/random.eval.json" "$BIN" eval "$S/moe" "${TOK[@]}" "${EVAL[@]}" --routing random --seed "$seed"
+    report "$S/oracle.eval.json" "$BIN" eval "$S/moe" "${TOK[@]}" "${EVAL[@]}" --routing oracle
+
+    # DUME: ridge routers, top-1 and top-2; statistics out of distribution.
+    for k in 1 2; do
+        if [ ! -f "$S/dume-top$k.route.json" ]; then
+            rm -rf "$S/dume-top$k"
+            report "$S/dume-top$k.route.json" "$BIN" route "$S/moe" "${ROUTE_DOMAINS[@]}" --top-k "$k" \
+                "${ROUTE[@]}" --out "$S/dume-top$k"
+        fi
+        report "$S/dume-top$k.eval.json" "$BIN" eval "$S/dume-top$k" "${TOK[@]}" "${EVAL[@]}"
+    done
+    if [ ! -f "$S/dume-ood.route.json" ]; then
+        rm -rf "$S/dume-ood"
+        ood=()
+        for dom in $DOMAINS; do ood+=(--domain "$dom=$OOD/$dom.txt:$D/corpora/domain/$dom/valid.txt"); done
+        report "$S/dume-ood.route.json" "$BIN" route "$S/moe" "${ood[@]}" --top-k 1 "${ROUTE[@]}" \
+            --out "$S/dume-ood"
+    fi
+    report "$S/dume-ood.eval.json" "$BIN" eval "$S/dume-ood" "${TOK[@]}" "${EVAL[@]}"
+
+    # DUME+ (the ridge router trained) and BTX (a random router trained), same router budget.
+    train "$S/dume-plus" "$S/dume-top1" --stage router "${MIX[@]}" --steps "$ROUTER_STEPS" --seq-len "$SEQ" \
+        --batch "$BATCH" --lr "$ROUTER_LR" --warmup $((ROUTER_STEPS / 10)) --balance none --norm-topk false --seed "$seed"
+    report "$S/dume-plus.eval.json" "$BIN" eval "$S/dume-plus/final" "${TOK[@]}" "${EVAL[@]}"
+    if [ ! -f "$S/btx-init/config.json" ]; then
+        rm -rf "$S/btx-init"
+        run "$BIN" moerge "${EXPERTS[@]}" --router-std 0.02 --seed "$seed" --out "$S/btx-init" >/dev/null
+    fi
+    train "$S/btx" "$S/btx-init" --stage router "${MIX[@]}" --steps "$ROUTER_STEPS" --seq-len "$SEQ" \
+        --batch "$BATCH" --lr "$ROUTER_LR" --warmup $((ROUTER_STEPS / 10)) --norm-topk false --seed "$seed"
+    report "$S/btx.eval.json" "$BIN" eval "$S/btx/final" "${TOK[@]}" "${EVAL[@]}"
+
+    # Incremental DUME: add the Hungarian expert onto dume-top1's saved statistics, versus
+    # re-collecting all four domains' statistics on the grown model itself (dume-add's tensors).
+    if [ ! -f "$S/dume-add.route.json" ]; then
+        rm -rf "$S/dume-add"
+        report "$S/dume-add.route.json" "$BIN" route "$S/dume-top1" \
+            --add-expert "hu=$S/expert-hu/final:$HU_TRAIN" "${ROUTE[@]}" --out "$S/dume-add"
+    fi
+    if [ ! -f "$S/dume-scratch4.route.json" ]; then
+        rm -rf "$S/dume-scratch4"
+        report "$S/dume-scratch4.route.json" "$BIN" route "$S/dume-add" "${ROUTE_DOMAINS[@]}" \
+            --domain "hu=$HU_TRAIN" "${ROUTE[@]}" --out "$S/dume-scratch4"
+    fi
+    report "$S/dume-add.eval.json" "$BIN" eval "$S/dume-add" "${TOK[@]}" "${EVAL4[@]}"
+    report "$S/dume-scratch4.eval.json" "$BIN" eval "$S/dume-scratch4" "${TOK[@]}" "${EVAL4[@]}"
+done
+
+python3 experiments/dume_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" \
+    "steps=$STEPS seq=$SEQ batch=$BATCH lr=$LR router_steps=$ROUTER_STEPS router_lr=$ROUTER_LR stat_tokens=$STAT_TOKENS eval_tokens=$EVAL_TOKENS"

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Tables of experiments/dume.sh (issue 14 item 1): per-domain perplexity and retention of every
+method (mean ± std over seeds), ridge routing accuracy, and the incremental-DUME check.
+
+Standard library only (CI runs the smoke mode without the Python reference environment).
+Usage: dume_report.py WORK OUT SMOKE MODEL "SEEDS" "BUDGET"
+Writes OUT/results.json and OUT/README.md.
+"""
+import glob
+import json
+import os
+import statistics
+import struct
+import sys
+
+work, out, smoke, model, seeds, budget = sys.argv[1:]
+seeds = seeds.split()
+DOMAINS = ["code", "math", "docs"]
+METHODS = [
+    ("base", "the dense model itself"),
+    ("expert-code", "dense expert, code"),
+    ("expert-math", "dense expert, math"),
+    ("expert-docs", "dense expert, docs"),
+    ("average", "weight averaging (merge linear)"),
+    ("random", "MoErged, random routers"),
+    ("dume-top1", "DUME ridge router, top-1"),
+    ("dume-top2", "DUME ridge router, top-2"),
+    ("dume-ood", "DUME, out-of-distribution statistics, top-1"),
+    ("dume-plus", "DUME+ (ridge router fine-tuned)"),
+    ("btx", "BTX-style (random router trained)"),
+    ("oracle", "oracle routing"),
+]
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def ppl(ev, name):
+    return next(d["ppl"] for d in ev["datasets"] if d["name"] == name)
+
+
+def eval_path(seed, method):
+    if method == "base":
+        return os.path.join(work, "base.eval.json")
+    return os.path.join(work, f"s{seed}", f"{method}.eval.json")
+
+
+def fmt(xs, digits=2, pct=False):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
+    scale = 100.0 if pct else 1.0
+    m = statistics.mean(xs) * scale
+    s = f"{m:.{digits}f}"
+    if len(xs) > 1:
+        s += f" ± {statistics.stdev(xs) * scale:.{digits}f}"
+    return s + ("%" if pct else "")
+
+
+def read_safetensors(directory):
+    """name -> list of floats, over every *.safetensors file of a model directory."""
+    tensors = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
+        if os.path.basename(path) == "ridge_stats.safetensors":
+            continue
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+            data = f.read()
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            a, b = meta["data_offsets"]
+            raw = data[a:b]
+            dt = meta["dtype"]
+            if dt == "F32":
+                vals = struct.unpack(f"<{len(raw) // 4}f", raw)
+            elif dt == "F16":
+                vals = struct.unpack(f"<{len(raw) // 2}e", raw)
+            elif dt == "BF16":
+                halves = struct.unpack(f"<{len(raw) // 2}H", raw)
+                vals = [struct.unpack("<f", struct.pack("<I", h << 16))[0] for h in halves]
+            else:
+                continue
+            tensors[name] = vals
+    return tensors
+
+
+# Perplexity and retention per method.
+results = {"model": model, "seeds": seeds, "budget": budget, "methods": {}}
+ref = {s: {d: ppl(load(eval_path(s, f"expert-{d}")), d) for d in DOMAINS} for s in seeds}
+rows = []
+for method, label in METHODS:
+    per_seed = []
+    for s in seeds:
+        ev = load(eval_path(s, method))
+        p = {d: ppl(ev, d) for d in DOMAINS}
+        r = {d: ref[s][d] / p[d] for d in DOMAINS}
+        per_seed.append({"ppl": p, "retention": r, "mean_retention": statistics.mean(r.values())})
+    results["methods"][method] = per_seed
+    rows.append(
+        [f"`{method}`", label]
+        + [fmt([x["ppl"][d] for x in per_seed]) for d in DOMAINS]
+        + [fmt([x["retention"][d] for x in per_seed], 1, True) for d in DOMAINS]
+        + [fmt([x["mean_retention"] for x in per_seed], 1, True)]
+    )
+
+# The paper's ordering on mean retention.
+mean_ret = {m: statistics.mean(x["mean_retention"] for x in results["methods"][m]) for m, _ in METHODS}
+order = ["oracle", "dume-plus", "dume-top1", "average", "random"]
+checks = [
+    (a, b, mean_ret[a] >= mean_ret[b] if i < 2 else mean_ret[a] > mean_ret[b])
+    for i, (a, b) in enumerate(zip(order, order[1:]))
+]
+results["ordering"] = [{"higher": a, "lower": b, "holds": ok} for a, b, ok in checks]
+
+# Routing accuracy of the ridge routers (held-out tokens, mean over MoE layers).
+acc_rows = []
+for method in ("dume-top1", "dume-top2", "dume-ood"):
+    reps = [load(os.path.join(work, f"s{s}", f"{method}.route.json")) for s in seeds]
+    acc = [[r["mean_accuracy_per_domain"][i] for r in reps] for i in range(len(DOMAINS))]
+    acc_rows.append([f"`{method}`"] + [fmt(a, 1, True) for a in acc] + [fmt([r["random_routing_accuracy"] for r in reps], 1, True)])
+    results["methods"].setdefault(method + ".route", reps)
+sweep = load(os.path.join(work, f"s{seeds[0]}", "dume-top1.route.json")).get("lambda_sweep") or []
+
+# Incremental DUME: added onto the saved statistics vs solved from scratch on all four domains.
+inc = []
+for s in seeds:
+    a = read_safetensors(os.path.join(work, f"s{s}", "dume-add"))
+    b = read_safetensors(os.path.join(work, f"s{s}", "dume-scratch4"))
+    names = sorted(set(a) | set(b))
+    missing = [n for n in names if n not in a or n not in b]
+    diff = max((max(abs(x - y) for x, y in zip(a[n], b[n])) for n in names if n in a and n in b and a[n]), default=0.0)
+    differing = [n for n in names if n in a and n in b and a[n] != b[n]]
+    ev_add = load(os.path.join(work, f"s{s}", "dume-add.eval.json"))
+    ev_scr = load(os.path.join(work, f"s{s}", "dume-scratch4.eval.json"))
+    ev_3 = load(os.path.join(work, f"s{s}", "dume-top1.eval.json"))
+    inc.append({
+        "seed": s, "max_abs_diff": diff, "tensors_differing": differing, "tensors_missing": missing,
+        "ppl_added": {d: ppl(ev_add, d) for d in DOMAINS + ["hu"]},
+        "ppl_scratch": {d: ppl(ev_scr, d) for d in DOMAINS + ["hu"]},
+        "ppl_three_experts": {d: ppl(ev_3, d) for d in DOMAINS},
+    })
+results["incremental"] = inc
+
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump(results, f, indent=1)
+log = open(os.path.join(work, "commands.log")).read()
+with open(os.path.join(out, "README.md"), "w") as f:
+    f.write("# DUME on a real model: MoErging dense domain experts with a ridge router\n\n")
+    if smoke == "1":
+        f.write("**Smoke run** (stories260K, a few steps): checks the pipeline; the numbers mean nothing.\n\n")
+    f.write(f"Model `{os.path.basename(model)}`; seeds {', '.join(seeds)} (mean ± std over seeds); {budget}.\n"
+            "Perplexity on `domain/{code,math,docs}/valid.txt`; retention on domain D = ppl(dense expert D on D) /"
+            " ppl(model on D) (docs/methods.md §2.6).\n\n")
+    f.write("| method | what | ppl code | ppl math | ppl docs | ret. code | ret. math | ret. docs | mean retention |\n")
+    f.write("|---|---|---|---|---|---|---|---|---|\n")
+    for r in rows:
+        f.write("| " + " | ".join(r) + " |\n")
+    f.write("\nThe paper's ordering on mean retention (oracle ≥ DUME+ ≥ DUME > averaging > random):\n\n")
+    for a, b, ok in checks:
+        f.write(f"- `{a}` {'≥' if a in ('oracle', 'dume-plus') else '>'} `{b}`: "
+                f"{mean_ret[a] * 100:.1f}% vs {mean_ret[b] * 100:.1f}% — {'holds' if ok else 'does not hold'}\n")
+    f.write("\n## Routing accuracy of the ridge routers (held-out tokens, mean over layers)\n\n")
+    f.write("| router | code | math | docs | random routing |\n|---|---|---|---|---|\n")
+    for r in acc_rows:
+        f.write("| " + " | ".join(r) + " |\n")
+    if sweep:
+        f.write(f"\nLambda sweep (seed {seeds[0]}, top-1): `" + json.dumps(sweep) + "`\n")
+    f.write("\n## Incremental DUME: a fourth (Hungarian) expert\n\n")
+    f.write("`route --add-expert` (`dume-add`) makes the shared tensors the mean of four models and re-solves on the"
+            " saved statistics of the first three domains (collected on the three-model mean, not revisited) plus the"
+            " new domain's; `dume-scratch4` re-collects all four domains' statistics on the grown model. Only the"
+            " router tensors may differ; their difference is what the stale statistics cost.\n\n")
+    f.write("| seed | max abs router difference | tensors differing | ppl hu added / scratch | "
+            "ppl code, math, docs: 3 experts → 4 (added) |\n|---|---|---|---|---|\n")
+    for x in inc:
+        three = ", ".join(f"{x['ppl_three_experts'][d]:.2f} → {x['ppl_added'][d]:.2f}" for d in DOMAINS)
+        f.write(f"| {x['seed']} | {x['max_abs_diff']:.3g} | {len(x['tensors_differing'])} | "
+                f"{x['ppl_added']['hu']:.3f} / {x['ppl_scratch']['hu']:.3f} | {three} |\n")
+    f.write("\nCommands (from `experiments/dume.sh`" + (" --smoke" if smoke == "1" else "") + "):\n\n```\n")
+    f.write(log)
+    f.write("```\n")
+print(open(os.path.join(out, "README.md")).read())

@@ -80,45 +80,9 @@ else
     OUT=${OUT:-docs/experiments/dume}
 fi
 LAMBDAS=${LAMBDAS:-"1e-4,1e-3,1e-1,1"}
-if [ -z "${BIN:-}" ]; then
-    if [ "$SMOKE" = 1 ]; then
-        cargo build -q -p moe-studio >&2
-        BIN=$CARGO_TARGET_DIR/debug/moe-studio
-    else
-        cargo build -q --release -p moe-studio >&2
-        BIN=$CARGO_TARGET_DIR/release/moe-studio
-    fi
-fi
 mkdir -p "$WORK" "$OUT"
-LOG="$WORK/commands.log"
-
-# Runs a command, appending it and its wall time to the log.
-run() {
-    local t0
-    t0=$(date +%s)
-    echo "+ $*" | tee -a "$LOG" >&2
-    "$@"
-    echo "  ($(($(date +%s) - t0)) s)" >>"$LOG"
-}
-
-# Runs a command whose stdout is a JSON report, into FILE (written only when the command succeeds).
-report() {
-    local file=$1
-    shift
-    [ -f "$file" ] && return 0
-    run "$@" >"$file.tmp"
-    mv "$file.tmp" "$file"
-}
-
-# Trains unless DIR/final exists; resumes from a checkpoint when one is there.
-train() {
-    local dir=$1
-    shift
-    [ -f "$dir/final/config.json" ] && return 0
-    local resume=()
-    ls -d "$dir"/checkpoint-* >/dev/null 2>&1 && resume=(--resume)
-    run "$BIN" train "$@" "${TOK[@]}" --save-every 20 --keep 1 --json --out "$dir" "${resume[@]}" >/dev/null
-}
+source experiments/lib.sh
+exp_bin
 
 # The out-of-distribution statistics texts (see the header).
 OOD="$WORK/ood"
@@ -144,7 +108,7 @@ for seed in $SEEDS; do
     # The dense experts (and the Hungarian one for the incremental step).
     for dom in $DOMAINS hu; do
         if [ "$dom" = hu ]; then data="hu=$HU_TRAIN"; else data="$dom=$D/corpora/domain/$dom/train.txt"; fi
-        train "$S/expert-$dom" "$MODEL" --stage dense --data "$data" --steps "$STEPS" --seq-len "$SEQ" \
+        train_run "$S/expert-$dom" "$MODEL" --stage dense --data "$data" --steps "$STEPS" --seq-len "$SEQ" \
             --batch "$BATCH" --lr "$LR" --warmup $((STEPS / 10)) --seed "$seed"
         report "$S/expert-$dom.eval.json" "$BIN" eval "$S/expert-$dom/final" "${TOK[@]}" "${EVAL4[@]}"
     done
@@ -152,17 +116,11 @@ for seed in $SEEDS; do
     for dom in $DOMAINS; do EXPERTS+=("$S/expert-$dom/final"); done
 
     # Weight averaging.
-    if [ ! -f "$S/average/config.json" ]; then
-        rm -rf "$S/average"
-        run "$BIN" merge linear "${EXPERTS[@]}" --out "$S/average" >/dev/null
-    fi
+    make_dir "$S/average" "$BIN" merge linear "${EXPERTS[@]}" --out "$S/average"
     report "$S/average.eval.json" "$BIN" eval "$S/average" "${TOK[@]}" "${EVAL[@]}"
 
     # MoErging (zero routers), random and oracle routing.
-    if [ ! -f "$S/moe/config.json" ]; then
-        rm -rf "$S/moe"
-        run "$BIN" moerge "${EXPERTS[@]}" --out "$S/moe" >/dev/null
-    fi
+    make_dir "$S/moe" "$BIN" moerge "${EXPERTS[@]}" --out "$S/moe"
     report "$S/random.eval.json" "$BIN" eval "$S/moe" "${TOK[@]}" "${EVAL[@]}" --routing random --seed "$seed"
     report "$S/oracle.eval.json" "$BIN" eval "$S/moe" "${TOK[@]}" "${EVAL[@]}" --routing oracle
 
@@ -185,14 +143,11 @@ for seed in $SEEDS; do
     report "$S/dume-ood.eval.json" "$BIN" eval "$S/dume-ood" "${TOK[@]}" "${EVAL[@]}"
 
     # DUME+ (the ridge router trained) and BTX (a random router trained), same router budget.
-    train "$S/dume-plus" "$S/dume-top1" --stage router "${MIX[@]}" --steps "$ROUTER_STEPS" --seq-len "$SEQ" \
+    train_run "$S/dume-plus" "$S/dume-top1" --stage router "${MIX[@]}" --steps "$ROUTER_STEPS" --seq-len "$SEQ" \
         --batch "$BATCH" --lr "$ROUTER_LR" --warmup $((ROUTER_STEPS / 10)) --balance none --norm-topk false --seed "$seed"
     report "$S/dume-plus.eval.json" "$BIN" eval "$S/dume-plus/final" "${TOK[@]}" "${EVAL[@]}"
-    if [ ! -f "$S/btx-init/config.json" ]; then
-        rm -rf "$S/btx-init"
-        run "$BIN" moerge "${EXPERTS[@]}" --router-std 0.02 --seed "$seed" --out "$S/btx-init" >/dev/null
-    fi
-    train "$S/btx" "$S/btx-init" --stage router "${MIX[@]}" --steps "$ROUTER_STEPS" --seq-len "$SEQ" \
+    make_dir "$S/btx-init" "$BIN" moerge "${EXPERTS[@]}" --router-std 0.02 --seed "$seed" --out "$S/btx-init"
+    train_run "$S/btx" "$S/btx-init" --stage router "${MIX[@]}" --steps "$ROUTER_STEPS" --seq-len "$SEQ" \
         --batch "$BATCH" --lr "$ROUTER_LR" --warmup $((ROUTER_STEPS / 10)) --norm-topk false --seed "$seed"
     report "$S/btx.eval.json" "$BIN" eval "$S/btx/final" "${TOK[@]}" "${EVAL[@]}"
 

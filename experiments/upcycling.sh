@@ -49,26 +49,9 @@ else
     WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/upcycling}
     OUT=${OUT:-docs/experiments/upcycling}
 fi
-if [ -z "${BIN:-}" ]; then
-    if [ "$SMOKE" = 1 ]; then
-        cargo build -q -p moe-studio >&2
-        BIN=$CARGO_TARGET_DIR/debug/moe-studio
-    else
-        cargo build -q --release -p moe-studio >&2
-        BIN=$CARGO_TARGET_DIR/release/moe-studio
-    fi
-fi
 mkdir -p "$WORK" "$OUT"
-LOG="$WORK/commands.log"
-
-# Runs a command, appending it and its wall time to the log.
-run() {
-    local t0
-    t0=$(date +%s)
-    echo "+ $*" | tee -a "$LOG" >&2
-    "$@"
-    echo "  ($(($(date +%s) - t0)) s)" >>"$LOG"
-}
+source experiments/lib.sh
+exp_bin
 
 variant_args() {
     local common=(--experts 4 --top-k 2 --router-init random --router-std 0.02 --dtype f32)

@@ -40,7 +40,7 @@ step "benchmarks, smoke mode (every workload of scripts/bench.sh runs, tiny size
 bash scripts/bench.sh --smoke
 
 step "experiments, smoke mode (each paper script on stories260K, a few steps; fresh run directories)"
-for exp in upcycling dume; do
+for exp in upcycling dume deltamoe neuronmoe; do
     work=$(mktemp -d)
     WORK="$work" bash "experiments/$exp.sh" --smoke >/dev/null
     rm -rf "$work"

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Tables of experiments/deltamoe.sh (issue 14 item 2): English retention, Hungarian gain and the
+grafted ability of the MoE (stage 1, stage 2, + Δ) against dense CPT, dense CPT with twice the
+tokens, dense CPT + Δ and linear averaging; mean ± std over seeds. Standard library only.
+
+Usage: deltamoe_report.py WORK OUT SMOKE MODEL "SEEDS" "EXPERTS_LIST" "BUDGET"
+Writes OUT/results.json and OUT/README.md.
+"""
+import json
+import os
+import statistics
+import sys
+
+work, out, smoke, model, seeds, experts, budget = sys.argv[1:]
+seeds, experts = seeds.split(), experts.split()
+TEXTS = ["en", "hu", "math"]
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def ppl(ev, name):
+    return next(d["ppl"] for d in ev["datasets"] if d["name"] == name)
+
+
+def fmt(xs, digits=2, pct=False):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
+    k = 100.0 if pct else 1.0
+    s = f"{statistics.mean(xs) * k:.{digits}f}"
+    if len(xs) > 1:
+        s += f" ± {statistics.stdev(xs) * k:.{digits}f}"
+    return s + ("%" if pct else "")
+
+
+methods = [("base", "the dense model"), ("post", "base fine-tuned on math (Δ = post − base)"),
+           ("cpt", "dense CPT on hu, stage-1 tokens"), ("cpt2x", "dense CPT, twice the tokens"),
+           ("cpt+delta", "dense CPT + Δ (dense delta merging)"), ("average", "linear average of cpt and post")]
+for e in experts:
+    t = int(e) - 1
+    methods += [(f"moe-{e}-s1", f"MoE {e} experts ({t} trainable), stage 1"),
+                (f"moe-{e}-s2", f"MoE {e} experts, stage 2 (router, en replay + prior)"),
+                (f"moe-{e}-s2+delta", f"MoE {e} experts, stage 2 + Δ grafted")]
+
+base = load(os.path.join(work, "base.eval.json"))
+bp = {t: ppl(base, t) for t in TEXTS}
+results = {"model": model, "seeds": seeds, "budget": budget, "base": bp, "methods": {}}
+rows = []
+for m, label in methods:
+    evs = [base] * len(seeds) if m == "base" else [load(os.path.join(work, f"s{s}", f"{m}.eval.json")) for s in seeds]
+    p = [{t: ppl(ev, t) for t in TEXTS} for ev in evs]
+    results["methods"][m] = p
+    rows.append([f"`{m}`", label] + [fmt([x[t] for x in p]) for t in TEXTS]
+                + [fmt([bp["en"] / x["en"] for x in p], 1, True), fmt([bp["hu"] / x["hu"] for x in p], 1, True),
+                   fmt([x["en"] / bp["en"] - 1 for x in p], 1, True)])
+
+
+def mean_of(m, t):
+    return statistics.mean(x[t] for x in results["methods"][m])
+
+
+head = experts[0]
+claims = []
+s2 = f"moe-{head}-s2"
+en_change = mean_of(s2, "en") / bp["en"] - 1
+claims.append((f"`{s2}` English ppl at most 2% above the original while Hungarian improves",
+               en_change <= 0.02 and mean_of(s2, "hu") < bp["hu"],
+               f"en {en_change * 100:+.1f}%, hu {mean_of(s2, 'hu'):.2f} vs {bp['hu']:.2f}"))
+g = f"moe-{head}-s2+delta"
+claims.append((f"`{g}` retains English better than `cpt+delta`",
+               mean_of(g, "en") < mean_of("cpt+delta", "en"),
+               f"en ppl {mean_of(g, 'en'):.2f} vs {mean_of('cpt+delta', 'en'):.2f}; "
+               f"hu ppl {mean_of(g, 'hu'):.2f} vs {mean_of('cpt+delta', 'hu'):.2f}"))
+claims.append((f"`{g}` keeps the grafted ability (math ppl below base)",
+               mean_of(g, "math") < bp["math"], f"math ppl {mean_of(g, 'math'):.2f} vs base {bp['math']:.2f}"))
+results["claims"] = [{"claim": c, "holds": ok, "numbers": n} for c, ok, n in claims]
+
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump(results, f, indent=1)
+log = open(os.path.join(work, "commands.log")).read()
+with open(os.path.join(out, "README.md"), "w") as f:
+    f.write("# DeltaMoE on a real model: Hungarian by upcycling, two stages and a delta graft\n\n")
+    if smoke == "1":
+        f.write("**Smoke run** (stories260K, a few steps): checks the pipeline; the numbers mean nothing.\n\n")
+    f.write(f"Model `{os.path.basename(model)}`; seeds {', '.join(seeds)} (mean ± std); {budget}. Perplexity on"
+            " `lang/en/valid.txt`, `lang/hu/valid.txt` and `domain/math/valid.txt` (the ability Δ carries);"
+            " retention = ppl(base, en) / ppl(model, en), gain = ppl(base, hu) / ppl(model, hu).\n\n")
+    f.write("| model | what | ppl en | ppl hu | ppl math | en retention | hu gain | en ppl change |\n")
+    f.write("|---|---|---|---|---|---|---|---|\n")
+    for r in rows:
+        f.write("| " + " | ".join(r) + " |\n")
+    f.write("\n## The paper's claims\n\n")
+    for c, ok, n in claims:
+        f.write(f"- {c}: **{'holds' if ok else 'does not hold'}** ({n})\n")
+    f.write("\nCommands (from `experiments/deltamoe.sh`" + (" --smoke" if smoke == "1" else "") + "):\n\n```\n")
+    f.write(log)
+    f.write("```\n")
+print(open(os.path.join(out, "README.md")).read())

@@ -1,0 +1,58 @@
+# Shared helpers of the experiment scripts (sourced, not run): the binary, the command log, and
+# resumable steps. Each script sets SMOKE, WORK and TOK (the `--tokenizer` array, may be empty)
+# before calling these.
+
+# Sets BIN: the given one, else a cargo build (release; smoke: debug, which CI has built).
+exp_bin() {
+    if [ -z "${BIN:-}" ]; then
+        if [ "$SMOKE" = 1 ]; then
+            cargo build -q -p moe-studio >&2
+            BIN=$CARGO_TARGET_DIR/debug/moe-studio
+        else
+            cargo build -q --release -p moe-studio >&2
+            BIN=$CARGO_TARGET_DIR/release/moe-studio
+        fi
+    fi
+}
+
+# Runs a command, appending it and its wall time to $WORK/commands.log.
+run() {
+    local t0
+    t0=$(date +%s)
+    echo "+ $*" | tee -a "$WORK/commands.log" >&2
+    "$@"
+    echo "  ($(($(date +%s) - t0)) s)" >>"$WORK/commands.log"
+}
+
+# report FILE CMD...: runs CMD (stdout: a JSON report) into FILE, written only when CMD succeeds;
+# skipped when FILE exists.
+report() {
+    local file=$1
+    shift
+    [ -f "$file" ] && return 0
+    run "$@" >"$file.tmp"
+    mv "$file.tmp" "$file"
+}
+
+# make_dir DIR CMD...: runs CMD (which writes the model directory DIR) unless DIR/config.json
+# exists; a half-written DIR from an interrupted run is removed first.
+make_dir() {
+    local dir=$1
+    shift
+    [ -f "$dir/config.json" ] && return 0
+    rm -rf "$dir"
+    run "$@" >/dev/null
+}
+
+# train_run DIR ARGS...: `moe-studio train ARGS --out DIR` unless DIR/final exists; resumes from
+# the last checkpoint when there is one. Writes the training wall seconds to DIR.seconds.
+train_run() {
+    local dir=$1
+    shift
+    [ -f "$dir/final/config.json" ] && return 0
+    local resume=() t0
+    ls -d "$dir"/checkpoint-* >/dev/null 2>&1 && resume=(--resume)
+    t0=$(date +%s)
+    run "$BIN" train "$@" "${TOK[@]}" --save-every 20 --keep 1 --json --out "$dir" "${resume[@]}" >/dev/null
+    echo $(($(date +%s) - t0)) >>"$dir.seconds"
+}

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# NeuronMoE on SmolLM2-135M (issue 14 item 3; docs/methods.md §3): experts per layer from
+# language-specific neurons, against a uniform allocation and LayerMoE-style, at equal training.
+#
+#   neurons       `neurons` on en (the original language) and the new languages hu, el, tr
+#   allocations   `allocate` → neuronmoe.json; `--baseline uniform` (NeuronMoE's budget spread
+#                 evenly); `--baseline layermoe`
+#   per allocation: `upcycle --allocation` (expert 0 frozen, top-2), stage 1 (`train --stage
+#                 experts` on the mixture of hu, el, tr), stage 2 (`train --stage router` with
+#                 English replay and the language prior), per-language perplexity, and the
+#                 parameters each allocation adds (`inspect --json`).
+# The paper's framing is equal quality with fewer experts: the table puts the experts added next
+# to the perplexities.
+#
+# Not here: the paper's post-training analysis (neurons of the trained model's new experts):
+# `neurons` reads dense models only.
+#
+# Usage: experiments/neuronmoe.sh [--smoke]
+#   --smoke        stories260K, 2 steps per training, 20 texts per language (CI runs it)
+#   BIN, WORK, OUT, SEEDS  as in experiments/dume.sh (default WORK $MOE_STUDIO_CACHE/experiments/neuronmoe)
+#   TEXTS          texts per language for `neurons` (full 200); TOP_N specific neurons per language
+#   STEPS/SEQ/BATCH/LR, ROUTER_STEPS/ROUTER_LR, EVAL_TOKENS  as in experiments/deltamoe.sh
+# Resumable like the other scripts.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/env.sh
+
+SMOKE=0
+[ "${1:-}" = "--smoke" ] && SMOKE=1
+D="$MOE_STUDIO_DATA"
+NEW="hu el tr"
+for l in en $NEW; do
+    for split in train valid; do
+        f="$D/corpora/lang/$l/$split.txt"
+        [ -f "$f" ] || { echo "missing $f (set MOE_STUDIO_DATA)" >&2; exit 1; }
+    done
+done
+
+if [ "$SMOKE" = 1 ]; then
+    MODEL="$D/models/stories260K/stories260K.bin"
+    TOK=(--tokenizer "$D/models/stories260K/tok512.bin")
+    TEXTS=${TEXTS:-20} TOP_N=${TOP_N:-20}
+    STEPS=${STEPS:-2} SEQ=${SEQ:-32} BATCH=${BATCH:-2} LR=${LR:-1e-3}
+    ROUTER_STEPS=${ROUTER_STEPS:-2} ROUTER_LR=${ROUTER_LR:-1e-2} EVAL_TOKENS=${EVAL_TOKENS:-256} WINDOW=64
+    SEEDS=${SEEDS:-1}
+    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/neuronmoe-smoke}
+    OUT=${OUT:-$WORK/report}
+else
+    MODEL=$(bash tests/reference/fetch_smollm2.sh)
+    TOK=()
+    TEXTS=${TEXTS:-200} TOP_N=${TOP_N:-1000}
+    STEPS=${STEPS:-100} SEQ=${SEQ:-256} BATCH=${BATCH:-4} LR=${LR:-1e-4}
+    ROUTER_STEPS=${ROUTER_STEPS:-50} ROUTER_LR=${ROUTER_LR:-1e-3} EVAL_TOKENS=${EVAL_TOKENS:-10000} WINDOW=512
+    SEEDS=${SEEDS:-"1 2"}
+    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/neuronmoe}
+    OUT=${OUT:-docs/experiments/neuronmoe}
+fi
+mkdir -p "$WORK" "$OUT"
+source experiments/lib.sh
+exp_bin
+
+# Neurons (the `neurons` command reads a model with a tokenizer beside it or given).
+if [ ! -f "$WORK/neurons/neurons.json" ]; then
+    langs=(--lang "en=$D/corpora/lang/en/train.txt")
+    for l in $NEW; do langs+=(--lang "$l=$D/corpora/lang/$l/train.txt"); done
+    rm -rf "$WORK/neurons"
+    run "$BIN" neurons "$MODEL" "${langs[@]}" --new "${NEW// /,}" --max-texts "$TEXTS" \
+        --top-n "$TOP_N" --out "$WORK/neurons" >/dev/null
+fi
+ALLOCS="neuronmoe uniform layermoe"
+for a in $ALLOCS; do
+    [ -f "$WORK/alloc-$a.json" ] && continue
+    base=()
+    [ "$a" != neuronmoe ] && base=(--baseline "$a")
+    run "$BIN" allocate --neurons "$WORK/neurons" "${base[@]}" --out "$WORK/alloc-$a.json" >/dev/null
+done
+
+EVAL=(--data "en=$D/corpora/lang/en/valid.txt" --max-tokens "$EVAL_TOKENS" --window "$WINDOW"
+    --stride $((WINDOW / 2)) --json)
+MIX=()
+for l in $NEW; do
+    EVAL+=(--data "$l=$D/corpora/lang/$l/valid.txt")
+    MIX+=(--data "$l=$D/corpora/lang/$l/train.txt")
+done
+report "$WORK/base.eval.json" "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL[@]}"
+report "$WORK/base.inspect.json" "$BIN" inspect "$MODEL" --json
+
+for seed in $SEEDS; do
+    S="$WORK/s$seed"
+    mkdir -p "$S"
+    for a in $ALLOCS; do
+        M="$S/$a"
+        make_dir "$M-init" "$BIN" upcycle "$MODEL" --allocation "$WORK/alloc-$a.json" --top-k 2 --frozen 0 \
+            --router-init random --router-std 0.02 --seed "$seed" --out "$M-init"
+        report "$M.inspect.json" "$BIN" inspect "$M-init" --json
+        train_run "$M-s1" "$M-init" --stage experts "${MIX[@]}" --steps "$STEPS" --lr "$LR" --seq-len "$SEQ" \
+            --batch "$BATCH" --warmup $((STEPS / 10)) --seed "$seed"
+        train_run "$M-s2" "$M-s1/final" --stage router "${MIX[@]}" --data "en=$D/corpora/lang/en/train.txt:1:orig" \
+            --steps "$ROUTER_STEPS" --lr "$ROUTER_LR" --seq-len "$SEQ" --batch "$BATCH" \
+            --warmup $((ROUTER_STEPS / 10)) --seed "$seed"
+        report "$M-s1.eval.json" "$BIN" eval "$M-s1/final" "${TOK[@]}" "${EVAL[@]}"
+        report "$M-s2.eval.json" "$BIN" eval "$M-s2/final" "${TOK[@]}" "${EVAL[@]}"
+    done
+done
+
+python3 experiments/neuronmoe_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$ALLOCS" \
+    "texts=$TEXTS top_n=$TOP_N; stage 1: $STEPS x $BATCH x $SEQ tokens lr $LR; stage 2: $ROUTER_STEPS steps lr $ROUTER_LR; eval_tokens=$EVAL_TOKENS"

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Tables of experiments/neuronmoe.sh (issue 14 item 3): experts added and parameters per
+allocation (NeuronMoE, uniform, LayerMoE-style) next to per-language perplexity after the same
+stage-1 + stage-2 training; mean ± std over seeds. Standard library only.
+
+Usage: neuronmoe_report.py WORK OUT SMOKE MODEL "SEEDS" "ALLOCS" "BUDGET"
+Writes OUT/results.json and OUT/README.md (and copies the allocation comparison figure).
+"""
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+
+work, out, smoke, model, seeds, allocs, budget = sys.argv[1:]
+seeds, allocs = seeds.split(), allocs.split()
+LANGS = ["en", "hu", "el", "tr"]
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def ppl(ev, name):
+    return next(d["ppl"] for d in ev["datasets"] if d["name"] == name)
+
+
+def fmt(xs, digits=2):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
+    s = f"{statistics.mean(xs):.{digits}f}"
+    return s + (f" ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else "")
+
+
+base = load(os.path.join(work, "base.eval.json"))
+base_params = load(os.path.join(work, "base.inspect.json"))["parameters"]
+results = {"model": model, "seeds": seeds, "budget": budget, "base_parameters": base_params, "allocations": {}}
+rows = [["`base`", "-", "-", "0"] + [f"{ppl(base, l):.2f}" for l in LANGS] + ["-"]]
+for a in allocs:
+    al = load(os.path.join(work, f"alloc-{a}.json"))
+    per_layer = al["new_experts_per_layer"]
+    params = load(os.path.join(work, f"s{seeds[0]}", f"{a}.inspect.json"))["parameters"]
+    stages = {}
+    for st in ("s1", "s2"):
+        stages[st] = [{l: ppl(load(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json")), l) for l in LANGS} for s in seeds]
+    results["allocations"][a] = {"new_experts_per_layer": per_layer, "parameters": params, **stages}
+    new_langs = [math.exp(statistics.mean(math.log(x[l]) for l in LANGS[1:])) for x in stages["s2"]]
+    rows.append([f"`{a}`", " ".join(map(str, per_layer)), str(sum(per_layer)), f"{(params - base_params) / 1e6:.2f} M"]
+                + [fmt([x[l] for x in stages["s2"]]) for l in LANGS] + [fmt(new_langs)])
+
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump(results, f, indent=1)
+fig = os.path.join(work, "alloc-neuronmoe.comparison.png")
+if os.path.exists(fig):
+    shutil.copy(fig, os.path.join(out, "allocations.png"))
+log = open(os.path.join(work, "commands.log")).read()
+with open(os.path.join(out, "README.md"), "w") as f:
+    f.write("# NeuronMoE on a real model: experts per layer from language-specific neurons\n\n")
+    if smoke == "1":
+        f.write("**Smoke run** (stories260K, a few steps): checks the pipeline; the numbers mean nothing.\n\n")
+    f.write(f"Model `{os.path.basename(model)}`; new languages hu, el, tr (en original); seeds {', '.join(seeds)}"
+            f" (mean ± std); {budget}. Perplexity after stage 2 on `lang/<code>/valid.txt`.\n\n")
+    f.write("| allocation | new experts per layer | experts added | parameters added | ppl en | ppl hu | ppl el |"
+            " ppl tr | geometric mean ppl, new languages |\n|---|---|---|---|---|---|---|---|---|\n")
+    for r in rows:
+        f.write("| " + " | ".join(r) + " |\n")
+    if os.path.exists(fig):
+        f.write("\n![allocations](allocations.png)\n")
+    f.write("\nCommands (from `experiments/neuronmoe.sh`" + (" --smoke" if smoke == "1" else "") + "):\n\n```\n")
+    f.write(log)
+    f.write("```\n")
+print(open(os.path.join(out, "README.md")).read())

@@ -21,6 +21,7 @@ mod neuron_figures;
 mod neurons;
 mod perplexity;
 mod route;
+mod torch_handoff;
 mod train;
 mod upcycle;
 

@@ -97,9 +97,16 @@ pub struct Args {
     /// Seed of the data order.
     #[arg(long, default_value_t = D::default().seed)]
     pub seed: u64,
-    /// Output directory.
+    /// Output directory (not with `--engine torch`, whose job writes into `--emit DIR/out`).
+    #[arg(long, required_unless_present = "emit", conflicts_with = "emit")]
+    pub out: Option<PathBuf>,
+    /// `burn` (train here) or `torch` (write a PyTorch FSDP job for this stage into `--emit DIR` instead:
+    /// backend/src/cli/torch_handoff.rs).
+    #[arg(long, default_value = "burn", value_parser = ["burn", "torch"])]
+    pub engine: String,
+    /// With `--engine torch`: the directory the job is written into (must not exist or be empty).
     #[arg(long)]
-    pub out: PathBuf,
+    pub emit: Option<PathBuf>,
     /// Continue from the newest checkpoint in --out.
     #[arg(long)]
     pub resume: bool,
@@ -234,6 +241,37 @@ impl Args {
     }
 }
 
+/// `--engine torch --emit DIR`: writes the PyTorch job instead of training
+/// (backend/src/cli/torch_handoff.rs).
+fn emit_torch_job<B: AutodiffBackend>(
+    a: &Args,
+    config: TrainConfig,
+    data: moe_shared::train::Mixture,
+    devs: Vec<B::Device>,
+    m: &LoadedModel,
+    tok_files: ExtraFiles,
+) -> anyhow::Result<()> {
+    let dir = a.emit.as_deref().context("--engine torch needs --emit DIR (where the PyTorch job is written)")?;
+    if a.engine != "torch" {
+        bail!("--emit writes a PyTorch job: pass --engine torch with it");
+    }
+    if a.resume {
+        bail!("--engine torch: the emitted job resumes itself (`torchrun ... train.py --resume`); drop --resume");
+    }
+    let model = load_model::<B>(m, &devs[0])?;
+    let command: Vec<String> = std::env::args().collect();
+    let layout =
+        super::torch_handoff::emit::<B>(model, data, config, devs, &m.path, tok_files, dir, &command.join(" "))?;
+    eprintln!(
+        "wrote the PyTorch job ({layout} layout) to {}: see its README.md (torchrun --nproc_per_node N train.py)",
+        dir.display()
+    );
+    if a.json {
+        println!("{}", serde_json::json!({"engine": "torch", "job": dir, "layout": layout}));
+    }
+    Ok(())
+}
+
 /// Keeps the lines of `metrics.jsonl` up to `step` (a resumed run rewrites
 /// what came after its checkpoint).
 fn truncate_metrics(path: &Path, step: usize) -> anyhow::Result<()> {
@@ -306,18 +344,22 @@ impl WithAutodiff for Args {
             );
         }
         let devs = devices::<B>(config.devices);
-        let existing = latest_checkpoint(&a.out);
+        if a.engine == "torch" || a.emit.is_some() {
+            return emit_torch_job::<B>(&a, config, data, devs, &m, tok_files);
+        }
+        let out = a.out.clone().context("--out is required with --engine burn")?;
+        let existing = latest_checkpoint(&out);
         let mut trainer = if a.resume {
             let (step, dir) = existing
-                .with_context(|| format!("--resume: no checkpoint (checkpoint-*/ or final/) in {}", a.out.display()))?;
+                .with_context(|| format!("--resume: no checkpoint (checkpoint-*/ or final/) in {}", out.display()))?;
             eprintln!("resuming from {} (step {step})", dir.display());
-            truncate_metrics(&a.out.join("metrics.jsonl"), step)?;
+            truncate_metrics(&out.join("metrics.jsonl"), step)?;
             Trainer::<B>::resume(&dir, data, config.clone(), devs)?
         } else {
             if let Some((step, dir)) = existing {
                 bail!(
                     "{} already holds a checkpoint ({}, step {step}): pass --resume to continue it, or choose another --out",
-                    a.out.display(),
+                    out.display(),
                     dir.display()
                 );
             }
@@ -342,8 +384,8 @@ impl WithAutodiff for Args {
             config.devices,
             config.grad_accum,
         );
-        std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-        let metrics_path = a.out.join("metrics.jsonl");
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+        let metrics_path = out.join("metrics.jsonl");
         let mut metrics = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -365,7 +407,7 @@ impl WithAutodiff for Args {
         bar.reset_eta();
         let stop = stop_flag();
         let mut write_err: Option<std::io::Error> = None;
-        let outcome = trainer.run(&a.out, &stop, |m| {
+        let outcome = trainer.run(&out, &stop, |m| {
             let line = serde_json::to_string(m).expect("json");
             if let Err(e) = writeln!(metrics, "{line}") {
                 write_err.get_or_insert(e);

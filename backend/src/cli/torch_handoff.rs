@@ -1,0 +1,299 @@
+//! `moe-studio train ... --engine torch --emit DIR`: the hand-off to PyTorch
+//! for a training stage that one Burn replica cannot hold (issue 17 item 2;
+//! docs/scaling.md says which stages need it).
+//!
+//! Instead of training, writes a ready-to-run PyTorch FSDP2 job for the
+//! same stage into `DIR` (atomically: a hidden sibling renamed into place;
+//! an existing non-empty `DIR` is refused):
+//!
+//! - `model/` — the model prepared exactly as [`Trainer::new`] prepares it
+//!   (routing options applied, router temperatures folded, the stage
+//!   checked), in f32, in a layout transformers loads (`mixtral` or
+//!   `qwen2_moe`, [`moe_shared::layout`]); a model only the studio layout
+//!   holds is refused with the reason;
+//! - `data/tokens.u32` — the packed sequences the Burn trainer would draw,
+//!   in its order: `rows = steps x grad_accum x batch x devices` rows of
+//!   `seq_len + 1` little-endian u32 token ids (inputs = `row[..L]`,
+//!   targets = `row[1..]`), plus `data/original.u8` (the language-prior
+//!   tag per row) and `data/source.u16` (the source index per row);
+//! - `job.json` — [`TrainConfig`] as the Burn trainer saves it, the
+//!   sources, the layout, the parameter counts;
+//! - `train.py` (`torch_handoff/train.py`), `requirements.txt`,
+//!   `README.md` with the launch commands (1 node x 8 GPUs, several nodes).
+//!
+//! The job's output (`DIR/out/final`, `checkpoint-NNNNNN/`) is a model
+//! directory in the same layout, read back by `graft`, `route`, `eval`.
+//! What is equal and what differs between the engines (AdamW, load
+//! balancing over the global batch) is in docs/scaling.md "Engines".
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use burn::tensor::backend::AutodiffBackend;
+use moe_shared::checkpoint::DType;
+use moe_shared::layout::{self, LayoutRequest};
+use moe_shared::model::save::tensor_plan;
+use moe_shared::model::{save_model, Transformer};
+use moe_shared::train::{Mixture, TrainConfig, Trainer};
+
+/// The training script (`train.py` in the job directory).
+pub const TRAIN_PY: &str = include_str!("torch_handoff/train.py");
+
+/// The `job.json` format name read by `train.py`.
+pub const JOB_FORMAT: &str = "moe-studio-torch-job";
+
+/// What a job needs, pinned to the versions the hand-off was checked with
+/// (`scripts/torch_handoff_check.sh`; tests/reference/requirements.txt).
+pub const REQUIREMENTS: &str = "# the versions scripts/torch_handoff_check.sh checked the hand-off with\n\
+torch==2.15.0\ntransformers==5.24.0\nsafetensors==0.8.0\nnumpy==2.4.6\n";
+
+/// Layouts whose checkpoints `train.py` trains (transformers 5 classes
+/// with fused experts `mlp.experts.gate_up_proj` / `down_proj`).
+pub const TORCH_LAYOUTS: [&str; 2] = ["mixtral", "qwen2_moe"];
+
+/// Writes the job for `config` over `model` (on the trainer's first
+/// device) and `data` into `dir`. `source` names the model in errors;
+/// `extra_files` (the tokenizer) go beside the weights; `command` is the
+/// emitting command line, recorded in `job.json` and the README.
+///
+/// Returns the layout written.
+///
+/// # Errors
+/// A non-empty `dir`; the checks of [`Trainer::new`]; a model whose MoE no
+/// torch layout holds exactly (the layouts' reasons); I/O errors naming the
+/// file. Nothing is left at `dir` on error.
+pub fn emit<B: AutodiffBackend>(
+    model: Transformer<B>,
+    data: Mixture,
+    config: TrainConfig,
+    devices: Vec<B::Device>,
+    source: &str,
+    extra_files: Vec<(String, Vec<u8>)>,
+    dir: &Path,
+    command: &str,
+) -> anyhow::Result<&'static str> {
+    if dir.exists() && std::fs::read_dir(dir).map(|mut d| d.next().is_some()).unwrap_or(true) {
+        bail!("--emit {}: the directory exists and is not empty (choose a new one)", dir.display());
+    }
+    let trainer = Trainer::new(model, data, config.clone(), devices, source)?;
+    for w in trainer.warnings() {
+        eprintln!("warning: {w}");
+    }
+    let (_, moe) = tensor_plan(trainer.model());
+    let moe = moe.context("--engine torch trains MoE stages (experts, router); --stage dense has no hand-off")?;
+    let base = &trainer.model().config;
+    let layout =
+        TORCH_LAYOUTS.iter().filter_map(|n| layout::by_name(n)).find(|l| l.check(base, &moe).is_ok()).ok_or_else(
+            || {
+                let why: Vec<String> = TORCH_LAYOUTS
+                    .iter()
+                    .filter_map(|n| layout::by_name(n))
+                    .filter_map(|l| l.check(base, &moe).err().map(|b| format!("{}: {b}", l.name())))
+                    .collect();
+                anyhow::anyhow!(
+                "--engine torch needs a layout transformers loads, and none holds this model exactly ({}); train it \
+                 with the Burn engine (--engine burn)",
+                why.join("; ")
+            )
+            },
+        )?;
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
+    let name = dir.file_name().context("--emit needs a directory name")?.to_string_lossy().into_owned();
+    let tmp = parent.join(format!(".{name}.emit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let guard = RemoveOnDrop(Some(tmp.clone()));
+    std::fs::create_dir_all(tmp.join("data")).with_context(|| format!("creating {}", tmp.display()))?;
+
+    // The model, as the Burn trainer would start from it.
+    let extra: Vec<(&str, Vec<u8>)> = extra_files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
+    let provenance = serde_json::json!({
+        "method": format!("train/{}/torch-handoff", config.stage.name()),
+        "source": source,
+    });
+    save_model(trainer.model(), &tmp.join("model"), DType::F32, extra, provenance, LayoutRequest::Named(layout))?;
+
+    // The data, in the trainer's order.
+    let mut mix = trainer.data().clone();
+    let global = config.batch_size * config.devices;
+    let micro_steps = config.steps * config.grad_accum;
+    let rows = micro_steps * global;
+    let l = config.seq_len;
+    let (mut tokens, mut original, mut src) =
+        (writer(&tmp.join("data/tokens.u32"))?, Vec::with_capacity(rows), Vec::with_capacity(rows * 2));
+    let mut buf = Vec::with_capacity((l + 1) * 4);
+    for _ in 0..micro_steps {
+        let b = mix.next_batch(global);
+        for r in 0..b.batch {
+            buf.clear();
+            let inp = &b.inputs[r * l..(r + 1) * l];
+            let last = b.targets[(r + 1) * l - 1];
+            for &t in inp.iter().chain(std::iter::once(&last)) {
+                let t = u32::try_from(t).context("token id out of u32 range")?;
+                buf.extend_from_slice(&t.to_le_bytes());
+            }
+            tokens.write_all(&buf).context("writing data/tokens.u32")?;
+            original.push(u8::from(b.original[r]));
+            let s = u16::try_from(b.sources[r]).context("more than 65535 data sources")?;
+            src.extend_from_slice(&s.to_le_bytes());
+        }
+    }
+    tokens.flush().context("writing data/tokens.u32")?;
+    drop(tokens);
+    write(&tmp.join("data/original.u8"), &original)?;
+    write(&tmp.join("data/source.u16"), &src)?;
+
+    let counts = trainer.param_counts();
+    let sources: Vec<serde_json::Value> = trainer
+        .data()
+        .sources()
+        .iter()
+        .zip(trainer.data().fingerprint())
+        .map(|(s, f)| {
+            serde_json::json!({"name": s.spec.name, "path": s.spec.path, "weight": s.spec.weight,
+                "original": s.spec.original, "tokens": f.tokens, "sequences": f.sequences})
+        })
+        .collect();
+    let job = serde_json::json!({
+        "format": JOB_FORMAT,
+        "version": 1,
+        "emitted_by": command,
+        "moe_studio_version": env!("CARGO_PKG_VERSION"),
+        "model": "model",
+        "layout": layout.name(),
+        "global_batch": global,
+        "data": {"tokens": "data/tokens.u32", "original": "data/original.u8", "source": "data/source.u16",
+                 "rows": rows, "row_len": l + 1},
+        "sources": sources,
+        "parameters": {"trainable": counts.trainable, "frozen": counts.frozen},
+        "train": config,
+    });
+    write(&tmp.join("job.json"), &serde_json::to_vec_pretty(&job).expect("json"))?;
+    write(&tmp.join("train.py"), TRAIN_PY.as_bytes())?;
+    write(&tmp.join("requirements.txt"), REQUIREMENTS.as_bytes())?;
+    write(&tmp.join("README.md"), readme(&config, layout.name(), rows, counts.trainable, command).as_bytes())?;
+    if dir.exists() {
+        std::fs::remove_dir(dir).with_context(|| format!("replacing the empty {}", dir.display()))?;
+    }
+    std::fs::rename(&tmp, dir).with_context(|| format!("moving the job into {}", dir.display()))?;
+    std::mem::forget(guard);
+    Ok(layout.name())
+}
+
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+fn writer(p: &Path) -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
+    let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
+    Ok(std::io::BufWriter::with_capacity(1 << 20, f))
+}
+
+fn write(p: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    std::fs::write(p, bytes).with_context(|| format!("writing {}", p.display()))
+}
+
+/// The job's README: what it is, the launch commands, what differs.
+fn readme(c: &TrainConfig, layout: &str, rows: usize, trainable: usize, command: &str) -> String {
+    let global = c.batch_size * c.devices;
+    format!(
+        r#"# PyTorch FSDP job: moe-studio stage `{stage}`
+
+Written by `{command}`.
+The same stage as moe-studio's Burn trainer on the same data: the model in
+`model/` ({layout} layout, f32), {rows} packed sequences of {l} tokens in
+`data/tokens.u32` (the trainer's order; nothing is re-tokenised), the
+hyper-parameters in `job.json` ({steps} steps, lr {lr:e}, warm-up {warmup},
+cosine to {min_lr} x lr, AdamW betas ({b1}, {b2}) eps {eps:e} weight decay
+{wd}, clip {clip}, alpha {alpha} ({lb_form}), prior {prior}, z-loss {z},
+checkpoint every {every} steps, seed {seed}). {trainable} parameters train.
+
+`train.py` shards parameters, gradients and AdamW state over every rank
+with FSDP2 (`fully_shard` per decoder layer and the root: FULL_SHARD, the
+ZeRO-3 partitioning). Each optimizer step takes {ga} micro-step(s) of
+{global} sequences in all; the number of ranks must divide {global}.
+
+## Install
+
+    python3 -m venv venv && venv/bin/pip install -r requirements.txt
+
+## Launch
+
+One node, 8 GPUs (NCCL; bf16 compute with f32 master weights and f32
+gradient reduction):
+
+    torchrun --standalone --nproc_per_node 8 train.py --dtype bf16
+
+Several nodes (here 4 x 8 GPUs; run on every node, `NODE_RANK` 0..3,
+`MASTER` the address of node 0):
+
+    torchrun --nnodes 4 --nproc_per_node 8 --node_rank $NODE_RANK \
+        --rdzv_backend c10d --rdzv_endpoint $MASTER:29500 --rdzv_id moe-job train.py --dtype bf16
+
+CPU (gloo, f32; how `scripts/torch_handoff_check.sh` verifies the job
+against the Burn trainer):
+
+    torchrun --standalone --nproc_per_node 2 train.py --device cpu
+
+Continue an interrupted run from the newest `out/checkpoint-*`: the same
+command plus `--resume`.
+
+## Output
+
+`out/metrics.jsonl` (one line per step, moe-studio's metric fields),
+`out/checkpoint-NNNNNN/` (a model directory + `dcp/`, the sharded model
+and optimizer state for `--resume`; the newest {keep} kept) and
+`out/final/`, a model directory in the {layout} layout that
+`moe-studio graft`, `route`, `eval` and `inspect` read as they are.
+
+## What equals the Burn trainer, and what does not
+
+- Equal: freezing (expert 0 and every non-FFN tensor in stage `experts`,
+  bit for bit; the routers only in stage `router`), the losses and their
+  coefficients, the data and its order, the schedule, clipping by the
+  global gradient norm, the checkpoint cadence.
+- Load balancing and the language prior are computed over the whole
+  micro-batch of all ranks (routing counts all-reduced), as the Burn
+  trainer computes them over its batch on one device: the result does not
+  depend on the number of ranks. Burn's `--devices N` thread loop computes
+  them per device instead.
+- AdamW: the same update (decoupled weight decay `p (1 - lr wd)`, bias
+  correction of both moments, epsilon added to `sqrt(v_hat)`); the betas
+  are Burn's f32 values. They differ in rounding only: Burn forms
+  `sqrt(v / (1 - b2^t))` with the bias corrections in f32, torch
+  `sqrt(v) / sqrt(1 - b2^t)` in f64.
+"#,
+        stage = c.stage.name(),
+        l = c.seq_len,
+        steps = c.steps,
+        lr = c.lr,
+        warmup = c.warmup,
+        min_lr = c.min_lr_ratio,
+        b1 = c.beta1,
+        b2 = c.beta2,
+        eps = c.eps,
+        wd = c.weight_decay,
+        clip = c.clip.map_or("none".to_string(), |x| x.to_string()),
+        alpha = if c.balance == moe_shared::train::Balance::Aux { c.alpha } else { 0.0 },
+        lb_form = match c.lb_form {
+            moe_shared::train::LbForm::PerLayer => "per-layer",
+            moe_shared::train::LbForm::HfMixtral => "hf-mixtral",
+        },
+        prior = c.prior,
+        z = c.z_loss,
+        every = c.save_every,
+        seed = c.seed,
+        ga = c.grad_accum,
+        keep = c.keep.max(1),
+    )
+}

@@ -1,0 +1,443 @@
+#!/usr/bin/env python3
+"""moe-studio's PyTorch hand-off: one training stage of an upcycled MoE on
+PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``: parameters, gradients
+and AdamW state sharded over every rank, i.e. FULL_SHARD / ZeRO-3), written
+by ``moe-studio train ... --engine torch --emit DIR`` beside this file.
+
+It runs the same stage as moe-studio's Burn trainer (shared/src/train,
+docs/methods.md §1 "DeltaMoE" and "MoE-LPR stage 2"):
+
+- model: ``model/``, the checkpoint moe-studio exported in a layout
+  transformers loads (Mixtral / Qwen2-MoE, shared/src/layout/);
+- freezing (shared/src/train/freeze.rs): stage ``experts`` trains the
+  routers, every expert not listed in ``moe_studio.frozen_experts`` and the
+  shared experts unless ``moe_studio.shared_frozen`` (a zero stand-in shared
+  expert stays frozen); stage ``router`` trains the routers only. The
+  experts of one layer are one fused tensor in transformers 5
+  (``mlp.experts.gate_up_proj [E, 2f, d]``, ``down_proj [E, d, f]``): the
+  rows of frozen experts get a zero gradient and no weight decay, so they
+  stay bit-identical;
+- data: ``data/tokens.u32``, the packed sequences moe-studio would train on,
+  in its order (no re-tokenisation, no shuffling here);
+- losses (shared/src/train/losses.rs): next-token cross-entropy +
+  ``alpha`` x load balancing (per-layer ``E * sum_i f_i P_i`` or
+  transformers' pooled form) + ``z_loss`` x router z-loss + ``prior`` x the
+  language prior (router cross-entropy against expert 0 on original-language
+  sequences). The routing fractions ``f_i`` and the language-prior token
+  count are taken over the whole micro-batch of all ranks (all-reduced), so
+  the result does not depend on the number of ranks and equals moe-studio's
+  single-device trainer with the same global batch;
+- optimiser: torch.optim.AdamW with Burn's hyper-parameters, global-norm
+  clipping (``clip_grad_norm_``), warm-up + cosine schedule
+  (shared/src/train/schedule.rs), checkpoint cadence and ``keep``.
+
+Launch with torchrun (README.md beside this file). Output: ``OUT/metrics.jsonl``
+(one JSON line per step, the fields of moe-studio's metrics), periodic
+``OUT/checkpoint-NNNNNN/`` (a loadable model directory + ``dcp/`` for
+``--resume``) and ``OUT/final/`` — model directories in the exported layout
+that ``moe-studio graft|route|eval|inspect`` read unchanged.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FORMAT = "moe-studio-torch-job"
+
+
+def fail(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def lr_at(sched, step):
+    """shared/src/train/schedule.rs: the rate of the update at 0-based `step`."""
+    lr, warmup, total, min_ratio = sched["lr"], sched["warmup"], sched["total"], sched["min_ratio"]
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    span = max(total - warmup, 1)
+    progress = min((step - warmup) / span, 1.0)
+    cos = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return lr * (min_ratio + (1.0 - min_ratio) * cos)
+
+
+def f32(x):
+    """Burn keeps AdamW's betas as f32: use the same values."""
+    return float(np.float32(x))
+
+
+class Job:
+    def __init__(self, root):
+        path = os.path.join(root, "job.json")
+        with open(path) as f:
+            j = json.load(f)
+        if j.get("format") != FORMAT or j.get("version") != 1:
+            fail(f"{path}: not a {FORMAT} version 1 file")
+        self.j = j
+        self.root = root
+        self.c = j["train"]
+        self.model_dir = os.path.join(root, j["model"])
+        d = j["data"]
+        self.rows, self.row_len = d["rows"], d["row_len"]
+        tok = os.path.join(root, d["tokens"])
+        want = self.rows * self.row_len * 4
+        if os.path.getsize(tok) != want:
+            fail(f"{tok}: {os.path.getsize(tok)} bytes, job.json says {self.rows} x {self.row_len} u32 = {want}")
+        self.tokens = np.memmap(tok, dtype="<u4", mode="r", shape=(self.rows, self.row_len))
+        self.original = np.fromfile(os.path.join(root, d["original"]), dtype=np.uint8)
+        self.source = np.fromfile(os.path.join(root, d["source"]), dtype="<u2")
+        if len(self.original) != self.rows or len(self.source) != self.rows:
+            fail(f"{d['original']} / {d['source']}: expected {self.rows} entries")
+        self.global_batch = j["global_batch"]
+        with open(os.path.join(self.model_dir, "config.json")) as f:
+            self.config_json = json.load(f)
+
+
+def rank_batch(job, step, micro, rank, world):
+    """Rows of micro-step `micro` of optimizer step `step` that rank `rank` trains on."""
+    per = job.global_batch // world
+    base = (step * job.c["grad_accum"] + micro) * job.global_batch
+    lo, hi = base + rank * per, base + (rank + 1) * per
+    rows = torch.from_numpy(np.asarray(job.tokens[lo:hi], dtype=np.int64))
+    orig_all = job.original[base : base + job.global_batch]
+    return (
+        rows[:, :-1].contiguous(),
+        rows[:, 1:].contiguous(),
+        torch.from_numpy(job.original[lo:hi].astype(np.bool_)),
+        int(orig_all.sum()),
+        job.source[base : base + job.global_batch],
+    )
+
+
+LAYER = re.compile(r"^model\.layers\.(\d+)\.mlp\.(.*)$")
+
+
+def select_trainable(model, job):
+    """Sets requires_grad per shared/src/train/freeze.rs; returns the fused
+    expert parameters with frozen experts as {name: frozen expert indices}."""
+    stage = job.c["stage"]
+    studio = job.config_json.get("moe_studio", {})
+    frozen = studio.get("frozen_experts", [])
+    shared_frozen = studio.get("shared_frozen", [])
+    zero_shared = bool(studio.get("zero_shared_expert", False))
+    masked = {}
+    seen_router = set()
+    for name, p in model.named_parameters():
+        p.requires_grad_(False)
+        m = LAYER.match(name)
+        if not m:
+            continue
+        layer, rest = int(m.group(1)), m.group(2)
+        if rest == "gate.weight":
+            p.requires_grad_(True)
+            seen_router.add(layer)
+        elif stage == "experts" and rest in ("experts.gate_up_proj", "experts.down_proj"):
+            fz = [e for e in (frozen[layer] if layer < len(frozen) else []) if e < p.shape[0]]
+            if len(fz) < p.shape[0]:
+                p.requires_grad_(True)
+                if fz:
+                    masked[name] = fz
+        elif stage == "experts" and (rest.startswith("shared_expert.") or rest == "shared_expert_gate.weight"):
+            sf = layer < len(shared_frozen) and shared_frozen[layer]
+            if not (zero_shared or sf):
+                p.requires_grad_(True)
+        elif stage == "experts" and rest.startswith("experts."):
+            fail(f"{name}: unknown expert tensor (this script knows transformers 5's fused "
+                 "experts.gate_up_proj / experts.down_proj)")
+    moe_layers = {i for i, f in enumerate(frozen) if f} | seen_router
+    if not seen_router:
+        fail("no router (model.layers.N.mlp.gate.weight) found: is model/ an MoE?")
+    missing = sorted(i for i in moe_layers if i not in seen_router)
+    if missing:
+        fail(f"layers {missing} have frozen experts but no router parameter")
+    return masked
+
+
+def load_balancing(logits_per_layer, top_k, num_experts, form, group_sum):
+    """shared/src/train/losses.rs::load_balancing_loss with the routing
+    fractions over the whole micro-batch of all ranks. Returns (the rank's
+    differentiable term whose mean over ranks is the global loss, counts
+    per layer over all ranks)."""
+    counts = []
+    for lg in logits_per_layer:
+        idx = torch.topk(lg.detach(), top_k, dim=-1).indices.reshape(-1)
+        counts.append(torch.bincount(idx, minlength=num_experts).to(torch.float64))
+    stacked = group_sum(torch.stack(counts))
+    rows_local = logits_per_layer[0].shape[0]
+    world_rows = group_sum(torch.tensor([float(rows_local)], dtype=torch.float64)).item()
+    if form == "per-layer":
+        total = 0.0
+        for lg, c in zip(logits_per_layer, stacked):
+            p = torch.softmax(lg.float(), dim=-1).mean(dim=0)
+            f = (c / max(world_rows * top_k, 1.0)).to(torch.float32)
+            total = total + (p * f).sum() * num_experts
+        return total / len(logits_per_layer), stacked
+    # hf-mixtral: counts and probabilities pooled over layers first.
+    f = (stacked.sum(dim=0) / (world_rows * len(logits_per_layer))).to(torch.float32)
+    psum = sum(torch.softmax(lg.float(), dim=-1).sum(dim=0) for lg in logits_per_layer)
+    p = psum / (rows_local * len(logits_per_layer))
+    return (p * f).sum() * num_experts, stacked
+
+
+def z_loss(logits_per_layer):
+    """ST-MoE Eq. 5 (losses.rs::router_z_loss): mean over rows of lse^2, mean over layers."""
+    return sum(torch.logsumexp(lg.float(), dim=-1).pow(2).mean() for lg in logits_per_layer) / len(logits_per_layer)
+
+
+def language_prior(logits_per_layer, row_mask, masked_global, world):
+    """losses.rs::language_prior_loss over the masked rows of all ranks:
+    returns the rank's term whose mean over ranks is the global loss."""
+    total = 0.0
+    w = row_mask.to(torch.float32)
+    for lg in logits_per_layer:
+        logp0 = torch.log_softmax(lg.float(), dim=-1)[:, 0]
+        total = total - (logp0 * w).sum() * world / masked_global
+    return total / len(logits_per_layer)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--job", default=HERE, help="the job directory (default: this file's)")
+    ap.add_argument("--out", default=None, help="output directory (default: JOB/out)")
+    ap.add_argument("--resume", action="store_true", help="continue from the newest OUT/checkpoint-*")
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
+                    help="compute dtype (bf16: FSDP2 MixedPrecisionPolicy, f32 master weights and reductions)")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    ap.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (a smoke run)")
+    args = ap.parse_args()
+
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
+        set_optimizer_state_dict)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    from transformers import AutoModelForCausalLM
+
+    if "RANK" not in os.environ:
+        fail("launch with torchrun (see README.md), e.g. torchrun --nproc_per_node 1 train.py")
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=30))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    job = Job(args.job)
+    c = job.c
+    if job.global_batch % world:
+        fail(f"{world} ranks do not divide the micro-batch of {job.global_batch} sequences "
+             "(job.json global_batch = --batch x --devices of the emitting command)")
+    torch.manual_seed(c["seed"])
+    out = args.out or os.path.join(job.root, "out")
+    os.makedirs(out, exist_ok=True)
+
+    model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=torch.float32)
+    model.config.use_cache = False
+    model.train()
+    masked = select_trainable(model, job)
+    mesh = init_device_mesh(device.type, (world,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32,
+                              reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    model.to(device)
+    named = dict(model.named_parameters())
+    # Per fused expert tensor with frozen experts: a [E, 1, 1] row mask, sharded like the parameter.
+    masks = {}
+    for name, fz in masked.items():
+        p = named[name]
+        m = torch.ones(p.shape[0], *([1] * (p.dim() - 1)), dtype=torch.float32, device=device)
+        m[fz] = 0.0
+        masks[name] = distribute_tensor(m, p.device_mesh, p.placements) if isinstance(p, DTensor) else m
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    wd = c["weight_decay"]
+    groups = [
+        {"params": [p for n, p in trainable if n not in masks], "weight_decay": wd},
+        # Frozen rows must not decay: these get their decay below, row-masked.
+        {"params": [p for n, p in trainable if n in masks], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=c["lr"], betas=(f32(c["beta1"]), f32(c["beta2"])),
+                            eps=c["eps"], weight_decay=wd)
+    # Elements that train: the rows of frozen experts inside fused tensors do not.
+    n_train = sum(p.numel() * (1 - len(masked.get(n, [])) / p.shape[0]) for n, p in trainable)
+    n_all = sum(p.numel() for p in model.parameters())
+    sched = {"lr": c["lr"], "warmup": c["warmup"], "total": c["steps"], "min_ratio": c["min_lr_ratio"]}
+    moe_cfg = model.config
+    num_experts = getattr(moe_cfg, "num_local_experts", None) or moe_cfg.num_experts
+    top_k = moe_cfg.num_experts_per_tok
+    alpha = c["alpha"] if c["balance"] == "aux" else 0.0
+    ga, L = c["grad_accum"], c["seq_len"]
+    steps = c["steps"] if args.max_steps is None else min(c["steps"], args.max_steps)
+    needed = steps * ga * job.global_batch
+    if needed > job.rows:
+        fail(f"{steps} steps need {needed} sequences, data/tokens.u32 holds {job.rows}")
+
+    def group_sum(t):
+        t = t.to(device)
+        dist.all_reduce(t)
+        return t.cpu()
+
+    def log(msg):
+        if rank == 0:
+            print(msg, flush=True)
+
+    start = 0
+    metrics_path = os.path.join(out, "metrics.jsonl")
+    if args.resume:
+        ck = sorted(d for d in os.listdir(out) if d.startswith("checkpoint-"))
+        if not ck:
+            fail(f"--resume: no checkpoint-* in {out}")
+        d = os.path.join(out, ck[-1])
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+        dcp.load(state, checkpoint_id=os.path.join(d, "dcp"))
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, opt, state["optim"])
+        with open(os.path.join(d, "trainer_state.json")) as f:
+            start = json.load(f)["step"]
+        log(f"resuming from {d} (step {start})")
+        if rank == 0 and os.path.exists(metrics_path):
+            with open(metrics_path) as f:
+                kept = [l for l in f if l.strip() and json.loads(l)["step"] <= start]
+            with open(metrics_path, "w") as f:
+                f.writelines(kept)
+    elif rank == 0 and os.path.exists(metrics_path):
+        os.remove(metrics_path)
+    log(f"stage {c['stage']}: {int(n_train)} trainable parameters of {n_all}; {world} rank(s) on {device.type}, "
+        f"{job.global_batch // world} sequences per rank per micro-step, {ga} micro-step(s), seq {L}")
+
+    def save_model_dir(dst):
+        """Gathers the full state dict and writes a model directory in the exported layout (rank 0)."""
+        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if getattr(model.config, "tie_word_embeddings", False):
+            sd.pop("lm_head.weight", None)  # tied: the exported checkpoint has none
+        if rank == 0:
+            tmp = dst + ".tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
+            for f in os.listdir(job.model_dir):
+                if not f.endswith((".safetensors", ".safetensors.index.json")):
+                    shutil.copy2(os.path.join(job.model_dir, f), os.path.join(tmp, f))
+            if os.path.exists(dst):
+                shutil.rmtree(dst)
+            os.rename(tmp, dst)
+        dist.barrier()
+
+    def save_checkpoint(step):
+        d = os.path.join(out, f"checkpoint-{step:06d}")
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+        dcp.save(state, checkpoint_id=os.path.join(d, "dcp"))
+        save_model_dir(os.path.join(d, "model.tmpdir"))
+        if rank == 0:
+            mdir = os.path.join(d, "model.tmpdir")
+            for f in os.listdir(mdir):
+                os.rename(os.path.join(mdir, f), os.path.join(d, f))
+            os.rmdir(mdir)
+            with open(os.path.join(d, "trainer_state.json"), "w") as f:
+                json.dump({"format": "moe-studio-torch-trainer-state", "step": step}, f)
+            ck = sorted(x for x in os.listdir(out) if x.startswith("checkpoint-"))
+            for old in ck[: max(len(ck) - max(c["keep"], 1), 0)]:
+                shutil.rmtree(os.path.join(out, old))
+        dist.barrier()
+
+    tokens_seen = start * ga * job.global_batch * L
+    for step in range(start, steps):
+        t0 = time.time()
+        ces, lbs, zs, priors = [], [], [], []
+        load = None
+        src_seq = [0] * len(job.j["sources"])
+        for micro in range(ga):
+            inp, tgt, row_orig, orig_global, srcs = rank_batch(job, step, micro, rank, world)
+            for s in srcs:
+                src_seq[int(s)] += 1
+            inp, tgt = inp.to(device), tgt.to(device)
+            o = model(input_ids=inp, output_router_logits=True, use_cache=False)
+            logits = o.logits.float()
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
+            router = [r for r in o.router_logits if r is not None]
+            lb, counts = load_balancing(router, top_k, num_experts, c["lb_form"], group_sum)
+            total = ce + alpha * lb if alpha > 0 else ce
+            zl = z_loss(router)
+            if c["z_loss"] > 0:
+                total = total + c["z_loss"] * zl
+            pr = None
+            if orig_global > 0:
+                token_mask = row_orig.repeat_interleave(L).to(device)
+                pr = language_prior(router, token_mask, orig_global * L, world)
+                if c["prior"] > 0:
+                    total = total + c["prior"] * pr
+            (total / ga).backward()
+            vals = torch.tensor([ce.item(), lb.item(), zl.item(), pr.item() if pr is not None else 0.0],
+                                dtype=torch.float64)
+            vals = group_sum(vals) / world
+            ces.append(vals[0].item())
+            lbs.append(vals[1].item())
+            zs.append(vals[2].item())
+            if pr is not None:
+                priors.append(vals[3].item())
+            load = counts if load is None else load + counts
+        for name, m in masks.items():
+            g = named[name].grad
+            if g is not None:
+                g.mul_(m)
+        ce_m = sum(ces) / len(ces)
+        lb_m = sum(lbs) / len(lbs)
+        z_m = sum(zs) / len(zs)
+        pr_m = sum(priors) / len(priors) if priors else None
+        loss = ce_m + alpha * lb_m + c["z_loss"] * z_m + c["prior"] * (pr_m or 0.0)
+        if not math.isfinite(loss):
+            fail(f"step {step + 1}: the loss is {loss} (try a lower --lr or --clip); the step was not applied")
+        params = [p for _, p in trainable]
+        norm = torch.nn.utils.clip_grad_norm_(params, c["clip"] if c["clip"] is not None else float("inf"))
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        lr = lr_at(sched, step)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        if wd > 0:
+            with torch.no_grad():
+                for name, m in masks.items():
+                    named[name].mul_(1.0 - lr * wd * m)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        tokens = ga * job.global_batch * L
+        tokens_seen += tokens
+        secs = time.time() - t0
+        metrics = {
+            "step": step + 1, "steps": c["steps"], "loss": loss, "ce_loss": ce_m, "lb_loss": lb_m,
+            "prior_loss": pr_m, "z_loss": z_m, "lr": lr, "grad_norm": float(norm), "tokens": tokens,
+            "tokens_seen": tokens_seen, "seconds": secs, "tokens_per_s": tokens / secs if secs > 0 else 0.0,
+            "expert_load": [(row / max(row.sum().item(), 1.0)).tolist() for row in load],
+            "source_sequences": src_seq, "engine": "torch", "world_size": world,
+        }
+        if rank == 0:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(metrics) + "\n")
+            print(f"step {step + 1}/{c['steps']} loss {loss:.6f} ce {ce_m:.6f} lb {lb_m:.4f} lr {lr:.3e} "
+                  f"grad_norm {float(norm):.4f} {metrics['tokens_per_s']:.0f} tok/s", flush=True)
+        every = c["save_every"]
+        if every > 0 and (step + 1) % every == 0 and step + 1 < c["steps"]:
+            save_checkpoint(step + 1)
+    save_model_dir(os.path.join(out, "final"))
+    log(f"done: {steps} steps; model in {os.path.join(out, 'final')}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1146,7 +1146,10 @@ impl GgufModel {
     /// `attention.layer_norm_rms_epsilon`, `rope.freq_base` (default 10000),
     /// `context_length` (default 2048), `rope.dimension_count` (must equal
     /// head_dim: partial rotary is not supported), `rope.scaling.type` /
-    /// `rope.scaling.factor` (none or linear). The vocabulary size is the
+    /// `rope.scaling.factor` (none or linear), the tensor `rope_freqs.weight`
+    /// (llama.cpp's per-frequency divisors: read back as the Llama 3.1
+    /// scaling they encode, [`crate::model::rope::llama3_from_freq_factors`]).
+    /// The vocabulary size is the
     /// length of `tokenizer.ggml.tokens` (else `{arch}.vocab_size`, else the
     /// embedding rows); embeddings are tied when there is no `output.weight`;
     /// attention biases are on for qwen2 or when `blk.0.attn_q.bias` exists;
@@ -1155,7 +1158,8 @@ impl GgufModel {
     /// # Errors
     /// [`StudioError::Config`] naming the file for an architecture other
     /// than llama/qwen2, a missing or mistyped required key, an unsupported
-    /// RoPE scaling, or inconsistent sizes ([`ModelConfig::validate`]);
+    /// RoPE scaling (or both a scaling type and `rope_freqs.weight`), or
+    /// inconsistent sizes ([`ModelConfig::validate`]);
     /// [`StudioError::UnsupportedDType`] naming the file and tensor when a
     /// tensor's GGML type cannot be dequantized.
     pub fn model_config(&self) -> Result<ModelConfig> {
@@ -1230,12 +1234,19 @@ impl GgufModel {
                 ))
             }
         };
-        if self.file.tensor("rope_freqs.weight").is_some() {
-            return Err(StudioError::config(
-                src,
-                "the file has a `rope_freqs.weight` tensor (Llama 3.1-style frequency-dependent RoPE scaling, whose parameters GGUF does not store); such files are not supported",
-            ));
-        }
+        let rope_scaling = match self.rope_freq_factors(head_dim)? {
+            None => rope_scaling,
+            Some(_) if rope_scaling != RopeScaling::Default => {
+                return Err(StudioError::config(
+                    src,
+                    format!(
+                        "the file has both `{}` and a `rope_freqs.weight` tensor: two RoPE scalings at once are not supported",
+                        self.meta_key("rope.scaling.type")
+                    ),
+                ))
+            }
+            Some(f) => crate::model::rope::llama3_from_freq_factors(&f, head_dim, rope_theta),
+        };
         let vocab_size = match self.file.get("tokenizer.ggml.tokens").and_then(GgufValue::as_array) {
             Some(a) => a.len(),
             None => match self.meta_usize("vocab_size", false)? {
@@ -1270,6 +1281,43 @@ impl GgufModel {
 }
 
 impl GgufModel {
+    /// llama.cpp's per-frequency RoPE divisors, the tensor
+    /// `rope_freqs.weight` (`[head_dim / 2]`, F32; written by
+    /// `convert_hf_to_gguf.py` for a Llama 3.1 `rope_scaling`), or `None`
+    /// when the file has none.
+    ///
+    /// # Errors
+    /// [`StudioError::Tensor`] naming the file and tensor when its length is
+    /// not `head_dim / 2` or a value is not a positive finite number.
+    fn rope_freq_factors(&self, head_dim: usize) -> Result<Option<Vec<f64>>> {
+        const NAME: &str = "rope_freqs.weight";
+        let Some(t) = self.file.tensor(NAME) else { return Ok(None) };
+        if !quant::is_supported(t.dtype) {
+            return Err(unsupported(&self.file.file, NAME, t.dtype));
+        }
+        if t.n_elements != head_dim / 2 {
+            return Err(StudioError::tensor(
+                &self.file.file,
+                NAME,
+                format!(
+                    "{} values, expected head_dim / 2 = {} (one RoPE frequency factor each)",
+                    t.n_elements,
+                    head_dim / 2
+                ),
+            ));
+        }
+        let v = quant::dequantize(t.dtype, self.file.tensor_bytes(t), t.n_elements)
+            .map_err(|m| StudioError::tensor(&self.file.file, NAME, m))?;
+        if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !(x.is_finite() && **x > 0.0)) {
+            return Err(StudioError::tensor(
+                &self.file.file,
+                NAME,
+                format!("value {i} is {x}: RoPE frequency factors must be positive and finite"),
+            ));
+        }
+        Ok(Some(v.into_iter().map(f64::from).collect()))
+    }
+
     /// The MoE structure of a llama.cpp MoE (`{arch}.expert_count` > 0):
     /// every layer with `expert_count` experts and `expert_used_count` per
     /// token, no router bias, temperature 1, frozen experts from

@@ -32,6 +32,17 @@ pub enum RopeScaling {
         /// Context length the model was pre-trained with.
         original_max_position_embeddings: usize,
     },
+    /// Per-frequency divisors of the inverse frequencies, `[head_dim / 2]`:
+    /// `inv_freq[i] / factors[i]` (llama.cpp's `rope_freqs.weight` tensor,
+    /// ggml `rope` with `freq_factors`). The GGUF reader gives this only when
+    /// the factors are not those of a [`RopeScaling::Llama3`] setting
+    /// ([`crate::model::rope::llama3_from_freq_factors`]); transformers has no
+    /// equivalent, so a `config.json` holding it is read by the studio only.
+    #[serde(rename = "freq_factors")]
+    FreqFactors {
+        /// One divisor per frequency (> 0).
+        factors: Vec<f64>,
+    },
 }
 
 /// Architecture family of a dense decoder.
@@ -135,6 +146,16 @@ impl ModelConfig {
         }
         if !self.head_dim.is_multiple_of(2) {
             return err(format!("`head_dim` ({}) must be even for RoPE", self.head_dim));
+        }
+        if let RopeScaling::FreqFactors { factors } = &self.rope_scaling {
+            if factors.len() != self.head_dim / 2 {
+                return err(format!(
+                    "RoPE frequency factors: {} values for head_dim {} (expected head_dim / 2 = {})",
+                    factors.len(),
+                    self.head_dim,
+                    self.head_dim / 2
+                ));
+            }
         }
         if self.rms_norm_eps.is_nan() || self.rms_norm_eps <= 0.0 || self.rope_theta.is_nan() || self.rope_theta <= 0.0
         {
@@ -240,9 +261,21 @@ fn parse_rope_scaling(v: &serde_json::Value, src: &str) -> Result<RopeScaling> {
             high_freq_factor: num("high_freq_factor", Some(4.0))?,
             original_max_position_embeddings: num("original_max_position_embeddings", Some(8192.0))? as usize,
         }),
+        "freq_factors" => {
+            let factors = v
+                .get("factors")
+                .and_then(|f| f.as_array())
+                .and_then(|a| {
+                    a.iter().map(|x| x.as_f64().filter(|x| x.is_finite() && *x > 0.0)).collect::<Option<Vec<_>>>()
+                })
+                .ok_or_else(|| {
+                    StudioError::config(src, "rope scaling `freq_factors` needs `factors`, a list of positive numbers")
+                })?;
+            Ok(RopeScaling::FreqFactors { factors })
+        }
         other => Err(StudioError::config(
             src,
-            format!("unsupported rope scaling type `{other}` (supported: default, linear, llama3)"),
+            format!("unsupported rope scaling type `{other}` (supported: default, linear, llama3, freq_factors)"),
         )),
     }
 }

@@ -16,6 +16,11 @@
                                     fixture's bf16 values, exact). No
                                     tokenizer (the fixture has none);
                                     `llama.vocab_size` gives V.
+  tests/fixtures/tiny-qwen3.gguf    tests/fixtures/tiny-qwen3 (q/k RMSNorm,
+                                    head_dim 16, tied) as GGUF architecture
+                                    `qwen3` (`Qwen3Model` of the converter:
+                                    no q/k permutation, `blk.N.attn_{q,k}_norm`,
+                                    no `output.weight` when tied). F32.
 
 The test (shared/tests/integration/gguf_families.rs) loads it and the
 safetensors original and compares their logits with each other and with the
@@ -88,6 +93,8 @@ BLOCK = {
     "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
     "post_attention_layernorm": "ffn_norm",
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
@@ -103,15 +110,14 @@ def gguf_name(hf):
     return f"blk.{layer}.{BLOCK[module]}.{suffix}"
 
 
-def llama3_gguf(name):
+def write_gguf(name, arch):
     src = FIXTURES / name
     cfg = json.loads((src / "config.json").read_text())
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
-    assert rope["rope_type"] == "llama3", rope
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_head
     out = FIXTURES / f"{name}.gguf"
-    w = gguf.GGUFWriter(str(out), "llama")
+    w = gguf.GGUFWriter(str(out), arch)
     w.add_name(name)
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
@@ -122,30 +128,34 @@ def llama3_gguf(name):
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta")))
+    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     w.add_rope_dimension_count(head_dim)
     w.add_vocab_size(cfg["vocab_size"])
     w.add_bos_token_id(cfg["bos_token_id"])
     w.add_eos_token_id(cfg["eos_token_id"])
-    factors = llama3_rope_factors(cfg, rope)
-    w.add_tensor("rope_freqs.weight", factors)
+    note = ""
+    if rope.get("rope_type") == "llama3":
+        factors = llama3_rope_factors(cfg, rope)
+        w.add_tensor("rope_freqs.weight", factors)
+        note = f"; rope_freqs {factors.tolist()}"
     for hf, t in sorted(load_dir(src).items()):
         a = t.float().numpy()
-        if hf.endswith("q_proj.weight"):
+        if arch == "llama" and hf.endswith("q_proj.weight"):
             a = permute(a, n_head, n_head)
-        elif hf.endswith("k_proj.weight"):
+        elif arch == "llama" and hf.endswith("k_proj.weight"):
             a = permute(a, n_head, n_kv)
         w.add_tensor(gguf_name(hf), np.ascontiguousarray(a, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    print(f"{out}: {out.stat().st_size} B; rope_freqs {factors.tolist()}", file=sys.stderr)
+    print(f"{out}: {out.stat().st_size} B{note}", file=sys.stderr)
     assert out.stat().st_size < 300_000
 
 
 def main():
-    llama3_gguf("tiny-llama3")
+    write_gguf("tiny-llama3", "llama")
+    write_gguf("tiny-qwen3", "qwen3")
 
 
 if __name__ == "__main__":

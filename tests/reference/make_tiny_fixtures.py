@@ -26,6 +26,15 @@ files* (so the storage rounding to bf16/f16 is part of the reference):
                                 (mlp_only_layers), head_dim 16, a shared expert
                                 of size 8 whose down projection is ZERO (the
                                 form the studio reads exactly), tied, f32.
+  tests/fixtures/tiny-qwen3/    Qwen3ForCausalLM: q/k RMSNorm per head
+                                (q_norm/k_norm, random weights), no bias,
+                                head_dim 16 (!= hidden / heads = 8), tied,
+                                rope_theta 1e6, f32.
+  tests/fixtures/tiny-qwen3-moe/ Qwen3MoeForCausalLM written by transformers:
+                                q/k norms, 4 experts top-2 of width 24
+                                (moe_intermediate_size != intermediate_size),
+                                norm_topk_prob true, layer 1 dense
+                                (mlp_only_layers), head_dim 16, untied, f32.
 
 Shapes: vocab 96, hidden 32, intermediate 48, 2 layers, 4 heads, 2 kv heads,
 max_position_embeddings 256. Every parameter is re-drawn from a seeded normal
@@ -65,6 +74,10 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -166,6 +179,30 @@ def specs():
                 norm_topk_prob=True,
                 moe_intermediate_size=48,
                 shared_expert_intermediate_size=8,
+                mlp_only_layers=[1],
+            ),
+            dtype=torch.float32,
+            shard=None,
+        ),
+        dict(
+            name="tiny-qwen3",
+            cls=Qwen3ForCausalLM,
+            config=Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=True, rope_theta=1000000.0),
+            dtype=torch.float32,
+            shard=None,
+        ),
+        dict(
+            name="tiny-qwen3-moe",
+            cls=Qwen3MoeForCausalLM,
+            config=Qwen3MoeConfig(
+                **COMMON,
+                head_dim=16,
+                tie_word_embeddings=False,
+                rope_theta=1000000.0,
+                num_experts=4,
+                num_experts_per_tok=2,
+                norm_topk_prob=True,
+                moe_intermediate_size=24,
                 mlp_only_layers=[1],
             ),
             dtype=torch.float32,

@@ -29,6 +29,10 @@ pub fn dense_tensor_plan(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             out.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
         }
         out.push((format!("{p}.self_attn.o_proj.weight"), vec![d, q]));
+        if c.architecture.family().qk_norm {
+            out.push((format!("{p}.self_attn.q_norm.weight"), vec![c.head_dim]));
+            out.push((format!("{p}.self_attn.k_norm.weight"), vec![c.head_dim]));
+        }
         out.push((format!("{p}.post_attention_layernorm.weight"), vec![d]));
         out.push((format!("{p}.mlp.gate_proj.weight"), vec![f, d]));
         out.push((format!("{p}.mlp.up_proj.weight"), vec![f, d]));

@@ -31,7 +31,7 @@ use std::collections::HashMap;
 
 use crate::checkpoint::quant::{self, block_layout, ggml_dtype};
 use crate::checkpoint::{Bytes, DType, TensorInfo, TensorSource};
-use crate::config::{Architecture, ModelConfig, RopeScaling};
+use crate::config::{ModelConfig, RopeScaling};
 use crate::error::{Result, StudioError};
 
 /// The format name used in [`StudioError::Format`].
@@ -49,8 +49,6 @@ pub const MAX_STRING: usize = 64 << 20;
 pub const MAX_KV: u64 = 1 << 16;
 /// Most tensors accepted (real files have at most a few thousand).
 pub const MAX_TENSORS: u64 = 1 << 20;
-/// Architectures [`GgufModel::model_config`] supports.
-pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2";
 
 /// A GGUF metadata value (`gguf_metadata_value_type`).
 #[derive(Debug, Clone, PartialEq)]
@@ -907,11 +905,12 @@ fn unsupported(file: &str, tensor: &str, dtype: DType) -> StudioError {
 ///
 /// `token_embd.weight` → `model.embed_tokens.weight`, `output_norm.weight` →
 /// `model.norm.weight`, `output.weight` → `lm_head.weight`, and per block
-/// `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm,
-/// ffn_gate, ffn_up, ffn_down}.{weight,bias}` →
+/// `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, attn_q_norm,
+/// attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down}.{weight,bias}` →
 /// `model.layers.N.{input_layernorm, self_attn.q_proj, self_attn.k_proj,
-/// self_attn.v_proj, self_attn.o_proj, post_attention_layernorm,
-/// mlp.gate_proj, mlp.up_proj, mlp.down_proj}.{weight,bias}`.
+/// self_attn.v_proj, self_attn.o_proj, self_attn.q_norm, self_attn.k_norm,
+/// post_attention_layernorm, mlp.gate_proj, mlp.up_proj,
+/// mlp.down_proj}.{weight,bias}`.
 pub fn hf_name(gguf_name: &str) -> Option<String> {
     match gguf_name {
         "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
@@ -934,6 +933,8 @@ pub fn hf_name(gguf_name: &str) -> Option<String> {
         "attn_k" => "self_attn.k_proj",
         "attn_v" => "self_attn.v_proj",
         "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
         "ffn_norm" => "post_attention_layernorm",
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",
@@ -1023,7 +1024,7 @@ impl GgufModel {
     /// [`StudioError::Format`] when two tensors map to the same name.
     pub fn new(file: GgufFile) -> Result<GgufModel> {
         let architecture = file.get_str("general.architecture").unwrap_or("").to_string();
-        let llama = architecture == "llama";
+        let permuted = crate::config::family::by_gguf_arch(&architecture).is_some_and(|f| f.gguf_permuted_qk);
         let mut entries = Vec::with_capacity(file.tensors.len());
         let mut by_name = HashMap::with_capacity(file.tensors.len());
         for (index, t) in file.tensors.iter().enumerate() {
@@ -1053,7 +1054,7 @@ impl GgufModel {
                 continue;
             }
             let name = hf_name(&t.name).unwrap_or_else(|| t.name.clone());
-            let permute = if !llama {
+            let permute = if !permuted {
                 Permute::None
             } else if name.contains(".self_attn.q_proj.") {
                 Permute::Q
@@ -1164,19 +1165,25 @@ impl GgufModel {
     /// tensor's GGML type cannot be dequantized.
     pub fn model_config(&self) -> Result<ModelConfig> {
         let src = &self.file.file;
-        let architecture = match self.architecture.as_str() {
-            "llama" => Architecture::Llama,
-            "qwen2" => Architecture::Qwen2,
-            "" => {
+        let family = crate::config::family::by_gguf_arch(&self.architecture);
+        let architecture = match (self.architecture.as_str(), family) {
+            (_, Some(f)) => f.architecture,
+            ("", _) => {
                 return Err(StudioError::config(
                     src,
-                    format!("GGUF metadata `general.architecture` is missing (supported: {SUPPORTED_ARCHITECTURES})"),
+                    format!(
+                        "GGUF metadata `general.architecture` is missing (supported: {})",
+                        crate::config::family::supported_gguf_archs()
+                    ),
                 ))
             }
-            other => {
+            (other, None) => {
                 return Err(StudioError::config(
                     src,
-                    format!("unsupported GGUF architecture `{other}` (supported: {SUPPORTED_ARCHITECTURES})"),
+                    format!(
+                        "unsupported GGUF architecture `{other}` (supported: {})",
+                        crate::config::family::supported_gguf_archs()
+                    ),
                 ))
             }
         };
@@ -1255,7 +1262,7 @@ impl GgufModel {
             },
         };
         let tie_word_embeddings = self.file.tensor("output.weight").is_none();
-        let attention_bias = architecture == Architecture::Qwen2 || self.file.tensor("blk.0.attn_q.bias").is_some();
+        let attention_bias = architecture.family().qkv_bias || self.file.tensor("blk.0.attn_q.bias").is_some();
         let id = |k: &str| self.file.get(k).and_then(GgufValue::as_u64).and_then(|v| u32::try_from(v).ok());
         let cfg = ModelConfig {
             architecture,

@@ -56,25 +56,24 @@ pub enum Architecture {
     Mistral,
     /// Qwen2 (Llama with biases on q/k/v projections).
     Qwen2,
+    /// Qwen3 (q/k RMSNorm per head, no q/k/v bias).
+    Qwen3,
 }
 
 impl Architecture {
     /// The Hugging Face `model_type` string.
     pub fn model_type(self) -> &'static str {
-        match self {
-            Architecture::Llama => "llama",
-            Architecture::Mistral => "mistral",
-            Architecture::Qwen2 => "qwen2",
-        }
+        self.family().model_type
+    }
+
+    /// The family record ([`super::family`]: what its blocks do differently).
+    pub fn family(self) -> &'static super::family::Family {
+        super::family::of(self)
     }
 
     /// The Hugging Face model class (`architectures[0]` in `config.json`).
     pub fn hf_class(self) -> &'static str {
-        match self {
-            Architecture::Llama => "LlamaForCausalLM",
-            Architecture::Mistral => "MistralForCausalLM",
-            Architecture::Qwen2 => "Qwen2ForCausalLM",
-        }
+        self.family().hf_class
     }
 }
 
@@ -110,7 +109,7 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// Whether the LM head shares the token-embedding matrix.
     pub tie_word_embeddings: bool,
-    /// Whether q/k/v projections have a bias (Qwen2).
+    /// Whether q/k/v projections have a bias (Qwen2; `attention_bias`).
     pub attention_bias: bool,
     /// Beginning-of-sequence token id, if any.
     pub bos_token_id: Option<u32>,
@@ -296,19 +295,18 @@ impl HfConfig {
     /// [`StudioError::Config`] for an unknown `model_type`, a non-SiLU
     /// activation, an unsupported RoPE scaling or inconsistent sizes.
     pub fn to_model_config(&self, source_name: &str) -> Result<ModelConfig> {
-        let architecture = match self.model_type.as_str() {
-            "llama" => Architecture::Llama,
-            "mistral" => Architecture::Mistral,
-            "qwen2" => Architecture::Qwen2,
-            other => {
-                return Err(StudioError::config(
-                    source_name,
-                    format!(
-                        "unknown architecture `model_type: \"{other}\"` (supported dense types: llama, mistral, qwen2; MoE checkpoints: mixtral)"
-                    ),
-                ))
-            }
+        let Some(family) = super::family::by_model_type(&self.model_type) else {
+            return Err(StudioError::config(
+                source_name,
+                format!(
+                    "unknown architecture `model_type: \"{}\"` (supported dense types: {}; MoE checkpoints: {})",
+                    self.model_type,
+                    super::family::supported_model_types(),
+                    crate::layout::readable_model_types(),
+                ),
+            ));
         };
+        let architecture = family.architecture;
         if let Some(act) = &self.hidden_act {
             if act != "silu" {
                 return Err(StudioError::config(
@@ -343,7 +341,7 @@ impl HfConfig {
             rope_scaling,
             max_position_embeddings: self.max_position_embeddings.unwrap_or(2048),
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
-            attention_bias: architecture == Architecture::Qwen2 || self.attention_bias.unwrap_or(false),
+            attention_bias: family.qkv_bias || self.attention_bias.unwrap_or(false),
             bos_token_id: first_id(&self.bos_token_id),
             eos_token_id: first_id(&self.eos_token_id),
         };

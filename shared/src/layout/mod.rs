@@ -192,6 +192,12 @@ pub fn names_list() -> String {
     REGISTRY.iter().map(|l| l.name()).collect::<Vec<_>>().join(", ")
 }
 
+/// The `config.json` `model_type`s of the MoE layouts the studio reads,
+/// comma-separated (for errors).
+pub fn readable_model_types() -> String {
+    REGISTRY.iter().filter_map(|l| l.model_type()).collect::<Vec<_>>().join(", ")
+}
+
 /// What the user asked for with `--layout`.
 #[derive(Debug, Clone, Copy, Default)]
 pub enum LayoutRequest {
@@ -487,6 +493,23 @@ pub(crate) fn no_shared_experts(moe: &MoeConfig, what: &str) -> std::result::Res
         )),
         None => Ok(()),
     }
+}
+
+/// Refuses a base whose family RMS-normalises q/k heads
+/// ([`crate::config::family::Family::qk_norm`]) for a layout whose
+/// attention has no such norm (it would be dropped, changing the model).
+pub(crate) fn no_qk_norm(base: &ModelConfig, what: &str) -> std::result::Result<(), Blocker> {
+    if base.architecture.family().qk_norm {
+        return Err(Blocker::new(
+            "architecture",
+            format!(
+                "the base is {}, whose attention RMS-normalises every q and k head (q_norm/k_norm), and {what}'s \
+                 attention has no such norm",
+                base.architecture.model_type()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses the aux-loss-free selection bias (DeepSeek-V3 §2.1.2), which

@@ -1,6 +1,8 @@
 //! Grouped-query causal self-attention with RoPE and an optional KV cache.
 //!
-//! Source: Ainslie et al., "GQA" (2023); transformers `LlamaAttention`.
+//! Source: Ainslie et al., "GQA" (2023); transformers `LlamaAttention`;
+//! the per-head q/k RMSNorm of `Qwen3Attention` when the family has one
+//! ([`crate::config::family::Family::qk_norm`]).
 //! The score/softmax/value product is Burn's fused
 //! [`burn::tensor::module::attention`] with `is_causal`: the CPU backend
 //! (burn-flex) runs it as one kernel (two gemm calls per head for short
@@ -11,7 +13,7 @@
 //! query `i` (absolute position `cached + i`) sees keys `0..=cached + i`.
 
 use burn::module::Module;
-use burn::nn::Linear;
+use burn::nn::{Linear, RmsNorm};
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{backend::Backend, Tensor};
@@ -31,6 +33,11 @@ pub struct Attention<B: Backend> {
     pub v_proj: Linear<B>,
     /// `o_proj`: `num_heads * head_dim -> d`.
     pub o_proj: Linear<B>,
+    /// `q_norm`: RMSNorm over `head_dim` of every query head, before RoPE
+    /// (Qwen3; `None` for Llama-style attention).
+    pub q_norm: Option<RmsNorm<B>>,
+    /// `k_norm`: RMSNorm over `head_dim` of every key head, before RoPE.
+    pub k_norm: Option<RmsNorm<B>>,
     /// Number of query heads.
     pub num_heads: usize,
     /// Number of key/value heads.
@@ -74,8 +81,17 @@ impl<B: Backend> Attention<B> {
             c("k_proj", k.clone());
             c("v_proj", v.clone());
         }
-        let q = Rope::apply(q.reshape([b, s, h, hd]).swap_dims(1, 2), rope);
-        let k = Rope::apply(k.reshape([b, s, kvh, hd]).swap_dims(1, 2), rope);
+        let (q, k) = (q.reshape([b, s, h, hd]), k.reshape([b, s, kvh, hd]));
+        let q = match &self.q_norm {
+            Some(n) => n.forward(q),
+            None => q,
+        };
+        let k = match &self.k_norm {
+            Some(n) => n.forward(k),
+            None => k,
+        };
+        let q = Rope::apply(q.swap_dims(1, 2), rope);
+        let k = Rope::apply(k.swap_dims(1, 2), rope);
         let v = v.reshape([b, s, kvh, hd]).swap_dims(1, 2);
         let (k, v) = match cache {
             Some((c, layer)) => c.append(layer, k, v),

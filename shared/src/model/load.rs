@@ -82,7 +82,8 @@ fn hf_linear<B: Backend>(
 /// Tensors: `model.embed_tokens.weight [V, d]`,
 /// `model.layers.{l}.{input,post_attention}_layernorm.weight [d]`,
 /// `model.layers.{l}.self_attn.{q,k,v,o}_proj.weight` (`[out, in]`, q/k/v
-/// `.bias` when `attention_bias`), `model.layers.{l}.mlp.{gate,up,down}_proj.weight`,
+/// `.bias` when `attention_bias`; `self_attn.{q,k}_norm.weight [head_dim]`
+/// when the family normalises q/k heads), `model.layers.{l}.mlp.{gate,up,down}_proj.weight`,
 /// `model.norm.weight [d]`, `lm_head.weight [V, d]` unless tied. MoE layers
 /// read, instead of `mlp.*`, `model.layers.{l}.block_sparse_moe.gate.weight
 /// [E, d]` (with `.bias` when the router has one, and
@@ -107,6 +108,7 @@ pub fn load_transformer<B: Backend>(
     let (d, f, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
     let (h, kvh, hd) = (config.num_heads, config.num_kv_heads, config.head_dim);
     let eps = config.rms_norm_eps;
+    let qk_norm = config.architecture.family().qk_norm;
     let emb = read_checked(src, "model.embed_tokens.weight", &[v, d])?;
     let embed_tokens =
         Embedding { weight: Param::from_tensor(Tensor::from_data(TensorData::new(emb, [v, d]), device)) };
@@ -121,6 +123,14 @@ pub fn load_transformer<B: Backend>(
                 k_proj: lin(src, &format!("{p}.self_attn.k_proj"), kvh * hd, d, bias, device)?,
                 v_proj: lin(src, &format!("{p}.self_attn.v_proj"), kvh * hd, d, bias, device)?,
                 o_proj: lin(src, &format!("{p}.self_attn.o_proj"), d, h * hd, false, device)?,
+                q_norm: match qk_norm {
+                    true => Some(rms(src, &format!("{p}.self_attn.q_norm.weight"), hd, eps, device)?),
+                    false => None,
+                },
+                k_norm: match qk_norm {
+                    true => Some(rms(src, &format!("{p}.self_attn.k_norm.weight"), hd, eps, device)?),
+                    false => None,
+                },
                 num_heads: h,
                 num_kv_heads: kvh,
                 head_dim: hd,

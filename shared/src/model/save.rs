@@ -96,6 +96,8 @@ pub fn tensor_values<B: Backend>(model: &Transformer<B>, name: &str) -> Option<V
         "self_attn.k_proj.weight" => Some(lin_w(&a.k_proj)),
         "self_attn.v_proj.weight" => Some(lin_w(&a.v_proj)),
         "self_attn.o_proj.weight" => Some(lin_w(&a.o_proj)),
+        "self_attn.q_norm.weight" => a.q_norm.as_ref().map(norm),
+        "self_attn.k_norm.weight" => a.k_norm.as_ref().map(norm),
         "self_attn.q_proj.bias" => lin_b(&a.q_proj),
         "self_attn.k_proj.bias" => lin_b(&a.k_proj),
         "self_attn.v_proj.bias" => lin_b(&a.v_proj),

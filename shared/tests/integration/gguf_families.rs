@@ -45,3 +45,23 @@ fn llama3_gguf_rope_freqs_matches_safetensors() {
     assert!(worst < 1e-5, "GGUF and safetensors logits differ by {worst}");
     check_logits("tiny-llama3", &model);
 }
+
+/// Qwen3 GGUF (llama.cpp `qwen3`: `blk.N.attn_{q,k}_norm.weight`, q/k rows
+/// not permuted, tied): the same configuration and logits as the
+/// safetensors original and transformers.
+#[test]
+fn qwen3_gguf_matches_safetensors() {
+    let g = open_model(&fixture("tiny-qwen3.gguf")).unwrap();
+    assert_eq!(g.format, ModelFormat::Gguf);
+    let (st, st_model) = load("tiny-qwen3");
+    let mut want = st.config.clone();
+    want.rms_norm_eps = g.config.rms_norm_eps;
+    assert_eq!(g.config, want);
+    let model = load_model::<B>(&g, &Default::default()).unwrap();
+    let ids = [1u32, 5, 17, 42, 3, 88, 60, 7, 19, 2, 33, 71];
+    let a: Vec<f32> = model.forward(tokens(&ids), None).into_data().to_vec().unwrap();
+    let b: Vec<f32> = st_model.forward(tokens(&ids), None).into_data().to_vec().unwrap();
+    let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(worst < 1e-5, "GGUF and safetensors logits differ by {worst}");
+    check_logits("tiny-qwen3", &model);
+}

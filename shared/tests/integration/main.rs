@@ -9,6 +9,7 @@ mod train_util;
 mod bad_input;
 mod delta;
 mod eval_dataset;
+mod families;
 mod gguf_families;
 mod gguf_golden;
 mod gguf_malformed;

@@ -1,0 +1,17 @@
+//! Mistral: Llama with an optional sliding window (ignored for sequences
+//! shorter than it). llama.cpp converts Mistral to `llama`, so its GGUF files
+//! read as llama. Source: transformers `modeling_mistral.py`.
+
+use super::Family;
+use crate::config::Architecture;
+
+/// The Mistral family.
+pub const FAMILY: Family = Family {
+    architecture: Architecture::Mistral,
+    model_type: "mistral",
+    hf_class: "MistralForCausalLM",
+    gguf_arch: None,
+    qkv_bias: false,
+    qk_norm: false,
+    gguf_permuted_qk: true,
+};

@@ -35,6 +35,19 @@ files* (so the storage rounding to bf16/f16 is part of the reference):
                                 (moe_intermediate_size != intermediate_size),
                                 norm_topk_prob true, layer 1 dense
                                 (mlp_only_layers), head_dim 16, untied, f32.
+  tests/fixtures/tiny-gemma2/   Gemma2ForCausalLM: GeGLU (gelu tanh), (1 + w)
+                                sandwich RMSNorms, sqrt(d) embedding scale,
+                                query_pre_attn_scalar 12 (!= head_dim 16),
+                                attention soft-cap 2 and final soft-cap 3 (small,
+                                so that tanh bends the values), layer 0 sliding
+                                with sliding_window 4 (< the 12-token test
+                                sequence), layer 1 full, tied, f32.
+  tests/fixtures/tiny-gemma3/   Gemma3ForCausalLM (gemma3_text): Gemma 2's
+                                blocks without soft-caps, (1 + w) q/k norms,
+                                layer 0 sliding (window 4, RoPE base 1e4
+                                unscaled), layer 1 full (RoPE base 1e6 with
+                                linear scaling factor 2), query_pre_attn_scalar
+                                12, tied, bf16 storage.
 
 Shapes: vocab 96, hidden 32, intermediate 48, 2 layers, 4 heads, 2 kv heads,
 max_position_embeddings 256. Every parameter is re-drawn from a seeded normal
@@ -74,6 +87,10 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
@@ -206,6 +223,42 @@ def specs():
                 mlp_only_layers=[1],
             ),
             dtype=torch.float32,
+            shard=None,
+        ),
+        dict(
+            name="tiny-gemma2",
+            cls=Gemma2ForCausalLM,
+            config=Gemma2Config(
+                **{**COMMON, "hidden_act": "gelu_pytorch_tanh"},
+                hidden_activation="gelu_pytorch_tanh",
+                head_dim=16,
+                tie_word_embeddings=True,
+                query_pre_attn_scalar=12,
+                attn_logit_softcapping=2.0,
+                final_logit_softcapping=3.0,
+                sliding_window=4,
+                layer_types=["sliding_attention", "full_attention"],
+            ),
+            dtype=torch.float32,
+            shard=None,
+        ),
+        dict(
+            name="tiny-gemma3",
+            cls=Gemma3ForCausalLM,
+            config=Gemma3TextConfig(
+                **{**COMMON, "hidden_act": "gelu_pytorch_tanh"},
+                hidden_activation="gelu_pytorch_tanh",
+                head_dim=16,
+                tie_word_embeddings=True,
+                query_pre_attn_scalar=12,
+                sliding_window=4,
+                layer_types=["sliding_attention", "full_attention"],
+                rope_parameters={
+                    "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                },
+            ),
+            dtype=torch.bfloat16,
             shard=None,
         ),
     ]

@@ -34,6 +34,10 @@ pub fn dense_tensor_plan(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             out.push((format!("{p}.self_attn.k_norm.weight"), vec![c.head_dim]));
         }
         out.push((format!("{p}.post_attention_layernorm.weight"), vec![d]));
+        if c.architecture.family().sandwich_norms {
+            out.push((format!("{p}.pre_feedforward_layernorm.weight"), vec![d]));
+            out.push((format!("{p}.post_feedforward_layernorm.weight"), vec![d]));
+        }
         out.push((format!("{p}.mlp.gate_proj.weight"), vec![f, d]));
         out.push((format!("{p}.mlp.up_proj.weight"), vec![f, d]));
         out.push((format!("{p}.mlp.down_proj.weight"), vec![d, f]));

@@ -1281,6 +1281,7 @@ impl GgufModel {
             attention_bias,
             bos_token_id: id("tokenizer.ggml.bos_token_id"),
             eos_token_id: id("tokenizer.ggml.eos_token_id"),
+            family_params: Default::default(),
         };
         cfg.validate(src)?;
         Ok(cfg)

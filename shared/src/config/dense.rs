@@ -58,6 +58,10 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3 (q/k RMSNorm per head, no q/k/v bias).
     Qwen3,
+    /// Gemma 2 (GeGLU, sandwich `(1 + w)` norms, soft-caps, sliding window).
+    Gemma2,
+    /// Gemma 3 text (Gemma 2's blocks with q/k norm and two RoPE bases).
+    Gemma3,
 }
 
 impl Architecture {
@@ -115,6 +119,10 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// End-of-sequence token id, if any.
     pub eos_token_id: Option<u32>,
+    /// Values only some families have (soft-caps, sliding-window layers,
+    /// a second RoPE base; [`super::family::FamilyParams`]).
+    #[serde(default, skip_serializing_if = "super::family::FamilyParams::is_empty")]
+    pub family_params: super::family::FamilyParams,
 }
 
 impl ModelConfig {
@@ -146,6 +154,10 @@ impl ModelConfig {
         if !self.head_dim.is_multiple_of(2) {
             return err(format!("`head_dim` ({}) must be even for RoPE", self.head_dim));
         }
+        let lt = &self.family_params.layer_types;
+        if !lt.is_empty() && lt.len() != self.num_layers {
+            return err(format!("{} `layer_types` for {} layers", lt.len(), self.num_layers));
+        }
         if let RopeScaling::FreqFactors { factors } = &self.rope_scaling {
             if factors.len() != self.head_dim / 2 {
                 return err(format!(
@@ -172,7 +184,10 @@ impl ModelConfig {
         let bias = if self.attention_bias { q + 2 * kv } else { 0 };
         let attn = d * q + 2 * d * kv + q * d + bias;
         let ffn = 3 * d * self.intermediate_size;
-        let layer = attn + ffn + 2 * d;
+        let fam = self.architecture.family();
+        let qk_norm = if fam.qk_norm { 2 * self.head_dim } else { 0 };
+        let norms = if fam.sandwich_norms { 4 * d } else { 2 * d };
+        let layer = attn + ffn + norms + qk_norm;
         let head = if self.tie_word_embeddings { 0 } else { self.vocab_size * d };
         self.vocab_size * d + self.num_layers * layer + d + head
     }
@@ -233,6 +248,76 @@ pub struct HfConfig {
     /// `torch_dtype` / `dtype`, informational.
     #[serde(default, alias = "dtype")]
     pub torch_dtype: Option<String>,
+    /// `hidden_activation` (Gemma's name for the FFN activation).
+    #[serde(default)]
+    pub hidden_activation: Option<String>,
+    /// `query_pre_attn_scalar` (Gemma).
+    #[serde(default)]
+    pub query_pre_attn_scalar: Option<f64>,
+    /// `attn_logit_softcapping` (Gemma; absent = the family's default,
+    /// `null` = none).
+    #[serde(default, deserialize_with = "present")]
+    pub attn_logit_softcapping: Option<serde_json::Value>,
+    /// `final_logit_softcapping` (Gemma; absent / `null` as above).
+    #[serde(default, deserialize_with = "present")]
+    pub final_logit_softcapping: Option<serde_json::Value>,
+    /// `sliding_window` (tokens; `null` = none).
+    #[serde(default)]
+    pub sliding_window: Option<serde_json::Value>,
+    /// `layer_types` (`full_attention` / `sliding_attention` per layer).
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
+    /// `sliding_window_pattern` (Gemma 3 before `layer_types`).
+    #[serde(default, alias = "_sliding_window_pattern")]
+    pub sliding_window_pattern: Option<usize>,
+    /// `rope_local_base_freq` (Gemma 3: RoPE base of the sliding layers).
+    #[serde(default)]
+    pub rope_local_base_freq: Option<f64>,
+}
+
+/// Keeps an explicit `null` as `Some(Value::Null)` (absent stays `None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
+}
+
+impl HfConfig {
+    /// A soft-cap value: absent → `default`, `null` → none, else a positive
+    /// number.
+    ///
+    /// # Errors
+    /// [`StudioError::Config`] naming `key` for anything else.
+    pub fn softcap(
+        &self,
+        v: &Option<serde_json::Value>,
+        default: Option<f64>,
+        key: &str,
+        src: &str,
+    ) -> Result<Option<f64>> {
+        match v {
+            None => Ok(default),
+            Some(serde_json::Value::Null) => Ok(None),
+            Some(x) => match x.as_f64().filter(|c| c.is_finite() && *c > 0.0) {
+                Some(c) => Ok(Some(c)),
+                None => Err(StudioError::config(src, format!("`{key}` must be a positive number or null, found {x}"))),
+            },
+        }
+    }
+
+    /// `sliding_window`: `None` when absent or `null`.
+    ///
+    /// # Errors
+    /// [`StudioError::Config`] when it is not a positive integer.
+    pub fn window(&self, src: &str) -> Result<Option<usize>> {
+        match &self.sliding_window {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(x) => match x.as_u64().filter(|&w| w > 0) {
+                Some(w) => Ok(Some(w as usize)),
+                None => {
+                    Err(StudioError::config(src, format!("`sliding_window` must be a positive integer, found {x}")))
+                }
+            },
+        }
+    }
 }
 
 fn first_id(v: &Option<serde_json::Value>) -> Option<u32> {
@@ -307,22 +392,44 @@ impl HfConfig {
             ));
         };
         let architecture = family.architecture;
-        if let Some(act) = &self.hidden_act {
-            if act != "silu" {
+        let want = family.activation;
+        for (key, act) in [("hidden_activation", &self.hidden_activation), ("hidden_act", &self.hidden_act)] {
+            let Some(act) = act else { continue };
+            let ok = match want {
+                super::family::GateActivation::Silu => act == "silu",
+                super::family::GateActivation::GeluTanh => {
+                    matches!(act.as_str(), "gelu_pytorch_tanh" | "gelu_tanh" | "gelu_new" | "gelu_fast")
+                }
+            };
+            if !ok {
                 return Err(StudioError::config(
                     source_name,
-                    format!("`hidden_act: \"{act}\"` is not supported (SwiGLU needs \"silu\")"),
+                    format!(
+                        "`{key}: \"{act}\"` is not supported for {} (its FFN needs \"{}\")",
+                        family.model_type,
+                        want.hf_name()
+                    ),
                 ));
+            }
+            if key == "hidden_activation" {
+                break; // Gemma reads hidden_activation first; hidden_act is legacy.
             }
         }
         if self.num_attention_heads == 0 {
             return Err(StudioError::config(source_name, "`num_attention_heads` must be > 0"));
         }
+        // transformers 5 nests Gemma 3's per-layer-type RoPE: the global
+        // layers' parameters are `rope_parameters.full_attention`.
+        let rope_parameters =
+            self.rope_parameters.as_ref().map(|p| p.get("full_attention").filter(|f| f.is_object()).unwrap_or(p));
         let rope_theta = self
             .rope_theta
-            .or_else(|| self.rope_parameters.as_ref().and_then(|p| p.get("rope_theta")).and_then(|x| x.as_f64()))
-            .unwrap_or(10000.0);
-        let scaling_json = self.rope_scaling.as_ref().or(self.rope_parameters.as_ref());
+            .or_else(|| rope_parameters.and_then(|p| p.get("rope_theta")).and_then(|x| x.as_f64()))
+            .unwrap_or(match family.architecture {
+                Architecture::Gemma3 => 1_000_000.0,
+                _ => 10000.0,
+            });
+        let scaling_json = self.rope_scaling.as_ref().or(rope_parameters);
         let rope_scaling = match scaling_json {
             Some(v) if !v.is_null() => parse_rope_scaling(v, source_name)?,
             _ => RopeScaling::Default,
@@ -344,6 +451,7 @@ impl HfConfig {
             attention_bias: family.qkv_bias || self.attention_bias.unwrap_or(false),
             bos_token_id: first_id(&self.bos_token_id),
             eos_token_id: first_id(&self.eos_token_id),
+            family_params: (family.read_params)(self, source_name)?,
         };
         cfg.validate(source_name)?;
         Ok(cfg)
@@ -376,6 +484,14 @@ impl HfConfig {
             bos_token_id: c.bos_token_id.map(|x| x.into()),
             eos_token_id: c.eos_token_id.map(|x| x.into()),
             torch_dtype: None,
+            hidden_activation: None,
+            query_pre_attn_scalar: None,
+            attn_logit_softcapping: None,
+            final_logit_softcapping: None,
+            sliding_window: None,
+            layer_types: None,
+            sliding_window_pattern: None,
+            rope_local_base_freq: None,
         }
     }
 }
@@ -391,6 +507,7 @@ impl ModelConfig {
         let mut v = serde_json::to_value(hf).expect("config serialises");
         let obj = v.as_object_mut().expect("a struct serialises to an object");
         obj.retain(|_, x| !x.is_null());
+        (self.architecture.family().write_params)(self, obj);
         obj.insert("architectures".into(), serde_json::json!([self.architecture.hf_class()]));
         v
     }

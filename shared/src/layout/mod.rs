@@ -495,19 +495,12 @@ pub(crate) fn no_shared_experts(moe: &MoeConfig, what: &str) -> std::result::Res
     }
 }
 
-/// Refuses a base whose family RMS-normalises q/k heads
-/// ([`crate::config::family::Family::qk_norm`]) for a layout whose
-/// attention has no such norm (it would be dropped, changing the model).
+/// Refuses a base whose blocks are not Llama's (q/k norms, GeGLU, Gemma's
+/// norms: [`crate::config::family::Family::not_llama_blocks`]) for a layout
+/// built on Llama's blocks (they would be dropped, changing the model).
 pub(crate) fn no_qk_norm(base: &ModelConfig, what: &str) -> std::result::Result<(), Blocker> {
-    if base.architecture.family().qk_norm {
-        return Err(Blocker::new(
-            "architecture",
-            format!(
-                "the base is {}, whose attention RMS-normalises every q and k head (q_norm/k_norm), and {what}'s \
-                 attention has no such norm",
-                base.architecture.model_type()
-            ),
-        ));
+    if let Some(why) = base.architecture.family().not_llama_blocks() {
+        return Err(Blocker::new("architecture", format!("{why}, and {what}'s blocks are Llama's")));
     }
     Ok(())
 }

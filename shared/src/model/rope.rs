@@ -52,6 +52,16 @@ impl Rope {
         Rope { inv_freq, head_dim: hd }
     }
 
+    /// The RoPE of the sliding-window layers when the family gives them their
+    /// own base (Gemma 3's `rope_local_base_freq`: unscaled, base
+    /// [`crate::config::family::FamilyParams::rope_local_theta`]), else `None`
+    /// (every layer uses [`Rope::new`]).
+    pub fn local(config: &ModelConfig) -> Option<Self> {
+        let theta = config.family_params.rope_local_theta?;
+        let c = ModelConfig { rope_theta: theta, rope_scaling: RopeScaling::Default, ..config.clone() };
+        Some(Rope::new(&c))
+    }
+
     /// Tables for positions `start..start+len` (see [`RopeTables`]).
     pub fn tables<B: Backend>(&self, start: usize, len: usize, device: &B::Device) -> RopeTables<B> {
         let hd = self.head_dim;
@@ -236,6 +246,7 @@ mod tests {
             attention_bias: false,
             bos_token_id: None,
             eos_token_id: None,
+            family_params: Default::default(),
         };
         let want = Rope::new(&cfg).inv_freq;
         cfg.rope_scaling = RopeScaling::FreqFactors { factors: f.clone() };

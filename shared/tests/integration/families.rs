@@ -101,3 +101,106 @@ fn unsupported_family_is_refused_with_the_supported_list() {
         assert!(s.contains(want), "`{want}` missing from: {s}");
     }
 }
+
+/// Max |a - b| of two logit tensors.
+fn worst(a: burn::tensor::Tensor<B, 3>, b: burn::tensor::Tensor<B, 3>) -> f32 {
+    let a: Vec<f32> = a.into_data().to_vec().unwrap();
+    let b: Vec<f32> = b.into_data().to_vec().unwrap();
+    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
+}
+
+const IDS: [u32; 12] = [1, 5, 17, 42, 3, 88, 60, 7, 19, 2, 33, 71];
+
+/// Gemma 2: GeGLU, (1 + w) sandwich norms, sqrt(d) embedding scale,
+/// query_pre_attn_scalar, attention and final soft-caps, layer 0 with a
+/// sliding window of 4 over the 12-token prompt. Each feature is load-bearing:
+/// turning the window or the soft-caps off moves the logits away from
+/// transformers'.
+#[test]
+fn tiny_gemma2_matches_transformers() {
+    use moe_shared::config::family::{GateActivation, LayerType};
+    let (m, mut model) = load("tiny-gemma2");
+    let c = &m.config;
+    assert_eq!(c.architecture, Architecture::Gemma2);
+    assert_eq!(c.architecture.family().activation, GateActivation::GeluTanh);
+    let p = &c.family_params;
+    assert_eq!(p.query_pre_attn_scalar, Some(12.0));
+    assert_eq!((p.attn_logit_softcapping, p.final_logit_softcapping), (Some(2.0), Some(3.0)));
+    assert_eq!(p.sliding_window, Some(4));
+    assert_eq!(p.layer_types, vec![LayerType::SlidingAttention, LayerType::FullAttention]);
+    assert_eq!(model.layers[0].self_attn.sliding_window, Some(4));
+    assert_eq!(model.layers[1].self_attn.sliding_window, None);
+    check_logits("tiny-gemma2", &model);
+    let reference = model.forward(tokens(&IDS), None);
+    model.layers[0].self_attn.sliding_window = None;
+    let no_window = worst(model.forward(tokens(&IDS), None), reference.clone());
+    model.layers[0].self_attn.sliding_window = Some(4);
+    model.layers.iter_mut().for_each(|b| b.self_attn.softcap = None);
+    let no_cap = worst(model.forward(tokens(&IDS), None), reference);
+    eprintln!("tiny-gemma2: without the window the logits move {no_window:e}, without the score soft-cap {no_cap:e}");
+    assert!(no_window > 1e-2 && no_cap > 1e-2, "{no_window} {no_cap}");
+}
+
+/// Gemma 3 text: (1 + w) q/k norms, sliding layer 0 (window 4, RoPE base
+/// 1e4) and global layer 1 (RoPE base 1e6, linear factor 2), bf16 storage.
+#[test]
+fn tiny_gemma3_matches_transformers() {
+    let (m, model) = load("tiny-gemma3");
+    let c = &m.config;
+    assert_eq!(c.architecture, Architecture::Gemma3);
+    assert_eq!((c.rope_theta, &c.rope_scaling), (1e6, &RopeScaling::Linear { factor: 2.0 }));
+    assert_eq!(c.family_params.rope_local_theta, Some(10000.0));
+    assert_eq!((c.family_params.attn_logit_softcapping, c.family_params.final_logit_softcapping), (None, None));
+    assert!(model.rope_local.is_some() && model.layers[0].self_attn.q_norm.is_some());
+    check_logits("tiny-gemma3", &model);
+}
+
+/// The Gemma config reads back from the `config.json` the studio writes for
+/// it (dense export, and the studio MoE layout's base).
+#[test]
+fn gemma_configs_round_trip_through_config_json() {
+    for name in ["tiny-gemma2", "tiny-gemma3"] {
+        let m = open_model(&fixture(name)).unwrap();
+        let v = m.config.to_config_json(None);
+        let back =
+            HfConfig::from_json(&serde_json::to_vec(&v).unwrap(), "out").unwrap().to_model_config("out").unwrap();
+        assert_eq!(back, m.config, "{name}: {v}");
+    }
+}
+
+/// Upcycling a Gemma keeps its GeGLU as the expert type; no public MoE
+/// layout holds Gemma's blocks, so `auto` writes the studio layout and says
+/// why; with no noise and a zero router the MoE computes the dense logits
+/// (reads back through the studio layout with every Gemma norm).
+#[test]
+fn gemma_upcycles_to_the_studio_layout_with_geglu_experts() {
+    use moe_shared::config::family::GateActivation;
+    use moe_shared::model::Mlp;
+    for name in ["tiny-gemma2", "tiny-gemma3"] {
+        let dense = open_model(&fixture(name)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("moe");
+        let opts = UpcycleOptions {
+            experts: ExpertCounts::Uniform(4),
+            top_k: 2,
+            router_init: RouterInit::Zeros,
+            noise: CopyNoise::NONE,
+            dtype: Some(DType::F32),
+            ..Default::default()
+        };
+        let report = upcycle(dense.source.as_ref(), &dense.config, &opts, &out, None, Default::default()).unwrap();
+        assert_eq!(report.layout, "moe_studio", "{name}");
+        let why = report.layout_reason.clone().unwrap_or_default();
+        assert!(why.contains("GeGLU"), "{name}: {why}");
+        let m = open_model(&out).unwrap();
+        assert_eq!(m.config, dense.config, "{name}");
+        let moe_model = load_model::<B>(&m, &Default::default()).unwrap();
+        match &moe_model.layers[0].mlp {
+            Mlp::Moe(l) => assert!(l.experts.iter().all(|e| e.activation == GateActivation::GeluTanh)),
+            Mlp::Dense(_) => panic!("{name}: layer 0 is dense"),
+        }
+        let dense_model = load_model::<B>(&dense, &Default::default()).unwrap();
+        let d = worst(moe_model.forward(tokens(&IDS), None), dense_model.forward(tokens(&IDS), None));
+        assert!(d < 1e-5, "{name}: upcycled vs dense {d}");
+    }
+}

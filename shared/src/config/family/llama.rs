@@ -1,7 +1,7 @@
 //! Llama (and llama2.c checkpoints); llama.cpp `llama` (q/k rows permuted by
 //! its converter). Source: transformers `modeling_llama.py`.
 
-use super::Family;
+use super::{no_params, write_no_params, Family, GateActivation};
 use crate::config::Architecture;
 
 /// The Llama family.
@@ -13,4 +13,10 @@ pub const FAMILY: Family = Family {
     qkv_bias: false,
     qk_norm: false,
     gguf_permuted_qk: true,
+    activation: GateActivation::Silu,
+    norm_plus_one: false,
+    embed_scale: false,
+    sandwich_norms: false,
+    read_params: no_params,
+    write_params: write_no_params,
 };

@@ -2,7 +2,7 @@
 //! shorter than it). llama.cpp converts Mistral to `llama`, so its GGUF files
 //! read as llama. Source: transformers `modeling_mistral.py`.
 
-use super::Family;
+use super::{no_params, write_no_params, Family, GateActivation};
 use crate::config::Architecture;
 
 /// The Mistral family.
@@ -14,4 +14,10 @@ pub const FAMILY: Family = Family {
     qkv_bias: false,
     qk_norm: false,
     gguf_permuted_qk: true,
+    activation: GateActivation::Silu,
+    norm_plus_one: false,
+    embed_scale: false,
+    sandwich_norms: false,
+    read_params: no_params,
+    write_params: write_no_params,
 };

@@ -1,7 +1,7 @@
 //! Qwen2: Llama with biases on the q/k/v projections; llama.cpp `qwen2` (no q/k
 //! permutation). Source: transformers `modeling_qwen2.py`.
 
-use super::Family;
+use super::{no_params, write_no_params, Family, GateActivation};
 use crate::config::Architecture;
 
 /// The Qwen2 family.
@@ -13,4 +13,10 @@ pub const FAMILY: Family = Family {
     qkv_bias: true,
     qk_norm: false,
     gguf_permuted_qk: false,
+    activation: GateActivation::Silu,
+    norm_plus_one: false,
+    embed_scale: false,
+    sandwich_norms: false,
+    read_params: no_params,
+    write_params: write_no_params,
 };

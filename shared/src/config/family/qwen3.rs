@@ -5,7 +5,7 @@
 //! permutation). Source: transformers `modeling_qwen3.py` (`Qwen3Attention`),
 //! llama.cpp `src/models/qwen3.cpp`.
 
-use super::Family;
+use super::{no_params, write_no_params, Family, GateActivation};
 use crate::config::Architecture;
 
 /// The Qwen3 family.
@@ -17,4 +17,10 @@ pub const FAMILY: Family = Family {
     qkv_bias: false,
     qk_norm: true,
     gguf_permuted_qk: false,
+    activation: GateActivation::Silu,
+    norm_plus_one: false,
+    embed_scale: false,
+    sandwich_norms: false,
+    read_params: no_params,
+    write_params: write_no_params,
 };

@@ -48,6 +48,12 @@ files* (so the storage rounding to bf16/f16 is part of the reference):
                                 unscaled), layer 1 full (RoPE base 1e6 with
                                 linear scaling factor 2), query_pre_attn_scalar
                                 12, tied, bf16 storage.
+  tests/fixtures/tiny-phi3/     Phi3ForCausalLM: fused qkv_proj / gate_up_proj,
+                                rope_scaling longrope (short factors
+                                [1, 1.5, 2, 3], long [2, 3, 5, 8], original
+                                64 of 256: attention factor sqrt(1 + ln 4 /
+                                ln 64)), sliding_window 6 over every layer,
+                                untied, f32.
 
 Shapes: vocab 96, hidden 32, intermediate 48, 2 layers, 4 heads, 2 kv heads,
 max_position_embeddings 256. Every parameter is re-drawn from a seeded normal
@@ -91,6 +97,8 @@ from transformers import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
@@ -259,6 +267,26 @@ def specs():
                 },
             ),
             dtype=torch.bfloat16,
+            shard=None,
+        ),
+        dict(
+            name="tiny-phi3",
+            cls=Phi3ForCausalLM,
+            config=Phi3Config(
+                **COMMON,
+                tie_word_embeddings=False,
+                pad_token_id=0,
+                original_max_position_embeddings=64,
+                sliding_window=6,
+                rope_parameters={
+                    "rope_type": "longrope",
+                    "rope_theta": 10000.0,
+                    "short_factor": [1.0, 1.5, 2.0, 3.0],
+                    "long_factor": [2.0, 3.0, 5.0, 8.0],
+                    "original_max_position_embeddings": 64,
+                },
+            ),
+            dtype=torch.float32,
             shard=None,
         ),
     ]

@@ -38,6 +38,24 @@ pub enum RopeScaling {
     /// the factors are not those of a [`RopeScaling::Llama3`] setting
     /// ([`crate::model::rope::llama3_from_freq_factors`]); transformers has no
     /// equivalent, so a `config.json` holding it is read by the studio only.
+    /// Phi-3's LongRoPE (`rope_type: "longrope"`, alias `"su"`):
+    /// `inv_freq[i] = 1 / (ext[i] · theta^(2i/hd))` with `ext = short_factor`
+    /// while every position is `< original_max_position_embeddings`, else
+    /// `long_factor` (transformers' dynamic `longrope_frequency_update`,
+    /// decided per forward call from its last position), and cos/sin scaled
+    /// by `attention_factor` (default `sqrt(1 + ln(s) / ln(original))` with
+    /// `s = max_position_embeddings / original`, 1 when `s <= 1`).
+    #[serde(rename = "longrope")]
+    LongRope {
+        /// Per-frequency divisors for short contexts, `[head_dim / 2]`.
+        short_factor: Vec<f64>,
+        /// Per-frequency divisors for long contexts, `[head_dim / 2]`.
+        long_factor: Vec<f64>,
+        /// The pre-training context length.
+        original_max_position_embeddings: usize,
+        /// The cos/sin scale.
+        attention_factor: f64,
+    },
     #[serde(rename = "freq_factors")]
     FreqFactors {
         /// One divisor per frequency (> 0).
@@ -62,6 +80,8 @@ pub enum Architecture {
     Gemma2,
     /// Gemma 3 text (Gemma 2's blocks with q/k norm and two RoPE bases).
     Gemma3,
+    /// Phi-3 (Llama's blocks, fused qkv / gate-up tensors, longrope).
+    Phi3,
 }
 
 impl Architecture {
@@ -157,6 +177,17 @@ impl ModelConfig {
         let lt = &self.family_params.layer_types;
         if !lt.is_empty() && lt.len() != self.num_layers {
             return err(format!("{} `layer_types` for {} layers", lt.len(), self.num_layers));
+        }
+        if let RopeScaling::LongRope { short_factor, long_factor, .. } = &self.rope_scaling {
+            if short_factor.len() != self.head_dim / 2 || long_factor.len() != self.head_dim / 2 {
+                return err(format!(
+                    "longrope: {} short and {} long factors for head_dim {} (expected head_dim / 2 = {} each)",
+                    short_factor.len(),
+                    long_factor.len(),
+                    self.head_dim,
+                    self.head_dim / 2
+                ));
+            }
         }
         if let RopeScaling::FreqFactors { factors } = &self.rope_scaling {
             if factors.len() != self.head_dim / 2 {
@@ -273,6 +304,12 @@ pub struct HfConfig {
     /// `rope_local_base_freq` (Gemma 3: RoPE base of the sliding layers).
     #[serde(default)]
     pub rope_local_base_freq: Option<f64>,
+    /// `partial_rotary_factor` (Phi-3: must be 1).
+    #[serde(default)]
+    pub partial_rotary_factor: Option<f64>,
+    /// `original_max_position_embeddings` (Phi-3's LongRoPE, top level).
+    #[serde(default)]
+    pub original_max_position_embeddings: Option<usize>,
 }
 
 /// Keeps an explicit `null` as `Some(Value::Null)` (absent stays `None`).
@@ -345,6 +382,26 @@ fn parse_rope_scaling(v: &serde_json::Value, src: &str) -> Result<RopeScaling> {
             high_freq_factor: num("high_freq_factor", Some(4.0))?,
             original_max_position_embeddings: num("original_max_position_embeddings", Some(8192.0))? as usize,
         }),
+        "longrope" | "su" => {
+            let list = |k: &str| -> Result<Vec<f64>> {
+                v.get(k)
+                    .and_then(|f| f.as_array())
+                    .and_then(|a| a.iter().map(|x| x.as_f64().filter(|x| x.is_finite() && *x > 0.0)).collect())
+                    .ok_or_else(|| {
+                        StudioError::config(src, format!("rope scaling `{ty}` needs `{k}`, a list of positive numbers"))
+                    })
+            };
+            Ok(RopeScaling::LongRope {
+                short_factor: list("short_factor")?,
+                long_factor: list("long_factor")?,
+                // Filled from the top-level keys by `to_model_config` when absent.
+                original_max_position_embeddings: v
+                    .get("original_max_position_embeddings")
+                    .and_then(|x| x.as_u64())
+                    .unwrap_or(0) as usize,
+                attention_factor: v.get("attention_factor").and_then(|x| x.as_f64()).unwrap_or(0.0),
+            })
+        }
         "freq_factors" => {
             let factors = v
                 .get("factors")
@@ -359,7 +416,9 @@ fn parse_rope_scaling(v: &serde_json::Value, src: &str) -> Result<RopeScaling> {
         }
         other => Err(StudioError::config(
             src,
-            format!("unsupported rope scaling type `{other}` (supported: default, linear, llama3, freq_factors)"),
+            format!(
+                "unsupported rope scaling type `{other}` (supported: default, linear, llama3, longrope, freq_factors)"
+            ),
         )),
     }
 }
@@ -430,10 +489,23 @@ impl HfConfig {
                 _ => 10000.0,
             });
         let scaling_json = self.rope_scaling.as_ref().or(rope_parameters);
-        let rope_scaling = match scaling_json {
+        let mut rope_scaling = match scaling_json {
             Some(v) if !v.is_null() => parse_rope_scaling(v, source_name)?,
             _ => RopeScaling::Default,
         };
+        let max_position_embeddings = self.max_position_embeddings.unwrap_or(2048);
+        if let RopeScaling::LongRope { original_max_position_embeddings: orig, attention_factor, .. } =
+            &mut rope_scaling
+        {
+            if *orig == 0 {
+                *orig = self.original_max_position_embeddings.unwrap_or(max_position_embeddings);
+            }
+            if *attention_factor <= 0.0 {
+                // transformers `_compute_longrope_parameters`.
+                let s = max_position_embeddings as f64 / *orig as f64;
+                *attention_factor = if s <= 1.0 { 1.0 } else { (1.0 + s.ln() / (*orig as f64).ln()).sqrt() };
+            }
+        }
         let cfg = ModelConfig {
             architecture,
             vocab_size: self.vocab_size,
@@ -446,7 +518,7 @@ impl HfConfig {
             rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
-            max_position_embeddings: self.max_position_embeddings.unwrap_or(2048),
+            max_position_embeddings,
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
             attention_bias: family.qkv_bias || self.attention_bias.unwrap_or(false),
             bos_token_id: first_id(&self.bos_token_id),
@@ -492,6 +564,13 @@ impl HfConfig {
             layer_types: None,
             sliding_window_pattern: None,
             rope_local_base_freq: None,
+            partial_rotary_factor: None,
+            original_max_position_embeddings: match &c.rope_scaling {
+                RopeScaling::LongRope { original_max_position_embeddings, .. } => {
+                    Some(*original_max_position_embeddings)
+                }
+                _ => None,
+            },
         }
     }
 }

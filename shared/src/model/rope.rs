@@ -19,6 +19,9 @@ use crate::config::{ModelConfig, RopeScaling};
 pub struct Rope {
     inv_freq: Vec<f64>,
     head_dim: usize,
+    /// LongRoPE: the inverse frequencies for positions at or past
+    /// `original` (long factors), `original`, and the cos/sin scale.
+    long: Option<(Vec<f64>, usize, f64)>,
 }
 
 impl Rope {
@@ -48,8 +51,14 @@ impl Rope {
             RopeScaling::FreqFactors { factors } => {
                 inv_freq.iter_mut().zip(factors).for_each(|(f, d)| *f /= d);
             }
+            RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, attention_factor } => {
+                let long = inv_freq.iter().zip(long_factor).map(|(f, d)| f / d).collect();
+                inv_freq.iter_mut().zip(short_factor).for_each(|(f, d)| *f /= d);
+                let long = Some((long, *original_max_position_embeddings, *attention_factor));
+                return Rope { inv_freq, head_dim: hd, long };
+            }
         }
-        Rope { inv_freq, head_dim: hd }
+        Rope { inv_freq, head_dim: hd, long: None }
     }
 
     /// The RoPE of the sliding-window layers when the family gives them their
@@ -68,16 +77,23 @@ impl Rope {
         let half = hd / 2;
         let mut cos = Vec::with_capacity(len * hd);
         let mut sin = Vec::with_capacity(len * hd);
+        // LongRoPE: long factors once the call reaches `original` (its last
+        // position is `start + len - 1`), and cos/sin scaled.
+        let (inv_freq, scale) = match &self.long {
+            Some((long, original, a)) if start + len > *original => (long, *a as f32),
+            Some((_, _, a)) => (&self.inv_freq, *a as f32),
+            None => (&self.inv_freq, 1.0f32),
+        };
         for p in start..start + len {
             // f32 arithmetic mirrors transformers (positions and inv_freq in f32).
-            let row: Vec<f32> = self.inv_freq.iter().map(|f| (p as f32) * (*f as f32)).collect();
+            let row: Vec<f32> = inv_freq.iter().map(|f| (p as f32) * (*f as f32)).collect();
             for _ in 0..2 {
-                cos.extend(row.iter().map(|a| a.cos()));
+                cos.extend(row.iter().map(|a| a.cos() * scale));
             }
             // rotate_half(x) = [-x2, x1], so rotate_half(x) * sin =
             // [x2, x1] * [-sin, sin]: the sign lives in the table.
-            sin.extend(row.iter().map(|a| -a.sin()));
-            sin.extend(row.iter().map(|a| a.sin()));
+            sin.extend(row.iter().map(|a| -a.sin() * scale));
+            sin.extend(row.iter().map(|a| a.sin() * scale));
         }
         debug_assert_eq!(cos.len(), len * 2 * half);
         RopeTables {

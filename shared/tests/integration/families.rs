@@ -204,3 +204,47 @@ fn gemma_upcycles_to_the_studio_layout_with_geglu_experts() {
         assert!(d < 1e-5, "{name}: upcycled vs dense {d}");
     }
 }
+
+/// Phi-3: fused `qkv_proj` / `gate_up_proj` split on read, LongRoPE (short
+/// factors and the attention factor for a 12-token prompt under the
+/// original 64), sliding window 6 on every layer; the dense export fuses the
+/// projections again: the same tensors, bit for bit, as transformers wrote.
+#[test]
+fn tiny_phi3_fused_longrope_matches_transformers_and_fuses_on_write() {
+    use moe_shared::checkpoint::export::export_dense;
+    use moe_shared::checkpoint::safetensors_io::SafetensorsModel;
+    use moe_shared::checkpoint::TensorSource;
+    let (m, model) = load("tiny-phi3");
+    let c = &m.config;
+    assert_eq!(c.architecture, Architecture::Phi3);
+    match &c.rope_scaling {
+        RopeScaling::LongRope { short_factor, original_max_position_embeddings, attention_factor, .. } => {
+            assert_eq!(short_factor, &vec![1.0, 1.5, 2.0, 3.0]);
+            assert_eq!(*original_max_position_embeddings, 64);
+            let want = (1.0 + 4f64.ln() / 64f64.ln()).sqrt();
+            assert!((attention_factor - want).abs() < 1e-12, "{attention_factor}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(c.family_params.window_of(1), Some(6));
+    assert!(m.source.info("model.layers.0.self_attn.qkv_proj.weight").is_none());
+    assert_eq!(m.source.info("model.layers.0.self_attn.k_proj.weight").unwrap().shape, vec![16, 32]);
+    assert_eq!(m.source.info("model.layers.1.mlp.up_proj.weight").unwrap().shape, vec![48, 32]);
+    check_logits("tiny-phi3", &model);
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("phi3");
+    export_dense(m.source.as_ref(), c, &out, None, None, Default::default()).unwrap();
+    let ours = SafetensorsModel::open_dir(&out).unwrap();
+    let theirs = SafetensorsModel::open_dir(&fixture("tiny-phi3")).unwrap();
+    let mut a: Vec<String> = ours.tensors().into_iter().map(|t| t.name).collect();
+    let mut b: Vec<String> = theirs.tensors().into_iter().map(|t| t.name).collect();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b);
+    for n in &b {
+        assert_eq!(ours.read_f32(n).unwrap(), theirs.read_f32(n).unwrap(), "{n}");
+    }
+    let back = open_model(&out).unwrap();
+    assert_eq!(back.config, m.config);
+}

@@ -26,6 +26,7 @@ pub const FAMILY: Family = Family {
     activation: GateActivation::GeluTanh,
     norm_plus_one: true,
     embed_scale: true,
+    fused_projections: false,
     sandwich_norms: true,
     read_params,
     write_params,

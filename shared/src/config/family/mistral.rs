@@ -17,6 +17,7 @@ pub const FAMILY: Family = Family {
     activation: GateActivation::Silu,
     norm_plus_one: false,
     embed_scale: false,
+    fused_projections: false,
     sandwich_norms: false,
     read_params: no_params,
     write_params: write_no_params,

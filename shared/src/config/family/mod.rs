@@ -14,6 +14,7 @@ mod gemma2;
 mod gemma3;
 mod llama;
 mod mistral;
+mod phi3;
 mod qwen2;
 mod qwen3;
 
@@ -138,6 +139,10 @@ pub struct Family {
     /// `pre_feedforward_layernorm` before the FFN, `post_feedforward_layernorm`
     /// on its output; Gemma 2/3).
     pub sandwich_norms: bool,
+    /// q/k/v and gate/up are stored fused (`self_attn.qkv_proj`,
+    /// `mlp.gate_up_proj`; Phi-3): split on read, fused on write
+    /// ([`crate::checkpoint::fused`]).
+    pub fused_projections: bool,
     /// Reads the family's own `config.json` values.
     pub read_params: fn(&HfConfig, &str) -> Result<FamilyParams>,
     /// Writes them back into a `config.json` object.
@@ -158,6 +163,9 @@ impl Family {
         }
         if self.norm_plus_one || self.sandwich_norms {
             what.push("has (1 + w) RMSNorms before and after attention and FFN");
+        }
+        if self.fused_projections {
+            what.push("stores fused qkv_proj / gate_up_proj tensors");
         }
         if self.embed_scale {
             what.push("scales embeddings by sqrt(d)");
@@ -221,8 +229,15 @@ pub(crate) fn write_gemma_params(c: &ModelConfig, obj: &mut serde_json::Map<Stri
 }
 
 /// Every supported dense family, one line each.
-pub const FAMILIES: &[&Family] =
-    &[&llama::FAMILY, &mistral::FAMILY, &qwen2::FAMILY, &qwen3::FAMILY, &gemma2::FAMILY, &gemma3::FAMILY];
+pub const FAMILIES: &[&Family] = &[
+    &llama::FAMILY,
+    &mistral::FAMILY,
+    &qwen2::FAMILY,
+    &qwen3::FAMILY,
+    &gemma2::FAMILY,
+    &gemma3::FAMILY,
+    &phi3::FAMILY,
+];
 
 /// The family of a Hugging Face `model_type`.
 pub fn by_model_type(model_type: &str) -> Option<&'static Family> {

@@ -56,6 +56,8 @@ CASES = {
     "llama3-mixtral": ("tiny-llama3", ["--experts", "4", "--top-k", "2", *ROUTED, "--layout", "mixtral"], "mixtral", None),
     "mistral-mixtral-k1": ("tiny-mistral", ["--experts", "3", "--top-k", "1", *ROUTED[:-2]], "mixtral", None),
     "qwen2-qwen2moe": ("tiny-qwen2", ["--experts", "4", "--top-k", "2", *ROUTED, "--layout", "qwen2_moe"], "qwen2_moe", None),
+    # issue 16: a Qwen3 base (q/k norms) in its own MoE layout, chosen by `auto`.
+    "qwen3-qwen3moe": ("tiny-qwen3", ["--experts", "4", "--top-k", "2", *ROUTED], "qwen3_moe", None),
     "llama3-qwen2moe-dense-layer": ("tiny-llama3", ["--top-k", "2", *ROUTED], "qwen2_moe", {"experts_per_layer": [4, None]}),
     "qwen2-qwen2moe-dense-first": ("tiny-qwen2", ["--top-k", "1", *ROUTED], "qwen2_moe", {"experts_per_layer": [None, 3]}),
     # issue 15's variants in the public layouts that hold them: the model's own

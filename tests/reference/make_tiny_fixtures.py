@@ -26,6 +26,34 @@ files* (so the storage rounding to bf16/f16 is part of the reference):
                                 (mlp_only_layers), head_dim 16, a shared expert
                                 of size 8 whose down projection is ZERO (the
                                 form the studio reads exactly), tied, f32.
+  tests/fixtures/tiny-qwen3/    Qwen3ForCausalLM: q/k RMSNorm per head
+                                (q_norm/k_norm, random weights), no bias,
+                                head_dim 16 (!= hidden / heads = 8), tied,
+                                rope_theta 1e6, f32.
+  tests/fixtures/tiny-qwen3-moe/ Qwen3MoeForCausalLM written by transformers:
+                                q/k norms, 4 experts top-2 of width 24
+                                (moe_intermediate_size != intermediate_size),
+                                norm_topk_prob true, layer 1 dense
+                                (mlp_only_layers), head_dim 16, untied, f32.
+  tests/fixtures/tiny-gemma2/   Gemma2ForCausalLM: GeGLU (gelu tanh), (1 + w)
+                                sandwich RMSNorms, sqrt(d) embedding scale,
+                                query_pre_attn_scalar 12 (!= head_dim 16),
+                                attention soft-cap 2 and final soft-cap 3 (small,
+                                so that tanh bends the values), layer 0 sliding
+                                with sliding_window 4 (< the 12-token test
+                                sequence), layer 1 full, tied, f32.
+  tests/fixtures/tiny-gemma3/   Gemma3ForCausalLM (gemma3_text): Gemma 2's
+                                blocks without soft-caps, (1 + w) q/k norms,
+                                layer 0 sliding (window 4, RoPE base 1e4
+                                unscaled), layer 1 full (RoPE base 1e6 with
+                                linear scaling factor 2), query_pre_attn_scalar
+                                12, tied, bf16 storage.
+  tests/fixtures/tiny-phi3/     Phi3ForCausalLM: fused qkv_proj / gate_up_proj,
+                                rope_scaling longrope (short factors
+                                [1, 1.5, 2, 3], long [2, 3, 5, 8], original
+                                64 of 256: attention factor sqrt(1 + ln 4 /
+                                ln 64)), sliding_window 6 over every layer,
+                                untied, f32.
 
 Shapes: vocab 96, hidden 32, intermediate 48, 2 layers, 4 heads, 2 kv heads,
 max_position_embeddings 256. Every parameter is re-drawn from a seeded normal
@@ -65,6 +93,16 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -167,6 +205,86 @@ def specs():
                 moe_intermediate_size=48,
                 shared_expert_intermediate_size=8,
                 mlp_only_layers=[1],
+            ),
+            dtype=torch.float32,
+            shard=None,
+        ),
+        dict(
+            name="tiny-qwen3",
+            cls=Qwen3ForCausalLM,
+            config=Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=True, rope_theta=1000000.0),
+            dtype=torch.float32,
+            shard=None,
+        ),
+        dict(
+            name="tiny-qwen3-moe",
+            cls=Qwen3MoeForCausalLM,
+            config=Qwen3MoeConfig(
+                **COMMON,
+                head_dim=16,
+                tie_word_embeddings=False,
+                rope_theta=1000000.0,
+                num_experts=4,
+                num_experts_per_tok=2,
+                norm_topk_prob=True,
+                moe_intermediate_size=24,
+                mlp_only_layers=[1],
+            ),
+            dtype=torch.float32,
+            shard=None,
+        ),
+        dict(
+            name="tiny-gemma2",
+            cls=Gemma2ForCausalLM,
+            config=Gemma2Config(
+                **{**COMMON, "hidden_act": "gelu_pytorch_tanh"},
+                hidden_activation="gelu_pytorch_tanh",
+                head_dim=16,
+                tie_word_embeddings=True,
+                query_pre_attn_scalar=12,
+                attn_logit_softcapping=2.0,
+                final_logit_softcapping=3.0,
+                sliding_window=4,
+                layer_types=["sliding_attention", "full_attention"],
+            ),
+            dtype=torch.float32,
+            shard=None,
+        ),
+        dict(
+            name="tiny-gemma3",
+            cls=Gemma3ForCausalLM,
+            config=Gemma3TextConfig(
+                **{**COMMON, "hidden_act": "gelu_pytorch_tanh"},
+                hidden_activation="gelu_pytorch_tanh",
+                head_dim=16,
+                tie_word_embeddings=True,
+                query_pre_attn_scalar=12,
+                sliding_window=4,
+                layer_types=["sliding_attention", "full_attention"],
+                rope_parameters={
+                    "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                },
+            ),
+            dtype=torch.bfloat16,
+            shard=None,
+        ),
+        dict(
+            name="tiny-phi3",
+            cls=Phi3ForCausalLM,
+            config=Phi3Config(
+                **COMMON,
+                tie_word_embeddings=False,
+                pad_token_id=0,
+                original_max_position_embeddings=64,
+                sliding_window=6,
+                rope_parameters={
+                    "rope_type": "longrope",
+                    "rope_theta": 10000.0,
+                    "short_factor": [1.0, 1.5, 2.0, 3.0],
+                    "long_factor": [2.0, 3.0, 5.0, 8.0],
+                    "original_max_position_embeddings": 64,
+                },
             ),
             dtype=torch.float32,
             shard=None,

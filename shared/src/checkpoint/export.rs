@@ -29,7 +29,15 @@ pub fn dense_tensor_plan(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             out.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
         }
         out.push((format!("{p}.self_attn.o_proj.weight"), vec![d, q]));
+        if c.architecture.family().qk_norm {
+            out.push((format!("{p}.self_attn.q_norm.weight"), vec![c.head_dim]));
+            out.push((format!("{p}.self_attn.k_norm.weight"), vec![c.head_dim]));
+        }
         out.push((format!("{p}.post_attention_layernorm.weight"), vec![d]));
+        if c.architecture.family().sandwich_norms {
+            out.push((format!("{p}.pre_feedforward_layernorm.weight"), vec![d]));
+            out.push((format!("{p}.post_feedforward_layernorm.weight"), vec![d]));
+        }
         out.push((format!("{p}.mlp.gate_proj.weight"), vec![f, d]));
         out.push((format!("{p}.mlp.up_proj.weight"), vec![f, d]));
         out.push((format!("{p}.mlp.down_proj.weight"), vec![d, f]));
@@ -77,9 +85,27 @@ pub fn export_dense(
         }
         plan.push(PlannedTensor { name: name.clone(), dtype: out_dtype(info.dtype, dtype), shape: shape.clone() });
     }
+    // Families that store fused projections (Phi-3) get them fused again.
+    let fused = super::fused::fuse_plan(config, &plan_shapes);
+    let plan: Vec<PlannedTensor> = fused
+        .iter()
+        .map(|(name, shape, parts)| {
+            let first = if parts.is_empty() { name } else { &parts[0] };
+            let dt = plan.iter().find(|p| &p.name == first).map_or(DType::F32, |p| p.dtype);
+            PlannedTensor { name: name.clone(), dtype: dt, shape: shape.clone() }
+        })
+        .collect();
     let mut w = super::SafetensorsWriter::create(out_dir, plan, opts)?;
-    for (name, _) in &plan_shapes {
-        let values = src.read_f32(name)?;
+    for (name, _, parts) in &fused {
+        let values = if parts.is_empty() {
+            src.read_f32(name)?
+        } else {
+            let mut v = Vec::new();
+            for p in parts {
+                v.extend(src.read_f32(p)?);
+            }
+            v
+        };
         w.write_f32(name, &values)?;
     }
     let cfg = config.to_config_json(Some(dtype.unwrap_or(DType::F32)));

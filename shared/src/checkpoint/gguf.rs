@@ -31,7 +31,7 @@ use std::collections::HashMap;
 
 use crate::checkpoint::quant::{self, block_layout, ggml_dtype};
 use crate::checkpoint::{Bytes, DType, TensorInfo, TensorSource};
-use crate::config::{Architecture, ModelConfig, RopeScaling};
+use crate::config::{ModelConfig, RopeScaling};
 use crate::error::{Result, StudioError};
 
 /// The format name used in [`StudioError::Format`].
@@ -49,8 +49,6 @@ pub const MAX_STRING: usize = 64 << 20;
 pub const MAX_KV: u64 = 1 << 16;
 /// Most tensors accepted (real files have at most a few thousand).
 pub const MAX_TENSORS: u64 = 1 << 20;
-/// Architectures [`GgufModel::model_config`] supports.
-pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2";
 
 /// A GGUF metadata value (`gguf_metadata_value_type`).
 #[derive(Debug, Clone, PartialEq)]
@@ -907,11 +905,12 @@ fn unsupported(file: &str, tensor: &str, dtype: DType) -> StudioError {
 ///
 /// `token_embd.weight` → `model.embed_tokens.weight`, `output_norm.weight` →
 /// `model.norm.weight`, `output.weight` → `lm_head.weight`, and per block
-/// `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm,
-/// ffn_gate, ffn_up, ffn_down}.{weight,bias}` →
+/// `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, attn_q_norm,
+/// attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down}.{weight,bias}` →
 /// `model.layers.N.{input_layernorm, self_attn.q_proj, self_attn.k_proj,
-/// self_attn.v_proj, self_attn.o_proj, post_attention_layernorm,
-/// mlp.gate_proj, mlp.up_proj, mlp.down_proj}.{weight,bias}`.
+/// self_attn.v_proj, self_attn.o_proj, self_attn.q_norm, self_attn.k_norm,
+/// post_attention_layernorm, mlp.gate_proj, mlp.up_proj,
+/// mlp.down_proj}.{weight,bias}`.
 pub fn hf_name(gguf_name: &str) -> Option<String> {
     match gguf_name {
         "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
@@ -934,6 +933,8 @@ pub fn hf_name(gguf_name: &str) -> Option<String> {
         "attn_k" => "self_attn.k_proj",
         "attn_v" => "self_attn.v_proj",
         "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
         "ffn_norm" => "post_attention_layernorm",
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",
@@ -1023,7 +1024,7 @@ impl GgufModel {
     /// [`StudioError::Format`] when two tensors map to the same name.
     pub fn new(file: GgufFile) -> Result<GgufModel> {
         let architecture = file.get_str("general.architecture").unwrap_or("").to_string();
-        let llama = architecture == "llama";
+        let permuted = crate::config::family::by_gguf_arch(&architecture).is_some_and(|f| f.gguf_permuted_qk);
         let mut entries = Vec::with_capacity(file.tensors.len());
         let mut by_name = HashMap::with_capacity(file.tensors.len());
         for (index, t) in file.tensors.iter().enumerate() {
@@ -1053,7 +1054,7 @@ impl GgufModel {
                 continue;
             }
             let name = hf_name(&t.name).unwrap_or_else(|| t.name.clone());
-            let permute = if !llama {
+            let permute = if !permuted {
                 Permute::None
             } else if name.contains(".self_attn.q_proj.") {
                 Permute::Q
@@ -1146,7 +1147,10 @@ impl GgufModel {
     /// `attention.layer_norm_rms_epsilon`, `rope.freq_base` (default 10000),
     /// `context_length` (default 2048), `rope.dimension_count` (must equal
     /// head_dim: partial rotary is not supported), `rope.scaling.type` /
-    /// `rope.scaling.factor` (none or linear). The vocabulary size is the
+    /// `rope.scaling.factor` (none or linear), the tensor `rope_freqs.weight`
+    /// (llama.cpp's per-frequency divisors: read back as the Llama 3.1
+    /// scaling they encode, [`crate::model::rope::llama3_from_freq_factors`]).
+    /// The vocabulary size is the
     /// length of `tokenizer.ggml.tokens` (else `{arch}.vocab_size`, else the
     /// embedding rows); embeddings are tied when there is no `output.weight`;
     /// attention biases are on for qwen2 or when `blk.0.attn_q.bias` exists;
@@ -1155,24 +1159,31 @@ impl GgufModel {
     /// # Errors
     /// [`StudioError::Config`] naming the file for an architecture other
     /// than llama/qwen2, a missing or mistyped required key, an unsupported
-    /// RoPE scaling, or inconsistent sizes ([`ModelConfig::validate`]);
+    /// RoPE scaling (or both a scaling type and `rope_freqs.weight`), or
+    /// inconsistent sizes ([`ModelConfig::validate`]);
     /// [`StudioError::UnsupportedDType`] naming the file and tensor when a
     /// tensor's GGML type cannot be dequantized.
     pub fn model_config(&self) -> Result<ModelConfig> {
         let src = &self.file.file;
-        let architecture = match self.architecture.as_str() {
-            "llama" => Architecture::Llama,
-            "qwen2" => Architecture::Qwen2,
-            "" => {
+        let family = crate::config::family::by_gguf_arch(&self.architecture);
+        let architecture = match (self.architecture.as_str(), family) {
+            (_, Some(f)) => f.architecture,
+            ("", _) => {
                 return Err(StudioError::config(
                     src,
-                    format!("GGUF metadata `general.architecture` is missing (supported: {SUPPORTED_ARCHITECTURES})"),
+                    format!(
+                        "GGUF metadata `general.architecture` is missing (supported: {})",
+                        crate::config::family::supported_gguf_archs()
+                    ),
                 ))
             }
-            other => {
+            (other, None) => {
                 return Err(StudioError::config(
                     src,
-                    format!("unsupported GGUF architecture `{other}` (supported: {SUPPORTED_ARCHITECTURES})"),
+                    format!(
+                        "unsupported GGUF architecture `{other}` (supported: {})",
+                        crate::config::family::supported_gguf_archs()
+                    ),
                 ))
             }
         };
@@ -1230,12 +1241,19 @@ impl GgufModel {
                 ))
             }
         };
-        if self.file.tensor("rope_freqs.weight").is_some() {
-            return Err(StudioError::config(
-                src,
-                "the file has a `rope_freqs.weight` tensor (Llama 3.1-style frequency-dependent RoPE scaling, whose parameters GGUF does not store); such files are not supported",
-            ));
-        }
+        let rope_scaling = match self.rope_freq_factors(head_dim)? {
+            None => rope_scaling,
+            Some(_) if rope_scaling != RopeScaling::Default => {
+                return Err(StudioError::config(
+                    src,
+                    format!(
+                        "the file has both `{}` and a `rope_freqs.weight` tensor: two RoPE scalings at once are not supported",
+                        self.meta_key("rope.scaling.type")
+                    ),
+                ))
+            }
+            Some(f) => crate::model::rope::llama3_from_freq_factors(&f, head_dim, rope_theta),
+        };
         let vocab_size = match self.file.get("tokenizer.ggml.tokens").and_then(GgufValue::as_array) {
             Some(a) => a.len(),
             None => match self.meta_usize("vocab_size", false)? {
@@ -1244,7 +1262,7 @@ impl GgufModel {
             },
         };
         let tie_word_embeddings = self.file.tensor("output.weight").is_none();
-        let attention_bias = architecture == Architecture::Qwen2 || self.file.tensor("blk.0.attn_q.bias").is_some();
+        let attention_bias = architecture.family().qkv_bias || self.file.tensor("blk.0.attn_q.bias").is_some();
         let id = |k: &str| self.file.get(k).and_then(GgufValue::as_u64).and_then(|v| u32::try_from(v).ok());
         let cfg = ModelConfig {
             architecture,
@@ -1263,6 +1281,7 @@ impl GgufModel {
             attention_bias,
             bos_token_id: id("tokenizer.ggml.bos_token_id"),
             eos_token_id: id("tokenizer.ggml.eos_token_id"),
+            family_params: Default::default(),
         };
         cfg.validate(src)?;
         Ok(cfg)
@@ -1270,6 +1289,43 @@ impl GgufModel {
 }
 
 impl GgufModel {
+    /// llama.cpp's per-frequency RoPE divisors, the tensor
+    /// `rope_freqs.weight` (`[head_dim / 2]`, F32; written by
+    /// `convert_hf_to_gguf.py` for a Llama 3.1 `rope_scaling`), or `None`
+    /// when the file has none.
+    ///
+    /// # Errors
+    /// [`StudioError::Tensor`] naming the file and tensor when its length is
+    /// not `head_dim / 2` or a value is not a positive finite number.
+    fn rope_freq_factors(&self, head_dim: usize) -> Result<Option<Vec<f64>>> {
+        const NAME: &str = "rope_freqs.weight";
+        let Some(t) = self.file.tensor(NAME) else { return Ok(None) };
+        if !quant::is_supported(t.dtype) {
+            return Err(unsupported(&self.file.file, NAME, t.dtype));
+        }
+        if t.n_elements != head_dim / 2 {
+            return Err(StudioError::tensor(
+                &self.file.file,
+                NAME,
+                format!(
+                    "{} values, expected head_dim / 2 = {} (one RoPE frequency factor each)",
+                    t.n_elements,
+                    head_dim / 2
+                ),
+            ));
+        }
+        let v = quant::dequantize(t.dtype, self.file.tensor_bytes(t), t.n_elements)
+            .map_err(|m| StudioError::tensor(&self.file.file, NAME, m))?;
+        if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !(x.is_finite() && **x > 0.0)) {
+            return Err(StudioError::tensor(
+                &self.file.file,
+                NAME,
+                format!("value {i} is {x}: RoPE frequency factors must be positive and finite"),
+            ));
+        }
+        Ok(Some(v.into_iter().map(f64::from).collect()))
+    }
+
     /// The MoE structure of a llama.cpp MoE (`{arch}.expert_count` > 0):
     /// every layer with `expert_count` experts and `expert_used_count` per
     /// token, no router bias, temperature 1, frozen experts from

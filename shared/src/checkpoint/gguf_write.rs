@@ -72,6 +72,9 @@ pub fn gguf_blocker(base: &ModelConfig, moe: Option<&MoeConfig>) -> Option<Strin
     if let RopeScaling::Llama3 { .. } = base.rope_scaling {
         return Some("Llama 3.1 RoPE scaling needs a `rope_freqs.weight` tensor this writer does not produce".into());
     }
+    if let Some(why) = base.architecture.family().not_llama_blocks() {
+        return Some(format!("{why}: the llama.cpp `llama` architecture this writer emits has no place for that"));
+    }
     let moe = moe?;
     if let Some(l) = moe.layers.iter().position(Option::is_none) {
         return Some(format!(

@@ -95,6 +95,7 @@ impl Llama2cModel {
             attention_bias: false,
             bos_token_id: Some(1),
             eos_token_id: Some(2),
+            family_params: Default::default(),
         };
         config.validate(file_name)?;
         // The size the header implies, checked against the file before any

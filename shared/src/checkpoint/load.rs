@@ -89,6 +89,7 @@ pub fn from_hf_parts(
         Some((layout, base, moe)) => (base, Some(moe), Some(layout)),
         None => (crate::config::HfConfig::from_json(config_json, cfg_name)?.to_model_config(cfg_name)?, None, None),
     };
+    let source = super::fused::FusedSource::wrap(source, &config)?;
     let source = layout_view(source, layout, &config, moe.as_ref())?;
     check_tensors(source.as_ref(), &config, moe.as_ref())?;
     Ok(LoadedModel { path: path.into(), format: ModelFormat::Safetensors, config, moe, layout, source, tokenizer })

@@ -11,6 +11,7 @@ pub mod bytes;
 pub mod check;
 pub mod dtype;
 pub mod export;
+pub mod fused;
 pub mod gguf;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod gguf_write;

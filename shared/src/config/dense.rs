@@ -32,6 +32,35 @@ pub enum RopeScaling {
         /// Context length the model was pre-trained with.
         original_max_position_embeddings: usize,
     },
+    /// Per-frequency divisors of the inverse frequencies, `[head_dim / 2]`:
+    /// `inv_freq[i] / factors[i]` (llama.cpp's `rope_freqs.weight` tensor,
+    /// ggml `rope` with `freq_factors`). The GGUF reader gives this only when
+    /// the factors are not those of a [`RopeScaling::Llama3`] setting
+    /// ([`crate::model::rope::llama3_from_freq_factors`]); transformers has no
+    /// equivalent, so a `config.json` holding it is read by the studio only.
+    /// Phi-3's LongRoPE (`rope_type: "longrope"`, alias `"su"`):
+    /// `inv_freq[i] = 1 / (ext[i] · theta^(2i/hd))` with `ext = short_factor`
+    /// while every position is `< original_max_position_embeddings`, else
+    /// `long_factor` (transformers' dynamic `longrope_frequency_update`,
+    /// decided per forward call from its last position), and cos/sin scaled
+    /// by `attention_factor` (default `sqrt(1 + ln(s) / ln(original))` with
+    /// `s = max_position_embeddings / original`, 1 when `s <= 1`).
+    #[serde(rename = "longrope")]
+    LongRope {
+        /// Per-frequency divisors for short contexts, `[head_dim / 2]`.
+        short_factor: Vec<f64>,
+        /// Per-frequency divisors for long contexts, `[head_dim / 2]`.
+        long_factor: Vec<f64>,
+        /// The pre-training context length.
+        original_max_position_embeddings: usize,
+        /// The cos/sin scale.
+        attention_factor: f64,
+    },
+    #[serde(rename = "freq_factors")]
+    FreqFactors {
+        /// One divisor per frequency (> 0).
+        factors: Vec<f64>,
+    },
 }
 
 /// Architecture family of a dense decoder.
@@ -45,25 +74,30 @@ pub enum Architecture {
     Mistral,
     /// Qwen2 (Llama with biases on q/k/v projections).
     Qwen2,
+    /// Qwen3 (q/k RMSNorm per head, no q/k/v bias).
+    Qwen3,
+    /// Gemma 2 (GeGLU, sandwich `(1 + w)` norms, soft-caps, sliding window).
+    Gemma2,
+    /// Gemma 3 text (Gemma 2's blocks with q/k norm and two RoPE bases).
+    Gemma3,
+    /// Phi-3 (Llama's blocks, fused qkv / gate-up tensors, longrope).
+    Phi3,
 }
 
 impl Architecture {
     /// The Hugging Face `model_type` string.
     pub fn model_type(self) -> &'static str {
-        match self {
-            Architecture::Llama => "llama",
-            Architecture::Mistral => "mistral",
-            Architecture::Qwen2 => "qwen2",
-        }
+        self.family().model_type
+    }
+
+    /// The family record ([`super::family`]: what its blocks do differently).
+    pub fn family(self) -> &'static super::family::Family {
+        super::family::of(self)
     }
 
     /// The Hugging Face model class (`architectures[0]` in `config.json`).
     pub fn hf_class(self) -> &'static str {
-        match self {
-            Architecture::Llama => "LlamaForCausalLM",
-            Architecture::Mistral => "MistralForCausalLM",
-            Architecture::Qwen2 => "Qwen2ForCausalLM",
-        }
+        self.family().hf_class
     }
 }
 
@@ -99,12 +133,16 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// Whether the LM head shares the token-embedding matrix.
     pub tie_word_embeddings: bool,
-    /// Whether q/k/v projections have a bias (Qwen2).
+    /// Whether q/k/v projections have a bias (Qwen2; `attention_bias`).
     pub attention_bias: bool,
     /// Beginning-of-sequence token id, if any.
     pub bos_token_id: Option<u32>,
     /// End-of-sequence token id, if any.
     pub eos_token_id: Option<u32>,
+    /// Values only some families have (soft-caps, sliding-window layers,
+    /// a second RoPE base; [`super::family::FamilyParams`]).
+    #[serde(default, skip_serializing_if = "super::family::FamilyParams::is_empty")]
+    pub family_params: super::family::FamilyParams,
 }
 
 impl ModelConfig {
@@ -136,6 +174,31 @@ impl ModelConfig {
         if !self.head_dim.is_multiple_of(2) {
             return err(format!("`head_dim` ({}) must be even for RoPE", self.head_dim));
         }
+        let lt = &self.family_params.layer_types;
+        if !lt.is_empty() && lt.len() != self.num_layers {
+            return err(format!("{} `layer_types` for {} layers", lt.len(), self.num_layers));
+        }
+        if let RopeScaling::LongRope { short_factor, long_factor, .. } = &self.rope_scaling {
+            if short_factor.len() != self.head_dim / 2 || long_factor.len() != self.head_dim / 2 {
+                return err(format!(
+                    "longrope: {} short and {} long factors for head_dim {} (expected head_dim / 2 = {} each)",
+                    short_factor.len(),
+                    long_factor.len(),
+                    self.head_dim,
+                    self.head_dim / 2
+                ));
+            }
+        }
+        if let RopeScaling::FreqFactors { factors } = &self.rope_scaling {
+            if factors.len() != self.head_dim / 2 {
+                return err(format!(
+                    "RoPE frequency factors: {} values for head_dim {} (expected head_dim / 2 = {})",
+                    factors.len(),
+                    self.head_dim,
+                    self.head_dim / 2
+                ));
+            }
+        }
         if self.rms_norm_eps.is_nan() || self.rms_norm_eps <= 0.0 || self.rope_theta.is_nan() || self.rope_theta <= 0.0
         {
             return err("`rms_norm_eps` and `rope_theta` must be > 0".into());
@@ -152,7 +215,10 @@ impl ModelConfig {
         let bias = if self.attention_bias { q + 2 * kv } else { 0 };
         let attn = d * q + 2 * d * kv + q * d + bias;
         let ffn = 3 * d * self.intermediate_size;
-        let layer = attn + ffn + 2 * d;
+        let fam = self.architecture.family();
+        let qk_norm = if fam.qk_norm { 2 * self.head_dim } else { 0 };
+        let norms = if fam.sandwich_norms { 4 * d } else { 2 * d };
+        let layer = attn + ffn + norms + qk_norm;
         let head = if self.tie_word_embeddings { 0 } else { self.vocab_size * d };
         self.vocab_size * d + self.num_layers * layer + d + head
     }
@@ -213,6 +279,82 @@ pub struct HfConfig {
     /// `torch_dtype` / `dtype`, informational.
     #[serde(default, alias = "dtype")]
     pub torch_dtype: Option<String>,
+    /// `hidden_activation` (Gemma's name for the FFN activation).
+    #[serde(default)]
+    pub hidden_activation: Option<String>,
+    /// `query_pre_attn_scalar` (Gemma).
+    #[serde(default)]
+    pub query_pre_attn_scalar: Option<f64>,
+    /// `attn_logit_softcapping` (Gemma; absent = the family's default,
+    /// `null` = none).
+    #[serde(default, deserialize_with = "present")]
+    pub attn_logit_softcapping: Option<serde_json::Value>,
+    /// `final_logit_softcapping` (Gemma; absent / `null` as above).
+    #[serde(default, deserialize_with = "present")]
+    pub final_logit_softcapping: Option<serde_json::Value>,
+    /// `sliding_window` (tokens; `null` = none).
+    #[serde(default)]
+    pub sliding_window: Option<serde_json::Value>,
+    /// `layer_types` (`full_attention` / `sliding_attention` per layer).
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
+    /// `sliding_window_pattern` (Gemma 3 before `layer_types`).
+    #[serde(default, alias = "_sliding_window_pattern")]
+    pub sliding_window_pattern: Option<usize>,
+    /// `rope_local_base_freq` (Gemma 3: RoPE base of the sliding layers).
+    #[serde(default)]
+    pub rope_local_base_freq: Option<f64>,
+    /// `partial_rotary_factor` (Phi-3: must be 1).
+    #[serde(default)]
+    pub partial_rotary_factor: Option<f64>,
+    /// `original_max_position_embeddings` (Phi-3's LongRoPE, top level).
+    #[serde(default)]
+    pub original_max_position_embeddings: Option<usize>,
+}
+
+/// Keeps an explicit `null` as `Some(Value::Null)` (absent stays `None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
+}
+
+impl HfConfig {
+    /// A soft-cap value: absent → `default`, `null` → none, else a positive
+    /// number.
+    ///
+    /// # Errors
+    /// [`StudioError::Config`] naming `key` for anything else.
+    pub fn softcap(
+        &self,
+        v: &Option<serde_json::Value>,
+        default: Option<f64>,
+        key: &str,
+        src: &str,
+    ) -> Result<Option<f64>> {
+        match v {
+            None => Ok(default),
+            Some(serde_json::Value::Null) => Ok(None),
+            Some(x) => match x.as_f64().filter(|c| c.is_finite() && *c > 0.0) {
+                Some(c) => Ok(Some(c)),
+                None => Err(StudioError::config(src, format!("`{key}` must be a positive number or null, found {x}"))),
+            },
+        }
+    }
+
+    /// `sliding_window`: `None` when absent or `null`.
+    ///
+    /// # Errors
+    /// [`StudioError::Config`] when it is not a positive integer.
+    pub fn window(&self, src: &str) -> Result<Option<usize>> {
+        match &self.sliding_window {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(x) => match x.as_u64().filter(|&w| w > 0) {
+                Some(w) => Ok(Some(w as usize)),
+                None => {
+                    Err(StudioError::config(src, format!("`sliding_window` must be a positive integer, found {x}")))
+                }
+            },
+        }
+    }
 }
 
 fn first_id(v: &Option<serde_json::Value>) -> Option<u32> {
@@ -240,9 +382,43 @@ fn parse_rope_scaling(v: &serde_json::Value, src: &str) -> Result<RopeScaling> {
             high_freq_factor: num("high_freq_factor", Some(4.0))?,
             original_max_position_embeddings: num("original_max_position_embeddings", Some(8192.0))? as usize,
         }),
+        "longrope" | "su" => {
+            let list = |k: &str| -> Result<Vec<f64>> {
+                v.get(k)
+                    .and_then(|f| f.as_array())
+                    .and_then(|a| a.iter().map(|x| x.as_f64().filter(|x| x.is_finite() && *x > 0.0)).collect())
+                    .ok_or_else(|| {
+                        StudioError::config(src, format!("rope scaling `{ty}` needs `{k}`, a list of positive numbers"))
+                    })
+            };
+            Ok(RopeScaling::LongRope {
+                short_factor: list("short_factor")?,
+                long_factor: list("long_factor")?,
+                // Filled from the top-level keys by `to_model_config` when absent.
+                original_max_position_embeddings: v
+                    .get("original_max_position_embeddings")
+                    .and_then(|x| x.as_u64())
+                    .unwrap_or(0) as usize,
+                attention_factor: v.get("attention_factor").and_then(|x| x.as_f64()).unwrap_or(0.0),
+            })
+        }
+        "freq_factors" => {
+            let factors = v
+                .get("factors")
+                .and_then(|f| f.as_array())
+                .and_then(|a| {
+                    a.iter().map(|x| x.as_f64().filter(|x| x.is_finite() && *x > 0.0)).collect::<Option<Vec<_>>>()
+                })
+                .ok_or_else(|| {
+                    StudioError::config(src, "rope scaling `freq_factors` needs `factors`, a list of positive numbers")
+                })?;
+            Ok(RopeScaling::FreqFactors { factors })
+        }
         other => Err(StudioError::config(
             src,
-            format!("unsupported rope scaling type `{other}` (supported: default, linear, llama3)"),
+            format!(
+                "unsupported rope scaling type `{other}` (supported: default, linear, llama3, longrope, freq_factors)"
+            ),
         )),
     }
 }
@@ -263,39 +439,73 @@ impl HfConfig {
     /// [`StudioError::Config`] for an unknown `model_type`, a non-SiLU
     /// activation, an unsupported RoPE scaling or inconsistent sizes.
     pub fn to_model_config(&self, source_name: &str) -> Result<ModelConfig> {
-        let architecture = match self.model_type.as_str() {
-            "llama" => Architecture::Llama,
-            "mistral" => Architecture::Mistral,
-            "qwen2" => Architecture::Qwen2,
-            other => {
+        let Some(family) = super::family::by_model_type(&self.model_type) else {
+            return Err(StudioError::config(
+                source_name,
+                format!(
+                    "unknown architecture `model_type: \"{}\"` (supported dense types: {}; MoE checkpoints: {})",
+                    self.model_type,
+                    super::family::supported_model_types(),
+                    crate::layout::readable_model_types(),
+                ),
+            ));
+        };
+        let architecture = family.architecture;
+        let want = family.activation;
+        for (key, act) in [("hidden_activation", &self.hidden_activation), ("hidden_act", &self.hidden_act)] {
+            let Some(act) = act else { continue };
+            let ok = match want {
+                super::family::GateActivation::Silu => act == "silu",
+                super::family::GateActivation::GeluTanh => {
+                    matches!(act.as_str(), "gelu_pytorch_tanh" | "gelu_tanh" | "gelu_new" | "gelu_fast")
+                }
+            };
+            if !ok {
                 return Err(StudioError::config(
                     source_name,
                     format!(
-                        "unknown architecture `model_type: \"{other}\"` (supported dense types: llama, mistral, qwen2; MoE checkpoints: mixtral)"
+                        "`{key}: \"{act}\"` is not supported for {} (its FFN needs \"{}\")",
+                        family.model_type,
+                        want.hf_name()
                     ),
-                ))
-            }
-        };
-        if let Some(act) = &self.hidden_act {
-            if act != "silu" {
-                return Err(StudioError::config(
-                    source_name,
-                    format!("`hidden_act: \"{act}\"` is not supported (SwiGLU needs \"silu\")"),
                 ));
+            }
+            if key == "hidden_activation" {
+                break; // Gemma reads hidden_activation first; hidden_act is legacy.
             }
         }
         if self.num_attention_heads == 0 {
             return Err(StudioError::config(source_name, "`num_attention_heads` must be > 0"));
         }
+        // transformers 5 nests Gemma 3's per-layer-type RoPE: the global
+        // layers' parameters are `rope_parameters.full_attention`.
+        let rope_parameters =
+            self.rope_parameters.as_ref().map(|p| p.get("full_attention").filter(|f| f.is_object()).unwrap_or(p));
         let rope_theta = self
             .rope_theta
-            .or_else(|| self.rope_parameters.as_ref().and_then(|p| p.get("rope_theta")).and_then(|x| x.as_f64()))
-            .unwrap_or(10000.0);
-        let scaling_json = self.rope_scaling.as_ref().or(self.rope_parameters.as_ref());
-        let rope_scaling = match scaling_json {
+            .or_else(|| rope_parameters.and_then(|p| p.get("rope_theta")).and_then(|x| x.as_f64()))
+            .unwrap_or(match family.architecture {
+                Architecture::Gemma3 => 1_000_000.0,
+                _ => 10000.0,
+            });
+        let scaling_json = self.rope_scaling.as_ref().or(rope_parameters);
+        let mut rope_scaling = match scaling_json {
             Some(v) if !v.is_null() => parse_rope_scaling(v, source_name)?,
             _ => RopeScaling::Default,
         };
+        let max_position_embeddings = self.max_position_embeddings.unwrap_or(2048);
+        if let RopeScaling::LongRope { original_max_position_embeddings: orig, attention_factor, .. } =
+            &mut rope_scaling
+        {
+            if *orig == 0 {
+                *orig = self.original_max_position_embeddings.unwrap_or(max_position_embeddings);
+            }
+            if *attention_factor <= 0.0 {
+                // transformers `_compute_longrope_parameters`.
+                let s = max_position_embeddings as f64 / *orig as f64;
+                *attention_factor = if s <= 1.0 { 1.0 } else { (1.0 + s.ln() / (*orig as f64).ln()).sqrt() };
+            }
+        }
         let cfg = ModelConfig {
             architecture,
             vocab_size: self.vocab_size,
@@ -308,11 +518,12 @@ impl HfConfig {
             rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
-            max_position_embeddings: self.max_position_embeddings.unwrap_or(2048),
+            max_position_embeddings,
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
-            attention_bias: architecture == Architecture::Qwen2 || self.attention_bias.unwrap_or(false),
+            attention_bias: family.qkv_bias || self.attention_bias.unwrap_or(false),
             bos_token_id: first_id(&self.bos_token_id),
             eos_token_id: first_id(&self.eos_token_id),
+            family_params: (family.read_params)(self, source_name)?,
         };
         cfg.validate(source_name)?;
         Ok(cfg)
@@ -345,6 +556,21 @@ impl HfConfig {
             bos_token_id: c.bos_token_id.map(|x| x.into()),
             eos_token_id: c.eos_token_id.map(|x| x.into()),
             torch_dtype: None,
+            hidden_activation: None,
+            query_pre_attn_scalar: None,
+            attn_logit_softcapping: None,
+            final_logit_softcapping: None,
+            sliding_window: None,
+            layer_types: None,
+            sliding_window_pattern: None,
+            rope_local_base_freq: None,
+            partial_rotary_factor: None,
+            original_max_position_embeddings: match &c.rope_scaling {
+                RopeScaling::LongRope { original_max_position_embeddings, .. } => {
+                    Some(*original_max_position_embeddings)
+                }
+                _ => None,
+            },
         }
     }
 }
@@ -360,6 +586,7 @@ impl ModelConfig {
         let mut v = serde_json::to_value(hf).expect("config serialises");
         let obj = v.as_object_mut().expect("a struct serialises to an object");
         obj.retain(|_, x| !x.is_null());
+        (self.architecture.family().write_params)(self, obj);
         obj.insert("architectures".into(), serde_json::json!([self.architecture.hf_class()]));
         v
     }

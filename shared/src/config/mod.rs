@@ -3,6 +3,7 @@
 //! ([`MoeConfig`]; its on-disk forms are [`crate::layout`]'s).
 
 mod dense;
+pub mod family;
 pub mod moe;
 
 pub use dense::{Architecture, HfConfig, ModelConfig, RopeScaling};

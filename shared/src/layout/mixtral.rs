@@ -22,7 +22,7 @@
 //! ignores it) so that the studio reads back the same configuration.
 
 use super::{
-    base_config, get_usize, plain_moe, read_base, recorded_base_type, recorded_frozen, Blocker, MoeLayout,
+    base_config, get_usize, no_qk_norm, plain_moe, read_base, recorded_base_type, recorded_frozen, Blocker, MoeLayout,
     SharedExperts,
 };
 use crate::config::{Architecture, ModelConfig, MoeConfig, MoeLayerSpec};
@@ -48,6 +48,7 @@ impl MoeLayout for Mixtral {
         if base.attention_bias {
             return Err(Blocker::new("attention_bias", "the q/k/v projections have biases, which Mixtral has not"));
         }
+        no_qk_norm(base, "Mixtral")?;
         if !matches!(base.architecture, Architecture::Llama | Architecture::Mistral) {
             return Err(Blocker::new(
                 "architecture",

@@ -192,6 +192,12 @@ pub fn names_list() -> String {
     REGISTRY.iter().map(|l| l.name()).collect::<Vec<_>>().join(", ")
 }
 
+/// The `config.json` `model_type`s of the MoE layouts the studio reads,
+/// comma-separated (for errors).
+pub fn readable_model_types() -> String {
+    REGISTRY.iter().filter_map(|l| l.model_type()).collect::<Vec<_>>().join(", ")
+}
+
 /// What the user asked for with `--layout`.
 #[derive(Debug, Clone, Copy, Default)]
 pub enum LayoutRequest {
@@ -487,6 +493,16 @@ pub(crate) fn no_shared_experts(moe: &MoeConfig, what: &str) -> std::result::Res
         )),
         None => Ok(()),
     }
+}
+
+/// Refuses a base whose blocks are not Llama's (q/k norms, GeGLU, Gemma's
+/// norms: [`crate::config::family::Family::not_llama_blocks`]) for a layout
+/// built on Llama's blocks (they would be dropped, changing the model).
+pub(crate) fn no_qk_norm(base: &ModelConfig, what: &str) -> std::result::Result<(), Blocker> {
+    if let Some(why) = base.architecture.family().not_llama_blocks() {
+        return Err(Blocker::new("architecture", format!("{why}, and {what}'s blocks are Llama's")));
+    }
+    Ok(())
 }
 
 /// Refuses the aux-loss-free selection bias (DeepSeek-V3 §2.1.2), which

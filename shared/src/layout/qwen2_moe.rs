@@ -40,8 +40,8 @@
 
 use super::names::{split_layer, Proj, TensorRole};
 use super::{
-    base_config, get_usize, no_selection_bias, one_expert_width, one_norm_topk, read_base, recorded_base_type,
-    recorded_frozen, recorded_shared_frozen, uniform, Blocker, MoeLayout, SharedExperts,
+    base_config, get_usize, no_qk_norm, no_selection_bias, one_expert_width, one_norm_topk, read_base,
+    recorded_base_type, recorded_frozen, recorded_shared_frozen, uniform, Blocker, MoeLayout, SharedExperts,
 };
 use crate::checkpoint::TensorSource;
 use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
@@ -129,6 +129,7 @@ impl MoeLayout for Qwen2Moe {
 
     fn check(&self, base: &ModelConfig, moe: &MoeConfig) -> std::result::Result<(), Blocker> {
         uniform(moe, "Qwen2-MoE")?;
+        no_qk_norm(base, "Qwen2-MoE")?;
         no_selection_bias(moe, "Qwen2-MoE")?;
         one_norm_topk(moe, "Qwen2-MoE")?;
         one_expert_width(base, moe, "Qwen2-MoE", "moe_intermediate_size")?;

@@ -1,13 +1,13 @@
 //! The Qwen3-MoE layout (`Qwen3MoeForCausalLM`; transformers'
-//! `Qwen3MoeConfig` / `modeling_qwen3_moe.py`), ready for qwen3 bases.
+//! `Qwen3MoeConfig` / `modeling_qwen3_moe.py`): the MoE layout of qwen3
+//! bases.
 //!
 //! Qwen3's attention normalises each query and key head with its own
 //! RMSNorm (`self_attn.q_norm.weight`, `self_attn.k_norm.weight`, `[head_dim]`)
-//! before RoPE, and has no q/k/v bias. A Llama / Qwen2 attention has no such
-//! norm, and `RMSNorm(q)` is not `q` for any weight, so a Llama / Qwen2 base
-//! cannot be held exactly: [`Qwen3Moe::check`] refuses every base until the
-//! model has a Qwen3 family (`config::Architecture`), at which point the
-//! check becomes "the base is qwen3" and the writer below is complete.
+//! before RoPE. A Llama / Qwen2 attention has no such norm, and `RMSNorm(q)`
+//! is not `q` for any weight, so [`Qwen3Moe::check`] holds qwen3 bases only;
+//! and a qwen3 base goes nowhere else among the public layouts (Mixtral and
+//! Qwen2-MoE have no q/k norm).
 //!
 //! `config.json`: `model_type: "qwen3_moe"`, `architectures:
 //! ["Qwen3MoeForCausalLM"]`, `num_experts`, `num_experts_per_tok`,
@@ -22,10 +22,10 @@
 use super::names::TensorRole;
 use super::qwen2_moe::Qwen2Moe;
 use super::{
-    base_config, no_selection_bias, no_shared_experts, one_expert_width, one_norm_topk, uniform, Blocker, MoeLayout,
-    SharedExperts,
+    base_config, get_usize, no_selection_bias, no_shared_experts, one_expert_width, one_norm_topk, read_base,
+    recorded_frozen, uniform, Blocker, MoeLayout, SharedExperts,
 };
-use crate::config::{ModelConfig, MoeConfig};
+use crate::config::{Architecture, ModelConfig, MoeConfig, MoeLayerSpec};
 use crate::error::{Result, StudioError};
 
 /// The Qwen3-MoE layout.
@@ -50,15 +50,18 @@ impl MoeLayout for Qwen3Moe {
         no_selection_bias(moe, "Qwen3-MoE")?;
         one_norm_topk(moe, "Qwen3-MoE")?;
         one_expert_width(base, moe, "Qwen3-MoE", "moe_intermediate_size")?;
-        Err(Blocker::new(
-            "architecture",
-            format!(
-                "the base is {}; Qwen3-MoE's attention RMS-normalises every q and k head (q_norm/k_norm), which a {} \
-                 attention cannot express exactly (Qwen3-MoE holds qwen3 bases, once that family is supported)",
-                base.architecture.model_type(),
-                base.architecture.model_type()
-            ),
-        ))
+        if base.architecture != Architecture::Qwen3 {
+            return Err(Blocker::new(
+                "architecture",
+                format!(
+                    "the base is {}; Qwen3-MoE's attention RMS-normalises every q and k head (q_norm/k_norm), which a \
+                     {} attention does not have (Qwen3-MoE holds qwen3 bases)",
+                    base.architecture.model_type(),
+                    base.architecture.model_type()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn write_config(&self, base: &ModelConfig, moe: &MoeConfig) -> serde_json::Value {
@@ -80,7 +83,6 @@ impl MoeLayout for Qwen3Moe {
         obj.insert("decoder_sparse_step".into(), 1.into());
         obj.insert("mlp_only_layers".into(), serde_json::json!(dense));
         obj.insert("output_router_logits".into(), false.into());
-        obj.remove("attention_bias");
         v
     }
 
@@ -88,12 +90,47 @@ impl MoeLayout for Qwen3Moe {
         Some("qwen3_moe")
     }
 
-    fn read_config(&self, _v: &serde_json::Value, source_name: &str) -> Result<(ModelConfig, MoeConfig)> {
-        Err(StudioError::config(
-            source_name,
-            "a qwen3_moe checkpoint: its base is a Qwen3 model (attention with q_norm/k_norm), a family moe-studio \
-             does not support yet (supported dense types: llama, mistral, qwen2)",
-        ))
+    /// Reads a `qwen3_moe` `config.json`: the qwen3 base from the same keys,
+    /// `num_experts` (or transformers 5's `num_local_experts`) experts of width `moe_intermediate_size` with top
+    /// `num_experts_per_tok` in every layer `l` with `(l + 1) %
+    /// decoder_sparse_step == 0` not in `mlp_only_layers` (the others dense
+    /// of width `intermediate_size`), `norm_topk_prob` (transformers'
+    /// default false), `router_aux_loss_coef` (default 0.001).
+    fn read_config(&self, v: &serde_json::Value, source_name: &str) -> Result<(ModelConfig, MoeConfig)> {
+        let base = read_base(v, "qwen3", source_name)?;
+        let norm_topk_prob = v.get("norm_topk_prob").and_then(|b| b.as_bool()).unwrap_or(false);
+        // Hub files say `num_experts`; transformers 5 writes its attribute
+        // name `num_local_experts` (`Qwen3MoeConfig.attribute_map`).
+        let experts_key = if v.get("num_experts").is_none() && v.get("num_local_experts").is_some() {
+            "num_local_experts"
+        } else {
+            "num_experts"
+        };
+        let e = get_usize(v, experts_key, source_name, "qwen3_moe")?;
+        let k = get_usize(v, "num_experts_per_tok", source_name, "qwen3_moe")?;
+        let step = v.get("decoder_sparse_step").and_then(|x| x.as_u64()).unwrap_or(1).max(1) as usize;
+        let only: Vec<usize> = match v.get("mlp_only_layers") {
+            None | Some(serde_json::Value::Null) => Vec::new(),
+            Some(x) => serde_json::from_value(x.clone())
+                .map_err(|e| StudioError::format(source_name, "config.json", format!("`mlp_only_layers`: {e}")))?,
+        };
+        let moe_f = v.get("moe_intermediate_size").and_then(|x| x.as_u64()).map(|x| x as usize);
+        let expert_intermediate_size = moe_f.filter(|&f| f != base.intermediate_size);
+        let frozen = recorded_frozen(v);
+        let layers = (0..base.num_layers)
+            .map(|l| {
+                (e > 0 && !only.contains(&l) && (l + 1).is_multiple_of(step)).then(|| MoeLayerSpec {
+                    num_experts: e,
+                    top_k: k,
+                    frozen: frozen.get(l).cloned().unwrap_or_default(),
+                    expert_intermediate_size,
+                    norm_topk_prob,
+                    ..Default::default()
+                })
+            })
+            .collect();
+        let coef = v.get("router_aux_loss_coef").and_then(|x| x.as_f64()).unwrap_or(0.001);
+        Ok((base, MoeConfig { layers, router_aux_loss_coef: coef }))
     }
 
     fn disk_name(&self, role: &TensorRole) -> String {
@@ -115,27 +152,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn writer_is_ready_but_no_current_base_is_held() {
+    fn holds_qwen3_bases_only_and_reads_back_what_it_writes() {
         let moe = MoeConfig::uniform(2, spec(8, 2));
-        let v = Qwen3Moe.write_config(&base("qwen2"), &moe);
-        assert_eq!((v["model_type"].as_str(), v["num_experts"].as_u64()), (Some("qwen3_moe"), Some(8)));
         for arch in ["llama", "qwen2"] {
             let b = Qwen3Moe.check(&base(arch), &moe).unwrap_err();
             assert_eq!(b.field, "architecture");
             assert!(b.why.contains("q_norm"), "{}", b.why);
         }
-        let granular = MoeConfig::uniform(
-            2,
-            crate::config::MoeLayerSpec { expert_intermediate_size: Some(3), norm_topk_prob: false, ..spec(8, 2) },
-        );
-        let v = Qwen3Moe.write_config(&base("qwen2"), &granular);
+        let q3 = base("qwen3");
+        Qwen3Moe.check(&q3, &moe).unwrap();
+        let v = Qwen3Moe.write_config(&q3, &moe);
+        assert_eq!((v["model_type"].as_str(), v["num_experts"].as_u64()), (Some("qwen3_moe"), Some(8)));
+        let (b2, m2) = Qwen3Moe.read_config(&v, "c").unwrap();
+        assert_eq!(b2, q3);
+        assert_eq!(m2, moe);
+        let granular = MoeConfig {
+            layers: vec![
+                Some(crate::config::MoeLayerSpec {
+                    expert_intermediate_size: Some(3),
+                    norm_topk_prob: false,
+                    ..spec(8, 2)
+                }),
+                None,
+            ],
+            router_aux_loss_coef: 0.02,
+        };
+        let v = Qwen3Moe.write_config(&q3, &granular);
         assert_eq!((v["moe_intermediate_size"].as_u64(), v["norm_topk_prob"].as_bool()), (Some(3), Some(false)));
+        assert_eq!(v["mlp_only_layers"], serde_json::json!([1]));
+        assert_eq!(Qwen3Moe.read_config(&v, "c").unwrap().1, granular);
     }
 
     #[test]
     fn issue_15_features_it_cannot_hold_are_named_before_the_architecture() {
         use crate::config::MoeLayerSpec;
-        let b = base("qwen2");
+        let b = base("qwen3");
         for (s, field) in [
             (MoeLayerSpec { shared_experts: 1, shared_expert_gate: true, ..spec(4, 2) }, "shared_experts"),
             (MoeLayerSpec { selection_bias: true, ..spec(4, 2) }, "selection_bias"),

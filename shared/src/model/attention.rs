@@ -1,6 +1,10 @@
 //! Grouped-query causal self-attention with RoPE and an optional KV cache.
 //!
-//! Source: Ainslie et al., "GQA" (2023); transformers `LlamaAttention`.
+//! Source: Ainslie et al., "GQA" (2023); transformers `LlamaAttention`;
+//! the per-head q/k RMSNorm of `Qwen3Attention` when the family has one
+//! ([`crate::config::family::Family::qk_norm`]); Gemma's
+//! `query_pre_attn_scalar` scale, score soft-cap and sliding-window layers
+//! (a boolean mask on top of the causal one).
 //! The score/softmax/value product is Burn's fused
 //! [`burn::tensor::module::attention`] with `is_causal`: the CPU backend
 //! (burn-flex) runs it as one kernel (two gemm calls per head for short
@@ -11,7 +15,7 @@
 //! query `i` (absolute position `cached + i`) sees keys `0..=cached + i`.
 
 use burn::module::Module;
-use burn::nn::Linear;
+use burn::nn::{Linear, RmsNorm};
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{backend::Backend, Tensor};
@@ -31,6 +35,23 @@ pub struct Attention<B: Backend> {
     pub v_proj: Linear<B>,
     /// `o_proj`: `num_heads * head_dim -> d`.
     pub o_proj: Linear<B>,
+    /// `q_norm`: RMSNorm over `head_dim` of every query head, before RoPE
+    /// (Qwen3; `None` for Llama-style attention).
+    pub q_norm: Option<RmsNorm<B>>,
+    /// `k_norm`: RMSNorm over `head_dim` of every key head, before RoPE.
+    pub k_norm: Option<RmsNorm<B>>,
+    /// Score scale (`query_pre_attn_scalar^-1/2` for Gemma); `None`:
+    /// `head_dim^-1/2`.
+    #[module(skip)]
+    pub scale: Option<f64>,
+    /// Soft-cap `c` of the scores, `c * tanh(s / c)` (Gemma 2).
+    #[module(skip)]
+    pub softcap: Option<f64>,
+    /// Sliding window: query at absolute position `i` sees keys `j` with
+    /// `i - j < window` (transformers' `sliding_window_overlay`); `None`:
+    /// every earlier key.
+    #[module(skip)]
+    pub sliding_window: Option<usize>,
     /// Number of query heads.
     pub num_heads: usize,
     /// Number of key/value heads.
@@ -74,8 +95,17 @@ impl<B: Backend> Attention<B> {
             c("k_proj", k.clone());
             c("v_proj", v.clone());
         }
-        let q = Rope::apply(q.reshape([b, s, h, hd]).swap_dims(1, 2), rope);
-        let k = Rope::apply(k.reshape([b, s, kvh, hd]).swap_dims(1, 2), rope);
+        let (q, k) = (q.reshape([b, s, h, hd]), k.reshape([b, s, kvh, hd]));
+        let q = match &self.q_norm {
+            Some(n) => n.forward(q),
+            None => q,
+        };
+        let k = match &self.k_norm {
+            Some(n) => n.forward(k),
+            None => k,
+        };
+        let q = Rope::apply(q.swap_dims(1, 2), rope);
+        let k = Rope::apply(k.swap_dims(1, 2), rope);
         let v = v.reshape([b, s, kvh, hd]).swap_dims(1, 2);
         let (k, v) = match cache {
             Some((c, layer)) => c.append(layer, k, v),
@@ -91,8 +121,17 @@ impl<B: Backend> Attention<B> {
         } else {
             (k, v)
         };
-        let opts = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
-        let out = attention(q, k, v, None, None, opts).swap_dims(1, 2).reshape([b, s, h * hd]);
+        let opts = AttentionModuleOptions { scale: self.scale, softcap: self.softcap, is_causal: true };
+        // Keys `t - s` positions before the first query are cached; with a
+        // window, mask the keys more than `window - 1` positions back.
+        let mask = self.sliding_window.filter(|&w| t > w).map(|w| {
+            let past = t - s;
+            let m: Vec<bool> = (0..s).flat_map(|i| (0..t).map(move |j| past + i >= j + w)).collect();
+            let m =
+                Tensor::<B, 2, burn::tensor::Bool>::from_data(burn::tensor::TensorData::new(m, [s, t]), &q.device());
+            m.reshape([1, 1, s, t]).expand([b, h, s, t])
+        });
+        let out = attention(q, k, v, mask, None, opts).swap_dims(1, 2).reshape([b, s, h * hd]);
         let out = forward_rows(&self.o_proj, out);
         if let Some(c) = capture.as_mut() {
             c("o_proj", out.clone());

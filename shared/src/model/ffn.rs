@@ -1,16 +1,25 @@
-//! SwiGLU feed-forward network: `down( silu(gate(x)) * up(x) )`.
+//! Gated feed-forward network: SwiGLU `down( silu(gate(x)) * up(x) )`, or
+//! GeGLU `down( gelu_tanh(gate(x)) * up(x) )` for the families whose
+//! activation is gelu tanh (Gemma; [`GateActivation`]).
 //!
 //! Source: Shazeer, "GLU Variants Improve Transformer" (2020); the Llama
-//! MLP (transformers `LlamaMLP`).
+//! MLP (transformers `LlamaMLP`), `GemmaMLP` (`gelu_pytorch_tanh`).
 
 use burn::module::Module;
 use burn::nn::Linear;
-use burn::tensor::{activation::silu, backend::Backend, Tensor};
+use burn::tensor::{
+    activation::{gelu_approximate, silu},
+    backend::Backend,
+    Tensor,
+};
+
+pub use crate::config::family::GateActivation;
 
 use super::linear::forward_rows;
 
-/// A SwiGLU FFN with `gate_proj`, `up_proj` (`d -> f`) and `down_proj`
-/// (`f -> d`), no biases.
+/// A gated FFN with `gate_proj`, `up_proj` (`d -> f`) and `down_proj`
+/// (`f -> d`), no biases; the gate activation is `activation` (SwiGLU by
+/// default, GeGLU for Gemma).
 #[derive(Module, Debug)]
 pub struct SwiGlu<B: Backend> {
     /// `gate_proj`, Burn weight `[d, f]`.
@@ -19,13 +28,23 @@ pub struct SwiGlu<B: Backend> {
     pub up_proj: Linear<B>,
     /// `down_proj`, Burn weight `[f, d]`.
     pub down_proj: Linear<B>,
+    /// The gate activation (not a parameter).
+    #[module(skip)]
+    pub activation: GateActivation,
 }
 
 impl<B: Backend> SwiGlu<B> {
+    fn act<const D: usize>(&self, g: Tensor<B, D>) -> Tensor<B, D> {
+        match self.activation {
+            GateActivation::Silu => silu(g),
+            GateActivation::GeluTanh => gelu_approximate(g),
+        }
+    }
+
     /// `x: [..., d] -> [..., d]` (each projection one 2-D product over
     /// all leading positions, [`forward_rows`]).
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let g = silu(forward_rows(&self.gate_proj, x.clone()));
+        let g = self.act(forward_rows(&self.gate_proj, x.clone()));
         forward_rows(&self.down_proj, g * forward_rows(&self.up_proj, x))
     }
 
@@ -40,14 +59,14 @@ impl<B: Backend> SwiGlu<B> {
         let u = forward_rows(&self.up_proj, x);
         capture("gate_proj", g.clone());
         capture("up_proj", u.clone());
-        let out = forward_rows(&self.down_proj, silu(g) * u);
+        let out = forward_rows(&self.down_proj, self.act(g) * u);
         capture("down_proj", out.clone());
         out
     }
 
-    /// The FFN's hidden activations `silu(gate(x)) * up(x)`, `[..., f]`
+    /// The FFN's hidden activations `act(gate(x)) * up(x)`, `[..., f]`
     /// (the input of `down_proj`).
     pub fn hidden<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        silu(forward_rows(&self.gate_proj, x.clone())) * forward_rows(&self.up_proj, x)
+        self.act(forward_rows(&self.gate_proj, x.clone())) * forward_rows(&self.up_proj, x)
     }
 }

@@ -40,8 +40,20 @@ pub fn read_checked(src: &dyn TensorSource, name: &str, shape: &[usize]) -> Resu
     Ok(v)
 }
 
-fn rms<B: Backend>(src: &dyn TensorSource, name: &str, d: usize, eps: f64, device: &B::Device) -> Result<RmsNorm<B>> {
-    let g = read_checked(src, name, &[d])?;
+/// An RMSNorm of width `d`; `plus_one` for the families that store `w` and
+/// apply `1 + w` (Gemma), so the module holds `1 + w`.
+fn rms<B: Backend>(
+    src: &dyn TensorSource,
+    name: &str,
+    d: usize,
+    eps: f64,
+    plus_one: bool,
+    device: &B::Device,
+) -> Result<RmsNorm<B>> {
+    let mut g = read_checked(src, name, &[d])?;
+    if plus_one {
+        g.iter_mut().for_each(|w| *w += 1.0);
+    }
     Ok(RmsNorm { gamma: Param::from_tensor(Tensor::from_data(TensorData::new(g, [d]), device)), epsilon: eps })
 }
 
@@ -82,7 +94,10 @@ fn hf_linear<B: Backend>(
 /// Tensors: `model.embed_tokens.weight [V, d]`,
 /// `model.layers.{l}.{input,post_attention}_layernorm.weight [d]`,
 /// `model.layers.{l}.self_attn.{q,k,v,o}_proj.weight` (`[out, in]`, q/k/v
-/// `.bias` when `attention_bias`), `model.layers.{l}.mlp.{gate,up,down}_proj.weight`,
+/// `.bias` when `attention_bias`; `self_attn.{q,k}_norm.weight [head_dim]`
+/// when the family normalises q/k heads; Gemma's `pre_feedforward_layernorm`
+/// and `post_feedforward_layernorm`, its norms read as `1 + w`),
+/// `model.layers.{l}.mlp.{gate,up,down}_proj.weight`,
 /// `model.norm.weight [d]`, `lm_head.weight [V, d]` unless tied. MoE layers
 /// read, instead of `mlp.*`, `model.layers.{l}.block_sparse_moe.gate.weight
 /// [E, d]` (with `.bias` when the router has one, and
@@ -107,6 +122,9 @@ pub fn load_transformer<B: Backend>(
     let (d, f, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
     let (h, kvh, hd) = (config.num_heads, config.num_kv_heads, config.head_dim);
     let eps = config.rms_norm_eps;
+    let fam = config.architecture.family();
+    let (qk_norm, one, act) = (fam.qk_norm, fam.norm_plus_one, fam.activation);
+    let fp = &config.family_params;
     let emb = read_checked(src, "model.embed_tokens.weight", &[v, d])?;
     let embed_tokens =
         Embedding { weight: Param::from_tensor(Tensor::from_data(TensorData::new(emb, [v, d]), device)) };
@@ -115,22 +133,55 @@ pub fn load_transformer<B: Backend>(
         let p = format!("model.layers.{l}");
         let bias = config.attention_bias;
         layers.push(DecoderBlock {
-            input_layernorm: rms(src, &format!("{p}.input_layernorm.weight"), d, eps, device)?,
+            input_layernorm: rms(src, &format!("{p}.input_layernorm.weight"), d, eps, one, device)?,
             self_attn: Attention {
                 q_proj: lin(src, &format!("{p}.self_attn.q_proj"), h * hd, d, bias, device)?,
                 k_proj: lin(src, &format!("{p}.self_attn.k_proj"), kvh * hd, d, bias, device)?,
                 v_proj: lin(src, &format!("{p}.self_attn.v_proj"), kvh * hd, d, bias, device)?,
                 o_proj: lin(src, &format!("{p}.self_attn.o_proj"), d, h * hd, false, device)?,
+                q_norm: match qk_norm {
+                    true => Some(rms(src, &format!("{p}.self_attn.q_norm.weight"), hd, eps, one, device)?),
+                    false => None,
+                },
+                k_norm: match qk_norm {
+                    true => Some(rms(src, &format!("{p}.self_attn.k_norm.weight"), hd, eps, one, device)?),
+                    false => None,
+                },
+                scale: fp.query_pre_attn_scalar.map(|q| 1.0 / q.sqrt()),
+                softcap: fp.attn_logit_softcapping,
+                sliding_window: fp.window_of(l),
                 num_heads: h,
                 num_kv_heads: kvh,
                 head_dim: hd,
             },
-            post_attention_layernorm: rms(src, &format!("{p}.post_attention_layernorm.weight"), d, eps, device)?,
+            // Gemma's sandwich: `post_attention_layernorm` normalises the
+            // attention output and `pre_feedforward_layernorm` the FFN input
+            // (the norm every family has, held in `post_attention_layernorm`).
+            post_attention_layernorm: rms(
+                src,
+                &format!(
+                    "{p}.{}.weight",
+                    if fam.sandwich_norms { "pre_feedforward_layernorm" } else { "post_attention_layernorm" }
+                ),
+                d,
+                eps,
+                one,
+                device,
+            )?,
+            attn_out_norm: match fam.sandwich_norms {
+                true => Some(rms(src, &format!("{p}.post_attention_layernorm.weight"), d, eps, one, device)?),
+                false => None,
+            },
+            ffn_out_norm: match fam.sandwich_norms {
+                true => Some(rms(src, &format!("{p}.post_feedforward_layernorm.weight"), d, eps, one, device)?),
+                false => None,
+            },
             mlp: match moe.and_then(|m| m.layers[l].as_ref()) {
                 None => Mlp::Dense(SwiGlu {
                     gate_proj: lin(src, &format!("{p}.mlp.gate_proj"), f, d, false, device)?,
                     up_proj: lin(src, &format!("{p}.mlp.up_proj"), f, d, false, device)?,
                     down_proj: lin(src, &format!("{p}.mlp.down_proj"), d, f, false, device)?,
+                    activation: act,
                 }),
                 Some(spec) => {
                     let e = spec.num_experts;
@@ -148,6 +199,7 @@ pub fn load_transformer<B: Backend>(
                             gate_proj: hf_linear(src, &name(Proj::Gate), None, f, d, device)?,
                             up_proj: hf_linear(src, &name(Proj::Up), None, f, d, device)?,
                             down_proj: hf_linear(src, &name(Proj::Down), None, d, f, device)?,
+                            activation: act,
                         })
                     };
                     let fe = spec.expert_width(config);
@@ -183,9 +235,17 @@ pub fn load_transformer<B: Backend>(
             },
         });
     }
-    let norm = rms(src, "model.norm.weight", d, eps, device)?;
+    let norm = rms(src, "model.norm.weight", d, eps, one, device)?;
     let lm_head = if config.tie_word_embeddings { None } else { Some(lin(src, "lm_head", v, d, false, device)?) };
-    Ok(Transformer { embed_tokens, layers, norm, lm_head, rope: Rope::new(config), config: config.clone() })
+    Ok(Transformer {
+        embed_tokens,
+        layers,
+        norm,
+        lm_head,
+        rope: Rope::new(config),
+        rope_local: Rope::local(config),
+        config: config.clone(),
+    })
 }
 
 /// Loads the model of a [`crate::checkpoint::LoadedModel`] (dense or MoE).

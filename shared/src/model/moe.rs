@@ -320,6 +320,7 @@ mod tests {
             gate_proj: linear_from_hf(&w(f, d, seed), f, d, None, &dev),
             up_proj: linear_from_hf(&w(f, d, seed + 1.0), f, d, None, &dev),
             down_proj: linear_from_hf(&w(d, f, seed + 2.0), d, f, None, &dev),
+            activation: Default::default(),
         }
     }
 

@@ -1,7 +1,11 @@
 //! Rotary position embedding (RoPE), Hugging Face "rotate_half" convention.
 //!
 //! Source: Su et al., "RoFormer" (2021), §3.4; frequency scaling as in
-//! transformers `modeling_rope_utils.py` (`default`, `linear`, `llama3`).
+//! transformers `modeling_rope_utils.py` (`default`, `linear`, `llama3`);
+//! llama.cpp's per-frequency factors (`rope_freqs.weight`, what its
+//! `convert_hf_to_gguf.py` writes for a `llama3` scaling) as
+//! [`RopeScaling::FreqFactors`], with [`llama3_freq_factors`] /
+//! [`llama3_from_freq_factors`] converting between the two forms.
 //! llama2.c and llama.cpp use the interleaved convention; their loaders
 //! permute q/k weights into this layout.
 
@@ -15,6 +19,9 @@ use crate::config::{ModelConfig, RopeScaling};
 pub struct Rope {
     inv_freq: Vec<f64>,
     head_dim: usize,
+    /// LongRoPE: the inverse frequencies for positions at or past
+    /// `original` (long factors), `original`, and the cos/sin scale.
+    long: Option<(Vec<f64>, usize, f64)>,
 }
 
 impl Rope {
@@ -41,8 +48,27 @@ impl Rope {
                     }
                 }
             }
+            RopeScaling::FreqFactors { factors } => {
+                inv_freq.iter_mut().zip(factors).for_each(|(f, d)| *f /= d);
+            }
+            RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, attention_factor } => {
+                let long = inv_freq.iter().zip(long_factor).map(|(f, d)| f / d).collect();
+                inv_freq.iter_mut().zip(short_factor).for_each(|(f, d)| *f /= d);
+                let long = Some((long, *original_max_position_embeddings, *attention_factor));
+                return Rope { inv_freq, head_dim: hd, long };
+            }
         }
-        Rope { inv_freq, head_dim: hd }
+        Rope { inv_freq, head_dim: hd, long: None }
+    }
+
+    /// The RoPE of the sliding-window layers when the family gives them their
+    /// own base (Gemma 3's `rope_local_base_freq`: unscaled, base
+    /// [`crate::config::family::FamilyParams::rope_local_theta`]), else `None`
+    /// (every layer uses [`Rope::new`]).
+    pub fn local(config: &ModelConfig) -> Option<Self> {
+        let theta = config.family_params.rope_local_theta?;
+        let c = ModelConfig { rope_theta: theta, rope_scaling: RopeScaling::Default, ..config.clone() };
+        Some(Rope::new(&c))
     }
 
     /// Tables for positions `start..start+len` (see [`RopeTables`]).
@@ -51,16 +77,23 @@ impl Rope {
         let half = hd / 2;
         let mut cos = Vec::with_capacity(len * hd);
         let mut sin = Vec::with_capacity(len * hd);
+        // LongRoPE: long factors once the call reaches `original` (its last
+        // position is `start + len - 1`), and cos/sin scaled.
+        let (inv_freq, scale) = match &self.long {
+            Some((long, original, a)) if start + len > *original => (long, *a as f32),
+            Some((_, _, a)) => (&self.inv_freq, *a as f32),
+            None => (&self.inv_freq, 1.0f32),
+        };
         for p in start..start + len {
             // f32 arithmetic mirrors transformers (positions and inv_freq in f32).
-            let row: Vec<f32> = self.inv_freq.iter().map(|f| (p as f32) * (*f as f32)).collect();
+            let row: Vec<f32> = inv_freq.iter().map(|f| (p as f32) * (*f as f32)).collect();
             for _ in 0..2 {
-                cos.extend(row.iter().map(|a| a.cos()));
+                cos.extend(row.iter().map(|a| a.cos() * scale));
             }
             // rotate_half(x) = [-x2, x1], so rotate_half(x) * sin =
             // [x2, x1] * [-sin, sin]: the sign lives in the table.
-            sin.extend(row.iter().map(|a| -a.sin()));
-            sin.extend(row.iter().map(|a| a.sin()));
+            sin.extend(row.iter().map(|a| -a.sin() * scale));
+            sin.extend(row.iter().map(|a| a.sin() * scale));
         }
         debug_assert_eq!(cos.len(), len * 2 * half);
         RopeTables {
@@ -89,6 +122,82 @@ impl Rope {
     }
 }
 
+/// llama.cpp's per-frequency RoPE divisors of a Llama 3.1 scaling,
+/// `[head_dim / 2]` (the `rope_freqs.weight` tensor that
+/// `convert_hf_to_gguf.py`'s `LlamaModel.generate_extra_tensors` writes):
+/// for inverse frequency `f_i = theta^(-2i/head_dim)` with wavelength
+/// `w = 2π / f_i`, the divisor is 1 when `w < old / high_freq_factor`,
+/// `factor` when `w > old / low_freq_factor`, else `1 / ((1 - s) / factor + s)`
+/// with `s = (old / w - low_freq_factor) / (high_freq_factor - low_freq_factor)`.
+/// `inv_freq / divisor` equals transformers' `_compute_llama3_parameters`.
+pub fn llama3_freq_factors(
+    head_dim: usize,
+    theta: f64,
+    factor: f64,
+    low_freq_factor: f64,
+    high_freq_factor: f64,
+    original_max_position_embeddings: usize,
+) -> Vec<f64> {
+    let old = original_max_position_embeddings as f64;
+    let (low_wavelen, high_wavelen) = (old / low_freq_factor, old / high_freq_factor);
+    (0..head_dim / 2)
+        .map(|i| {
+            let wavelen = 2.0 * std::f64::consts::PI * theta.powf((2 * i) as f64 / head_dim as f64);
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let s = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                1.0 / ((1.0 - s) / factor + s)
+            }
+        })
+        .collect()
+}
+
+/// The [`RopeScaling`] behind llama.cpp's per-frequency divisors
+/// (`rope_freqs.weight`, `[head_dim / 2]`): [`RopeScaling::Default`] when
+/// every divisor is 1, the [`RopeScaling::Llama3`] setting whose
+/// [`llama3_freq_factors`] reproduce them (relative error ≤ 1e-5; GGUF does
+/// not store the setting, so `low_freq_factor` 1 and `high_freq_factor` 4 —
+/// Meta's values for every Llama 3.1/3.2/3.3 — are assumed and
+/// `original_max_position_embeddings` is solved from a smoothed frequency,
+/// else 8192), otherwise [`RopeScaling::FreqFactors`] holding them as they
+/// are. The Llama 3 form is what lets a converted checkpoint's
+/// `config.json` be read by transformers.
+pub fn llama3_from_freq_factors(factors: &[f64], head_dim: usize, theta: f64) -> RopeScaling {
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs().max(1.0);
+    if factors.iter().all(|&f| close(f, 1.0)) {
+        return RopeScaling::Default;
+    }
+    let factor = factors.iter().copied().fold(f64::MIN, f64::max);
+    let (lo, hi) = (1.0, 4.0);
+    let mut candidates: Vec<usize> = factors
+        .iter()
+        .enumerate()
+        .filter(|&(_, &f)| !close(f, 1.0) && !close(f, factor))
+        .filter_map(|(i, &f)| {
+            let wavelen = 2.0 * std::f64::consts::PI * theta.powf((2 * i) as f64 / head_dim as f64);
+            let s = (1.0 / f - 1.0 / factor) / (1.0 - 1.0 / factor);
+            let old = wavelen * (lo + s * (hi - lo));
+            (old.is_finite() && old >= 1.0).then(|| old.round() as usize)
+        })
+        .collect();
+    candidates.push(8192);
+    for old in candidates {
+        let want = llama3_freq_factors(head_dim, theta, factor, lo, hi, old);
+        if want.len() == factors.len() && want.iter().zip(factors).all(|(&w, &f)| close(f, w)) {
+            return RopeScaling::Llama3 {
+                factor,
+                low_freq_factor: lo,
+                high_freq_factor: hi,
+                original_max_position_embeddings: old,
+            };
+        }
+    }
+    RopeScaling::FreqFactors { factors: factors.to_vec() }
+}
+
 /// RoPE tables for `len` consecutive positions, each `[1, len * head_dim]`
 /// (position-major): `cos` is the half-size table repeated twice per
 /// position, `sin` is `[-sin, sin]` (rotate_half's sign folded in).
@@ -100,4 +209,70 @@ pub struct RopeTables<B: Backend> {
     pub sin: Tensor<B, 2>,
     /// Number of positions.
     pub len: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama3(factor: f64, old: usize) -> RopeScaling {
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: old,
+        }
+    }
+
+    /// Llama 3.1-8B (head_dim 128, theta 500000, factor 8, original 8192)
+    /// and the tiny fixture's setting (head_dim 16, original 64: one
+    /// smoothed frequency) round-trip through the f32 factors GGUF stores.
+    #[test]
+    fn llama3_factors_round_trip() {
+        for (hd, theta, factor, old) in
+            [(128, 500000.0, 8.0, 8192), (16, 500000.0, 8.0, 64), (64, 500000.0, 32.0, 8192)]
+        {
+            let f = llama3_freq_factors(hd, theta, factor, 1.0, 4.0, old);
+            let stored: Vec<f64> = f.iter().map(|&x| x as f32 as f64).collect();
+            assert!(stored.iter().any(|&x| x > 1.0 && x < factor), "{hd}: no smoothed frequency");
+            assert_eq!(llama3_from_freq_factors(&stored, hd, theta), llama3(factor, old), "head_dim {hd}");
+        }
+        assert_eq!(llama3_from_freq_factors(&[1.0; 8], 16, 1e4), RopeScaling::Default);
+    }
+
+    /// Factors no Llama 3 setting makes are kept as they are, and applying
+    /// Llama 3 factors as divisors gives transformers' llama3 frequencies.
+    #[test]
+    fn freq_factors_divide_inverse_frequencies() {
+        let mut f = llama3_freq_factors(16, 500000.0, 8.0, 1.0, 4.0, 64);
+        let mut cfg = crate::config::ModelConfig {
+            architecture: crate::config::Architecture::Llama,
+            vocab_size: 4,
+            hidden_size: 32,
+            intermediate_size: 8,
+            num_layers: 1,
+            num_heads: 2,
+            num_kv_heads: 2,
+            head_dim: 16,
+            rms_norm_eps: 1e-6,
+            rope_theta: 500000.0,
+            rope_scaling: llama3(8.0, 64),
+            max_position_embeddings: 256,
+            tie_word_embeddings: true,
+            attention_bias: false,
+            bos_token_id: None,
+            eos_token_id: None,
+            family_params: Default::default(),
+        };
+        let want = Rope::new(&cfg).inv_freq;
+        cfg.rope_scaling = RopeScaling::FreqFactors { factors: f.clone() };
+        let got = Rope::new(&cfg).inv_freq;
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-12 * b, "{a} vs {b}");
+        }
+        // frequency 1 is the smoothed one (divisor 2.44...): nudge it off.
+        assert!(f[1] > 2.4 && f[1] < 2.5, "{f:?}");
+        f[1] *= 1.01;
+        assert_eq!(llama3_from_freq_factors(&f, 16, 500000.0), RopeScaling::FreqFactors { factors: f.clone() });
+    }
 }

@@ -56,11 +56,20 @@ fn swiglu_w<B: Backend>(ex: &super::SwiGlu<B>, proj: Proj) -> Vec<f32> {
 /// `name` of `model`, or `None` if the model has no such tensor. Router
 /// weights are returned as stored in the model (temperature not folded).
 pub fn tensor_values<B: Backend>(model: &Transformer<B>, name: &str) -> Option<Vec<f32>> {
+    // Gemma stores RMSNorm weights as `w` and the model holds `1 + w`.
+    let one = model.config.architecture.family().norm_plus_one;
+    let norm_out = |n: &RmsNorm<B>| {
+        let mut v = norm(n);
+        if one {
+            v.iter_mut().for_each(|x| *x -= 1.0);
+        }
+        v
+    };
     match name {
         "model.embed_tokens.weight" => {
             return Some(model.embed_tokens.weight.val().into_data().convert::<f32>().to_vec().expect("f32"))
         }
-        "model.norm.weight" => return Some(norm(&model.norm)),
+        "model.norm.weight" => return Some(norm_out(&model.norm)),
         "lm_head.weight" => return model.lm_head.as_ref().map(lin_w),
         _ => {}
     }
@@ -68,6 +77,7 @@ pub fn tensor_values<B: Backend>(model: &Transformer<B>, name: &str) -> Option<V
     let (l, rest) = names::split_layer(name)?;
     let block = model.layers.get(l)?;
     let a = &block.self_attn;
+    let sandwich = model.config.architecture.family().sandwich_norms;
     match (&role, &block.mlp) {
         (TensorRole::DenseFfn { proj, .. }, Mlp::Dense(m)) => {
             return Some(lin_w(match proj {
@@ -90,12 +100,17 @@ pub fn tensor_values<B: Backend>(model: &Transformer<B>, name: &str) -> Option<V
         _ => return None,
     }
     match rest {
-        "input_layernorm.weight" => Some(norm(&block.input_layernorm)),
-        "post_attention_layernorm.weight" => Some(norm(&block.post_attention_layernorm)),
+        "input_layernorm.weight" => Some(norm_out(&block.input_layernorm)),
+        "post_attention_layernorm.weight" if sandwich => block.attn_out_norm.as_ref().map(norm_out),
+        "post_attention_layernorm.weight" => Some(norm_out(&block.post_attention_layernorm)),
+        "pre_feedforward_layernorm.weight" if sandwich => Some(norm_out(&block.post_attention_layernorm)),
+        "post_feedforward_layernorm.weight" => block.ffn_out_norm.as_ref().map(norm_out),
         "self_attn.q_proj.weight" => Some(lin_w(&a.q_proj)),
         "self_attn.k_proj.weight" => Some(lin_w(&a.k_proj)),
         "self_attn.v_proj.weight" => Some(lin_w(&a.v_proj)),
         "self_attn.o_proj.weight" => Some(lin_w(&a.o_proj)),
+        "self_attn.q_norm.weight" => a.q_norm.as_ref().map(norm_out),
+        "self_attn.k_norm.weight" => a.k_norm.as_ref().map(norm_out),
         "self_attn.q_proj.bias" => lin_b(&a.q_proj),
         "self_attn.k_proj.bias" => lin_b(&a.k_proj),
         "self_attn.v_proj.bias" => lin_b(&a.v_proj),

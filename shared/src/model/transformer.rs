@@ -22,7 +22,8 @@ pub enum Mlp<B: Backend> {
 }
 
 /// One pre-norm decoder block:
-/// `h = x + attn(norm1(x)); out = h + mlp(norm2(h))`.
+/// `h = x + attn(norm1(x)); out = h + mlp(norm2(h))`; with Gemma's sandwich
+/// norms `h = x + norm_a(attn(norm1(x))); out = h + norm_f(mlp(norm2(h)))`.
 #[derive(Module, Debug)]
 pub struct DecoderBlock<B: Backend> {
     /// `input_layernorm` (RMSNorm before attention).
@@ -30,8 +31,14 @@ pub struct DecoderBlock<B: Backend> {
     /// `self_attn`.
     pub self_attn: Attention<B>,
     /// `post_attention_layernorm` (RMSNorm before the FFN; its output is what
-    /// an MoE router sees).
+    /// an MoE router sees). Gemma's is `pre_feedforward_layernorm` on disk.
     pub post_attention_layernorm: RmsNorm<B>,
+    /// Gemma's norm of the attention output before the residual add
+    /// (`post_attention_layernorm` on disk); `None` for Llama-style blocks.
+    pub attn_out_norm: Option<RmsNorm<B>>,
+    /// Gemma's norm of the FFN output before the residual add
+    /// (`post_feedforward_layernorm`).
+    pub ffn_out_norm: Option<RmsNorm<B>>,
     /// The FFN.
     pub mlp: Mlp<B>,
 }
@@ -140,6 +147,10 @@ pub struct Transformer<B: Backend> {
     /// RoPE frequencies (not a parameter).
     #[module(skip)]
     pub rope: Rope,
+    /// RoPE of the sliding-window layers when they have their own base
+    /// (Gemma 3), else `None`.
+    #[module(skip)]
+    pub rope_local: Option<Rope>,
     /// The dense configuration the model was built from.
     #[module(skip)]
     pub config: ModelConfig,
@@ -200,7 +211,12 @@ impl<B: Backend> Transformer<B> {
         let pad = padding.map(|p| PadTensors::<B>::new(p, &device));
         let offset = cache.as_ref().map(|c| c.len()).unwrap_or(0);
         let rope = self.rope.tables::<B>(offset, s, &device);
+        let rope_local = self.rope_local.as_ref().map(|r| r.tables::<B>(offset, s, &device));
         let mut x = self.embed_tokens.forward(tokens);
+        if self.config.architecture.family().embed_scale {
+            // transformers: `* torch.tensor(hidden_size ** 0.5, dtype)`.
+            x = x * ((self.config.hidden_size as f64).sqrt() as f32);
+        }
         for (l, block) in self.layers.iter().enumerate() {
             let c = cache.as_mut().map(|c| (&mut **c, l));
             let mut pooled: LayerNeurons<B> = Vec::new();
@@ -211,8 +227,16 @@ impl<B: Backend> Transformer<B> {
             };
             let attn_capture: Option<&mut dyn FnMut(&'static str, Tensor<B, 3>)> =
                 if opts.capture_neurons.is_some() { Some(&mut grab) } else { None };
+            let layer_rope = match (&rope_local, block.self_attn.sliding_window) {
+                (Some(local), Some(_)) => local,
+                _ => &rope,
+            };
             let attn =
-                block.self_attn.forward_capture(block.input_layernorm.forward(x.clone()), &rope, c, attn_capture);
+                block.self_attn.forward_capture(block.input_layernorm.forward(x.clone()), layer_rope, c, attn_capture);
+            let attn = match &block.attn_out_norm {
+                Some(n) => n.forward(attn),
+                None => attn,
+            };
             let h = x + attn;
             let ffn_in = block.post_attention_layernorm.forward(h.clone());
             if let Some(t) = trace.as_mut() {
@@ -261,15 +285,29 @@ impl<B: Backend> Transformer<B> {
                     t.neurons.push(pooled);
                 }
             }
+            let ffn_out = match &block.ffn_out_norm {
+                Some(n) => n.forward(ffn_out),
+                None => ffn_out,
+            };
             x = h + ffn_out;
         }
         self.norm.forward(x)
     }
 
-    /// Applies the LM head: `[batch, seq, d] -> [batch, seq, V]` (one
+    /// Applies the LM head (and the final soft-cap of families that have
+    /// one): `[batch, seq, d] -> [batch, seq, V]` (one
     /// `[batch * seq, d] x [d, V]` product; a tied head multiplies by the
     /// embedding's transpose in place).
     pub fn head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        let logits = self.head_raw(hidden);
+        match self.config.family_params.final_logit_softcapping {
+            // Gemma 2: `c * tanh(logits / c)`.
+            Some(c) => (logits / c).tanh() * c,
+            None => logits,
+        }
+    }
+
+    fn head_raw(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         match &self.lm_head {
             Some(head) => super::linear::forward_rows(head, hidden),
             None => {

@@ -118,7 +118,12 @@ mod tests {
         let w: Vec<f32> = (0..e * d).map(|j| ((j as f32) * 1.7).sin() * 0.5).collect();
         let gate = linear_from_hf(&w, e, d, Some(vec![1.2, 0.6, 0.0, -0.6]), &dev);
         let zero = |o: usize, i: usize| linear_from_hf::<B>(&vec![0.0; o * i], o, i, None, &dev);
-        let expert = SwiGlu { gate_proj: zero(2, d), up_proj: zero(2, d), down_proj: zero(d, 2) };
+        let expert = SwiGlu {
+            gate_proj: zero(2, d),
+            up_proj: zero(2, d),
+            down_proj: zero(d, 2),
+            activation: Default::default(),
+        };
         let mut layer = MoeLayer::new(gate, vec![expert; e], 2, 1.0);
         layer.selection_bias = Some(vec![0.0; e]);
         let xs: Vec<f32> = (0..n * d).map(|j| ((j as f32 * 12.9898).sin() * 43758.547).fract() * 2.0 - 1.0).collect();

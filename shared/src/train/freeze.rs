@@ -113,13 +113,15 @@ pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str
             ));
         }
     }
-    let Transformer { embed_tokens, layers, norm, lm_head, rope, config } = model;
+    let Transformer { embed_tokens, layers, norm, lm_head, rope, rope_local, config } = model;
     let layers = layers
         .into_iter()
         .map(|b| DecoderBlock {
             input_layernorm: b.input_layernorm.no_grad(),
             self_attn: b.self_attn.no_grad(),
             post_attention_layernorm: b.post_attention_layernorm.no_grad(),
+            attn_out_norm: b.attn_out_norm.map(|n| n.no_grad()),
+            ffn_out_norm: b.ffn_out_norm.map(|n| n.no_grad()),
             mlp: match b.mlp {
                 Mlp::Dense(m) => Mlp::Dense(m.no_grad()),
                 Mlp::Moe(m) => {
@@ -148,6 +150,7 @@ pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str
         norm: norm.no_grad(),
         lm_head: lm_head.map(|h| h.no_grad()),
         rope,
+        rope_local,
         config,
     })
 }

@@ -17,15 +17,15 @@ use moe_shared::config::{Architecture, RopeScaling};
 use moe_shared::model::{load_model, Transformer};
 use moe_shared::CpuBackend;
 
-type B = CpuBackend;
+pub(crate) type B = CpuBackend;
 
-const TOL: f32 = 1e-4;
+pub(crate) const TOL: f32 = 1e-4;
 
-fn fixture(name: &str) -> std::path::PathBuf {
+pub(crate) fn fixture(name: &str) -> std::path::PathBuf {
     std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures")).join(name)
 }
 
-fn golden(name: &str) -> (Vec<u32>, Vec<Vec<f32>>) {
+pub(crate) fn golden(name: &str) -> (Vec<u32>, Vec<Vec<f32>>) {
     let p = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/reference/golden/tiny_fixtures.json");
     let g: serde_json::Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
     let e = &g[name];
@@ -39,14 +39,14 @@ fn golden(name: &str) -> (Vec<u32>, Vec<Vec<f32>>) {
     (ids, logits)
 }
 
-fn tokens(ids: &[u32]) -> Tensor<B, 2, Int> {
+pub(crate) fn tokens(ids: &[u32]) -> Tensor<B, 2, Int> {
     let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
     let n = v.len();
     Tensor::from_data(TensorData::new(v, [1, n]), &Default::default())
 }
 
 /// Max |ours - golden| of `[1, s, V]` logits against golden rows `first..first + s`.
-fn max_diff(logits: Tensor<B, 3>, golden: &[Vec<f32>], first: usize) -> f32 {
+pub(crate) fn max_diff(logits: Tensor<B, 3>, golden: &[Vec<f32>], first: usize) -> f32 {
     let [b, s, v] = logits.dims();
     assert_eq!(b, 1);
     let ours: Vec<f32> = logits.into_data().to_vec().unwrap();
@@ -62,7 +62,7 @@ fn max_diff(logits: Tensor<B, 3>, golden: &[Vec<f32>], first: usize) -> f32 {
     worst
 }
 
-fn load(name: &str) -> (LoadedModel, Transformer<B>) {
+pub(crate) fn load(name: &str) -> (LoadedModel, Transformer<B>) {
     let m = open_model(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(m.format, ModelFormat::Safetensors);
     assert!(m.moe.is_none());
@@ -72,7 +72,7 @@ fn load(name: &str) -> (LoadedModel, Transformer<B>) {
 
 /// Full-prompt logits, then the same prompt split 7 + 5 through the KV cache
 /// (RoPE at an offset, cached keys); both against transformers.
-fn check_logits(name: &str, model: &Transformer<B>) {
+pub(crate) fn check_logits(name: &str, model: &Transformer<B>) {
     let (ids, golden) = golden(name);
     assert_eq!(ids.len(), 12);
     assert_eq!(golden.len(), 12);

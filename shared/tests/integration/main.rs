@@ -9,6 +9,8 @@ mod train_util;
 mod bad_input;
 mod delta;
 mod eval_dataset;
+mod families;
+mod gguf_families;
 mod gguf_golden;
 mod gguf_malformed;
 mod gguf_tokenizer;

@@ -182,6 +182,7 @@ fn tiny_config() -> ModelConfig {
         attention_bias: false,
         bos_token_id: None,
         eos_token_id: None,
+        family_params: Default::default(),
     }
 }
 

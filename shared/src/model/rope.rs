@@ -275,4 +275,50 @@ mod tests {
         f[1] *= 1.01;
         assert_eq!(llama3_from_freq_factors(&f, 16, 500000.0), RopeScaling::FreqFactors { factors: f.clone() });
     }
+
+    /// LongRoPE: short factors and the attention factor while the call
+    /// stays under `original`, long factors once it reaches it
+    /// (transformers' `longrope_frequency_update` per forward call).
+    #[test]
+    fn longrope_switches_to_long_factors_at_the_original_length() {
+        use burn::tensor::Tensor;
+        type B = crate::CpuBackend;
+        let mut cfg = crate::config::ModelConfig {
+            architecture: crate::config::Architecture::Phi3,
+            vocab_size: 4,
+            hidden_size: 8,
+            intermediate_size: 8,
+            num_layers: 1,
+            num_heads: 1,
+            num_kv_heads: 1,
+            head_dim: 4,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10000.0,
+            rope_scaling: RopeScaling::Default,
+            max_position_embeddings: 64,
+            tie_word_embeddings: false,
+            attention_bias: false,
+            bos_token_id: None,
+            eos_token_id: None,
+            family_params: Default::default(),
+        };
+        cfg.rope_scaling = RopeScaling::LongRope {
+            short_factor: vec![1.0, 2.0],
+            long_factor: vec![4.0, 8.0],
+            original_max_position_embeddings: 16,
+            attention_factor: 1.5,
+        };
+        let r = Rope::new(&cfg);
+        let cos_at = |start: usize, len: usize, p: usize| -> Vec<f32> {
+            let t: Tensor<B, 2> = r.tables::<B>(start, len, &Default::default()).cos;
+            let v: Vec<f32> = t.into_data().to_vec().unwrap();
+            v[(p - start) * 4..(p - start) * 4 + 2].to_vec()
+        };
+        let inv = [1.0f64, 1.0 / 100.0];
+        let want = |p: usize, f: [f64; 2]| -> Vec<f32> {
+            (0..2).map(|i| ((p as f32) * ((inv[i] / f[i]) as f32)).cos() * 1.5).collect()
+        };
+        assert_eq!(cos_at(0, 16, 5), want(5, [1.0, 2.0]));
+        assert_eq!(cos_at(14, 3, 15), want(15, [4.0, 8.0]));
+    }
 }

@@ -40,8 +40,10 @@ impl TempDir {
         &self.0
     }
     fn entries(&self) -> Vec<String> {
-        let mut v: Vec<String> =
-            std::fs::read_dir(&self.0).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let mut v: Vec<String> = std::fs::read_dir(&self.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         v.sort();
         v
     }
@@ -183,7 +185,9 @@ fn mergekit_moe_recipes_copy_base_and_experts_and_match_cheap_embed_routers() {
         for l in 0..2 {
             // Experts: mergekit's fused [E, 2f, d] gate_up and [E, d, f] down
             // hold the same values as our w1, w3 and w2 of every expert.
-            let e = |e: usize, w: &str| ours.read_f32(&format!("model.layers.{l}.block_sparse_moe.experts.{e}.{w}.weight")).unwrap();
+            let e = |e: usize, w: &str| {
+                ours.read_f32(&format!("model.layers.{l}.block_sparse_moe.experts.{e}.{w}.weight")).unwrap()
+            };
             let (gate_up, down): (Vec<f32>, Vec<f32>) =
                 ([e(0, "w1"), e(0, "w3"), e(1, "w1"), e(1, "w3")].concat(), [e(0, "w2"), e(1, "w2")].concat());
             let gu = &gr["tensors"][format!("model.layers.{l}.mlp.experts.gate_up_proj")];
@@ -241,7 +245,8 @@ fn a_studio_recipe_runs_moerge_ridge_router_and_graft_in_one_file() {
     std::fs::write(&rp, recipe).unwrap();
     let out = dir.path().join("out");
     let base_dir = arg(dir.path());
-    let dry = ok(&run(&["--backend=cpu", "recipe", &arg(&rp), "--out", &arg(&out), "--base-dir", &base_dir, "--dry-run"]));
+    let dry =
+        ok(&run(&["--backend=cpu", "recipe", &arg(&rp), "--out", &arg(&out), "--base-dir", &base_dir, "--dry-run"]));
     assert!(dry.contains("studio recipe") && dry.contains("3 stage(s)"), "{dry}");
     assert!(dry.contains(" moerge ") && dry.contains(" route ") && dry.contains(" graft "), "{dry}");
     assert!(!out.exists(), "--dry-run writes nothing");
@@ -252,7 +257,9 @@ fn a_studio_recipe_runs_moerge_ridge_router_and_graft_in_one_file() {
     assert!(m.read_f32(&router_name).unwrap().iter().any(|&x| x != 0.0), "the ridge router was fitted");
     // The graft added 0.5 (m1 - base) to the MoErged (mean) attention.
     let t = "model.layers.0.self_attn.q_proj.weight";
-    let r = |n: &str| SafetensorsModel::open_dir(&root().join("tests/fixtures/merge/f32").join(n)).unwrap().read_f32(t).unwrap();
+    let r = |n: &str| {
+        SafetensorsModel::open_dir(&root().join("tests/fixtures/merge/f32").join(n)).unwrap().read_f32(t).unwrap()
+    };
     let (b, m1, m2) = (r("base"), r("m1"), r("m2"));
     let got = m.read_f32(t).unwrap();
     for k in 0..got.len() {
@@ -315,7 +322,8 @@ fn unsupported_recipe_keys_are_refused_by_name_and_nothing_is_written() {
         let rp = dir.path().join(format!("r{i}.yml"));
         std::fs::write(&rp, yaml).unwrap();
         let out = dir.path().join(format!("out{i}"));
-        let e = failure(&run(&["--backend=cpu", "recipe", &arg(&rp), "--out", &arg(&out), "--base-dir", &arg(dir.path())]));
+        let e =
+            failure(&run(&["--backend=cpu", "recipe", &arg(&rp), "--out", &arg(&out), "--base-dir", &arg(dir.path())]));
         assert!(e.contains(want), "case {i}: {e}\nwanted: {want}");
         assert!(e.contains(&format!("r{i}.yml")), "case {i} names the recipe: {e}");
         assert!(!out.exists(), "case {i}: output written");

@@ -114,14 +114,8 @@ impl WithBackend for Args {
         let first = base.as_ref().unwrap_or(&models[0]);
         let tok = first.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
         let write_opts = a.output.write_options();
-        let report = moerge_with_base(
-            &inputs,
-            base.as_ref().map(MoergeInput::from),
-            &opts,
-            &a.output.out,
-            tok,
-            write_opts,
-        )?;
+        let report =
+            moerge_with_base(&inputs, base.as_ref().map(MoergeInput::from), &opts, &a.output.out, tok, write_opts)?;
         super::moe_summary::print(&report, &a.output.out, started, a.output.json)
     }
 }

@@ -76,7 +76,8 @@ pub fn run(backend: &str, a: Args) -> anyhow::Result<()> {
                 .with_context(|| format!("creating a work directory in {}", parent.display()))?,
         )
     };
-    let work_dir = work.as_ref().map(|w| w.path().to_path_buf()).unwrap_or_else(|| parent.join(format!(".{name}.recipe-work")));
+    let work_dir =
+        work.as_ref().map(|w| w.path().to_path_buf()).unwrap_or_else(|| parent.join(format!(".{name}.recipe-work")));
     let ctx = RecipeContext { base_dir: base_dir.clone(), work_dir, out: a.out.clone(), seed: a.seed };
     let p = plan(&recipe, &ctx).map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
     for (key, path) in &p.inputs {

@@ -23,8 +23,8 @@ use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::{
-    cheap_embed_row, hidden_router_rows, upcycle, AllocationFile, CopyNoise, ExpertCounts, ExpertPrompts, NoiseKind, RouterInit,
-    SharedExperts, SharedInit, UpcycleOptions,
+    cheap_embed_row, hidden_router_rows, upcycle, AllocationFile, CopyNoise, ExpertCounts, ExpertPrompts, NoiseKind,
+    RouterInit, SharedExperts, SharedInit, UpcycleOptions,
 };
 use moe_shared::model::load_model;
 use serde::Deserialize;

@@ -56,7 +56,7 @@ pub fn nearest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) ->
         .map(|c| (c, strsim::levenshtein(&w, &c.to_ascii_lowercase())))
         .min_by_key(|&(_, d)| d)?;
     let prefix = best.starts_with(&w) || w.starts_with(best);
-    (dist <= 3 && dist * 2 < w.len().max(2) || prefix && w.len() >= 3).then_some(best)
+    ((dist <= 3 && dist * 2 < w.len().max(2)) || (prefix && w.len() >= 3)).then_some(best)
 }
 
 /// A key mergekit (or mergekit-moe) accepts that the studio refuses, with

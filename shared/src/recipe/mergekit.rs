@@ -65,7 +65,10 @@ struct SharedParamKeys {
 
 /// mergekit top-level keys the studio does not run.
 const REFUSED_TOP: &[Refused] = &[
-    ("slices", "layer slices (frankenmerges, passthrough stacks) are not implemented; merge whole models with `models`"),
+    (
+        "slices",
+        "layer slices (frankenmerges, passthrough stacks) are not implemented; merge whole models with `models`",
+    ),
     ("modules", "per-module merges are not implemented; merge whole models with `models`"),
     (
         "tokenizer_source",
@@ -141,9 +144,13 @@ impl MergeRecipe {
     pub fn from_yaml(source: &str, top: &Value) -> Result<MergeRecipe> {
         let cfg = |what: String| StudioError::config(source, what);
         let map = check_keys(source, "", top, fields_of::<MergeKeys>(), REFUSED_TOP)?;
-        let method_name = string(source, "merge_method", get(map, "merge_method").ok_or_else(|| {
-            cfg("`merge_method` is missing (one of linear, task_arithmetic, ties, dare_linear, dare_ties)".into())
-        })?)?;
+        let method_name = string(
+            source,
+            "merge_method",
+            get(map, "merge_method").ok_or_else(|| {
+                cfg("`merge_method` is missing (one of linear, task_arithmetic, ties, dare_linear, dare_ties)".into())
+            })?,
+        )?;
         let method = parse_method(source, &method_name)?;
         let mut warnings = Vec::new();
         let shared = match get(map, "parameters") {
@@ -153,7 +160,9 @@ impl MergeRecipe {
         let base = get(map, "base_model").map(|v| model_ref(source, "base_model", v)).transpose()?;
         let entries = match get(map, "models") {
             Some(Value::Sequence(s)) if !s.is_empty() => s,
-            Some(Value::Sequence(_)) | None => return Err(cfg("`models` is missing or empty: list the models to merge".into())),
+            Some(Value::Sequence(_)) | None => {
+                return Err(cfg("`models` is missing or empty: list the models to merge".into()))
+            }
             Some(other) => return Err(cfg(format!("`models`: expected a list, got {}", super::keys::kind(other)))),
         };
         let mut models = Vec::new();

@@ -83,14 +83,14 @@ pub fn parse(text: &str, source: &str) -> Result<Recipe> {
     let keys: Vec<&str> = map.keys().filter_map(Value::as_str).collect();
     let hint = keys
         .iter()
-        .find_map(|k| keys::nearest(k, ["merge_method", "experts", "base_model", "gate_mode", "upcycle"]).map(|n| (k, n)))
+        .find_map(|k| {
+            keys::nearest(k, ["merge_method", "experts", "base_model", "gate_mode", "upcycle"]).map(|n| (k, n))
+        })
         .map(|(k, n)| format!(" (`{k}`: did you mean `{n}`?)"))
         .unwrap_or_default();
     Err(StudioError::config(
         source,
-        format!(
-            "not a recipe: expected `merge_method` (a mergekit merge) or `experts` / `upcycle` (an MoE){hint}"
-        ),
+        format!("not a recipe: expected `merge_method` (a mergekit merge) or `experts` / `upcycle` (an MoE){hint}"),
     ))
 }
 
@@ -361,18 +361,24 @@ fn plan_moe(
             if let Some(h) = &heldout {
                 inputs.push((format!("experts[{i}].heldout"), h.clone()));
             }
-            let d = DataRef { name: e.name.clone(), upload: s(&data), weight: None, original: false, heldout: heldout.as_deref().map(s) };
-            placeholder_domains.push(DataRef { upload: ID.into(), heldout: d.heldout.as_ref().map(|_| ID.into()), ..d.clone() });
+            let d = DataRef {
+                name: e.name.clone(),
+                upload: s(&data),
+                weight: None,
+                original: false,
+                heldout: heldout.as_deref().map(s),
+            };
+            placeholder_domains.push(DataRef {
+                upload: ID.into(),
+                heldout: d.heldout.as_ref().map(|_| ID.into()),
+                ..d.clone()
+            });
             domains.push(d);
         }
         let spec = crate::api::RouteSpec { model: s(&prev), domains, ..ridge.clone() };
-        let placeholder = JobSpec::Route(crate::api::RouteSpec {
-            model: ID.into(),
-            domains: placeholder_domains,
-            ..ridge.clone()
-        });
-        let mut argv = job_stage(&JobSpec::Route(spec), placeholder, "ridge", &out)
-            .map_err(|e| rename_experts(e))?;
+        let placeholder =
+            JobSpec::Route(crate::api::RouteSpec { model: ID.into(), domains: placeholder_domains, ..ridge.clone() });
+        let mut argv = job_stage(&JobSpec::Route(spec), placeholder, "ridge", &out).map_err(rename_experts)?;
         if let Some(t) = r.temperature {
             argv.push(format!("--temperature={t}"));
         }
@@ -389,8 +395,12 @@ fn plan_moe(
         inputs.push(("graft.base".into(), gb.clone()));
         inputs.push(("graft.instruct".into(), gi.clone()));
         let spec = crate::api::GraftSpec { target: s(&prev), base: s(&gb), instruct: s(&gi), scale: g.scale };
-        let placeholder =
-            JobSpec::Graft(crate::api::GraftSpec { target: ID.into(), base: ID.into(), instruct: ID.into(), scale: g.scale });
+        let placeholder = JobSpec::Graft(crate::api::GraftSpec {
+            target: ID.into(),
+            base: ID.into(),
+            instruct: ID.into(),
+            scale: g.scale,
+        });
         let mut argv = job_stage(&JobSpec::Graft(spec), placeholder, "graft", &out)?;
         if let Some(l) = &r.layout {
             argv.push(format!("--layout={l}"));
@@ -420,7 +430,8 @@ mod tests {
 
     #[test]
     fn a_studio_pipeline_becomes_moerge_route_graft() {
-        let y = "experts:\n  - source_model: a\n    data: a.txt\n  - source_model: b\n    data: b.txt\n    heldout: b.h\n\
+        let y =
+            "experts:\n  - source_model: a\n    data: a.txt\n  - source_model: b\n    data: b.txt\n    heldout: b.h\n\
                  gate_mode: ridge\nexperts_per_token: 1\nridge: {lambda: 0.5, context: 64}\nlayout: moe_studio\n\
                  graft: {base: base, instruct: inst, scale: 0.5}\n";
         let r = parse(y, "p.yml").unwrap();

@@ -221,38 +221,37 @@ impl MoeRecipe {
         let default_gate = if get(map, "upcycle").is_some() { "zeros" } else { "hidden" };
         let gate_name = s("gate_mode")?.unwrap_or_else(|| default_gate.into());
         let router_std = get(map, "router_std").map(|v| number(source, "router_std", v)).transpose()?;
-        let gate = match gate_name.as_str() {
-            "hidden" | "hidden_avg" | "hidden_last" => {
-                warnings.push(format!(
-                    "`gate_mode: {gate_name}`: the studio's hidden router is the mean FFN input (the vector the \
+        let gate =
+            match gate_name.as_str() {
+                "hidden" | "hidden_avg" | "hidden_last" => {
+                    warnings.push(format!(
+                        "`gate_mode: {gate_name}`: the studio's hidden router is the mean FFN input (the vector the \
                      router sees, after the post-attention norm) over all prompt tokens; mergekit reads the residual \
                      stream entering each layer, so the routers differ from mergekit's"
-                ));
-                Gate::Hidden
-            }
-            "cheap_embed" => Gate::CheapEmbed,
-            "random" => Gate::Random { std: router_std.unwrap_or(1.0) },
-            "zeros" => {
-                studio = true;
-                Gate::Zeros
-            }
-            "ridge" => {
-                studio = true;
-                Gate::Ridge
-            }
-            "uniform_random" => {
-                return Err(cfg(
+                    ));
+                    Gate::Hidden
+                }
+                "cheap_embed" => Gate::CheapEmbed,
+                "random" => Gate::Random { std: router_std.unwrap_or(1.0) },
+                "zeros" => {
+                    studio = true;
+                    Gate::Zeros
+                }
+                "ridge" => {
+                    studio = true;
+                    Gate::Ridge
+                }
+                "uniform_random" => return Err(cfg(
                     "`gate_mode: uniform_random` is not implemented; use `random` (Gaussian, `router_std` sets its \
                      std)"
                         .into(),
-                ))
-            }
-            other => {
-                let modes = ["hidden", "cheap_embed", "random", "zeros", "ridge"];
-                let hint = nearest(other, modes).map(|n| format!("did you mean `{n}`? ")).unwrap_or_default();
-                return Err(cfg(format!("unknown `gate_mode: {other}`: {hint}(supported: {})", modes.join(", "))));
-            }
-        };
+                )),
+                other => {
+                    let modes = ["hidden", "cheap_embed", "random", "zeros", "ridge"];
+                    let hint = nearest(other, modes).map(|n| format!("did you mean `{n}`? ")).unwrap_or_default();
+                    return Err(cfg(format!("unknown `gate_mode: {other}`: {hint}(supported: {})", modes.join(", "))));
+                }
+            };
         if router_std.is_some() && !matches!(gate, Gate::Random { .. }) {
             return Err(cfg("`router_std` is for `gate_mode: random` only".into()));
         }
@@ -264,7 +263,10 @@ impl MoeRecipe {
             return Err(cfg("`experts_per_token` must be at least 1".into()));
         }
         let dtype = s("dtype")?
-            .map(|d| DType::parse_float(&d).ok_or_else(|| cfg(format!("`dtype: {d}`: expected float32, float16 or bfloat16"))))
+            .map(|d| {
+                DType::parse_float(&d)
+                    .ok_or_else(|| cfg(format!("`dtype: {d}`: expected float32, float16 or bfloat16")))
+            })
             .transpose()?;
         let layout = match (s("architecture")?, s("layout")?) {
             (Some(_), Some(_)) => return Err(cfg("give `layout` or `architecture`, not both".into())),
@@ -316,9 +318,8 @@ impl MoeRecipe {
         }
         match (&source_kind, &base_model, &gate) {
             (_, Some(_), _) => {}
-            (MoeSource::Experts(_), None, Gate::Ridge) => warnings.push(
-                "no `base_model`: the shared (non-FFN) tensors are the experts' mean (DUME's MoErge)".into(),
-            ),
+            (MoeSource::Experts(_), None, Gate::Ridge) => warnings
+                .push("no `base_model`: the shared (non-FFN) tensors are the experts' mean (DUME's MoErge)".into()),
             _ => return Err(cfg("`base_model` is missing".into())),
         }
         if let MoeSource::Upcycle { .. } = source_kind {
@@ -332,7 +333,9 @@ impl MoeRecipe {
         let ridge = match get(map, "ridge") {
             Some(_) if gate != Gate::Ridge => return Err(cfg("`ridge` options need `gate_mode: ridge`".into())),
             Some(v) => Some(job_section::<RouteSpec>(source, "ridge", v, &["model", "domains"])?),
-            None if gate == Gate::Ridge => Some(job_section::<RouteSpec>(source, "ridge", &Value::Mapping(Mapping::new()), &["model", "domains"])?),
+            None if gate == Gate::Ridge => {
+                Some(job_section::<RouteSpec>(source, "ridge", &Value::Mapping(Mapping::new()), &["model", "domains"])?)
+            }
             None => None,
         };
         let graft = get(map, "graft").map(|v| job_section::<GraftSpec>(source, "graft", v, &["target"])).transpose()?;
@@ -433,12 +436,7 @@ fn upcycle_spec(source: &str, v: &Value, has_allocation: bool) -> Result<Upcycle
 
 /// A section that takes a job spec's fields (less `filled`, which the
 /// runner sets): key-checked against the spec type, then read by serde.
-pub fn job_section<T: serde::de::DeserializeOwned>(
-    source: &str,
-    path: &str,
-    v: &Value,
-    filled: &[&str],
-) -> Result<T> {
+pub fn job_section<T: serde::de::DeserializeOwned>(source: &str, path: &str, v: &Value, filled: &[&str]) -> Result<T> {
     job_section_with(source, path, v, filled, &[])
 }
 
@@ -449,8 +447,11 @@ fn job_section_with<T: serde::de::DeserializeOwned>(
     filled: &[&str],
     refused: &[Refused],
 ) -> Result<T> {
-    let allowed: Vec<&str> =
-        fields_of::<T>().iter().copied().filter(|f| !filled.contains(f) && !refused.iter().any(|(r, _)| r == f)).collect();
+    let allowed: Vec<&str> = fields_of::<T>()
+        .iter()
+        .copied()
+        .filter(|f| !filled.contains(f) && !refused.iter().any(|(r, _)| r == f))
+        .collect();
     let map = check_keys(source, path, v, &allowed, refused)?;
     let mut json: serde_json::Map<String, serde_json::Value> = serde_json::Map::new();
     for (k, val) in map {

@@ -16,6 +16,7 @@ pub mod jobs;
 pub mod layout;
 pub mod methods;
 pub mod model;
+pub mod recipe;
 pub mod tokenizer;
 pub mod train;
 

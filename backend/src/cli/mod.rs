@@ -20,6 +20,7 @@ mod moerge;
 mod neuron_figures;
 mod neurons;
 mod perplexity;
+mod recipe;
 mod route;
 mod torch_handoff;
 mod train;
@@ -64,6 +65,8 @@ pub enum Command {
     Graft(graft::Args),
     /// Merge baselines: linear, task-arithmetic, ties, dare, dare-ties (mergekit semantics).
     Merge(merge::Args),
+    /// Run a mergekit / mergekit-moe YAML config or a studio pipeline recipe (one file, several stages).
+    Recipe(recipe::Args),
     /// NeuronMoE: language-specific neurons by Average Precision (per layer and component).
     Neurons(neurons::Args),
     /// NeuronMoE: new experts per layer from `neurons` output (+ uniform / LayerMoE baselines).
@@ -107,10 +110,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Convert(a) => convert::run(a),
         Command::Logits(a) => backend::run(&cli.backend, a),
         Command::Upcycle(a) => backend::run(&cli.backend, a),
+        Command::Moerge(a) if a.needs_backend() => backend::run(&cli.backend, a),
         Command::Moerge(a) => moerge::run(a),
         Command::Route(a) => backend::run(&cli.backend, a),
         Command::Graft(a) => graft::run(a),
         Command::Merge(a) => merge::run(a),
+        Command::Recipe(a) => recipe::run(&cli.backend, a),
         Command::Neurons(a) => backend::run(&cli.backend, a),
         Command::Allocate(a) => allocate::run(a),
         Command::NeuronsPlot(a) => neurons::plot(a),

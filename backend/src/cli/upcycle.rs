@@ -23,8 +23,8 @@ use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::{
-    hidden_router_rows, upcycle, AllocationFile, CopyNoise, ExpertCounts, ExpertPrompts, NoiseKind, RouterInit,
-    SharedExperts, SharedInit, UpcycleOptions,
+    cheap_embed_row, hidden_router_rows, upcycle, AllocationFile, CopyNoise, ExpertCounts, ExpertPrompts, NoiseKind,
+    RouterInit, SharedExperts, SharedInit, UpcycleOptions,
 };
 use moe_shared::model::load_model;
 use serde::Deserialize;
@@ -40,6 +40,9 @@ pub enum RouterInitArg {
     Random,
     /// Normalised mean FFN input of each expert's prompts.
     Hidden,
+    /// Normalised sum of the token embeddings of each expert's prompts, the
+    /// same in every layer (mergekit-moe's `cheap_embed`; no forward pass).
+    CheapEmbed,
 }
 
 /// Noise kinds offered on the command line.
@@ -87,7 +90,7 @@ pub struct Args {
     /// Standard deviation of the random router.
     #[arg(long, default_value_t = D::default().upcycle_router_std)]
     pub router_std: f64,
-    /// Prompts per expert for `--router-init hidden` (JSON).
+    /// Prompts per expert for `--router-init hidden` / `cheap-embed` (JSON).
     #[arg(long)]
     pub expert_prompts: Option<PathBuf>,
     /// Standard deviation of the noise on the non-frozen copies (0 = none).
@@ -151,21 +154,52 @@ struct PromptFile {
     experts: Vec<PromptSet>,
 }
 
-/// Runs the dense model on each expert's prompts (hidden router).
-fn hidden_rows<B: Backend>(m: &LoadedModel, path: &PathBuf, device: &B::Device) -> anyhow::Result<RouterInit> {
+/// The prompt sets of `--expert-prompts FILE`, tokenized with `m`'s
+/// tokenizer (special tokens added: the BOS mergekit prepends).
+pub(crate) fn expert_prompts(m: &LoadedModel, path: &PathBuf) -> anyhow::Result<Vec<ExpertPrompts>> {
     let raw = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let file: PromptFile = serde_json::from_slice(&raw).with_context(|| {
         format!("{}: expected {{\"experts\": [{{\"positive\": [...], \"negative\": [...]}}, ...]}}", path.display())
     })?;
-    let tok = m.tokenizer.as_ref().with_context(|| format!("{}: the hidden router needs a tokenizer", m.path))?;
+    let tok = m.tokenizer.as_ref().with_context(|| format!("{}: a prompt-based router needs a tokenizer", m.path))?;
     let encode = |texts: &[String]| -> anyhow::Result<Vec<Vec<u32>>> {
         texts.iter().map(|t| Ok(tok.encode(t, true)?)).collect()
     };
-    let experts = file
-        .experts
+    file.experts
         .iter()
         .map(|e| Ok(ExpertPrompts { positive: encode(&e.positive)?, negative: encode(&e.negative)? }))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect()
+}
+
+/// mergekit-moe's `cheap_embed` router from `m`'s input embeddings: per
+/// expert the unit sum of its positive prompts' token embeddings minus that
+/// of its negative prompts (`moe_shared::methods::cheap_embed_row`).
+pub(crate) fn cheap_embed_init(m: &LoadedModel, path: &PathBuf) -> anyhow::Result<RouterInit> {
+    let experts = expert_prompts(m, path)?;
+    let embed = m.source.read_f32("model.embed_tokens.weight")?;
+    let d = m.config.hidden_size;
+    let rows = experts
+        .iter()
+        .map(|e| {
+            let mut row = cheap_embed_row(&embed, d, &e.positive)?;
+            if !e.negative.is_empty() {
+                let neg = cheap_embed_row(&embed, d, &e.negative)?;
+                row.iter_mut().zip(neg).for_each(|(p, n)| *p -= n);
+            }
+            Ok(row)
+        })
+        .collect::<moe_shared::Result<Vec<_>>>()
+        .with_context(|| path.display().to_string())?;
+    Ok(RouterInit::CheapEmbed { rows })
+}
+
+/// Runs the dense model on each expert's prompts (hidden router).
+pub(crate) fn hidden_rows<B: Backend>(
+    m: &LoadedModel,
+    path: &PathBuf,
+    device: &B::Device,
+) -> anyhow::Result<RouterInit> {
+    let experts = expert_prompts(m, path)?;
     let model = load_model::<B>(m, device)?;
     let rows = hidden_router_rows(&model, &experts, device).with_context(|| path.display().to_string())?;
     Ok(RouterInit::Hidden { rows })
@@ -200,6 +234,10 @@ impl WithBackend for Args {
             RouterInitArg::Hidden => {
                 let p = a.expert_prompts.as_ref().context("--router-init hidden needs --expert-prompts FILE")?;
                 hidden_rows::<B>(&m, p, &device)?
+            }
+            RouterInitArg::CheapEmbed => {
+                let p = a.expert_prompts.as_ref().context("--router-init cheap-embed needs --expert-prompts FILE")?;
+                cheap_embed_init(&m, p)?
             }
         };
         let kind = match a.noise_kind {

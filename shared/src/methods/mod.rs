@@ -37,10 +37,13 @@ pub mod upcycle;
 pub use allocation::{AllocationFile, ExpertCounts};
 pub use hidden::{hidden_router_rows, ExpertPrompts};
 #[cfg(not(target_arch = "wasm32"))]
-pub use moerge::moerge;
-pub use moerge::{plan_moerge, weighted_means, write_moerge, MoergeInput, MoergeOptions, MoergePlan};
+pub use moerge::{moerge, moerge_with_base};
+pub use moerge::{
+    plan_moerge, plan_moerge_with_base, weighted_means, write_moerge, write_moerge_with_base, MoergeInput,
+    MoergeOptions, MoergePlan,
+};
 pub use output::MoeReport;
-pub use router_init::RouterInit;
+pub use router_init::{cheap_embed_row, RouterInit};
 #[cfg(not(target_arch = "wasm32"))]
 pub use upcycle::upcycle;
 pub use upcycle::{

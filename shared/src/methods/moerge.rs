@@ -17,6 +17,12 @@
 //! `moerge` offers no `--shared-experts`; upcycle with shared experts and
 //! train them instead (methods.md "Shared experts").
 //!
+//! **mergekit-moe's variant** ([`plan_moerge_with_base`]): with a base
+//! model every non-FFN tensor is the base's, unchanged (mergekit-moe copies
+//! them from `base_model`; it averages nothing), and the router may start
+//! from hidden states or prompt embeddings of the base (`hidden`,
+//! `cheap_embed`; docs/methods.md §6.1 "mergekit recipes").
+//!
 //! Refused before anything is written: fewer than two models, different
 //! architectures or tokenizers (naming both models), a model whose tensors
 //! disagree with its own config. Streaming: one tensor per model at a time.
@@ -123,25 +129,46 @@ pub struct MoergePlan {
 /// vocabulary-sized tensor has a different rank; option errors
 /// (top-k > N, frozen index, temperature, hidden router).
 pub fn plan_moerge(inputs: &[MoergeInput<'_>], opts: &MoergeOptions) -> Result<MoergePlan> {
+    plan_moerge_with_base(inputs, None, opts)
+}
+
+/// [`plan_moerge`] with an optional `base` (mergekit-moe's `base_model`):
+/// when given, every non-FFN tensor is the base's (not the mean of the
+/// experts), the base's tensors and config set the output's shapes, dtypes
+/// and config, and the router may be `hidden` / `cheap_embed` (rows the
+/// caller computed from the base). Without a base it is DUME's MoErge.
+///
+/// # Errors
+/// Those of [`plan_moerge`], with the base checked like every expert
+/// (architecture, tokenizer, tensors vs config), and a `hidden` or
+/// `cheap_embed` router without a base (DUME fits the ridge router
+/// instead).
+pub fn plan_moerge_with_base(
+    inputs: &[MoergeInput<'_>],
+    base_input: Option<MoergeInput<'_>>,
+    opts: &MoergeOptions,
+) -> Result<MoergePlan> {
     if inputs.len() < 2 {
         return Err(StudioError::Invalid(format!(
             "MoErging needs at least two models (got {}); each becomes one expert",
             inputs.len()
         )));
     }
-    if matches!(opts.router_init, RouterInit::Hidden { .. }) {
+    if base_input.is_none() && matches!(opts.router_init, RouterInit::Hidden { .. } | RouterInit::CheapEmbed { .. }) {
         return Err(StudioError::config(
             "--router-init",
-            "the hidden router is for upcycling one model; MoErge with zeros or random and fit the ridge router",
+            "the hidden and cheap_embed routers need a base model (mergekit-moe's base_model) to read prompts \
+             with; MoErge with zeros or random and fit the ridge router",
         ));
     }
-    let first = inputs[0];
+    let first = base_input.unwrap_or(inputs[0]);
     let base = first.config;
     let mut warnings = Vec::new();
-    for m in inputs {
+    for m in base_input.iter().chain(inputs) {
         check_dense_source(m.source, m.config)?;
     }
-    for m in &inputs[1..] {
+    let others = if base_input.is_some() { inputs } else { &inputs[1..] };
+    for m in others {
         warnings.extend(check_architecture(first.name, base, m.name, m.config)?);
         warnings.extend(check_tokenizer(first.name, first.tokenizer, m.name, m.tokenizer)?);
     }
@@ -162,8 +189,11 @@ pub fn plan_moerge(inputs: &[MoergeInput<'_>], opts: &MoergeOptions) -> Result<M
     let choice = crate::layout::choose(base, &moe, opts.layout)?;
     let (tensors, planned) = planned_tensors(first.source, base, &choice.written, opts.dtype);
     let planned = choice.disk_plan(base, &planned);
+    // Shared tensors are averaged over the experts (DUME) or copied from
+    // the base (mergekit-moe): only the first case aligns shapes.
+    let averaged: &[MoergeInput<'_>] = if base_input.is_some() { &[] } else { &inputs[1..] };
     for t in tensors.iter().filter(|t| matches!(t.origin, Origin::Dense { .. })) {
-        for m in &inputs[1..] {
+        for m in averaged {
             let info = m.source.info(&t.name).ok_or_else(|| StudioError::tensor(m.name, &t.name, "missing"))?;
             if info.shape.len() != t.shape.len() {
                 return Err(StudioError::tensor(
@@ -183,7 +213,8 @@ pub fn plan_moerge(inputs: &[MoergeInput<'_>], opts: &MoergeOptions) -> Result<M
     }
     warnings.extend(choice.warnings.iter().cloned());
     let provenance = serde_json::json!({
-        "method": "moerge",
+        "method": if base_input.is_some() { "moerge-on-base" } else { "moerge" },
+        "base": base_input.map(|b| b.name),
         "sources": inputs.iter().map(|m| m.name).collect::<Vec<_>>(),
         "router_init": opts.router_init,
         "seed": opts.seed,
@@ -235,10 +266,26 @@ pub fn write_moerge(
     opts: &MoergeOptions,
     sink: &mut dyn TensorSink,
 ) -> Result<()> {
+    write_moerge_with_base(inputs, None, plan, opts, sink)
+}
+
+/// [`write_moerge`] for a plan of [`plan_moerge_with_base`]: with `base`,
+/// the non-FFN tensors are the base's values (read once, unchanged).
+///
+/// # Errors
+/// Read errors of the sources, write errors of `sink`.
+pub fn write_moerge_with_base(
+    inputs: &[MoergeInput<'_>],
+    base: Option<MoergeInput<'_>>,
+    plan: &MoergePlan,
+    opts: &MoergeOptions,
+    sink: &mut dyn TensorSink,
+) -> Result<()> {
     let mut out = layout_sink(sink, &plan.choice, &plan.planned, plan.tensors.len());
     let sink: &mut dyn TensorSink = &mut out;
     for (t, p) in plan.tensors.iter().zip(&plan.planned) {
         let values = match &t.origin {
+            Origin::Dense { .. } if base.is_some() => base.expect("checked").source.read_f32(&t.name)?,
             Origin::Dense { .. } => {
                 let mut acc = MeanAccumulator::new(&t.shape);
                 for m in inputs {
@@ -284,9 +331,26 @@ pub fn moerge(
     tokenizer_json: Option<Vec<u8>>,
     write_opts: crate::checkpoint::WriteOptions,
 ) -> Result<super::output::MoeReport> {
-    let plan = plan_moerge(inputs, opts)?;
+    moerge_with_base(inputs, None, opts, out_dir, tokenizer_json, write_opts)
+}
+
+/// [`moerge`] with an optional base model (mergekit-moe's `base_model`, see
+/// [`plan_moerge_with_base`]).
+///
+/// # Errors
+/// As [`moerge`].
+#[cfg(not(target_arch = "wasm32"))]
+pub fn moerge_with_base(
+    inputs: &[MoergeInput<'_>],
+    base: Option<MoergeInput<'_>>,
+    opts: &MoergeOptions,
+    out_dir: &std::path::Path,
+    tokenizer_json: Option<Vec<u8>>,
+    write_opts: crate::checkpoint::WriteOptions,
+) -> Result<super::output::MoeReport> {
+    let plan = plan_moerge_with_base(inputs, base, opts)?;
     let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, plan.planned.clone(), write_opts)?;
-    write_moerge(inputs, &plan, opts, &mut w)?;
+    write_moerge_with_base(inputs, base, &plan, opts, &mut w)?;
     let mut extra = vec![("config.json", serde_json::to_vec_pretty(&plan.config_json).expect("json"))];
     if let Some(t) = tokenizer_json {
         extra.push(("tokenizer.json", t));
@@ -294,8 +358,8 @@ pub fn moerge(
     w.finish(&extra)?;
     let mut report = super::output::MoeReport::new(
         "moerge",
-        inputs.iter().map(|m| m.name.to_string()).collect(),
-        inputs[0].config,
+        base.iter().chain(inputs).map(|m| m.name.to_string()).collect(),
+        base.unwrap_or(inputs[0]).config,
         &plan.choice,
         &plan.planned,
         opts.router_init.kind(),

@@ -1,0 +1,470 @@
+//! Recipes: one YAML file that says what to build, run by
+//! `moe-studio recipe FILE.yml` (docs/methods.md §6.1 "mergekit recipes").
+//!
+//! Three kinds, told apart by their keys:
+//! - a **mergekit** merge config (`merge_method: ...`, [`mergekit`]);
+//! - a **mergekit-moe** config (`base_model` + `experts[].source_model`,
+//!   [`moe`]);
+//! - a **studio** recipe: the mergekit-moe shape plus the studio's keys
+//!   (`gate_mode: ridge`, `upcycle`, `allocation`, `frozen_experts`,
+//!   `graft`, `layout`, ...), so a DUME or DeltaMoE pipeline is one file.
+//!
+//! Reading ([`parse`]) checks every key against the types the sections
+//! become (unknown keys refused by name with the nearest supported one;
+//! keys mergekit has and the studio does not implement refused with the
+//! reason) before anything runs. Planning ([`plan`]) turns a recipe into
+//! `moe-studio` command lines, one per stage, built from the same job specs
+//! the server runs ([`crate::api::JobSpec`], [`crate::jobs`]), so a recipe
+//! stage, a job and a typed command do the same thing. Nothing here touches
+//! the file system: the CLI checks the inputs exist, runs the stages into a
+//! temporary sibling of the output and moves the last stage's output into
+//! place, so a failed or refused recipe leaves nothing behind.
+
+pub mod keys;
+pub mod mergekit;
+pub mod moe;
+
+use std::path::{Path, PathBuf};
+
+use serde_yaml_ng::Value;
+
+use crate::api::{DataRef, JobSpec};
+use crate::error::{Result, StudioError};
+use crate::jobs::JobInputs;
+pub use mergekit::MergeRecipe;
+pub use moe::{Gate, MoeRecipe, MoeSource};
+
+/// A parsed, validated recipe.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Recipe {
+    /// A mergekit merge (`merge_method`).
+    Merge(MergeRecipe),
+    /// A mergekit-moe or studio MoE recipe.
+    Moe(MoeRecipe),
+}
+
+impl Recipe {
+    /// `mergekit`, `mergekit-moe` or `studio`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Recipe::Merge(_) => "mergekit",
+            Recipe::Moe(m) if m.studio => "studio",
+            Recipe::Moe(_) => "mergekit-moe",
+        }
+    }
+
+    /// Notes for the user found while reading.
+    pub fn warnings(&self) -> &[String] {
+        match self {
+            Recipe::Merge(m) => &m.warnings,
+            Recipe::Moe(m) => &m.warnings,
+        }
+    }
+}
+
+/// Reads a recipe from YAML text; `source` names it in errors (the path).
+///
+/// # Errors
+/// [`StudioError::Config`] naming `source`: YAML syntax errors (with line
+/// and column), a document that is not a mapping, one that is neither a
+/// merge (`merge_method`) nor an MoE recipe (`experts` / `upcycle`), and
+/// those of [`MergeRecipe::from_yaml`] / [`MoeRecipe::from_yaml`].
+pub fn parse(text: &str, source: &str) -> Result<Recipe> {
+    let top: Value = serde_yaml_ng::from_str(text).map_err(|e| StudioError::config(source, format!("YAML: {e}")))?;
+    let Value::Mapping(map) = &top else {
+        return Err(StudioError::config(source, "a recipe is a mapping of keys to values"));
+    };
+    if map.contains_key("merge_method") {
+        return Ok(Recipe::Merge(MergeRecipe::from_yaml(source, &top)?));
+    }
+    if ["experts", "upcycle", "gate_mode", "base_model"].iter().any(|k| map.contains_key(*k)) {
+        return Ok(Recipe::Moe(MoeRecipe::from_yaml(source, &top)?));
+    }
+    let keys: Vec<&str> = map.keys().filter_map(Value::as_str).collect();
+    let hint = keys
+        .iter()
+        .find_map(|k| {
+            keys::nearest(k, ["merge_method", "experts", "base_model", "gate_mode", "upcycle"]).map(|n| (k, n))
+        })
+        .map(|(k, n)| format!(" (`{k}`: did you mean `{n}`?)"))
+        .unwrap_or_default();
+    Err(StudioError::config(
+        source,
+        format!("not a recipe: expected `merge_method` (a mergekit merge) or `experts` / `upcycle` (an MoE){hint}"),
+    ))
+}
+
+/// Where a recipe runs.
+#[derive(Debug, Clone)]
+pub struct RecipeContext {
+    /// Directory relative model and data paths are read from (the CLI:
+    /// the current directory, as mergekit).
+    pub base_dir: PathBuf,
+    /// Scratch directory of the intermediate stages (empty, the runner's).
+    pub work_dir: PathBuf,
+    /// Final output directory (the last stage writes it).
+    pub out: PathBuf,
+    /// Seed of DARE's drop / the random router / the upcycle noise when the
+    /// recipe gives none.
+    pub seed: Option<u64>,
+}
+
+/// One stage of a recipe: a `moe-studio` command line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stage {
+    /// The command (`merge`, `moerge`, `upcycle`, `route`, `graft`).
+    pub command: &'static str,
+    /// Its arguments after the global options (the command name first).
+    pub argv: Vec<String>,
+    /// The directory it writes.
+    pub out: PathBuf,
+}
+
+/// A recipe as commands, with the files they read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecipePlan {
+    /// The stages in order; the last writes [`RecipeContext::out`].
+    pub stages: Vec<Stage>,
+    /// Files the runner writes into the work directory first (prompt sets,
+    /// allocations): `(path, bytes)`.
+    pub files: Vec<(PathBuf, Vec<u8>)>,
+    /// Every input path with the recipe key naming it (checked by the
+    /// runner before anything is written).
+    pub inputs: Vec<(String, PathBuf)>,
+}
+
+/// Job-spec ids are paths here.
+struct Paths;
+
+impl JobInputs for Paths {
+    fn model(&self, id: &str) -> String {
+        id.to_string()
+    }
+    fn data(&self, d: &DataRef, heldout: bool) -> String {
+        if heldout {
+            d.heldout.clone().unwrap_or_default()
+        } else {
+            d.upload.clone()
+        }
+    }
+}
+
+/// A placeholder id for [`JobSpec::validate`] (which checks ids, not paths).
+const ID: &str = "00000000-0000-4000-8000-000000000000";
+
+/// Validates a stage's job spec as the server would (ranges, counts) and
+/// renders its command line with the output `out`.
+fn job_stage(spec: &JobSpec, placeholder: JobSpec, section: &str, out: &Path) -> Result<Vec<String>> {
+    placeholder.validate().map_err(|e| {
+        let field = e.field.unwrap_or_default().replacen("spec.", &format!("{section}."), 1);
+        StudioError::config("recipe", format!("`{field}`: {}", e.error))
+    })?;
+    let mut argv = spec.cli_args(&Paths, false);
+    argv.retain(|a| a != "--json");
+    for a in argv.iter_mut() {
+        if a == "--out=out" {
+            *a = format!("--out={}", out.display());
+        }
+    }
+    Ok(argv)
+}
+
+fn resolve(ctx: &RecipeContext, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        ctx.base_dir.join(p)
+    }
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// Turns a recipe into its stages.
+///
+/// # Errors
+/// [`StudioError::Config`] for job-spec values out of range (named under
+/// the recipe section, e.g. `ridge.lambda`) and frozen experts / top-k the
+/// expert count cannot hold.
+pub fn plan(recipe: &Recipe, ctx: &RecipeContext) -> Result<RecipePlan> {
+    let mut inputs: Vec<(String, PathBuf)> = Vec::new();
+    let mut files = Vec::new();
+    let mut stages = Vec::new();
+    match recipe {
+        Recipe::Merge(r) => {
+            let o = &r.options;
+            let mut argv = vec!["merge".to_string(), o.method.name().to_string()];
+            for (i, m) in r.models.iter().enumerate() {
+                let p = resolve(ctx, m);
+                argv.push(s(&p));
+                inputs.push((format!("models[{i}].model"), p));
+            }
+            if let Some(b) = &r.base {
+                let p = resolve(ctx, b);
+                argv.push(format!("--base={}", s(&p)));
+                inputs.push(("base_model".into(), p));
+            }
+            if let Some(w) = &o.weights {
+                argv.push(format!("--weights={}", w.iter().map(f64::to_string).collect::<Vec<_>>().join(",")));
+            }
+            argv.push(format!("--density={}", o.density));
+            if let Some(n) = o.normalize {
+                argv.push(format!("--normalize={n}"));
+            }
+            if let Some(r) = o.rescale {
+                let name = match r {
+                    crate::methods::merge::Rescale::None => "none",
+                    crate::methods::merge::Rescale::InverseDensity => "inverse-density",
+                    crate::methods::merge::Rescale::L1 => "l1",
+                };
+                argv.push(format!("--rescale={name}"));
+            }
+            argv.push(format!("--lambda={}", o.lambda));
+            if let Some(d) = o.dtype {
+                argv.push(format!("--dtype={}", d.to_string().to_ascii_lowercase()));
+            }
+            argv.push(format!("--seed={}", ctx.seed.unwrap_or(0)));
+            argv.push(format!("--out={}", s(&ctx.out)));
+            stages.push(Stage { command: "merge", argv, out: ctx.out.clone() });
+        }
+        Recipe::Moe(r) => plan_moe(r, ctx, &mut stages, &mut files, &mut inputs)?,
+    }
+    Ok(RecipePlan { stages, files, inputs })
+}
+
+fn plan_moe(
+    r: &MoeRecipe,
+    ctx: &RecipeContext,
+    stages: &mut Vec<Stage>,
+    files: &mut Vec<(PathBuf, Vec<u8>)>,
+    inputs: &mut Vec<(String, PathBuf)>,
+) -> Result<()> {
+    let n_stages = 1 + usize::from(r.gate == Gate::Ridge) + usize::from(r.graft.is_some());
+    let stage_out = |i: usize, name: &str| {
+        if i + 1 == n_stages {
+            ctx.out.clone()
+        } else {
+            ctx.work_dir.join(format!("{}-{name}", i + 1))
+        }
+    };
+    let seed = r.seed.or(ctx.seed);
+    let base = r.base_model.as_ref().map(|b| resolve(ctx, b));
+    if let Some(b) = &base {
+        inputs.push(("base_model".into(), b.clone()));
+    }
+    let mut common = Vec::new();
+    if let Some(d) = r.dtype {
+        common.push(format!("--dtype={}", d.to_string().to_ascii_lowercase()));
+    }
+    if let Some(l) = &r.layout {
+        common.push(format!("--layout={l}"));
+    }
+    let frozen_arg = |f: &Option<Vec<usize>>| match f {
+        Some(f) if f.is_empty() => Some("--no-frozen".to_string()),
+        Some(f) => Some(format!("--frozen={}", f.iter().map(usize::to_string).collect::<Vec<_>>().join(","))),
+        None => None,
+    };
+    // Stage 1: the MoE.
+    let first_out = stage_out(0, "moe");
+    match &r.source {
+        MoeSource::Experts(experts) => {
+            let mut argv = vec!["moerge".to_string()];
+            for (i, e) in experts.iter().enumerate() {
+                let p = resolve(ctx, &e.source_model);
+                argv.push(s(&p));
+                inputs.push((format!("experts[{i}].source_model"), p));
+            }
+            if let Some(b) = &base {
+                argv.push(format!("--base={}", s(b)));
+            }
+            argv.push(format!("--top-k={}", r.top_k));
+            argv.push(format!("--router-init={}", r.gate.router_init()));
+            if let Gate::Random { std } = r.gate {
+                argv.push(format!("--router-std={std}"));
+            }
+            if r.gate.needs_prompts() {
+                let prompts = ctx.work_dir.join("expert_prompts.json");
+                let body = serde_json::json!({"experts": experts.iter().map(|e| serde_json::json!({
+                    "positive": e.positive_prompts, "negative": e.negative_prompts})).collect::<Vec<_>>()});
+                files.push((prompts.clone(), serde_json::to_vec_pretty(&body).expect("json")));
+                argv.push(format!("--expert-prompts={}", s(&prompts)));
+            }
+            argv.extend(frozen_arg(&r.frozen));
+            if let Some(t) = r.temperature {
+                argv.push(format!("--temperature={t}"));
+            }
+            if let Some(sd) = seed {
+                argv.push(format!("--seed={sd}"));
+            }
+            argv.extend(common.iter().cloned());
+            argv.push(format!("--out={}", s(&first_out)));
+            stages.push(Stage { command: "moerge", argv, out: first_out.clone() });
+        }
+        MoeSource::Upcycle { spec, allocation } => {
+            let b = base.clone().expect("checked by MoeRecipe::from_yaml");
+            let mut spec = spec.clone();
+            spec.model = s(&b);
+            spec.top_k = Some(r.top_k);
+            spec.frozen = r.frozen.clone();
+            spec.router_init = Some(r.gate.router_init().to_string());
+            spec.seed = seed;
+            let placeholder = JobSpec::Upcycle(crate::api::UpcycleSpec {
+                model: ID.into(),
+                experts_per_layer: spec.experts_per_layer.clone().or(allocation.as_ref().map(|_| vec![Some(2)])),
+                ..spec.clone()
+            });
+            let mut argv = job_stage(&JobSpec::Upcycle(spec.clone()), placeholder, "upcycle", &first_out)?;
+            let alloc_path = match (allocation, &spec.experts_per_layer) {
+                (Some(a), _) => {
+                    let p = resolve(ctx, a);
+                    inputs.push(("allocation".into(), p.clone()));
+                    argv.push(format!("--allocation={}", s(&p)));
+                    None
+                }
+                (None, Some(l)) => {
+                    let p = ctx.work_dir.join(crate::jobs::ALLOCATION_FILE);
+                    let body = serde_json::json!({ "experts_per_layer": l });
+                    files.push((p.clone(), serde_json::to_vec_pretty(&body).expect("json")));
+                    Some(p)
+                }
+                (None, None) => None,
+            };
+            for a in argv.iter_mut() {
+                if a == &format!("--allocation={}", crate::jobs::ALLOCATION_FILE) {
+                    *a = format!("--allocation={}", s(alloc_path.as_ref().expect("experts_per_layer set")));
+                }
+            }
+            if let Gate::Random { std } = r.gate {
+                argv.push(format!("--router-std={std}"));
+            }
+            if let Some(t) = r.temperature {
+                argv.push(format!("--temperature={t}"));
+            }
+            if let Some(l) = &r.layout {
+                argv.push(format!("--layout={l}"));
+            }
+            stages.push(Stage { command: "upcycle", argv, out: first_out.clone() });
+        }
+    }
+    let mut prev = first_out;
+    // Stage 2: the ridge router.
+    if let (Gate::Ridge, Some(ridge), MoeSource::Experts(experts)) = (&r.gate, &r.ridge, &r.source) {
+        let out = stage_out(stages.len(), "route");
+        let mut domains = Vec::new();
+        let mut placeholder_domains = Vec::new();
+        for (i, e) in experts.iter().enumerate() {
+            let data = resolve(ctx, e.data.as_deref().expect("checked"));
+            inputs.push((format!("experts[{i}].data"), data.clone()));
+            let heldout = e.heldout.as_ref().map(|h| resolve(ctx, h));
+            if let Some(h) = &heldout {
+                inputs.push((format!("experts[{i}].heldout"), h.clone()));
+            }
+            let d = DataRef {
+                name: e.name.clone(),
+                upload: s(&data),
+                weight: None,
+                original: false,
+                heldout: heldout.as_deref().map(s),
+            };
+            placeholder_domains.push(DataRef {
+                upload: ID.into(),
+                heldout: d.heldout.as_ref().map(|_| ID.into()),
+                ..d.clone()
+            });
+            domains.push(d);
+        }
+        let spec = crate::api::RouteSpec { model: s(&prev), domains, ..ridge.clone() };
+        let placeholder =
+            JobSpec::Route(crate::api::RouteSpec { model: ID.into(), domains: placeholder_domains, ..ridge.clone() });
+        let mut argv = job_stage(&JobSpec::Route(spec), placeholder, "ridge", &out).map_err(rename_experts)?;
+        if let Some(t) = r.temperature {
+            argv.push(format!("--temperature={t}"));
+        }
+        if let Some(l) = &r.layout {
+            argv.push(format!("--layout={l}"));
+        }
+        stages.push(Stage { command: "route", argv, out: out.clone() });
+        prev = out;
+    }
+    // Stage 3: the graft.
+    if let Some(g) = &r.graft {
+        let out = stage_out(stages.len(), "graft");
+        let (gb, gi) = (resolve(ctx, &g.base), resolve(ctx, &g.instruct));
+        inputs.push(("graft.base".into(), gb.clone()));
+        inputs.push(("graft.instruct".into(), gi.clone()));
+        let spec = crate::api::GraftSpec { target: s(&prev), base: s(&gb), instruct: s(&gi), scale: g.scale };
+        let placeholder = JobSpec::Graft(crate::api::GraftSpec {
+            target: ID.into(),
+            base: ID.into(),
+            instruct: ID.into(),
+            scale: g.scale,
+        });
+        let mut argv = job_stage(&JobSpec::Graft(spec), placeholder, "graft", &out)?;
+        if let Some(l) = &r.layout {
+            argv.push(format!("--layout={l}"));
+        }
+        stages.push(Stage { command: "graft", argv, out });
+    }
+    Ok(())
+}
+
+/// `ridge.domains[i]` (the route job's field) is `experts[i]` in a recipe.
+fn rename_experts(e: StudioError) -> StudioError {
+    match e {
+        StudioError::Config { source_name, what } => {
+            StudioError::Config { source_name, what: what.replace("ridge.domains", "experts") }
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx() -> RecipeContext {
+        RecipeContext { base_dir: "/r".into(), work_dir: "/w".into(), out: "/o".into(), seed: None }
+    }
+
+    #[test]
+    fn a_studio_pipeline_becomes_moerge_route_graft() {
+        let y =
+            "experts:\n  - source_model: a\n    data: a.txt\n  - source_model: b\n    data: b.txt\n    heldout: b.h\n\
+                 gate_mode: ridge\nexperts_per_token: 1\nridge: {lambda: 0.5, context: 64}\nlayout: moe_studio\n\
+                 graft: {base: base, instruct: inst, scale: 0.5}\n";
+        let r = parse(y, "p.yml").unwrap();
+        assert_eq!(r.kind(), "studio");
+        let p = plan(&r, &ctx()).unwrap();
+        let cmds: Vec<_> = p.stages.iter().map(|s| s.command).collect();
+        assert_eq!(cmds, ["moerge", "route", "graft"]);
+        assert_eq!(p.stages[0].argv[..3], ["moerge", "/r/a", "/r/b"]);
+        assert!(p.stages[0].argv.contains(&"--out=/w/1-moe".to_string()));
+        let route = &p.stages[1].argv;
+        assert_eq!(route[1], "/w/1-moe");
+        assert!(route.contains(&"--domain=expert1=/r/b.txt:/r/b.h".to_string()), "{route:?}");
+        assert!(route.contains(&"--lambda=0.5".to_string()) && route.contains(&"--out=/w/2-route".to_string()));
+        let graft = &p.stages[2].argv;
+        assert_eq!(graft[..4], ["graft", "/w/2-route", "--base=/r/base", "--instruct=/r/inst"]);
+        assert!(graft.contains(&"--scale=0.5".to_string()) && graft.contains(&"--out=/o".to_string()));
+        assert_eq!(p.inputs.len(), 7);
+        // The route job's own range checks, named under the recipe section.
+        let bad = y.replace("lambda: 0.5", "lambda: -1");
+        let e = plan(&parse(&bad, "p.yml").unwrap(), &ctx()).unwrap_err().to_string();
+        assert!(e.contains("`ridge.lambda`"), "{e}");
+    }
+
+    #[test]
+    fn an_upcycle_recipe_writes_its_allocation() {
+        let y = "base_model: m\nupcycle: {experts_per_layer: [2, null, 4]}\ngate_mode: random\nrouter_std: 0.02\n\
+                 frozen_experts: [0]\nseed: 3\n";
+        let p = plan(&parse(y, "u.yml").unwrap(), &ctx()).unwrap();
+        let a = &p.stages[0].argv;
+        assert!(a.contains(&"--allocation=/w/allocation.json".to_string()), "{a:?}");
+        assert!(a.contains(&"--router-std=0.02".to_string()) && a.contains(&"--seed=3".to_string()));
+        assert_eq!(p.files[0].0, PathBuf::from("/w/allocation.json"));
+        let e = parse("base_model: m\nupcycle: {experts: 4, top_k: 2}\n", "u.yml").unwrap_err().to_string();
+        assert!(e.contains("`upcycle.top_k` is not supported: set `experts_per_token`"), "{e}");
+    }
+}

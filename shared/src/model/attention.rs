@@ -112,6 +112,17 @@ impl<B: Backend> Attention<B> {
             None => (k, v),
         };
         let t = k.dims()[2];
+        // The CPU backend's threaded causal GQA kernel (cpu_attention.rs)
+        // reads the shared kv heads in place and writes `[b, s, h * hd]`;
+        // soft-capped scores and an active sliding window take Burn's path.
+        let (q, k, v) = if self.softcap.is_none() && self.sliding_window.is_none_or(|w| t <= w) {
+            match super::cpu_attention::causal_attention(q, k, v, self.scale) {
+                Ok(out) => return self.project_out(out, capture),
+                Err(qkv) => qkv,
+            }
+        } else {
+            (q, k, v)
+        };
         let rep = h / kvh;
         let (k, v) = if rep > 1 {
             (
@@ -132,7 +143,17 @@ impl<B: Backend> Attention<B> {
             m.reshape([1, 1, s, t]).expand([b, h, s, t])
         });
         let out = attention(q, k, v, mask, None, opts).swap_dims(1, 2).reshape([b, s, h * hd]);
-        let out = forward_rows(&self.o_proj, out);
+        self.project_out(out, capture)
+    }
+
+    /// `o_proj` of the heads' outputs `[batch, seq, heads * head_dim]`,
+    /// handed to `capture` as `o_proj`.
+    fn project_out(
+        &self,
+        heads: Tensor<B, 3>,
+        mut capture: Option<&mut dyn FnMut(&'static str, Tensor<B, 3>)>,
+    ) -> Tensor<B, 3> {
+        let out = forward_rows(&self.o_proj, heads);
         if let Some(c) = capture.as_mut() {
             c("o_proj", out.clone());
         }

@@ -8,6 +8,7 @@
 
 pub mod attention;
 pub mod cache;
+pub mod cpu_attention;
 pub mod ffn;
 pub mod linear;
 pub mod load;

@@ -7,6 +7,7 @@
 //!   deterministically shuffled, resumable mixture.
 //! - [`losses`]: next-token cross-entropy, load balancing, router z-loss,
 //!   language prior.
+//! - [`adamw`]: AdamW, one fused in-place pass per parameter on the CPU.
 //! - [`balance`]: `--balance aux|aux-free|none` and DeepSeek-V3's selection
 //!   bias update.
 //! - [`freeze`]: which parameters each [`Stage`] trains.
@@ -15,6 +16,7 @@
 //! - [`trainer`]: the loop (AdamW, global-norm clipping, accumulation,
 //!   data parallelism over devices, checkpoints, stop flag, metrics).
 
+pub mod adamw;
 pub mod balance;
 pub mod checkpoint;
 pub mod data;

@@ -30,7 +30,9 @@
 
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
+
+use super::adamw::StudioAdamW;
+use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
@@ -387,7 +389,9 @@ pub fn devices<B: Backend>(n: usize) -> Vec<B::Device> {
     (0..n).map(|i| <B::Device as Device>::from_id(DeviceId { type_id: id.type_id, index_id: i as u16 })).collect()
 }
 
-type Adam<B> = OptimizerAdaptor<AdamW, Transformer<B>, B>;
+/// AdamW with Burn's record format, one fused in-place pass per parameter on
+/// the CPU backend ([`super::adamw`]).
+type Adam<B> = OptimizerAdaptor<StudioAdamW, Transformer<B>, B>;
 
 /// Top-1 routing with renormalised weights weighs the chosen expert by a
 /// softmax over ONE logit, i.e. 1, so the next-token loss gives the routers
@@ -479,12 +483,12 @@ pub struct Trainer<B: AutodiffBackend> {
 }
 
 fn adamw<B: AutodiffBackend>(c: &TrainConfig) -> Adam<B> {
-    AdamWConfig::new()
-        .with_beta_1(c.beta1 as f32)
-        .with_beta_2(c.beta2 as f32)
-        .with_epsilon(c.eps as f32)
-        .with_weight_decay(c.weight_decay as f32)
-        .init::<B, Transformer<B>>()
+    OptimizerAdaptor::from(StudioAdamW {
+        beta_1: c.beta1 as f32,
+        beta_2: c.beta2 as f32,
+        epsilon: c.eps as f32,
+        weight_decay: c.weight_decay as f32,
+    })
 }
 
 impl<B: AutodiffBackend> Trainer<B> {

@@ -104,7 +104,7 @@ pub fn emit<B: AutodiffBackend>(
     };
     std::fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
     let name = dir.file_name().context("--emit needs a directory name")?.to_string_lossy().into_owned();
-    let tmp = parent.join(format!(".{name}.emit-{}", std::process::id()));
+    let tmp = parent.join(format!(".{name}.tmp-emit-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let guard = RemoveOnDrop(Some(tmp.clone()));
     std::fs::create_dir_all(tmp.join("data")).with_context(|| format!("creating {}", tmp.display()))?;

@@ -13,8 +13,8 @@ use moe_shared::methods::merge::MergeMethod;
 use moe_shared::train::Stage;
 
 use moe_shared::api::{
-    CreateJob, DataRef, EvalSpec, GraftSpec, JobSpec, MergeSpec, MoergeSpec, NeuronsSpec, RouteSpec, TrainEngine, TrainSpec,
-    UpcycleSpec,
+    CreateJob, DataRef, EvalSpec, GraftSpec, JobSpec, MergeSpec, MoergeSpec, NeuronsSpec, RouteSpec, TrainEngine,
+    TrainSpec, UpcycleSpec,
 };
 
 /// The kinds, their inputs and defaults are the spec's own (`shared::jobs`).

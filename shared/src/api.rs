@@ -520,6 +520,42 @@ pub struct TrainSpec {
     /// Devices for data parallelism (1-64).
     #[serde(default)]
     pub devices: Option<usize>,
+    /// Where the stage runs (default [`TrainEngine::Burn`]).
+    #[serde(default)]
+    pub engine: Option<TrainEngine>,
+}
+
+/// The engine of a train job: `moe-studio train --engine`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainEngine {
+    /// The studio's Burn trainer runs the stage; the output model is
+    /// registered as a checkpoint.
+    #[default]
+    Burn,
+    /// The stage is written as a PyTorch FSDP job (`--engine torch --emit`:
+    /// model, packed data, `train.py`, README) for a cluster; the job's
+    /// artefacts are that directory and nothing is trained here
+    /// (backend/src/cli/torch_handoff.rs).
+    Torch,
+}
+
+impl TrainEngine {
+    /// The CLI name (`burn`, `torch`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TrainEngine::Burn => "burn",
+            TrainEngine::Torch => "torch",
+        }
+    }
+
+    /// What a job on this engine produces, for the Jobs page.
+    pub fn describe(self) -> &'static str {
+        match self {
+            TrainEngine::Burn => "Burn: trained on this server",
+            TrainEngine::Torch => "PyTorch FSDP job: emitted for torchrun, not trained here",
+        }
+    }
 }
 
 /// `upcycle`: dense -> MoE by copying every FFN into experts.
@@ -781,6 +817,14 @@ fn check_models(field: &str, ids: &[String], min: usize) -> Result<(), ApiError>
 }
 
 impl JobSpec {
+    /// The engine of a train job (`None` for the other kinds).
+    pub fn engine(&self) -> Option<TrainEngine> {
+        match self {
+            JobSpec::Train(s) => Some(s.engine.unwrap_or_default()),
+            _ => None,
+        }
+    }
+
     /// The kind's name (`train`, `upcycle`, ...).
     pub fn kind(&self) -> &'static str {
         match self {
@@ -818,6 +862,12 @@ impl JobSpec {
                 check_f("spec.weight_decay", s.weight_decay, 0.0, 10.0, false)?;
                 check_range("spec.save_every", s.save_every, 1, 1_000_000)?;
                 check_range("spec.devices", s.devices, 1, 64)?;
+                if s.engine == Some(TrainEngine::Torch) && s.stage == Stage::Dense {
+                    return Err(ApiError::field(
+                        "spec.engine",
+                        "the PyTorch hand-off runs the MoE stages (experts, router); stage dense trains on burn",
+                    ));
+                }
             }
             JobSpec::Upcycle(s) => {
                 check_id("spec.model", &s.model)?;

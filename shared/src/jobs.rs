@@ -196,9 +196,14 @@ impl JobSpec {
                 a.push(format!("--save-every={}", s.save_every.unwrap_or((s.steps / 10).max(1))));
                 opt(&mut a, "seed", s.seed);
                 opt(&mut a, "devices", s.devices);
-                json_out(&mut a);
-                if resume {
-                    a.push("--resume".into());
+                if s.engine == Some(crate::api::TrainEngine::Torch) {
+                    // The job directory is the artefact; emitting again is the resume.
+                    a.extend(["--engine=torch".to_string(), "--emit=out".to_string(), "--json".to_string()]);
+                } else {
+                    json_out(&mut a);
+                    if resume {
+                        a.push("--resume".into());
+                    }
                 }
             }
             JobSpec::Upcycle(s) => {
@@ -291,6 +296,7 @@ impl JobSpec {
     /// model (neurons, eval).
     pub fn output_model(&self) -> Option<&'static str> {
         match self {
+            JobSpec::Train(s) if s.engine == Some(crate::api::TrainEngine::Torch) => None,
             JobSpec::Train(_) => Some("out/final"),
             JobSpec::Neurons(_) | JobSpec::Eval(_) => None,
             _ => Some("out"),
@@ -457,6 +463,7 @@ impl JobKind {
                 adv("save_every", "save every", Input::Int, "steps / 10"),
                 f("seed", "seed", Input::Int, &dflt(&d.seed)),
                 adv("devices", "devices", Input::Int, &dflt(&d.train_devices)),
+                f("engine", "engine", Input::Choice(&["burn", "torch"]), "burn (torch: emit a PyTorch FSDP job)"),
             ],
             JobKind::Eval => vec![
                 req("model", "model", Input::Checkpoint, ""),

@@ -84,7 +84,7 @@ def main():
     if sorted(before) != sorted(after):
         bad.append(f"tensor names differ: {sorted(set(before) ^ set(after))}")
     frozen_same = frozen_n = trained_changed = trained_n = 0
-    wdiff = 0.0
+    wdiff, compared = 0.0, 0
     for k in sorted(before):
         if k not in after:
             continue
@@ -98,11 +98,13 @@ def main():
             if not same:
                 bad.append(f"frozen tensor {k} changed (max |diff| {(before[k] - after[k]).abs().max():.3e})")
         if k in burn_final:
+            compared += 1
             wdiff = max(wdiff, (burn_final[k].float() - after[k].float()).abs().max().item())
     if trained_changed != trained_n:
         bad.append(f"only {trained_changed} of {trained_n} trained tensors changed")
     print(f"frozen tensors bit-identical: {frozen_same}/{frozen_n}; trained tensors changed: "
-          f"{trained_changed}/{trained_n}; max |w_torch - w_burn| after training: {wdiff:.3e}")
+          f"{trained_changed}/{trained_n}; max |w_torch - w_burn| after training: "
+          + (f"{wdiff:.3e}" if compared else "n/a (Burn wrote another layout)"))
 
     final = os.path.join(a.job, "out", "final")
     r = subprocess.run([a.bin, "--backend", "cpu", "inspect", final, "--json"], capture_output=True, text=True)

@@ -182,6 +182,19 @@ mod job_spec_tests {
         assert_eq!((t.lr, t.min_lr, t.clip, t.alpha, t.prior, t.weight_decay), (Some(0.001), 0.2, 0.5, 0.02, 0.3, 0.1));
         assert_eq!((t.save_every, t.data.clone()), (4, vec!["hu=data/hu.txt:2:orig".to_string()]));
         assert_eq!(t.model, std::path::PathBuf::from(format!("models/{A}")));
+        assert_eq!((t.engine.as_str(), t.emit.clone(), t.out.clone()), ("burn", None, Some("out".into())));
+        // The PyTorch hand-off: the job directory `out` is the artefact, no model is registered.
+        let torch = spec(serde_json::json!({"kind": "train", "model": A, "stage": "experts", "data": [d("hu")],
+            "steps": 40, "batch": 2, "devices": 4, "engine": "torch"}));
+        assert_eq!(torch.output_model(), None);
+        assert!(!torch.cli_args(&Paths, true).contains(&"--resume".to_string()), "emitting again is the resume");
+        let Command::Train(t) = parse(&torch) else { panic!("train") };
+        assert_eq!((t.engine.as_str(), t.emit.clone(), t.out.clone()), ("torch", Some("out".into()), None));
+        assert_eq!((t.batch, t.devices), (2, 4));
+        let dense: JobSpec = serde_json::from_value(serde_json::json!({"kind": "train", "model": A, "stage": "dense",
+            "data": [d("hu")], "steps": 4, "engine": "torch"}))
+        .unwrap();
+        assert_eq!(dense.validate().unwrap_err().field.as_deref(), Some("spec.engine"));
         let up = spec(serde_json::json!({"kind": "upcycle", "model": A, "experts": 4, "top_k": 1, "frozen": [0, 1],
             "router_init": "random", "noise": 0.01, "seed": 3, "dtype": "bf16"}));
         let Command::Upcycle(u) = parse(&up) else { panic!("upcycle") };

@@ -52,10 +52,23 @@ torch==2.15.0\ntransformers==5.24.0\nsafetensors==0.8.0\nnumpy==2.4.6\n";
 /// with fused experts `mlp.experts.gate_up_proj` / `down_proj`).
 pub const TORCH_LAYOUTS: [&str; 2] = ["mixtral", "qwen2_moe"];
 
+/// Where and how [`emit`] writes the job.
+pub struct Target<'a> {
+    /// The job directory (must not exist or be empty).
+    pub dir: &'a Path,
+    /// Names the model in errors and provenance.
+    pub source: &'a str,
+    /// Files written beside the weights (the tokenizer).
+    pub extra_files: Vec<(String, Vec<u8>)>,
+    /// The emitting command line (job.json, README).
+    pub command: String,
+    /// The input's layout, kept when it is one of [`TORCH_LAYOUTS`] and
+    /// holds the prepared model (else the first that does).
+    pub prefer: Option<&'static dyn layout::MoeLayout>,
+}
+
 /// Writes the job for `config` over `model` (on the trainer's first
-/// device) and `data` into `dir`. `source` names the model in errors;
-/// `extra_files` (the tokenizer) go beside the weights; `command` is the
-/// emitting command line, recorded in `job.json` and the README.
+/// device) and `data` into `to.dir`.
 ///
 /// Returns the layout written.
 ///
@@ -68,11 +81,9 @@ pub fn emit<B: AutodiffBackend>(
     data: Mixture,
     config: TrainConfig,
     devices: Vec<B::Device>,
-    source: &str,
-    extra_files: Vec<(String, Vec<u8>)>,
-    dir: &Path,
-    command: &str,
+    to: &Target<'_>,
 ) -> anyhow::Result<&'static str> {
+    let (dir, source, command, prefer) = (to.dir, to.source, to.command.as_str(), to.prefer);
     if dir.exists() && std::fs::read_dir(dir).map(|mut d| d.next().is_some()).unwrap_or(true) {
         bail!("--emit {}: the directory exists and is not empty (choose a new one)", dir.display());
     }
@@ -83,34 +94,33 @@ pub fn emit<B: AutodiffBackend>(
     let (_, moe) = tensor_plan(trainer.model());
     let moe = moe.context("--engine torch trains MoE stages (experts, router); --stage dense has no hand-off")?;
     let base = &trainer.model().config;
-    let layout =
-        TORCH_LAYOUTS.iter().filter_map(|n| layout::by_name(n)).find(|l| l.check(base, &moe).is_ok()).ok_or_else(
-            || {
-                let why: Vec<String> = TORCH_LAYOUTS
-                    .iter()
-                    .filter_map(|n| layout::by_name(n))
-                    .filter_map(|l| l.check(base, &moe).err().map(|b| format!("{}: {b}", l.name())))
-                    .collect();
-                anyhow::anyhow!(
-                "--engine torch needs a layout transformers loads, and none holds this model exactly ({}); train it \
+    // The input's own layout when it is one of them, else the first that holds the model.
+    let order = prefer.into_iter().map(|l| l.name()).chain(TORCH_LAYOUTS).filter(|n| TORCH_LAYOUTS.contains(n));
+    let layout = order.filter_map(layout::by_name).find(|l| l.check(base, &moe).is_ok()).ok_or_else(|| {
+        let why: Vec<String> = TORCH_LAYOUTS
+            .iter()
+            .filter_map(|n| layout::by_name(n))
+            .filter_map(|l| l.check(base, &moe).err().map(|b| format!("{}: {b}", l.name())))
+            .collect();
+        anyhow::anyhow!(
+            "--engine torch needs a layout transformers loads, and none holds this model exactly ({}); train it \
                  with the Burn engine (--engine burn)",
-                why.join("; ")
-            )
-            },
-        )?;
+            why.join("; ")
+        )
+    })?;
     let parent = match dir.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
     std::fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
     let name = dir.file_name().context("--emit needs a directory name")?.to_string_lossy().into_owned();
-    let tmp = parent.join(format!(".{name}.emit-{}", std::process::id()));
+    let tmp = parent.join(format!(".{name}.tmp-emit-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let guard = RemoveOnDrop(Some(tmp.clone()));
     std::fs::create_dir_all(tmp.join("data")).with_context(|| format!("creating {}", tmp.display()))?;
 
     // The model, as the Burn trainer would start from it.
-    let extra: Vec<(&str, Vec<u8>)> = extra_files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
+    let extra: Vec<(&str, Vec<u8>)> = to.extra_files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
     let provenance = serde_json::json!({
         "method": format!("train/{}/torch-handoff", config.stage.name()),
         "source": source,

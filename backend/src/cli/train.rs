@@ -259,9 +259,14 @@ fn emit_torch_job<B: AutodiffBackend>(
         bail!("--engine torch: the emitted job resumes itself (`torchrun ... train.py --resume`); drop --resume");
     }
     let model = load_model::<B>(m, &devs[0])?;
-    let command: Vec<String> = std::env::args().collect();
-    let layout =
-        super::torch_handoff::emit::<B>(model, data, config, devs, &m.path, tok_files, dir, &command.join(" "))?;
+    let to = super::torch_handoff::Target {
+        dir,
+        source: &m.path,
+        extra_files: tok_files,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        prefer: m.layout,
+    };
+    let layout = super::torch_handoff::emit::<B>(model, data, config, devs, &to)?;
     eprintln!(
         "wrote the PyTorch job ({layout} layout) to {}: see its README.md (torchrun --nproc_per_node N train.py)",
         dir.display()

@@ -392,6 +392,12 @@ fn check_resources(
     models: &HashMap<String, ModelSummary>,
 ) -> Result<(), ApiError> {
     let JobSpec::Train(s) = spec else { return Ok(()) };
+    if s.engine == Some(moe_shared::api::TrainEngine::Torch) {
+        // Emitting the PyTorch job trains nothing here: it holds the f32
+        // model once and streams the data (the job memory limit still
+        // applies); `devices` only sizes the job's global batch.
+        return Ok(());
+    }
     let devices = s.devices.unwrap_or(1);
     let have = crate::cli::backend::device_count(backend);
     if devices > have {

@@ -13,8 +13,8 @@ use moe_shared::methods::merge::MergeMethod;
 use moe_shared::train::Stage;
 
 use moe_shared::api::{
-    CreateJob, DataRef, EvalSpec, GraftSpec, JobSpec, MergeSpec, MoergeSpec, NeuronsSpec, RouteSpec, TrainSpec,
-    UpcycleSpec,
+    CreateJob, DataRef, EvalSpec, GraftSpec, JobSpec, MergeSpec, MoergeSpec, NeuronsSpec, RouteSpec, TrainEngine,
+    TrainSpec, UpcycleSpec,
 };
 
 /// The kinds, their inputs and defaults are the spec's own (`shared::jobs`).
@@ -225,6 +225,11 @@ impl FormState {
                 save_every: self.opt("save_every")?,
                 seed: self.opt("seed")?,
                 devices: self.opt("devices")?,
+                engine: match self.value("engine") {
+                    "torch" => Some(TrainEngine::Torch),
+                    "burn" => Some(TrainEngine::Burn),
+                    _ => None,
+                },
             }),
             Kind::Eval => JobSpec::Eval(EvalSpec {
                 model: self.ckpt("model")?,
@@ -533,6 +538,10 @@ mod tests {
         let JobSpec::Train(t) = s.build().unwrap().spec else { panic!() };
         assert_eq!((t.steps, t.seq_len, t.batch, t.lr), (20, Some(64), Some(4), Some(1e-3)));
         assert_eq!((t.data[0].weight, t.data[0].original), (Some(0.5), true));
+        assert_eq!(t.engine, None, "unset: the server's default (burn)");
+        s.set("engine", "torch");
+        let JobSpec::Train(t) = s.build().unwrap().spec else { panic!() };
+        assert_eq!(t.engine, Some(TrainEngine::Torch));
         s.kind = Kind::Eval;
         let JobSpec::Eval(e) = s.build().unwrap().spec else { panic!() };
         assert_eq!((e.data[0].weight, e.data[0].original), (None, false));

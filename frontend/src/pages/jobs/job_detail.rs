@@ -280,6 +280,9 @@ pub fn job_detail(ctx: Ctx) -> impl IntoView {
                     <tr><th>"tokens/s"</th><td data-testid="job-tps">{move || prog().tokens_per_s.map(|x| format!("{x:.0}")).unwrap_or_else(dash)}</td>
                         <th>"ETA"</th><td data-testid="job-eta">{move || prog().eta_s.map(fmt_eta).unwrap_or_else(dash)}</td>
                         <th>"events"</th><td data-testid="job-events">{move || live.with(|l| l.events)}</td></tr>
+                    {let id = id.clone(); move || ctx.jobs.with(|js| js.iter().find(|j| j.id == id).and_then(|j| j.spec.engine())).map(|e| view! {
+                        <tr><th>"engine"</th><td colspan="5" data-testid="job-live-engine" data-engine=e.name()>{e.describe()}</td></tr>
+                    })}
                     <tr><th>"memory"</th><td colspan="5" data-testid="job-memory">{move || live.with(|l| l.memory.map(|m| format!(
                         "{} now · peak {} · limit {}", crate::format_bytes(m.current_bytes), crate::format_bytes(m.peak_bytes),
                         crate::format_bytes(m.limit_bytes))).unwrap_or_else(dash))}</td></tr>

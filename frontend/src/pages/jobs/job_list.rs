@@ -19,7 +19,10 @@ pub fn job_list(ctx: Ctx) -> impl IntoView {
                         view! {
                             <tr data-testid=format!("job-row-{}", j.id)>
                                 <td><code>{short(&j.id)}</code> " " {j.name.clone().unwrap_or_default()}</td>
-                                <td>{j.kind.clone()}</td>
+                                <td data-testid=format!("job-row-kind-{}", j.id)>{match j.spec.engine() {
+                                    Some(e) => format!("{} ({})", j.kind, e.name()),
+                                    None => j.kind.clone(),
+                                }}</td>
                                 <td class=format!("state {}", j.state.as_str())>{j.state.as_str()}</td>
                                 <td>{prog}</td>
                                 <td>{j.output_checkpoint.as_deref().map(short).unwrap_or_default()}</td>

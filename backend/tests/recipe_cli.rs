@@ -313,7 +313,7 @@ fn unsupported_recipe_keys_are_refused_by_name_and_nothing_is_written() {
             "did you mean `experts_per_token`?",
         ),
         (
-            format!("models:\n  - model: org/not-here\n    parameters: {{weight: 1}}\nmerge_method: linear\n"),
+            "models:\n  - model: org/not-here\n    parameters: {weight: 1}\nmerge_method: linear\n".to_string(),
             "`models[0].model`",
         ),
     ];

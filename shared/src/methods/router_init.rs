@@ -165,7 +165,7 @@ fn normalised_rows(rows: &[Vec<f32>], d: usize, scale: f64) -> Vec<f32> {
 /// [`StudioError::Invalid`] for no prompts, an empty prompt, a token id
 /// outside `[0, V)`, or an `embed` whose length is not a multiple of `d`.
 pub fn cheap_embed_row(embed: &[f32], d: usize, prompts: &[Vec<u32>]) -> Result<Vec<f32>> {
-    if d == 0 || embed.len() % d != 0 {
+    if d == 0 || !embed.len().is_multiple_of(d) {
         return Err(StudioError::Invalid(format!(
             "cheap_embed router: the embedding has {} values, not a multiple of d = {d}",
             embed.len()

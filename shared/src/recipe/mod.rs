@@ -35,6 +35,9 @@ pub use mergekit::MergeRecipe;
 pub use moe::{Gate, MoeRecipe, MoeSource};
 
 /// A parsed, validated recipe.
+// One value per recipe file, parsed once: the size difference of the
+// variants costs nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Recipe {
     /// A mergekit merge (`merge_method`).

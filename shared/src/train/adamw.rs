@@ -75,7 +75,9 @@ struct Scalars {
     lr: f32,
 }
 
-/// Elements per task of the fused pass (256 KiB of each operand).
+/// Elements per task of the fused pass (256 KiB of each operand; native
+/// only: wasm32 runs one pass on its single thread).
+#[cfg(not(target_arch = "wasm32"))]
 const CHUNK: usize = 64 * 1024;
 
 /// The fused update of one contiguous run of elements; `first`: no moments

@@ -11,29 +11,17 @@ import os
 import statistics
 import sys
 
+from report_common import fmt, load, ppl, write_commands
+
 work, out, smoke, model, seeds, experts, budget = sys.argv[1:]
 seeds, experts = seeds.split(), experts.split()
 TEXTS = ["en", "hu", "math"]
 
 
-def load(path):
-    with open(path) as f:
-        return json.load(f)
 
 
-def ppl(ev, name):
-    return next(d["ppl"] for d in ev["datasets"] if d["name"] == name)
 
 
-def fmt(xs, digits=2, pct=False):
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "-"
-    k = 100.0 if pct else 1.0
-    s = f"{statistics.mean(xs) * k:.{digits}f}"
-    if len(xs) > 1:
-        s += f" ± {statistics.stdev(xs) * k:.{digits}f}"
-    return s + ("%" if pct else "")
 
 
 methods = [("base", "the dense model"), ("post", "base fine-tuned on math (Δ = post − base)"),
@@ -81,7 +69,6 @@ results["claims"] = [{"claim": c, "holds": ok, "numbers": n} for c, ok, n in cla
 os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
-log = open(os.path.join(work, "commands.log")).read()
 with open(os.path.join(out, "README.md"), "w") as f:
     f.write("# DeltaMoE on a real model: Hungarian by upcycling, two stages and a delta graft\n\n")
     if smoke == "1":
@@ -96,7 +83,5 @@ with open(os.path.join(out, "README.md"), "w") as f:
     f.write("\n## The paper's claims\n\n")
     for c, ok, n in claims:
         f.write(f"- {c}: **{'holds' if ok else 'does not hold'}** ({n})\n")
-    f.write("\nCommands (from `experiments/deltamoe.sh`" + (" --smoke" if smoke == "1" else "") + "):\n\n```\n")
-    f.write(log)
-    f.write("```\n")
+    write_commands(f, work, "deltamoe", smoke)
 print(open(os.path.join(out, "README.md")).read())

@@ -13,6 +13,8 @@ import statistics
 import struct
 import sys
 
+from report_common import fmt, load, ppl, write_commands
+
 work, out, smoke, model, seeds, budget = sys.argv[1:]
 seeds = seeds.split()
 DOMAINS = ["code", "math", "docs"]
@@ -32,13 +34,8 @@ METHODS = [
 ]
 
 
-def load(path):
-    with open(path) as f:
-        return json.load(f)
 
 
-def ppl(ev, name):
-    return next(d["ppl"] for d in ev["datasets"] if d["name"] == name)
 
 
 def eval_path(seed, method):
@@ -47,16 +44,6 @@ def eval_path(seed, method):
     return os.path.join(work, f"s{seed}", f"{method}.eval.json")
 
 
-def fmt(xs, digits=2, pct=False):
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "-"
-    scale = 100.0 if pct else 1.0
-    m = statistics.mean(xs) * scale
-    s = f"{m:.{digits}f}"
-    if len(xs) > 1:
-        s += f" ± {statistics.stdev(xs) * scale:.{digits}f}"
-    return s + ("%" if pct else "")
 
 
 def read_safetensors(directory):
@@ -148,7 +135,6 @@ results["incremental"] = inc
 os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
-log = open(os.path.join(work, "commands.log")).read()
 with open(os.path.join(out, "README.md"), "w") as f:
     f.write("# DUME on a real model: MoErging dense domain experts with a ridge router\n\n")
     if smoke == "1":
@@ -181,7 +167,5 @@ with open(os.path.join(out, "README.md"), "w") as f:
         three = ", ".join(f"{x['ppl_three_experts'][d]:.2f} → {x['ppl_added'][d]:.2f}" for d in DOMAINS)
         f.write(f"| {x['seed']} | {x['max_abs_diff']:.3g} | {len(x['tensors_differing'])} | "
                 f"{x['ppl_added']['hu']:.3f} / {x['ppl_scratch']['hu']:.3f} | {three} |\n")
-    f.write("\nCommands (from `experiments/dume.sh`" + (" --smoke" if smoke == "1" else "") + "):\n\n```\n")
-    f.write(log)
-    f.write("```\n")
+    write_commands(f, work, "dume", smoke)
 print(open(os.path.join(out, "README.md")).read())

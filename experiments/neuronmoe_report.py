@@ -13,26 +13,17 @@ import shutil
 import statistics
 import sys
 
+from report_common import fmt, load, ppl, write_commands
+
 work, out, smoke, model, seeds, allocs, budget = sys.argv[1:]
 seeds, allocs = seeds.split(), allocs.split()
 LANGS = ["en", "hu", "el", "tr"]
 
 
-def load(path):
-    with open(path) as f:
-        return json.load(f)
 
 
-def ppl(ev, name):
-    return next(d["ppl"] for d in ev["datasets"] if d["name"] == name)
 
 
-def fmt(xs, digits=2):
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "-"
-    s = f"{statistics.mean(xs):.{digits}f}"
-    return s + (f" ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else "")
 
 
 base = load(os.path.join(work, "base.eval.json"))
@@ -57,7 +48,6 @@ with open(os.path.join(out, "results.json"), "w") as f:
 fig = os.path.join(work, "alloc-neuronmoe.comparison.png")
 if os.path.exists(fig):
     shutil.copy(fig, os.path.join(out, "allocations.png"))
-log = open(os.path.join(work, "commands.log")).read()
 with open(os.path.join(out, "README.md"), "w") as f:
     f.write("# NeuronMoE on a real model: experts per layer from language-specific neurons\n\n")
     if smoke == "1":
@@ -70,7 +60,5 @@ with open(os.path.join(out, "README.md"), "w") as f:
         f.write("| " + " | ".join(r) + " |\n")
     if os.path.exists(fig):
         f.write("\n![allocations](allocations.png)\n")
-    f.write("\nCommands (from `experiments/neuronmoe.sh`" + (" --smoke" if smoke == "1" else "") + "):\n\n```\n")
-    f.write(log)
-    f.write("```\n")
+    write_commands(f, work, "neuronmoe", smoke)
 print(open(os.path.join(out, "README.md")).read())

@@ -1,23 +1,31 @@
 //! The studio shell: header with the WebGPU / backend status, the page
-//! tabs, and the context every page shares.
+//! tabs (the URL hash names the page, so Back and Forward work), the
+//! studio's worker, and the context every page shares.
 
 use leptos::prelude::*;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
 
+use crate::models::Models;
 use crate::pages::{self, Page};
-use crate::store::Revision;
 use crate::web::{backend_available, detect_webgpu, GpuStatus};
+use crate::worker::client;
+use crate::worker::protocol::{Reply, Request};
 
 /// State shared by the pages (provided as context).
 #[derive(Clone, Copy)]
 pub struct Shared {
     /// The page shown.
     pub page: RwSignal<Page>,
-    /// What WebGPU offers in this browser.
+    /// What WebGPU offers to the studio's worker (where the kernels run).
     pub gpu: RwSignal<GpuStatus>,
     /// Whether `moe-studio serve` answers (`None`: not checked yet).
     pub backend: RwSignal<Option<bool>>,
     /// An allocation JSON handed from Neurons to Upcycle.
     pub allocation: RwSignal<Option<String>>,
+    /// What the worker is doing outside a page's task (starting,
+    /// restoring the kept models), or why it restarted.
+    pub worker_note: RwSignal<Option<String>>,
 }
 
 impl Shared {
@@ -26,41 +34,94 @@ impl Shared {
         use_context::<Shared>().expect("Shared is provided by App")
     }
 
-    /// Shows `page` (and records it in the URL hash).
+    /// Shows `page` and records it in the URL hash (a history entry, so
+    /// Back returns to the previous page).
     pub fn go(&self, page: Page) {
         self.page.set(page);
         if let Some(w) = web_sys::window() {
-            let _ = w.location().set_hash(page.slug());
+            if w.location().hash().ok().as_deref() != Some(&format!("#{}", page.slug())) {
+                let _ = w.location().set_hash(page.slug());
+            }
         }
     }
 }
 
-fn initial_page() -> Page {
+fn hash_page() -> Option<Page> {
     let hash = web_sys::window().and_then(|w| w.location().hash().ok()).unwrap_or_default();
-    Page::from_slug(hash.trim_start_matches('#')).unwrap_or(Page::Load)
+    Page::from_slug(hash.trim_start_matches('#'))
+}
+
+/// Starts the worker's session: the kernels' device, then the kept models.
+fn start_session(shared: Shared) {
+    leptos::task::spawn_local(async move {
+        let status = match client::call(Request::InitGpu).await {
+            Ok((Reply::Gpu(Ok(a)), _)) => GpuStatus::Available(a),
+            Ok((Reply::Gpu(Err(why)), _)) => GpuStatus::Missing(why),
+            Ok(_) => GpuStatus::Missing("unexpected answer".into()),
+            Err(e) => GpuStatus::Missing(e),
+        };
+        shared.gpu.set(status);
+        match client::call(Request::Restore).await {
+            Ok((Reply::Restored { models, failed }, _)) => {
+                let mut note = (models > 0).then(|| format!("restored {models} model(s) kept in this browser"));
+                if !failed.is_empty() {
+                    note = Some(format!("{} could not be restored: {}", failed.len(), failed.join("; ")));
+                }
+                shared.worker_note.update(|n| {
+                    *n = match (n.take(), note) {
+                        (Some(a), Some(b)) => Some(format!("{a} — {b}")),
+                        (a, b) => a.or(b),
+                    }
+                });
+            }
+            Ok(_) => {}
+            Err(e) => shared.worker_note.set(Some(format!("restoring the kept models failed: {e}"))),
+        }
+    });
 }
 
 /// The root component.
 #[component]
 pub fn App() -> impl IntoView {
     let shared = Shared {
-        page: RwSignal::new(initial_page()),
+        page: RwSignal::new(hash_page().unwrap_or(Page::Load)),
         gpu: RwSignal::new(GpuStatus::Unknown),
         backend: RwSignal::new(None),
         allocation: RwSignal::new(None),
+        worker_note: RwSignal::new(None),
     };
+    let models = Models(RwSignal::new(Vec::new()));
     provide_context(shared);
-    provide_context(Revision(RwSignal::new(0)));
+    provide_context(models);
+    let inject =
+        web_sys::window().and_then(|w| w.location().search().ok()).unwrap_or_default().contains("inject-panic");
+    client::configure(
+        move |m| models.0.set(m),
+        move |why| {
+            shared.worker_note.set(Some(format!("{why} — the studio restarted its worker")));
+            start_session(shared);
+        },
+        inject,
+    );
+    match client::spawn() {
+        Ok(()) => start_session(shared),
+        Err(e) => shared.gpu.set(GpuStatus::Missing(format!("the studio's worker did not start: {e}"))),
+    }
+    // Back / Forward: the hash names the page.
+    let on_hash = Closure::<dyn FnMut()>::new(move || {
+        if let Some(p) = hash_page() {
+            shared.page.set(p);
+        }
+    });
+    if let Some(w) = web_sys::window() {
+        let _ = w.add_event_listener_with_callback("hashchange", on_hash.as_ref().unchecked_ref());
+    }
+    on_hash.forget();
     leptos::task::spawn_local(async move {
-        let status = detect_webgpu().await;
-        let status = match status {
-            GpuStatus::Available(a) => match crate::compute::gpu::init().await {
-                Ok(_) => GpuStatus::Available(a),
-                Err(e) => GpuStatus::Missing(format!("adapter {a} found, but the WGSL kernels could not start: {e}")),
-            },
-            other => other,
-        };
-        shared.gpu.set(status);
+        // The page's own check, for the badge before the worker answers.
+        if matches!(detect_webgpu().await, GpuStatus::Missing(_)) && shared.gpu.get_untracked() == GpuStatus::Unknown {
+            shared.gpu.set(GpuStatus::Missing("this browser offers no WebGPU adapter".into()));
+        }
         shared.backend.set(Some(backend_available().await));
     });
     let gpu_badge = move || match shared.gpu.get() {
@@ -81,6 +142,14 @@ pub fn App() -> impl IntoView {
         Some(false) => view! { <span class="badge" title="Served as static files: server jobs are off">"server: none (static)"</span> }.into_any(),
     }
     };
+    let note = move || {
+        shared.worker_note.get().map(|n| {
+            view! {
+                <div class="notice" data-testid="worker-note">{n}
+                    <button class="secondary" on:click=move |_| shared.worker_note.set(None)>"OK"</button></div>
+            }
+        })
+    };
     view! {
         <header>
             <h1>"moe-studio"</h1>
@@ -99,6 +168,7 @@ pub fn App() -> impl IntoView {
                 .collect_view()}
         </nav>
         <main>
+            {note}
             // Every page stays mounted (its inputs and results survive tab
             // switches); only the active one is shown.
             {Page::ALL
@@ -113,6 +183,6 @@ pub fn App() -> impl IntoView {
                 })
                 .collect_view()}
         </main>
-        <footer>"Everything runs in this tab; nothing is uploaded unless you use the server's Jobs page."</footer>
+        <footer>"Everything runs in this tab (in a Web Worker); nothing is uploaded unless you use the server's Jobs page."</footer>
     }
 }

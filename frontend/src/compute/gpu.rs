@@ -55,10 +55,11 @@ pub enum Engine {
 }
 
 impl Engine {
-    /// WebGPU when the kernels' device is open, else the CPU.
+    /// WebGPU when the worker opened the kernels' device (the status the
+    /// page got from it), else the CPU.
     pub fn choose(gpu_status: &GpuStatus) -> Engine {
         match gpu_status {
-            GpuStatus::Available(_) if gpu().is_some() => Engine::WebGpu,
+            GpuStatus::Available(_) => Engine::WebGpu,
             _ => Engine::Cpu,
         }
     }
@@ -67,7 +68,7 @@ impl Engine {
     pub fn describe(self, gpu_status: &GpuStatus) -> String {
         match (self, gpu_status) {
             (Engine::WebGpu, GpuStatus::Available(a)) => format!(
-                "graft and MoErge averages on WebGPU (WGSL kernels, {a}); model forward passes and ridge statistics on the CPU in this tab"
+                "graft, MoErge averages and the ridge router's Gram statistics on WebGPU (WGSL kernels, {a}); model forward passes on the CPU, in the studio's worker"
             ),
             (_, GpuStatus::Available(a)) => {
                 format!("CPU in this tab (WebGPU adapter {a} found but the kernels could not start)")

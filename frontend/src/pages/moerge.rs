@@ -4,16 +4,16 @@
 //! vs oracle).
 
 use leptos::prelude::*;
-use moe_shared::methods::route::RouteOptions;
-use moe_shared::methods::MoergeOptions;
 
 use crate::components::chart::{BarChart, Series};
 use crate::components::message::{Message, MessageLine};
 use crate::components::model_select::{Filter, ModelSelect};
 use crate::components::progress::Progress;
 use crate::compute::route::{mean, DomainText, PplRow};
-use crate::store::{model_choices, pick, update_store, ModelRef, Revision};
+use crate::models::Models;
+use crate::store::ModelRef;
 use crate::task::Task;
+use crate::worker::protocol::{Reply, Request};
 
 #[derive(Clone, Copy)]
 struct Domain {
@@ -38,7 +38,7 @@ struct RouteView {
 
 #[component]
 fn MoergeForm() -> impl IntoView {
-    let rev = Revision::get();
+    let models = Models::get();
     let shared = crate::app::Shared::get();
     let use_gpu = RwSignal::new(true);
     let chosen = RwSignal::new(Vec::<ModelRef>::new());
@@ -46,45 +46,45 @@ fn MoergeForm() -> impl IntoView {
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
     let run = move |_| {
-        let picked: Vec<_> = chosen.get_untracked().iter().filter_map(pick).collect();
+        let picked: Vec<ModelRef> = chosen.get_untracked();
         let Ok(k) = top_k.get_untracked().trim().parse::<usize>() else {
             return msg.set(Message::Error("top-k must be a whole number".into()));
         };
+        if picked.len() < 2 {
+            return msg.set(Message::Error("tick two or more dense models (one per domain)".into()));
+        }
+        if k == 0 || k > picked.len() {
+            return msg.set(Message::Error(format!(
+                "top-k must be between 1 and the number of experts ({}); got {k}",
+                picked.len()
+            )));
+        }
         msg.set(Message::None);
-        task.start("MoErging");
         leptos::task::spawn_local(async move {
-            let opts = MoergeOptions { top_k: k, ..Default::default() };
             let engine = crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked());
             let on_gpu = engine == crate::compute::gpu::Engine::WebGpu && use_gpu.get_untracked();
-            match crate::compute::moerge::run(&task, &picked, &opts, on_gpu).await {
-                Ok((a, s)) => {
+            match task.call(Request::Moerge { models: picked, top_k: k, use_gpu: on_gpu }, None).await {
+                Ok((Reply::Moerge(a, (tensors, gpu, cpu)), _)) => {
                     let averaged = if on_gpu {
-                        format!(
-                            "averaged {} shared tensors on WebGPU and {} on the CPU",
-                            s.averaged_gpu, s.averaged_cpu
-                        )
+                        format!("averaged {gpu} shared tensors on WebGPU and {cpu} on the CPU")
                     } else {
-                        format!("averaged {} shared tensors on the CPU", s.averaged_cpu)
+                        format!("averaged {cpu} shared tensors on the CPU")
                     };
                     msg.set(Message::Ok(format!(
-                        "made {}: {} tensors, {averaged}, {} in {:.0} ms",
+                        "made {}: {tensors} tensors, {averaged}, {} in {}",
                         a.name,
-                        s.tensors,
-                        crate::format_bytes(a.safetensors.len() as u64),
-                        a.millis
+                        crate::format_bytes(a.bytes),
+                        task.wall()
                     )));
-                    update_store(rev, |s| {
-                        s.add_artifact(a);
-                    });
                 }
+                Ok(_) => {}
                 Err(e) => msg.set(Message::Error(e)),
             }
-            task.finish();
         });
     };
     let boxes = move || {
-        rev.track();
-        model_choices()
+        models
+            .choices()
             .into_iter()
             .filter(|(_, _, moe)| !moe)
             .map(|(r, label, _)| {
@@ -143,7 +143,7 @@ fn DomainRow(d: Domain, i: usize) -> impl IntoView {
 
 #[component]
 fn RouterForm() -> impl IntoView {
-    let rev = Revision::get();
+    let shared = crate::app::Shared::get();
     let model = RwSignal::new(None::<ModelRef>);
     let domains = RwSignal::new(vec![
         Domain::new("en", "Once upon a time there was a little dog. The dog liked to run in the park with his friends.\nThe sun was warm and the children played with a red ball all day long."),
@@ -153,11 +153,12 @@ fn RouterForm() -> impl IntoView {
     let top_k = RwSignal::new("1".to_string());
     let max_tokens = RwSignal::new("10000".to_string());
     let with_ppl = RwSignal::new(true);
+    let gram_gpu = RwSignal::new(true);
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
     let result = RwSignal::new(None::<RouteView>);
     let run = move |_| {
-        let Some(p) = model.get_untracked().and_then(|r| pick(&r)) else {
+        let Some(r) = model.get_untracked() else {
             return msg.set(Message::Error("choose an MoE (upcycle or MoErge first)".into()));
         };
         let parsed = (|| {
@@ -169,9 +170,9 @@ fn RouterForm() -> impl IntoView {
                 .trim()
                 .parse()
                 .map_err(|_| "max tokens must be a whole number".to_string())?;
-            Ok::<_, String>(RouteOptions { lambda: l, top_k: k, max_tokens: mt, ..Default::default() })
+            Ok::<_, String>((l, k, mt))
         })();
-        let opts = match parsed {
+        let (lambda, top_k, max_tokens) = match parsed {
             Ok(o) => o,
             Err(e) => return msg.set(Message::Error(e)),
         };
@@ -182,27 +183,39 @@ fn RouterForm() -> impl IntoView {
             .collect();
         msg.set(Message::None);
         result.set(None);
-        task.start("ridge router");
+        let names: Vec<String> = texts.iter().map(|t| t.name.clone()).collect();
+        let engine = crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked());
+        let use_gpu = engine == crate::compute::gpu::Engine::WebGpu && gram_gpu.get_untracked();
+        let req = Request::Route {
+            model: r,
+            domains: texts,
+            lambda,
+            top_k,
+            max_tokens,
+            with_ppl: with_ppl.get_untracked(),
+            use_gpu,
+        };
         leptos::task::spawn_local(async move {
-            match crate::compute::route::run(&task, &p, &texts, opts, 2000, with_ppl.get_untracked()).await {
-                Ok(r) => {
-                    let names: Vec<String> = texts.iter().map(|t| t.name.clone()).collect();
+            match task.call(req, None).await {
+                Ok((Reply::Route(r), _)) => {
                     msg.set(Message::Ok(format!(
-                        "made {}: statistics on {} tokens, solved in {:.0} ms (whole step {:.0} ms); mean held-out routing accuracy {}",
-                        r.artifact.name,
+                        "made {}: statistics on {} tokens (Gram on {}), in {}; mean held-out routing accuracy {}",
+                        r.model.name,
                         r.tokens.iter().sum::<usize>(),
-                        r.route_millis,
-                        r.artifact.millis,
-                        names.iter().zip(&r.accuracy).map(|(n, a)| format!("{n} {:.2}", mean(a))).collect::<Vec<_>>().join(", ")
+                        r.gram_on,
+                        task.wall(),
+                        names
+                            .iter()
+                            .zip(&r.accuracy)
+                            .map(|(n, a)| format!("{n} {:.2}", mean(a)))
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     )));
                     result.set(Some(RouteView { names, accuracy: r.accuracy, tokens: r.tokens, ppl: r.ppl }));
-                    update_store(rev, |s| {
-                        s.add_artifact(r.artifact);
-                    });
                 }
+                Ok(_) => {}
                 Err(e) => msg.set(Message::Error(e)),
             }
-            task.finish();
         });
     };
     let view_result = move || {
@@ -241,6 +254,8 @@ fn RouterForm() -> impl IntoView {
         </div>
         <label class="inline"><input type="checkbox" data-testid="route-ppl" prop:checked=move || with_ppl.get()
             on:change=move |ev| with_ppl.set(event_target_checked(&ev))/>"also compute the perplexity table (three more passes over the held-out text)"</label>
+        <label class="inline"><input type="checkbox" data-testid="route-gram-gpu" prop:checked=move || gram_gpu.get()
+            on:change=move |ev| gram_gpu.set(event_target_checked(&ev))/>"accumulate the ridge statistics (XᵀX, XᵀY) on the WebGPU kernel when available (f32 blocks summed in f64; uncheck for the CLI's f64 CPU path)"</label>
         <button data-testid="route-run" on:click=run disabled=move || task.running()>"Solve the router"</button>
         <Progress task=task/>
         <MessageLine msg=msg id="route"/>

@@ -23,6 +23,7 @@ pub mod models;
 pub mod pages;
 pub mod store;
 pub mod task;
+pub mod validate;
 pub mod web;
 pub mod worker;
 pub mod zip;

@@ -10,9 +10,9 @@ use moe_kernels::{Gpu, GramAccumulator};
 use moe_shared::eval::{evaluate, PerplexityOptions};
 use moe_shared::methods::ridge::RidgeStats;
 use moe_shared::methods::route::{
-    check_domains, collect_stats, domain_sequences, empty_stats, forced_ffn_inputs, plan_routed, routed_config,
-    routing_accuracy, set_routers, stats_to_safetensors, write_routed_tensors, DomainSequences, RouteOptions,
-    RouteReport, SEQUENCES_PER_PASS,
+    check_domains, check_route_options, collect_stats, domain_sequences, empty_stats, forced_ffn_inputs, plan_routed,
+    routed_config, routing_accuracy, set_routers, stats_to_safetensors, write_routed_tensors, DomainSequences,
+    RouteOptions, RouteReport, SEQUENCES_PER_PASS,
 };
 use moe_shared::methods::sink::MemorySink;
 use moe_shared::model::Transformer;
@@ -198,23 +198,11 @@ pub async fn run(
     let m = src.model();
     let moe = m.moe.clone().ok_or_else(|| format!("{} is not an MoE: upcycle or MoErge first", src.name()))?;
     let tok = m.tokenizer.as_ref().ok_or_else(|| format!("{} has no tokenizer", src.name()))?;
-    if !(opts.lambda.is_finite() && opts.lambda > 0.0) {
-        return Err("lambda must be a number > 0".into());
-    }
     // The CLI's domain check, tokenisation and held-out split (shared).
     check_domains(&moe, domains.len()).map_err(msg)?;
-    // Refused before any work (top-k 0 used to panic inside the forward
-    // pass and kill the tab).
-    if opts.top_k == 0 || opts.top_k > domains.len() {
-        return Err(format!(
-            "top-k must be between 1 and the number of experts ({}); got {}",
-            domains.len(),
-            opts.top_k
-        ));
-    }
-    if opts.max_tokens == 0 {
-        return Err("tokens per domain must be at least 1".into());
-    }
+    // The CLI's option rules (shared), before any work: top-k 0 used to
+    // panic inside the forward pass and kill the tab.
+    check_route_options(&opts, domains.len()).map_err(msg)?;
     let gram_on = if use_gpu && super::gpu::gpu().is_some() { "WebGPU" } else { "CPU" }.to_string();
     let seqs: Vec<DomainSequences> = domains
         .iter()

@@ -192,6 +192,23 @@ pub fn options(form: &UpcycleForm, source: &dyn TensorSource) -> Result<UpcycleO
         "random" => RouterInit::Random { std: 0.02 },
         _ => RouterInit::Zeros,
     };
+    // The server's upcycle rules (shared `JobSpec::validate`), next to the field.
+    let (uniform, per_layer) = match &experts {
+        ExpertCounts::Uniform(e) => (Some(*e), None),
+        ExpertCounts::PerLayer(v) => (None, Some(v.clone())),
+    };
+    let top_k: usize = num(&form.top_k, "top-k").map_err(at(Field::TopK))?;
+    crate::validate::upcycle(uniform, per_layer, top_k, &frozen, &form.router).map_err(|e| {
+        let f = match e.field.split(['[', '.']).next().unwrap_or("") {
+            "experts" => Field::Experts,
+            "experts_per_layer" => Field::Allocation,
+            "top_k" => Field::TopK,
+            "frozen" => Field::Frozen,
+            "router_init" => Field::Router,
+            _ => field,
+        };
+        (f, e.message)
+    })?;
     let count: usize = num(&form.shared, "shared experts").map_err(at(Field::Shared))?;
     let shared = SharedExperts {
         count,
@@ -202,7 +219,7 @@ pub fn options(form: &UpcycleForm, source: &dyn TensorSource) -> Result<UpcycleO
     Ok(UpcycleOptions {
         experts,
         experts_source,
-        top_k: num(&form.top_k, "top-k").map_err(at(Field::TopK))?,
+        top_k,
         frozen,
         router_init,
         noise: CopyNoise::NONE,

@@ -38,6 +38,9 @@ pub fn GraftPage() -> impl IntoView {
         let Ok(s) = scale.get_untracked().trim().parse::<f64>() else {
             return msg.set(Message::Error("scale must be a number (1.0 = the paper)".into()));
         };
+        if let Err(e) = crate::validate::graft(s) {
+            return msg.set(Message::Error(e.message));
+        }
         msg.set(Message::None);
         leptos::task::spawn_local(async move {
             let engine = crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked());

@@ -53,11 +53,8 @@ fn MoergeForm() -> impl IntoView {
         if picked.len() < 2 {
             return msg.set(Message::Error("tick two or more dense models (one per domain)".into()));
         }
-        if k == 0 || k > picked.len() {
-            return msg.set(Message::Error(format!(
-                "top-k must be between 1 and the number of experts ({}); got {k}",
-                picked.len()
-            )));
+        if let Err(e) = crate::validate::moerge(picked.len(), k) {
+            return msg.set(Message::Error(e.message));
         }
         msg.set(Message::None);
         leptos::task::spawn_local(async move {
@@ -157,7 +154,20 @@ fn RouterForm() -> impl IntoView {
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
     let result = RwSignal::new(None::<RouteView>);
+    // The server's route rules (shared), on every change: shown next to the
+    // fields, and the button stays disabled while they refuse.
+    let invalid = Memo::new(move |_| {
+        let names: Vec<String> = domains.get().iter().map(|d| d.name.get()).collect();
+        let l: f64 = lambda.get().trim().parse().map_err(|_| "lambda: not a number".to_string())?;
+        let k: usize = top_k.get().trim().parse().map_err(|_| "top-k: not a whole number".to_string())?;
+        let mt: usize =
+            max_tokens.get().trim().parse().map_err(|_| "tokens per domain: not a whole number".to_string())?;
+        crate::validate::route(&names, l, k, mt).map_err(|e| e.message)
+    });
     let run = move |_| {
+        if let Err(e) = invalid.get_untracked() {
+            return msg.set(Message::Error(e));
+        }
         let Some(r) = model.get_untracked() else {
             return msg.set(Message::Error("choose an MoE (upcycle or MoErge first)".into()));
         };
@@ -252,11 +262,12 @@ fn RouterForm() -> impl IntoView {
             <label>"top-k " <input type="number" min="1" class="short" data-testid="route-topk" prop:value=move || top_k.get() on:input=move |ev| top_k.set(event_target_value(&ev))/></label>
             <label>"tokens per domain " <input type="number" class="short" data-testid="route-max-tokens" prop:value=move || max_tokens.get() on:input=move |ev| max_tokens.set(event_target_value(&ev))/></label>
         </div>
+        {move || invalid.get().err().map(|e| view! { <p class="msg error" role="alert" data-testid="route-field-error">{e}</p> })}
         <label class="inline"><input type="checkbox" data-testid="route-ppl" prop:checked=move || with_ppl.get()
             on:change=move |ev| with_ppl.set(event_target_checked(&ev))/>"also compute the perplexity table (three more passes over the held-out text)"</label>
         <label class="inline"><input type="checkbox" data-testid="route-gram-gpu" prop:checked=move || gram_gpu.get()
             on:change=move |ev| gram_gpu.set(event_target_checked(&ev))/>"accumulate the ridge statistics (XᵀX, XᵀY) on the WebGPU kernel when available (f32 blocks summed in f64; uncheck for the CLI's f64 CPU path)"</label>
-        <button data-testid="route-run" on:click=run disabled=move || task.running()>"Solve the router"</button>
+        <button data-testid="route-run" on:click=run disabled=move || task.running() || invalid.get().is_err()>"Solve the router"</button>
         <Progress task=task/>
         <MessageLine msg=msg id="route"/>
         {view_result}

@@ -55,6 +55,10 @@ pub fn NeuronsPage() -> impl IntoView {
             Ok(x) => x,
             Err(e) => return msg.set(Message::Error(e)),
         };
+        let codes: Vec<String> = langs.get_untracked().iter().map(|(c, _)| c.get_untracked()).collect();
+        if let Err(e) = crate::validate::neurons(&codes, n) {
+            return msg.set(Message::Error(e.message));
+        }
         if lo > hi {
             // The page's words, not the CLI's `--min <= --max`.
             return msg.set(Message::Error(format!("E_min ({lo}) is greater than E_max ({hi}): make E_min <= E_max")));

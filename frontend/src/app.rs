@@ -8,7 +8,7 @@ use wasm_bindgen::JsCast;
 
 use crate::models::Models;
 use crate::pages::{self, Page};
-use crate::web::{backend_available, detect_webgpu, GpuStatus};
+use crate::web::{backend_available, GpuStatus};
 use crate::worker::client;
 use crate::worker::protocol::{Reply, Request};
 
@@ -17,8 +17,12 @@ use crate::worker::protocol::{Reply, Request};
 pub struct Shared {
     /// The page shown.
     pub page: RwSignal<Page>,
-    /// What WebGPU offers to the studio's worker (where the kernels run).
+    /// What WebGPU offers to the studio's worker (where the kernels run):
+    /// `Unknown` while the worker's background start is pending (the
+    /// methods run on the CPU meanwhile).
     pub gpu: RwSignal<GpuStatus>,
+    /// Whether the studio's worker is up and takes requests.
+    pub worker_ready: RwSignal<bool>,
     /// Whether `moe-studio serve` answers (`None`: not checked yet).
     pub backend: RwSignal<Option<bool>>,
     /// An allocation JSON handed from Neurons to Upcycle.
@@ -51,16 +55,11 @@ fn hash_page() -> Option<Page> {
     Page::from_slug(hash.trim_start_matches('#'))
 }
 
-/// Starts the worker's session: the kernels' device, then the kept models.
+/// The worker's session, once it says `Ready`: the kept models come back
+/// (WebGPU starts on its own in the worker and never delays this).
 fn start_session(shared: Shared) {
+    shared.worker_ready.set(true);
     leptos::task::spawn_local(async move {
-        let status = match client::call(Request::InitGpu).await {
-            Ok((Reply::Gpu(Ok(a)), _)) => GpuStatus::Available(a),
-            Ok((Reply::Gpu(Err(why)), _)) => GpuStatus::Missing(why),
-            Ok(_) => GpuStatus::Missing("unexpected answer".into()),
-            Err(e) => GpuStatus::Missing(e),
-        };
-        shared.gpu.set(status);
         match client::call(Request::Restore).await {
             Ok((Reply::Restored { models, failed }, _)) => {
                 let mut note = (models > 0).then(|| format!("restored {models} model(s) kept in this browser"));
@@ -86,6 +85,7 @@ pub fn App() -> impl IntoView {
     let shared = Shared {
         page: RwSignal::new(hash_page().unwrap_or(Page::Load)),
         gpu: RwSignal::new(GpuStatus::Unknown),
+        worker_ready: RwSignal::new(false),
         backend: RwSignal::new(None),
         allocation: RwSignal::new(None),
         worker_note: RwSignal::new(None),
@@ -96,16 +96,27 @@ pub fn App() -> impl IntoView {
     let inject =
         web_sys::window().and_then(|w| w.location().search().ok()).unwrap_or_default().contains("inject-panic");
     client::configure(
-        move |m| models.0.set(m),
-        move |why| {
-            shared.worker_note.set(Some(format!("{why} — the studio restarted its worker")));
-            start_session(shared);
+        client::Handlers {
+            on_models: Box::new(move |m| models.0.set(m)),
+            on_restart: Box::new(move |why| {
+                shared.worker_ready.set(false);
+                shared.worker_note.set(Some(format!("{why} — the studio restarted its worker")));
+            }),
+            on_ready: Box::new(move || start_session(shared)),
+            // A restarted worker asks again: keep a known adapter's status
+            // shown until it answers, and take every answer it gives.
+            on_gpu: Box::new(move |r| {
+                shared.gpu.set(match r {
+                    Ok(a) => GpuStatus::Available(a),
+                    Err(why) => GpuStatus::Missing(why),
+                })
+            }),
         },
         inject,
     );
-    match client::spawn() {
-        Ok(()) => start_session(shared),
-        Err(e) => shared.gpu.set(GpuStatus::Missing(format!("the studio's worker did not start: {e}"))),
+    if let Err(e) = client::spawn() {
+        shared.gpu.set(GpuStatus::Missing(format!("the studio's worker did not start: {e}")));
+        shared.worker_note.set(Some(format!("the studio's worker did not start: {e}")));
     }
     // Back / Forward: the hash names the page.
     let on_hash = Closure::<dyn FnMut()>::new(move || {
@@ -117,21 +128,31 @@ pub fn App() -> impl IntoView {
         let _ = w.add_event_listener_with_callback("hashchange", on_hash.as_ref().unchecked_ref());
     }
     on_hash.forget();
+    // The page itself never asks for a GPU adapter (the request can be slow
+    // or hang on a software adapter): the worker does, in the background.
     leptos::task::spawn_local(async move {
-        // The page's own check, for the badge before the worker answers.
-        if matches!(detect_webgpu().await, GpuStatus::Missing(_)) && shared.gpu.get_untracked() == GpuStatus::Unknown {
-            shared.gpu.set(GpuStatus::Missing("this browser offers no WebGPU adapter".into()));
-        }
         shared.backend.set(Some(backend_available().await));
     });
+    let worker_badge = move || {
+        if shared.worker_ready.get() {
+            view! { <span class="badge good" data-testid="worker-ready" title="the studio's Web Worker runs the methods">"worker: ready"</span> }.into_any()
+        } else {
+            view! { <span class="badge" data-testid="worker-starting">"worker: starting…"</span> }.into_any()
+        }
+    };
     let gpu_badge = move || match shared.gpu.get() {
-        GpuStatus::Unknown => view! { <span class="badge">"WebGPU: checking…"</span> }.into_any(),
+        GpuStatus::Unknown => view! {
+            <span class="badge" data-testid="webgpu-pending" title="the studio's worker is asking for a WebGPU adapter; the methods run on the CPU meanwhile">
+                "WebGPU: checking… (CPU meanwhile)"</span>
+        }
+        .into_any(),
         GpuStatus::Available(a) => {
             view! { <span class="badge good" data-testid="webgpu" title=a.clone()>{format!("WebGPU: {a}")}</span> }
                 .into_any()
         }
         GpuStatus::Missing(why) => view! {
             <span class="badge warn" data-testid="webgpu" title=why.clone()>"WebGPU missing — CPU fallback"</span>
+            <span class="small" data-testid="webgpu-reason">{why.clone()}</span>
         }
         .into_any(),
     };
@@ -154,7 +175,7 @@ pub fn App() -> impl IntoView {
         <header>
             <h1>"moe-studio"</h1>
             <span class="tagline">"dense → Mixture-of-Experts, in your browser"</span>
-            <div class="badges">{gpu_badge}{backend_badge}</div>
+            <div class="badges">{worker_badge}{gpu_badge}{backend_badge}</div>
         </header>
         <nav>
             {Page::ALL

@@ -74,7 +74,9 @@ impl Engine {
                 format!("CPU in this tab (WebGPU adapter {a} found but the kernels could not start)")
             }
             (_, GpuStatus::Missing(why)) => format!("CPU fallback: WebGPU is not available ({why})"),
-            (_, GpuStatus::Unknown) => "CPU in this tab".into(),
+            (_, GpuStatus::Unknown) => {
+                "CPU in the studio's worker (WebGPU is still being checked; the kernels are used once it answers)".into()
+            }
         }
     }
 }

@@ -35,8 +35,15 @@ struct State {
     pending: HashMap<u64, Pending>,
     done: HashMap<u64, Answer>,
     running: Option<u64>,
+    /// Whether the current worker said [`Event::Ready`]; until then the
+    /// requests wait in `outbox` (a message posted before the worker's
+    /// module has set its handler would be lost).
+    ready: bool,
+    outbox: Vec<JsValue>,
     on_models: Option<Rc<dyn Fn(Vec<ModelInfo>)>>,
     on_restart: Option<Rc<dyn Fn(String)>>,
+    on_ready: Option<Rc<dyn Fn()>>,
+    on_gpu: Option<Rc<dyn Fn(Result<String, String>)>>,
     inject_panic: bool,
     generation: u64,
 }
@@ -45,9 +52,13 @@ thread_local! {
     static STATE: RefCell<State> = RefCell::new(State::default());
 }
 
-/// The script the worker starts from: the page's own wasm-bindgen glue and
-/// wasm (trunk's `modulepreload` / `preload` links, absolute URLs), so the
-/// worker runs the same module as the page.
+/// The script the worker starts from: the page's own wasm-bindgen glue
+/// (trunk's `modulepreload` link, an absolute URL) initialised with the
+/// page's compiled `WebAssembly.Module`, which the page posts as the
+/// worker's first message ([`spawn`]) — the worker runs the same module
+/// without compiling it a second time. Without that module (a page that
+/// was not started by wasm-bindgen's `init`) it compiles the wasm from the
+/// `preload` link's URL.
 fn bootstrap_source() -> Result<String, String> {
     let doc = web_sys::window().and_then(|w| w.document()).ok_or("no document")?;
     let href = |sel: &str| -> Option<String> {
@@ -60,8 +71,20 @@ fn bootstrap_source() -> Result<String, String> {
     let wasm = href("link[rel=preload][href$='.wasm']")
         .ok_or("the page has no preload link to its wasm (build it with trunk)")?;
     let base = doc.base_uri().ok().flatten().unwrap_or_default();
+    // No top-level `await`: the module's evaluation ends at once, so the
+    // worker's message port is open before the page's first message (with
+    // a top-level await, messages that arrive during it find no handler
+    // and are lost). The page sends nothing else before `Ready`, which the
+    // wasm's `main` posts once its own handler is set.
     Ok(format!(
-        "self.__moeStudioBase = {base:?};\nimport init from {js:?};\nawait init({{ module_or_path: {wasm:?} }});\n"
+        "import init from {js:?};\n\
+         self.__moeStudioBase = {base:?};\n\
+         self.onmessage = (e) => {{\n\
+           self.onmessage = null;\n\
+           const m = e.data && e.data.moeStudioModule;\n\
+           init({{ module_or_path: m instanceof WebAssembly.Module ? m : {wasm:?} }})\n\
+             .catch((err) => setTimeout(() => {{ throw err; }}));\n\
+         }};\n"
     ))
 }
 
@@ -86,6 +109,7 @@ pub fn spawn() -> Result<(), String> {
     let generation = STATE.with(|s| {
         let mut s = s.borrow_mut();
         s.generation += 1;
+        s.ready = false;
         s.generation
     });
     let on_message = Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |ev: web_sys::MessageEvent| {
@@ -100,22 +124,36 @@ pub fn spawn() -> Result<(), String> {
     });
     worker.set_onerror(Some(on_error.as_ref().unchecked_ref()));
     on_error.forget();
+    // The page's compiled module (wasm-bindgen keeps it; a `Module` is
+    // cloned to a worker of the same page, not recompiled).
+    let first = js_sys::Object::new();
+    let _ = Reflect::set(&first, &JsValue::from_str("moeStudioModule"), &wasm_bindgen::module());
+    worker.post_message(&first).map_err(|e| crate::web::js_err("starting the studio's worker", e))?;
     STATE.with(|s| s.borrow_mut().worker = Some(worker));
     Ok(())
 }
 
-/// Sets what happens when the worker's model list changes and when it is
-/// restarted (the reason), and whether a task may be made to panic (the
-/// crash-path test: `?inject-panic` in the page's URL).
-pub fn configure(
-    on_models: impl Fn(Vec<ModelInfo>) + 'static,
-    on_restart: impl Fn(String) + 'static,
-    inject_panic: bool,
-) {
+/// What the page does with the worker's news.
+pub struct Handlers {
+    /// The worker's model list changed.
+    pub on_models: Box<dyn Fn(Vec<ModelInfo>)>,
+    /// The worker was restarted (Cancel or a crash): the reason.
+    pub on_restart: Box<dyn Fn(String)>,
+    /// A (new) worker is up and takes requests.
+    pub on_ready: Box<dyn Fn()>,
+    /// The worker's background WebGPU start answered ([`Event::Gpu`]).
+    pub on_gpu: Box<dyn Fn(Result<String, String>)>,
+}
+
+/// Sets the page's [`Handlers`], and whether a task may be made to panic
+/// (the crash-path test: `?inject-panic` in the page's URL).
+pub fn configure(h: Handlers, inject_panic: bool) {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
-        s.on_models = Some(Rc::new(on_models));
-        s.on_restart = Some(Rc::new(on_restart));
+        s.on_models = Some(Rc::from(h.on_models));
+        s.on_restart = Some(Rc::from(h.on_restart));
+        s.on_ready = Some(Rc::from(h.on_ready));
+        s.on_gpu = Some(Rc::from(h.on_gpu));
         s.inject_panic = inject_panic;
     });
 }
@@ -137,7 +175,29 @@ fn on_message(generation: u64, data: JsValue) {
         Err(e) => return web_sys::console::error_1(&JsValue::from_str(&format!("worker message: {e}"))),
     };
     match event {
-        Event::Ready => {}
+        Event::Ready => {
+            let (worker, outbox, cb) = STATE.with(|s| {
+                let mut s = s.borrow_mut();
+                s.ready = true;
+                (s.worker.clone(), std::mem::take(&mut s.outbox), s.on_ready.clone())
+            });
+            if let Some(w) = worker {
+                for msg in outbox {
+                    if let Err(e) = w.post_message(&msg) {
+                        web_sys::console::error_1(&JsValue::from_str(&crate::web::js_err("sending to the worker", e)));
+                    }
+                }
+            }
+            if let Some(cb) = cb {
+                cb();
+            }
+        }
+        Event::Gpu(r) => {
+            let cb = STATE.with(|s| s.borrow().on_gpu.clone());
+            if let Some(cb) = cb {
+                cb(r);
+            }
+        }
         Event::Started { id } => {
             let cb = STATE.with(|s| {
                 let mut s = s.borrow_mut();
@@ -203,6 +263,8 @@ fn restart_with(running: Option<u64>, why: &str) {
             w.terminate();
         }
         s.running = None;
+        s.ready = false;
+        s.outbox.clear();
         (s.pending.keys().copied().collect::<Vec<_>>(), s.on_restart.clone())
     });
     for id in ids {
@@ -249,9 +311,16 @@ pub async fn call_with(
     if let Some(f) = &files {
         let _ = Reflect::set(&msg, &JsValue::from_str("files"), f);
     }
-    let sent = STATE.with(|s| match &s.borrow().worker {
-        Some(w) => w.post_message(&msg).map_err(|e| crate::web::js_err("sending to the worker", e)),
-        None => Err("the studio's worker is not running (reload the page)".to_string()),
+    let sent = STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        match &s.worker {
+            Some(w) if s.ready => w.post_message(&msg).map_err(|e| crate::web::js_err("sending to the worker", e)),
+            Some(_) => {
+                s.outbox.push(msg.into());
+                Ok(())
+            }
+            None => Err("the studio's worker is not running (reload the page)".to_string()),
+        }
     });
     if let Err(e) = sent {
         finish(id, Err(e));

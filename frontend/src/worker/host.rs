@@ -75,7 +75,59 @@ pub fn start() {
     });
     scope().set_onmessage(Some(on_message.as_ref().unchecked_ref()));
     on_message.forget();
+    // The session is up on the CPU at once; WebGPU may take long (a
+    // software adapter on a loaded machine) or never answer, so it starts
+    // beside the requests and never delays them.
     post(&Event::Ready, None);
+    start_gpu(GPU_TIMEOUT_MS);
+}
+
+/// How long the worker waits for a WebGPU adapter and the kernels' device
+/// before it reports the CPU fallback (a later success still upgrades it).
+pub const GPU_TIMEOUT_MS: u32 = 30_000;
+
+/// Starts WebGPU in the background: asks for an adapter and opens the
+/// kernels' device ([`crate::compute::gpu::init`]), and posts
+/// [`Event::Gpu`] with the outcome, or with a timeout after `timeout_ms`
+/// (then again if the device comes up later). Requests run meanwhile on the
+/// CPU: a method uses the kernels only once [`crate::compute::gpu::gpu`]
+/// has a device.
+fn start_gpu(timeout_ms: u32) {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let answered = Rc::new(Cell::new(false));
+    let a = answered.clone();
+    wasm_bindgen_futures::spawn_local(async move {
+        let t0 = crate::web::now_ms();
+        let status = crate::web::detect_webgpu().await;
+        let r = match status {
+            crate::web::GpuStatus::Available(adapter) => crate::compute::gpu::init()
+                .await
+                .map(|d| format!("{adapter} ({d})"))
+                .map_err(|e| format!("adapter {adapter} found, but the WGSL kernels could not start in the worker: {e}")),
+            crate::web::GpuStatus::Missing(why) => Err(why),
+            crate::web::GpuStatus::Unknown => Err("the adapter request gave no answer".into()),
+        };
+        let late = a.replace(true);
+        // After a timeout only a success is news (it upgrades the page).
+        if !late || r.is_ok() {
+            let ms = crate::web::now_ms() - t0;
+            web_sys::console::log_1(&JsValue::from_str(&format!("moe-studio: WebGPU answered in {ms:.0} ms: {r:?}")));
+            post(&Event::Gpu(r), None);
+        }
+    });
+    wasm_bindgen_futures::spawn_local(async move {
+        gloo_timers::future::TimeoutFuture::new(timeout_ms).await;
+        if !answered.replace(true) {
+            post(
+                &Event::Gpu(Err(format!(
+                    "no WebGPU adapter and device within {} s (the studio runs on the CPU; it switches if WebGPU comes up later)",
+                    timeout_ms / 1000
+                ))),
+                None,
+            );
+        }
+    });
 }
 
 /// Runs the queued requests one after the other.
@@ -114,18 +166,6 @@ fn attached_files(files: &JsValue) -> Vec<web_sys::File> {
 
 async fn handle(progress: &Progress, request: Request, files: JsValue) -> Handled {
     match request {
-        Request::InitGpu => {
-            let status = crate::web::detect_webgpu().await;
-            let r = match status {
-                crate::web::GpuStatus::Available(a) => crate::compute::gpu::init()
-                    .await
-                    .map(|d| format!("{a} ({d})"))
-                    .map_err(|e| format!("adapter {a} found, but the WGSL kernels could not start in the worker: {e}")),
-                crate::web::GpuStatus::Missing(why) => Err(why),
-                crate::web::GpuStatus::Unknown => Err("unknown".into()),
-            };
-            reply(Reply::Gpu(r))
-        }
         Request::Restore => restore(progress).await,
         Request::LoadDemo => {
             progress.step("fetching the demo model", 0, 1, "models");

@@ -102,8 +102,6 @@ pub struct UpcycleForm {
 /// What the page asks the worker to do.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Request {
-    /// Opens the kernels' WebGPU device (once, at start).
-    InitGpu,
     /// Reloads the models kept in this browser's storage.
     Restore,
     /// Loads the build's demo model (`demo/manifest.json`).
@@ -234,7 +232,6 @@ impl Request {
     /// A few words for the progress line while it waits or runs.
     pub fn describe(&self) -> &'static str {
         match self {
-            Request::InitGpu => "starting WebGPU",
             Request::Restore => "restoring the kept models",
             Request::LoadDemo => "loading the demo model",
             Request::LoadFiles { .. } | Request::LoadUrls { .. } => "loading the model",
@@ -372,8 +369,15 @@ pub enum Reply {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Event {
-    /// The worker runs: it starts taking requests.
+    /// The worker runs: it starts taking requests (on the CPU at once;
+    /// WebGPU comes up in the background and is reported by [`Event::Gpu`]).
     Ready,
+    /// The outcome of the worker's background WebGPU start: the adapter
+    /// and kernels' device (`Ok`), or why the studio stays on the CPU
+    /// (`Err`: no adapter, the device failed, or no answer within the
+    /// timeout). May come twice: a late success after a timeout upgrades
+    /// the page's status.
+    Gpu(Result<String, String>),
     /// Request `id` started running (it may have waited behind others).
     Started {
         /// The request.

@@ -23,6 +23,9 @@ pub struct Shared {
     pub gpu: RwSignal<GpuStatus>,
     /// Whether the studio's worker is up and takes requests.
     pub worker_ready: RwSignal<bool>,
+    /// The teaching preset's domain texts `(name, text)`, in expert order,
+    /// once it is loaded (the router form takes them as its domains).
+    pub preset_texts: RwSignal<Vec<(String, String)>>,
     /// Whether `moe-studio serve` answers (`None`: not checked yet).
     pub backend: RwSignal<Option<bool>>,
     /// An allocation JSON handed from Neurons to Upcycle.
@@ -86,6 +89,7 @@ pub fn App() -> impl IntoView {
         page: RwSignal::new(hash_page().unwrap_or(Page::Load)),
         gpu: RwSignal::new(GpuStatus::Unknown),
         worker_ready: RwSignal::new(false),
+        preset_texts: RwSignal::new(Vec::new()),
         backend: RwSignal::new(None),
         allocation: RwSignal::new(None),
         worker_note: RwSignal::new(None),

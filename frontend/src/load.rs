@@ -233,6 +233,51 @@ impl Default for DemoManifest {
     }
 }
 
+/// One model of the teaching preset (`demo/preset/manifest.json`).
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct PresetModel {
+    /// Display name.
+    pub name: String,
+    /// Its files, relative to `demo/preset/` (Hugging Face files).
+    pub files: Vec<String>,
+    /// Its domain's text (the router's input), relative to `demo/preset/`.
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// `demo/preset/manifest.json`, written by `scripts/demo_preset.sh` (issue
+/// 19 item 3): stories260K fine-tuned by the CLI into domain experts (one
+/// text each) and an "instruct"-style model for the graft. The base is the
+/// build's demo model.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct PresetManifest {
+    /// Display name of the preset.
+    pub name: String,
+    /// The domain experts, in expert order.
+    pub experts: Vec<PresetModel>,
+    /// The "instruct" model (base + an ability) for the graft.
+    pub instruct: PresetModel,
+}
+
+/// Where the teaching preset is served from.
+pub const PRESET_DIR: &str = "demo/preset";
+
+/// The served preset manifest, `None` when the build has no preset.
+pub async fn preset_manifest() -> Option<PresetManifest> {
+    let b = crate::web::fetch_bytes(&format!("{PRESET_DIR}/manifest.json")).await.ok()?;
+    serde_json::from_slice(&b).ok()
+}
+
+/// The absolute URL of `path` under the page's base (the worker's fetches
+/// must not depend on its own script URL).
+pub fn page_url(path: &str) -> String {
+    let base = web_sys::window().and_then(|w| w.document()).and_then(|d| d.base_uri().ok().flatten());
+    match base.and_then(|b| web_sys::Url::new_with_base(path, &b).ok()) {
+        Some(u) => u.href(),
+        None => path.to_string(),
+    }
+}
+
 /// The served `demo/manifest.json`, or [`DemoManifest::default`] without one.
 ///
 /// # Errors

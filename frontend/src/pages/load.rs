@@ -6,7 +6,7 @@ use leptos::prelude::*;
 
 use crate::components::message::{Message, MessageLine};
 use crate::components::progress::Progress;
-use crate::load::{demo_manifest, DemoManifest};
+use crate::load::{demo_manifest, page_url, preset_manifest, DemoManifest, PresetManifest, PRESET_DIR};
 use crate::models::Models;
 use crate::store::ModelRef;
 use crate::task::Task;
@@ -51,6 +51,55 @@ pub fn LoadPage() -> impl IntoView {
     let load_demo = move |_| {
         msg.set(Message::None);
         leptos::task::spawn_local(async move { show(task.call(Request::LoadDemo, None).await) });
+    };
+    // The teaching preset (scripts/demo_preset.sh), when the build has one.
+    let preset = RwSignal::new(None::<PresetManifest>);
+    leptos::task::spawn_local(async move { preset.set(preset_manifest().await) });
+    let shared = crate::app::Shared::get();
+    let load_preset = move |_| {
+        let Some(p) = preset.get_untracked() else { return };
+        msg.set(Message::None);
+        leptos::task::spawn_local(async move {
+            let mut names = Vec::new();
+            let demo = task.call(Request::LoadDemo, None).await;
+            match demo {
+                Ok((Reply::Model(m), _)) => names.push(m.name),
+                Ok(_) => {}
+                Err(e) => return msg.set(Message::Error(format!("could not load the preset's base model: {e}"))),
+            }
+            for m in p.experts.iter().chain(std::iter::once(&p.instruct)) {
+                let files = m
+                    .files
+                    .iter()
+                    .map(|f| {
+                        let file = f.rsplit('/').next().unwrap_or(f).to_string();
+                        (file, page_url(&format!("{PRESET_DIR}/{f}")))
+                    })
+                    .collect();
+                match task.call(Request::LoadUrls { name: m.name.clone(), files }, None).await {
+                    Ok((Reply::Model(i), _)) => names.push(i.name),
+                    Ok(_) => {}
+                    Err(e) => return msg.set(Message::Error(format!("could not load {} of the preset: {e}", m.name))),
+                }
+            }
+            let mut texts = Vec::new();
+            for m in &p.experts {
+                let Some(t) = &m.text else { continue };
+                match crate::web::fetch_bytes(&format!("{PRESET_DIR}/{t}")).await {
+                    Ok(b) => texts.push((
+                        m.name.rsplit('-').next().unwrap_or(&m.name).to_string(),
+                        String::from_utf8_lossy(&b).into_owned(),
+                    )),
+                    Err(e) => return msg.set(Message::Error(format!("the preset's text {t}: {e}"))),
+                }
+            }
+            shared.preset_texts.set(texts);
+            msg.set(Message::Ok(format!(
+                "loaded the teaching preset: {} ({}); the router page has one text per expert",
+                names.join(", "),
+                task.wall()
+            )));
+        });
     };
     let on_files = move |ev: leptos::ev::Event| {
         let input = event_target::<web_sys::HtmlInputElement>(&ev);
@@ -172,6 +221,19 @@ pub fn LoadPage() -> impl IntoView {
                 <p data-testid="demo-description">{move || demo_text.get()}</p>
                 <button data-testid="load-demo" on:click=load_demo disabled=move || task.running()>"Load the demo model"</button>
             </div>
+            {move || preset.get().map(|p| view! {
+                <div class="card">
+                    <h3>"Teaching preset"</h3>
+                    <p data-testid="preset-description">{format!(
+                        "{}: the demo model, {} domain experts fine-tuned from it ({}) and an \"instruct\" model ({}) for the graft, with one text per domain.",
+                        p.name,
+                        p.experts.len(),
+                        p.experts.iter().map(|e| e.name.clone()).collect::<Vec<_>>().join(", "),
+                        p.instruct.name
+                    )}</p>
+                    <button data-testid="load-preset" on:click=load_preset disabled=move || task.running()>"Load the teaching preset"</button>
+                </div>
+            })}
             <div class="card">
                 <h3>"Your model"</h3>
                 <p>"Choose all files of one model at once:"</p>

@@ -146,6 +146,13 @@ fn RouterForm() -> impl IntoView {
         Domain::new("en", "Once upon a time there was a little dog. The dog liked to run in the park with his friends.\nThe sun was warm and the children played with a red ball all day long."),
         Domain::new("hu", "Egyszer volt egy kis kutya. A kutya szeretett a parkban futni a barátaival.\nA nap meleg volt, és a gyerekek egész nap egy piros labdával játszottak."),
     ]);
+    // The teaching preset, once loaded, gives one text per expert.
+    Effect::new(move |_| {
+        let texts = shared.preset_texts.get();
+        if !texts.is_empty() {
+            domains.set(texts.iter().map(|(n, t)| Domain::new(n, t)).collect());
+        }
+    });
     let lambda = RwSignal::new("0.01".to_string());
     let top_k = RwSignal::new("1".to_string());
     let max_tokens = RwSignal::new("10000".to_string());

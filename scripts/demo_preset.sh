@@ -56,8 +56,8 @@ mkdir -p "$out"
 # Texts: the first lines of each corpus' train split (training, router) and
 # of its valid split (held out). Short lines are skipped (headers).
 text() { # NAME SRC_DIR TRAIN_LINES HELDOUT_LINES
-    awk 'length($0) > 40' "$2/train.txt" | head -n "$3" > "$out/$1.txt"
-    awk 'length($0) > 40' "$2/valid.txt" | head -n "$4" > "$out/$1.heldout.txt"
+    awk -v n="$3" 'length($0) > 40 { print; if (++k == n) exit }' "$2/train.txt" > "$out/$1.txt"
+    awk -v n="$4" 'length($0) > 40 { print; if (++k == n) exit }' "$2/valid.txt" > "$out/$1.heldout.txt"
 }
 text en "$C/lang/en" 400 40
 text code "$C/domain/code" 1200 120

@@ -335,7 +335,8 @@ export async function run({ context, url, work, shots, out, check, log }) {
   }
   await tid('neurons-run').click();
   await page.getByText(/analysed 3000 neurons on 4 texts/).waitFor({ timeout: 120_000 });
-  const tie = await text('neurons-warning-tie', 5_000).catch(() => '');
+  // One warning per language whose cut-off ties (both here): the first.
+  const tie = await tid('neurons-warning-tie').first().innerText({ timeout: 5_000 }).catch(() => '');
   results.neurons_tie_warning = tie;
   results.neurons_two_texts = { cuts: await text('neurons-cuts', 5_000).catch(() => ''), message: await text('neurons-ok', 5_000).catch(() => '') };
   log(`Neurons on two texts per language: ${JSON.stringify(results.neurons_two_texts)}`);

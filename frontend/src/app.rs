@@ -144,7 +144,8 @@ pub fn App() -> impl IntoView {
             view! { <span class="badge" data-testid="worker-starting">"worker: starting…"</span> }.into_any()
         }
     };
-    let gpu_badge = move || match shared.gpu.get() {
+    let gpu_badge = move || {
+        match shared.gpu.get() {
         GpuStatus::Unknown => view! {
             <span class="badge" data-testid="webgpu-pending" title="the studio's worker is asking for a WebGPU adapter; the methods run on the CPU meanwhile">
                 "WebGPU: checking… (CPU meanwhile)"</span>
@@ -159,6 +160,7 @@ pub fn App() -> impl IntoView {
             <span class="small" data-testid="webgpu-reason">{why.clone()}</span>
         }
         .into_any(),
+    }
     };
     let backend_badge = move || {
         match shared.backend.get() {

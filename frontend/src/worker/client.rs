@@ -18,6 +18,9 @@ use crate::compute::progress::Step;
 /// The answer of a call: the reply and the `Blob` beside it (downloads).
 pub type Answer = Result<(Reply, Option<web_sys::Blob>), String>;
 
+/// The worker's WebGPU news ([`Event::Gpu`]): the adapter, or why not.
+pub type GpuAnswer = Result<String, String>;
+
 /// The error of a call whose worker was stopped by the user.
 pub const CANCELLED: &str = "cancelled: the studio stopped its worker at once and restores the kept models";
 
@@ -43,7 +46,7 @@ struct State {
     on_models: Option<Rc<dyn Fn(Vec<ModelInfo>)>>,
     on_restart: Option<Rc<dyn Fn(String)>>,
     on_ready: Option<Rc<dyn Fn()>>,
-    on_gpu: Option<Rc<dyn Fn(Result<String, String>)>>,
+    on_gpu: Option<Rc<dyn Fn(GpuAnswer)>>,
     inject_panic: bool,
     generation: u64,
 }
@@ -142,7 +145,7 @@ pub struct Handlers {
     /// A (new) worker is up and takes requests.
     pub on_ready: Box<dyn Fn()>,
     /// The worker's background WebGPU start answered ([`Event::Gpu`]).
-    pub on_gpu: Box<dyn Fn(Result<String, String>)>,
+    pub on_gpu: Box<dyn Fn(GpuAnswer)>,
 }
 
 /// Sets the page's [`Handlers`], and whether a task may be made to panic

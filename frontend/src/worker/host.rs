@@ -105,9 +105,11 @@ fn start_gpu(timeout_ms: u32) {
                 .await
                 .map(|_| {
                     let mib = crate::compute::gpu::gpu().map_or(0, |g| g.max_binding_bytes() >> 20);
-                    format!("{adapter} (WGSL kernels ready; max binding {mib} MiB)")
+                    format!("{adapter} · WGSL kernels ready, max binding {mib} MiB")
                 })
-                .map_err(|e| format!("adapter {adapter} found, but the WGSL kernels could not start in the worker: {e}")),
+                .map_err(|e| {
+                    format!("adapter {adapter} found, but the WGSL kernels could not start in the worker: {e}")
+                }),
             crate::web::GpuStatus::Missing(why) => Err(why),
             crate::web::GpuStatus::Unknown => Err("the adapter request gave no answer".into()),
         };

@@ -1096,12 +1096,13 @@ impl GgufModel {
                     format!("tensor `{}` maps to Hugging Face name `{name}`, which another tensor already has", t.name),
                 ));
             }
+            let minus_one = plus_one && name.starts_with("model.") && name.ends_with("norm.weight");
             entries.push(Entry {
                 index,
                 info: TensorInfo { name, dtype: t.dtype, shape: t.torch_shape() },
                 permute,
                 slice: None,
-                minus_one: plus_one && name.starts_with("model.") && name.ends_with("norm.weight"),
+                minus_one,
             });
         }
         Ok(GgufModel { file, architecture, entries, by_name })

@@ -120,15 +120,7 @@ pub fn from_gguf_bytes(bytes: Bytes, file_name: &str) -> Result<LoadedModel> {
     // Phi-3's fused `attn_qkv` / `ffn_up` are shown as their parts.
     let source = super::fused::FusedSource::wrap(Box::new(model), &config)?;
     check_tensors(source.as_ref(), &config, moe.as_ref())?;
-    Ok(LoadedModel {
-        path: file_name.into(),
-        format: ModelFormat::Gguf,
-        config,
-        moe,
-        layout,
-        source,
-        tokenizer,
-    })
+    Ok(LoadedModel { path: file_name.into(), format: ModelFormat::Gguf, config, moe, layout, source, tokenizer })
 }
 
 /// Builds a [`LoadedModel`] from llama2.c checkpoint and tokenizer buffers

@@ -129,10 +129,8 @@ fn phi3_gguf_fused_longrope_matches_safetensors() {
     let mut want = st.config.clone();
     want.rms_norm_eps = g.config.rms_norm_eps;
     // The attention factor travels as f32.
-    if let (
-        RopeScaling::LongRope { attention_factor: a, .. },
-        RopeScaling::LongRope { attention_factor: b, .. },
-    ) = (&mut want.rope_scaling, &g.config.rope_scaling)
+    if let (RopeScaling::LongRope { attention_factor: a, .. }, RopeScaling::LongRope { attention_factor: b, .. }) =
+        (&mut want.rope_scaling, &g.config.rope_scaling)
     {
         assert!((*a - b).abs() < 1e-6, "attention factor {a} vs {b}");
         *a = *b;

@@ -235,7 +235,9 @@ pub(crate) fn read_gemma_gguf(
     let key = g.meta_key("attention.sliding_window_pattern");
     let n = c.num_layers;
     let by_period = |p: usize| -> Vec<LayerType> {
-        (0..n).map(|l| if (l + 1) % p.max(1) == 0 { LayerType::FullAttention } else { LayerType::SlidingAttention }).collect()
+        (0..n)
+            .map(|l| if (l + 1) % p.max(1) == 0 { LayerType::FullAttention } else { LayerType::SlidingAttention })
+            .collect()
     };
     let layer_types = match (window, g.file.get(&key)) {
         (None, _) => Vec::new(),
@@ -258,9 +260,8 @@ pub(crate) fn read_gemma_gguf(
             }
         },
     };
-    let cap = |k: &str, default: Option<f64>| -> Result<Option<f64>> {
-        Ok(g.meta_f64(k)?.or(default).filter(|&x| x > 0.0))
-    };
+    let cap =
+        |k: &str, default: Option<f64>| -> Result<Option<f64>> { Ok(g.meta_f64(k)?.or(default).filter(|&x| x > 0.0)) };
     let q = if n == big_layers { c.hidden_size / c.num_heads } else { c.head_dim };
     c.family_params = FamilyParams {
         query_pre_attn_scalar: Some(q as f64),

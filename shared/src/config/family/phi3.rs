@@ -99,7 +99,10 @@ fn read_gguf(g: &GgufModel, c: &mut ModelConfig) -> Result<()> {
     if c.rope_scaling != RopeScaling::Default {
         return Err(StudioError::config(
             &src,
-            format!("the file has `{}` and LongRoPE factor tensors: two RoPE scalings at once are not supported", g.meta_key("rope.scaling.type")),
+            format!(
+                "the file has `{}` and LongRoPE factor tensors: two RoPE scalings at once are not supported",
+                g.meta_key("rope.scaling.type")
+            ),
         ));
     }
     let orig = g.meta_usize("rope.scaling.original_context_length", true)?.unwrap_or(0).max(1);

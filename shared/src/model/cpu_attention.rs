@@ -139,16 +139,18 @@ pub fn causal_attention_rows<B: Backend>(
     assert_eq!(k.dims(), [b, s, kv_heads * hd], "attention: key shape {:?}", k.dims());
     assert_eq!(v.dims(), [b, s, kv_heads * hd], "attention: value shape {:?}", v.dims());
     assert_eq!(rope.len, s, "RoPE tables for {} positions, input has {s}", rope.len);
-    let device = q.device();
-    let to_vec = |x: Tensor<B, 3>| x.into_data().into_vec::<f32>().expect("an f32 tensor's data is f32");
-    let (mut qs, mut ks, vd) = (to_vec(q), to_vec(k), v.into_data());
-    super::cpu_ops::rope_rows(&mut qs, s, heads, hd, &rope.cos_host, &rope.sin_host);
-    super::cpu_ops::rope_rows(&mut ks, s, kv_heads, hd, &rope.cos_host, &rope.sin_host);
+    use super::cpu_ops::{contiguous, flex_from_vec, from_flex, rope_rows, to_flex, values_mut};
+    let (mut qt, mut kt, vt) = (to_flex(q), to_flex(k), contiguous(to_flex(v)));
+    let qs = values_mut(&mut qt);
+    rope_rows(qs, s, heads, hd, &rope.cos_host, &rope.sin_host);
+    let ks = values_mut(&mut kt);
+    rope_rows(ks, s, kv_heads, hd, &rope.cos_host, &rope.sin_host);
     let mut out = vec![0f32; b * s * heads * hd];
     let scale = scale.unwrap_or_else(|| 1.0 / (hd as f64).sqrt()) as f32;
     let sh = Shape { b, h: heads, kvh: kv_heads, s, t: s, hd, rows: true };
-    attend(&qs, &ks, f32s(&vd), &mut out, sh, scale);
-    Ok(Tensor::from_data(TensorData::new(out, [b, s, heads * hd]), &device))
+    let vs = vt.as_slice::<f32>().expect("contiguous");
+    attend(qt.as_slice::<f32>().expect("contiguous"), kt.as_slice::<f32>().expect("contiguous"), vs, &mut out, sh, scale);
+    Ok(from_flex(flex_from_vec(out, &[b, s, heads * hd])))
 }
 
 fn f32s(d: &TensorData) -> &[f32] {
@@ -268,21 +270,7 @@ unsafe fn run_block(
         );
     }
     for (i, row) in scores.chunks_exact_mut(keys).enumerate() {
-        let seen = offset + q0 + i + 1;
-        let (live, masked) = row.split_at_mut(seen);
-        let mut max = f32::NEG_INFINITY;
-        for x in live.iter_mut() {
-            *x *= scale;
-            max = max.max(*x);
-        }
-        let mut sum = 0f32;
-        for x in live.iter_mut() {
-            *x = (*x - max).exp();
-            sum += *x;
-        }
-        let inv = 1.0 / sum;
-        live.iter_mut().for_each(|x| *x *= inv);
-        masked.fill(0.0);
+        super::cpu_ops::softmax_prefix(row, offset + q0 + i + 1, scale);
     }
     // SAFETY: the destination rows `(bi, q0..q0+rows, hi, 0..hd)` lie inside
     // `out` (row stride h * hd) and belong to this task only.

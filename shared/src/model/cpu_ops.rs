@@ -29,10 +29,11 @@
 //! autodiff (training), or another dtype runs Burn's composed ops, so
 //! gradients are untouched.
 
-use std::any::TypeId;
+use std::any::{Any, TypeId};
 
 use burn::nn::RmsNorm;
-use burn::tensor::{backend::Backend, DType, Tensor, TensorData};
+use burn::tensor::{backend::Backend, DType, Tensor, TensorData, TensorPrimitive};
+use burn_flex::FlexTensor;
 
 use crate::config::family::GateActivation;
 
@@ -47,8 +48,45 @@ pub fn is_cpu<B: Backend>() -> bool {
     TypeId::of::<B>() == TypeId::of::<crate::CpuBackend>()
 }
 
-/// Moves a CPU-backend f32 tensor's buffer out (no copy when the tensor is
-/// unique and contiguous, a copy otherwise).
+/// The CPU backend's tensor behind `x` (no copy). `B` must be
+/// [`crate::CpuBackend`] (callers check [`is_cpu`]).
+pub(crate) fn to_flex<B: Backend, const D: usize>(x: Tensor<B, D>) -> FlexTensor {
+    let p: Box<dyn Any> = Box::new(x.into_primitive().tensor());
+    *p.downcast::<FlexTensor>().expect("the CPU backend's float tensor is a FlexTensor")
+}
+
+/// Wraps a CPU-backend tensor as a `Tensor<B, D>` (`B` = [`crate::CpuBackend`]).
+pub(crate) fn from_flex<B: Backend, const D: usize>(t: FlexTensor) -> Tensor<B, D> {
+    let p: Box<dyn Any> = Box::new(t);
+    let p = *p.downcast::<B::FloatTensorPrimitive>().expect("B is the CPU backend");
+    Tensor::from_primitive(TensorPrimitive::Float(p))
+}
+
+/// A contiguous f32 tensor from a vector (moved, not copied).
+pub(crate) fn flex_from_vec(data: Vec<f32>, dims: &[usize]) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(data, dims.to_vec()))
+}
+
+/// `t` as a contiguous f32 tensor: itself when it already is, else a copy.
+pub(crate) fn contiguous(t: FlexTensor) -> FlexTensor {
+    if t.as_slice::<f32>().is_some() {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
+
+/// `t`'s values as a mutable slice: in place when `t` is unique and
+/// contiguous, else after a copy.
+pub(crate) fn values_mut(t: &mut FlexTensor) -> &mut [f32] {
+    let n = t.layout().num_elements();
+    if !(t.is_unique() && t.layout().contiguous_offsets() == Some((0, n))) {
+        *t = t.to_contiguous();
+    }
+    &mut t.storage_mut::<f32>()[..n]
+}
+
+#[cfg(test)]
 fn into_vec<B: Backend, const D: usize>(x: Tensor<B, D>) -> Vec<f32> {
     x.into_data().into_vec::<f32>().expect("an f32 tensor's data is f32")
 }
@@ -133,34 +171,103 @@ fn gelu_tanh_mul_generic(g: &mut [f32], u: &[f32]) {
 }
 
 #[inline(always)]
-fn rms_rows_generic(x: &mut [f32], w: &[f32], eps: f32) {
+fn rms_rows_generic(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
     let d = w.len();
-    for row in x.chunks_exact_mut(d) {
-        let mut ss = 0f32;
-        for v in row.iter() {
-            ss += v * v;
-        }
-        let rms = (ss / d as f32 + eps).sqrt();
-        for (v, w) in row.iter_mut().zip(w) {
-            *v = *v / rms * w;
+    for (o, row) in out.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+        let rms = (lane_sum_sq(row) / d as f32 + eps).sqrt();
+        for ((o, v), w) in o.iter_mut().zip(row).zip(w) {
+            *o = *v / rms * w;
         }
     }
 }
 
 dispatch_simd!(silu_mul_generic, silu_mul_avx2, (g: &mut [f32], u: &[f32]));
 dispatch_simd!(gelu_tanh_mul_generic, gelu_tanh_mul_avx2, (g: &mut [f32], u: &[f32]));
-dispatch_simd!(rms_rows_generic, rms_rows_avx2, (x: &mut [f32], w: &[f32], eps: f32));
+dispatch_simd!(rms_rows_generic, rms_rows_avx2, (out: &mut [f32], x: &[f32], w: &[f32], eps: f32));
 
 #[inline]
 fn has_avx2_fma() -> bool {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"))
     }
     #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
     {
         false
     }
+}
+
+/// Lanes of the reductions below: independent partial maxima / sums that
+/// the compiler keeps in one vector register (a plain `fold` is a serial
+/// dependency chain, since f32 addition is not reassociated).
+const LANES: usize = 16;
+
+#[inline(always)]
+fn lane_max(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..LANES {
+            m[j] = if c[j] > m[j] { c[j] } else { m[j] };
+        }
+    }
+    rest.iter().chain(m.iter()).fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })
+}
+
+#[inline(always)]
+fn lane_sum(x: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..LANES {
+            acc[j] += c[j];
+        }
+    }
+    acc.iter().sum::<f32>() + rest.iter().sum::<f32>()
+}
+
+#[inline(always)]
+fn lane_sum_sq(x: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..LANES {
+            acc[j] += c[j] * c[j];
+        }
+    }
+    acc.iter().sum::<f32>() + rest.iter().map(|v| v * v).sum::<f32>()
+}
+
+#[inline(always)]
+fn softmax_prefix_generic(row: &mut [f32], seen: usize, scale: f32) {
+    let (live, masked) = row.split_at_mut(seen);
+    live.iter_mut().for_each(|x| *x *= scale);
+    let max = lane_max(live);
+    live.iter_mut().for_each(|x| *x = exp_f32(*x - max));
+    let inv = 1.0 / lane_sum(live);
+    live.iter_mut().for_each(|x| *x *= inv);
+    masked.fill(0.0);
+}
+
+dispatch_simd!(softmax_prefix_generic, softmax_prefix_avx2, (row: &mut [f32], seen: usize, scale: f32));
+
+/// One attention score row in place: `row[..seen] = softmax(row[..seen] *
+/// scale)` (the maximum subtracted before `exp`, one reciprocal of the sum),
+/// `row[seen..] = 0` (keys the causal mask hides).
+///
+/// # Panics
+/// If `seen > row.len()`.
+pub fn softmax_prefix(row: &mut [f32], seen: usize, scale: f32) {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    if has_avx2_fma() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked above).
+        return unsafe { softmax_prefix_avx2(row, seen, scale) };
+    }
+    softmax_prefix_generic(row, seen, scale)
 }
 
 fn silu_mul(g: &mut [f32], u: &[f32]) {
@@ -181,13 +288,13 @@ fn gelu_tanh_mul(g: &mut [f32], u: &[f32]) {
     gelu_tanh_mul_generic(g, u)
 }
 
-fn rms_rows(x: &mut [f32], w: &[f32], eps: f32) {
+fn rms_rows(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     if has_avx2_fma() {
         // SAFETY: the CPU supports AVX2 and FMA (checked above).
-        return unsafe { rms_rows_avx2(x, w, eps) };
+        return unsafe { rms_rows_avx2(out, x, w, eps) };
     }
-    rms_rows_generic(x, w, eps)
+    rms_rows_generic(out, x, w, eps)
 }
 
 /// `norm.forward(x)` for `x: [..., d]`: RMSNorm over the last dimension,
@@ -199,13 +306,16 @@ pub fn rms_norm<B: Backend, const D: usize>(norm: &RmsNorm<B>, x: Tensor<B, D>) 
         return norm.forward(x);
     }
     let dims = x.dims();
-    let device = x.device();
-    let w = into_vec(norm.gamma.val());
+    let gamma = contiguous(to_flex(norm.gamma.val()));
+    let w = gamma.as_slice::<f32>().expect("contiguous");
     assert_eq!(w.len(), dims[D - 1], "RMSNorm weight of {} for rows of {}", w.len(), dims[D - 1]);
     let eps = norm.epsilon as f32;
-    let mut data = into_vec(x);
-    for_row_blocks(&mut data, w.len(), |_, rows| rms_rows(rows, &w, eps));
-    Tensor::from_data(TensorData::new(data, dims), &device)
+    let xt = contiguous(to_flex(x));
+    let xs = xt.as_slice::<f32>().expect("contiguous");
+    let mut out = vec![0f32; xs.len()];
+    let d = w.len();
+    for_row_blocks(&mut out, d, |r0, rows| rms_rows(rows, &xs[r0 * d..][..rows.len()], w, eps));
+    from_flex(flex_from_vec(out, &dims))
 }
 
 /// `act(g) * u` for equal-shape `g, u: [..., f]` (the gated FFN's hidden
@@ -228,17 +338,16 @@ pub fn gated_product<B: Backend, const D: usize>(
         };
         return a * u;
     }
-    let dims = g.dims();
-    let device = g.device();
-    let row = dims[D - 1];
-    let mut gd = into_vec(g);
-    let ud = into_vec(u);
+    let row = g.dims()[D - 1];
+    let mut gt = to_flex(g);
+    let ut = contiguous(to_flex(u));
+    let ud = ut.as_slice::<f32>().expect("contiguous");
     let kernel: fn(&mut [f32], &[f32]) = match act {
         GateActivation::Silu => silu_mul,
         GateActivation::GeluTanh => gelu_tanh_mul,
     };
-    for_row_blocks(&mut gd, row, |r0, rows| kernel(rows, &ud[r0 * row..][..rows.len()]));
-    Tensor::from_data(TensorData::new(gd, dims), &device)
+    for_row_blocks(values_mut(&mut gt), row, |r0, rows| kernel(rows, &ud[r0 * row..][..rows.len()]));
+    from_flex(gt)
 }
 
 /// Rotary position embedding in place on `x: [batch, seq, heads * hd]`

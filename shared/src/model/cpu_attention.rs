@@ -1,6 +1,6 @@
 //! Causal grouped-query attention on the CPU backend, threaded and
-//! triangle-aware (docs/methods.md, "The forward pass does no avoidable
-//! work"; ARCHITECTURE.md).
+//! triangle-aware (ARCHITECTURE.md, "The forward pass does no avoidable
+//! work").
 //!
 //! burn-flex 0.21's fused `attention` runs every `(batch, head)` pair one
 //! after the other on the calling thread (single-threaded gemm calls), and
@@ -133,7 +133,7 @@ pub fn causal_attention_rows<B: Backend>(
     let [b, s, qw] = q.dims();
     let hd = qw / heads.max(1);
     assert!(
-        heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && qw == heads * hd,
+        heads > 0 && kv_heads > 0 && heads.is_multiple_of(kv_heads) && qw == heads * hd,
         "attention: query rows of {qw} for {heads} heads over {kv_heads} kv heads"
     );
     assert_eq!(k.dims(), [b, s, kv_heads * hd], "attention: key shape {:?}", k.dims());
@@ -149,7 +149,14 @@ pub fn causal_attention_rows<B: Backend>(
     let scale = scale.unwrap_or_else(|| 1.0 / (hd as f64).sqrt()) as f32;
     let sh = Shape { b, h: heads, kvh: kv_heads, s, t: s, hd, rows: true };
     let vs = vt.as_slice::<f32>().expect("contiguous");
-    attend(qt.as_slice::<f32>().expect("contiguous"), kt.as_slice::<f32>().expect("contiguous"), vs, &mut out, sh, scale);
+    attend(
+        qt.as_slice::<f32>().expect("contiguous"),
+        kt.as_slice::<f32>().expect("contiguous"),
+        vs,
+        &mut out,
+        sh,
+        scale,
+    );
     Ok(from_flex(flex_from_vec(out, &[b, s, heads * hd])))
 }
 

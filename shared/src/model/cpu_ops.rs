@@ -1,5 +1,5 @@
 //! Fused, threaded elementwise kernels of the forward pass on the CPU
-//! backend (docs/methods.md, "The forward pass does no avoidable work";
+//! backend (ARCHITECTURE.md, "The forward pass does no avoidable work";
 //! docs/benchmarks.md, "Where the time goes").
 //!
 //! burn-flex 0.21 runs each elementwise op of a composed layer as its own
@@ -186,6 +186,7 @@ dispatch_simd!(gelu_tanh_mul_generic, gelu_tanh_mul_avx2, (g: &mut [f32], u: &[f
 dispatch_simd!(rms_rows_generic, rms_rows_avx2, (out: &mut [f32], x: &[f32], w: &[f32], eps: f32));
 
 #[inline]
+#[cfg_attr(not(any(target_arch = "x86", target_arch = "x86_64")), allow(dead_code))]
 fn has_avx2_fma() -> bool {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     {

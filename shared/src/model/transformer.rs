@@ -7,8 +7,8 @@ use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::{backend::Backend, Int, Tensor};
 
 use super::attention::Attention;
-use super::moe::{MoeLayer, Routing, RoutingTrace};
 use super::cpu_ops::rms_norm;
+use super::moe::{MoeLayer, Routing, RoutingTrace};
 use super::{KvCache, Padding, Rope, SwiGlu};
 use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
 
@@ -232,8 +232,12 @@ impl<B: Backend> Transformer<B> {
                 (Some(local), Some(_)) => local,
                 _ => &rope,
             };
-            let attn =
-                block.self_attn.forward_capture(rms_norm(&block.input_layernorm, x.clone()), layer_rope, c, attn_capture);
+            let attn = block.self_attn.forward_capture(
+                rms_norm(&block.input_layernorm, x.clone()),
+                layer_rope,
+                c,
+                attn_capture,
+            );
             let attn = match &block.attn_out_norm {
                 Some(n) => rms_norm(n, attn),
                 None => attn,

@@ -370,8 +370,14 @@ export async function run({ context, url, work, shots, out, check, log }) {
     const cmp = compareTensors(b, c);
     results[`${name}_sha256`] = { browser: sha(b), cli: sha(c), equal: same, max_abs_diff: cmp.maxDiff, differing_tensors: cmp.differing };
     const onlyRouters = cmp.differing.every((d) => d.includes('block_sparse_moe.gate.'));
-    check(same || (cmp.maxDiff < 1e-5 && onlyRouters),
-      `${name} download vs CLI: sha256 ${same ? 'equal' : 'differs'}; max |diff| ${cmp.maxDiff.toExponential(2)} over ${cmp.tensors} tensors; differing: ${cmp.differing.join(', ') || 'none'}`);
+    // The router of this model was solved from the WGSL Gram when WebGPU
+    // was granted (f32 block sums vs the CLI's f64): routers may differ by
+    // rounding (3e-5 measured), every other tensor must be byte-identical.
+    // On the CPU path the statistics are the CLI's f64 and the file must be.
+    const gpuGram = /Gram on WebGPU/.test(results.route?.message || '');
+    const tol = gpuGram ? 1e-4 : 1e-5;
+    check(same || (cmp.maxDiff < tol && onlyRouters),
+      `${name} download vs CLI (${gpuGram ? 'WGSL Gram, routers within 1e-4' : 'CPU Gram'}): sha256 ${same ? 'equal' : 'differs'}; max |diff| ${cmp.maxDiff.toExponential(2)} over ${cmp.tensors} tensors; differing: ${cmp.differing.join(', ') || 'none'}`);
   }
 
   const gu = await save('dl-3-model.safetensors', 'grafted-upcycled.safetensors');

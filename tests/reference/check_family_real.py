@@ -40,7 +40,13 @@ def run(cmd):
 
 
 def last_json(out):
-    return json.loads(out.strip().splitlines()[-1])
+    """The JSON a `--json` command printed: the whole output (pretty-printed,
+    e.g. `inspect`) or, after progress lines, its last line."""
+    out = out.strip()
+    try:
+        return json.loads(out)
+    except json.JSONDecodeError:
+        return json.loads(out.splitlines()[-1])
 
 
 def hf_logits(model, ids):

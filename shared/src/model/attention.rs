@@ -108,11 +108,7 @@ impl<B: Backend> Attention<B> {
         // No cache, no soft-cap, no active window, CPU backend: RoPE and
         // attention in one kernel on the projections' row layout
         // (cpu_attention::causal_attention_rows), no transposes.
-        let (q, k, v) = if cache.is_none()
-            && self.softcap.is_none()
-            && self.sliding_window.is_none_or(|w| s <= w)
-            && super::cpu_ops::is_cpu::<B>()
-        {
+        let (q, k, v) = if cache.is_none() && self.softcap.is_none() && self.sliding_window.is_none_or(|w| s <= w) {
             let (q, k) = (q.reshape([b, s, h * hd]), k.reshape([b, s, kvh * hd]));
             match super::cpu_attention::causal_attention_rows(q, k, v, rope, h, kvh, self.scale) {
                 Ok(out) => return self.project_out(out, capture),

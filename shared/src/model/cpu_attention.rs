@@ -32,8 +32,6 @@
 //! [`causal_attention`] returns its inputs and the caller runs Burn's
 //! `attention`.
 
-use std::any::TypeId;
-
 use burn::tensor::{backend::Backend, DType, Tensor, TensorData};
 
 /// Query rows per task: large enough for an efficient score gemm, small
@@ -69,11 +67,7 @@ pub fn causal_attention<B: Backend>(
     v: Tensor<B, 4>,
     scale: Option<f64>,
 ) -> Result<Tensor<B, 3>, (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>)> {
-    if TypeId::of::<B>() != TypeId::of::<crate::CpuBackend>()
-        || q.dtype() != DType::F32
-        || k.dtype() != DType::F32
-        || v.dtype() != DType::F32
-    {
+    if !super::cpu_ops::is_cpu::<B>() || [q.dtype(), k.dtype(), v.dtype()].iter().any(|d| *d != DType::F32) {
         return Err((q, k, v));
     }
     let [b, h, s, hd] = q.dims();
@@ -123,11 +117,7 @@ pub fn causal_attention_rows<B: Backend>(
     kv_heads: usize,
     scale: Option<f64>,
 ) -> Result<Tensor<B, 3>, (Tensor<B, 3>, Tensor<B, 3>, Tensor<B, 3>)> {
-    if TypeId::of::<B>() != TypeId::of::<crate::CpuBackend>()
-        || q.dtype() != DType::F32
-        || k.dtype() != DType::F32
-        || v.dtype() != DType::F32
-    {
+    if !super::cpu_ops::is_cpu::<B>() || [q.dtype(), k.dtype(), v.dtype()].iter().any(|d| *d != DType::F32) {
         return Err((q, k, v));
     }
     let [b, s, qw] = q.dims();
@@ -409,25 +399,7 @@ mod tests {
         type B = crate::CpuBackend;
         let dev = Default::default();
         let (b, h, kvh, s, hd) = (2, 6, 2, 90, 16);
-        let cfg = crate::config::ModelConfig {
-            architecture: crate::config::Architecture::Llama,
-            vocab_size: 4,
-            hidden_size: h * hd,
-            intermediate_size: 8,
-            num_layers: 1,
-            num_heads: h,
-            num_kv_heads: kvh,
-            head_dim: hd,
-            rms_norm_eps: 1e-6,
-            rope_theta: 10000.0,
-            rope_scaling: crate::config::RopeScaling::Default,
-            max_position_embeddings: 256,
-            tie_word_embeddings: true,
-            attention_bias: false,
-            bos_token_id: None,
-            eos_token_id: None,
-            family_params: Default::default(),
-        };
+        let cfg = super::super::cpu_ops::tests::llama_config(h, kvh, hd);
         let rope = super::super::rope::Rope::new(&cfg);
         let tables = rope.tables::<B>(0, s, &dev);
         let q = Tensor::<B, 3>::from_data(TensorData::new(values(b * s * h * hd, 7), [b, s, h * hd]), &dev);

@@ -144,11 +144,23 @@ fn tanh_f32(x: f32) -> f32 {
     1.0 - 2.0 / (exp_f32(2.0 * x) + 1.0)
 }
 
+/// `$vis fn $name(args)`: runs `$generic` compiled for AVX2 + FMA when the
+/// CPU has them (checked at run time), else the portable build of it.
 macro_rules! dispatch_simd {
-    ($generic:ident, $avx:ident, ($($arg:ident : $ty:ty),*)) => {
-        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn $avx($($arg: $ty),*) {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident = $generic:ident, ($($arg:ident : $ty:ty),*)) => {
+        $(#[$doc])*
+        $vis fn $name($($arg: $ty),*) {
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx($($arg: $ty),*) {
+                    $generic($($arg),*)
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU supports AVX2 and FMA (checked above).
+                    return unsafe { avx($($arg),*) };
+                }
+            }
             $generic($($arg),*)
         }
     };
@@ -181,23 +193,9 @@ fn rms_rows_generic(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
     }
 }
 
-dispatch_simd!(silu_mul_generic, silu_mul_avx2, (g: &mut [f32], u: &[f32]));
-dispatch_simd!(gelu_tanh_mul_generic, gelu_tanh_mul_avx2, (g: &mut [f32], u: &[f32]));
-dispatch_simd!(rms_rows_generic, rms_rows_avx2, (out: &mut [f32], x: &[f32], w: &[f32], eps: f32));
-
-#[inline]
-#[cfg_attr(not(any(target_arch = "x86", target_arch = "x86_64")), allow(dead_code))]
-fn has_avx2_fma() -> bool {
-    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"))
-    }
-    #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
-    {
-        false
-    }
-}
+dispatch_simd!(fn silu_mul = silu_mul_generic, (g: &mut [f32], u: &[f32]));
+dispatch_simd!(fn gelu_tanh_mul = gelu_tanh_mul_generic, (g: &mut [f32], u: &[f32]));
+dispatch_simd!(fn rms_rows = rms_rows_generic, (out: &mut [f32], x: &[f32], w: &[f32], eps: f32));
 
 /// Lanes of the reductions below: independent partial maxima / sums that
 /// the compiler keeps in one vector register (a plain `fold` is a serial
@@ -254,49 +252,15 @@ fn softmax_prefix_generic(row: &mut [f32], seen: usize, scale: f32) {
     masked.fill(0.0);
 }
 
-dispatch_simd!(softmax_prefix_generic, softmax_prefix_avx2, (row: &mut [f32], seen: usize, scale: f32));
-
-/// One attention score row in place: `row[..seen] = softmax(row[..seen] *
-/// scale)` (the maximum subtracted before `exp`, one reciprocal of the sum),
-/// `row[seen..] = 0` (keys the causal mask hides).
-///
-/// # Panics
-/// If `seen > row.len()`.
-pub fn softmax_prefix(row: &mut [f32], seen: usize, scale: f32) {
-    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if has_avx2_fma() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked above).
-        return unsafe { softmax_prefix_avx2(row, seen, scale) };
-    }
-    softmax_prefix_generic(row, seen, scale)
-}
-
-fn silu_mul(g: &mut [f32], u: &[f32]) {
-    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if has_avx2_fma() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked above).
-        return unsafe { silu_mul_avx2(g, u) };
-    }
-    silu_mul_generic(g, u)
-}
-
-fn gelu_tanh_mul(g: &mut [f32], u: &[f32]) {
-    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if has_avx2_fma() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked above).
-        return unsafe { gelu_tanh_mul_avx2(g, u) };
-    }
-    gelu_tanh_mul_generic(g, u)
-}
-
-fn rms_rows(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
-    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if has_avx2_fma() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked above).
-        return unsafe { rms_rows_avx2(out, x, w, eps) };
-    }
-    rms_rows_generic(out, x, w, eps)
-}
+dispatch_simd!(
+    /// One attention score row in place: `row[..seen] = softmax(row[..seen] *
+    /// scale)` (the maximum subtracted before `exp`, one reciprocal of the sum),
+    /// `row[seen..] = 0` (keys the causal mask hides).
+    ///
+    /// # Panics
+    /// If `seen > row.len()`.
+    pub fn softmax_prefix = softmax_prefix_generic, (row: &mut [f32], seen: usize, scale: f32)
+);
 
 /// `norm.forward(x)` for `x: [..., d]`: RMSNorm over the last dimension,
 /// `x / sqrt(mean(x²) + eps) * gamma` (`gamma: [d]`; Gemma's `(1 + w)` is
@@ -382,10 +346,34 @@ pub fn rope_rows(x: &mut [f32], seq: usize, heads: usize, hd: usize, cos: &[f32]
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::CpuBackend as B;
     use burn::module::Param;
+
+    /// A Llama config of `heads` x `head_dim` (RoPE base 1e4, no scaling)
+    /// for the kernel tests here and in `cpu_attention`.
+    pub(crate) fn llama_config(heads: usize, kv_heads: usize, head_dim: usize) -> crate::config::ModelConfig {
+        crate::config::ModelConfig {
+            architecture: crate::config::Architecture::Llama,
+            vocab_size: 4,
+            hidden_size: heads * head_dim,
+            intermediate_size: 8,
+            num_layers: 1,
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10000.0,
+            rope_scaling: crate::config::RopeScaling::Default,
+            max_position_embeddings: 256,
+            tie_word_embeddings: true,
+            attention_bias: false,
+            bos_token_id: None,
+            eos_token_id: None,
+            family_params: Default::default(),
+        }
+    }
 
     #[test]
     fn exp_matches_libm() {
@@ -450,25 +438,7 @@ mod tests {
     fn rope_rows_matches_rope_apply() {
         let dev = Default::default();
         let (b, s, h, hd) = (2, 37, 3, 16);
-        let cfg = crate::config::ModelConfig {
-            architecture: crate::config::Architecture::Llama,
-            vocab_size: 4,
-            hidden_size: h * hd,
-            intermediate_size: 8,
-            num_layers: 1,
-            num_heads: h,
-            num_kv_heads: h,
-            head_dim: hd,
-            rms_norm_eps: 1e-6,
-            rope_theta: 10000.0,
-            rope_scaling: crate::config::RopeScaling::Default,
-            max_position_embeddings: 256,
-            tie_word_embeddings: true,
-            attention_bias: false,
-            bos_token_id: None,
-            eos_token_id: None,
-            family_params: Default::default(),
-        };
+        let cfg = llama_config(h, h, hd);
         let rope = super::super::rope::Rope::new(&cfg);
         let t = rope.tables::<B>(5, s, &dev);
         let x = rand(b * s * h * hd, 5);

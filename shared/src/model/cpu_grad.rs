@@ -542,11 +542,15 @@ unsafe fn gemm_strided(
     }
 }
 
+/// Query rows per block of the attention backward: block `[q0, q0 + QB)`
+/// reads keys `0..q0 + QB` only (the causal triangle, as the forward).
+const QB: usize = 64;
+
 /// The backward of one (batch `bi`, kv group `g`) block: the `rep` query
-/// heads of the group, every position.
+/// heads of the group, every position, in query blocks of [`QB`] rows.
 ///
 /// # Safety
-/// `dq` points to `[b, s, h * hd]`, `dk`/`dv` to `[b, s, kvh * hd]`
+/// `dq` points to `[b, s, h * hd]`, `dk`/`dv` to zeroed `[b, s, kvh * hd]`
 /// buffers; no other task writes the rows of this batch and group.
 #[allow(clippy::too_many_arguments)]
 unsafe fn attention_backward_block(
@@ -565,39 +569,47 @@ unsafe fn attention_backward_block(
     let (qrs, kvrs) = ((h * hd) as isize, (kvh * hd) as isize);
     let kv_at = (bi * s * kvh + g) * hd;
     let (kp, vp) = (k[kv_at..].as_ptr(), v[kv_at..].as_ptr());
-    let mut p = vec![0f32; s * s];
-    let mut dp = vec![0f32; s * s];
-    let ss = s as isize;
-    for (r, hi) in (g * rep..(g + 1) * rep).enumerate() {
+    let mut p = vec![0f32; QB.min(s) * s];
+    let mut dp = vec![0f32; QB.min(s) * s];
+    for hi in g * rep..(g + 1) * rep {
         let q_at = (bi * s * h + hi) * hd;
-        let (qp, dop) = (q[q_at..].as_ptr(), dout[q_at..].as_ptr());
-        // SAFETY: every operand below is a [s, hd] head at row stride
-        // qrs/kvrs inside its buffer, or a local [s, s] matrix.
-        unsafe {
-            // P = softmax(Q Kᵀ * scale), causal.
-            gemm_strided(s, s, hd, p.as_mut_ptr(), (1, ss), qp, (1, qrs), kp, (kvrs, 1), false);
-            for (i, row) in p.chunks_exact_mut(s).enumerate() {
-                super::cpu_ops::softmax_prefix(row, i + 1, scale);
+        for q0 in (0..s).step_by(QB) {
+            let rows = QB.min(s - q0);
+            let keys = q0 + rows;
+            let ks = keys as isize;
+            let at = q_at + q0 * h * hd;
+            let (qp, dop) = (q[at..].as_ptr(), dout[at..].as_ptr());
+            let (p, dp) = (&mut p[..rows * keys], &mut dp[..rows * keys]);
+            // SAFETY: every operand below is a block of a [s, hd] head at
+            // row stride qrs/kvrs inside its buffer, or a local [rows, keys]
+            // matrix.
+            unsafe {
+                // P = softmax(Q Kᵀ * scale), causal: row i sees keys 0..=q0+i.
+                gemm_strided(rows, keys, hd, p.as_mut_ptr(), (1, ks), qp, (1, qrs), kp, (kvrs, 1), false);
+                for (i, row) in p.chunks_exact_mut(keys).enumerate() {
+                    super::cpu_ops::softmax_prefix(row, q0 + i + 1, scale);
+                }
+                // dP = dO Vᵀ
+                gemm_strided(rows, keys, hd, dp.as_mut_ptr(), (1, ks), dop, (1, qrs), vp, (kvrs, 1), false);
             }
-            // dP = dO Vᵀ
-            gemm_strided(s, s, hd, dp.as_mut_ptr(), (1, ss), dop, (1, qrs), vp, (kvrs, 1), false);
-        }
-        // dS = P ∘ (dP - rowsum(P ∘ dP)) * scale, over each row's keys 0..=i.
-        for (i, (prow, drow)) in p.chunks_exact(s).zip(dp.chunks_exact_mut(s)).enumerate() {
-            let live = i + 1;
-            let dsum: f32 = prow[..live].iter().zip(&drow[..live]).map(|(a, b)| a * b).sum();
-            for (d, &pv) in drow[..live].iter_mut().zip(&prow[..live]) {
-                *d = pv * (*d - dsum) * scale;
+            // dS = P ∘ (dP - rowsum(P ∘ dP)) * scale over each row's keys.
+            for (i, (prow, drow)) in p.chunks_exact(keys).zip(dp.chunks_exact_mut(keys)).enumerate() {
+                let live = q0 + i + 1;
+                let dsum: f32 = prow[..live].iter().zip(&drow[..live]).map(|(a, b)| a * b).sum();
+                for (d, &pv) in drow[..live].iter_mut().zip(&prow[..live]) {
+                    *d = pv * (*d - dsum) * scale;
+                }
+                drow[live..].fill(0.0);
             }
-            drow[live..].fill(0.0);
-        }
-        // SAFETY: as above; dq/dk/dv rows of (bi, group g) belong to this task.
-        unsafe {
-            // dQ_h = dS K
-            gemm_strided(s, hd, s, dq.0.add(q_at), (1, qrs), dp.as_ptr(), (1, ss), kp, (1, kvrs), false);
-            // dK_g += dSᵀ Q_h ; dV_g += Pᵀ dO_h
-            gemm_strided(s, hd, s, dk.0.add(kv_at), (1, kvrs), dp.as_ptr(), (ss, 1), qp, (1, qrs), r > 0);
-            gemm_strided(s, hd, s, dv.0.add(kv_at), (1, kvrs), p.as_ptr(), (ss, 1), dop, (1, qrs), r > 0);
+            // SAFETY: as above; dq/dk/dv rows of (bi, group g) belong to
+            // this task (dk, dv start at zero and accumulate).
+            unsafe {
+                // dQ_blk = dS K[..keys]
+                gemm_strided(rows, hd, keys, dq.0.add(at), (1, qrs), dp.as_ptr(), (1, ks), kp, (1, kvrs), false);
+                // dK[..keys] += dSᵀ Q_blk ; dV[..keys] += Pᵀ dO_blk
+                gemm_strided(keys, hd, rows, dk.0.add(kv_at), (1, kvrs), dp.as_ptr(), (ks, 1), qp, (1, qrs), true);
+                gemm_strided(keys, hd, rows, dv.0.add(kv_at), (1, kvrs), p.as_ptr(), (ks, 1), dop, (1, qrs), true);
+            }
         }
     }
 }
@@ -799,7 +811,7 @@ mod tests {
         use burn::tensor::module::attention;
         use burn::tensor::ops::AttentionModuleOptions;
         let dev = Default::default();
-        let (b, h, kvh, s, hd) = (2, 6, 2, 33, 16);
+        let (b, h, kvh, s, hd) = (2, 6, 2, 150, 16); // three query blocks, the last partial
         let cfg = super::super::cpu_ops::tests::llama_config(h, kvh, hd);
         let tables = super::super::rope::Rope::new(&cfg).tables::<A>(0, s, &dev);
         let (q, k, v) = (leaf([b, s, h * hd], 7), leaf([b, s, kvh * hd], 8), leaf([b, s, kvh * hd], 10));

@@ -201,7 +201,8 @@ fn two_processes_on_loopback_are_one_process_with_twice_the_batch() {
     assert_eq!(w1.len(), w2.len());
     let dw = w1.iter().zip(&w2).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     eprintln!("2 processes x batch 2 vs 1 x batch 4: max |dw| {dw:.2e}; losses {one:?} / {two:?}");
-    assert!(dw <= 1e-6, "final weights differ by {dw}");
+    // AdamW turns roundoff in near-zero gradients into up to lr-sized steps.
+    assert!(dw <= 1e-5, "final weights differ by {dw}");
 }
 
 #[test]

@@ -90,6 +90,10 @@ fn two_replicas_are_one_replica_with_twice_the_batch() {
         let dw = w1.iter().zip(&w2).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         let moved = w1.len() as f64;
         eprintln!("{balance:?}: max |dloss| {worst:.2e}, max |dw| {dw:.2e} over {moved} weights");
-        assert!(dw <= 1e-6, "{balance:?}: weights differ by {dw} after 6 steps");
+        // AdamW divides by sqrt(v): weights whose gradient is near zero turn
+        // roundoff-level gradient differences into up to lr-sized steps,
+        // so the weights agree less tightly than the losses (4.2e-6 at lr
+        // 1e-3 when written).
+        assert!(dw <= 1e-5, "{balance:?}: weights differ by {dw} after 6 steps");
     }
 }

@@ -173,8 +173,18 @@ fn two_processes_on_loopback_are_one_process_with_twice_the_batch() {
             let out = fx.dir.join(format!("rank{r}"));
             let node = format!("127.0.0.1:{}", free_port());
             let rank = r.to_string();
-            let extra =
-                ["--nodes", "2", "--node-rank", &rank, "--coordinator", &coord, "--node-address", &node, "--save-every", "2"];
+            let extra = [
+                "--nodes",
+                "2",
+                "--node-rank",
+                &rank,
+                "--coordinator",
+                &coord,
+                "--node-address",
+                &node,
+                "--save-every",
+                "2",
+            ];
             spawn(&fx.train(&out, 2, &extra))
         })
         .collect();
@@ -243,7 +253,17 @@ fn refusals_name_the_problem() {
     let (_coord, port) = coordinator();
     let coord = format!("127.0.0.1:{port}");
     let node = format!("127.0.0.1:{}", free_port());
-    let e =
-        s(argv(&["--nodes", "2", "--node-rank", "0", "--coordinator", &coord, "--node-address", &node, "--join-timeout", "3"]));
+    let e = s(argv(&[
+        "--nodes",
+        "2",
+        "--node-rank",
+        "0",
+        "--coordinator",
+        &coord,
+        "--node-address",
+        &node,
+        "--join-timeout",
+        "3",
+    ]));
     assert!(e.contains("not all 2 ranks joined") && e.contains("within 3 s"), "{e}");
 }

@@ -241,7 +241,10 @@ impl Args {
     fn node_spec(&self) -> anyhow::Result<Option<NodeSpec>> {
         let Some(coordinator) = self.coordinator.clone() else {
             if self.nodes > 1 {
-                bail!("--nodes {} needs --coordinator HOST:PORT (of `moe-studio coordinator`) and --node-rank", self.nodes);
+                bail!(
+                    "--nodes {} needs --coordinator HOST:PORT (of `moe-studio coordinator`) and --node-rank",
+                    self.nodes
+                );
             }
             if self.node_rank.is_some() || self.node_address.is_some() {
                 bail!("--node-rank / --node-address need --coordinator HOST:PORT");

@@ -333,8 +333,7 @@ fn micro_step<B: AutodiffBackend>(
     let mut masked = mask.iter().filter(|&&m| m).count();
     let mut world = 1;
     if let Some((cluster, i)) = comm {
-        let mut v: Vec<f32> =
-            trace.routing.iter().flatten().flat_map(|r| r.counts.iter().map(|&n| n as f32)).collect();
+        let mut v: Vec<f32> = trace.routing.iter().flatten().flat_map(|r| r.counts.iter().map(|&n| n as f32)).collect();
         v.push(masked as f32);
         let sum = cluster.all_reduce_sum(i, &v)?;
         let mut k = 0;
@@ -1040,9 +1039,7 @@ mod native {
         /// same step, or the others would wait in the next all-reduce).
         fn agree_stop(&self, mine: bool) -> Result<bool> {
             match &self.cluster {
-                Some(c) if c.node().is_some() => {
-                    Ok(c.all_reduce_process(&[if mine { 1.0 } else { 0.0 }])?[0] > 0.0)
-                }
+                Some(c) if c.node().is_some() => Ok(c.all_reduce_process(&[if mine { 1.0 } else { 0.0 }])?[0] > 0.0),
                 _ => Ok(mine),
             }
         }

@@ -14,7 +14,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 use moe_shared::model::load_model;
-use moe_shared::train::{devices, Balance, StepMetrics, Stage, TrainConfig, Trainer};
+use moe_shared::train::{devices, Balance, Stage, StepMetrics, TrainConfig, Trainer};
 use moe_shared::CpuBackend;
 
 type A = Autodiff<CpuBackend>;

@@ -301,6 +301,14 @@ fn unsupported_recipe_keys_are_refused_by_name_and_nothing_is_written() {
             "`shared_experts` is not supported",
         ),
         (
+            format!("base_model: {b}\ngate_mode: random\ntokenizer_source: union\nexperts:\n  - source_model: {m}\n  - source_model: {m}\n"),
+            "`tokenizer_source: union` is not supported: only `base`",
+        ),
+        (
+            format!("base_model: {b}\ngate_mode: random\nexperts:\n  - source_model: {m}\n  - source_model: {m}\ntrain:\n  steps: 10\n"),
+            "`train` is not supported: continued pre-training is not a recipe stage",
+        ),
+        (
             format!("base_model: {b}\ngate_mode: random\nexperts:\n  - source_model: {m}\n    noise_scale: 0.1\n  - source_model: {m}\n"),
             "`experts[0].noise_scale` is not supported",
         ),

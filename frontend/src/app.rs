@@ -1,23 +1,38 @@
 //! The studio shell: header with the WebGPU / backend status, the page
-//! tabs, and the context every page shares.
+//! tabs (the URL hash names the page, so Back and Forward work), the
+//! studio's worker, and the context every page shares.
 
 use leptos::prelude::*;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
 
+use crate::models::Models;
 use crate::pages::{self, Page};
-use crate::store::Revision;
-use crate::web::{backend_available, detect_webgpu, GpuStatus};
+use crate::web::{backend_available, GpuStatus};
+use crate::worker::client;
+use crate::worker::protocol::{Reply, Request};
 
 /// State shared by the pages (provided as context).
 #[derive(Clone, Copy)]
 pub struct Shared {
     /// The page shown.
     pub page: RwSignal<Page>,
-    /// What WebGPU offers in this browser.
+    /// What WebGPU offers to the studio's worker (where the kernels run):
+    /// `Unknown` while the worker's background start is pending (the
+    /// methods run on the CPU meanwhile).
     pub gpu: RwSignal<GpuStatus>,
+    /// Whether the studio's worker is up and takes requests.
+    pub worker_ready: RwSignal<bool>,
+    /// The teaching preset's domain texts `(name, text)`, in expert order,
+    /// once it is loaded (the router form takes them as its domains).
+    pub preset_texts: RwSignal<Vec<(String, String)>>,
     /// Whether `moe-studio serve` answers (`None`: not checked yet).
     pub backend: RwSignal<Option<bool>>,
     /// An allocation JSON handed from Neurons to Upcycle.
     pub allocation: RwSignal<Option<String>>,
+    /// What the worker is doing outside a page's task (starting,
+    /// restoring the kept models), or why it restarted.
+    pub worker_note: RwSignal<Option<String>>,
 }
 
 impl Shared {
@@ -26,53 +41,126 @@ impl Shared {
         use_context::<Shared>().expect("Shared is provided by App")
     }
 
-    /// Shows `page` (and records it in the URL hash).
+    /// Shows `page` and records it in the URL hash (a history entry, so
+    /// Back returns to the previous page).
     pub fn go(&self, page: Page) {
         self.page.set(page);
         if let Some(w) = web_sys::window() {
-            let _ = w.location().set_hash(page.slug());
+            if w.location().hash().ok().as_deref() != Some(&format!("#{}", page.slug())) {
+                let _ = w.location().set_hash(page.slug());
+            }
         }
     }
 }
 
-fn initial_page() -> Page {
+fn hash_page() -> Option<Page> {
     let hash = web_sys::window().and_then(|w| w.location().hash().ok()).unwrap_or_default();
-    Page::from_slug(hash.trim_start_matches('#')).unwrap_or(Page::Load)
+    Page::from_slug(hash.trim_start_matches('#'))
+}
+
+/// The worker's session, once it says `Ready`: the kept models come back
+/// (WebGPU starts on its own in the worker and never delays this).
+fn start_session(shared: Shared) {
+    shared.worker_ready.set(true);
+    leptos::task::spawn_local(async move {
+        match client::call(Request::Restore).await {
+            Ok((Reply::Restored { models, failed }, _)) => {
+                let mut note = (models > 0).then(|| format!("restored {models} model(s) kept in this browser"));
+                if !failed.is_empty() {
+                    note = Some(format!("{} could not be restored: {}", failed.len(), failed.join("; ")));
+                }
+                shared.worker_note.update(|n| {
+                    *n = match (n.take(), note) {
+                        (Some(a), Some(b)) => Some(format!("{a} — {b}")),
+                        (a, b) => a.or(b),
+                    }
+                });
+            }
+            Ok(_) => {}
+            Err(e) => shared.worker_note.set(Some(format!("restoring the kept models failed: {e}"))),
+        }
+    });
 }
 
 /// The root component.
 #[component]
 pub fn App() -> impl IntoView {
     let shared = Shared {
-        page: RwSignal::new(initial_page()),
+        page: RwSignal::new(hash_page().unwrap_or(Page::Load)),
         gpu: RwSignal::new(GpuStatus::Unknown),
+        worker_ready: RwSignal::new(false),
+        preset_texts: RwSignal::new(Vec::new()),
         backend: RwSignal::new(None),
         allocation: RwSignal::new(None),
+        worker_note: RwSignal::new(None),
     };
+    let models = Models(RwSignal::new(Vec::new()));
     provide_context(shared);
-    provide_context(Revision(RwSignal::new(0)));
+    provide_context(models);
+    let inject =
+        web_sys::window().and_then(|w| w.location().search().ok()).unwrap_or_default().contains("inject-panic");
+    client::configure(
+        client::Handlers {
+            on_models: Box::new(move |m| models.0.set(m)),
+            on_restart: Box::new(move |why| {
+                shared.worker_ready.set(false);
+                shared.worker_note.set(Some(format!("{why} — the studio restarted its worker")));
+            }),
+            on_ready: Box::new(move || start_session(shared)),
+            // A restarted worker asks again: keep a known adapter's status
+            // shown until it answers, and take every answer it gives.
+            on_gpu: Box::new(move |r| {
+                shared.gpu.set(match r {
+                    Ok(a) => GpuStatus::Available(a),
+                    Err(why) => GpuStatus::Missing(why),
+                })
+            }),
+        },
+        inject,
+    );
+    if let Err(e) = client::spawn() {
+        shared.gpu.set(GpuStatus::Missing(format!("the studio's worker did not start: {e}")));
+        shared.worker_note.set(Some(format!("the studio's worker did not start: {e}")));
+    }
+    // Back / Forward: the hash names the page.
+    let on_hash = Closure::<dyn FnMut()>::new(move || {
+        if let Some(p) = hash_page() {
+            shared.page.set(p);
+        }
+    });
+    if let Some(w) = web_sys::window() {
+        let _ = w.add_event_listener_with_callback("hashchange", on_hash.as_ref().unchecked_ref());
+    }
+    on_hash.forget();
+    // The page itself never asks for a GPU adapter (the request can be slow
+    // or hang on a software adapter): the worker does, in the background.
     leptos::task::spawn_local(async move {
-        let status = detect_webgpu().await;
-        let status = match status {
-            GpuStatus::Available(a) => match crate::compute::gpu::init().await {
-                Ok(_) => GpuStatus::Available(a),
-                Err(e) => GpuStatus::Missing(format!("adapter {a} found, but the WGSL kernels could not start: {e}")),
-            },
-            other => other,
-        };
-        shared.gpu.set(status);
         shared.backend.set(Some(backend_available().await));
     });
-    let gpu_badge = move || match shared.gpu.get() {
-        GpuStatus::Unknown => view! { <span class="badge">"WebGPU: checking…"</span> }.into_any(),
+    let worker_badge = move || {
+        if shared.worker_ready.get() {
+            view! { <span class="badge good" data-testid="worker-ready" title="the studio's Web Worker runs the methods">"worker: ready"</span> }.into_any()
+        } else {
+            view! { <span class="badge" data-testid="worker-starting">"worker: starting…"</span> }.into_any()
+        }
+    };
+    let gpu_badge = move || {
+        match shared.gpu.get() {
+        GpuStatus::Unknown => view! {
+            <span class="badge" data-testid="webgpu-pending" title="the studio's worker is asking for a WebGPU adapter; the methods run on the CPU meanwhile">
+                "WebGPU: checking… (CPU meanwhile)"</span>
+        }
+        .into_any(),
         GpuStatus::Available(a) => {
             view! { <span class="badge good" data-testid="webgpu" title=a.clone()>{format!("WebGPU: {a}")}</span> }
                 .into_any()
         }
         GpuStatus::Missing(why) => view! {
             <span class="badge warn" data-testid="webgpu" title=why.clone()>"WebGPU missing — CPU fallback"</span>
+            <span class="small" data-testid="webgpu-reason">{why.clone()}</span>
         }
         .into_any(),
+    }
     };
     let backend_badge = move || {
         match shared.backend.get() {
@@ -81,11 +169,19 @@ pub fn App() -> impl IntoView {
         Some(false) => view! { <span class="badge" title="Served as static files: server jobs are off">"server: none (static)"</span> }.into_any(),
     }
     };
+    let note = move || {
+        shared.worker_note.get().map(|n| {
+            view! {
+                <div class="notice" data-testid="worker-note">{n}
+                    <button class="secondary" on:click=move |_| shared.worker_note.set(None)>"OK"</button></div>
+            }
+        })
+    };
     view! {
         <header>
             <h1>"moe-studio"</h1>
             <span class="tagline">"dense → Mixture-of-Experts, in your browser"</span>
-            <div class="badges">{gpu_badge}{backend_badge}</div>
+            <div class="badges">{worker_badge}{gpu_badge}{backend_badge}</div>
         </header>
         <nav>
             {Page::ALL
@@ -99,6 +195,7 @@ pub fn App() -> impl IntoView {
                 .collect_view()}
         </nav>
         <main>
+            {note}
             // Every page stays mounted (its inputs and results survive tab
             // switches); only the active one is shown.
             {Page::ALL
@@ -113,6 +210,6 @@ pub fn App() -> impl IntoView {
                 })
                 .collect_view()}
         </main>
-        <footer>"Everything runs in this tab; nothing is uploaded unless you use the server's Jobs page."</footer>
+        <footer>"Everything runs in this tab (in a Web Worker); nothing is uploaded unless you use the server's Jobs page."</footer>
     }
 }

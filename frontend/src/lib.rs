@@ -2,13 +2,15 @@
 //!
 //! Every method runs locally in the browser by calling the same `moe_shared`
 //! functions as the `moe-studio` CLI, so a download equals the CLI's output
-//! for the same inputs. Models live in [`store`] (outside the reactive
-//! graph); pages ([`pages`]) read them through a revision signal.
+//! for the same inputs. The methods and the models run in a Web Worker
+//! ([`worker`]: the same module, started a second time), so the page only
+//! renders; the page keeps what it shows of the models ([`models`]).
 //!
-//! Layout: [`web`] (files, fetch, downloads, feature detection), [`task`]
-//! (progress, cancel, yielding), [`load`] (models from files),
-//! [`compute`] (the methods, async and cancellable), [`components`] and
-//! [`pages`] (the UI).
+//! Layout: [`web`] (files, fetch, downloads, feature detection), [`worker`]
+//! (the worker, its messages, the models kept in the browser's storage),
+//! [`task`] (a page's progress and Cancel), [`store`] (the worker's
+//! models), [`load`] (models from files), [`compute`] (the methods),
+//! [`zip`] (download archives), [`components`] and [`pages`] (the UI).
 
 pub mod app;
 pub mod bench;
@@ -17,18 +19,28 @@ pub mod compute;
 pub mod jobs;
 pub mod load;
 pub mod memory;
+pub mod models;
 pub mod pages;
 pub mod store;
 pub mod task;
+pub mod validate;
 pub mod web;
+pub mod worker;
+pub mod zip;
 
 /// The Burn backend of the browser forward pass: `moe_shared::CpuBackend`
 /// (burn-flex on the CPU, SIMD128, no threads in wasm; Burn's wgpu backend
 /// spends ~30 s autotuning on software WebGPU, so it is not used).
 pub type Cpu = moe_shared::CpuBackend;
 
-/// Mounts the studio on `<body>` (the trunk binary's `main`).
+/// The trunk binary's `main`: on the page, mounts the studio on `<body>`;
+/// inside the studio's worker (the same module started again, see
+/// [`worker`]), runs the worker.
 pub fn start() {
+    if worker::in_worker() {
+        worker::host::start();
+        return;
+    }
     console_error_panic_hook::set_once();
     leptos::mount::mount_to_body(app::App);
 }

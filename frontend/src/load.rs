@@ -95,6 +95,37 @@ fn err(e: moe_shared::StudioError) -> String {
 /// `config.json` or tokenizer, a model too large for the tab, and every
 /// parse error of the readers (naming file and tensor).
 pub fn model_from_files(files: Vec<PickedFile>) -> Result<(String, LoadedModel, u64), String> {
+    model_from_files_named(files, "")
+}
+
+/// [`model_from_files`] under the name the user gave (`""`: none): the
+/// model is called `name`, and every error and source name says
+/// `name/file` (two models loaded from files both called
+/// `model.safetensors` are told apart by their names).
+///
+/// # Errors
+/// As [`model_from_files`].
+pub fn model_from_files_named(mut files: Vec<PickedFile>, name: &str) -> Result<(String, LoadedModel, u64), String> {
+    let name = name.trim();
+    if !name.is_empty() {
+        for f in &mut files {
+            f.name = format!("{name}/{}", f.name);
+        }
+    }
+    let (file_name, mut m, total) = parse_files(files)?;
+    if name.is_empty() {
+        return Ok((file_name, m, total));
+    }
+    m.path = name.to_string();
+    Ok((name.to_string(), m, total))
+}
+
+/// The base name of a picked file (after any `name/` prefix).
+fn base(name: &str) -> &str {
+    name.rsplit('/').next().unwrap_or(name)
+}
+
+fn parse_files(files: Vec<PickedFile>) -> Result<(String, LoadedModel, u64), String> {
     if files.is_empty() {
         return Err("no files chosen".into());
     }
@@ -139,24 +170,23 @@ pub fn model_from_files(files: Vec<PickedFile>) -> Result<(String, LoadedModel, 
 fn hf_model(files: Vec<PickedFile>, total: u64) -> Result<(String, LoadedModel, u64), String> {
     let cfg = files
         .iter()
-        .find(|f| f.name == "config.json")
+        .find(|f| base(&f.name) == "config.json")
         .ok_or("Hugging Face files need their config.json (pick it together with the .safetensors files)")?;
-    let (config, moe) = match moe_shared::layout::read_config_json(&cfg.bytes, "config.json").map_err(err)? {
+    let (config, moe) = match moe_shared::layout::read_config_json(&cfg.bytes, &cfg.name).map_err(err)? {
         Some((_, base, moe)) => (base, Some(moe)),
-        None => (
-            HfConfig::from_json(&cfg.bytes, "config.json").map_err(err)?.to_model_config("config.json").map_err(err)?,
-            None,
-        ),
+        None => {
+            (HfConfig::from_json(&cfg.bytes, &cfg.name).map_err(err)?.to_model_config(&cfg.name).map_err(err)?, None)
+        }
     };
     let cfg_bytes = cfg.bytes.clone();
     let first = files.iter().find(|f| ext(&f.name) == "safetensors").map(|f| f.name.clone()).unwrap_or_default();
-    let name = first.trim_end_matches(".safetensors").to_string();
+    let name = base(&first).trim_end_matches(".safetensors").to_string();
     check_fits(&name, &config, moe.as_ref())?;
-    let tokenizer = match files.iter().find(|f| f.name == "tokenizer.json") {
-        Some(t) => Some(Tokenizer::from_hf_json(&t.bytes, "tokenizer.json").map_err(err)?),
+    let tokenizer = match files.iter().find(|f| base(&f.name) == "tokenizer.json") {
+        Some(t) => Some(Tokenizer::from_hf_json(&t.bytes, &t.name).map_err(err)?),
         None => None,
     };
-    let index = match files.iter().find(|f| f.name == "model.safetensors.index.json") {
+    let index = match files.iter().find(|f| base(&f.name) == "model.safetensors.index.json") {
         Some(i) => Some(parse_index(&i.bytes, &i.name).map_err(err)?),
         None => None,
     };
@@ -200,6 +230,51 @@ impl Default for DemoManifest {
                     .into(),
             ),
         }
+    }
+}
+
+/// One model of the teaching preset (`demo/preset/manifest.json`).
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct PresetModel {
+    /// Display name.
+    pub name: String,
+    /// Its files, relative to `demo/preset/` (Hugging Face files).
+    pub files: Vec<String>,
+    /// Its domain's text (the router's input), relative to `demo/preset/`.
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// `demo/preset/manifest.json`, written by `scripts/demo_preset.sh` (issue
+/// 19 item 3): stories260K fine-tuned by the CLI into domain experts (one
+/// text each) and an "instruct"-style model for the graft. The base is the
+/// build's demo model.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct PresetManifest {
+    /// Display name of the preset.
+    pub name: String,
+    /// The domain experts, in expert order.
+    pub experts: Vec<PresetModel>,
+    /// The "instruct" model (base + an ability) for the graft.
+    pub instruct: PresetModel,
+}
+
+/// Where the teaching preset is served from.
+pub const PRESET_DIR: &str = "demo/preset";
+
+/// The served preset manifest, `None` when the build has no preset.
+pub async fn preset_manifest() -> Option<PresetManifest> {
+    let b = crate::web::fetch_bytes(&format!("{PRESET_DIR}/manifest.json")).await.ok()?;
+    serde_json::from_slice(&b).ok()
+}
+
+/// The absolute URL of `path` under the page's base (the worker's fetches
+/// must not depend on its own script URL).
+pub fn page_url(path: &str) -> String {
+    let base = web_sys::window().and_then(|w| w.document()).and_then(|d| d.base_uri().ok().flatten());
+    match base.and_then(|b| web_sys::Url::new_with_base(path, &b).ok()) {
+        Some(u) => u.href(),
+        None => path.to_string(),
     }
 }
 

@@ -1,62 +1,84 @@
-//! Long-running steps: progress, cancellation and yielding to the browser's
-//! event loop so that the page stays responsive.
-
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+//! One page's long-running step: it runs in the studio's worker
+//! ([`crate::worker`]); here it is a progress bar (real units of work, the
+//! page's wall clock) and a Cancel button.
 
 use leptos::prelude::*;
 
-/// Progress of one running step, shared between the worker and its bar.
-#[derive(Clone, Copy)]
-pub struct Task {
-    /// `(what, fraction in 0..=1)` while running, `None` when idle.
-    pub progress: RwSignal<Option<(String, f64)>>,
-    cancel: StoredValue<Arc<AtomicBool>>,
+use crate::compute::progress::Step;
+use crate::worker::client::{self, Answer};
+use crate::worker::protocol::Request;
+
+/// What a task's bar shows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Running {
+    /// What the page asked for (`neuron analysis`).
+    pub what: String,
+    /// The worker's last step (`None`: waiting for the worker, or started
+    /// and not yet reported).
+    pub step: Option<Step>,
+    /// When the page sent it (`performance.now()`, ms).
+    pub sent_ms: f64,
+    /// When the worker took it up.
+    pub started_ms: Option<f64>,
 }
 
-/// The error a cancelled step returns.
-pub const CANCELLED: &str = "cancelled by the user";
+/// Progress of one page's step, shared between the page and its bar.
+#[derive(Clone, Copy)]
+pub struct Task {
+    /// While running, what the bar shows; `None` when idle.
+    pub progress: RwSignal<Option<Running>>,
+    /// Wall time of the last finished call, in ms (sent to answered).
+    pub last_ms: RwSignal<f64>,
+}
 
 impl Task {
     /// An idle task (create it inside a component).
     pub fn new() -> Self {
-        Task { progress: RwSignal::new(None), cancel: StoredValue::new(Arc::new(AtomicBool::new(false))) }
+        Task { progress: RwSignal::new(None), last_ms: RwSignal::new(0.0) }
     }
 
-    /// Whether a step is running.
+    /// Whether a step is running (or waiting for the worker).
     pub fn running(&self) -> bool {
         self.progress.with(Option::is_some)
     }
 
-    /// Marks the start of a step (clears an earlier cancel request).
-    pub fn start(&self, what: &str) {
-        self.cancel.with_value(|c| c.store(false, Ordering::SeqCst));
-        self.progress.set(Some((what.to_string(), 0.0)));
-    }
-
-    /// Asks the running step to stop at its next yield point.
-    pub fn request_cancel(&self) {
-        self.cancel.with_value(|c| c.store(true, Ordering::SeqCst));
-    }
-
-    /// Marks the end of a step.
-    pub fn finish(&self) {
+    /// Runs `request` in the worker (`files` beside it) and returns its
+    /// answer; the bar follows it. With `?inject-panic` in the page's URL
+    /// the first such call panics in the worker instead (the crash-path
+    /// test).
+    pub async fn call(&self, request: Request, files: Option<js_sys::Array>) -> Answer {
+        let what = request.describe().to_string();
+        let request = if client::take_injected_panic() { Request::Panic } else { request };
+        let sent = crate::web::now_ms();
+        self.progress.set(Some(Running { what, step: None, sent_ms: sent, started_ms: None }));
+        let (p1, p2) = (self.progress, self.progress);
+        let answer = client::call_with(
+            request,
+            files,
+            move || {
+                p1.update(|r| {
+                    if let Some(r) = r {
+                        r.started_ms = Some(crate::web::now_ms());
+                    }
+                })
+            },
+            move |step| {
+                p2.update(|r| {
+                    if let Some(r) = r {
+                        r.step = Some(step);
+                    }
+                })
+            },
+        )
+        .await;
+        self.last_ms.set(crate::web::now_ms() - sent);
         self.progress.set(None);
+        answer
     }
 
-    /// Reports progress, yields to the event loop (so the page repaints and
-    /// the Cancel button works) and fails with [`CANCELLED`] when the user
-    /// asked to stop.
-    ///
-    /// # Errors
-    /// [`CANCELLED`].
-    pub async fn step(&self, what: &str, fraction: f64) -> Result<(), String> {
-        self.progress.set(Some((what.to_string(), fraction.clamp(0.0, 1.0))));
-        yield_now().await;
-        if self.cancel.with_value(|c| c.load(Ordering::SeqCst)) {
-            return Err(CANCELLED.to_string());
-        }
-        Ok(())
+    /// Wall time of the last call as `1.2 s`.
+    pub fn wall(&self) -> String {
+        format!("{:.1} s", self.last_ms.get_untracked() / 1000.0)
     }
 }
 

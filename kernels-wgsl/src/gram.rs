@@ -60,6 +60,17 @@ impl Gpu {
     /// [`KernelError::TooLarge`] when `A` (`p²·4` bytes), `B` or one row do
     /// not fit one storage binding, or `p / 64` exceeds the workgroup limit.
     pub fn gram(&self, p: usize, e: usize) -> Result<GramAccumulator> {
+        self.gram_chunked(p, e, MAX_CHUNK_ROWS)
+    }
+
+    /// [`Gpu::gram`] staging at most `max_chunk_rows` rows per dispatch
+    /// (>= 1): smaller staging buffers (`max_chunk_rows · max(p, e) · 4`
+    /// bytes) for many accumulators at once, e.g. one per MoE layer in the
+    /// browser.
+    ///
+    /// # Errors
+    /// As [`Gpu::gram`].
+    pub fn gram_chunked(&self, p: usize, e: usize, max_chunk_rows: usize) -> Result<GramAccumulator> {
         if p == 0 || e == 0 {
             return Err(KernelError::Invalid(format!("gram: p = {p} and e = {e} must both be > 0")));
         }
@@ -77,7 +88,7 @@ impl Gpu {
                 self.max_groups_per_dim
             )));
         }
-        let chunk_rows = (limit / (4 * widest)).min(MAX_CHUNK_ROWS);
+        let chunk_rows = (limit / (4 * widest)).min(max_chunk_rows.clamp(1, MAX_CHUNK_ROWS));
         let pipe = self.pipeline(&crate::GRAM_F32);
         let a = self.storage("gram A", (p * p * 4) as u64, true);
         let b = self.storage("gram B", (p * e * 4) as u64, true);

@@ -28,7 +28,8 @@ try {
   try {
     const page = await plain.context.newPage();
     await page.goto(srv.url);
-    const badge = await page.getByTestId('webgpu').innerText({ timeout: 30_000 });
+    await page.getByTestId('worker-ready').waitFor({ timeout: 60_000 });
+    const badge = await page.getByTestId('webgpu').innerText({ timeout: 60_000 });
     check(badge.includes('WebGPU missing'), `without WebGPU flags the header says so (${badge})`);
     await page.getByTestId('tab-graft').click();
     const note = await page.getByTestId('engine-note').filter({ visible: true }).first().innerText();

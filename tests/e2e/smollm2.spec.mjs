@@ -24,6 +24,7 @@ async function withPage(url, errors, f) {
     page.on('pageerror', (e) => errors.push(String(e)));
     page.on('crash', () => errors.push('renderer crashed'));
     await page.goto(url);
+    await page.getByTestId('worker-ready').waitFor({ timeout: 60_000 });
     return await f(page);
   } finally { await b.close(); }
 }

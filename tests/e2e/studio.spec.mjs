@@ -62,8 +62,41 @@ function compareTensors(a, b) {
   return { maxDiff, differing, tensors: names.length };
 }
 
+/**
+ * Installs a Long Tasks observer before the studio's scripts run: every
+ * main-thread task over 50 ms lands in `window.__longTasks` as
+ * `{ start, duration }` (ms, `performance.now()` clock).
+ */
+export async function observeLongTasks(page) {
+  await page.addInitScript(() => {
+    window.__longTasks = [];
+    try {
+      new PerformanceObserver((list) => {
+        for (const e of list.getEntries()) window.__longTasks.push({ start: e.startTime, duration: e.duration });
+      }).observe({ type: 'longtask', buffered: true });
+    } catch { window.__longTasks = null; }
+  });
+}
+
+/**
+ * The page's clock now and the longest main-thread task since `from`,
+ * leaving out the `skip` windows ([from, to] pairs; the forward benchmark
+ * runs on the page on purpose). `null` when the browser has no Long Tasks
+ * API.
+ */
+export async function longestTask(page, from, skip = []) {
+  return page.evaluate(([from, skip]) => {
+    const lt = window.__longTasks;
+    if (!lt) return { now: performance.now(), longest: null };
+    const inSkip = (t) => skip.some(([a, b]) => t.start + t.duration >= a && t.start <= b);
+    const ds = lt.filter((t) => t.start >= from && !inSkip(t)).map((t) => t.duration);
+    return { now: performance.now(), longest: ds.length ? Math.max(...ds) : 0 };
+  }, [from, skip]);
+}
+
 export async function run({ context, url, work, shots, out, check, log }) {
   const page = await context.newPage();
+  await observeLongTasks(page);
   const pageErrors = [];
   page.on('pageerror', (e) => pageErrors.push(String(e)));
   // A static server answers the studio's `api/health` probe with 404: expected.
@@ -74,12 +107,42 @@ export async function run({ context, url, work, shots, out, check, log }) {
   const tab = async (slug) => { await tid(`tab-${slug}`).click(); await tid(`page-${slug}`).waitFor(); };
   const results = {};
 
+  const tGoto = Date.now();
   await page.goto(url);
   await tid('tab-load').waitFor();
-  const gpu = await text('webgpu', 30_000);
+  // Real readiness: the worker says `Ready` as soon as its module runs (it
+  // gets the page's compiled module; WebGPU starts beside it and never
+  // delays it), then the badge resolves: WebGPU, or the CPU fallback with
+  // its reason (the worker's own timeout bounds the wait).
+  await tid('worker-ready').waitFor({ timeout: 60_000 });
+  results.worker_ready_ms = Date.now() - tGoto;
+  const gpu = await text('webgpu', 60_000);
+  results.webgpu_ms = Date.now() - tGoto;
   results.webgpu = gpu;
-  log(`WebGPU badge: ${gpu}`);
+  log(`worker ready after ${results.worker_ready_ms} ms; WebGPU badge after ${results.webgpu_ms} ms: ${gpu}`);
+  if (!gpu.includes('WebGPU:')) log(`WebGPU reason: ${await text('webgpu-reason', 1_000).catch(() => '?')}`);
+  // Issue 19 item 1: from here on (the studio is up) no main-thread task
+  // may last 100 ms, except the forward benchmark, which runs on the page
+  // on purpose. Each step's wall time and longest task go to `results.steps`.
+  const clock = () => page.evaluate(() => performance.now());
+  const suiteFrom = await clock();
+  const skip = [];
+  results.steps = {};
+  // Where each part of the suite starts on the page's clock (to name the
+  // part a long main-thread task fell in).
+  const marks = [];
+  const mark = async (name) => marks.push([name, await clock()]);
+  const timed = async (name, f) => {
+    const from = await clock();
+    const t = Date.now();
+    const r = await f();
+    const { longest } = await longestTask(page, from, skip);
+    results.steps[name] = { wall_ms: Date.now() - t, longest_task_ms: longest };
+    log(`step ${name}: ${Date.now() - t} ms wall, longest main-thread task ${longest ?? 'n/a'} ms`);
+    return r;
+  };
 
+  await mark('bad input');
   // ---- Bad input: wrong type, too large; the page keeps working.
   const junk = path.join(work, 'notes.txt');
   fs.writeFileSync(junk, 'not a model');
@@ -95,13 +158,16 @@ export async function run({ context, url, work, shots, out, check, log }) {
   const e3 = await text('load-error');
   check(e3.length > 10, `truncated GGUF -> readable message (${e3.slice(0, 90)})`);
 
+  await mark('load');
   // ---- Load: demo + the instruct model (HF files) + a mismatched tiny model.
   await tid('load-demo').click();
   await page.getByText('loaded stories260K').waitFor({ timeout: 60_000 });
   // The tab's forward pass (the wasm the studio ships, window.wasmBindings
   // from trunk) beside the native CLI on the same machine (run.sh wrote
   // native_forward.json with `moe-studio bench prefill`, same ids).
+  const benchFrom = await clock();
   const tabFwd = JSON.parse(await page.evaluate(() => window.wasmBindings.bench_forward(128, 5)));
+  skip.push([benchFrom, await clock()]);
   results.tab_forward = tabFwd;
   check(tabFwd.tokens === 128 && tabFwd.tokens_per_s > 0, `the tab's forward runs (${tabFwd.model})`);
   let nativeFwd = null;
@@ -117,6 +183,7 @@ export async function run({ context, url, work, shots, out, check, log }) {
   await page.getByText(/loaded tiny-other-architecture: llama · 1 layers/).waitFor({ timeout: 60_000 });
   await shot('load');
 
+  await mark('upcycle');
   // ---- Upcycle (2 experts, top-2, expert 0 frozen) + logits check.
   await tab('upcycle');
   await tid('upcycle-model').selectOption('i0');
@@ -126,11 +193,9 @@ export async function run({ context, url, work, shots, out, check, log }) {
   await tid('upcycle-experts').fill('2');
   await tid('param-counts').waitFor();
   const t0 = Date.now();
-  await tid('upcycle-run').click();
-  const up = await text('upcycle-ok');
+  const up = await timed('upcycle', async () => { await tid('upcycle-run').click(); return text('upcycle-ok'); });
   results.upcycle = { message: up, wall_ms: Date.now() - t0 };
-  await tid('logits-run').click();
-  const lg = await text('logits-ok');
+  const lg = await timed('logits check', async () => { await tid('logits-run').click(); return text('logits-ok'); });
   const diff = Number(/=\s*([0-9.eE+-]+)/.exec(lg)[1]);
   results.logits_max_abs_diff = diff;
   check(diff < 1e-4, `logits check passes: max |dense - MoE| = ${diff}`);
@@ -141,6 +206,7 @@ export async function run({ context, url, work, shots, out, check, log }) {
   results.upcycled_params = params;
   check(params.startsWith('425.8K'), `Load page: the upcycled MoE has 425.8K parameters (${params})`);
 
+  await mark('router');
   // ---- Ridge router on two corpora (expert 0 = en, expert 1 = hu).
   await tab('moerge');
   // Bad input: three domains for a two-expert MoE.
@@ -155,13 +221,37 @@ export async function run({ context, url, work, shots, out, check, log }) {
   }
   await page.waitForFunction(() => document.querySelector('[data-testid=domain-text-1]').value.length > 1000);
   await tid('route-model').selectOption('a0');
+  // The server's rules in the tab (issue 19 item 2): top-k 0 is refused
+  // next to the fields, before any work (it used to panic the wasm).
+  await tid('route-topk').fill('0');
+  const ek = await text('route-field-error', 10_000);
+  const disabled = await tid('route-run').isDisabled();
+  check(ek.includes('top-k: 0 is out of range 1..=64') && disabled,
+    `router top-k 0 refused next to the field, button disabled (${ek}; disabled ${disabled})`);
+  await tid('route-topk').fill('1');
+  await tid('route-field-error').waitFor({ state: 'detached', timeout: 10_000 });
+  // Cancel (issue 19 item 1): the worker is terminated and restarted, the
+  // task stops within a second, the kept models come back.
+  {
+    await tid('route-run').click();
+    await tid('progress').waitFor({ timeout: 30_000 });
+    const t = Date.now();
+    await tid('cancel').click();
+    const e = await text('route-error', 10_000);
+    const dt = Date.now() - t;
+    results.cancel = { message: e, ms: dt };
+    check(e.includes('cancelled') && dt < 1000, `Cancel stops the router within a second (${dt} ms: ${e.slice(0, 80)})`);
+    const note = await page.getByText(/restored \d+ model\(s\) kept in this browser/).innerText({ timeout: 60_000 });
+    check(/restored [1-9]/.test(note), `... and the restarted worker restores the kept models (${note.slice(0, 120)})`);
+    await tid('route-model').selectOption('a0');
+  }
   const t1 = Date.now();
-  await tid('route-run').click();
-  const rt = await text('route-ok', 300_000);
+  const rt = await timed('router', async () => { await tid('route-run').click(); return text('route-ok', 300_000); });
   results.route = { message: rt, wall_ms: Date.now() - t1 };
   await tid('ppl-table').waitFor();
   await shot('moerge-router');
 
+  await mark('graft');
   // ---- Graft: bad input first (a model from another architecture).
   await tab('graft');
   await tid('graft-target').selectOption('a1');
@@ -183,6 +273,7 @@ export async function run({ context, url, work, shots, out, check, log }) {
   await tid('graft-run').click();
   await page.getByText(/made stories260K-upcycled-2x-grafted/).waitFor({ timeout: 120_000 });
 
+  await mark('moerge');
   // ---- MoErge stories260K + its fine-tuned copy (two dense models: every
   // shared tensor is a two-model mean), on the CPU and on the WGSL kernel,
   // then the ridge router on the MoErged model; compared with the CLI below.
@@ -206,29 +297,54 @@ export async function run({ context, url, work, shots, out, check, log }) {
       `with a WebGPU adapter MoErge averages all 32 shared tensors on the WGSL kernel (${results.moerge.message})`);
   }
   await tid('route-model').selectOption('a5');
+  // The byte comparison with the CLI needs the CLI's f64 statistics (the
+  // WGSL Gram sums f32 blocks: routers within ~3e-5 of the CLI's here).
+  await tid('route-gram-gpu').setChecked(false);
   const t3 = Date.now();
   await tid('route-run').click();
   await tid('artifact-6').waitFor({ state: 'attached', timeout: 300_000 });
   results.moerge_route = { message: await text('route-ok'), wall_ms: Date.now() - t3 };
 
+  await mark('inspect');
   // ---- Inspect the routed model.
   await tab('inspect');
   await tid('inspect-model').selectOption('a1');
   await tid('inspect-layer').fill('3');
-  await tid('inspect-run').click();
-  const toks = await text('inspect-tokens');
+  const toks = await timed('inspect', async () => { await tid('inspect-run').click(); return text('inspect-tokens'); });
   check(toks.startsWith('Once upon a time there was') && !toks.includes('\uFFFD'), `Inspect shows the tokens with their spaces (${toks.slice(0, 40)}...)`);
   await shot('inspect');
 
+  await mark('neurons');
   // ---- Neurons on the dense model.
   await tab('neurons');
   await tid('neurons-model').selectOption('i0');
-  await tid('neurons-run').click();
-  const nr = await text('neurons-ok', 120_000);
+  const nr = await timed('neurons', async () => { await tid('neurons-run').click(); return text('neurons-ok', 120_000); });
   results.neurons = nr;
   await tid('allocation').waitFor();
   await shot('neurons');
+  // Issue 20: with two texts per language a neuron unrelated to the
+  // language still separates them perfectly with probability 1/C(4, 2), so
+  // ~500 of the 3000 neurons reach AP = 1 and tie at the top-100 cut-off;
+  // the page says so. (The ten default texts per language give AP 0.95 at
+  // the cut-off on stories260K: no tie.)
+  const fewTexts = { 0: 'The cat sat on the mat.\nTom likes to play with his red ball.', 1: 'A macska a szőnyegen ült.\nTomi szeret a piros labdájával játszani.' };
+  const defaults = [];
+  for (const [i, t] of Object.entries(fewTexts)) {
+    defaults.push(await tid(`neurons-text-${i}`).inputValue());
+    await tid(`neurons-text-${i}`).fill(t);
+  }
+  await tid('neurons-run').click();
+  await page.getByText(/analysed 3000 neurons on 4 texts/).waitFor({ timeout: 120_000 });
+  // One warning per language whose cut-off ties (both here): the first.
+  const tie = await tid('neurons-warning-tie').first().innerText({ timeout: 5_000 }).catch(() => '');
+  results.neurons_tie_warning = tie;
+  results.neurons_two_texts = { cuts: await text('neurons-cuts', 5_000).catch(() => ''), message: await text('neurons-ok', 5_000).catch(() => '') };
+  log(`Neurons on two texts per language: ${JSON.stringify(results.neurons_two_texts)}`);
+  await page.screenshot({ path: path.join(out, 'neurons-two-texts.png'), fullPage: true });
+  check(/tie/i.test(tie), `Neurons on two texts per language shows the tie warning (${tie.slice(0, 120)})`);
+  for (const [i, t] of defaults.entries()) await tid(`neurons-text-${i}`).fill(t);
 
+  await mark('download');
   // ---- Download and compare with the CLI.
   await tab('download');
   await tid('artifact-2').waitFor();
@@ -254,8 +370,14 @@ export async function run({ context, url, work, shots, out, check, log }) {
     const cmp = compareTensors(b, c);
     results[`${name}_sha256`] = { browser: sha(b), cli: sha(c), equal: same, max_abs_diff: cmp.maxDiff, differing_tensors: cmp.differing };
     const onlyRouters = cmp.differing.every((d) => d.includes('block_sparse_moe.gate.'));
-    check(same || (cmp.maxDiff < 1e-5 && onlyRouters),
-      `${name} download vs CLI: sha256 ${same ? 'equal' : 'differs'}; max |diff| ${cmp.maxDiff.toExponential(2)} over ${cmp.tensors} tensors; differing: ${cmp.differing.join(', ') || 'none'}`);
+    // The router of this model was solved from the WGSL Gram when WebGPU
+    // was granted (f32 block sums vs the CLI's f64): routers may differ by
+    // rounding (3e-5 measured), every other tensor must be byte-identical.
+    // On the CPU path the statistics are the CLI's f64 and the file must be.
+    const gpuGram = /Gram on WebGPU/.test(results.route?.message || '');
+    const tol = gpuGram ? 1e-4 : 1e-5;
+    check(same || (cmp.maxDiff < tol && onlyRouters),
+      `${name} download vs CLI (${gpuGram ? 'WGSL Gram, routers within 1e-4' : 'CPU Gram'}): sha256 ${same ? 'equal' : 'differs'}; max |diff| ${cmp.maxDiff.toExponential(2)} over ${cmp.tensors} tensors; differing: ${cmp.differing.join(', ') || 'none'}`);
   }
 
   const gu = await save('dl-3-model.safetensors', 'grafted-upcycled.safetensors');
@@ -285,12 +407,41 @@ export async function run({ context, url, work, shots, out, check, log }) {
       `MoErge + router download vs CLI: non-router tensors byte-identical (${cmp.tensors - differing.length} of ${cmp.tensors} identical; differing: ${differing.join(', ') || 'none'}); routers max |diff| ${cmp.maxDiff.toExponential(2)}`);
   }
 
+  await mark('jobs');
   // ---- Jobs (static server: disabled with a notice).
   await tab('jobs');
   await tid('jobs-static').waitFor({ timeout: 10_000 });
   await shot('jobs');
 
+  // Issue 19 item 1: the page never blocked for 100 ms.
+  const { longest } = await longestTask(page, suiteFrom, skip);
+  results.longest_main_thread_task_ms = longest;
+  {
+    const lt = await page.evaluate(() => window.__longTasks || []);
+    const top = lt.filter((t) => t.start >= suiteFrom).sort((a, b) => b.duration - a.duration).slice(0, 5)
+      .map((t) => ({ ...t, part: (marks.filter(([, at]) => at <= t.start).pop() || ['before'])[0] }));
+    results.longest_main_thread_tasks = top;
+    log(`longest main-thread tasks: ${top.map((t) => `${t.duration.toFixed(0)} ms in ${t.part} at ${t.start.toFixed(0)}`).join('; ')}`);
+  }
+  check(longest !== null && longest < 100,
+    `longest main-thread task over the suite (the forward benchmark left out): ${longest} ms < 100 ms`);
+
   check(pageErrors.length === 0, `no page errors (${pageErrors.slice(0, 3).join(' | ')})`);
   await page.close();
+
+  // A panic inside a task becomes a message on the page, the worker is
+  // restarted and the tab stays usable (`?inject-panic`: the first task
+  // panics in the worker).
+  {
+    const p2 = await context.newPage();
+    await p2.goto(`${url}?inject-panic#load`);
+    await p2.getByTestId('load-demo').click();
+    const e = await p2.getByTestId('load-error').innerText({ timeout: 30_000 });
+    check(e.includes('crashed') && e.includes('injected'), `an injected panic becomes a message on the page (${e.slice(0, 120)})`);
+    await p2.getByTestId('load-demo').click();
+    await p2.getByText(/loaded stories260K/).first().waitFor({ timeout: 60_000 });
+    check(true, '... and the tab stays usable: the demo loads after it');
+    await p2.close();
+  }
   return results;
 }

@@ -11,8 +11,9 @@ use moe_shared::config::MoeConfig;
 use moe_shared::jobs::Defaults as D;
 use moe_shared::layout::{self, LayoutRequest};
 use moe_shared::methods::route::{
-    check_domains, collect_stats, domain_sequences, empty_stats, mean_accuracy, routed_config, routing_accuracy,
-    set_routers, solve_all, stats_to_safetensors, write_routed, DomainSequences, RouteOptions, RouteReport,
+    check_domains, check_route_options, collect_stats, domain_sequences, empty_stats, mean_accuracy, routed_config,
+    routing_accuracy, set_routers, solve_all, stats_to_safetensors, write_routed, DomainSequences, RouteOptions,
+    RouteReport,
 };
 use moe_shared::model::load_model;
 
@@ -231,12 +232,15 @@ impl WithBackend for Args {
             context: a.context,
             bias: !a.no_bias,
         };
-        let positive = |l: f64| l.is_finite() && l > 0.0;
-        if !positive(a.lambda) || !a.lambda_sweep.iter().all(|&l| positive(l)) {
-            bail!("--lambda and --lambda-sweep values must be > 0");
+        // The rules the tab's router checks too (shared), in the CLI's flags.
+        match check_route_options(&opts, a.domains.len()) {
+            Err(moe_shared::StudioError::Config { source_name, what }) => bail!("--{source_name} {what}"),
+            Err(e) => return Err(e.into()),
+            Ok(()) => {}
         }
-        if a.top_k == 0 || a.top_k > a.domains.len() {
-            bail!("--top-k {}: expected 1 to {} (the experts: one per --domain)", a.top_k, a.domains.len());
+        let positive = |l: f64| l.is_finite() && l > 0.0;
+        if !a.lambda_sweep.iter().all(|&l| positive(l)) {
+            bail!("--lambda-sweep values must be > 0");
         }
         let request = a.layout.request()?;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;

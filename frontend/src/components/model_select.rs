@@ -2,7 +2,8 @@
 
 use leptos::prelude::*;
 
-use crate::store::{model_choices, ModelRef, Revision};
+use crate::models::Models;
+use crate::store::ModelRef;
 
 /// Which models a select offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,10 +25,10 @@ pub fn ModelSelect(
     #[prop(into)] id: String,
     #[prop(optional)] prefer_first: bool,
 ) -> impl IntoView {
-    let rev = Revision::get();
+    let models = Models::get();
     let choices = move || {
-        rev.track();
-        model_choices()
+        models
+            .choices()
             .into_iter()
             .filter(|(_, _, moe)| match filter {
                 Filter::Any => true,

@@ -40,13 +40,14 @@ pub fn into_artifact(out: Output) -> Result<Artifact, String> {
         from_hf_parts(&out.name, &out.config_json, "config.json", Box::new(file), out.tokenizer).map_err(msg)?;
     Ok(Artifact {
         name: out.name,
-        method: out.method,
+        method: out.method.to_string(),
         safetensors: bytes,
         config_json: out.config_json,
         tokenizer_json: out.tokenizer_json,
         extra: out.extra,
         model,
         millis: out.millis,
+        kept: std::cell::Cell::new(false),
     })
 }
 

@@ -12,8 +12,14 @@
 //! tensor source for the CPU forward pass and stays there too. Without
 //! WebGPU every method runs the shared CPU code
 //! and the pages say so ([`Engine::describe`]). The ridge Gram statistics
-//! stay on the CPU: the CLI accumulates them in f64, the kernel in f32, and
-//! the browser's router must equal the CLI's.
+//! run on the kernel when the router page's box is ticked (f32 blocks
+//! summed in f64 on the CPU: the routers of the MoErged stories260K were
+//! within 3.2e-5 of the CLI's in the e2e run), else on the CPU in f64, the
+//! CLI's own path (routers within 1e-5).
+//!
+//! The worker opens the device in the background when it starts, with a
+//! timeout (`worker::host::GPU_TIMEOUT_MS`); until then every method runs on
+//! the CPU ([`gpu`] is `None`).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -55,10 +61,11 @@ pub enum Engine {
 }
 
 impl Engine {
-    /// WebGPU when the kernels' device is open, else the CPU.
+    /// WebGPU when the worker opened the kernels' device (the status the
+    /// page got from it), else the CPU.
     pub fn choose(gpu_status: &GpuStatus) -> Engine {
         match gpu_status {
-            GpuStatus::Available(_) if gpu().is_some() => Engine::WebGpu,
+            GpuStatus::Available(_) => Engine::WebGpu,
             _ => Engine::Cpu,
         }
     }
@@ -67,13 +74,15 @@ impl Engine {
     pub fn describe(self, gpu_status: &GpuStatus) -> String {
         match (self, gpu_status) {
             (Engine::WebGpu, GpuStatus::Available(a)) => format!(
-                "graft and MoErge averages on WebGPU (WGSL kernels, {a}); model forward passes and ridge statistics on the CPU in this tab"
+                "graft, MoErge averages and the ridge router's Gram statistics on WebGPU ({a}); model forward passes on the CPU, in the studio's worker"
             ),
             (_, GpuStatus::Available(a)) => {
                 format!("CPU in this tab (WebGPU adapter {a} found but the kernels could not start)")
             }
             (_, GpuStatus::Missing(why)) => format!("CPU fallback: WebGPU is not available ({why})"),
-            (_, GpuStatus::Unknown) => "CPU in this tab".into(),
+            (_, GpuStatus::Unknown) => {
+                "CPU in the studio's worker (WebGPU is still being checked; the kernels are used once it answers)".into()
+            }
         }
     }
 }

@@ -11,8 +11,8 @@ use moe_shared::methods::sink::{to_bytes, MemorySink, TensorSink};
 
 use super::artifact::{into_artifact, pretty, Output};
 use super::msg;
+use super::progress::Progress;
 use crate::store::{Artifact, Picked};
-use crate::task::Task;
 
 /// The `config.json` / `tokenizer.json` the CLI's `companion_files` copies
 /// for `target`: a produced checkpoint's own files, or (for a `.gguf` /
@@ -88,12 +88,13 @@ async fn gpu_group(
 }
 
 /// Grafts `scale * (instruct - base)` onto `target` (on the WGSL kernel
-/// when `use_gpu` and a WebGPU device is open, else the shared CPU code).
+/// when `use_gpu` and a WebGPU device is open, else the shared CPU code);
+/// progress in output tensors.
 ///
 /// # Errors
-/// MoE base/instruct, mismatched models (named by the plan), cancellation.
+/// MoE base/instruct, mismatched models (named by the plan).
 pub async fn run(
-    task: &Task,
+    progress: &Progress,
     target: &Picked,
     base: &Picked,
     instruct: &Picked,
@@ -131,9 +132,9 @@ pub async fn run(
     let mut sink = MemorySink::new(plan.planned.clone());
     let mut stats: Vec<DeltaStat> = Vec::new();
     let mut part = GraftPlan { tensors: Vec::new(), planned: Vec::new(), ..plan.clone() };
-    let mut last = crate::web::now_ms();
     let gpu = if use_gpu { super::gpu::gpu() } else { None };
-    for (k, r) in runs.iter().enumerate() {
+    let n = plan.tensors.len() as u64;
+    for r in &runs {
         match &gpu {
             Some(g) => stats.extend(gpu_group(g, t, b, i, &plan, r.clone(), &mut sink).await?),
             None => {
@@ -145,10 +146,7 @@ pub async fn run(
                 );
             }
         }
-        if crate::web::now_ms() - last > 40.0 {
-            task.step("grafting the delta", (k + 1) as f64 / runs.len() as f64).await?;
-            last = crate::web::now_ms();
-        }
+        progress.step("grafting the delta", r.end as u64, n, "tensors");
     }
     if let Some(choice) = &plan.choice {
         // The layout's zero tensors (a Qwen2-MoE zero shared expert) end the plan.
@@ -156,7 +154,7 @@ pub async fn run(
             .finish()
             .map_err(msg)?;
     }
-    task.step("serialising safetensors", 1.0).await?;
+    progress.step("serialising safetensors", 0, 1, "files");
     let report = graft_report(t.source.as_ref(), b.source.as_ref(), i.source.as_ref(), &plan, stats);
     let (config_json, tokenizer_json) = companion(target);
     let config_json = moe_shared::methods::delta::graft_config_json(&plan, &t.config, &config_json);

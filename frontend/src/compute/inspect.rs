@@ -1,35 +1,69 @@
-//! The teaching view: which expert each token goes to at one layer, and the
-//! load per expert.
+//! The teaching view: which experts each token goes to at one layer (the
+//! model's own top-k choices, with their routing weights), and the load per
+//! expert counted from the same choices, so the colours and the load chart
+//! agree (a tie among router logits is resolved once, by the model).
 
 use std::ops::Range;
 
-use moe_shared::model::{ForwardOptions, Trace};
+use burn::tensor::activation::softmax;
+use moe_shared::model::{ForwardOptions, RoutingTrace, Trace};
 use moe_shared::tokenizer::Tokenizer;
+use serde::{Deserialize, Serialize};
 
+use super::progress::Progress;
 use super::{cpu_model, encode, tokens};
 use crate::store::Picked;
 use crate::Cpu;
 
+/// One token's routing at the layer: its `top_k` chosen experts, best
+/// first, with the weights the layer mixes them with (softmax over the
+/// chosen logits; they sum to 1).
+pub type TokenRoute = Vec<(usize, f32)>;
+
 /// Routing of a text at one layer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Inspection {
     /// The text as the tokenizer decodes it, one span per token (with its
     /// leading space), or per group of byte tokens that together make one
-    /// character: `(text, top-1 expert of each token in the span)`.
-    pub tokens: Vec<(String, Vec<usize>)>,
+    /// character: `(text, the routing of each token in the span)`.
+    pub tokens: Vec<(String, Vec<TokenRoute>)>,
     /// Experts of the layer.
     pub experts: usize,
-    /// Fraction of routed slots (top-k) per expert.
+    /// Experts per token (`k`) at the layer.
+    pub top_k: usize,
+    /// Fraction of routed slots (top-k) per expert: the same choices as
+    /// the colours.
     pub load: Vec<f64>,
-    /// Number of MoE layers; `layer` is clamped into them.
+    /// The MoE layers of the model.
     pub moe_layers: Vec<usize>,
 }
 
-/// Routes `text` through `src` and reads layer `layer`'s choices.
+/// Tokens per forward call (through the KV cache), for the progress.
+const CHUNK: usize = 32;
+
+/// The chosen experts and their weights, per token, of one layer's trace.
+fn token_routes(r: &RoutingTrace<Cpu>) -> Vec<TokenRoute> {
+    let k = r.top_k;
+    let n = r.chosen.len() / k.max(1);
+    let [_, e] = r.logits.dims();
+    let logits: Vec<f32> = r.logits.clone().into_data().convert::<f32>().to_vec().expect("f32 logits");
+    (0..n)
+        .map(|t| {
+            let chosen: Vec<usize> = r.chosen[t * k..(t + 1) * k].iter().map(|&c| c as usize).collect();
+            let picked: Vec<f32> = chosen.iter().map(|&c| logits[t * e + c]).collect();
+            let w = softmax(burn::tensor::Tensor::<Cpu, 1>::from_floats(picked.as_slice(), &Default::default()), 0);
+            let w: Vec<f32> = w.into_data().convert::<f32>().to_vec().expect("f32 weights");
+            chosen.into_iter().zip(w).collect()
+        })
+        .collect()
+}
+
+/// Routes `text` through `src` and reads layer `layer`'s choices; progress
+/// in tokens.
 ///
 /// # Errors
 /// A dense model, no tokenizer, an empty text, a dense layer.
-pub fn inspect(src: &Picked, text: &str, layer: usize) -> Result<Inspection, String> {
+pub fn inspect(progress: &Progress, src: &Picked, text: &str, layer: usize) -> Result<Inspection, String> {
     let m = src.model();
     let moe = m
         .moe
@@ -45,19 +79,29 @@ pub fn inspect(src: &Picked, text: &str, layer: usize) -> Result<Inspection, Str
         return Err("type some text to route".into());
     }
     let model = cpu_model(m)?;
-    let mut trace: Trace<Cpu> = Trace::default();
-    let _ = model.forward_hidden_with(tokens(&ids), None, ForwardOptions::default(), Some(&mut trace));
-    let r = trace.routing.get(layer).and_then(|r| r.as_ref()).ok_or("no routing recorded for this layer")?;
+    let mut cache = model.new_cache();
+    let mut routes: Vec<TokenRoute> = Vec::with_capacity(ids.len());
+    let (mut experts, mut top_k) = (0, 1);
+    let mut counts: Vec<usize> = Vec::new();
+    progress.step("routing the text", 0, ids.len() as u64, "tokens");
+    for chunk in ids.chunks(CHUNK) {
+        let mut trace: Trace<Cpu> = Trace::default();
+        let _ = model.forward_hidden_with(tokens(chunk), Some(&mut cache), ForwardOptions::default(), Some(&mut trace));
+        let r = trace.routing.get(layer).and_then(|r| r.as_ref()).ok_or("no routing recorded for this layer")?;
+        (experts, top_k) = (r.counts.len(), r.top_k);
+        counts.resize(experts, 0);
+        counts.iter_mut().zip(&r.counts).for_each(|(c, n)| *c += n);
+        routes.extend(token_routes(r));
+        progress.step("routing the text", routes.len() as u64, ids.len() as u64, "tokens");
+    }
     let tok = m.tokenizer.as_ref().ok_or("no tokenizer")?;
-    let toks = token_spans(tok, &ids)
-        .into_iter()
-        .map(|(text, span)| (text, span.map(|t| r.chosen[t * r.top_k] as usize).collect()))
-        .collect();
-    let total = r.counts.iter().sum::<usize>().max(1) as f64;
+    let toks = token_spans(tok, &ids).into_iter().map(|(text, span)| (text, routes[span].to_vec())).collect();
+    let total = counts.iter().sum::<usize>().max(1) as f64;
     Ok(Inspection {
         tokens: toks,
-        experts: r.counts.len(),
-        load: r.counts.iter().map(|&c| c as f64 / total).collect(),
+        experts,
+        top_k,
+        load: counts.iter().map(|&c| c as f64 / total).collect(),
         moe_layers,
     })
 }

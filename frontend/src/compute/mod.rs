@@ -1,15 +1,18 @@
-//! The methods as the browser runs them: async, cancellable, yielding to the
-//! event loop between tensors or sequences, and calling exactly the
-//! `moe_shared` functions the CLI calls (so outputs are identical).
+//! The methods as the browser runs them, in the studio's worker
+//! ([`crate::worker`]): reporting progress in real units of work
+//! ([`progress`]) and calling exactly the `moe_shared` functions the CLI
+//! calls (so outputs are identical).
 
 pub mod artifact;
 pub mod average;
+pub mod generate;
 pub mod gpu;
 pub mod graft;
 pub mod inspect;
 pub mod logits;
 pub mod moerge;
 pub mod neurons;
+pub mod progress;
 pub mod route;
 pub mod slices;
 pub mod upcycle;

@@ -16,8 +16,8 @@ use moe_shared::methods::{plan_moerge, weighted_means, write_moerge, MoergeInput
 
 use super::artifact::{into_artifact, pretty, tokenizer_json, Output};
 use super::msg;
+use super::progress::Progress;
 use crate::store::{Artifact, Picked};
-use crate::task::Task;
 
 /// Where a MoErge computed its averaged (shared, non-FFN) tensors.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -77,13 +77,14 @@ async fn gpu_tensor(
 }
 
 /// MoErges `models` (expert `i` = model `i`); the averaged tensors on the
-/// WGSL kernel when `use_gpu` and a WebGPU device is open.
+/// WGSL kernel when `use_gpu` and a WebGPU device is open; progress in
+/// output tensors.
 ///
 /// # Errors
 /// Fewer than two models, MoE inputs, mismatched architectures or
-/// tokenizers (named by the plan), kernel errors, cancellation.
+/// tokenizers (named by the plan), kernel errors.
 pub async fn run(
-    task: &Task,
+    progress: &Progress,
     models: &[Picked],
     opts: &MoergeOptions,
     use_gpu: bool,
@@ -121,7 +122,6 @@ pub async fn run(
     let n = plan.tensors.len();
     let mut summary = MoergeSummary { tensors: n, ..Default::default() };
     let what = if gpu.is_some() { "merging tensors (averages on WebGPU)" } else { "merging tensors" };
-    let mut last = crate::web::now_ms();
     for (i, (t, p)) in plan.tensors.iter().zip(&plan.planned).enumerate() {
         let averaged = matches!(t.origin, moe_shared::methods::moe_plan::Origin::Dense { .. });
         let on_gpu = match (&gpu, &means[i]) {
@@ -140,16 +140,13 @@ pub async fn run(
                 summary.averaged_cpu += 1;
             }
         }
-        if crate::web::now_ms() - last > 40.0 {
-            task.step(what, (i + 1) as f64 / n as f64).await?;
-            last = crate::web::now_ms();
-        }
+        progress.step(what, (i + 1) as u64, n as u64, "tensors");
     }
     // The layout's zero tensors (a Qwen2-MoE zero shared expert) end the plan.
     moe_shared::methods::output::layout_sink(&mut sink, &plan.choice, &plan.planned, plan.tensors.len())
         .finish()
         .map_err(msg)?;
-    task.step("serialising safetensors", 1.0).await?;
+    progress.step("serialising safetensors", 0, 1, "files");
     let first = models[0].model();
     let out = Output {
         name: format!("moerge-{}", models.iter().map(|p| p.name().to_string()).collect::<Vec<_>>().join("+")),

@@ -10,12 +10,12 @@ use moe_shared::methods::neurons::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::progress::Progress;
 use super::{cpu_model, msg};
 use crate::store::Picked;
-use crate::task::Task;
 
 /// Texts of one language, one text per line.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LanguageTexts {
     /// Language code (`en`, `hu`, ...); the first is the original language.
     pub code: String,
@@ -100,13 +100,13 @@ pub fn lines(text: &str, max: usize) -> Vec<String> {
     text.lines().map(str::trim).filter(|l| !l.is_empty()).take(max).map(str::to_string).collect()
 }
 
-/// Runs the analysis and the allocation.
+/// Runs the analysis and the allocation; progress in texts.
 ///
 /// # Errors
 /// Fewer than two languages or texts, MoE input, top-N outside
-/// `1..=neurons`, analysis errors, cancellation.
-pub async fn run(
-    task: &Task,
+/// `1..=neurons`, analysis errors.
+pub fn run(
+    progress: &Progress,
     src: &Picked,
     langs: &[LanguageTexts],
     top_n: usize,
@@ -147,17 +147,18 @@ pub async fn run(
     }
     col.reserve(encoded.len());
     // A few texts per forward pass (right-padded; the same rows as one by
-    // one), yielding to the page between passes.
-    let mut done = 0usize;
+    // one); progress in tokens.
+    let max_tokens = CollectOptions::default().max_tokens;
+    let total: u64 = encoded.iter().map(|(_, ids)| ids.len().min(max_tokens) as u64).sum();
+    let mut done = 0u64;
+    progress.step("activations of every neuron", 0, total, "tokens");
     for group in encoded.chunks(TEXTS_PER_PASS) {
         let texts: Vec<(usize, &[u32])> = group.iter().map(|(l, ids)| (*l, ids.as_slice())).collect();
-        col.add_texts(&texts).map_err(msg)?;
-        done += group.len();
-        task.step(&format!("activations: text {done} of {}", encoded.len()), 0.8 * done as f64 / encoded.len() as f64)
-            .await?;
+        done += col.add_texts(&texts).map_err(msg)? as u64;
+        progress.step("activations of every neuron", done, total, "tokens");
     }
     let pooled = col.finish().map_err(msg)?;
-    task.step("average precision per neuron", 0.85).await?;
+    progress.step("Average Precision per neuron and language", 0, 1, "tables");
     let table = average_precision_table(&pooled, 1).map_err(msg)?;
     let report = analyze(&pooled, &table, &AnalysisOptions { top_n, ..Default::default() }).map_err(msg)?;
     let counts: Vec<f64> = report.union_counts.iter().map(|c| c.total).collect();

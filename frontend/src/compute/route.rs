@@ -6,22 +6,26 @@
 //! per-domain perplexity table: DUME (learned routing) vs averaging (mean
 //! of the experts) vs oracle (every token to its domain's expert).
 
+use moe_kernels::{Gpu, GramAccumulator};
 use moe_shared::eval::{evaluate, PerplexityOptions};
+use moe_shared::methods::ridge::RidgeStats;
 use moe_shared::methods::route::{
-    check_domains, collect_stats, domain_sequences, empty_stats, plan_routed, routed_config, routing_accuracy,
-    set_routers, solve_all, stats_to_safetensors, write_routed_tensors, DomainSequences, RouteOptions, RouteReport,
+    check_domains, check_route_options, collect_stats, domain_sequences, empty_stats, forced_ffn_inputs, plan_routed,
+    routed_config, routing_accuracy, set_routers, stats_to_safetensors, write_routed_tensors, DomainSequences,
+    RouteOptions, RouteReport, SEQUENCES_PER_PASS,
 };
 use moe_shared::methods::sink::MemorySink;
+use moe_shared::model::Transformer;
 use moe_shared::model::{load_transformer, Routing};
 
 use super::artifact::{into_artifact, pretty, tokenizer_json, Output};
 use super::average::AveragedExperts;
+use super::progress::Progress;
 use super::{cpu_model, msg};
 use crate::store::{Artifact, Picked};
-use crate::task::Task;
 
 /// One domain: a name and its text (expert `i` = domain `i`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DomainText {
     /// Domain name (`en`, `code`, ...).
     pub name: String,
@@ -30,7 +34,7 @@ pub struct DomainText {
 }
 
 /// Perplexities of one domain's held-out text.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PplRow {
     /// Domain name.
     pub domain: String,
@@ -56,33 +60,150 @@ pub struct RouteResult {
     pub ppl: Vec<PplRow>,
     /// Milliseconds for statistics + solve (the CLI's `route` work).
     pub route_millis: f64,
+    /// Where the Gram statistics were accumulated (`WebGPU` or `CPU`).
+    pub gram_on: String,
+}
+
+/// Rows (tokens) per f32 block on the GPU: each block's `XᵀX` / `XᵀY` is
+/// read back and added into the f64 statistics, so f32 rounding never
+/// builds up over more than this many rows (relative error of a block sum
+/// ~ 1e-7 · sqrt(rows), against the CLI's f64 accumulation).
+pub const GRAM_BLOCK_ROWS: usize = 4096;
+
+/// Rows staged per dispatch of one layer's accumulator (bounds the staging
+/// buffer of each of the `L` accumulators to `512 · (d + 1) · 4` bytes).
+const GRAM_CHUNK_ROWS: usize = 512;
+
+fn gpu_err(e: moe_kernels::KernelError) -> String {
+    format!("WebGPU ridge statistics: {e}")
+}
+
+/// Reads every layer's block, adds it into `stats` in f64 (with `rows`
+/// tokens of expert `domain`) and clears the accumulators.
+async fn flush(
+    accs: &mut [Option<GramAccumulator>],
+    stats: &mut [Option<RidgeStats>],
+    domain: usize,
+    rows: usize,
+) -> Result<(), String> {
+    for (acc, s) in accs.iter_mut().zip(stats.iter_mut()) {
+        if let (Some(acc), Some(s)) = (acc.as_mut(), s.as_mut()) {
+            let (a, b) = acc.read().await.map_err(gpu_err)?;
+            let mut tokens = vec![0u64; s.num_experts()];
+            tokens[domain] = rows as u64;
+            let block = RidgeStats {
+                dim: s.dim,
+                bias: s.bias,
+                a: a.into_iter().map(f64::from).collect(),
+                b: b.into_iter().map(f64::from).collect(),
+                tokens,
+            };
+            s.merge(&block).map_err(msg)?;
+            acc.clear();
+        }
+    }
+    Ok(())
+}
+
+/// [`collect_stats`] with the Gram products on the WGSL kernel: the same
+/// rows (`forced_ffn_inputs`, with the constant 1 of the bias and the
+/// one-hot of `domain`), `XᵀX` and `XᵀY` accumulated per MoE layer in f32
+/// on the GPU over blocks of at most [`GRAM_BLOCK_ROWS`] tokens, each block
+/// added into `stats` in f64 on the CPU. Returns the tokens used;
+/// `on_tokens(used)` after each sequence.
+///
+/// # Errors
+/// A layer without expert `domain`, no tokens, the kernel's errors.
+pub async fn gpu_collect_stats(
+    gpu: &Gpu,
+    model: &Transformer<crate::Cpu>,
+    domain: usize,
+    sequences: &[Vec<u32>],
+    max_tokens: usize,
+    stats: &mut [Option<RidgeStats>],
+    mut on_tokens: impl FnMut(usize),
+) -> Result<usize, String> {
+    for (l, s) in stats.iter().enumerate() {
+        if let Some(s) = s.as_ref().filter(|s| domain >= s.num_experts()) {
+            return Err(format!("layer {l} has {} experts; there is no expert for domain {domain}", s.num_experts()));
+        }
+    }
+    let want: Vec<bool> = stats.iter().map(Option::is_some).collect();
+    let mut accs: Vec<Option<GramAccumulator>> = stats
+        .iter()
+        .map(|s| s.as_ref().map(|s| gpu.gram_chunked(s.p(), s.num_experts(), GRAM_CHUNK_ROWS)).transpose())
+        .collect::<Result<_, _>>()
+        .map_err(gpu_err)?;
+    let (mut used, mut in_block) = (0usize, 0usize);
+    for seq in sequences {
+        if used >= max_tokens {
+            break;
+        }
+        let take = seq.len().min(max_tokens - used);
+        if take == 0 {
+            continue;
+        }
+        let (inputs, _) = forced_ffn_inputs(model, domain, &[&seq[..take]], &want).map_err(msg)?;
+        for (l, x) in inputs.into_iter().enumerate() {
+            let (Some(acc), Some(x), Some(s)) = (accs[l].as_mut(), x, stats[l].as_ref()) else { continue };
+            let (d, e) = (s.dim, s.num_experts());
+            let rows: Vec<f32> = if s.bias {
+                x.chunks_exact(d).flat_map(|r| r.iter().copied().chain(std::iter::once(1.0))).collect()
+            } else {
+                x
+            };
+            let n = take;
+            let mut y = vec![0f32; n * e];
+            for i in 0..n {
+                y[i * e + domain] = 1.0;
+            }
+            acc.add(&rows, &y).map_err(gpu_err)?;
+        }
+        used += take;
+        in_block += take;
+        if in_block >= GRAM_BLOCK_ROWS {
+            flush(&mut accs, stats, domain, in_block).await?;
+            in_block = 0;
+        }
+        on_tokens(used);
+    }
+    if in_block > 0 {
+        flush(&mut accs, stats, domain, in_block).await?;
+    }
+    if used == 0 {
+        return Err(format!("domain {domain}: no tokens to collect statistics from"));
+    }
+    Ok(used)
 }
 
 /// Mean over the MoE layers (shared with the CLI's report).
 pub use moe_shared::methods::route::mean_accuracy as mean;
 
-/// Runs the ridge router on the MoE `src` with one text per expert.
+/// Runs the ridge router on the MoE `src` with one text per expert;
+/// progress in tokens (statistics, accuracy), layers (solve) and windows
+/// (perplexity).
 ///
 /// # Errors
-/// Not an MoE, expert count != domains, empty texts, solve errors,
-/// cancellation.
+/// Not an MoE, expert count != domains, empty texts, solve errors.
 pub async fn run(
-    task: &Task,
+    progress: &Progress,
     src: &Picked,
     domains: &[DomainText],
     opts: RouteOptions,
     eval_tokens: usize,
     with_ppl: bool,
+    use_gpu: bool,
 ) -> Result<RouteResult, String> {
     let t0 = crate::web::now_ms();
     let m = src.model();
     let moe = m.moe.clone().ok_or_else(|| format!("{} is not an MoE: upcycle or MoErge first", src.name()))?;
     let tok = m.tokenizer.as_ref().ok_or_else(|| format!("{} has no tokenizer", src.name()))?;
-    if !(opts.lambda.is_finite() && opts.lambda > 0.0) {
-        return Err("lambda must be a number > 0".into());
-    }
     // The CLI's domain check, tokenisation and held-out split (shared).
     check_domains(&moe, domains.len()).map_err(msg)?;
+    // The CLI's option rules (shared), before any work: top-k 0 used to
+    // panic inside the forward pass and kill the tab.
+    check_route_options(&opts, domains.len()).map_err(msg)?;
+    let gram_on = if use_gpu && super::gpu::gpu().is_some() { "WebGPU" } else { "CPU" }.to_string();
     let seqs: Vec<DomainSequences> = domains
         .iter()
         .map(|d| domain_sequences(tok, &d.name, (&d.text, "the text"), None, opts.context))
@@ -108,36 +229,61 @@ pub async fn run(
             crate::memory::output_need(plan.planned.iter().map(|p| p.byte_len() as u64)),
         ),
     )?;
-    task.step("loading the MoE", 0.0).await?;
+    progress.step("building the MoE for the forward passes", 0, 1, "models");
     let mut model = cpu_model(m)?;
     let mut stats = empty_stats(&model, opts.bias);
     let mut tokens = Vec::new();
-    let n = domains.len() as f64;
+    let all: u64 = train.iter().map(|t| t.iter().map(Vec::len).sum::<usize>().min(opts.max_tokens) as u64).sum();
+    let mut done = 0u64;
+    let gpu = if gram_on == "WebGPU" { super::gpu::gpu() } else { None };
     for (i, d) in domains.iter().enumerate() {
         let mut used = 0usize;
-        let total: usize = train[i].iter().map(Vec::len).sum::<usize>().min(opts.max_tokens).max(1);
-        for seq in train[i].iter() {
+        let what = format!("ridge statistics ({}, Gram on {gram_on})", d.name);
+        if let Some(g) = &gpu {
+            let start = done;
+            used = gpu_collect_stats(g, &model, i, train[i], opts.max_tokens, &mut stats, |u| {
+                progress.step(&what, start + u as u64, all, "tokens")
+            })
+            .await
+            .map_err(|e| format!("domain `{}`: {e}", d.name))?;
+            done += used as u64;
+        }
+        // CPU: the CLI's `collect_stats`, a few sequences per call (its own
+        // batch size) for the progress.
+        for group in train[i].chunks(SEQUENCES_PER_PASS).filter(|_| gpu.is_none()) {
             if used >= opts.max_tokens {
                 break;
             }
-            used += collect_stats(&model, i, std::slice::from_ref(seq), opts.max_tokens - used, &mut stats)
+            let got = collect_stats(&model, i, group, opts.max_tokens - used, &mut stats)
                 .map_err(|e| format!("domain `{}`: {e}", d.name))?;
-            let frac = (i as f64 + used as f64 / total as f64) / n * 0.6;
-            task.step(&format!("ridge statistics: {} ({used} tokens)", d.name), frac).await?;
+            used += got;
+            done += got as u64;
+            progress.step(&what, done, all, "tokens");
         }
         if used == 0 {
             return Err(format!("domain `{}`: no tokens to collect statistics from", d.name));
         }
         tokens.push(used);
     }
-    task.step("solving the ridge systems", 0.6).await?;
-    let routers = solve_all(&stats, opts.lambda).map_err(msg)?;
+    let layers = stats.iter().flatten().count() as u64;
+    let mut solved = 0u64;
+    let mut routers = Vec::with_capacity(stats.len());
+    for s in &stats {
+        // `solve_all`, one layer at a time for the progress.
+        routers.push(s.as_ref().map(|s| s.solve(opts.lambda)).transpose().map_err(msg)?);
+        solved += u64::from(s.is_some());
+        progress.step("solving the ridge systems", solved, layers, "layers");
+    }
     set_routers(&mut model, &routers, opts.top_k, opts.temperature);
     let route_millis = crate::web::now_ms() - t0;
     let mut accuracy = Vec::new();
+    let held_all: u64 = held.iter().map(|h| h.iter().map(Vec::len).sum::<usize>().min(eval_tokens) as u64).sum();
+    let mut done = 0u64;
     for (i, d) in domains.iter().enumerate() {
-        task.step(&format!("routing accuracy: {}", d.name), 0.65 + 0.1 * i as f64 / n).await?;
+        progress.step(&format!("routing accuracy ({})", d.name), done, held_all, "tokens");
         accuracy.push(routing_accuracy(&model, i, held[i], eval_tokens));
+        done += held[i].iter().map(Vec::len).sum::<usize>().min(eval_tokens) as u64;
+        progress.step(&format!("routing accuracy ({})", d.name), done, held_all, "tokens");
     }
     // Perplexity: DUME vs averaging vs oracle on each held-out text.
     let mut ppl = Vec::new();
@@ -148,14 +294,18 @@ pub async fn run(
         let popts = PerplexityOptions { window, stride: window, max_tokens: Some(eval_tokens), ..Default::default() };
         let dev = Default::default();
         for (i, d) in domains.iter().enumerate() {
-            task.step(&format!("perplexity: {}", d.name), 0.75 + 0.2 * i as f64 / n).await?;
             let ids: Vec<u32> = held[i].concat();
-            let ev = |model: &moe_shared::model::Transformer<crate::Cpu>, r: Routing| {
-                evaluate(model, &ids, popts, r, &dev, |_, _| {}).map(|e| e.report).map_err(msg)
+            let ev = |model: &moe_shared::model::Transformer<crate::Cpu>, r: Routing, what: &str| {
+                let label = format!("perplexity ({}, {what})", d.name);
+                evaluate(model, &ids, popts, r, &dev, |w, total| {
+                    progress.step(&label, w as u64, total as u64, "windows")
+                })
+                .map(|e| e.report)
+                .map_err(msg)
             };
-            let dume = ev(&model, Routing::Learned)?;
-            let oracle = ev(&model, Routing::Forced(i))?;
-            let avg = ev(&averaged, Routing::Learned)?;
+            let dume = ev(&model, Routing::Learned, "DUME")?;
+            let oracle = ev(&model, Routing::Forced(i), "oracle")?;
+            let avg = ev(&averaged, Routing::Learned, "averaging")?;
             ppl.push(PplRow {
                 domain: d.name.clone(),
                 tokens: dume.tokens,
@@ -168,7 +318,7 @@ pub async fn run(
     // Free the Burn model before the output is built: wasm32 has 4 GiB, and
     // a 135M-parameter MoE in f32 is ~0.9 GB per copy.
     drop(model);
-    task.step("writing the routed checkpoint", 0.95).await?;
+    progress.step("writing the routed checkpoint", 0, 1, "files");
     let mut sink = MemorySink::new(plan.planned.clone());
     write_routed_tensors(m.source.as_ref(), &plan, &routers, 0..plan.tensors.len(), &mut sink).map_err(msg)?;
     let report = RouteReport::new(&m.path, &seqs, tokens.clone(), opts, accuracy.clone());
@@ -186,5 +336,5 @@ pub async fn run(
         extra,
         millis: crate::web::now_ms() - t0,
     };
-    Ok(RouteResult { artifact: into_artifact(out)?, accuracy, tokens, ppl, route_millis })
+    Ok(RouteResult { artifact: into_artifact(out)?, accuracy, tokens, ppl, route_millis, gram_on })
 }

@@ -2,20 +2,267 @@
 //! `MemorySink`, exactly as `moe-studio upcycle` (which streams the same
 //! plan into its directory writer), in runs of tensors with yields between.
 
+use moe_shared::checkpoint::{DType, TensorSource};
+use moe_shared::config::ModelConfig;
 use moe_shared::methods::moe_plan::Origin;
 use moe_shared::methods::sink::MemorySink;
-use moe_shared::methods::{plan_upcycle, write_upcycle, UpcycleOptions, UpcyclePlan};
+use moe_shared::methods::{
+    plan_upcycle, write_upcycle, AllocationFile, CopyNoise, ExpertCounts, RouterInit, SharedExperts, SharedInit,
+    UpcycleOptions, UpcyclePlan,
+};
 
 use super::artifact::{into_artifact, pretty, tokenizer_json, Output};
 use super::msg;
+use super::progress::Progress;
 use crate::store::{Artifact, Picked};
-use crate::task::Task;
+use crate::worker::protocol::UpcycleForm;
 
-/// Upcycles the dense model `src` with `opts`.
+/// Parses a number typed into the field `what`.
 ///
 /// # Errors
-/// An MoE or too-large input, the plan's validation errors, cancellation.
-pub async fn run(task: &Task, src: &Picked, opts: &UpcycleOptions) -> Result<Artifact, String> {
+/// `what: `s` is not a valid number`.
+pub fn num<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String> {
+    s.trim().parse().map_err(|_| format!("{what}: `{s}` is not a valid number"))
+}
+
+/// The most experts per layer the page offers (the input's `max`); more
+/// belong to the CLI or the server's Jobs page.
+pub const MAX_EXPERTS: usize = 64;
+
+/// The form field an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    /// Uniform experts per layer.
+    Experts,
+    /// The allocation JSON.
+    Allocation,
+    /// top-k.
+    TopK,
+    /// Frozen experts.
+    Frozen,
+    /// Router init.
+    Router,
+    /// Seed.
+    Seed,
+    /// Output dtype.
+    Dtype,
+    /// Shared experts (count, gate, init).
+    Shared,
+    /// Drop-Upcycling ratio.
+    DropRatio,
+    /// Granularity.
+    Granularity,
+    /// Not one field (the model, its size, the tab's memory).
+    Model,
+}
+
+impl Field {
+    /// The field's label on the page.
+    pub fn label(self) -> &'static str {
+        match self {
+            Field::Experts => "experts per layer",
+            Field::Allocation => "allocation",
+            Field::TopK => "top-k",
+            Field::Frozen => "frozen experts",
+            Field::Router => "router init",
+            Field::Seed => "seed",
+            Field::Dtype => "dtype",
+            Field::Shared => "shared experts",
+            Field::DropRatio => "drop ratio",
+            Field::Granularity => "granularity",
+            Field::Model => "model",
+        }
+    }
+
+    /// The `data-testid` suffix of the field's error.
+    pub fn id(self) -> &'static str {
+        match self {
+            Field::Experts => "experts",
+            Field::Allocation => "allocation",
+            Field::TopK => "topk",
+            Field::Frozen => "frozen",
+            Field::Router => "router",
+            Field::Seed => "seed",
+            Field::Dtype => "dtype",
+            Field::Shared => "shared",
+            Field::DropRatio => "drop",
+            Field::Granularity => "granularity",
+            Field::Model => "model",
+        }
+    }
+}
+
+/// Refuses counts above [`MAX_EXPERTS`] before any plan is made.
+///
+/// # Errors
+/// The field and a message in the page's words.
+pub fn check_counts(counts: &ExpertCounts, field: Field) -> Result<(), (Field, String)> {
+    let too_many = |l: Option<usize>, e: usize| {
+        let at = l.map(|l| format!("layer {l} has {e} experts")).unwrap_or_else(|| format!("{e} experts"));
+        (
+            field,
+            format!(
+                "{}: {at}, the browser studio makes at most {MAX_EXPERTS} per layer \
+                 (use the CLI or the server's Jobs page for more)",
+                field.label()
+            ),
+        )
+    };
+    match counts {
+        ExpertCounts::Uniform(e) if *e > MAX_EXPERTS => Err(too_many(None, *e)),
+        ExpertCounts::PerLayer(v) => match v.iter().enumerate().find(|(_, e)| e.is_some_and(|e| e > MAX_EXPERTS)) {
+            Some((l, e)) => Err(too_many(Some(l), e.unwrap_or_default())),
+            None => Ok(()),
+        },
+        ExpertCounts::Uniform(_) => Ok(()),
+    }
+}
+
+/// A shared planning error in the page's words: the field it is about,
+/// named by its label instead of the CLI's flag (`--experts: layer 0:
+/// top-k 3 must be ...` -> `top-k: layer 0: top-k 3 must be ...`).
+pub fn plan_error(e: &moe_shared::StudioError, experts: Field) -> (Field, String) {
+    match e {
+        moe_shared::StudioError::Config { what, source_name } => {
+            let field = if source_name == "--drop-ratio" {
+                Field::DropRatio
+            } else if source_name == "--granularity" {
+                Field::Granularity
+            } else if source_name == "--shared-experts" || what.contains("shared expert") {
+                Field::Shared
+            } else if what.contains("top-k") {
+                Field::TopK
+            } else if what.contains("frozen expert") {
+                Field::Frozen
+            } else if what.contains("router") {
+                Field::Router
+            } else {
+                experts
+            };
+            (field, format!("{}: {what}", field.label()))
+        }
+        e => (Field::Model, e.to_string()),
+    }
+}
+
+/// The dtype of the upcycled checkpoint for the form's `dtype`: `auto`
+/// keeps a float source's dtype and writes bf16 for a quantized source
+/// (GGUF Q4/Q8 weights upcast to f32 would be 4-8x the file; SmolLM2 to 4
+/// experts is 1.5 GB in f32, 0.75 GB in bf16), `source` is the CLI's
+/// default (f32 for a quantized source).
+pub fn output_dtype(form: &str, source: &dyn TensorSource) -> Result<Option<DType>, (Field, String)> {
+    match form {
+        "auto" => {
+            let quantized = source.tensors().iter().any(|t| t.dtype.float_size().is_none());
+            Ok(quantized.then_some(DType::BF16))
+        }
+        "source" => Ok(None),
+        d => DType::parse_float(d).map(Some).ok_or_else(|| (Field::Dtype, format!("dtype: unknown dtype {d}"))),
+    }
+}
+
+/// The `UpcycleOptions` of the form for a model with tensors `source`
+/// (errors name the form field, in the page's words).
+///
+/// # Errors
+/// A value that does not parse, more than [`MAX_EXPERTS`] experts.
+pub fn options(form: &UpcycleForm, source: &dyn TensorSource) -> Result<UpcycleOptions, (Field, String)> {
+    let at = |f: Field| move |e: String| (f, e);
+    let (experts, experts_source, field) = match &form.allocation {
+        Some(raw) => (
+            AllocationFile::parse(raw.as_bytes(), "allocation").map_err(|e| (Field::Allocation, e.to_string()))?,
+            "allocation".to_string(),
+            Field::Allocation,
+        ),
+        None => {
+            let e = num(&form.experts, "experts per layer").map_err(at(Field::Experts))?;
+            (ExpertCounts::Uniform(e), "experts per layer".to_string(), Field::Experts)
+        }
+    };
+    check_counts(&experts, field)?;
+    let frozen = form
+        .frozen
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| num::<usize>(s, "frozen experts"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(at(Field::Frozen))?;
+    let router_init = match form.router.as_str() {
+        "random" => RouterInit::Random { std: 0.02 },
+        _ => RouterInit::Zeros,
+    };
+    // The server's upcycle rules (shared `JobSpec::validate`), next to the field.
+    let (uniform, per_layer) = match &experts {
+        ExpertCounts::Uniform(e) => (Some(*e), None),
+        ExpertCounts::PerLayer(v) => (None, Some(v.clone())),
+    };
+    let top_k: usize = num(&form.top_k, "top-k").map_err(at(Field::TopK))?;
+    crate::validate::upcycle(uniform, per_layer, top_k, &frozen, &form.router).map_err(|e| {
+        let f = match e.field.split(['[', '.']).next().unwrap_or("") {
+            "experts" => Field::Experts,
+            "experts_per_layer" => Field::Allocation,
+            "top_k" => Field::TopK,
+            "frozen" => Field::Frozen,
+            "router_init" => Field::Router,
+            _ => field,
+        };
+        (f, e.message)
+    })?;
+    let count: usize = num(&form.shared, "shared experts").map_err(at(Field::Shared))?;
+    let shared = SharedExperts {
+        count,
+        gate: count > 0 && form.shared_gate,
+        init: if count > 0 && form.shared_init == "copy" { SharedInit::Copy } else { SharedInit::Zero },
+        frozen: false,
+    };
+    Ok(UpcycleOptions {
+        experts,
+        experts_source,
+        top_k,
+        frozen,
+        router_init,
+        noise: CopyNoise::NONE,
+        seed: num(&form.seed, "seed").map_err(at(Field::Seed))?,
+        temperature: 1.0,
+        dtype: output_dtype(&form.dtype, source)?,
+        router_aux_loss_coef: 0.01,
+        shared,
+        drop_ratio: num(&form.drop_ratio, "drop ratio").map_err(at(Field::DropRatio))?,
+        granularity: num(&form.granularity, "granularity").map_err(at(Field::Granularity))?,
+        norm_topk_prob: true,
+        layout: moe_shared::layout::LayoutRequest::Auto,
+    })
+}
+
+/// The options and the plan of the form for a model (`source`, `config`),
+/// refused — in the page's words, with the field they are about — when
+/// they are invalid or the MoE would not fit a tab. The page runs it on
+/// every change; the worker runs it again before the work.
+///
+/// # Errors
+/// As [`options`], [`plan_error`], and the tab's size limit
+/// (`crate::load::check_fits`).
+pub fn plan(
+    form: &UpcycleForm,
+    source: &dyn TensorSource,
+    config: &ModelConfig,
+) -> Result<(UpcycleOptions, UpcyclePlan), (Field, String)> {
+    let o = options(form, source)?;
+    let field = if form.allocation.is_some() { Field::Allocation } else { Field::Experts };
+    let plan = plan_upcycle(source, config, &o).map_err(|e| plan_error(&e, field))?;
+    let model = |e: String| (Field::Model, e);
+    crate::load::check_fits("the upcycled model", config, Some(&plan.moe)).map_err(model)?;
+    let need = crate::memory::output_need(plan.planned.iter().map(|p| p.byte_len() as u64));
+    crate::memory::ensure("the upcycle", need).map_err(model)?;
+    Ok((o, plan))
+}
+
+/// Upcycles the dense model `src` with `opts`; progress in output tensors.
+///
+/// # Errors
+/// An MoE or too-large input, the plan's validation errors.
+pub fn run(progress: &Progress, src: &Picked, opts: &UpcycleOptions) -> Result<Artifact, String> {
     let t0 = crate::web::now_ms();
     let m = src.model();
     if m.moe.is_some() {
@@ -36,21 +283,18 @@ pub async fn run(task: &Task, src: &Picked, opts: &UpcycleOptions) -> Result<Art
     let mut sink = MemorySink::new(plan.planned.clone());
     let mut part =
         UpcyclePlan { tensors: Vec::new(), planned: Vec::new(), config_json: serde_json::Value::Null, ..plan.clone() };
-    let mut last = crate::web::now_ms();
-    for (i, r) in runs.iter().enumerate() {
+    let n = plan.tensors.len() as u64;
+    for r in &runs {
         part.tensors = plan.tensors[r.clone()].to_vec();
         part.planned = plan.planned[r.clone()].to_vec();
         write_upcycle(m.source.as_ref(), &part, opts, &mut sink).map_err(msg)?;
-        if crate::web::now_ms() - last > 40.0 {
-            task.step("copying FFNs into experts", (i + 1) as f64 / runs.len() as f64).await?;
-            last = crate::web::now_ms();
-        }
+        progress.step("copying FFNs into experts", r.end as u64, n, "tensors");
     }
     // The layout's zero tensors (a Qwen2-MoE zero shared expert) end the plan.
     moe_shared::methods::output::layout_sink(&mut sink, &plan.choice, &plan.planned, plan.tensors.len())
         .finish()
         .map_err(msg)?;
-    task.step("serialising safetensors", 1.0).await?;
+    progress.step("serialising safetensors", 0, 1, "files");
     let safetensors = sink.into_safetensors().map_err(msg)?;
     let experts = plan.moe.layers.iter().flatten().map(|s| s.num_experts).max().unwrap_or(0);
     let out = Output {
@@ -64,4 +308,51 @@ pub async fn run(task: &Task, src: &Picked, opts: &UpcycleOptions) -> Result<Art
         millis: crate::web::now_ms() - t0,
     };
     into_artifact(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn more_experts_than_the_page_offers_are_refused() {
+        assert!(check_counts(&ExpertCounts::Uniform(64), Field::Experts).is_ok());
+        for e in [65, 100_000] {
+            let (f, m) = check_counts(&ExpertCounts::Uniform(e), Field::Experts).unwrap_err();
+            assert_eq!(f, Field::Experts);
+            assert!(
+                m.starts_with(&format!("experts per layer: {e} experts, the browser studio makes at most 64")),
+                "{m}"
+            );
+        }
+        let (f, m) =
+            check_counts(&ExpertCounts::PerLayer(vec![Some(2), None, Some(65)]), Field::Allocation).unwrap_err();
+        assert_eq!(f, Field::Allocation);
+        assert!(m.starts_with("allocation: layer 2 has 65 experts"), "{m}");
+    }
+
+    #[test]
+    fn shared_errors_name_the_form_field_not_the_cli_flag() {
+        use moe_shared::config::{MoeConfig, MoeLayerSpec};
+        let cfg = br#"{"model_type":"llama","vocab_size":32,"hidden_size":8,"intermediate_size":16,
+            "num_hidden_layers":2,"num_attention_heads":2,"num_key_value_heads":2}"#;
+        let base = moe_shared::config::HfConfig::from_json(cfg, "c").unwrap().to_model_config("c").unwrap();
+        let spec =
+            |k: usize, frozen: Vec<usize>| MoeLayerSpec { num_experts: 2, top_k: k, frozen, ..Default::default() };
+        let check = |s: MoeLayerSpec| {
+            let e = MoeConfig::uniform(2, s).validate(&base, "experts per layer").unwrap_err();
+            plan_error(&e, Field::Experts)
+        };
+        let (f, m) = check(spec(3, vec![0]));
+        assert_eq!(f, Field::TopK);
+        assert!(m.starts_with("top-k: layer 0: top-k 3 must be between 1 and the expert count 2"), "{m}");
+        let (f, m) = check(spec(1, vec![5]));
+        assert_eq!(
+            (f, m.as_str()),
+            (Field::Frozen, "frozen experts: layer 0: frozen expert 5 does not exist (2 experts)")
+        );
+        let (f, m) = check(MoeLayerSpec { num_experts: 0, ..spec(1, vec![]) });
+        assert_eq!(f, Field::Experts);
+        assert!(!m.contains("--"), "{m}");
+    }
 }

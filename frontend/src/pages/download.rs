@@ -1,81 +1,86 @@
-//! Download: every checkpoint made in this tab, as the files the CLI writes
-//! (`model.safetensors`, `config.json`, `tokenizer.json`, extras).
+//! Download: every checkpoint made in this tab, as one `.zip` named after
+//! it (a folder `NAME/` with the files the CLI writes: `model.safetensors`,
+//! `config.json`, `tokenizer.json`, extras), or file by file with the
+//! checkpoint's name in front (`NAME.model.safetensors`).
 
 use leptos::prelude::*;
 
 use crate::components::message::{Message, MessageLine};
-use crate::store::{with_store, Revision};
+use crate::models::Models;
+use crate::store::ModelRef;
+use crate::task::Task;
+use crate::worker::protocol::{Reply, Request};
 
 /// The Download page.
 #[component]
 pub fn DownloadPage() -> impl IntoView {
-    let rev = Revision::get();
+    let models = Models::get();
     let msg = RwSignal::new(Message::None);
-    let rows = move || {
-        rev.track();
-        with_store(|s| {
-            s.live_artifacts()
-                .map(|(i, a)| {
-                    let mut files: Vec<(String, u64)> = vec![
-                        ("model.safetensors".into(), a.safetensors.len() as u64),
-                        ("config.json".into(), a.config_json.len() as u64),
-                    ];
-                    if let Some(t) = &a.tokenizer_json {
-                        files.push(("tokenizer.json".into(), t.len() as u64));
-                    }
-                    files.extend(a.extra.iter().map(|(n, b)| (n.clone(), b.len() as u64)));
-                    let buttons = files
-                        .into_iter()
-                        .map(|(name, size)| {
-                            let n2 = name.clone();
-                            let click = move |_| {
-                                // Straight from the stored bytes into a JS Blob: no
-                                // second copy in wasm memory (which ends at 4 GiB).
-                                let saved = with_store(|s| {
-                                    let a = s.artifacts.get(i)?.as_ref()?;
-                                    let bytes: &[u8] = match n2.as_str() {
-                                        "model.safetensors" => a.safetensors.as_slice(),
-                                        "config.json" => &a.config_json,
-                                        "tokenizer.json" => a.tokenizer_json.as_deref()?,
-                                        other => &a.extra.iter().find(|(n, _)| n == other)?.1,
-                                    };
-                                    Some(crate::web::download(&n2, bytes))
-                                });
-                                match saved {
-                                    Some(Ok(())) => msg.set(Message::Ok(format!("saving {n2}"))),
-                                    Some(Err(e)) => msg.set(Message::Error(e)),
-                                    None => {}
-                                }
-                            };
-                            view! {
-                                <button class="secondary" data-testid=format!("dl-{i}-{name}") on:click=click>
-                                    {format!("{name} ({})", crate::format_bytes(size))}
-                                </button>
-                            }
-                        })
-                        .collect_view();
-                    view! {
-                        <tr data-testid=format!("artifact-{i}")>
-                            <td><b>{a.name.clone()}</b></td>
-                            <td>{a.method}</td>
-                            <td>{crate::format_params(a.model.source.tensors().iter().map(|t| t.numel() as u64).sum())}</td>
-                            <td>{format!("{:.0} ms", a.millis)}</td>
-                            <td class="files">{buttons}</td>
-                        </tr>
-                    }
-                })
-                .collect_view()
-        })
+    let task = Task::new();
+    let fetch = move |req: Request| {
+        leptos::task::spawn_local(async move {
+            match task.call(req, None).await {
+                Ok((Reply::File(name), Some(blob))) => match crate::web::download(&name, &blob) {
+                    Ok(()) => msg.set(Message::Ok(format!("saving {name}"))),
+                    Err(e) => msg.set(Message::Error(e)),
+                },
+                Ok(_) => msg.set(Message::Error("the worker sent no file".into())),
+                Err(e) => msg.set(Message::Error(e)),
+            }
+        });
     };
+    let rows = move || {
+        models
+            .0
+            .get()
+            .into_iter()
+            .filter(|m| m.method.is_some())
+            .map(|a| {
+                let i = match a.r {
+                    ModelRef::Artifact(i) => i,
+                    ModelRef::Input(i) => i,
+                };
+                let buttons = a
+                    .files
+                    .iter()
+                    .map(|(name, size)| {
+                        let (r, file) = (a.r.clone(), name.clone());
+                        view! {
+                            <button class="secondary" data-testid=format!("dl-{i}-{name}")
+                                on:click=move |_| fetch(Request::Download { model: r.clone(), file: file.clone() })>
+                                {format!("{name} ({})", crate::format_bytes(*size))}
+                            </button>
+                        }
+                    })
+                    .collect_view();
+                let total: u64 = a.files.iter().map(|(_, s)| s).sum();
+                let r = a.r.clone();
+                view! {
+                    <tr data-testid=format!("artifact-{i}")>
+                        <td><b>{a.name.clone()}</b></td>
+                        <td>{a.method.clone().unwrap_or_default()}</td>
+                        <td>{crate::format_params(a.numel())}</td>
+                        <td>{format!("{:.1} s", a.millis / 1000.0)}</td>
+                        <td><button data-testid=format!("dl-{i}-zip") on:click=move |_| fetch(Request::Archive { model: r.clone() })>
+                            {format!("{}.zip ({})", a.name, crate::format_bytes(total))}</button></td>
+                        <td class="files">{buttons}</td>
+                    </tr>
+                }
+            })
+            .collect_view()
+    };
+    let empty = move || models.0.with(|v| v.iter().all(|m| m.method.is_none()));
     view! {
         <h2>"Download results"</h2>
         <p class="lead">"Each checkpoint made in this tab, as the files " <code>"moe-studio"</code> " writes into its output directory \
-            for the same inputs: put them in one folder and load it with transformers (Mixtral layout) or the CLI."</p>
+            for the same inputs. The " <code>".zip"</code> " unpacks into a folder named after the checkpoint: load it with transformers (Mixtral layout) or the CLI. \
+            Single files are saved with the checkpoint's name in front; rename them back (" <code>"model.safetensors"</code> ", ...) in one folder."</p>
         <table class="grid" data-testid="artifacts">
-            <thead><tr><th>"checkpoint"</th><th>"made by"</th><th>"parameters"</th><th>"time"</th><th>"files"</th></tr></thead>
+            <thead><tr><th>"checkpoint"</th><th>"made by"</th><th>"parameters"</th><th>"time"</th><th>"archive"</th><th>"files"</th></tr></thead>
             <tbody>{rows}</tbody>
         </table>
-        {move || { rev.track(); with_store(|s| s.live_artifacts().next().is_none()).then(|| view! { <p class="hint">"Nothing yet: upcycle, route, MoErge or graft a model first."</p> }) }}
+        {move || empty().then(|| view! { <p class="hint">"Nothing yet: upcycle, route, MoErge or graft a model first."</p> })}
+        <crate::components::progress::Progress task=task/>
         <MessageLine msg=msg id="download"/>
     }
 }

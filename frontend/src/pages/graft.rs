@@ -2,18 +2,17 @@
 //! l gets layer l's FFN delta) or a dense model; per-tensor delta norms.
 
 use leptos::prelude::*;
-use moe_shared::methods::delta::DeltaStat;
 
 use crate::components::message::{Message, MessageLine};
 use crate::components::model_select::{Filter, ModelSelect};
 use crate::components::progress::Progress;
-use crate::store::{pick, update_store, ModelRef, Revision};
+use crate::store::ModelRef;
 use crate::task::Task;
+use crate::worker::protocol::{DeltaRow, Reply, Request};
 
 /// The Graft page.
 #[component]
 pub fn GraftPage() -> impl IntoView {
-    let rev = Revision::get();
     let shared = crate::app::Shared::get();
     let use_gpu = RwSignal::new(true);
     let target = RwSignal::new(None::<ModelRef>);
@@ -22,10 +21,14 @@ pub fn GraftPage() -> impl IntoView {
     let scale = RwSignal::new("1.0".to_string());
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
-    let stats = RwSignal::new(Vec::<DeltaStat>::new());
+    let stats = RwSignal::new(Vec::<DeltaRow>::new());
+    Effect::new(move |_| {
+        let _ = (target.get(), base.get(), instruct.get(), scale.get());
+        msg.set(Message::None);
+    });
     let run = move |_| {
         let get = |s: RwSignal<Option<ModelRef>>, what: &str| {
-            s.get_untracked().and_then(|r| pick(&r)).ok_or_else(|| format!("choose the {what} model"))
+            s.get_untracked().ok_or_else(|| format!("choose the {what} model"))
         };
         let picked = (|| Ok::<_, String>((get(target, "target")?, get(base, "base")?, get(instruct, "instruct")?)))();
         let (t, b, i) = match picked {
@@ -35,32 +38,28 @@ pub fn GraftPage() -> impl IntoView {
         let Ok(s) = scale.get_untracked().trim().parse::<f64>() else {
             return msg.set(Message::Error("scale must be a number (1.0 = the paper)".into()));
         };
+        if let Err(e) = crate::validate::graft(s) {
+            return msg.set(Message::Error(e.message));
+        }
         msg.set(Message::None);
-        task.start("grafting");
         leptos::task::spawn_local(async move {
             let engine = crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked());
             let on_gpu = engine == crate::compute::gpu::Engine::WebGpu && use_gpu.get_untracked();
-            match crate::compute::graft::run(&task, &t, &b, &i, s, on_gpu).await {
-                Ok((a, report)) => {
+            let req = Request::Graft { target: t, base: b, instruct: i, scale: s, use_gpu: on_gpu };
+            match task.call(req, None).await {
+                Ok((Reply::Graft(a, (grafted, tensors, experts, routers), rows), _)) => {
                     msg.set(Message::Ok(format!(
-                        "made {}: grafted {} of {} tensors ({} expert tensors, {} routers unchanged) on {}, {} in {:.0} ms",
+                        "made {}: grafted {grafted} of {tensors} tensors ({experts} expert tensors, {routers} routers unchanged) on {}, {} in {}",
                         a.name,
-                        report.grafted,
-                        report.tensors,
-                        report.expert_tensors,
-                        report.routers,
                         if on_gpu { "WebGPU" } else { "the CPU" },
-                        crate::format_bytes(a.safetensors.len() as u64),
-                        a.millis
+                        crate::format_bytes(a.bytes),
+                        task.wall()
                     )));
-                    stats.set(report.deltas);
-                    update_store(rev, |st| {
-                        st.add_artifact(a);
-                    });
+                    stats.set(rows);
                 }
+                Ok(_) => {}
                 Err(e) => msg.set(Message::Error(e)),
             }
-            task.finish();
         });
     };
     let table = move || {

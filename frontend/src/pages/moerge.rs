@@ -4,16 +4,16 @@
 //! vs oracle).
 
 use leptos::prelude::*;
-use moe_shared::methods::route::RouteOptions;
-use moe_shared::methods::MoergeOptions;
 
 use crate::components::chart::{BarChart, Series};
 use crate::components::message::{Message, MessageLine};
 use crate::components::model_select::{Filter, ModelSelect};
 use crate::components::progress::Progress;
 use crate::compute::route::{mean, DomainText, PplRow};
-use crate::store::{model_choices, pick, update_store, ModelRef, Revision};
+use crate::models::Models;
+use crate::store::ModelRef;
 use crate::task::Task;
+use crate::worker::protocol::{Reply, Request};
 
 #[derive(Clone, Copy)]
 struct Domain {
@@ -38,7 +38,7 @@ struct RouteView {
 
 #[component]
 fn MoergeForm() -> impl IntoView {
-    let rev = Revision::get();
+    let models = Models::get();
     let shared = crate::app::Shared::get();
     let use_gpu = RwSignal::new(true);
     let chosen = RwSignal::new(Vec::<ModelRef>::new());
@@ -46,45 +46,42 @@ fn MoergeForm() -> impl IntoView {
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
     let run = move |_| {
-        let picked: Vec<_> = chosen.get_untracked().iter().filter_map(pick).collect();
+        let picked: Vec<ModelRef> = chosen.get_untracked();
         let Ok(k) = top_k.get_untracked().trim().parse::<usize>() else {
             return msg.set(Message::Error("top-k must be a whole number".into()));
         };
+        if picked.len() < 2 {
+            return msg.set(Message::Error("tick two or more dense models (one per domain)".into()));
+        }
+        if let Err(e) = crate::validate::moerge(picked.len(), k) {
+            return msg.set(Message::Error(e.message));
+        }
         msg.set(Message::None);
-        task.start("MoErging");
         leptos::task::spawn_local(async move {
-            let opts = MoergeOptions { top_k: k, ..Default::default() };
             let engine = crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked());
             let on_gpu = engine == crate::compute::gpu::Engine::WebGpu && use_gpu.get_untracked();
-            match crate::compute::moerge::run(&task, &picked, &opts, on_gpu).await {
-                Ok((a, s)) => {
+            match task.call(Request::Moerge { models: picked, top_k: k, use_gpu: on_gpu }, None).await {
+                Ok((Reply::Moerge(a, (tensors, gpu, cpu)), _)) => {
                     let averaged = if on_gpu {
-                        format!(
-                            "averaged {} shared tensors on WebGPU and {} on the CPU",
-                            s.averaged_gpu, s.averaged_cpu
-                        )
+                        format!("averaged {gpu} shared tensors on WebGPU and {cpu} on the CPU")
                     } else {
-                        format!("averaged {} shared tensors on the CPU", s.averaged_cpu)
+                        format!("averaged {cpu} shared tensors on the CPU")
                     };
                     msg.set(Message::Ok(format!(
-                        "made {}: {} tensors, {averaged}, {} in {:.0} ms",
+                        "made {}: {tensors} tensors, {averaged}, {} in {}",
                         a.name,
-                        s.tensors,
-                        crate::format_bytes(a.safetensors.len() as u64),
-                        a.millis
+                        crate::format_bytes(a.bytes),
+                        task.wall()
                     )));
-                    update_store(rev, |s| {
-                        s.add_artifact(a);
-                    });
                 }
+                Ok(_) => {}
                 Err(e) => msg.set(Message::Error(e)),
             }
-            task.finish();
         });
     };
     let boxes = move || {
-        rev.track();
-        model_choices()
+        models
+            .choices()
             .into_iter()
             .filter(|(_, _, moe)| !moe)
             .map(|(r, label, _)| {
@@ -143,21 +140,42 @@ fn DomainRow(d: Domain, i: usize) -> impl IntoView {
 
 #[component]
 fn RouterForm() -> impl IntoView {
-    let rev = Revision::get();
+    let shared = crate::app::Shared::get();
     let model = RwSignal::new(None::<ModelRef>);
     let domains = RwSignal::new(vec![
         Domain::new("en", "Once upon a time there was a little dog. The dog liked to run in the park with his friends.\nThe sun was warm and the children played with a red ball all day long."),
         Domain::new("hu", "Egyszer volt egy kis kutya. A kutya szeretett a parkban futni a barátaival.\nA nap meleg volt, és a gyerekek egész nap egy piros labdával játszottak."),
     ]);
+    // The teaching preset, once loaded, gives one text per expert.
+    Effect::new(move |_| {
+        let texts = shared.preset_texts.get();
+        if !texts.is_empty() {
+            domains.set(texts.iter().map(|(n, t)| Domain::new(n, t)).collect());
+        }
+    });
     let lambda = RwSignal::new("0.01".to_string());
     let top_k = RwSignal::new("1".to_string());
     let max_tokens = RwSignal::new("10000".to_string());
     let with_ppl = RwSignal::new(true);
+    let gram_gpu = RwSignal::new(true);
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
     let result = RwSignal::new(None::<RouteView>);
+    // The server's route rules (shared), on every change: shown next to the
+    // fields, and the button stays disabled while they refuse.
+    let invalid = Memo::new(move |_| {
+        let names: Vec<String> = domains.get().iter().map(|d| d.name.get()).collect();
+        let l: f64 = lambda.get().trim().parse().map_err(|_| "lambda: not a number".to_string())?;
+        let k: usize = top_k.get().trim().parse().map_err(|_| "top-k: not a whole number".to_string())?;
+        let mt: usize =
+            max_tokens.get().trim().parse().map_err(|_| "tokens per domain: not a whole number".to_string())?;
+        crate::validate::route(&names, l, k, mt).map_err(|e| e.message)
+    });
     let run = move |_| {
-        let Some(p) = model.get_untracked().and_then(|r| pick(&r)) else {
+        if let Err(e) = invalid.get_untracked() {
+            return msg.set(Message::Error(e));
+        }
+        let Some(r) = model.get_untracked() else {
             return msg.set(Message::Error("choose an MoE (upcycle or MoErge first)".into()));
         };
         let parsed = (|| {
@@ -169,9 +187,9 @@ fn RouterForm() -> impl IntoView {
                 .trim()
                 .parse()
                 .map_err(|_| "max tokens must be a whole number".to_string())?;
-            Ok::<_, String>(RouteOptions { lambda: l, top_k: k, max_tokens: mt, ..Default::default() })
+            Ok::<_, String>((l, k, mt))
         })();
-        let opts = match parsed {
+        let (lambda, top_k, max_tokens) = match parsed {
             Ok(o) => o,
             Err(e) => return msg.set(Message::Error(e)),
         };
@@ -182,27 +200,39 @@ fn RouterForm() -> impl IntoView {
             .collect();
         msg.set(Message::None);
         result.set(None);
-        task.start("ridge router");
+        let names: Vec<String> = texts.iter().map(|t| t.name.clone()).collect();
+        let engine = crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked());
+        let use_gpu = engine == crate::compute::gpu::Engine::WebGpu && gram_gpu.get_untracked();
+        let req = Request::Route {
+            model: r,
+            domains: texts,
+            lambda,
+            top_k,
+            max_tokens,
+            with_ppl: with_ppl.get_untracked(),
+            use_gpu,
+        };
         leptos::task::spawn_local(async move {
-            match crate::compute::route::run(&task, &p, &texts, opts, 2000, with_ppl.get_untracked()).await {
-                Ok(r) => {
-                    let names: Vec<String> = texts.iter().map(|t| t.name.clone()).collect();
+            match task.call(req, None).await {
+                Ok((Reply::Route(r), _)) => {
                     msg.set(Message::Ok(format!(
-                        "made {}: statistics on {} tokens, solved in {:.0} ms (whole step {:.0} ms); mean held-out routing accuracy {}",
-                        r.artifact.name,
+                        "made {}: statistics on {} tokens (Gram on {}), in {}; mean held-out routing accuracy {}",
+                        r.model.name,
                         r.tokens.iter().sum::<usize>(),
-                        r.route_millis,
-                        r.artifact.millis,
-                        names.iter().zip(&r.accuracy).map(|(n, a)| format!("{n} {:.2}", mean(a))).collect::<Vec<_>>().join(", ")
+                        r.gram_on,
+                        task.wall(),
+                        names
+                            .iter()
+                            .zip(&r.accuracy)
+                            .map(|(n, a)| format!("{n} {:.2}", mean(a)))
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     )));
                     result.set(Some(RouteView { names, accuracy: r.accuracy, tokens: r.tokens, ppl: r.ppl }));
-                    update_store(rev, |s| {
-                        s.add_artifact(r.artifact);
-                    });
                 }
+                Ok(_) => {}
                 Err(e) => msg.set(Message::Error(e)),
             }
-            task.finish();
         });
     };
     let view_result = move || {
@@ -239,9 +269,12 @@ fn RouterForm() -> impl IntoView {
             <label>"top-k " <input type="number" min="1" class="short" data-testid="route-topk" prop:value=move || top_k.get() on:input=move |ev| top_k.set(event_target_value(&ev))/></label>
             <label>"tokens per domain " <input type="number" class="short" data-testid="route-max-tokens" prop:value=move || max_tokens.get() on:input=move |ev| max_tokens.set(event_target_value(&ev))/></label>
         </div>
+        {move || invalid.get().err().map(|e| view! { <p class="msg error" role="alert" data-testid="route-field-error">{e}</p> })}
         <label class="inline"><input type="checkbox" data-testid="route-ppl" prop:checked=move || with_ppl.get()
             on:change=move |ev| with_ppl.set(event_target_checked(&ev))/>"also compute the perplexity table (three more passes over the held-out text)"</label>
-        <button data-testid="route-run" on:click=run disabled=move || task.running()>"Solve the router"</button>
+        <label class="inline"><input type="checkbox" data-testid="route-gram-gpu" prop:checked=move || gram_gpu.get()
+            on:change=move |ev| gram_gpu.set(event_target_checked(&ev))/>"accumulate the ridge statistics (XᵀX, XᵀY) on the WebGPU kernel when available (f32 blocks summed in f64; uncheck for the CLI's f64 CPU path)"</label>
+        <button data-testid="route-run" on:click=run disabled=move || task.running() || invalid.get().is_err()>"Solve the router"</button>
         <Progress task=task/>
         <MessageLine msg=msg id="route"/>
         {view_result}

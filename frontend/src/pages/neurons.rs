@@ -11,8 +11,9 @@ use crate::components::model_select::{Filter, ModelSelect};
 use crate::components::progress::Progress;
 use crate::compute::neurons::{lines, LanguageTexts, NeuronOutcome};
 use crate::pages::Page;
-use crate::store::{pick, ModelRef};
+use crate::store::ModelRef;
 use crate::task::Task;
+use crate::worker::protocol::{Reply, Request};
 use moe_shared::methods::neurons::WarningKind;
 
 // Ten texts per language: with fewer, neurons unrelated to the language
@@ -37,8 +38,13 @@ pub fn NeuronsPage() -> impl IntoView {
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
     let out = RwSignal::new(None::<NeuronOutcome>);
+    // A message is about the inputs it came from.
+    Effect::new(move |_| {
+        let _ = (model.get(), top_n.get(), e_min.get(), e_max.get());
+        msg.set(Message::None);
+    });
     let run = move |_| {
-        let Some(p) = model.get_untracked().and_then(|r| pick(&r)) else {
+        let Some(r) = model.get_untracked() else {
             return msg.set(Message::Error("load a dense model first".into()));
         };
         let parse = |s: RwSignal<String>, what: &str| {
@@ -49,6 +55,10 @@ pub fn NeuronsPage() -> impl IntoView {
             Ok(x) => x,
             Err(e) => return msg.set(Message::Error(e)),
         };
+        let codes: Vec<String> = langs.get_untracked().iter().map(|(c, _)| c.get_untracked()).collect();
+        if let Err(e) = crate::validate::neurons(&codes, n) {
+            return msg.set(Message::Error(e.message));
+        }
         if lo > hi {
             // The page's words, not the CLI's `--min <= --max`.
             return msg.set(Message::Error(format!("E_min ({lo}) is greater than E_max ({hi}): make E_min <= E_max")));
@@ -59,19 +69,23 @@ pub fn NeuronsPage() -> impl IntoView {
             .map(|(c, t)| LanguageTexts { code: c.get_untracked(), lines: lines(&t.get_untracked(), 1000) })
             .collect();
         msg.set(Message::None);
-        task.start("neuron analysis");
+        out.set(None);
         leptos::task::spawn_local(async move {
-            match crate::compute::neurons::run(&task, &p, &texts, n, (lo, hi)).await {
-                Ok(r) => {
+            let req = Request::Neurons { model: r, langs: texts, top_n: n, range: (lo, hi) };
+            match task.call(req, None).await {
+                Ok((Reply::Neurons(r), _)) => {
                     msg.set(Message::Ok(format!(
-                        "analysed {} neurons on {} texts in {:.0} ms; new experts per layer: {:?}",
-                        r.neurons, r.texts, r.millis, r.allocation
+                        "analysed {} neurons on {} texts in {}; new experts per layer: {:?}",
+                        r.neurons,
+                        r.texts,
+                        task.wall(),
+                        r.allocation
                     )));
                     out.set(Some(r));
                 }
+                Ok(_) => {}
                 Err(e) => msg.set(Message::Error(e)),
             }
-            task.finish();
         });
     };
     let charts = move || {
@@ -117,7 +131,7 @@ pub fn NeuronsPage() -> impl IntoView {
                     x_label="layer" groups=layers.clone() series=series marked=marked/>
                 <BarChart title="NeuronMoE allocation: new experts per layer (more specific neurons → more experts)"
                     x_label="layer" groups=layers series=vec![alloc]/>
-                <p data-testid="allocation">{format!("allocation (total per layer = 1 + new): {:?} — {:.0} ms", o.allocation, o.millis)}</p>
+                <p data-testid="allocation">{format!("allocation (total per layer = 1 + new): {:?}", o.allocation)}</p>
                 <button data-testid="use-allocation" on:click=use_it>"Use this allocation in Upcycle →"</button>
             }
         })
@@ -126,7 +140,9 @@ pub fn NeuronsPage() -> impl IntoView {
         <h2>"Language-specific neurons → experts per layer (NeuronMoE)"</h2>
         <p class="lead">"Paste a few sentences per language (one per line; the first language is the original one). \
             Each neuron is scored by how well its activation picks out a language (Average Precision). \
-            Layers with many specific neurons for the new languages get more experts."</p>
+            Layers with many specific neurons for the new languages get more experts. \
+            When more neurons than N share the N-th AP (common with few texts: they all separate the language perfectly), \
+            they share the places left — each counts places / tied (hatched in the chart) — instead of the lowest layers winning by their index."</p>
         <label>"Dense model " <ModelSelect value=model filter=Filter::Dense id="neurons-model"/></label>
         <div class="langs">
             {move || langs.get().into_iter().enumerate().map(|(i, (c, t))| view! {

@@ -2,19 +2,18 @@
 //! counts, and the logits check on a sample text.
 
 use leptos::prelude::*;
-use moe_shared::checkpoint::DType;
-use moe_shared::methods::{
-    plan_upcycle, AllocationFile, CopyNoise, ExpertCounts, RouterInit, SharedExperts, SharedInit, UpcycleOptions,
-    UpcyclePlan,
-};
+use moe_shared::methods::UpcyclePlan;
 
 use crate::app::Shared;
 use crate::components::message::{Message, MessageLine};
 use crate::components::model_select::{Filter, ModelSelect};
 use crate::components::progress::Progress;
-use crate::compute::logits::{check, TOLERANCE};
-use crate::store::{pick, update_store, ModelRef, Revision};
+use crate::compute::logits::TOLERANCE;
+use crate::compute::upcycle::{plan, Field, MAX_EXPERTS};
+use crate::models::{InfoSource, Models};
+use crate::store::ModelRef;
 use crate::task::Task;
+use crate::worker::protocol::{Reply, Request, UpcycleForm};
 
 /// The form's values.
 #[derive(Clone, Copy)]
@@ -34,73 +33,22 @@ struct Form {
     granularity: RwSignal<String>,
 }
 
-fn num<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String> {
-    s.trim().parse().map_err(|_| format!("{what}: `{s}` is not a valid number"))
-}
-
-/// The most experts per layer the page offers (the input's `max`); more
-/// belong to the CLI or the server's Jobs page.
-pub const MAX_EXPERTS: usize = 64;
-
-/// The form field an error is about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Field {
-    /// Uniform experts per layer.
-    Experts,
-    /// The allocation JSON.
-    Allocation,
-    /// top-k.
-    TopK,
-    /// Frozen experts.
-    Frozen,
-    /// Router init.
-    Router,
-    /// Seed.
-    Seed,
-    /// Output dtype.
-    Dtype,
-    /// Shared experts (count, gate, init).
-    Shared,
-    /// Drop-Upcycling ratio.
-    DropRatio,
-    /// Granularity.
-    Granularity,
-    /// Not one field (the model, its size, the tab's memory).
-    Model,
-}
-
-impl Field {
-    /// The field's label on the page.
-    pub fn label(self) -> &'static str {
-        match self {
-            Field::Experts => "experts per layer",
-            Field::Allocation => "allocation",
-            Field::TopK => "top-k",
-            Field::Frozen => "frozen experts",
-            Field::Router => "router init",
-            Field::Seed => "seed",
-            Field::Dtype => "dtype",
-            Field::Shared => "shared experts",
-            Field::DropRatio => "drop ratio",
-            Field::Granularity => "granularity",
-            Field::Model => "model",
-        }
-    }
-
-    /// The `data-testid` suffix of the field's error.
-    pub fn id(self) -> &'static str {
-        match self {
-            Field::Experts => "experts",
-            Field::Allocation => "allocation",
-            Field::TopK => "topk",
-            Field::Frozen => "frozen",
-            Field::Router => "router",
-            Field::Seed => "seed",
-            Field::Dtype => "dtype",
-            Field::Shared => "shared",
-            Field::DropRatio => "drop",
-            Field::Granularity => "granularity",
-            Field::Model => "model",
+impl Form {
+    /// The plain form (tracked: a change re-plans).
+    fn values(&self) -> UpcycleForm {
+        UpcycleForm {
+            allocation: self.mode_alloc.get().then(|| self.allocation.get()),
+            experts: self.experts.get(),
+            top_k: self.top_k.get(),
+            frozen: self.frozen.get(),
+            router: self.router.get(),
+            seed: self.seed.get(),
+            dtype: self.dtype.get(),
+            shared: self.shared.get(),
+            shared_gate: self.shared_gate.get(),
+            shared_init: self.shared_init.get(),
+            drop_ratio: self.drop_ratio.get(),
+            granularity: self.granularity.get(),
         }
     }
 }
@@ -116,6 +64,7 @@ struct PlanStats {
     shared: usize,
     expert_width: String,
     layout: String,
+    bytes: u64,
 }
 
 impl PlanStats {
@@ -137,145 +86,15 @@ impl PlanStats {
                 format!("{w} of {}", c.intermediate_size)
             },
             layout: format!("{:?}", plan.choice.layout),
+            bytes: plan.planned.iter().map(|p| p.byte_len() as u64).sum(),
         }
-    }
-}
-
-/// Refuses counts above [`MAX_EXPERTS`] before any plan is made.
-///
-/// # Errors
-/// The field and a message in the page's words.
-pub fn check_counts(counts: &ExpertCounts, field: Field) -> Result<(), (Field, String)> {
-    let too_many = |l: Option<usize>, e: usize| {
-        let at = l.map(|l| format!("layer {l} has {e} experts")).unwrap_or_else(|| format!("{e} experts"));
-        (
-            field,
-            format!(
-                "{}: {at}, the browser studio makes at most {MAX_EXPERTS} per layer \
-                 (use the CLI or the server's Jobs page for more)",
-                field.label()
-            ),
-        )
-    };
-    match counts {
-        ExpertCounts::Uniform(e) if *e > MAX_EXPERTS => Err(too_many(None, *e)),
-        ExpertCounts::PerLayer(v) => match v.iter().enumerate().find(|(_, e)| e.is_some_and(|e| e > MAX_EXPERTS)) {
-            Some((l, e)) => Err(too_many(Some(l), e.unwrap_or_default())),
-            None => Ok(()),
-        },
-        ExpertCounts::Uniform(_) => Ok(()),
-    }
-}
-
-/// A shared planning error in the page's words: the field it is about,
-/// named by its label instead of the CLI's flag (`--experts: layer 0:
-/// top-k 3 must be ...` -> `top-k: layer 0: top-k 3 must be ...`).
-pub fn plan_error(e: &moe_shared::StudioError, experts: Field) -> (Field, String) {
-    match e {
-        moe_shared::StudioError::Config { what, source_name } => {
-            let field = if source_name == "--drop-ratio" {
-                Field::DropRatio
-            } else if source_name == "--granularity" {
-                Field::Granularity
-            } else if source_name == "--shared-experts" || what.contains("shared expert") {
-                Field::Shared
-            } else if what.contains("top-k") {
-                Field::TopK
-            } else if what.contains("frozen expert") {
-                Field::Frozen
-            } else if what.contains("router") {
-                Field::Router
-            } else {
-                experts
-            };
-            (field, format!("{}: {what}", field.label()))
-        }
-        e => (Field::Model, e.to_string()),
-    }
-}
-
-impl Form {
-    fn options(&self) -> Result<UpcycleOptions, (Field, String)> {
-        let at = |f: Field| move |e: String| (f, e);
-        let (experts, experts_source) = if self.mode_alloc.get() {
-            let raw = self.allocation.get();
-            let a =
-                AllocationFile::parse(raw.as_bytes(), "allocation").map_err(|e| (Field::Allocation, e.to_string()))?;
-            (a, "allocation".to_string())
-        } else {
-            let e = num(&self.experts.get(), "experts per layer").map_err(at(Field::Experts))?;
-            (ExpertCounts::Uniform(e), "experts per layer".to_string())
-        };
-        check_counts(&experts, self.experts_field())?;
-        let frozen = self
-            .frozen
-            .get()
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|s| num::<usize>(s, "frozen experts"))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(at(Field::Frozen))?;
-        let router_init = match self.router.get().as_str() {
-            "random" => RouterInit::Random { std: 0.02 },
-            _ => RouterInit::Zeros,
-        };
-        let dtype = match self.dtype.get().as_str() {
-            "source" => None,
-            d => Some(DType::parse_float(d).ok_or_else(|| (Field::Dtype, format!("dtype: unknown dtype {d}")))?),
-        };
-        let count: usize = num(&self.shared.get(), "shared experts").map_err(at(Field::Shared))?;
-        let shared = SharedExperts {
-            count,
-            gate: count > 0 && self.shared_gate.get(),
-            init: if count > 0 && self.shared_init.get() == "copy" { SharedInit::Copy } else { SharedInit::Zero },
-            frozen: false,
-        };
-        Ok(UpcycleOptions {
-            experts,
-            experts_source,
-            top_k: num(&self.top_k.get(), "top-k").map_err(at(Field::TopK))?,
-            frozen,
-            router_init,
-            noise: CopyNoise::NONE,
-            seed: num(&self.seed.get(), "seed").map_err(at(Field::Seed))?,
-            temperature: 1.0,
-            dtype,
-            router_aux_loss_coef: 0.01,
-            shared,
-            drop_ratio: num(&self.drop_ratio.get(), "drop ratio").map_err(at(Field::DropRatio))?,
-            granularity: num(&self.granularity.get(), "granularity").map_err(at(Field::Granularity))?,
-            norm_topk_prob: true,
-            layout: moe_shared::layout::LayoutRequest::Auto,
-        })
-    }
-
-    fn experts_field(&self) -> Field {
-        if self.mode_alloc.get_untracked() {
-            Field::Allocation
-        } else {
-            Field::Experts
-        }
-    }
-
-    /// The options and the plan for `m`, refused (in the page's words,
-    /// with the field they are about) when they are invalid, or before any
-    /// work when the MoE would not fit the tab.
-    fn plan(&self, m: &moe_shared::checkpoint::LoadedModel) -> Result<(UpcycleOptions, UpcyclePlan), (Field, String)> {
-        let o = self.options()?;
-        let plan = plan_upcycle(m.source.as_ref(), &m.config, &o).map_err(|e| plan_error(&e, self.experts_field()))?;
-        let model = |e: String| (Field::Model, e);
-        crate::load::check_fits("the upcycled model", &m.config, Some(&plan.moe)).map_err(model)?;
-        let need = crate::memory::output_need(plan.planned.iter().map(|p| p.byte_len() as u64));
-        crate::memory::ensure("the upcycle", need).map_err(model)?;
-        Ok((o, plan))
     }
 }
 
 /// The Upcycle page.
 #[component]
 pub fn UpcyclePage() -> impl IntoView {
-    let rev = Revision::get();
+    let models = Models::get();
     let shared = Shared::get();
     let model = RwSignal::new(None::<ModelRef>);
     let f = Form {
@@ -286,7 +105,7 @@ pub fn UpcyclePage() -> impl IntoView {
         frozen: RwSignal::new("0".into()),
         router: RwSignal::new("zeros".into()),
         seed: RwSignal::new("0".into()),
-        dtype: RwSignal::new("source".into()),
+        dtype: RwSignal::new("auto".into()),
         shared: RwSignal::new("0".into()),
         shared_gate: RwSignal::new(false),
         shared_init: RwSignal::new("zero".into()),
@@ -301,19 +120,28 @@ pub fn UpcyclePage() -> impl IntoView {
     });
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
-    let made = RwSignal::new(None::<usize>);
+    let made = RwSignal::new(None::<ModelRef>);
     let sample =
         RwSignal::new("Once upon a time, there was a little girl named Lily. She loved to play outside.".to_string());
     let check_msg = RwSignal::new(Message::None);
     let check_task = Task::new();
 
-    // The plan for the chosen model (headers only, cheap): its parameter
-    // counts, or the error and the field it is about.
+    // The plan for the chosen model (its tensor list only, cheap, on the
+    // page): its parameter counts, or the error and the field it is about.
     let planned = Memo::new(move |_| {
-        rev.track();
-        let p = pick(&model.get()?)?;
-        let m = p.model();
-        Some(f.plan(m).map(|(_, plan)| PlanStats::of(&m.config, &plan)))
+        let m = models.find(&model.get()?)?;
+        let form = f.values();
+        Some(plan(&form, &InfoSource::of(&m), &m.config).map(|(_, p)| PlanStats::of(&m.config, &p)))
+    });
+    // A result or an error is about the inputs it came from: clear it when
+    // they change.
+    Effect::new(move |_| {
+        let _ = (model.get(), f.values());
+        msg.set(Message::None);
+    });
+    Effect::new(move |_| {
+        let _ = (model.get(), made.get(), sample.get());
+        check_msg.set(Message::None);
     });
     let field_error = move |field: Field| {
         move || {
@@ -338,6 +166,7 @@ pub fn UpcyclePage() -> impl IntoView {
                     <div><span>"shared experts"</span><b>{s.shared}</b></div>
                     <div><span>"expert width"</span><b>{s.expert_width}</b></div>
                     <div><span>"layout"</span><b>{s.layout}</b></div>
+                    <div><span>"model.safetensors"</span><b>{crate::format_bytes(s.bytes)}</b></div>
                 </div>
             }
             .into_any(),
@@ -350,70 +179,59 @@ pub fn UpcyclePage() -> impl IntoView {
     };
 
     let run = move |_| {
-        let Some(p) = model.get_untracked().and_then(|r| pick(&r)) else {
+        let Some(r) = model.get_untracked() else {
             msg.set(Message::Error("load a dense model first (Load page)".into()));
             return;
         };
-        let opts = match f.plan(p.model()) {
-            Ok((o, _)) => o,
-            Err((_, e)) => {
-                msg.set(Message::Error(e));
-                return;
-            }
-        };
+        if let Some(Err((_, e))) = planned.get_untracked() {
+            msg.set(Message::Error(e));
+            return;
+        }
+        let form = f.values();
         msg.set(Message::None);
-        check_msg.set(Message::None);
-        task.start("upcycling");
         leptos::task::spawn_local(async move {
-            match crate::compute::upcycle::run(&task, &p, &opts).await {
-                Ok(a) => {
-                    let line = format!(
-                        "made {}: {} tensors, {} in {:.0} ms",
+            match task.call(Request::Upcycle { model: r, form }, None).await {
+                Ok((Reply::Model(a), _)) => {
+                    msg.set(Message::Ok(format!(
+                        "made {}: {} tensors, {} in {}",
                         a.name,
-                        a.model.source.tensors().len(),
-                        crate::format_bytes(a.safetensors.len() as u64),
-                        a.millis
-                    );
-                    let mut idx = 0;
-                    update_store(rev, |s| {
-                        idx = s.add_artifact(a);
-                    });
-                    made.set(Some(idx));
-                    msg.set(Message::Ok(line));
+                        a.tensors.len(),
+                        crate::format_bytes(a.bytes),
+                        task.wall()
+                    )));
+                    made.set(Some(a.r));
                 }
+                Ok(_) => {}
                 Err(e) => msg.set(Message::Error(e)),
             }
-            task.finish();
         });
     };
 
     let run_check = move |_| {
-        let (Some(d), Some(i)) = (model.get_untracked().and_then(|r| pick(&r)), made.get_untracked()) else {
+        let (Some(d), Some(moe)) = (model.get_untracked(), made.get_untracked()) else {
             check_msg.set(Message::Error("upcycle first".into()));
             return;
         };
-        let Some(moe) = pick(&ModelRef::Artifact(i)) else { return };
-        check_task.start("logits check");
         let text = sample.get_untracked();
         leptos::task::spawn_local(async move {
-            match check(&check_task, d.model(), moe.model(), &text).await {
-                Ok(c) => {
+            match check_task.call(Request::Logits { dense: d, moe, text }, None).await {
+                Ok((Reply::Logits(c), _)) => {
                     let pass = c.max_abs_diff < TOLERANCE;
                     let line = format!(
-                        "{} max |dense − MoE| = {:.3e} over {} tokens × {} logits (largest logit {:.2}; tolerance {:.0e}; {:.0} ms)",
+                        "{} max |dense − MoE| = {:.3e} over {} tokens × {} logits (largest logit {:.2}; tolerance {:.0e}; {})",
                         if pass { "PASS:" } else { "FAIL:" },
                         c.max_abs_diff,
                         c.tokens,
-                        d.model().config.vocab_size,
+                        c.vocab,
                         c.max_abs,
                         TOLERANCE,
-                        c.millis
+                        check_task.wall()
                     );
                     check_msg.set(if pass { Message::Ok(line) } else { Message::Error(line) });
                 }
+                Ok(_) => {}
                 Err(e) => check_msg.set(Message::Error(e)),
             }
-            check_task.finish();
         });
     };
 
@@ -446,7 +264,7 @@ pub fn UpcyclePage() -> impl IntoView {
                 <label>"seed" <input type="number" class="short" prop:value=move || f.seed.get() on:input=move |ev| f.seed.set(event_target_value(&ev))/></label>
                 {field_error(Field::Seed)}
                 <label>"dtype" <select on:change=move |ev| f.dtype.set(event_target_value(&ev))>
-                    <option value="source">"as the source"</option><option value="f32">"f32"</option><option value="bf16">"bf16"</option><option value="f16">"f16"</option></select></label>
+                    <option value="auto">"auto (as the source; bf16 for a quantized one)"</option><option value="source">"as the source (f32 for a quantized one, as the CLI)"</option><option value="f32">"f32"</option><option value="bf16">"bf16"</option><option value="f16">"f16"</option></select></label>
                 {field_error(Field::Dtype)}
             </div>
             <fieldset>
@@ -471,7 +289,8 @@ pub fn UpcyclePage() -> impl IntoView {
         </div>
         {counts}
         <crate::components::engine_note::EngineNote/>
-        <button data-testid="upcycle-run" on:click=run disabled=move || task.running()>"Upcycle"</button>
+        <button data-testid="upcycle-run" on:click=run
+            disabled=move || task.running() || model.get().is_none() || matches!(planned.get(), Some(Err(_)))>"Upcycle"</button>
         <Progress task=task/>
         <MessageLine msg=msg id="upcycle"/>
         <h3>"Logits check"</h3>
@@ -486,48 +305,8 @@ pub fn UpcyclePage() -> impl IntoView {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn more_experts_than_the_page_offers_are_refused() {
-        assert!(check_counts(&ExpertCounts::Uniform(64), Field::Experts).is_ok());
-        for e in [65, 100_000] {
-            let (f, m) = check_counts(&ExpertCounts::Uniform(e), Field::Experts).unwrap_err();
-            assert_eq!(f, Field::Experts);
-            assert!(
-                m.starts_with(&format!("experts per layer: {e} experts, the browser studio makes at most 64")),
-                "{m}"
-            );
-        }
-        let (f, m) =
-            check_counts(&ExpertCounts::PerLayer(vec![Some(2), None, Some(65)]), Field::Allocation).unwrap_err();
-        assert_eq!(f, Field::Allocation);
-        assert!(m.starts_with("allocation: layer 2 has 65 experts"), "{m}");
-    }
-
-    #[test]
-    fn shared_errors_name_the_form_field_not_the_cli_flag() {
-        use moe_shared::config::{MoeConfig, MoeLayerSpec};
-        let cfg = br#"{"model_type":"llama","vocab_size":32,"hidden_size":8,"intermediate_size":16,
-            "num_hidden_layers":2,"num_attention_heads":2,"num_key_value_heads":2}"#;
-        let base = moe_shared::config::HfConfig::from_json(cfg, "c").unwrap().to_model_config("c").unwrap();
-        let spec =
-            |k: usize, frozen: Vec<usize>| MoeLayerSpec { num_experts: 2, top_k: k, frozen, ..Default::default() };
-        let check = |s: MoeLayerSpec| {
-            let e = MoeConfig::uniform(2, s).validate(&base, "experts per layer").unwrap_err();
-            plan_error(&e, Field::Experts)
-        };
-        let (f, m) = check(spec(3, vec![0]));
-        assert_eq!(f, Field::TopK);
-        assert!(m.starts_with("top-k: layer 0: top-k 3 must be between 1 and the expert count 2"), "{m}");
-        let (f, m) = check(spec(1, vec![5]));
-        assert_eq!(
-            (f, m.as_str()),
-            (Field::Frozen, "frozen experts: layer 0: frozen expert 5 does not exist (2 experts)")
-        );
-        let (f, m) = check(MoeLayerSpec { num_experts: 0, ..spec(1, vec![]) });
-        assert_eq!(f, Field::Experts);
-        assert!(!m.contains("--"), "{m}");
-    }
+    use crate::compute::upcycle::plan_error;
+    use moe_shared::methods::{plan_upcycle, SharedExperts, UpcycleOptions};
 
     /// The variants' refusals come from shared's upcycle plan and land next
     /// to their own field, before any work.

@@ -960,6 +960,23 @@ struct Entry {
     permute: Permute,
     /// `(e, E)`: expert `e` of a stacked `[E, ...]` expert tensor.
     slice: Option<(usize, usize)>,
+    /// The file holds `1 + w` for an RMSNorm weight the family applies as
+    /// `1 + w` (llama.cpp's Gemma converter); read back as `w`.
+    minus_one: bool,
+}
+
+/// [`hf_name`] with a family's own block names
+/// ([`crate::config::family::Family::gguf_block_names`]) taking precedence.
+fn family_hf_name(family: Option<&crate::config::family::Family>, gguf_name: &str) -> Option<String> {
+    let own = |f: &crate::config::family::Family| -> Option<String> {
+        let (layer, rest) = gguf_name.strip_prefix("blk.")?.split_once('.')?;
+        let (module, suffix) = rest.rsplit_once('.')?;
+        let (_, hf) = f.gguf_block_names.iter().find(|(g, _)| *g == module)?;
+        // Same layer / suffix rules as the common names.
+        hf_name(&format!("blk.{layer}.attn_q.{suffix}"))?;
+        Some(format!("model.layers.{layer}.{hf}.{suffix}"))
+    };
+    family.and_then(own).or_else(|| hf_name(gguf_name))
 }
 
 /// The canonical MoE names of a llama.cpp MoE tensor: `blk.N.ffn_gate_inp.weight`
@@ -987,7 +1004,13 @@ fn moe_names(gguf_name: &str, ne: &[u64]) -> Option<Vec<String>> {
 /// Tensors with a known llama.cpp name are renamed by [`hf_name`]; others
 /// keep their GGUF name. Shapes are `ne` reversed (`[out_features,
 /// in_features]` for linear weights). [`TensorInfo::dtype`] is the GGML
-/// storage type. For architecture `llama`, the rows of q_proj and k_proj
+/// storage type. A family's own block names come first
+/// ([`crate::config::family::Family::gguf_block_names`]: Gemma's sandwich
+/// norms, Phi-3's fused `attn_qkv` / `ffn_up`, split later by
+/// [`crate::checkpoint::fused::FusedSource`]); for a family applying its
+/// RMSNorms as `1 + w` (Gemma), every `*norm.weight` is read as the stored
+/// value minus 1, since llama.cpp's converter stores `1 + w` (transformers'
+/// GGUF loader subtracts 1 the same way). For architecture `llama`, the rows of q_proj and k_proj
 /// (weights and biases) are un-permuted on read, undoing the interleaved-RoPE
 /// permutation of llama.cpp's `convert_hf_to_gguf.py` exactly as
 /// transformers' GGUF loader does (`reverse_permute_weights`): for `n` heads
@@ -1024,7 +1047,9 @@ impl GgufModel {
     /// [`StudioError::Format`] when two tensors map to the same name.
     pub fn new(file: GgufFile) -> Result<GgufModel> {
         let architecture = file.get_str("general.architecture").unwrap_or("").to_string();
-        let permuted = crate::config::family::by_gguf_arch(&architecture).is_some_and(|f| f.gguf_permuted_qk);
+        let family = crate::config::family::by_gguf_arch(&architecture);
+        let permuted = family.is_some_and(|f| f.gguf_permuted_qk);
+        let plus_one = family.is_some_and(|f| f.norm_plus_one);
         let mut entries = Vec::with_capacity(file.tensors.len());
         let mut by_name = HashMap::with_capacity(file.tensors.len());
         for (index, t) in file.tensors.iter().enumerate() {
@@ -1049,11 +1074,12 @@ impl GgufModel {
                         info: TensorInfo { name, dtype: t.dtype, shape },
                         permute: Permute::None,
                         slice,
+                        minus_one: false,
                     });
                 }
                 continue;
             }
-            let name = hf_name(&t.name).unwrap_or_else(|| t.name.clone());
+            let name = family_hf_name(family, &t.name).unwrap_or_else(|| t.name.clone());
             let permute = if !permuted {
                 Permute::None
             } else if name.contains(".self_attn.q_proj.") {
@@ -1070,11 +1096,13 @@ impl GgufModel {
                     format!("tensor `{}` maps to Hugging Face name `{name}`, which another tensor already has", t.name),
                 ));
             }
+            let minus_one = plus_one && name.starts_with("model.") && name.ends_with("norm.weight");
             entries.push(Entry {
                 index,
                 info: TensorInfo { name, dtype: t.dtype, shape: t.torch_shape() },
                 permute,
                 slice: None,
+                minus_one,
             });
         }
         Ok(GgufModel { file, architecture, entries, by_name })
@@ -1099,11 +1127,18 @@ impl GgufModel {
         Ok(())
     }
 
-    fn meta_key(&self, suffix: &str) -> String {
+    /// `{general.architecture}.{suffix}`.
+    pub(crate) fn meta_key(&self, suffix: &str) -> String {
         format!("{}.{suffix}", self.architecture)
     }
 
-    fn meta_usize(&self, suffix: &str, required: bool) -> Result<Option<usize>> {
+    /// The integer metadata `{arch}.{suffix}` (`None` when absent and not
+    /// `required`).
+    ///
+    /// # Errors
+    /// [`StudioError::Config`] naming the file and key when it is missing but
+    /// required, or not a non-negative integer.
+    pub(crate) fn meta_usize(&self, suffix: &str, required: bool) -> Result<Option<usize>> {
         let key = self.meta_key(suffix);
         match self.file.get(&key) {
             None if required => Err(StudioError::config(&self.file.file, format!("GGUF metadata `{key}` is missing"))),
@@ -1118,7 +1153,11 @@ impl GgufModel {
         }
     }
 
-    fn meta_f64(&self, suffix: &str) -> Result<Option<f64>> {
+    /// The numeric metadata `{arch}.{suffix}`, `None` when absent.
+    ///
+    /// # Errors
+    /// [`StudioError::Config`] naming the file and key when it is not a number.
+    pub(crate) fn meta_f64(&self, suffix: &str) -> Result<Option<f64>> {
         let key = self.meta_key(suffix);
         match self.file.get(&key) {
             None => Ok(None),
@@ -1154,11 +1193,13 @@ impl GgufModel {
     /// length of `tokenizer.ggml.tokens` (else `{arch}.vocab_size`, else the
     /// embedding rows); embeddings are tied when there is no `output.weight`;
     /// attention biases are on for qwen2 or when `blk.0.attn_q.bias` exists;
-    /// bos/eos come from `tokenizer.ggml.{bos,eos}_token_id`.
+    /// bos/eos come from `tokenizer.ggml.{bos,eos}_token_id`; then the
+    /// family's own keys ([`crate::config::family::Family::read_gguf`]:
+    /// Gemma's soft-caps and sliding-window pattern, Phi-3's LongRoPE).
     ///
     /// # Errors
-    /// [`StudioError::Config`] naming the file for an architecture other
-    /// than llama/qwen2, a missing or mistyped required key, an unsupported
+    /// [`StudioError::Config`] naming the file for an architecture outside
+    /// [`crate::config::family::supported_gguf_archs`] (listed), a missing or mistyped required key, an unsupported
     /// RoPE scaling (or both a scaling type and `rope_freqs.weight`), or
     /// inconsistent sizes ([`ModelConfig::validate`]);
     /// [`StudioError::UnsupportedDType`] naming the file and tensor when a
@@ -1283,6 +1324,8 @@ impl GgufModel {
             eos_token_id: id("tokenizer.ggml.eos_token_id"),
             family_params: Default::default(),
         };
+        let mut cfg = cfg;
+        (architecture.family().read_gguf)(self, &mut cfg)?;
         cfg.validate(src)?;
         Ok(cfg)
     }
@@ -1295,31 +1338,37 @@ impl GgufModel {
     /// when the file has none.
     ///
     /// # Errors
-    /// [`StudioError::Tensor`] naming the file and tensor when its length is
-    /// not `head_dim / 2` or a value is not a positive finite number.
+    /// As [`GgufModel::positive_factors`].
     fn rope_freq_factors(&self, head_dim: usize) -> Result<Option<Vec<f64>>> {
-        const NAME: &str = "rope_freqs.weight";
-        let Some(t) = self.file.tensor(NAME) else { return Ok(None) };
+        self.positive_factors("rope_freqs.weight", head_dim / 2)
+    }
+
+    /// A vector of `len` RoPE frequency factors stored as the tensor `name`
+    /// (GGUF name; `rope_freqs.weight`, Phi-3's `rope_factors_{short,long}.weight`),
+    /// or `None` when the file has no such tensor.
+    ///
+    /// # Errors
+    /// [`StudioError::Tensor`] naming the file and tensor when its length is
+    /// not `len` or a value is not a positive finite number;
+    /// [`StudioError::UnsupportedDType`] for a type that cannot be decoded.
+    pub(crate) fn positive_factors(&self, name: &str, len: usize) -> Result<Option<Vec<f64>>> {
+        let Some(t) = self.file.tensor(name) else { return Ok(None) };
         if !quant::is_supported(t.dtype) {
-            return Err(unsupported(&self.file.file, NAME, t.dtype));
+            return Err(unsupported(&self.file.file, name, t.dtype));
         }
-        if t.n_elements != head_dim / 2 {
+        if t.n_elements != len {
             return Err(StudioError::tensor(
                 &self.file.file,
-                NAME,
-                format!(
-                    "{} values, expected head_dim / 2 = {} (one RoPE frequency factor each)",
-                    t.n_elements,
-                    head_dim / 2
-                ),
+                name,
+                format!("{} values, expected head_dim / 2 = {len} (one RoPE frequency factor each)", t.n_elements),
             ));
         }
         let v = quant::dequantize(t.dtype, self.file.tensor_bytes(t), t.n_elements)
-            .map_err(|m| StudioError::tensor(&self.file.file, NAME, m))?;
+            .map_err(|m| StudioError::tensor(&self.file.file, name, m))?;
         if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !(x.is_finite() && **x > 0.0)) {
             return Err(StudioError::tensor(
                 &self.file.file,
-                NAME,
+                name,
                 format!("value {i} is {x}: RoPE frequency factors must be positive and finite"),
             ));
         }
@@ -1423,6 +1472,9 @@ impl TensorSource for GgufModel {
             }
         }
         .map_err(|m| StudioError::tensor(&self.file.file, name, m))?;
+        if e.minus_one {
+            return Ok(data.into_iter().map(|x| x - 1.0).collect());
+        }
         if e.permute == Permute::None {
             return Ok(data);
         }

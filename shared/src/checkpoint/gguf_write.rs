@@ -24,6 +24,12 @@
 //!   MoE, `general.file_type`, and the tokenizer as `tokenizer.ggml.*`
 //!   including `pre` ([`crate::tokenizer::gguf_export`]), without which
 //!   llama.cpp refuses the vocabulary;
+//! - a Llama 3.1 RoPE scaling (or any per-frequency divisors) as the F32
+//!   tensor `rope_freqs.weight` (`[head_dim / 2]`,
+//!   [`crate::model::rope::llama3_freq_factors`]), as
+//!   `LlamaModel.generate_extra_tensors` writes it, with no
+//!   `rope.scaling.*` keys; a linear scaling as `llama.rope.scaling.type` /
+//!   `.factor`;
 //! - `moe_studio.frozen_experts` (a JSON string, one list per layer:
 //!   llama.cpp ignores it and refuses arrays of arrays; the studio's GGUF
 //!   reader reads it back).
@@ -69,8 +75,8 @@ fn file_type(d: DType) -> u32 {
 /// Why `moe` on `base` cannot be written as a llama.cpp `llama` MoE, or
 /// `None` when it can (dense models always can).
 pub fn gguf_blocker(base: &ModelConfig, moe: Option<&MoeConfig>) -> Option<String> {
-    if let RopeScaling::Llama3 { .. } = base.rope_scaling {
-        return Some("Llama 3.1 RoPE scaling needs a `rope_freqs.weight` tensor this writer does not produce".into());
+    if let RopeScaling::LongRope { .. } = base.rope_scaling {
+        return Some("LongRoPE (Phi-3) has no place in llama.cpp's `llama` architecture".into());
     }
     if let Some(why) = base.architecture.family().not_llama_blocks() {
         return Some(format!("{why}: the llama.cpp `llama` architecture this writer emits has no place for that"));
@@ -133,6 +139,28 @@ enum From {
     Tensor { name: String, permute: Option<usize>, scale: f32 },
     /// The `E` expert tensors of one projection, stacked.
     Experts { layer: usize, experts: usize, proj: Proj },
+    /// Values computed from the configuration (`rope_freqs.weight`).
+    Values(Vec<f32>),
+}
+
+/// llama.cpp's per-frequency RoPE divisors for `config`'s scaling
+/// (`[head_dim / 2]`), or `None` when the scaling needs none.
+fn rope_freqs(config: &ModelConfig) -> Option<Vec<f32>> {
+    let v = match &config.rope_scaling {
+        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+            crate::model::rope::llama3_freq_factors(
+                config.head_dim,
+                config.rope_theta,
+                *factor,
+                *low_freq_factor,
+                *high_freq_factor,
+                *original_max_position_embeddings,
+            )
+        }
+        RopeScaling::FreqFactors { factors } => factors.clone(),
+        _ => return None,
+    };
+    Some(v.into_iter().map(|x| x as f32).collect())
 }
 
 /// What [`write_gguf`] wrote.
@@ -252,6 +280,9 @@ fn plan(
         tensors.push(Planned { name, ne, dtype: t, from });
     };
     let plain = |name: &str| From::Tensor { name: name.to_string(), permute: None, scale: 1.0 };
+    if let Some(f) = rope_freqs(config) {
+        add("rope_freqs.weight".into(), vec![f.len() as u64], From::Values(f), Some(DType::F32));
+    }
     add("token_embd.weight".into(), vec![d, v], plain("model.embed_tokens.weight"), None);
     for l in 0..config.num_layers {
         let p = format!("model.layers.{l}");
@@ -325,6 +356,7 @@ fn plan(
             From::Experts { layer, experts, proj } => {
                 (0..*experts).map(|e| (names::expert_weight_name(*layer, e, *proj), n / *experts as u64)).collect()
             }
+            From::Values(_) => Vec::new(),
         };
         for (name, want) in parts {
             let info = src.info(&name).ok_or_else(|| StudioError::tensor(src.source_name(), &name, "missing"))?;
@@ -429,6 +461,7 @@ fn tensor_data(src: &dyn TensorSource, t: &Planned) -> Result<Vec<u8>> {
             }
             v
         }
+        From::Values(v) => v.clone(),
     };
     encode(t.dtype, &values)
 }

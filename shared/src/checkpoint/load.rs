@@ -106,7 +106,6 @@ pub fn from_gguf_bytes(bytes: Bytes, file_name: &str) -> Result<LoadedModel> {
     if let Some(m) = &moe {
         m.validate(&config, file_name)?;
     }
-    check_tensors(&model, &config, moe.as_ref())?;
     // A llama.cpp MoE has the canonical (Mixtral) structure; it is labelled
     // with the layout `auto` would write it in.
     let layout = match &moe {
@@ -118,15 +117,10 @@ pub fn from_gguf_bytes(bytes: Bytes, file_name: &str) -> Result<LoadedModel> {
     } else {
         None
     };
-    Ok(LoadedModel {
-        path: file_name.into(),
-        format: ModelFormat::Gguf,
-        config,
-        moe,
-        layout,
-        source: Box::new(model),
-        tokenizer,
-    })
+    // Phi-3's fused `attn_qkv` / `ffn_up` are shown as their parts.
+    let source = super::fused::FusedSource::wrap(Box::new(model), &config)?;
+    check_tensors(source.as_ref(), &config, moe.as_ref())?;
+    Ok(LoadedModel { path: file_name.into(), format: ModelFormat::Gguf, config, moe, layout, source, tokenizer })
 }
 
 /// Builds a [`LoadedModel`] from llama2.c checkpoint and tokenizer buffers

@@ -20,6 +20,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{backend::Backend, Tensor};
 
+use super::cpu_ops::rms_norm;
 use super::linear::forward_rows;
 use super::rope::{Rope, RopeTables};
 
@@ -97,12 +98,24 @@ impl<B: Backend> Attention<B> {
         }
         let (q, k) = (q.reshape([b, s, h, hd]), k.reshape([b, s, kvh, hd]));
         let q = match &self.q_norm {
-            Some(n) => n.forward(q),
+            Some(n) => rms_norm(n, q),
             None => q,
         };
         let k = match &self.k_norm {
-            Some(n) => n.forward(k),
+            Some(n) => rms_norm(n, k),
             None => k,
+        };
+        // No cache, no soft-cap, no active window, CPU backend: RoPE and
+        // attention in one kernel on the projections' row layout
+        // (cpu_attention::causal_attention_rows), no transposes.
+        let (q, k, v) = if cache.is_none() && self.softcap.is_none() && self.sliding_window.is_none_or(|w| s <= w) {
+            let (q, k) = (q.reshape([b, s, h * hd]), k.reshape([b, s, kvh * hd]));
+            match super::cpu_attention::causal_attention_rows(q, k, v, rope, h, kvh, self.scale) {
+                Ok(out) => return self.project_out(out, capture),
+                Err((q, k, v)) => (q.reshape([b, s, h, hd]), k.reshape([b, s, kvh, hd]), v),
+            }
+        } else {
+            (q, k, v)
         };
         let q = Rope::apply(q.swap_dims(1, 2), rope);
         let k = Rope::apply(k.swap_dims(1, 2), rope);

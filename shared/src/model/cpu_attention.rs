@@ -1,6 +1,6 @@
 //! Causal grouped-query attention on the CPU backend, threaded and
-//! triangle-aware (docs/methods.md, "The forward pass does no avoidable
-//! work"; ARCHITECTURE.md).
+//! triangle-aware (ARCHITECTURE.md, "The forward pass does no avoidable
+//! work").
 //!
 //! burn-flex 0.21's fused `attention` runs every `(batch, head)` pair one
 //! after the other on the calling thread (single-threaded gemm calls), and
@@ -31,8 +31,6 @@
 //! any other backend, under autodiff, or for other dtypes
 //! [`causal_attention`] returns its inputs and the caller runs Burn's
 //! `attention`.
-
-use std::any::TypeId;
 
 use burn::tensor::{backend::Backend, DType, Tensor, TensorData};
 
@@ -69,11 +67,7 @@ pub fn causal_attention<B: Backend>(
     v: Tensor<B, 4>,
     scale: Option<f64>,
 ) -> Result<Tensor<B, 3>, (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>)> {
-    if TypeId::of::<B>() != TypeId::of::<crate::CpuBackend>()
-        || q.dtype() != DType::F32
-        || k.dtype() != DType::F32
-        || v.dtype() != DType::F32
-    {
+    if !super::cpu_ops::is_cpu::<B>() || [q.dtype(), k.dtype(), v.dtype()].iter().any(|d| *d != DType::F32) {
         return Err((q, k, v));
     }
     let [b, h, s, hd] = q.dims();
@@ -93,8 +87,67 @@ pub fn causal_attention<B: Backend>(
     let (qs, ks, vs) = (f32s(&qd), f32s(&kd), f32s(&vd));
     let mut out = vec![0f32; b * s * h * hd];
     let scale = scale.unwrap_or_else(|| 1.0 / (hd as f64).sqrt()) as f32;
-    attend(qs, ks, vs, &mut out, Shape { b, h, kvh, s, t, hd }, scale);
+    attend(qs, ks, vs, &mut out, Shape { b, h, kvh, s, t, hd, rows: false }, scale);
     Ok(Tensor::from_data(TensorData::new(out, [b, s, h * hd]), &device))
+}
+
+/// RoPE plus causal attention straight from the projections, with no
+/// transpose: `q: [batch, seq, heads * head_dim]` and `k, v: [batch, seq,
+/// kv_heads * head_dim]` (the outputs of `q_proj` / `k_proj` / `v_proj`,
+/// after any per-head q/k norm), positions `0..seq` of `rope` (no KV cache:
+/// `kv_seq = seq`). RoPE is applied to `q` and `k` in place
+/// ([`super::cpu_ops::rope_rows`]), then the kernel of [`causal_attention`]
+/// reads each head at its row stride. Returns `[batch, seq, heads *
+/// head_dim]`, the same values as `Rope::apply` + `swap_dims` +
+/// [`causal_attention`] (the arithmetic is the same, element by element).
+///
+/// # Errors
+/// Returns `Err((q, k, v))` unchanged off the CPU backend or for non-f32
+/// dtypes (the caller takes the composed path).
+///
+/// # Panics
+/// If the shapes disagree with `heads`, `kv_heads`, `head_dim` or `rope`.
+#[allow(clippy::type_complexity)]
+pub fn causal_attention_rows<B: Backend>(
+    q: Tensor<B, 3>,
+    k: Tensor<B, 3>,
+    v: Tensor<B, 3>,
+    rope: &super::rope::RopeTables<B>,
+    heads: usize,
+    kv_heads: usize,
+    scale: Option<f64>,
+) -> Result<Tensor<B, 3>, (Tensor<B, 3>, Tensor<B, 3>, Tensor<B, 3>)> {
+    if !super::cpu_ops::is_cpu::<B>() || [q.dtype(), k.dtype(), v.dtype()].iter().any(|d| *d != DType::F32) {
+        return Err((q, k, v));
+    }
+    let [b, s, qw] = q.dims();
+    let hd = qw / heads.max(1);
+    assert!(
+        heads > 0 && kv_heads > 0 && heads.is_multiple_of(kv_heads) && qw == heads * hd,
+        "attention: query rows of {qw} for {heads} heads over {kv_heads} kv heads"
+    );
+    assert_eq!(k.dims(), [b, s, kv_heads * hd], "attention: key shape {:?}", k.dims());
+    assert_eq!(v.dims(), [b, s, kv_heads * hd], "attention: value shape {:?}", v.dims());
+    assert_eq!(rope.len, s, "RoPE tables for {} positions, input has {s}", rope.len);
+    use super::cpu_ops::{contiguous, flex_from_vec, from_flex, rope_rows, to_flex, values_mut};
+    let (mut qt, mut kt, vt) = (to_flex(q), to_flex(k), contiguous(to_flex(v)));
+    let qs = values_mut(&mut qt);
+    rope_rows(qs, s, heads, hd, &rope.cos_host, &rope.sin_host);
+    let ks = values_mut(&mut kt);
+    rope_rows(ks, s, kv_heads, hd, &rope.cos_host, &rope.sin_host);
+    let mut out = vec![0f32; b * s * heads * hd];
+    let scale = scale.unwrap_or_else(|| 1.0 / (hd as f64).sqrt()) as f32;
+    let sh = Shape { b, h: heads, kvh: kv_heads, s, t: s, hd, rows: true };
+    let vs = vt.as_slice::<f32>().expect("contiguous");
+    attend(
+        qt.as_slice::<f32>().expect("contiguous"),
+        kt.as_slice::<f32>().expect("contiguous"),
+        vs,
+        &mut out,
+        sh,
+        scale,
+    );
+    Ok(from_flex(flex_from_vec(out, &[b, s, heads * hd])))
 }
 
 fn f32s(d: &TensorData) -> &[f32] {
@@ -109,6 +162,21 @@ struct Shape {
     s: usize,
     t: usize,
     hd: usize,
+    /// Inputs stored `[batch, seq, heads, head_dim]` (the projections'
+    /// rows) instead of `[batch, heads, seq, head_dim]`.
+    rows: bool,
+}
+
+impl Shape {
+    /// `(offset of (batch, head, position 0), stride between positions)`
+    /// of a `heads`-head, `len`-position tensor in this layout.
+    fn at(&self, bi: usize, head: usize, heads: usize, len: usize) -> (usize, usize) {
+        if self.rows {
+            ((bi * len * heads + head) * self.hd, heads * self.hd)
+        } else {
+            ((bi * heads + head) * len * self.hd, self.hd)
+        }
+    }
 }
 
 /// A raw output pointer shared by tasks that write disjoint rows.
@@ -162,15 +230,16 @@ unsafe fn run_block(
 ) {
     let Shape { h, kvh, s, t, hd, .. } = sh;
     let rep = h / kvh;
+    let (q_at, q_rs) = sh.at(bi, hi, h, s);
+    let (kv_at, kv_rs) = sh.at(bi, hi / rep, kvh, t);
     let q0 = blk * QUERY_BLOCK;
     let rows = QUERY_BLOCK.min(s - q0);
     // Absolute position of query 0; the block's last query sees keys
     // 0..=offset + q0 + rows - 1.
     let offset = t - s;
     let keys = offset + q0 + rows;
-    let q_blk = &q[((bi * h + hi) * s + q0) * hd..][..rows * hd];
-    let kv_off = (bi * kvh + hi / rep) * t * hd;
-    let (k_head, v_head) = (&k[kv_off..][..keys * hd], &v[kv_off..][..keys * hd]);
+    let q_blk = &q[q_at + q0 * q_rs..][..(rows - 1) * q_rs + hd];
+    let (k_head, v_head) = (&k[kv_at..][..(keys - 1) * kv_rs + hd], &v[kv_at..][..(keys - 1) * kv_rs + hd]);
     let mut scores = vec![0f32; rows * keys];
     // SAFETY: all operands are in bounds for the given sizes and strides.
     unsafe {
@@ -185,9 +254,9 @@ unsafe fn run_block(
             false,
             q_blk.as_ptr(),
             1,
-            hd as isize,
+            q_rs as isize,
             k_head.as_ptr(),
-            hd as isize,
+            kv_rs as isize,
             1,
             0.0,
             1.0,
@@ -198,21 +267,7 @@ unsafe fn run_block(
         );
     }
     for (i, row) in scores.chunks_exact_mut(keys).enumerate() {
-        let seen = offset + q0 + i + 1;
-        let (live, masked) = row.split_at_mut(seen);
-        let mut max = f32::NEG_INFINITY;
-        for x in live.iter_mut() {
-            *x *= scale;
-            max = max.max(*x);
-        }
-        let mut sum = 0f32;
-        for x in live.iter_mut() {
-            *x = (*x - max).exp();
-            sum += *x;
-        }
-        let inv = 1.0 / sum;
-        live.iter_mut().for_each(|x| *x *= inv);
-        masked.fill(0.0);
+        super::cpu_ops::softmax_prefix(row, offset + q0 + i + 1, scale);
     }
     // SAFETY: the destination rows `(bi, q0..q0+rows, hi, 0..hd)` lie inside
     // `out` (row stride h * hd) and belong to this task only.
@@ -232,7 +287,7 @@ unsafe fn run_block(
             keys as isize,
             v_head.as_ptr(),
             1,
-            hd as isize,
+            kv_rs as isize,
             0.0,
             1.0,
             false,
@@ -249,7 +304,7 @@ mod tests {
 
     /// Direct evaluation of the definition in f64.
     fn reference(q: &[f32], k: &[f32], v: &[f32], sh: Shape) -> Vec<f32> {
-        let Shape { b, h, kvh, s, t, hd } = sh;
+        let Shape { b, h, kvh, s, t, hd, .. } = sh;
         let mut out = vec![0f32; b * s * h * hd];
         for bi in 0..b {
             for hi in 0..h {
@@ -293,9 +348,9 @@ mod tests {
         // seq 150 spans three query blocks (the last partial); kv_seq > seq
         // is a KV cache of 20 positions; 6 heads over 2 kv heads.
         for sh in [
-            Shape { b: 2, h: 6, kvh: 2, s: 150, t: 170, hd: 16 },
-            Shape { b: 1, h: 3, kvh: 3, s: 1, t: 9, hd: 8 },
-            Shape { b: 1, h: 4, kvh: 1, s: 130, t: 130, hd: 32 },
+            Shape { b: 2, h: 6, kvh: 2, s: 150, t: 170, hd: 16, rows: false },
+            Shape { b: 1, h: 3, kvh: 3, s: 1, t: 9, hd: 8, rows: false },
+            Shape { b: 1, h: 4, kvh: 1, s: 130, t: 130, hd: 32, rows: false },
         ] {
             let q = values(sh.b * sh.h * sh.s * sh.hd, 1);
             let k = values(sh.b * sh.kvh * sh.t * sh.hd, 2);
@@ -337,5 +392,26 @@ mod tests {
         let (g, w) = (got.into_data().to_vec::<f32>().unwrap(), want.into_data().to_vec::<f32>().unwrap());
         let worst = g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(worst < 1e-5, "max |error| {worst} against burn-flex's attention");
+    }
+
+    #[test]
+    fn rows_layout_with_rope_equals_the_transposed_path() {
+        type B = crate::CpuBackend;
+        let dev = Default::default();
+        let (b, h, kvh, s, hd) = (2, 6, 2, 90, 16);
+        let cfg = super::super::cpu_ops::tests::llama_config(h, kvh, hd);
+        let rope = super::super::rope::Rope::new(&cfg);
+        let tables = rope.tables::<B>(0, s, &dev);
+        let q = Tensor::<B, 3>::from_data(TensorData::new(values(b * s * h * hd, 7), [b, s, h * hd]), &dev);
+        let k = Tensor::<B, 3>::from_data(TensorData::new(values(b * s * kvh * hd, 8), [b, s, kvh * hd]), &dev);
+        let v = Tensor::<B, 3>::from_data(TensorData::new(values(b * s * kvh * hd, 9), [b, s, kvh * hd]), &dev);
+        let heads = |x: Tensor<B, 3>, n: usize| x.reshape([b, s, n, hd]).swap_dims(1, 2);
+        let qr = super::super::rope::Rope::apply(heads(q.clone(), h), &tables);
+        let kr = super::super::rope::Rope::apply(heads(k.clone(), kvh), &tables);
+        let want = causal_attention(qr, kr, heads(v.clone(), kvh), None).unwrap_or_else(|_| panic!("cpu"));
+        let got = causal_attention_rows(q, k, v, &tables, h, kvh, None).unwrap_or_else(|_| panic!("cpu"));
+        let (g, w) = (got.into_data().to_vec::<f32>().unwrap(), want.into_data().to_vec::<f32>().unwrap());
+        let worst = g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst < 1e-6, "max |error| {worst} between the row and head layouts");
     }
 }

@@ -7,14 +7,11 @@
 
 use burn::module::Module;
 use burn::nn::Linear;
-use burn::tensor::{
-    activation::{gelu_approximate, silu},
-    backend::Backend,
-    Tensor,
-};
+use burn::tensor::{backend::Backend, Tensor};
 
 pub use crate::config::family::GateActivation;
 
+use super::cpu_ops::gated_product;
 use super::linear::forward_rows;
 
 /// A gated FFN with `gate_proj`, `up_proj` (`d -> f`) and `down_proj`
@@ -34,18 +31,10 @@ pub struct SwiGlu<B: Backend> {
 }
 
 impl<B: Backend> SwiGlu<B> {
-    fn act<const D: usize>(&self, g: Tensor<B, D>) -> Tensor<B, D> {
-        match self.activation {
-            GateActivation::Silu => silu(g),
-            GateActivation::GeluTanh => gelu_approximate(g),
-        }
-    }
-
     /// `x: [..., d] -> [..., d]` (each projection one 2-D product over
     /// all leading positions, [`forward_rows`]).
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let g = self.act(forward_rows(&self.gate_proj, x.clone()));
-        forward_rows(&self.down_proj, g * forward_rows(&self.up_proj, x))
+        forward_rows(&self.down_proj, self.hidden(x))
     }
 
     /// [`SwiGlu::forward`] that also hands `gate_proj`, `up_proj` and
@@ -59,7 +48,7 @@ impl<B: Backend> SwiGlu<B> {
         let u = forward_rows(&self.up_proj, x);
         capture("gate_proj", g.clone());
         capture("up_proj", u.clone());
-        let out = forward_rows(&self.down_proj, self.act(g) * u);
+        let out = forward_rows(&self.down_proj, gated_product(g, u, self.activation));
         capture("down_proj", out.clone());
         out
     }
@@ -67,6 +56,7 @@ impl<B: Backend> SwiGlu<B> {
     /// The FFN's hidden activations `act(gate(x)) * up(x)`, `[..., f]`
     /// (the input of `down_proj`).
     pub fn hidden<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        self.act(forward_rows(&self.gate_proj, x.clone())) * forward_rows(&self.up_proj, x)
+        let g = forward_rows(&self.gate_proj, x.clone());
+        gated_product(g, forward_rows(&self.up_proj, x), self.activation)
     }
 }

@@ -9,6 +9,7 @@
 pub mod attention;
 pub mod cache;
 pub mod cpu_attention;
+pub mod cpu_ops;
 pub mod ffn;
 pub mod linear;
 pub mod load;

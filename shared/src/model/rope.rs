@@ -97,8 +97,10 @@ impl Rope {
         }
         debug_assert_eq!(cos.len(), len * 2 * half);
         RopeTables {
-            cos: Tensor::from_data(TensorData::new(cos, [1, len * hd]), device),
-            sin: Tensor::from_data(TensorData::new(sin, [1, len * hd]), device),
+            cos: Tensor::from_data(TensorData::new(cos.clone(), [1, len * hd]), device),
+            sin: Tensor::from_data(TensorData::new(sin.clone(), [1, len * hd]), device),
+            cos_host: cos.into(),
+            sin_host: sin.into(),
             len,
         }
     }
@@ -207,6 +209,11 @@ pub struct RopeTables<B: Backend> {
     pub cos: Tensor<B, 2>,
     /// `[-sin(p * inv_freq), sin(p * inv_freq)]` per position.
     pub sin: Tensor<B, 2>,
+    /// `cos` on the host, `[len * head_dim]`, for the CPU kernels
+    /// ([`super::cpu_ops::rope_rows`]).
+    pub cos_host: std::sync::Arc<[f32]>,
+    /// `sin` (sign included) on the host, `[len * head_dim]`.
+    pub sin_host: std::sync::Arc<[f32]>,
     /// Number of positions.
     pub len: usize,
 }

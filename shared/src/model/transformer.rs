@@ -7,6 +7,7 @@ use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::{backend::Backend, Int, Tensor};
 
 use super::attention::Attention;
+use super::cpu_ops::rms_norm;
 use super::moe::{MoeLayer, Routing, RoutingTrace};
 use super::{KvCache, Padding, Rope, SwiGlu};
 use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
@@ -231,14 +232,18 @@ impl<B: Backend> Transformer<B> {
                 (Some(local), Some(_)) => local,
                 _ => &rope,
             };
-            let attn =
-                block.self_attn.forward_capture(block.input_layernorm.forward(x.clone()), layer_rope, c, attn_capture);
+            let attn = block.self_attn.forward_capture(
+                rms_norm(&block.input_layernorm, x.clone()),
+                layer_rope,
+                c,
+                attn_capture,
+            );
             let attn = match &block.attn_out_norm {
-                Some(n) => n.forward(attn),
+                Some(n) => rms_norm(n, attn),
                 None => attn,
             };
             let h = x + attn;
-            let ffn_in = block.post_attention_layernorm.forward(h.clone());
+            let ffn_in = rms_norm(&block.post_attention_layernorm, h.clone());
             if let Some(t) = trace.as_mut() {
                 if opts.capture_ffn_inputs {
                     t.ffn_inputs.push(ffn_in.clone());
@@ -286,12 +291,12 @@ impl<B: Backend> Transformer<B> {
                 }
             }
             let ffn_out = match &block.ffn_out_norm {
-                Some(n) => n.forward(ffn_out),
+                Some(n) => rms_norm(n, ffn_out),
                 None => ffn_out,
             };
             x = h + ffn_out;
         }
-        self.norm.forward(x)
+        rms_norm(&self.norm, x)
     }
 
     /// Applies the LM head (and the final soft-cap of families that have

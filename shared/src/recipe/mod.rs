@@ -470,4 +470,25 @@ mod tests {
         let e = parse("base_model: m\nupcycle: {experts: 4, top_k: 2}\n", "u.yml").unwrap_err().to_string();
         assert!(e.contains("`upcycle.top_k` is not supported: set `experts_per_token`"), "{e}");
     }
+
+    #[test]
+    fn tokenizer_source_base_only_and_no_train_stage() {
+        let y = "base_model: m\ngate_mode: random\nexperts:\n  - source_model: a\n  - source_model: b\n";
+        for ok in ["base", "m"] {
+            let r = parse(&format!("{y}tokenizer_source: {ok}\n"), "t.yml");
+            assert!(r.is_ok(), "{ok}: {r:?}");
+        }
+        for (extra, want) in [
+            ("tokenizer_source: union\n", "`tokenizer_source: union` is not supported: only `base`"),
+            ("tokenizer_source: a\n", "`tokenizer_source: a` is not supported"),
+            ("train: {steps: 5}\n", "`train` is not supported: continued pre-training is not a recipe stage"),
+        ] {
+            let e = parse(&format!("{y}{extra}"), "t.yml").unwrap_err().to_string();
+            assert!(e.contains(want) && e.contains("t.yml"), "{extra}: {e}");
+        }
+        let e = parse("gate_mode: ridge\ntokenizer_source: base\nexperts:\n  - {source_model: a, data: a.txt}\n  - {source_model: b, data: b.txt}\n", "t.yml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("without `base_model`"), "{e}");
+    }
 }

@@ -7,8 +7,12 @@
 //! `positive_prompts` / `negative_prompts` for the gate), `gate_mode`
 //! (`hidden` (default), `cheap_embed`, `random`), `experts_per_token`
 //! (default 2), `dtype`, `architecture` (`mixtral`, `qwen`, `deepseek`: the
-//! output layout). `shared_experts` is refused (MoErged experts are whole
-//! domain FFNs; see `methods/moerge.rs`).
+//! output layout), `tokenizer_source` (only `base`: the base model's
+//! tokenizer is what the studio copies; `union` and other models are
+//! refused by name). `shared_experts` is refused (MoErged experts are whole
+//! domain FFNs; see `methods/moerge.rs`), and so is a `train` stage
+//! (continued pre-training is its own resumable job, between the recipe's
+//! MoE and its graft).
 //!
 //! Studio keys, so that a whole pipeline is one file:
 //! - `gate_mode: ridge` (DUME's ridge router: every expert gives `data`,
@@ -43,6 +47,7 @@ struct MoeKeys {
     dtype: Value,
     experts_per_token: Value,
     architecture: Value,
+    tokenizer_source: Value,
     // studio
     upcycle: Value,
     allocation: Value,
@@ -74,7 +79,11 @@ const REFUSED_TOP: &[Refused] = &[
         "MoErged experts are whole domain FFNs with no always-on expert (docs/methods.md §2.1); to train shared \
          experts, upcycle with `moe-studio upcycle --shared-experts N`",
     ),
-    ("tokenizer_source", "the base model's tokenizer is copied; every expert must have the same vocabulary"),
+    (
+        "train",
+        "continued pre-training is not a recipe stage (a long, resumable job with its own checkpoints): run the \
+         recipe without `graft`, train its output with `moe-studio train`, then graft with `moe-studio graft`",
+    ),
 ];
 
 const REFUSED_EXPERT: &[Refused] = &[
@@ -339,6 +348,26 @@ impl MoeRecipe {
             None => None,
         };
         let graft = get(map, "graft").map(|v| job_section::<GraftSpec>(source, "graft", v, &["target"])).transpose()?;
+        if let Some(t) = s("tokenizer_source")? {
+            match (t.as_str(), &base_model) {
+                ("base", Some(_)) => {}
+                (t, Some(b)) if t == b => {}
+                ("base", None) => {
+                    return Err(cfg(
+                        "`tokenizer_source: base` without `base_model`: the first expert's tokenizer is copied \
+                         (remove the key)"
+                            .into(),
+                    ))
+                }
+                (other, _) => {
+                    return Err(cfg(format!(
+                        "`tokenizer_source: {other}` is not supported: only `base` (the base model's tokenizer, \
+                         which the studio copies; every expert must share its vocabulary); a `union` or another \
+                         model's vocabulary needs tokenizer surgery, which is not implemented"
+                    )))
+                }
+            }
+        }
         Ok(MoeRecipe {
             base_model,
             source: source_kind,

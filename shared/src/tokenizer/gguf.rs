@@ -27,6 +27,16 @@
 //!   pre-tokenizer and a `Replace("▁", " "), ByteFallback, Fuse,
 //!   Strip(left 1)` decoder (as transformers' `LlamaTokenizer`).
 //!
+//!   By `general.architecture` (transformers' `GGUF_SENTENCEPIECE_BUILDERS`,
+//!   [`SpmFlavor`]): Gemma (`gemma`, `gemma2`, `gemma3`) respells tokens made
+//!   only of whitespace with a space in them as that many `▁`, rebuilds the
+//!   merges from the token *order* (Gemma's scores do not follow its merge
+//!   order), and uses `GemmaTokenizer`'s shape: a `Replace(" ", "▁")`
+//!   normalizer, no prefix `▁`, `Split(" ", merged_with_previous)`, decoder
+//!   without the Strip; Phi-3 (`phi3`) puts the prefix `▁` and the space
+//!   replacement into the normalizer (`Prepend("▁"), Replace(" ", "▁")`) with
+//!   no pre-tokenizer, so text starting with spaces keeps them all.
+//!
 //! In both cases tokens of `token_type` 3 (control) are added as special
 //! tokens (`normalized = false`; in a byte-level vocabulary only those
 //! spelled in the byte alphabet, as transformers does), tokens of type 4
@@ -43,7 +53,9 @@ use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::prepend::Prepend;
 use tokenizers::normalizers::replace::Replace;
+use tokenizers::normalizers::utils::Sequence as NormalizerSequence;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
@@ -386,23 +398,108 @@ pub fn merges_from_scores(tokens: &[&str], scores: &[f64]) -> Vec<(String, Strin
     merges.into_iter().map(|(l, r, _)| (l.to_string(), r.to_string())).collect()
 }
 
+/// How a SentencePiece (`llama`) vocabulary of a GGUF is spelled and split,
+/// by `general.architecture` (transformers' `GGUF_SENTENCEPIECE_BUILDERS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpmFlavor {
+    /// `LlamaTokenizer`: `Metaspace` pre-tokenizer, merges by score.
+    Llama,
+    /// `GemmaTokenizer` (`gemma`, `gemma2`, `gemma3`): whitespace tokens
+    /// respelled with `▁`, merges by token order, spaces replaced by a
+    /// normalizer, no prefix `▁`.
+    Gemma,
+    /// Phi-3 (`phi3`): `LlamaTokenizer` with the prefix `▁` and the space
+    /// replacement in the normalizer and no pre-tokenizer.
+    Phi3,
+}
+
+impl SpmFlavor {
+    /// The flavour of GGUF architecture `arch`.
+    pub fn of(arch: &str) -> SpmFlavor {
+        match arch {
+            "gemma" | "gemma2" | "gemma3" => SpmFlavor::Gemma,
+            "phi3" => SpmFlavor::Phi3,
+            _ => SpmFlavor::Llama,
+        }
+    }
+}
+
+/// Gemma's whitespace tokens (a space among only whitespace, as Python's
+/// `" " in t and not t.strip()`) respelled as one `▁` per character.
+fn gemma_spelling(t: &str) -> String {
+    let py_space = |c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c);
+    if t.contains(' ') && t.chars().all(py_space) {
+        "▁".repeat(t.chars().count())
+    } else {
+        t.to_string()
+    }
+}
+
 /// SentencePiece-style BPE (`tokenizer.ggml.model = "llama"`).
 fn llama_tokenizer(model: &GgufModel, meta: &Meta) -> Result<Tokenizer> {
     let src = meta.src;
     let n = meta.tokens.len();
-    let vocab: Vocab = meta.tokens.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect();
+    let flavor = SpmFlavor::of(&model.architecture);
+    let spelled: Vec<String> = match flavor {
+        SpmFlavor::Gemma => meta.tokens.iter().map(|t| gemma_spelling(t)).collect(),
+        _ => meta.tokens.iter().map(|t| t.to_string()).collect(),
+    };
+    let refs: Vec<&str> = spelled.iter().map(String::as_str).collect();
+    let vocab: Vocab = spelled.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
     let merges = match string_array(model, "tokenizer.ggml.merges", MAX_MERGES)? {
         Some(m) => parse_merges(src, &m)?,
+        // Gemma's merge order is its token order (first = best).
+        None if flavor == SpmFlavor::Gemma => {
+            merges_from_scores(&refs, &(0..n).map(|i| -(i as f64)).collect::<Vec<_>>())
+        }
         None => {
             let scores = number_array(model, "tokenizer.ggml.scores", n)?.ok_or_else(|| {
                 tok_err(src, "a llama tokenizer needs `tokenizer.ggml.merges` or `tokenizer.ggml.scores`")
             })?;
-            merges_from_scores(&meta.tokens, &scores)
+            merges_from_scores(&refs, &scores)
         }
     };
     let unk = meta_token_id(model, "tokenizer.ggml.unknown_token_id", n)?.map(|u| meta.tokens[u as usize]);
-    let add_prefix_space = meta_bool(model, "tokenizer.ggml.add_space_prefix").unwrap_or(true);
-    spm_tokenizer(vocab, merges, unk, add_prefix_space, src)
+    match flavor {
+        SpmFlavor::Llama => {
+            let add_prefix_space = meta_bool(model, "tokenizer.ggml.add_space_prefix").unwrap_or(true);
+            spm_tokenizer(vocab, merges, unk, add_prefix_space, src)
+        }
+        SpmFlavor::Phi3 => {
+            let mut tok = spm_tokenizer(vocab, merges, unk, true, src)?;
+            let space = Replace::new(" ", "▁").map_err(|e| tok_err(src, e.to_string()))?;
+            tok.with_normalizer(Some(NormalizerSequence::new(vec![Prepend::new("▁".into()).into(), space.into()])));
+            tok.with_pre_tokenizer(None::<PreTokenizerWrapper>);
+            Ok(tok)
+        }
+        SpmFlavor::Gemma => gemma_tokenizer(vocab, merges, unk, src),
+    }
+}
+
+/// transformers' `GemmaTokenizer` over a GGUF vocabulary: byte-fallback BPE
+/// (`fuse_unk`), normalizer `Replace(" ", "▁")`, pre-tokenizer
+/// `Split(" ", merged_with_previous)` (a no-op after the normalizer, kept
+/// for fidelity), decoder `Replace("▁", " "), ByteFallback, Fuse`.
+fn gemma_tokenizer(vocab: Vocab, merges: Vec<(String, String)>, unk: Option<&str>, src: &str) -> Result<Tokenizer> {
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .fuse_unk(true)
+        .byte_fallback(true)
+        .unk_token(unk.unwrap_or("<unk>").to_string())
+        .build()
+        .map_err(|e| tok_err(src, format!("building the BPE model: {e}")))?;
+    let mut tok = Tokenizer::new(bpe);
+    tok.with_normalizer(Some(Replace::new(" ", "▁").map_err(|e| tok_err(src, e.to_string()))?));
+    let split = Split::new(SplitPattern::String(" ".into()), SplitDelimiterBehavior::MergedWithPrevious, false)
+        .map_err(|e| tok_err(src, e.to_string()))?;
+    tok.with_pre_tokenizer(Some(split));
+    let seq: Vec<DecoderWrapper> = vec![
+        Replace::new("▁", " ").map_err(|e| tok_err(src, e.to_string()))?.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ];
+    tok.with_decoder(Some(DecoderSequence::new(seq)));
+    Ok(tok)
 }
 
 /// A SentencePiece-style byte-fallback BPE tokenizer (pieces use `▁` for
@@ -460,11 +557,14 @@ fn add_special_tokens(tok: &mut Tokenizer, meta: &Meta, byte_level: bool) {
     if !control.is_empty() {
         tok.add_special_tokens(&control);
     }
+    // Only those the model's vocabulary spells as the file does (Gemma's
+    // respelled whitespace tokens are not re-added; transformers'
+    // `token in vocab`).
     let user: Vec<AddedToken> = meta
         .tokens
         .iter()
         .zip(types)
-        .filter(|(_, &ty)| ty == TOKEN_TYPE_USER_DEFINED)
+        .filter(|(t, &ty)| ty == TOKEN_TYPE_USER_DEFINED && tok.token_to_id(t).is_some())
         .map(|(t, _)| AddedToken::from(t.to_string(), false).normalized(false))
         .collect();
     if !user.is_empty() {

@@ -210,3 +210,108 @@ fn unknown_pre_tokenizer_warns() {
     assert!(warnings.len() == 1 && warnings[0].contains("mystery"), "{warnings:?}");
     assert_eq!(tok.encode("ab", false).unwrap().get_ids(), &[2]);
 }
+
+/// The ids transformers gives (`tests/reference/make_tokenizer_golden.py`).
+fn golden_ids(v: &serde_json::Value) -> Vec<Vec<u32>> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|ids| ids.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect())
+        .collect()
+}
+
+/// `make_tokenizer_golden.py`'s `synthetic_vocab` as GGUF architecture `arch`.
+fn synthetic_file(arch: &str) -> Vec<u8> {
+    let mut tokens: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>"].map(String::from).to_vec();
+    let mut types = vec![3, 3, 3, 2];
+    for b in 0..256 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+    }
+    let mut scores = vec![0f32; tokens.len()];
+    for (i, p) in ["▁", "a", "b", "c", "bc", "ab", "▁a", "  ", "▁▁", "ca", "▁ab", "\n"].iter().enumerate() {
+        tokens.push(p.to_string());
+        types.push(1);
+        scores.push(i as f32);
+    }
+    GgufWriter::default()
+        .kv("general.architecture", V::Str(arch.into()))
+        .kv("tokenizer.ggml.model", V::Str("llama".into()))
+        .kv("tokenizer.ggml.tokens", V::StrArr(tokens))
+        .kv("tokenizer.ggml.scores", V::F32Arr(scores))
+        .kv("tokenizer.ggml.token_type", V::I32Arr(types))
+        .kv("tokenizer.ggml.bos_token_id", V::U32(2))
+        .kv("tokenizer.ggml.eos_token_id", V::U32(1))
+        .kv("tokenizer.ggml.unknown_token_id", V::U32(3))
+        .kv("tokenizer.ggml.padding_token_id", V::U32(0))
+        .build()
+}
+
+/// The per-family SentencePiece rules on a vocabulary whose token order and
+/// scores disagree: Gemma merges by token order and respells the all-space
+/// token `"  "` as `▁▁`; Phi-3 keeps every leading space (prefix `▁` in the
+/// normalizer); Llama merges by score with `Metaspace`. Ids equal
+/// transformers' (golden `synthetic`); each family gives other ids than
+/// the Llama rules would on some line, so a wrong rule fails here.
+#[test]
+fn family_spm_rules_match_transformers() {
+    let Some(g) = common::golden_json("gguf_tokenizers.json") else {
+        return;
+    };
+    let s = &g["synthetic"];
+    let lines: Vec<&str> = s["lines"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+    let llama = golden_ids(&s["llama"]);
+    for arch in ["gemma3", "phi3", "llama"] {
+        let m = gguf::open(Bytes::from_vec(synthetic_file(arch)), &format!("{arch}.gguf")).unwrap();
+        let tok = tokenizer_from_gguf(&m).unwrap();
+        let want = golden_ids(&s[arch]);
+        for (line, ids) in lines.iter().zip(&want) {
+            assert_eq!(tok.encode(*line, true).unwrap().get_ids(), ids.as_slice(), "{arch}: {line:?}");
+        }
+        if arch != "llama" {
+            assert_ne!(want, llama, "{arch}: the golden must tell the family's rules from Llama's");
+        }
+    }
+}
+
+/// Real vocabularies per family (Gemma 3 270M's GGUF; llama.cpp's Phi-3 and
+/// Qwen2/Qwen3 vocabulary files; `tests/reference/fetch_family_ggufs.sh`):
+/// ids equal transformers' on English, Hungarian, Greek, Chinese, code and
+/// whitespace lines. Skipped (with a note) when the files are not fetched,
+/// unless `MOE_STUDIO_REQUIRE_FAMILY_GGUFS=1`.
+#[test]
+fn family_tokenizers_match_transformers() {
+    let Some(g) = common::golden_json("gguf_tokenizers.json") else {
+        return;
+    };
+    let dir = match std::env::var_os("MOE_STUDIO_FAMILY_GGUFS") {
+        Some(d) => std::path::PathBuf::from(d),
+        None => common::cache_dir().join("family-ggufs"),
+    };
+    let required = std::env::var("MOE_STUDIO_REQUIRE_FAMILY_GGUFS").is_ok_and(|v| v == "1");
+    let lines: Vec<&str> = g["lines"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+    for (family, f) in g["files"].as_object().unwrap() {
+        let path = dir.join(f["file"].as_str().unwrap());
+        if !path.exists() {
+            assert!(!required, "{}: missing (run tests/reference/fetch_family_ggufs.sh)", path.display());
+            eprintln!("skipping {family}: {} not fetched (tests/reference/fetch_family_ggufs.sh)", path.display());
+            continue;
+        }
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), f["bytes"].as_u64().unwrap(), "{}", path.display());
+        let m = gguf::open(Bytes::map_file(&path).unwrap(), &path.display().to_string()).unwrap();
+        let (tok, warnings) = build_tokenizer(&m).unwrap();
+        assert!(warnings.is_empty(), "{family}: {warnings:?}");
+        let want = golden_ids(&f["ids"]);
+        let mut same = 0;
+        for (line, ids) in lines.iter().zip(&want) {
+            let got = tok.encode(*line, true).unwrap().get_ids().to_vec();
+            if got == *ids {
+                same += 1;
+            } else {
+                eprintln!("{family}: {line:?}\n  ours         {got:?}\n  transformers {ids:?}");
+            }
+        }
+        eprintln!("{family}: {same}/{} lines with transformers' ids", lines.len());
+        assert_eq!(same, lines.len(), "{family}");
+    }
+}

@@ -12,7 +12,7 @@ use crate::components::message::Message;
 use crate::jobs::api;
 use crate::jobs::events::{follow, Follow};
 use crate::jobs::loss_chart::LossChart;
-use crate::store::{update_store, InputModel, Revision};
+use crate::worker::protocol::{Reply, Request};
 
 thread_local! {
     /// The event stream of the job shown (one at a time).
@@ -163,9 +163,9 @@ fn act(ctx: Ctx, what: &'static str) {
     });
 }
 
-/// Downloads the output checkpoint's files and loads them as a model of
-/// this tab (the same parser as the Load page).
-fn open_in_studio(ctx: Ctx, rev: Revision) {
+/// Loads the output checkpoint's files as a model of the studio (the
+/// worker downloads and parses them with the Load page's parser).
+fn open_in_studio(ctx: Ctx) {
     let Some(cid) = ctx.live.get_untracked().output_checkpoint else {
         return ctx.msg.set(Message::Error("this job has no output checkpoint (yet)".into()));
     };
@@ -174,24 +174,20 @@ fn open_in_studio(ctx: Ctx, rev: Revision) {
     leptos::task::spawn_local(async move {
         let r: Result<String, String> = async {
             let c: CheckpointInfo = api::get(&format!("api/checkpoints/{cid}")).await?;
-            let mut files = Vec::new();
-            let mut total = 0;
-            for f in c.files.iter().filter(|f| {
-                matches!(f.name.rsplit_once('.').map(|x| x.1), Some("safetensors" | "json" | "gguf" | "bin"))
-            }) {
-                let url = format!("api/checkpoints/{cid}/files/{}", f.name);
-                let bytes = crate::web::fetch_bytes(&url).await?;
-                total += bytes.len() as u64;
-                files.push(crate::web::PickedFile { name: f.name.clone(), bytes });
+            let files: Vec<(String, String)> = c
+                .files
+                .iter()
+                .filter(|f| {
+                    matches!(f.name.rsplit_once('.').map(|x| x.1), Some("safetensors" | "json" | "gguf" | "bin"))
+                })
+                .map(|f| (f.name.clone(), crate::web::absolute(&format!("api/checkpoints/{cid}/files/{}", f.name))))
+                .collect();
+            match crate::worker::client::call(Request::LoadUrls { name: c.name.clone(), files }).await? {
+                (Reply::Model(m), _) => {
+                    Ok(format!("opened {} in the studio: {}", m.name, crate::summary_line(&m.config, m.moe.as_ref())))
+                }
+                _ => Err("the worker gave no model".into()),
             }
-            let (_, model, _) = crate::load::model_from_files(files)?;
-            let line =
-                format!("opened {} in the studio: {}", c.name, crate::summary_line(&model.config, model.moe.as_ref()));
-            let name = c.name.clone();
-            update_store(rev, |s| {
-                s.add_input(InputModel { name, model, file_bytes: total });
-            });
-            Ok(line)
         }
         .await;
         match r {
@@ -229,7 +225,6 @@ fn eval_view(ctx: Ctx) -> impl IntoView {
 /// The followed job's card: rebuilt only when another job is shown; its
 /// fields follow the events one by one (so an open log stays open).
 pub fn job_detail(ctx: Ctx) -> impl IntoView {
-    let rev = Revision::get();
     let live = ctx.live;
     let job_id = Memo::new(move |_| live.with(|l| l.job.clone()));
     let prog = move || live.with(|l| l.progress.clone().unwrap_or_default());
@@ -296,7 +291,7 @@ pub fn job_detail(ctx: Ctx) -> impl IntoView {
                     " "
                     <button data-testid="job-resume" on:click=move |_| act(ctx, "resume") disabled=move || !resumable()>"Resume"</button>
                     " "
-                    <button data-testid="job-open" on:click=move |_| open_in_studio(ctx, rev) disabled=move || ctx.busy.get() || live.with(|l| l.output_checkpoint.is_none())>"Open in studio"</button>
+                    <button data-testid="job-open" on:click=move |_| open_in_studio(ctx) disabled=move || ctx.busy.get() || live.with(|l| l.output_checkpoint.is_none())>"Open in studio"</button>
                 </p>
                 {arts}
                 <details>

@@ -5,11 +5,17 @@
 //! soft-capped (`final_logit_softcapping`, default 30), sliding-window
 //! attention on every other layer (`layer_types`, else layer `l` sliding
 //! unless `(l + 1) % 2 == 0`; `sliding_window` default 4096), one RoPE base.
+//! llama.cpp `gemma2` (`convert_hf_to_gguf.py` `Gemma2Model`: norms stored
+//! as `1 + w`, read back as `w`; `gemma2.attention.sliding_window`,
+//! `gemma2.{attn,final}_logit_softcapping`; `query_pre_attn_scalar` not
+//! stored, derived as llama.cpp does, [`super::read_gemma_gguf`]).
 //! Source: Gemma Team, "Gemma 2" (2024) §2; transformers
-//! `modeling_gemma2.py` / `configuration_gemma2.py` (defaults are theirs).
+//! `modeling_gemma2.py` / `configuration_gemma2.py` (defaults are theirs);
+//! llama.cpp `src/llama-model.cpp` (`LLM_ARCH_GEMMA2`).
 
-use super::{layer_types, write_gemma_params, Family, FamilyParams, GateActivation};
-use crate::config::{Architecture, HfConfig};
+use super::{layer_types, read_gemma_gguf, write_gemma_params, Family, FamilyParams, GateActivation, GEMMA_GGUF_NAMES};
+use crate::checkpoint::gguf::GgufModel;
+use crate::config::{Architecture, HfConfig, ModelConfig};
 use crate::error::Result;
 
 /// The Gemma 2 family.
@@ -17,7 +23,7 @@ pub const FAMILY: Family = Family {
     architecture: Architecture::Gemma2,
     model_type: "gemma2",
     hf_class: "Gemma2ForCausalLM",
-    gguf_arch: None,
+    gguf_arch: Some("gemma2"),
     qkv_bias: false,
     qk_norm: false,
     gguf_permuted_qk: false,
@@ -28,7 +34,15 @@ pub const FAMILY: Family = Family {
     sandwich_norms: true,
     read_params,
     write_params: write_gemma_params,
+    gguf_block_names: GEMMA_GGUF_NAMES,
+    read_gguf,
 };
+
+/// llama.cpp: every other layer sliding (`set_swa_pattern(2)`), the window
+/// required, soft-caps default 50 / 30, 46 layers = the 27B model.
+fn read_gguf(g: &GgufModel, c: &mut ModelConfig) -> Result<()> {
+    read_gemma_gguf(g, c, 2, true, (Some(50.0), Some(30.0)), 46)
+}
 
 fn read_params(hf: &HfConfig, src: &str) -> Result<FamilyParams> {
     Ok(FamilyParams {

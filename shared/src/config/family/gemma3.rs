@@ -7,10 +7,17 @@
 //! RoPE bases: `rope_theta` (default 1e6, with `rope_scaling`) on global
 //! layers, `rope_local_base_freq` (default 1e4, unscaled) on sliding ones
 //! (transformers 5: `rope_parameters.{full_attention, sliding_attention}`).
+//! llama.cpp `gemma3` (`convert_hf_to_gguf.py` `Gemma3Model`: every
+//! `*norm.weight`, q/k norms included, stored as `1 + w` and read back as
+//! `w`; `rope.freq_base` and `rope.scaling.*` for the global layers, the
+//! local base `rope.freq_base_swa` else 10000 as llama.cpp hard-codes it;
+//! `query_pre_attn_scalar` derived, [`super::read_gemma_gguf`]).
 //! Source: Gemma Team, "Gemma 3 Technical Report" (2025) §2; transformers
-//! `modeling_gemma3.py` / `configuration_gemma3.py` (defaults are theirs).
+//! `modeling_gemma3.py` / `configuration_gemma3.py` (defaults are theirs);
+//! llama.cpp `src/llama-model.cpp` (`LLM_ARCH_GEMMA3`).
 
-use super::{layer_types, write_gemma_params, Family, FamilyParams, GateActivation};
+use super::{layer_types, read_gemma_gguf, write_gemma_params, Family, FamilyParams, GateActivation, GEMMA_GGUF_NAMES};
+use crate::checkpoint::gguf::GgufModel;
 use crate::config::{Architecture, HfConfig, ModelConfig};
 use crate::error::Result;
 
@@ -19,7 +26,7 @@ pub const FAMILY: Family = Family {
     architecture: Architecture::Gemma3,
     model_type: "gemma3_text",
     hf_class: "Gemma3ForCausalLM",
-    gguf_arch: None,
+    gguf_arch: Some("gemma3"),
     qkv_bias: false,
     qk_norm: true,
     gguf_permuted_qk: false,
@@ -30,7 +37,19 @@ pub const FAMILY: Family = Family {
     sandwich_norms: true,
     read_params,
     write_params,
+    gguf_block_names: GEMMA_GGUF_NAMES,
+    read_gguf,
 };
+
+/// llama.cpp: five sliding layers to one global (`set_swa_pattern(6)`), no
+/// attention soft-cap, a final soft-cap only when the file has one, 62
+/// layers = the 27B model; the sliding layers' RoPE base.
+fn read_gguf(g: &GgufModel, c: &mut ModelConfig) -> Result<()> {
+    read_gemma_gguf(g, c, 6, false, (None, None), 62)?;
+    c.family_params.attn_logit_softcapping = None;
+    c.family_params.rope_local_theta = Some(g.meta_f64("rope.freq_base_swa")?.unwrap_or(10000.0));
+    Ok(())
+}
 
 fn read_params(hf: &HfConfig, src: &str) -> Result<FamilyParams> {
     let nested_local = hf

@@ -1,0 +1,196 @@
+//! One validation for the tab, the CLI and the server (issue 19 item 2):
+//! each form builds the job spec the server's Jobs API takes
+//! ([`moe_shared::api::JobSpec`]) and runs its
+//! [`validate`](moe_shared::api::JobSpec::validate), so a value the server
+//! would refuse is refused here too, next to its field, before any work.
+//! Nothing is clamped. The rules that need the model (top-k against the
+//! experts, frozen experts that exist) come from the same `shared` plan or
+//! option checks the CLI runs (`plan_upcycle`, `check_route_options`).
+//! The tab's own limits (at most [`crate::compute::upcycle::MAX_EXPERTS`]
+//! experts per layer, the wasm memory) stay separate refusals that say
+//! they are the tab's.
+//!
+//! The spec's checkpoint and upload ids are placeholders: the tab holds its
+//! models itself, so only the parameters are checked.
+
+use moe_shared::api::{ApiError, DataRef, GraftSpec, JobSpec, MoergeSpec, NeuronsSpec, RouteSpec, UpcycleSpec};
+
+/// A syntactically valid id for the spec fields that name checkpoints or
+/// uploads (the tab's models are not on a server).
+pub const PLACEHOLDER_ID: &str = "00000000-0000-4000-8000-000000000000";
+
+/// A refusal: the spec field at fault without its `spec.` prefix (`top_k`,
+/// `domains[1].name`) and the message in the page's words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// The spec field (`top_k`, `lambda`, `domains[0].name`, ...).
+    pub field: String,
+    /// What was wrong and what was expected.
+    pub message: String,
+}
+
+/// `spec.validate()` as a [`FieldError`] whose message names the page's
+/// `label` for the field (`labels` maps spec fields to labels; unknown
+/// fields keep their spec name).
+fn check(spec: &JobSpec, labels: &[(&str, &str)]) -> Result<(), FieldError> {
+    spec.validate().map_err(|e: ApiError| {
+        let field = e.field.as_deref().unwrap_or("").trim_start_matches("spec.").to_string();
+        let base = field.split(['[', '.']).next().unwrap_or("");
+        let label = labels.iter().find(|(f, _)| *f == field || *f == base).map_or(field.as_str(), |(_, l)| l);
+        FieldError { message: format!("{label}: {} (the server and the CLI refuse it too)", e.error), field }
+    })
+}
+
+fn data(name: &str) -> DataRef {
+    DataRef { name: name.to_string(), upload: PLACEHOLDER_ID.into(), weight: None, original: false, heldout: None }
+}
+
+/// The router form (DUME's ridge router): domain names, λ, top-k and
+/// tokens per domain, as the server's `route` job.
+///
+/// # Errors
+/// The first field the server would refuse.
+pub fn route(names: &[String], lambda: f64, top_k: usize, max_tokens: usize) -> Result<(), FieldError> {
+    let spec = JobSpec::Route(RouteSpec {
+        model: PLACEHOLDER_ID.into(),
+        domains: names.iter().map(|n| data(n)).collect(),
+        lambda: Some(lambda),
+        top_k: Some(top_k),
+        max_tokens: Some(max_tokens),
+        context: None,
+    });
+    check(
+        &spec,
+        &[("lambda", "lambda"), ("top_k", "top-k"), ("max_tokens", "tokens per domain"), ("domains", "domain")],
+    )
+}
+
+/// The MoErge form: `models` ticked, top-k.
+///
+/// # Errors
+/// As [`route`].
+pub fn moerge(models: usize, top_k: usize) -> Result<(), FieldError> {
+    let spec = JobSpec::Moerge(MoergeSpec {
+        models: vec![PLACEHOLDER_ID.to_string(); models],
+        top_k: Some(top_k),
+        seed: None,
+        dtype: None,
+    });
+    check(&spec, &[("models", "models"), ("top_k", "top-k")])?;
+    // The CLI's own rule: one expert per model, top-k among them.
+    if top_k > models {
+        return Err(FieldError {
+            field: "top_k".into(),
+            message: format!("top-k: {top_k}: expected 1 to {models} (one expert per ticked model)"),
+        });
+    }
+    Ok(())
+}
+
+/// The graft form's scale.
+///
+/// # Errors
+/// As [`route`].
+pub fn graft(scale: f64) -> Result<(), FieldError> {
+    let spec = JobSpec::Graft(GraftSpec {
+        target: PLACEHOLDER_ID.into(),
+        base: PLACEHOLDER_ID.into(),
+        instruct: PLACEHOLDER_ID.into(),
+        scale: Some(scale),
+    });
+    check(&spec, &[("scale", "scale λ")])
+}
+
+/// The Neurons form: language codes and top-N.
+///
+/// # Errors
+/// As [`route`].
+pub fn neurons(codes: &[String], top_n: usize) -> Result<(), FieldError> {
+    let spec = JobSpec::Neurons(NeuronsSpec {
+        model: PLACEHOLDER_ID.into(),
+        langs: codes.iter().map(|c| data(c)).collect(),
+        new: Vec::new(),
+        top_n: Some(top_n),
+        max_texts: None,
+        max_tokens: None,
+    });
+    check(&spec, &[("top_n", "top-N"), ("langs", "language")])
+}
+
+/// The Upcycle form's values the server's `upcycle` job takes: uniform
+/// `experts` or an allocation, top-k, frozen experts, router init.
+///
+/// # Errors
+/// As [`route`].
+pub fn upcycle(
+    experts: Option<usize>,
+    per_layer: Option<Vec<Option<usize>>>,
+    top_k: usize,
+    frozen: &[usize],
+    router_init: &str,
+) -> Result<(), FieldError> {
+    let spec = JobSpec::Upcycle(UpcycleSpec {
+        model: PLACEHOLDER_ID.into(),
+        experts,
+        experts_per_layer: per_layer,
+        top_k: Some(top_k),
+        frozen: Some(frozen.to_vec()),
+        router_init: Some(router_init.to_string()),
+        noise: None,
+        seed: None,
+        dtype: None,
+    });
+    check(
+        &spec,
+        &[
+            ("experts", "experts per layer"),
+            ("experts_per_layer", "allocation"),
+            ("top_k", "top-k"),
+            ("frozen", "frozen experts"),
+            ("router_init", "router init"),
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The values the issue found accepted or clamped are refused, with
+    /// the page's label, the same way the server refuses them.
+    #[test]
+    fn the_servers_rules_refuse_what_the_tab_used_to_accept() {
+        let names = vec!["en".to_string(), "hu".to_string()];
+        assert!(route(&names, 0.01, 1, 10_000).is_ok());
+        let e = route(&names, 0.01, 0, 10_000).unwrap_err();
+        assert_eq!(e.field, "top_k");
+        assert!(e.message.starts_with("top-k: 0 is out of range 1..=64"), "{}", e.message);
+        let e = route(&names, 1e10, 1, 10_000).unwrap_err();
+        assert_eq!(e.field, "lambda");
+        let e = route(&["en".into(), "en".into()], 0.01, 1, 10_000).unwrap_err();
+        assert_eq!(e.field, "domains[1].name");
+        assert!(e.message.contains("appears twice"), "{}", e.message);
+        let e = route(&["e n".into(), "hu".into()], 0.01, 1, 10_000).unwrap_err();
+        assert_eq!(e.field, "domains[0].name");
+        assert!(route(&names, 0.01, 1, 0).is_err());
+
+        assert_eq!(neurons(&names, 0).unwrap_err().field, "top_n");
+        assert!(neurons(&names, 100).is_ok());
+        assert_eq!(neurons(&names[..1], 100).unwrap_err().field, "langs");
+
+        assert!(graft(1.0).is_ok());
+        let e = graft(1e30).unwrap_err();
+        assert!(e.message.starts_with("scale λ: "), "{}", e.message);
+
+        let e = upcycle(Some(1), None, 1, &[0], "zeros").unwrap_err();
+        assert_eq!(e.field, "experts");
+        assert!(e.message.starts_with("experts per layer: 1 is out of range 2..=256"), "{}", e.message);
+        assert!(upcycle(Some(2), None, 2, &[0], "zeros").is_ok());
+        assert_eq!(upcycle(Some(2), None, 0, &[0], "zeros").unwrap_err().field, "top_k");
+        assert_eq!(upcycle(None, Some(vec![Some(0)]), 1, &[], "zeros").unwrap_err().field, "experts_per_layer[0]");
+
+        assert!(moerge(2, 1).is_ok());
+        assert_eq!(moerge(2, 3).unwrap_err().field, "top_k");
+        assert_eq!(moerge(2, 0).unwrap_err().field, "top_k");
+    }
+}

@@ -1,56 +1,126 @@
 //! `moe-studio train --nodes 2 --node-rank R --coordinator HOST:PORT` on
 //! loopback (Burn's global collective: `moe-studio coordinator` plus two
-//! rank processes with `--batch 2`) equals the single-process run with
-//! `--batch 4`: the losses per step and the final weights agree to float
-//! summation order; only rank 0 writes metrics.jsonl and checkpoints. And
-//! the refusals: a coordinator that does not answer, a rank out of range,
-//! ranks that disagree on the options, `--nodes` without `--coordinator`.
+//! rank processes with `--batch 2`).
+//!
+//! With Burn 0.21 the multi-process path is refused
+//! (`moe_shared::train::parallel::GLOBAL_COLLECTIVE_USABLE` is `false`:
+//! Burn's cross-process all-reduce hangs at its second call, see
+//! `GLOBAL_COLLECTIVE_REFUSAL`): these tests then check that the
+//! coordinator and every rank stop at once with that reason and write
+//! nothing. Once the constant is `true` they check what the path promises:
+//! 2 processes x batch 2 equal one process with `--batch 4` (losses per step
+//! and final weights to float summation order), only rank 0 writes
+//! metrics.jsonl and checkpoints, and the refusals (a coordinator that does
+//! not answer, ranks that disagree on the options, a rank alone).
+//!
+//! Every spawned process runs under [`LIMIT`]: past it, it is killed and the
+//! test fails naming it, so a hang in the collective cannot block CI.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 use common::{arg, failure, ok, run, tmp};
+use moe_shared::train::parallel::GLOBAL_COLLECTIVE_USABLE;
+
+/// The longest any spawned process may run (a 5-step train of stories260K
+/// takes seconds).
+const LIMIT: Duration = Duration::from_secs(120);
 
 /// A loopback port nobody listens on (bound, read, released).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn spawn(args: &[String]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_moe-studio"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("runs the binary")
+/// A spawned `moe-studio` whose stdout/stderr go to files (no pipe to fill
+/// up), killed (by its own pid) on drop, so a failing assertion leaves no
+/// process behind.
+struct Proc {
+    name: String,
+    child: Option<Child>,
+    out: PathBuf,
+    err: PathBuf,
 }
 
-/// The coordinator, killed (by its own pid) on drop.
-struct Coordinator(Child);
-
-impl Drop for Coordinator {
+impl Drop for Proc {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
-fn coordinator() -> (Coordinator, u16) {
+fn spawn(name: &str, dir: &Path, args: &[String]) -> Proc {
+    let (out, err) = (dir.join(format!("{name}.stdout")), dir.join(format!("{name}.stderr")));
+    let child = Command::new(env!("CARGO_BIN_EXE_moe-studio"))
+        .args(args)
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("runs the binary");
+    Proc { name: name.to_string(), child: Some(child), out, err }
+}
+
+/// Waits for all `procs` until `started + LIMIT`; on the deadline kills
+/// every one still running and fails naming them.
+fn wait_all(procs: &mut [Proc], started: Instant) -> Vec<Output> {
+    loop {
+        let running: Vec<String> = procs
+            .iter_mut()
+            .filter_map(|p| {
+                let done = p.child.as_mut().expect("not waited yet").try_wait().unwrap().is_some();
+                (!done).then(|| p.name.clone())
+            })
+            .collect();
+        if running.is_empty() {
+            break;
+        }
+        if started.elapsed() >= LIMIT {
+            let names = running.join(", ");
+            for p in procs.iter_mut() {
+                drop(p.child.take());
+            }
+            panic!("{names} still running after {} s: killed (a hang in Burn's collective?)", LIMIT.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    procs
+        .iter_mut()
+        .map(|p| {
+            let status = p.child.take().expect("not waited yet").wait().unwrap();
+            Output { status, stdout: std::fs::read(&p.out).unwrap(), stderr: std::fs::read(&p.err).unwrap() }
+        })
+        .collect()
+}
+
+/// One `moe-studio` run under [`LIMIT`].
+fn run_limited(name: &str, dir: &Path, args: &[String]) -> Output {
+    wait_all(&mut [spawn(name, dir, args)], Instant::now()).pop().unwrap()
+}
+
+fn coordinator(dir: &Path) -> (Proc, u16) {
     let port = free_port();
-    let c = Coordinator(
-        Command::new(env!("CARGO_BIN_EXE_moe-studio"))
-            .args(["coordinator", "--port", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starts the coordinator"),
+    (spawn(&format!("coordinator-{port}"), dir, &["coordinator".into(), "--port".into(), port.to_string()]), port)
+}
+
+/// The refusal of Burn 0.21's global path, on `opt` (`--nodes` for a rank,
+/// `coordinator` for the coordinator).
+fn assert_refused(e: &str, opt: &str) {
+    assert!(
+        e.contains(opt)
+            && e.contains("multi-process training is disabled")
+            && e.contains("src/global/node/sync.rs:71-79")
+            && e.contains("--devices N")
+            && e.contains("--engine torch --emit DIR"),
+        "{e}"
     );
-    (c, port)
 }
 
 struct Fixture {
@@ -156,42 +226,45 @@ fn weights(dir: &Path) -> Vec<f32> {
     f.0
 }
 
-fn wait(c: Child) -> Output {
-    c.wait_with_output().unwrap()
+/// `train` arguments of rank `r` of 2 (its data service on a free port).
+fn rank_args(fx: &Fixture, out: &Path, r: usize, coord: &str, extra: &[&str]) -> Vec<String> {
+    let node = format!("127.0.0.1:{}", free_port());
+    let rank = r.to_string();
+    let mut v = ["--nodes", "2", "--node-rank", &rank, "--coordinator", coord, "--node-address", &node].to_vec();
+    v.extend(extra);
+    fx.train(out, 2, &v)
 }
 
 #[test]
 fn two_processes_on_loopback_are_one_process_with_twice_the_batch() {
     let Some(fx) = fixture("nodes") else { return };
-    let single = fx.dir.join("single");
-    ok(&run(&fx.train(&single, 4, &[]).iter().map(String::as_str).collect::<Vec<_>>()));
-
-    let (_coord, port) = coordinator();
+    let t0 = Instant::now();
+    let (c, port) = coordinator(&fx.dir);
     let coord = format!("127.0.0.1:{port}");
-    let ranks: Vec<Child> = (0..2)
-        .map(|r| {
-            let out = fx.dir.join(format!("rank{r}"));
-            let node = format!("127.0.0.1:{}", free_port());
-            let rank = r.to_string();
-            let extra = [
-                "--nodes",
-                "2",
-                "--node-rank",
-                &rank,
-                "--coordinator",
-                &coord,
-                "--node-address",
-                &node,
-                "--save-every",
-                "2",
-            ];
-            spawn(&fx.train(&out, 2, &extra))
-        })
-        .collect();
-    let outs: Vec<Output> = ranks.into_iter().map(wait).collect();
+    let mut procs = vec![c];
+    for r in 0..2 {
+        let out = fx.dir.join(format!("rank{r}"));
+        procs.push(spawn(&format!("rank{r}"), &fx.dir, &rank_args(&fx, &out, r, &coord, &["--save-every", "2"])));
+    }
+    if !GLOBAL_COLLECTIVE_USABLE {
+        // Burn 0.21: the coordinator and both ranks refuse at once (before
+        // reading the model), naming the cause; nothing is written.
+        let outs = wait_all(&mut procs, t0);
+        assert_refused(&failure(&outs[0]), "coordinator");
+        for (r, o) in outs[1..].iter().enumerate() {
+            assert_refused(&failure(o), "--nodes");
+            assert!(!fx.dir.join(format!("rank{r}")).exists(), "rank {r} wrote into its --out");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the refusal took {:?}", t0.elapsed());
+        return;
+    }
+    let outs = wait_all(&mut procs[1..], t0);
+    drop(procs);
     for (r, o) in outs.iter().enumerate() {
         assert!(o.status.success(), "rank {r}: {}", String::from_utf8_lossy(&o.stderr));
     }
+    let single = fx.dir.join("single");
+    ok(&run_limited("single", &fx.dir, &fx.train(&single, 4, &[])));
     // --json stdout stays JSON (Burn's "Connecting to ..." goes to stderr).
     for l in String::from_utf8_lossy(&outs[0].stdout).lines() {
         serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("rank 0 stdout `{l}`: {e}"));
@@ -219,51 +292,43 @@ fn two_processes_on_loopback_are_one_process_with_twice_the_batch() {
 fn refusals_name_the_problem() {
     let Some(fx) = fixture("nodes-refuse") else { return };
     let out = fx.dir.join("o");
-    let argv = |extra: &[&str]| fx.train(&out, 2, extra);
-    let s = |v: Vec<String>| failure(&run(&v.iter().map(String::as_str).collect::<Vec<_>>()));
+    let s = |name: &str, extra: &[&str]| failure(&run_limited(name, &fx.dir, &fx.train(&out, 2, extra)));
 
-    let e = s(argv(&["--nodes", "2"]));
+    let e = s("no-coordinator", &["--nodes", "2"]);
     assert!(e.contains("--nodes 2 needs --coordinator"), "{e}");
-    let e = s(argv(&["--nodes", "2", "--node-rank", "2", "--coordinator", "127.0.0.1:1234"]));
+    let e = s("rank-range", &["--nodes", "2", "--node-rank", "2", "--coordinator", "127.0.0.1:1234"]);
     assert!(e.contains("--node-rank") && e.contains("out of range"), "{e}");
     let silent = format!("127.0.0.1:{}", free_port());
-    let e = s(argv(&["--nodes", "2", "--node-rank", "1", "--coordinator", &silent, "--join-timeout", "2"]));
+    let e = s("silent", &["--nodes", "2", "--node-rank", "1", "--coordinator", &silent, "--join-timeout", "2"]);
+    if !GLOBAL_COLLECTIVE_USABLE {
+        // Burn 0.21: a well-formed spec is refused before any network call,
+        // with 2 nodes or 1 (the distributed path in one process).
+        assert_refused(&e, "--nodes");
+        let e = s("one-node", &["--nodes", "1", "--coordinator", &silent]);
+        assert_refused(&e, "--nodes");
+        assert!(!out.exists(), "a refused run wrote {}", out.display());
+        return;
+    }
     assert!(e.contains("did not answer within 2 s") && e.contains("moe-studio coordinator"), "{e}");
 
     // Two ranks that disagree on --z-loss: both refuse after joining, naming the options.
-    let (_coord, port) = coordinator();
+    let t0 = Instant::now();
+    let (c, port) = coordinator(&fx.dir);
     let coord = format!("127.0.0.1:{port}");
-    let ranks: Vec<Child> = ["0", "1e-3"]
-        .iter()
-        .enumerate()
-        .map(|(r, z)| {
-            let o = fx.dir.join(format!("disagree{r}"));
-            let node = format!("127.0.0.1:{}", free_port());
-            let rank = r.to_string();
-            let mut v = fx.train(&o, 2, &["--nodes", "2", "--node-rank", &rank, "--coordinator", &coord]);
-            v.extend(["--node-address", &node, "--z-loss", z, "--join-timeout", "60"].map(String::from));
-            spawn(&v)
-        })
-        .collect();
-    for (r, c) in ranks.into_iter().enumerate() {
-        let e = failure(&wait(c));
+    let mut procs = vec![c];
+    for (r, z) in ["0", "1e-3"].iter().enumerate() {
+        let o = fx.dir.join(format!("disagree{r}"));
+        let v = rank_args(&fx, &o, r, &coord, &["--z-loss", z, "--join-timeout", "60"]);
+        procs.push(spawn(&format!("disagree{r}"), &fx.dir, &v));
+    }
+    for (r, o) in wait_all(&mut procs[1..], t0).iter().enumerate() {
+        let e = failure(o);
         assert!(e.contains("disagree on the options"), "rank {r}: {e}");
     }
+    drop(procs);
     // A rank alone (the other never comes) gives up after --join-timeout.
-    let (_coord, port) = coordinator();
+    let (_c, port) = coordinator(&fx.dir);
     let coord = format!("127.0.0.1:{port}");
-    let node = format!("127.0.0.1:{}", free_port());
-    let e = s(argv(&[
-        "--nodes",
-        "2",
-        "--node-rank",
-        "0",
-        "--coordinator",
-        &coord,
-        "--node-address",
-        &node,
-        "--join-timeout",
-        "3",
-    ]));
+    let e = failure(&run_limited("alone", &fx.dir, &rank_args(&fx, &out, 0, &coord, &["--join-timeout", "3"])));
     assert!(e.contains("not all 2 ranks joined") && e.contains("within 3 s"), "{e}");
 }

@@ -6,6 +6,10 @@
 //! coordinator carries no tensors. Start it before the ranks, once per run
 //! (Burn's orchestrator keeps the node count of its first run); it serves
 //! until Ctrl-C / SIGTERM.
+//!
+//! Refused with Burn 0.21 (`moe_shared::train::parallel::GLOBAL_COLLECTIVE_REFUSAL`:
+//! Burn's cross-process all-reduce hangs at its second call), like
+//! `train --nodes`; it runs again once that constant's guard is lifted.
 
 use anyhow::Context;
 
@@ -20,8 +24,12 @@ pub struct Args {
 /// Serves until interrupted.
 ///
 /// # Errors
-/// The port cannot be bound (in use, or privileged).
+/// Burn's global collective is unusable (Burn 0.21, the reason named); the
+/// port cannot be bound (in use, or privileged).
 pub fn run(a: Args) -> anyhow::Result<()> {
+    if !moe_shared::train::parallel::GLOBAL_COLLECTIVE_USABLE {
+        anyhow::bail!("coordinator: {}", moe_shared::train::parallel::GLOBAL_COLLECTIVE_REFUSAL);
+    }
     // Burn logs a bind failure and returns; check first for a clear error.
     std::net::TcpListener::bind(("0.0.0.0", a.port))
         .with_context(|| format!("coordinator: cannot listen on port {}", a.port))?;

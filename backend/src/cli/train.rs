@@ -18,7 +18,11 @@
 //! `--batch N*b`. Every rank reads the whole model and data and keeps its
 //! share of each batch; only rank 0 writes `metrics.jsonl` and checkpoints
 //! (`--resume` reads the checkpoint on every rank: a shared file system or
-//! a copy).
+//! a copy). With Burn 0.21 the multi-process path is refused before the
+//! model is read (`moe_shared::train::parallel::GLOBAL_COLLECTIVE_REFUSAL`:
+//! Burn's cross-process all-reduce hangs at its second call); `--devices`
+//! and `--engine torch --emit` (multi-node on torchrun) are the ways past
+//! one replica.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -126,7 +130,9 @@ pub struct Args {
     /// Burn's collective all-reduce).
     #[arg(long, default_value_t = D::default().train_devices)]
     pub devices: usize,
-    /// Processes of a multi-process data-parallel run, one per node (each runs --devices replicas).
+    /// Processes of a multi-process data-parallel run, one per node (each runs --devices replicas). Refused
+    /// with Burn 0.21 (its cross-process all-reduce hangs; the error names the cause): use --devices, or
+    /// --engine torch --emit for several nodes.
     #[arg(long, default_value_t = 1)]
     pub nodes: usize,
     /// This process's rank in 0..--nodes (rank 0 writes metrics.jsonl and the checkpoints).

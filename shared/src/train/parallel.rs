@@ -32,6 +32,16 @@
 //!
 //! Burn keeps ONE local collective server per process and backend type, so
 //! one [`Cluster`] exists at a time per process (a second waits).
+//!
+//! **The multi-process path is refused in Burn 0.21** ([`GLOBAL_COLLECTIVE_USABLE`]
+//! is `false`): Burn's cross-process all-reduce hangs at its second call
+//! (see [`GLOBAL_COLLECTIVE_REFUSAL`] for the line). [`NodeSpec::validate`]
+//! refuses every node spec, so `train --nodes/--coordinator` and
+//! `moe-studio coordinator` stop at once with that reason; the code of the
+//! path stays, compiled, for the Burn release that fixes the barrier
+//! (flip the constant; backend/tests/train_nodes_cli.rs then checks
+//! 2 processes x batch 2 == 1 x batch 4 on loopback). Threads (`--devices N`)
+//! use only Burn's local server and are not affected.
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Condvar, Mutex};
@@ -43,6 +53,37 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
 use crate::error::{Result, StudioError};
+
+/// Whether Burn's cross-process (global) collective can carry a training
+/// loop. `false` for burn-collective 0.21.0: see
+/// [`GLOBAL_COLLECTIVE_REFUSAL`]. While `false`, [`NodeSpec::validate`]
+/// refuses every node spec (so [`Cluster::join`] never reaches Burn's
+/// global path) and `moe-studio coordinator` refuses to start.
+pub const GLOBAL_COLLECTIVE_USABLE: bool = false;
+
+/// Why multi-process training is refused (the error text of
+/// [`NodeSpec::validate`] and `moe-studio coordinator`).
+///
+/// The cause, in burn-collective 0.21.0 (unchanged on Burn's main branch
+/// when checked): every global all-reduce (tree, ring and centralized
+/// alike: `src/global/node/tree.rs:93`, `centralized.rs:85`, `ring.rs`)
+/// ends with the barrier `SyncService::sync` of `src/global/node/sync.rs`,
+/// which adds this node to a shared list of synced peers (:52, and :96 for
+/// each peer's message) and returns when the sorted list equals the node
+/// ids (:71-77); the reset at :79 clears a *copy* of the list
+/// (`lock().unwrap().to_vec()` at :71), never the list. After the first
+/// all-reduce the list already holds every node, so at the second one it
+/// holds duplicates, never equals the node ids again, and `sync` waits on
+/// its `Notify` (:84) forever: all processes sit at 0% CPU. (A second,
+/// intermittent hang: `notify_waiters` at :98 stores no permit, so a peer
+/// message arriving between the check and `notified()` is lost.) Observed
+/// here: `moe-studio train --nodes 2` on loopback passes the first
+/// all-reduce (the rank fingerprint check) and hangs in the second.
+pub const GLOBAL_COLLECTIVE_REFUSAL: &str = "multi-process training is disabled: Burn 0.21's cross-process \
+     all-reduce hangs at its second call (burn-collective 0.21.0, src/global/node/sync.rs:71-79: the barrier after \
+     every global all-reduce clears a copy of its synced-peer list, never the list, so every later barrier waits \
+     forever). Use --devices N for several replicas in one process, or --engine torch --emit DIR for a \
+     multi-node job (torchrun + FSDP)";
 
 /// This process's place in a multi-process run (`--nodes`, `--node-rank`,
 /// `--coordinator`, `--node-address`, `--join-timeout`).
@@ -65,11 +106,14 @@ pub struct NodeSpec {
 }
 
 impl NodeSpec {
-    /// Checks the rank against `nodes` and the addresses' form.
+    /// Checks the rank against `nodes` and the addresses' form, then
+    /// refuses while [`GLOBAL_COLLECTIVE_USABLE`] is `false`.
     ///
     /// # Errors
     /// [`StudioError::Config`] naming `--nodes`, `--node-rank`,
-    /// `--coordinator` or `--node-address`.
+    /// `--coordinator` or `--node-address`; for a well-formed spec,
+    /// [`StudioError::Config`] on `--nodes` with [`GLOBAL_COLLECTIVE_REFUSAL`]
+    /// (Burn 0.21).
     pub fn validate(&self) -> Result<()> {
         if self.nodes == 0 {
             return Err(StudioError::config("--nodes", "must be at least 1"));
@@ -83,6 +127,9 @@ impl NodeSpec {
         host_port(&self.coordinator, "--coordinator")?;
         if let Some(a) = &self.node_address {
             host_port(a, "--node-address")?;
+        }
+        if !GLOBAL_COLLECTIVE_USABLE {
+            return Err(StudioError::config("--nodes", GLOBAL_COLLECTIVE_REFUSAL));
         }
         Ok(())
     }
@@ -415,7 +462,21 @@ mod tests {
 
     #[test]
     fn ranks_and_addresses_are_checked() {
-        assert!(spec(1, 2, "127.0.0.1:29500").validate().is_ok());
+        // A well-formed spec: accepted only where Burn's global path works.
+        let r = spec(1, 2, "127.0.0.1:29500").validate();
+        if GLOBAL_COLLECTIVE_USABLE {
+            r.unwrap();
+        } else {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains("--nodes") && e.contains("sync.rs:71-79") && e.contains("--devices N"), "{e}");
+            // Cluster::join refuses too, before any network or Burn call.
+            let t0 = Instant::now();
+            let e = Cluster::<crate::CpuBackend>::join(vec![Default::default()], Some(spec(0, 1, "127.0.0.1:1")))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("multi-process training is disabled"), "{e}");
+            assert!(t0.elapsed() < Duration::from_secs(1));
+        }
         let e = spec(2, 2, "127.0.0.1:29500").validate().unwrap_err().to_string();
         assert!(e.contains("--node-rank") && e.contains("out of range") && e.contains("0..=1"), "{e}");
         let e = spec(0, 2, "localhost").validate().unwrap_err().to_string();

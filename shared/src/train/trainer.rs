@@ -987,8 +987,11 @@ mod native {
         /// process.
         ///
         /// # Errors
-        /// [`StudioError::Config`] for a rank out of range or a node count
-        /// that differs from the options; [`StudioError::Invalid`] when the
+        /// [`StudioError::Config`] for a rank out of range, a node count
+        /// that differs from the options, or any spec while Burn's global
+        /// collective is unusable
+        /// ([`crate::train::parallel::GLOBAL_COLLECTIVE_REFUSAL`], Burn 0.21);
+        /// [`StudioError::Invalid`] when the
         /// coordinator does not answer or not all ranks join within
         /// `spec.timeout`, or when the ranks disagree (naming what).
         pub fn join_nodes(&mut self, spec: crate::train::parallel::NodeSpec) -> Result<()> {

@@ -283,6 +283,9 @@ pub struct StepMetrics {
     pub selection_bias: Vec<Option<Vec<f64>>>,
 }
 
+/// One replica's accumulated gradients and its per-micro-batch results.
+type ReplicaGrads = (GradientsParams, Vec<MicroStats>);
+
 /// Per-micro-batch results.
 struct MicroStats {
     ce: f64,
@@ -381,7 +384,7 @@ fn replica_grads<B: AutodiffBackend>(
     device: &B::Device,
     s: LossSettings,
     comm: Comm<'_, B>,
-) -> Result<(GradientsParams, Vec<MicroStats>)> {
+) -> Result<ReplicaGrads> {
     let mut acc = GradientsAccumulator::<Transformer<B>>::new();
     let mut stats = Vec::with_capacity(micros.len());
     for batch in micros {
@@ -800,22 +803,21 @@ impl<B: AutodiffBackend> Trainer<B> {
             Some(cl) if local == 1 => replica_grads(model, &shares[0], &self.devices[0], settings, Some((cl, 0)))?,
             Some(cl) => {
                 // One thread per local replica; they meet in the all-reduces.
-                let results: Vec<std::thread::Result<Result<(GradientsParams, Vec<MicroStats>)>>> =
-                    std::thread::scope(|scope| {
-                        let handles: Vec<_> = shares
-                            .iter()
-                            .zip(&self.devices)
-                            .enumerate()
-                            .map(|(i, (micros, dev))| {
-                                let m = model.clone();
-                                scope.spawn(move || {
-                                    let m = m.fork(dev);
-                                    replica_grads(&m, micros, dev, settings, Some((cl, i)))
-                                })
+                let results: Vec<std::thread::Result<Result<ReplicaGrads>>> = std::thread::scope(|scope| {
+                    let handles: Vec<_> = shares
+                        .iter()
+                        .zip(&self.devices)
+                        .enumerate()
+                        .map(|(i, (micros, dev))| {
+                            let m = model.clone();
+                            scope.spawn(move || {
+                                let m = m.fork(dev);
+                                replica_grads(&m, micros, dev, settings, Some((cl, i)))
                             })
-                            .collect();
-                        handles.into_iter().map(|h| h.join()).collect()
-                    });
+                        })
+                        .collect();
+                    handles.into_iter().map(|h| h.join()).collect()
+                });
                 let mut first = None;
                 for r in results {
                     let r = r.map_err(|_| StudioError::Invalid("a data-parallel replica panicked".into()))??;

@@ -110,10 +110,18 @@ impl<B: Backend> Attention<B> {
         // (cpu_attention::causal_attention_rows), no transposes.
         let (q, k, v) = if cache.is_none() && self.softcap.is_none() && self.sliding_window.is_none_or(|w| s <= w) {
             let (q, k) = (q.reshape([b, s, h * hd]), k.reshape([b, s, kvh * hd]));
-            match super::cpu_attention::causal_attention_rows(q, k, v, rope, h, kvh, self.scale) {
+            let (q, k, v) = match super::cpu_attention::causal_attention_rows(q, k, v, rope, h, kvh, self.scale) {
                 Ok(out) => return self.project_out(out, capture),
-                Err((q, k, v)) => (q.reshape([b, s, h, hd]), k.reshape([b, s, kvh, hd]), v),
-            }
+                Err(qkv) => qkv,
+            };
+            // Training on the CPU: the same kernel as one autodiff node
+            // with its own backward (cpu_grad::attention_rows).
+            #[cfg(not(target_arch = "wasm32"))]
+            let (q, k, v) = match super::cpu_grad::attention_rows(q, k, v, rope, h, kvh, self.scale) {
+                Ok(out) => return self.project_out(out, capture),
+                Err(qkv) => qkv,
+            };
+            (q.reshape([b, s, h, hd]), k.reshape([b, s, kvh, hd]), v)
         } else {
             (q, k, v)
         };

@@ -135,19 +135,40 @@ pub fn causal_attention_rows<B: Backend>(
     rope_rows(qs, s, heads, hd, &rope.cos_host, &rope.sin_host);
     let ks = values_mut(&mut kt);
     rope_rows(ks, s, kv_heads, hd, &rope.cos_host, &rope.sin_host);
-    let mut out = vec![0f32; b * s * heads * hd];
     let scale = scale.unwrap_or_else(|| 1.0 / (hd as f64).sqrt()) as f32;
-    let sh = Shape { b, h: heads, kvh: kv_heads, s, t: s, hd, rows: true };
-    let vs = vt.as_slice::<f32>().expect("contiguous");
-    attend(
+    let out = attend_rows(
         qt.as_slice::<f32>().expect("contiguous"),
         kt.as_slice::<f32>().expect("contiguous"),
-        vs,
-        &mut out,
-        sh,
+        vt.as_slice::<f32>().expect("contiguous"),
+        b,
+        s,
+        heads,
+        kv_heads,
+        hd,
         scale,
     );
     Ok(from_flex(flex_from_vec(out, &[b, s, heads * hd])))
+}
+
+/// Causal attention, no cache, on rotated `q: [b, s, h * hd]` and
+/// `k, v: [b, s, kvh * hd]` slices (the projections' row layout), returning
+/// `[b, s, h * hd]` values (also the forward of the training kernel,
+/// `cpu_grad::attention_rows`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_rows(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    b: usize,
+    s: usize,
+    h: usize,
+    kvh: usize,
+    hd: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let mut out = vec![0f32; b * s * h * hd];
+    attend(q, k, v, &mut out, Shape { b, h, kvh, s, t: s, hd, rows: true }, scale);
+    out
 }
 
 fn f32s(d: &TensorData) -> &[f32] {

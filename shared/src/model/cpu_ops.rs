@@ -25,9 +25,10 @@
 //! (relative error below 2e-7 over the f32 range) that the compiler
 //! vectorises, where `f32::exp` is a scalar libm call.
 //!
-//! Only [`crate::CpuBackend`] in f32 takes these paths; any other backend,
-//! autodiff (training), or another dtype runs Burn's composed ops, so
-//! gradients are untouched.
+//! Only [`crate::CpuBackend`] in f32 takes these paths; training on the CPU
+//! (`Autodiff<CpuBackend>`) takes the same kernels as single autodiff nodes
+//! with their own backward ([`super::cpu_grad`]); any other backend or
+//! dtype runs Burn's composed ops.
 
 use std::any::{Any, TypeId};
 
@@ -87,13 +88,13 @@ pub(crate) fn values_mut(t: &mut FlexTensor) -> &mut [f32] {
 }
 
 #[cfg(test)]
-fn into_vec<B: Backend, const D: usize>(x: Tensor<B, D>) -> Vec<f32> {
+pub(crate) fn into_vec<B: Backend, const D: usize>(x: Tensor<B, D>) -> Vec<f32> {
     x.into_data().into_vec::<f32>().expect("an f32 tensor's data is f32")
 }
 
 /// Runs `f(row_block_index, rows)` over `data` split into blocks of whole
 /// rows of `row_len` elements, in parallel when the tensor is large.
-fn for_row_blocks(data: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+pub(crate) fn for_row_blocks(data: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     if row_len == 0 || data.is_empty() {
         return;
     }
@@ -140,7 +141,7 @@ pub fn exp_f32(x: f32) -> f32 {
 
 /// `tanh(x)` through [`exp_f32`]: `1 - 2 / (exp(2x) + 1)` (exact limits ±1).
 #[inline(always)]
-fn tanh_f32(x: f32) -> f32 {
+pub(crate) fn tanh_f32(x: f32) -> f32 {
     1.0 - 2.0 / (exp_f32(2.0 * x) + 1.0)
 }
 
@@ -165,6 +166,7 @@ macro_rules! dispatch_simd {
         }
     };
 }
+pub(crate) use dispatch_simd;
 
 #[inline(always)]
 fn silu_mul_generic(g: &mut [f32], u: &[f32]) {
@@ -193,17 +195,17 @@ fn rms_rows_generic(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
     }
 }
 
-dispatch_simd!(fn silu_mul = silu_mul_generic, (g: &mut [f32], u: &[f32]));
-dispatch_simd!(fn gelu_tanh_mul = gelu_tanh_mul_generic, (g: &mut [f32], u: &[f32]));
-dispatch_simd!(fn rms_rows = rms_rows_generic, (out: &mut [f32], x: &[f32], w: &[f32], eps: f32));
+dispatch_simd!(pub(crate) fn silu_mul = silu_mul_generic, (g: &mut [f32], u: &[f32]));
+dispatch_simd!(pub(crate) fn gelu_tanh_mul = gelu_tanh_mul_generic, (g: &mut [f32], u: &[f32]));
+dispatch_simd!(pub(crate) fn rms_rows = rms_rows_generic, (out: &mut [f32], x: &[f32], w: &[f32], eps: f32));
 
 /// Lanes of the reductions below: independent partial maxima / sums that
 /// the compiler keeps in one vector register (a plain `fold` is a serial
 /// dependency chain, since f32 addition is not reassociated).
-const LANES: usize = 16;
+pub(crate) const LANES: usize = 16;
 
 #[inline(always)]
-fn lane_max(x: &[f32]) -> f32 {
+pub(crate) fn lane_max(x: &[f32]) -> f32 {
     let mut m = [f32::NEG_INFINITY; LANES];
     let chunks = x.chunks_exact(LANES);
     let rest = chunks.remainder();
@@ -216,7 +218,7 @@ fn lane_max(x: &[f32]) -> f32 {
 }
 
 #[inline(always)]
-fn lane_sum(x: &[f32]) -> f32 {
+pub(crate) fn lane_sum(x: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let chunks = x.chunks_exact(LANES);
     let rest = chunks.remainder();
@@ -229,7 +231,7 @@ fn lane_sum(x: &[f32]) -> f32 {
 }
 
 #[inline(always)]
-fn lane_sum_sq(x: &[f32]) -> f32 {
+pub(crate) fn lane_sum_sq(x: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let chunks = x.chunks_exact(LANES);
     let rest = chunks.remainder();
@@ -268,6 +270,12 @@ dispatch_simd!(
 /// in f32; Burn's `RmsNorm::forward` elsewhere.
 pub fn rms_norm<B: Backend, const D: usize>(norm: &RmsNorm<B>, x: Tensor<B, D>) -> Tensor<B, D> {
     if !is_cpu::<B>() || x.dtype() != DType::F32 || norm.gamma.val().dtype() != DType::F32 {
+        // Training on the CPU: the same kernel as one autodiff node.
+        #[cfg(not(target_arch = "wasm32"))]
+        let x = match super::cpu_grad::rms_norm(norm, x) {
+            Ok(y) => return y,
+            Err(x) => x,
+        };
         return norm.forward(x);
     }
     let dims = x.dims();
@@ -297,6 +305,12 @@ pub fn gated_product<B: Backend, const D: usize>(
 ) -> Tensor<B, D> {
     assert_eq!(g.dims(), u.dims(), "gate {:?} and up {:?} projections differ", g.dims(), u.dims());
     if !is_cpu::<B>() || g.dtype() != DType::F32 || u.dtype() != DType::F32 {
+        // Training on the CPU: the same kernel as one autodiff node.
+        #[cfg(not(target_arch = "wasm32"))]
+        let (g, u) = match super::cpu_grad::gated_product(g, u, act) {
+            Ok(y) => return y,
+            Err(gu) => gu,
+        };
         let a = match act {
             GateActivation::Silu => burn::tensor::activation::silu(g),
             GateActivation::GeluTanh => burn::tensor::activation::gelu_approximate(g),

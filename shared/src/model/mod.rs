@@ -9,6 +9,8 @@
 pub mod attention;
 pub mod cache;
 pub mod cpu_attention;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod cpu_grad;
 pub mod cpu_ops;
 pub mod ffn;
 pub mod linear;

@@ -16,7 +16,15 @@ use crate::model::RoutingTrace;
 /// `[batch, seq, V]` against `targets` `[batch, seq]`, as a `[1]` tensor.
 pub fn next_token_loss<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
     let [b, s, v] = logits.dims();
-    let logp = log_softmax(logits.reshape([b * s, v]), 1);
+    let (logits, targets) = (logits.reshape([b * s, v]), targets.reshape([b * s]));
+    // The CPU backend (with or without autodiff): one fused pass per row
+    // (model::cpu_grad::cross_entropy); elsewhere Burn's composition.
+    #[cfg(not(target_arch = "wasm32"))]
+    let (logits, targets) = match crate::model::cpu_grad::cross_entropy(logits, targets) {
+        Ok(loss) => return loss,
+        Err(lt) => lt,
+    };
+    let logp = log_softmax(logits, 1);
     let picked = logp.gather(1, targets.reshape([b * s, 1]));
     picked.mean().neg()
 }

@@ -139,7 +139,7 @@ pub struct Args {
     #[arg(long)]
     pub node_rank: Option<usize>,
     /// HOST:PORT of `moe-studio coordinator` (needed with --nodes > 1; with --nodes 1 it runs the
-    /// distributed path in one process).
+    /// distributed path in one process). Refused with Burn 0.21, like --nodes.
     #[arg(long)]
     pub coordinator: Option<String>,
     /// HOST:PORT where the other ranks reach this rank's tensors (default: this machine's address towards the

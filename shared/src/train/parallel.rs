@@ -221,7 +221,9 @@ impl<B: Backend> std::fmt::Debug for Cluster<B> {
 
 impl<B: Backend> Cluster<B> {
     /// Registers one local peer per device (concurrently: Burn answers
-    /// when all have registered) and, with `node`, joins the coordinator.
+    /// when all have registered) and, with `node`, joins the coordinator
+    /// (refused by [`NodeSpec::validate`] while [`GLOBAL_COLLECTIVE_USABLE`]
+    /// is `false`, before any network call).
     ///
     /// # Errors
     /// [`StudioError::Config`] for an invalid `node`; [`StudioError::Invalid`]

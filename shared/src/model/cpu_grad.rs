@@ -96,7 +96,7 @@ fn for_row_blocks2(
     b_row: usize,
     f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync + Send,
 ) {
-    let rows = if a_row == 0 { 0 } else { a.len() / a_row };
+    let rows = a.len().checked_div(a_row).unwrap_or(0);
     if rows == 0 {
         return;
     }
@@ -135,6 +135,9 @@ fn gelu_tanh_mul_backward_generic(dy_dg: &mut [f32], du: &mut [f32], g: &[f32], 
 dispatch_simd!(fn silu_mul_backward = silu_mul_backward_generic, (dy_dg: &mut [f32], du: &mut [f32], g: &[f32], u: &[f32]));
 dispatch_simd!(fn gelu_tanh_mul_backward = gelu_tanh_mul_backward_generic, (dy_dg: &mut [f32], du: &mut [f32], g: &[f32], u: &[f32]));
 
+/// `(dy -> dg, du, g, u)`: one of the gated products' backward kernels.
+type GatedBackwardKernel = fn(&mut [f32], &mut [f32], &[f32], &[f32]);
+
 #[derive(Debug)]
 struct GatedProductBackward;
 
@@ -149,7 +152,7 @@ impl Backward<CpuBackend, 2> for GatedProductBackward {
         let row = *dims.last().unwrap_or(&1);
         let mut du = vec![0f32; g.layout().num_elements()];
         let (gs, us) = (slice(&g), slice(&u));
-        let kernel: fn(&mut [f32], &mut [f32], &[f32], &[f32]) = match act {
+        let kernel: GatedBackwardKernel = match act {
             GateActivation::Silu => silu_mul_backward,
             GateActivation::GeluTanh => gelu_tanh_mul_backward,
         };
@@ -193,12 +196,10 @@ pub fn gated_product<B: Backend, const D: usize>(
     };
     super::cpu_ops::for_row_blocks(&mut out, row, |r0, rows| fwd(rows, &us[r0 * row..][..rows.len()]));
     let out = flex_from_vec(out, &dims);
-    let y = match GatedProductBackward.prepare::<burn::backend::autodiff::checkpoint::strategy::NoCheckpointing>([
-        ga.node.clone(),
-        ua.node.clone(),
-    ])
-    .compute_bound()
-    .stateful()
+    let y = match GatedProductBackward
+        .prepare::<burn::backend::autodiff::checkpoint::strategy::NoCheckpointing>([ga.node.clone(), ua.node.clone()])
+        .compute_bound()
+        .stateful()
     {
         OpsKind::Tracked(prep) => prep.finish((gt, ut, act), out),
         OpsKind::UnTracked(prep) => prep.finish(out),
@@ -272,7 +273,11 @@ impl Backward<CpuBackend, 2> for RmsNormBackward {
         let rows = dys.len() / d.max(1);
         let want_dw = pw.is_some();
         // Row blocks in parallel; each block sums its own dw, added after.
-        let per = if dys.len() < PARALLEL_ELEMENTS { rows.max(1) } else { rows.div_ceil(rayon::current_num_threads().max(1) * 4).max(8) };
+        let per = if dys.len() < PARALLEL_ELEMENTS {
+            rows.max(1)
+        } else {
+            rows.div_ceil(rayon::current_num_threads().max(1) * 4).max(8)
+        };
         let partial: Vec<Vec<f32>> = dys
             .par_chunks_mut(per * d)
             .enumerate()
@@ -384,10 +389,7 @@ fn ce_all(z: &mut [f32], v: usize, targets: &[usize], grad: bool) -> f64 {
     let n = targets.len();
     let inv_n = 1.0 / n as f32;
     let per = n.div_ceil(rayon::current_num_threads().max(1) * 4).max(1);
-    z.par_chunks_mut(per * v)
-        .zip(targets.par_chunks(per))
-        .map(|(rows, t)| ce_rows(rows, v, t, inv_n, grad))
-        .sum()
+    z.par_chunks_mut(per * v).zip(targets.par_chunks(per)).map(|(rows, t)| ce_rows(rows, v, t, inv_n, grad)).sum()
 }
 
 #[derive(Debug)]
@@ -435,7 +437,12 @@ pub fn cross_entropy<B: Backend>(
     let t: Vec<usize> = targets
         .into_data()
         .iter::<i64>()
-        .map(|t| usize::try_from(t).ok().filter(|&t| t < v).unwrap_or_else(|| panic!("target token {t} outside the vocabulary of {v}")))
+        .map(|t| {
+            usize::try_from(t)
+                .ok()
+                .filter(|&t| t < v)
+                .unwrap_or_else(|| panic!("target token {t} outside the vocabulary of {v}"))
+        })
         .collect();
     assert_eq!(t.len(), n, "{} targets for {n} rows of logits", t.len());
     if !ad {
@@ -607,8 +614,7 @@ impl Backward<CpuBackend, 3> for AttentionBackward {
         let mut dv = vec![0f32; b * s * kvh * hd];
         let ptrs = (Ptr(dq.as_mut_ptr()), Ptr(dk.as_mut_ptr()), Ptr(dv.as_mut_ptr()));
         let (qs, ks, vs, dos) = (slice(&qt), slice(&kt), slice(&vt), slice(&dout));
-        (0..b * kvh).into_par_iter().with_max_len(1).for_each(|task| {
-            let ptrs = ptrs;
+        (0..b * kvh).into_par_iter().with_max_len(1).for_each(move |task| {
             // SAFETY: task (bi, g) writes only its own rows (see the block).
             unsafe { attention_backward_block(qs, ks, vs, dos, ptrs, sh, scale, task / kvh, task % kvh) }
         });
@@ -717,7 +723,8 @@ mod tests {
     /// `Σ y * r` for a fixed random `r`, the scalar whose gradient is `r`'s
     /// vector-Jacobian product.
     fn probe<const D: usize>(y: Tensor<A, D>, seed: u32) -> Tensor<A, 1> {
-        let r = Tensor::<A, D>::from_data(TensorData::new(values(y.shape().num_elements(), seed), y.dims()), &y.device());
+        let r =
+            Tensor::<A, D>::from_data(TensorData::new(values(y.shape().num_elements(), seed), y.dims()), &y.device());
         (y * r).sum()
     }
 
@@ -803,7 +810,8 @@ mod tests {
         let qr = super::super::rope::Rope::apply(heads(q.clone(), h), &tables);
         let kr = rep(super::super::rope::Rope::apply(heads(k.clone(), kvh), &tables));
         let opts = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
-        let composed = attention(qr, kr, rep(heads(v.clone(), kvh)), None, None, opts).swap_dims(1, 2).reshape([b, s, h * hd]);
+        let composed =
+            attention(qr, kr, rep(heads(v.clone(), kvh)), None, None, opts).swap_dims(1, 2).reshape([b, s, h * hd]);
         let e = worst(&vec_of(fused.clone().inner()), &vec_of(composed.clone().inner()));
         assert!(e < 1e-5, "forward: max relative error {e}");
         let gf = probe(fused, 11).backward();
@@ -816,7 +824,8 @@ mod tests {
 
     #[test]
     fn frozen_inputs_get_no_gradient_and_other_backends_are_refused() {
-        let (g, u) = (leaf([4, 8], 1), Tensor::<A, 2>::from_data(TensorData::new(values(32, 2), [4, 8]), &Default::default()));
+        let (g, u) =
+            (leaf([4, 8], 1), Tensor::<A, 2>::from_data(TensorData::new(values(32, 2), [4, 8]), &Default::default()));
         let y = gated_product(g.clone(), u.clone(), GateActivation::Silu).unwrap_or_else(|_| panic!("fused"));
         let grads = probe(y, 3).backward();
         assert!(g.grad(&grads).is_some());

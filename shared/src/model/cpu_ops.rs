@@ -166,6 +166,7 @@ macro_rules! dispatch_simd {
         }
     };
 }
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) use dispatch_simd;
 
 #[inline(always)]

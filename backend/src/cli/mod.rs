@@ -8,6 +8,7 @@ mod bench_capture;
 mod bench_kernels;
 mod bench_train;
 mod convert;
+mod coordinator;
 mod eval;
 mod generate;
 mod graft;
@@ -75,6 +76,8 @@ pub enum Command {
     NeuronsPlot(neurons::PlotArgs),
     /// Train an MoE's new experts or routers, or fine-tune a dense model (DeltaMoE / MoE-LPR / DUME+).
     Train(train::Args),
+    /// The meeting point of a multi-process `train --nodes N` run (Burn's collective orchestrator).
+    Coordinator(coordinator::Args),
     /// Per-dataset perplexity and MoE routing load.
     Eval(eval::Args),
     /// A dense model of a Hugging Face config with random weights (benchmarks on machines without model files).
@@ -127,6 +130,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(bench::Bench::Train(a)) => train::run_autodiff(&cli.backend, a),
         Command::Bench(bench::Bench::Kernels(a)) => bench_kernels::run(a),
         Command::Train(a) => train::run_autodiff(&cli.backend, a),
+        Command::Coordinator(a) => coordinator::run(a),
         Command::Eval(a) => backend::run(&cli.backend, a),
         Command::Serve(a) => crate::server::run(&cli.backend, a),
     }

@@ -275,8 +275,8 @@ and optimizer state for `--resume`; the newest {keep} kept) and
 - Load balancing and the language prior are computed over the whole
   micro-batch of all ranks (routing counts all-reduced), as the Burn
   trainer computes them over its batch on one device: the result does not
-  depend on the number of ranks. Burn's `--devices N` thread loop computes
-  them per device instead.
+  depend on the number of ranks (Burn's `--devices` / `--nodes` replicas
+  all-reduce them the same way).
 - AdamW: the same update (decoupled weight decay `p (1 - lr wd)`, bias
   correction of both moments, epsilon added to `sqrt(v_hat)`); the betas
   are Burn's f32 values. They differ in rounding only: Burn forms

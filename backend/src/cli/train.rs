@@ -9,6 +9,20 @@
 //! `trainer_state.json` and `optimizer.bin`; `--resume` continues from the
 //! newest one exactly. Ctrl-C finishes the current step, saves a
 //! checkpoint and exits (a second Ctrl-C exits at once).
+//!
+//! Data parallelism runs on Burn's collective all-reduce
+//! (shared/src/train/parallel.rs): `--devices N` runs N replicas as threads
+//! of this process; `--nodes N --node-rank R --coordinator HOST:PORT` runs
+//! one process per rank, which meet at `moe-studio coordinator --port PORT`
+//! (started first, once per run). N replicas with `--batch b` equal one with
+//! `--batch N*b`. Every rank reads the whole model and data and keeps its
+//! share of each batch; only rank 0 writes `metrics.jsonl` and checkpoints
+//! (`--resume` reads the checkpoint on every rank: a shared file system or
+//! a copy). With Burn 0.21 the multi-process path is refused before the
+//! model is read (`moe_shared::train::parallel::GLOBAL_COLLECTIVE_REFUSAL`:
+//! Burn's cross-process all-reduce hangs at its second call); `--devices`
+//! and `--engine torch --emit` (multi-node on torchrun) are the ways past
+//! one replica.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -23,7 +37,9 @@ use moe_shared::model::load_model;
 use moe_shared::tokenizer::{Llama2cTokenizer, Tokenizer};
 use moe_shared::train::checkpoint::latest_checkpoint;
 use moe_shared::train::data::load_mixture;
-use moe_shared::train::{devices, Balance, DataSpec, LbForm, RunOutcome, Stage, StepMetrics, TrainConfig, Trainer};
+use moe_shared::train::{
+    devices, Balance, DataSpec, LbForm, NodeSpec, RunOutcome, Stage, StepMetrics, TrainConfig, Trainer,
+};
 
 /// Arguments of `train`.
 #[derive(Debug, Clone, clap::Args)]
@@ -110,9 +126,29 @@ pub struct Args {
     /// Continue from the newest checkpoint in --out.
     #[arg(long)]
     pub resume: bool,
-    /// Devices for data parallelism (each runs --batch sequences per micro-step).
+    /// Data-parallel replicas in this process, one per device (each runs --batch sequences per micro-step;
+    /// Burn's collective all-reduce).
     #[arg(long, default_value_t = D::default().train_devices)]
     pub devices: usize,
+    /// Processes of a multi-process data-parallel run, one per node (each runs --devices replicas). Refused
+    /// with Burn 0.21 (its cross-process all-reduce hangs; the error names the cause): use --devices, or
+    /// --engine torch --emit for several nodes.
+    #[arg(long, default_value_t = 1)]
+    pub nodes: usize,
+    /// This process's rank in 0..--nodes (rank 0 writes metrics.jsonl and the checkpoints).
+    #[arg(long)]
+    pub node_rank: Option<usize>,
+    /// HOST:PORT of `moe-studio coordinator` (needed with --nodes > 1; with --nodes 1 it runs the
+    /// distributed path in one process). Refused with Burn 0.21, like --nodes.
+    #[arg(long)]
+    pub coordinator: Option<String>,
+    /// HOST:PORT where the other ranks reach this rank's tensors (default: this machine's address towards the
+    /// coordinator, port = coordinator port + 1 + rank).
+    #[arg(long)]
+    pub node_address: Option<String>,
+    /// Seconds to wait for the coordinator to answer and for every rank to join.
+    #[arg(long, default_value_t = 120)]
+    pub join_timeout: u64,
     /// Tokenizer (tokenizer.json or a llama2.c tok*.bin) when the model has none beside it.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
@@ -207,6 +243,39 @@ pub fn parse_data(specs: &[String]) -> anyhow::Result<Vec<DataSpec>> {
 }
 
 impl Args {
+    /// The multi-process spec (`None` without `--coordinator`).
+    fn node_spec(&self) -> anyhow::Result<Option<NodeSpec>> {
+        let Some(coordinator) = self.coordinator.clone() else {
+            if self.nodes > 1 {
+                bail!(
+                    "--nodes {} needs --coordinator HOST:PORT (of `moe-studio coordinator`) and --node-rank",
+                    self.nodes
+                );
+            }
+            if self.node_rank.is_some() || self.node_address.is_some() {
+                bail!("--node-rank / --node-address need --coordinator HOST:PORT");
+            }
+            return Ok(None);
+        };
+        if self.engine == "torch" || self.emit.is_some() {
+            bail!("--coordinator: the PyTorch job launches its own ranks (torchrun --nnodes, see its README.md)");
+        }
+        let rank = match (self.node_rank, self.nodes) {
+            (Some(r), _) => r,
+            (None, 1) => 0,
+            (None, n) => bail!("--nodes {n} needs --node-rank R (0..={})", n - 1),
+        };
+        let spec = NodeSpec {
+            nodes: self.nodes,
+            rank,
+            coordinator,
+            node_address: self.node_address.clone(),
+            timeout: std::time::Duration::from_secs(self.join_timeout),
+        };
+        spec.validate()?;
+        Ok(Some(spec))
+    }
+
     fn config(&self) -> anyhow::Result<TrainConfig> {
         let stage = Stage::parse(&self.stage)
             .with_context(|| format!("--stage `{}`: expected experts, router or dense", self.stage))?;
@@ -232,6 +301,7 @@ impl Args {
             keep: self.keep,
             seed: self.seed,
             devices: self.devices,
+            nodes: self.nodes,
             balance,
             bias_update_rate: self.bias_update_rate,
             z_loss: self.z_loss,
@@ -310,6 +380,26 @@ fn load_summary(m: &StepMetrics) -> String {
     format!(" load [{}]", mean.join(" "))
 }
 
+/// Runs `f` with file descriptor 1 pointing at stderr: Burn's collective
+/// prints "Connecting to ws://..." on stdout while a rank joins, which
+/// would break `--json` (one JSON object per line on stdout).
+fn stdout_to_stderr<T>(f: impl FnOnce() -> T) -> T {
+    let _ = std::io::stdout().flush();
+    // SAFETY: dup/dup2/close on the process's own standard descriptors;
+    // fd 1 is restored before returning.
+    let saved = unsafe { libc::dup(1) };
+    if saved < 0 || unsafe { libc::dup2(2, 1) } < 0 {
+        return f();
+    }
+    let r = f();
+    let _ = std::io::stdout().flush();
+    unsafe {
+        libc::dup2(saved, 1);
+        libc::close(saved);
+    }
+    r
+}
+
 fn stop_flag() -> Arc<AtomicBool> {
     let flag = Arc::new(AtomicBool::new(false));
     let f = flag.clone();
@@ -330,6 +420,7 @@ impl WithAutodiff for Args {
     fn run<B: AutodiffBackend>(self) -> anyhow::Result<()> {
         let a = self;
         let config = a.config()?;
+        let node = a.node_spec()?;
         let specs = parse_data(&a.data)?;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let (tok, tok_files) = resolve_tokenizer(&m, a.tokenizer.as_deref())?;
@@ -358,7 +449,9 @@ impl WithAutodiff for Args {
             let (step, dir) = existing
                 .with_context(|| format!("--resume: no checkpoint (checkpoint-*/ or final/) in {}", out.display()))?;
             eprintln!("resuming from {} (step {step})", dir.display());
-            truncate_metrics(&out.join("metrics.jsonl"), step)?;
+            if node.as_ref().is_none_or(|n| n.rank == 0) {
+                truncate_metrics(&out.join("metrics.jsonl"), step)?;
+            }
             Trainer::<B>::resume(&dir, data, config.clone(), devs)?
         } else {
             if let Some((step, dir)) = existing {
@@ -373,12 +466,26 @@ impl WithAutodiff for Args {
         }
         .with_extra_files(tok_files);
         drop(m);
+        if let Some(n) = node.clone() {
+            eprintln!(
+                "rank {} of {}: joining the coordinator {} (up to {} s)",
+                n.rank,
+                n.nodes,
+                n.coordinator,
+                n.timeout.as_secs()
+            );
+            stdout_to_stderr(|| trainer.join_nodes(n))?;
+            eprintln!("all {} ranks joined; options, weights and data agree", config.nodes);
+        }
+        // Only rank 0 writes metrics.jsonl and checkpoints.
+        let writer = node.as_ref().is_none_or(|n| n.rank == 0);
         for w in trainer.warnings() {
             eprintln!("warning: {w}");
         }
         let counts = trainer.param_counts();
         eprintln!(
-            "stage {}: {} trainable parameters in {} tensors, {} frozen; {} tokens per step ({} x {} x {} device(s) x {})",
+            "stage {}: {} trainable parameters in {} tensors, {} frozen; {} tokens per step ({} x {} x {} device(s) x {} \
+             node(s) x {})",
             config.stage.name(),
             counts.trainable,
             counts.trainable_tensors,
@@ -387,15 +494,22 @@ impl WithAutodiff for Args {
             config.batch_size,
             config.seq_len,
             config.devices,
+            config.nodes,
             config.grad_accum,
         );
-        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
         let metrics_path = out.join("metrics.jsonl");
-        let mut metrics = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&metrics_path)
-            .with_context(|| format!("opening {}", metrics_path.display()))?;
+        let mut metrics: Box<dyn Write> = if writer {
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            Box::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&metrics_path)
+                    .with_context(|| format!("opening {}", metrics_path.display()))?,
+            )
+        } else {
+            Box::new(std::io::sink())
+        };
         let bar = if a.json {
             indicatif::ProgressBar::hidden()
         } else {

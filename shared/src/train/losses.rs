@@ -68,6 +68,24 @@ impl LbForm {
 /// With [`LbForm::HfMixtral`], if the MoE layers have different expert
 /// counts (the trainer checks this up front).
 pub fn load_balancing_loss<B: Backend>(routing: &[Option<RoutingTrace<B>>], form: LbForm) -> Option<Tensor<B, 1>> {
+    load_balancing_loss_dp(routing, form, 1)
+}
+
+/// [`load_balancing_loss`] for one of `world` data-parallel replicas with
+/// equal token counts (docs/methods.md §1 "Load balancing";
+/// shared/src/train/parallel.rs): the routing fractions `f_i` come from
+/// `routing[l].counts`, which hold the counts SUMMED over all replicas
+/// (all-reduced), while `P_i` is this replica's mean router probability.
+/// Since `P_i` of the whole batch is the mean of the replicas' `P_i`, the
+/// mean of this term over the replicas equals the loss of one replica with
+/// the whole batch, as `torch.distributed` runs do with all-reduced counts.
+/// `world = 1` is [`load_balancing_loss`].
+pub fn load_balancing_loss_dp<B: Backend>(
+    routing: &[Option<RoutingTrace<B>>],
+    form: LbForm,
+    world: usize,
+) -> Option<Tensor<B, 1>> {
+    let world = world.max(1);
     let layers: Vec<&RoutingTrace<B>> = routing.iter().flatten().collect();
     let first = layers.first()?;
     let device = first.logits.device();
@@ -77,7 +95,7 @@ pub fn load_balancing_loss<B: Backend>(routing: &[Option<RoutingTrace<B>>], form
             for r in &layers {
                 let [t, e] = r.logits.dims();
                 let p = softmax(r.logits.clone(), 1).mean_dim(0).reshape([e]);
-                let slots = (t * r.top_k).max(1) as f32;
+                let slots = (t * r.top_k * world).max(1) as f32;
                 let f: Vec<f32> = r.counts.iter().map(|&c| c as f32 / slots).collect();
                 let f = Tensor::<B, 1>::from_data(TensorData::new(f, [e]), &device);
                 let lb = (p * f).sum().mul_scalar(e as f64);
@@ -106,7 +124,7 @@ pub fn load_balancing_loss<B: Backend>(routing: &[Option<RoutingTrace<B>>], form
                 });
             }
             let rows = rows.max(1) as f32;
-            let f: Vec<f32> = counts.iter().map(|&c| c / rows).collect();
+            let f: Vec<f32> = counts.iter().map(|&c| c / (rows * world as f32)).collect();
             let f = Tensor::<B, 1>::from_data(TensorData::new(f, [e]), &device);
             let p = psum.expect("at least one layer").div_scalar(rows as f64);
             Some((p * f).sum().mul_scalar(e as f64))
@@ -149,9 +167,28 @@ pub fn router_z_loss<B: Backend>(routing: &[Option<RoutingTrace<B>>]) -> Option<
 /// `mask` has one entry per token row (`batch * seq`, batch-major).
 pub fn language_prior_loss<B: Backend>(routing: &[Option<RoutingTrace<B>>], mask: &[bool]) -> Option<Tensor<B, 1>> {
     let n_masked = mask.iter().filter(|&&m| m).count();
-    if n_masked == 0 {
+    language_prior_loss_dp(routing, mask, n_masked, 1)
+}
+
+/// [`language_prior_loss`] for one of `world` data-parallel replicas
+/// (shared/src/train/parallel.rs): `masked_global` is the number of masked
+/// rows over ALL replicas (all-reduced), and this replica's term is
+/// `-world / masked_global * sum_{masked local rows} log p_0`, so that its
+/// mean over the replicas is the loss of one replica with the whole batch,
+/// also when this replica has no masked row (its term is then 0, with a
+/// zero gradient). `None` when no layer is MoE or `masked_global` is 0.
+/// `world = 1` with `masked_global` = the masked rows is
+/// [`language_prior_loss`].
+pub fn language_prior_loss_dp<B: Backend>(
+    routing: &[Option<RoutingTrace<B>>],
+    mask: &[bool],
+    masked_global: usize,
+    world: usize,
+) -> Option<Tensor<B, 1>> {
+    if masked_global == 0 {
         return None;
     }
+    let n_masked = masked_global as f64 / world.max(1) as f64;
     let layers: Vec<&RoutingTrace<B>> = routing.iter().flatten().collect();
     let first = layers.first()?;
     let device = first.logits.device();
@@ -162,7 +199,7 @@ pub fn language_prior_loss<B: Backend>(routing: &[Option<RoutingTrace<B>>], mask
     for r in &layers {
         assert_eq!(r.logits.dims()[0], t, "one mask entry per token row");
         let logp0 = log_softmax(r.logits.clone(), 1).narrow(1, 0, 1);
-        let l = (logp0 * w.clone()).sum().div_scalar(n_masked as f64).neg();
+        let l = (logp0 * w.clone()).sum().div_scalar(n_masked).neg();
         total = Some(match total {
             Some(x) => x + l,
             None => l,

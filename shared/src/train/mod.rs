@@ -14,7 +14,9 @@
 //! - [`schedule`]: warm-up + cosine learning rate.
 //! - [`checkpoint`]: trainer state, optimizer record, stable parameter ids.
 //! - [`trainer`]: the loop (AdamW, global-norm clipping, accumulation,
-//!   data parallelism over devices, checkpoints, stop flag, metrics).
+//!   checkpoints, stop flag, metrics).
+//! - `parallel` (native only): data parallelism over devices (threads) and
+//!   processes on Burn's collective all-reduce.
 
 pub mod adamw;
 pub mod balance;
@@ -22,13 +24,20 @@ pub mod checkpoint;
 pub mod data;
 pub mod freeze;
 pub mod losses;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod parallel;
 pub mod schedule;
 pub mod trainer;
 
 pub use balance::Balance;
 pub use data::{Batch, DataSpec, Mixture, MixtureState, PackedSource};
 pub use freeze::{apply_stage, param_counts, ParamCounts, Stage};
-pub use losses::{expert_load, language_prior_loss, load_balancing_loss, next_token_loss, router_z_loss, LbForm};
+pub use losses::{
+    expert_load, language_prior_loss, language_prior_loss_dp, load_balancing_loss, load_balancing_loss_dp,
+    next_token_loss, router_z_loss, LbForm,
+};
+#[cfg(not(target_arch = "wasm32"))]
+pub use parallel::NodeSpec;
 pub use schedule::LrSchedule;
 #[cfg(not(target_arch = "wasm32"))]
 pub use trainer::RunOutcome;

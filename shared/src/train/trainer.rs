@@ -4,18 +4,21 @@
 //! (methods.md §1-2).
 //!
 //! One optimizer step:
-//! 1. for each of `grad_accum` micro-steps, draw `batch_size * devices`
-//!    packed sequences from the [`Mixture`]; with several devices the batch
-//!    is split, each device runs a fork of the model on its share in its own
-//!    thread (Burn's `Module::fork` + `GradientsParams::to_device`, the
-//!    multi-device path of `burn-train`), and the gradients come back to the
-//!    first device;
+//! 1. for each of `grad_accum` micro-steps, draw `batch_size * world`
+//!    packed sequences from the [`Mixture`] (`world = devices * nodes`
+//!    replicas; every process draws the same global batch, a pure function
+//!    of the seed); with several replicas the batch is split, and each
+//!    replica of this process runs a fork of the model on its share in its
+//!    own thread;
 //! 2. loss = next-token cross-entropy + `alpha` x load balancing (with
 //!    `--balance aux`) + `z_loss` x router z-loss + `prior` x language prior
 //!    (see [`super::losses`]), each micro-loss scaled by
-//!    `1 / (grad_accum * devices)` so that the accumulated gradient is the
-//!    mean;
-//! 3. gradients summed with Burn's `GradientsAccumulator`, clipped by their
+//!    `1 / (grad_accum * world)` so that the summed gradient is the mean;
+//!    with several replicas the routing counts and original-language rows
+//!    are all-reduced first, so the losses are those of the whole batch
+//!    ([`super::parallel`]: Burn's collective all-reduce);
+//! 3. gradients summed with Burn's `GradientsAccumulator` (and, with
+//!    several replicas, all-reduced once per step), clipped by their
 //!    GLOBAL L2 norm (as `torch.nn.utils.clip_grad_norm_`, not Burn's
 //!    per-tensor clipping), then one AdamW step (Burn's `AdamW`: decoupled
 //!    weight decay, Loshchilov & Hutter 2019) at the scheduled rate;
@@ -28,7 +31,7 @@
 //! the f32 weights, the AdamW moments and the data position, so a resumed
 //! run continues with the same losses as an uninterrupted one.
 
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
 
 use super::adamw::StudioAdamW;
@@ -41,7 +44,9 @@ use super::balance::{update_selection_bias, Balance};
 use super::checkpoint::{assign_param_ids, fold_router_temperatures, TrainerState};
 use super::data::{Batch, Mixture};
 use super::freeze::{apply_stage, param_counts, ParamCounts, Stage};
-use super::losses::{language_prior_loss, load_balancing_loss, next_token_loss, router_z_loss, LbForm};
+use super::losses::{language_prior_loss_dp, load_balancing_loss_dp, next_token_loss, router_z_loss, LbForm};
+#[cfg(not(target_arch = "wasm32"))]
+use super::parallel::Cluster;
 use super::schedule::LrSchedule;
 use crate::error::{Result, StudioError};
 use crate::model::transformer::Mlp;
@@ -90,8 +95,13 @@ pub struct TrainConfig {
     pub keep: usize,
     /// Seed of the data order (and of the backend generator).
     pub seed: u64,
-    /// Devices for data parallelism (1: no parallelism).
+    /// Data-parallel replicas (devices) per process (1: no parallelism).
     pub devices: usize,
+    /// Processes of a multi-process run (`--nodes`; 1: this process only).
+    /// Each runs `devices` replicas; together they equal one replica with
+    /// `devices * nodes` times the batch.
+    #[serde(default = "one")]
+    pub nodes: usize,
     /// How the load is balanced: the `alpha` loss, DeepSeek-V3's
     /// aux-loss-free selection bias, or nothing.
     #[serde(default)]
@@ -111,6 +121,10 @@ pub struct TrainConfig {
 
 fn default_bias_rate() -> f64 {
     1e-3
+}
+
+fn one() -> usize {
+    1
 }
 
 impl TrainConfig {
@@ -142,6 +156,7 @@ impl TrainConfig {
             keep: 2,
             seed: 0,
             devices: 1,
+            nodes: 1,
             balance: Balance::Aux,
             bias_update_rate: default_bias_rate(),
             z_loss: 0.0,
@@ -156,7 +171,12 @@ impl TrainConfig {
 
     /// Input tokens per optimizer step.
     pub fn tokens_per_step(&self) -> usize {
-        self.batch_size * self.devices * self.grad_accum * self.seq_len
+        self.batch_size * self.replicas() * self.grad_accum * self.seq_len
+    }
+
+    /// Data-parallel replicas of the whole run (`devices * nodes`).
+    pub fn replicas(&self) -> usize {
+        self.devices * self.nodes
     }
 
     /// Checks the values against each other and against `model`.
@@ -168,8 +188,8 @@ impl TrainConfig {
         if self.steps == 0 {
             return err("--steps", "must be at least 1".into());
         }
-        if self.batch_size == 0 || self.grad_accum == 0 || self.devices == 0 {
-            return err("--batch/--grad-accum/--devices", "must be at least 1".into());
+        if self.batch_size == 0 || self.grad_accum == 0 || self.devices == 0 || self.nodes == 0 {
+            return err("--batch/--grad-accum/--devices/--nodes", "must be at least 1".into());
         }
         if self.seq_len == 0 || self.seq_len > model.config.max_position_embeddings {
             return err(
@@ -263,6 +283,9 @@ pub struct StepMetrics {
     pub selection_bias: Vec<Option<Vec<f64>>>,
 }
 
+/// One replica's accumulated gradients and its per-micro-batch results.
+type ReplicaGrads = (GradientsParams, Vec<MicroStats>);
+
 /// Per-micro-batch results.
 struct MicroStats {
     ce: f64,
@@ -272,7 +295,7 @@ struct MicroStats {
     counts: Vec<Option<Vec<usize>>>,
 }
 
-/// Loss settings handed to the worker threads.
+/// Loss settings handed to the replicas.
 #[derive(Clone, Copy)]
 struct LossSettings {
     /// `alpha` with `--balance aux`, else 0.
@@ -288,23 +311,47 @@ fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
     t.into_scalar().elem::<f64>()
 }
 
-/// Forward + backward of one micro-batch on `device`.
+/// This process's replica `i` of a data-parallel run, or `None`.
+type Comm<'a, B> = Option<(&'a Cluster<<B as AutodiffBackend>::InnerBackend>, usize)>;
+
+/// Forward + backward of one micro-batch on `device`. With `comm`, the
+/// routing counts and the original-language rows are first summed over all
+/// replicas, so that the load-balancing fractions and the language prior's
+/// denominator are the global batch's ([`super::parallel`]); the trace's
+/// counts then hold the global counts.
 fn micro_step<B: AutodiffBackend>(
     model: &Transformer<B>,
     batch: &Batch,
     device: &B::Device,
     s: LossSettings,
-) -> (GradientsParams, MicroStats) {
+    comm: Comm<'_, B>,
+) -> Result<(GradientsParams, MicroStats)> {
     let (b, l) = (batch.batch, batch.seq_len);
     let inputs = Tensor::<B, 2, Int>::from_data(TensorData::new(batch.inputs.clone(), [b, l]), device);
     let targets = Tensor::<B, 2, Int>::from_data(TensorData::new(batch.targets.clone(), [b, l]), device);
     let mut trace = Trace::default();
     let hidden = model.forward_hidden_with(inputs, None, ForwardOptions::default(), Some(&mut trace));
     let ce = next_token_loss(model.head(hidden), targets);
-    let lb = load_balancing_loss(&trace.routing, s.lb_form);
-    let z = router_z_loss(&trace.routing);
     let mask: Vec<bool> = batch.original.iter().flat_map(|&o| std::iter::repeat_n(o, l)).collect();
-    let prior = language_prior_loss(&trace.routing, &mask);
+    let mut masked = mask.iter().filter(|&&m| m).count();
+    let mut world = 1;
+    if let Some((cluster, i)) = comm {
+        let mut v: Vec<f32> = trace.routing.iter().flatten().flat_map(|r| r.counts.iter().map(|&n| n as f32)).collect();
+        v.push(masked as f32);
+        let sum = cluster.all_reduce_sum(i, &v)?;
+        let mut k = 0;
+        for r in trace.routing.iter_mut().flatten() {
+            for n in r.counts.iter_mut() {
+                *n = sum[k] as usize;
+                k += 1;
+            }
+        }
+        masked = sum[k] as usize;
+        world = cluster.world();
+    }
+    let lb = load_balancing_loss_dp(&trace.routing, s.lb_form, world);
+    let z = router_z_loss(&trace.routing);
+    let prior = language_prior_loss_dp(&trace.routing, &mask, masked, world);
     let mut total = ce.clone();
     if let (Some(x), true) = (&lb, s.alpha > 0.0) {
         total = total + x.clone().mul_scalar(s.alpha);
@@ -323,7 +370,90 @@ fn micro_step<B: AutodiffBackend>(
         counts: trace.routing.iter().map(|r| r.as_ref().map(|r| r.counts.clone())).collect(),
     };
     let grads = total.mul_scalar(s.scale).backward();
-    (GradientsParams::from_grads(grads, model), stats)
+    Ok((GradientsParams::from_grads(grads, model), stats))
+}
+
+/// One replica's share of an optimizer step: its micro-batches' gradients
+/// summed with Burn's `GradientsAccumulator`; with `comm`, then summed over
+/// all replicas (one all-reduce; a trainable parameter without a gradient
+/// here is sent as zeros, and left without one when no replica had it) and
+/// the loss terms averaged over the replicas.
+fn replica_grads<B: AutodiffBackend>(
+    model: &Transformer<B>,
+    micros: &[Batch],
+    device: &B::Device,
+    s: LossSettings,
+    comm: Comm<'_, B>,
+) -> Result<ReplicaGrads> {
+    let mut acc = GradientsAccumulator::<Transformer<B>>::new();
+    let mut stats = Vec::with_capacity(micros.len());
+    for batch in micros {
+        let (g, st) = micro_step(model, batch, device, s, comm)?;
+        acc.accumulate::<B>(model, g);
+        stats.push(st);
+    }
+    let mut grads = acc.grads();
+    let Some((cluster, i)) = comm else { return Ok((grads, stats)) };
+    let mut fill = FillMissing::<B> { grads: &mut grads, present: Vec::new(), _b: std::marker::PhantomData };
+    model.visit(&mut fill);
+    let present = fill.present;
+    let flags: Vec<f32> = present.iter().map(|&(_, p)| if p { 1.0 } else { 0.0 }).collect();
+    let any = if flags.is_empty() { Vec::new() } else { cluster.all_reduce_sum(i, &flags)? };
+    let mut grads = cluster.all_reduce_grads(i, grads)?;
+    let absent: Vec<ParamId> = present.iter().zip(&any).filter(|(_, &n)| n == 0.0).map(|(&(id, _), _)| id).collect();
+    if !absent.is_empty() {
+        model.visit(&mut RemoveGrads { grads: &mut grads, ids: &absent });
+    }
+    let mut v = Vec::with_capacity(4 * stats.len());
+    for st in &stats {
+        for x in [Some(st.ce), st.lb, st.z, st.prior] {
+            v.push(x.unwrap_or(0.0) as f32);
+        }
+    }
+    let sum = cluster.all_reduce_sum(i, &v)?;
+    let w = cluster.world() as f64;
+    for (k, st) in stats.iter_mut().enumerate() {
+        let mean = |j: usize| f64::from(sum[4 * k + j]) / w;
+        st.ce = mean(0);
+        st.lb = st.lb.map(|_| mean(1));
+        st.z = st.z.map(|_| mean(2));
+        st.prior = st.prior.map(|_| mean(3));
+    }
+    Ok((grads, stats))
+}
+
+/// Registers zeros for the trainable parameters without a gradient and
+/// records, in module order, which had one.
+struct FillMissing<'a, B: AutodiffBackend> {
+    grads: &'a mut GradientsParams,
+    present: Vec<(ParamId, bool)>,
+    _b: std::marker::PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for FillMissing<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if !param.is_require_grad() {
+            return;
+        }
+        let has = self.grads.get::<B::InnerBackend, D>(param.id).is_some();
+        if !has {
+            self.grads.register::<B::InnerBackend, D>(param.id, param.val().inner().zeros_like());
+        }
+        self.present.push((param.id, has));
+    }
+}
+
+struct RemoveGrads<'a> {
+    grads: &'a mut GradientsParams,
+    ids: &'a [ParamId],
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for RemoveGrads<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if self.ids.contains(&param.id) {
+            self.grads.remove::<B::InnerBackend, D>(param.id);
+        }
+    }
 }
 
 struct SquaredNorm<'a, B: AutodiffBackend> {
@@ -480,6 +610,42 @@ pub struct Trainer<B: AutodiffBackend> {
     source: String,
     extra_files: Vec<(String, Vec<u8>)>,
     warnings: Vec<String>,
+    /// The data-parallel replicas (Burn's collective), when more than one
+    /// or joined across processes.
+    cluster: Option<Cluster<B::InnerBackend>>,
+}
+
+/// wasm32 has no data parallelism (burn-collective is native-only): this
+/// stand-in has no value.
+#[cfg(target_arch = "wasm32")]
+pub struct Cluster<B>(std::convert::Infallible, std::marker::PhantomData<B>);
+
+#[cfg(target_arch = "wasm32")]
+impl<B> Cluster<B> {
+    fn world(&self) -> usize {
+        match self.0 {}
+    }
+    fn rank(&self) -> usize {
+        match self.0 {}
+    }
+    fn all_reduce_sum(&self, _: usize, _: &[f32]) -> Result<Vec<f32>> {
+        match self.0 {}
+    }
+    fn all_reduce_grads(&self, _: usize, _: GradientsParams) -> Result<GradientsParams> {
+        match self.0 {}
+    }
+}
+
+/// The local replicas of a single-process run with several devices.
+#[cfg(not(target_arch = "wasm32"))]
+fn join_local<B: Backend>(devices: &[B::Device]) -> Result<Option<Cluster<B>>> {
+    Ok(Some(Cluster::join(devices.to_vec(), None)?))
+}
+
+/// wasm32: one replica only.
+#[cfg(target_arch = "wasm32")]
+fn join_local<B: Backend>(_: &[B::Device]) -> Result<Option<Cluster<B>>> {
+    Err(StudioError::config("--devices", "data parallelism is native-only (the browser runs one replica)"))
 }
 
 fn adamw<B: AutodiffBackend>(c: &TrainConfig) -> Adam<B> {
@@ -500,7 +666,9 @@ impl<B: AutodiffBackend> Trainer<B> {
     /// # Errors
     /// [`TrainConfig::validate`], [`apply_stage`]; [`StudioError::Config`]
     /// when `devices.len() != config.devices` or the data's sequence length
-    /// differs from `config.seq_len`.
+    /// differs from `config.seq_len`. With several devices (and one node)
+    /// it registers them as Burn collective peers (waiting while another
+    /// data-parallel run of this process holds Burn's local server).
     pub fn new(
         model: Transformer<B>,
         data: Mixture,
@@ -525,6 +693,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         let model = fold_router_temperatures(model);
         let model = apply_stage(model, config.stage, source)?;
         let model = assign_param_ids(model);
+        let cluster = if config.devices > 1 && config.nodes == 1 { join_local(&devices)? } else { None };
         Ok(Trainer {
             model: Some(model),
             optim: adamw::<B>(&config),
@@ -537,6 +706,7 @@ impl<B: AutodiffBackend> Trainer<B> {
             source: source.to_string(),
             extra_files: Vec::new(),
             warnings,
+            cluster,
         })
     }
 
@@ -586,60 +756,77 @@ impl<B: AutodiffBackend> Trainer<B> {
     /// Runs one optimizer step.
     ///
     /// # Errors
-    /// [`StudioError::Invalid`] when a worker thread panicked or the loss is
-    /// not finite (the step is not applied then).
+    /// [`StudioError::Invalid`] when a replica thread panicked, a collective
+    /// all-reduce failed (a rank that left) or the loss is not finite (the
+    /// step is not applied then); [`StudioError::Config`] with `nodes > 1`
+    /// before [`Trainer::join_nodes`].
     pub fn step(&mut self) -> Result<StepMetrics> {
         // wasm32-unknown-unknown's std has no clock: timings read 0 there.
         #[cfg(not(target_arch = "wasm32"))]
         let t0 = std::time::Instant::now();
         let c = &self.config.clone();
-        let n_dev = self.devices.len();
+        if c.nodes > 1 && self.cluster.is_none() {
+            return Err(StudioError::config(
+                "--nodes",
+                format!("{} nodes: join them first (Trainer::join_nodes)", c.nodes),
+            ));
+        }
+        let local = self.devices.len();
+        let world = self.cluster.as_ref().map_or(1, |cl| cl.world());
+        let first = self.cluster.as_ref().map_or(0, |cl| cl.rank()) * local;
         let settings = LossSettings {
             alpha: if c.balance == Balance::Aux { c.alpha } else { 0.0 },
             lb_form: c.lb_form,
             z_loss: c.z_loss,
             prior: c.prior,
-            scale: 1.0 / (c.grad_accum * n_dev) as f64,
+            scale: 1.0 / (c.grad_accum * world) as f64,
         };
-        let mut acc = GradientsAccumulator::<Transformer<B>>::new();
-        let mut stats: Vec<MicroStats> = Vec::new();
+        // Every process draws the whole batch and keeps its replicas' shares.
+        let mut shares: Vec<Vec<Batch>> = (0..local).map(|_| Vec::with_capacity(c.grad_accum)).collect();
         let mut source_sequences = vec![0usize; self.data.sources().len()];
         for _ in 0..c.grad_accum {
-            let batch = self.data.next_batch(c.batch_size * n_dev);
+            let batch = self.data.next_batch(c.batch_size * world);
             for &s in &batch.sources {
                 source_sequences[s] += 1;
             }
-            let model = self.model.as_ref().expect("model present");
-            if n_dev == 1 {
-                let (g, st) = micro_step(model, &batch, &self.devices[0], settings);
-                acc.accumulate::<B>(model, g);
-                stats.push(st);
+            if world == 1 {
+                shares[0].push(batch);
             } else {
-                let parts = batch.split(n_dev);
-                let main = &self.devices[0];
-                let results: Vec<std::thread::Result<(GradientsParams, MicroStats)>> = std::thread::scope(|scope| {
-                    let handles: Vec<_> = parts
+                for (i, part) in batch.split(world).into_iter().skip(first).take(local).enumerate() {
+                    shares[i].push(part);
+                }
+            }
+        }
+        let model = self.model.as_ref().expect("model present");
+        let (mut grads, stats) = match &self.cluster {
+            None => replica_grads(model, &shares[0], &self.devices[0], settings, None)?,
+            Some(cl) if local == 1 => replica_grads(model, &shares[0], &self.devices[0], settings, Some((cl, 0)))?,
+            Some(cl) => {
+                // One thread per local replica; they meet in the all-reduces.
+                let results: Vec<std::thread::Result<Result<ReplicaGrads>>> = std::thread::scope(|scope| {
+                    let handles: Vec<_> = shares
                         .iter()
                         .zip(&self.devices)
-                        .map(|(part, dev)| {
+                        .enumerate()
+                        .map(|(i, (micros, dev))| {
                             let m = model.clone();
                             scope.spawn(move || {
                                 let m = m.fork(dev);
-                                let (g, st) = micro_step(&m, part, dev, settings);
-                                (g.to_device::<B, Transformer<B>>(main, &m), st)
+                                replica_grads(&m, micros, dev, settings, Some((cl, i)))
                             })
                         })
                         .collect();
                     handles.into_iter().map(|h| h.join()).collect()
                 });
+                let mut first = None;
                 for r in results {
-                    let (g, st) = r.map_err(|_| StudioError::Invalid("a data-parallel worker panicked".into()))?;
-                    acc.accumulate::<B>(model, g);
-                    stats.push(st);
+                    let r = r.map_err(|_| StudioError::Invalid("a data-parallel replica panicked".into()))??;
+                    // After the all-reduce every replica holds the same sums: keep replica 0's.
+                    first.get_or_insert(r);
                 }
+                first.expect("at least one replica")
             }
-        }
-        let mut grads = acc.grads();
+        };
         let n = stats.len() as f64;
         let ce = stats.iter().map(|s| s.ce).sum::<f64>() / n;
         let mean_opt = |f: &dyn Fn(&MicroStats) -> Option<f64>| {
@@ -661,7 +848,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         let lr = c.schedule().lr(self.step);
         let model = self.model.take().expect("model present");
         self.model = Some(self.optim.step(lr, model, grads));
-        // Expert load, summed over micro-batches (and devices).
+        // Expert load, summed over micro-batches (the counts are global).
         let layers = stats[0].counts.len();
         let counts: Vec<Option<Vec<usize>>> = (0..layers)
             .map(|l| {
@@ -790,6 +977,78 @@ mod native {
     }
 
     impl<B: AutodiffBackend> Trainer<B> {
+        /// Joins the other processes of a multi-process run (Burn's global
+        /// collective through `spec.coordinator`; this process's
+        /// `config.devices` replicas are its local peers) and checks, with
+        /// one all-reduce of checksums, that every rank has the same
+        /// options, weights, optimizer state and data position (Burn 0.21
+        /// cannot broadcast across nodes, so rank 0's weights are verified,
+        /// not sent). Call it after [`Trainer::new`] / [`Trainer::resume`]
+        /// and before the first step. `spec.nodes` must equal
+        /// `config.nodes`; `nodes = 1` runs the distributed path with one
+        /// process.
+        ///
+        /// # Errors
+        /// [`StudioError::Config`] for a rank out of range, a node count
+        /// that differs from the options, or any spec while Burn's global
+        /// collective is unusable
+        /// ([`crate::train::parallel::GLOBAL_COLLECTIVE_REFUSAL`], Burn 0.21);
+        /// [`StudioError::Invalid`] when the
+        /// coordinator does not answer or not all ranks join within
+        /// `spec.timeout`, or when the ranks disagree (naming what).
+        pub fn join_nodes(&mut self, spec: crate::train::parallel::NodeSpec) -> Result<()> {
+            spec.validate()?;
+            if spec.nodes != self.config.nodes {
+                return Err(StudioError::config(
+                    "--nodes",
+                    format!("the node spec has {} nodes, the options {}", spec.nodes, self.config.nodes),
+                ));
+            }
+            self.cluster = None; // a local-only cluster first leaves Burn's local server
+            self.cluster = Some(Cluster::join(self.devices.clone(), Some(spec))?);
+            let f = self.fingerprint();
+            f.verify(self.cluster.as_ref().expect("joined"))
+        }
+
+        /// This process's rank (0 unless joined to other processes): only
+        /// rank 0 writes checkpoints.
+        pub fn rank(&self) -> usize {
+            self.cluster.as_ref().map_or(0, |c| c.rank())
+        }
+
+        /// Checksums of the options, the weights + optimizer state, and the
+        /// data position ([`crate::train::parallel::Fingerprint`]).
+        pub fn fingerprint(&self) -> crate::train::parallel::Fingerprint {
+            use crate::train::parallel::{fnv, Fingerprint, FNV0};
+            struct Weights(u64);
+            impl<B: Backend> ModuleVisitor<B> for Weights {
+                fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                    let v = param.val().into_data().convert::<f32>().to_vec::<f32>().expect("f32");
+                    self.0 = fnv(self.0, v.iter().map(|x| x.to_bits()));
+                }
+            }
+            let bytes = |b: &[u8]| fnv(FNV0, b.chunks(4).map(|c| c.iter().fold(0u32, |a, &x| (a << 8) | u32::from(x))));
+            let mut w = Weights(FNV0);
+            self.model().visit(&mut w);
+            let opt = bytes(&record_to_bytes::<B, _>(self.optim.to_record()));
+            let st = self.state();
+            let data = serde_json::to_vec(&(&st.data, &st.sources, st.step, st.tokens)).expect("json");
+            Fingerprint {
+                config: bytes(&serde_json::to_vec(&self.config).expect("json")),
+                weights: fnv(w.0, [opt as u32, (opt >> 32) as u32]),
+                data: bytes(&data),
+            }
+        }
+
+        /// Whether any rank's stop flag is set (all ranks must stop at the
+        /// same step, or the others would wait in the next all-reduce).
+        fn agree_stop(&self, mine: bool) -> Result<bool> {
+            match &self.cluster {
+                Some(c) if c.node().is_some() => Ok(c.all_reduce_process(&[if mine { 1.0 } else { 0.0 }])?[0] > 0.0),
+                _ => Ok(mine),
+            }
+        }
+
         /// Continues the run saved in checkpoint directory `dir`: loads its
         /// weights on `devices[0]`, the AdamW state, the step and the data
         /// position. `config` must equal the saved one except for `steps`,
@@ -880,8 +1139,10 @@ mod native {
         /// Runs until `config.steps`, writing periodic checkpoints
         /// (`out/checkpoint-NNNNNN`, the newest `keep` kept) and the final
         /// one (`out/final`), calling `on_step` after each step. Checks
-        /// `stop` before each step: when set, saves a checkpoint and returns
-        /// [`RunOutcome::Stopped`].
+        /// `stop` before each step: when set (on any rank of a
+        /// multi-process run), saves a checkpoint and returns
+        /// [`RunOutcome::Stopped`]. Only rank 0 writes into `out`; the other
+        /// ranks return the paths rank 0 writes.
         ///
         /// # Errors
         /// Those of [`Trainer::step`] and [`Trainer::save_checkpoint`].
@@ -891,19 +1152,25 @@ mod native {
             stop: &AtomicBool,
             mut on_step: impl FnMut(&StepMetrics),
         ) -> Result<RunOutcome> {
-            std::fs::create_dir_all(out).map_err(|e| StudioError::io(out.display(), e))?;
+            let writer = self.rank() == 0;
+            if writer {
+                std::fs::create_dir_all(out).map_err(|e| StudioError::io(out.display(), e))?;
+            }
             while self.step < self.config.steps {
-                if stop.load(Ordering::SeqCst) {
+                if self.agree_stop(stop.load(Ordering::SeqCst))? {
                     return self.stopped(out);
                 }
                 let m = self.step()?;
                 on_step(&m);
                 let every = self.config.save_every;
-                if every > 0 && self.step.is_multiple_of(every) && self.step < self.config.steps {
+                if writer && every > 0 && self.step.is_multiple_of(every) && self.step < self.config.steps {
                     self.save_periodic(out)?;
                 }
             }
             let fin = out.join(FINAL_DIR);
+            if !writer {
+                return Ok(RunOutcome::Finished(fin));
+            }
             let old = out.join(format!("{FINAL_DIR}.old"));
             if fin.exists() {
                 if old.exists() {
@@ -943,6 +1210,10 @@ mod native {
         fn stopped(&self, out: &Path) -> Result<RunOutcome> {
             if self.step == 0 {
                 return Ok(RunOutcome::Stopped { step: 0, checkpoint: None });
+            }
+            if self.rank() != 0 {
+                // Rank 0 writes (or has written) this step's checkpoint.
+                return Ok(RunOutcome::Stopped { step: self.step, checkpoint: Some(self.periodic_dir(out)) });
             }
             if let Some((s, p)) = latest_checkpoint(out) {
                 if s == self.step {

@@ -5,6 +5,7 @@ import fs from 'node:fs';
 import { launch, WEBGPU_ARGS } from './browser.mjs';
 import { serve } from './server.mjs';
 import * as studio from './studio.spec.mjs';
+import * as preset from './preset.spec.mjs';
 
 const env = (k) => { if (!process.env[k]) throw new Error(`${k} is not set (use run.sh)`); return process.env[k]; };
 const [dist, work, shots, out] = ['E2E_DIST', 'E2E_WORK', 'E2E_SHOTS', 'E2E_OUT'].map(env);
@@ -21,6 +22,15 @@ const t0 = Date.now();
 try {
   const results = await studio.run({ context: browser.context, url: srv.url, work, shots, out, check, log });
   results.total_ms = Date.now() - t0;
+  // The teaching preset in a fresh browser (nothing kept from the suite
+  // above): every page on the first click with its defaults.
+  const fresh = await launch(WEBGPU_ARGS);
+  try {
+    const t1 = Date.now();
+    results.preset = await preset.run({ context: fresh.context, url: srv.url, dist, shots, out, check, log });
+    results.preset.total_ms = Date.now() - t1;
+    log(`preset walk: ${JSON.stringify(Object.fromEntries(Object.entries(results.preset.steps).map(([k, v]) => [k, v.wall_ms])))} ms`);
+  } finally { await fresh.close(); }
   fs.writeFileSync(`${out}/results.json`, JSON.stringify(results, null, 2));
   console.log(JSON.stringify(results, null, 2));
   // Without the WebGPU flags the studio must say it falls back to the CPU.

@@ -105,6 +105,27 @@ fn Generation() -> impl IntoView {
     }
 }
 
+/// The last line of each domain text (held-out lines in the preset), cut
+/// to at most 160 characters on a word boundary, one line per domain.
+fn preset_sample(texts: &[(String, String)]) -> String {
+    texts
+        .iter()
+        .filter_map(|(_, t)| t.lines().rev().find(|l| !l.trim().is_empty()))
+        .map(|l| {
+            let l = l.trim();
+            if l.chars().count() <= 160 {
+                return l.to_string();
+            }
+            let cut: String = l.chars().take(160).collect();
+            match cut.rfind(' ') {
+                Some(i) if i > 40 => cut[..i].to_string(),
+                _ => cut,
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The Inspect page.
 #[component]
 pub fn InspectPage() -> impl IntoView {
@@ -117,6 +138,14 @@ pub fn InspectPage() -> impl IntoView {
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
     let result = RwSignal::new(None::<Inspection>);
+    // The teaching preset: one held-out line of each domain, so that the
+    // routed MoE sends each domain's tokens to its own expert.
+    let shared = crate::app::Shared::get();
+    Effect::new(move |_| {
+        if let Some(p) = shared.preset.get() {
+            text.set(preset_sample(&p.texts));
+        }
+    });
     let run = move |_| {
         let Some(r) = model.get_untracked() else {
             return msg.set(Message::Error("choose an MoE model".into()));

@@ -45,6 +45,12 @@ fn MoergeForm() -> impl IntoView {
     let top_k = RwSignal::new("1".to_string());
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
+    // The teaching preset ticks its domain experts, in expert order.
+    Effect::new(move |_| {
+        if let Some(p) = shared.preset.get() {
+            chosen.set(p.experts);
+        }
+    });
     let run = move |_| {
         let picked: Vec<ModelRef> = chosen.get_untracked();
         let Ok(k) = top_k.get_untracked().trim().parse::<usize>() else {
@@ -148,9 +154,8 @@ fn RouterForm() -> impl IntoView {
     ]);
     // The teaching preset, once loaded, gives one text per expert.
     Effect::new(move |_| {
-        let texts = shared.preset_texts.get();
-        if !texts.is_empty() {
-            domains.set(texts.iter().map(|(n, t)| Domain::new(n, t)).collect());
+        if let Some(p) = shared.preset.get() {
+            domains.set(p.texts.iter().map(|(n, t)| Domain::new(n, t)).collect());
         }
     });
     let lambda = RwSignal::new("0.01".to_string());

@@ -207,7 +207,7 @@ fn hf_model(files: Vec<PickedFile>, total: u64) -> Result<(String, LoadedModel, 
 pub const DEMO_DIR: &str = "demo";
 
 /// `demo/manifest.json`: `{"name": "stories260K", "files": ["stories260K.bin", "tok512.bin"]}`.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize)]
 pub struct DemoManifest {
     /// Display name of the model.
     pub name: String,

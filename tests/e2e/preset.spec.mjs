@@ -32,9 +32,14 @@ export async function run({ context, url, dist, shots, out, check, log }) {
   await tid('worker-ready').waitFor({ timeout: 60_000 });
   await text('webgpu', 60_000);
   const from = await page.evaluate(() => performance.now());
+  // Where each part of the walk starts on the page's clock (to name the
+  // part a long main-thread task fell in).
+  const marks = [];
+  const mark = async (name) => marks.push([name, await page.evaluate(() => performance.now())]);
   // One click, then the page's own success line (or its error, which fails
   // the step at once with the page's words).
   const step = async (name, button, ok, timeout = 120_000) => {
+    await mark(name);
     const t = Date.now();
     const s = await page.evaluate(() => performance.now());
     await tid(button).click();
@@ -113,6 +118,13 @@ export async function run({ context, url, dist, shots, out, check, log }) {
 
   const { longest } = await longestTask(page, from);
   results.longest_main_thread_task_ms = longest;
+  {
+    const lt = await page.evaluate(() => window.__longTasks || []);
+    const top = lt.filter((t) => t.start >= from).sort((a, b) => b.duration - a.duration).slice(0, 5)
+      .map((t) => ({ ...t, part: (marks.filter(([, at]) => at <= t.start).pop() || ['before'])[0] }));
+    results.longest_main_thread_tasks = top;
+    log(`preset walk, longest main-thread tasks: ${top.map((t) => `${t.duration.toFixed(0)} ms after the ${t.part} click at ${t.start.toFixed(0)}`).join('; ') || 'none'}`);
+  }
   check(longest !== null && longest < 100, `preset walk: longest main-thread task ${longest} ms < 100 ms`);
   check(pageErrors.length === 0, `preset walk: no page errors (${pageErrors.slice(0, 3).join(' | ')})`);
   await page.close();

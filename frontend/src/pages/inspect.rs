@@ -88,7 +88,7 @@ fn Generation() -> impl IntoView {
             ". Right after upcycling the two agree token for token; after training, routing or grafting they part."</p>
         <div class="row">
             <label>"dense " <ModelSelect value=dense filter=Filter::Dense id="gen-dense" prefer_first=true/></label>
-            <label>"MoE " <ModelSelect value=moe filter=Filter::Moe id="gen-moe"/></label>
+            <label>"MoE " <ModelSelect value=moe filter=Filter::Moe id="gen-moe" follow=true/></label>
             <label>"new tokens " <input type="number" min="1" max=crate::compute::generate::MAX_NEW_TOKENS class="short" data-testid="gen-tokens"
                 prop:value=move || new_tokens.get() on:input=move |ev| new_tokens.set(event_target_value(&ev))/></label>
         </div>
@@ -208,7 +208,7 @@ pub fn InspectPage() -> impl IntoView {
         <p class="lead">"Type text and see which experts the router sends each token to at one layer. \
             After the ridge router, text from different domains tends to go to different experts."</p>
         <div class="row">
-            <label>"MoE model " <ModelSelect value=model filter=Filter::Moe id="inspect-model"/></label>
+            <label>"MoE model " <ModelSelect value=model filter=Filter::Moe id="inspect-model" follow=true/></label>
             <label>"layer " <input type="number" min="0" class="short" data-testid="inspect-layer" prop:value=move || layer.get() on:input=move |ev| layer.set(event_target_value(&ev))/></label>
         </div>
         <textarea rows="3" data-testid="inspect-text" prop:value=move || text.get() on:input=move |ev| text.set(event_target_value(&ev))></textarea>

@@ -17,6 +17,32 @@ fn loaded_line(m: &crate::worker::protocol::ModelInfo, wall: &str) -> String {
     format!("loaded {}: {} ({wall})", m.name, crate::summary_line(&m.config, m.moe.as_ref()))
 }
 
+/// Characters of a domain's training text the router page gets from the
+/// preset: about the router's 10 000 statistics tokens on stories260K's
+/// 512-token vocabulary, and a textarea the page lays out quickly (the
+/// whole files are 64-125 KB).
+const TRAIN_CHARS: usize = 27_000;
+
+/// Characters of held-out lines appended after it: about the 10% the
+/// router page holds out (so its accuracy and perplexity are on lines no
+/// expert was trained on).
+const HELDOUT_CHARS: usize = 3_000;
+
+/// The whole lines of `text` that fit in `max` bytes (at least one line).
+pub(crate) fn first_lines(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    for l in text.lines() {
+        if !out.is_empty() && out.len() + l.len() + 1 > max {
+            break;
+        }
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(l);
+    }
+    out
+}
+
 /// Loads the teaching preset: the build's demo model (the base), each
 /// expert and the "instruct" model from `demo/preset/`, and the texts;
 /// returns what the pages take their defaults from and the names loaded.
@@ -54,9 +80,9 @@ async fn load_preset_models(task: Task, p: &PresetManifest) -> Result<(LoadedPre
     let mut texts = Vec::new();
     for m in &p.experts {
         let Some(t) = &m.text else { return Err(format!("the preset names no text for {}", m.name)) };
-        let mut text = fetch(t.clone()).await?;
+        let mut text = first_lines(&fetch(t.clone()).await?, TRAIN_CHARS);
         if let Some(h) = &m.heldout {
-            text = format!("{}\n{}", text.trim_end(), fetch(h.clone()).await?);
+            text = format!("{text}\n{}", first_lines(&fetch(h.clone()).await?, HELDOUT_CHARS));
         }
         texts.push((m.name.rsplit('-').next().unwrap_or(&m.name).to_string(), text));
     }
@@ -313,5 +339,19 @@ pub fn LoadPage() -> impl IntoView {
         {storage_line}
         <p class="hint">"Next: " <b>"Upcycle"</b> " turns a dense model into an MoE; " <b>"MoErge + router"</b> " combines several; "
             <b>"Neurons"</b> " decides how many experts each layer should get."</p>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_lines;
+
+    #[test]
+    fn preset_texts_are_cut_on_whole_lines() {
+        assert_eq!(first_lines("aaaa\nbbbb\ncccc", 9), "aaaa\nbbbb");
+        assert_eq!(first_lines("aaaa\nbbbb\ncccc", 8), "aaaa");
+        // One line longer than the budget is kept whole (never an empty text).
+        assert_eq!(first_lines("aaaaaaaaaa\nb", 4), "aaaaaaaaaa");
+        assert_eq!(first_lines("", 4), "");
     }
 }

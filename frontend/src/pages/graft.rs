@@ -147,8 +147,11 @@ pub fn GraftPage() -> impl IntoView {
             <label>"Instruct (dense, post-trained from the base)" <ModelSelect value=instruct filter=Filter::Dense id="graft-instruct"/></label>
             <label>"scale λ" <input type="number" step="0.1" class="short" data-testid="graft-scale" prop:value=move || scale.get() on:input=move |ev| scale.set(event_target_value(&ev))/></label>
         </div>
-        <details class="ability" open=move || !ability.get().is_empty()>
-            <summary>"Ability check (optional): a text the instruct model is good at, scored before and after the graft"</summary>
+        <details class="ability">
+            <summary data-testid="graft-ability-summary">{move || match ability.with(String::len) {
+                0 => "Ability check (optional): a text the instruct model is good at, scored before and after the graft".to_string(),
+                n => format!("Ability check: the {} text ({n} characters) is scored before and after the graft — open to see or edit it", ability_name.get()),
+            }}</summary>
             <label>"name " <input type="text" class="short" data-testid="graft-ability-name" prop:value=move || ability_name.get()
                 on:input=move |ev| ability_name.set(event_target_value(&ev))/></label>
             <span class="small">{move || format!(" {} characters", ability.with(String::len))}</span>

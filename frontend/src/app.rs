@@ -7,8 +7,8 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
 use crate::models::Models;
-use crate::store::ModelRef;
 use crate::pages::{self, Page};
+use crate::store::ModelRef;
 use crate::web::{backend_available, GpuStatus};
 use crate::worker::client;
 use crate::worker::protocol::{Reply, Request};

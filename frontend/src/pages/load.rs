@@ -4,12 +4,12 @@
 
 use leptos::prelude::*;
 
+use crate::app::LoadedPreset;
 use crate::components::message::{Message, MessageLine};
 use crate::components::progress::Progress;
 use crate::load::{demo_manifest, page_url, preset_manifest, real_manifest, DemoManifest, PresetManifest, PRESET_DIR};
 use crate::models::Models;
 use crate::store::ModelRef;
-use crate::app::LoadedPreset;
 use crate::task::Task;
 use crate::worker::protocol::{Reply, Request, StorageInfo};
 
@@ -86,13 +86,21 @@ async fn load_preset_models(task: Task, p: &PresetManifest) -> Result<(LoadedPre
         }
         texts.push((m.name.rsplit('-').next().unwrap_or(&m.name).to_string(), text));
     }
-    let ability_file = p.instruct.text.clone().ok_or_else(|| format!("the preset names no text for {}", p.instruct.name))?;
-    let ability = (p.instruct.name.rsplit('-').next().unwrap_or(&p.instruct.name).to_string(), fetch(ability_file).await?);
+    let ability_file =
+        p.instruct.text.clone().ok_or_else(|| format!("the preset names no text for {}", p.instruct.name))?;
+    let ability =
+        (p.instruct.name.rsplit('-').next().unwrap_or(&p.instruct.name).to_string(), fetch(ability_file).await?);
     let names = infos.iter().map(|m| m.name.clone()).collect();
     let refs: Vec<ModelRef> = infos.into_iter().map(|m| m.r).collect();
     let n = p.experts.len();
     Ok((
-        LoadedPreset { base: refs[0].clone(), experts: refs[1..=n].to_vec(), instruct: refs[n + 1].clone(), texts, ability },
+        LoadedPreset {
+            base: refs[0].clone(),
+            experts: refs[1..=n].to_vec(),
+            instruct: refs[n + 1].clone(),
+            texts,
+            ability,
+        },
         names,
     ))
 }

@@ -118,7 +118,7 @@ fn MoergeForm() -> impl IntoView {
 }
 
 /// Statistics tokens per domain with the teaching preset (its CLI run's).
-const PRESET_MAX_TOKENS: usize = 4000;
+const PRESET_MAX_TOKENS: usize = 2000;
 
 /// Characters above which a domain's text is shown collapsed.
 const PREVIEW_AT: usize = 4000;
@@ -176,7 +176,7 @@ fn RouterForm() -> impl IntoView {
     let top_k = RwSignal::new("1".to_string());
     let max_tokens = RwSignal::new("10000".to_string());
     // ... and the statistics budget of the preset's own CLI run
-    // (scripts/demo_preset.sh: `route --max-tokens 4000`), which keeps the
+    // (scripts/demo_preset.sh: `route --max-tokens 2000`), which keeps the
     // step within seconds.
     Effect::new(move |_| {
         if let Some(p) = shared.preset.get() {

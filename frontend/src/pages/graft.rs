@@ -93,6 +93,9 @@ pub fn GraftPage() -> impl IntoView {
             let req = Request::Graft { target: t.clone(), base: b, instruct: i, scale: s, use_gpu: on_gpu };
             match task.call(req, None).await {
                 Ok((Reply::Graft(a, (grafted, tensors, experts, routers), rows), _)) => {
+                    // The target select follows new models; the page's own
+                    // output is not the next graft's target.
+                    target.set(Some(t.clone()));
                     score(t.clone(), a.r.clone(), a.name.clone());
                     msg.set(Message::Ok(format!(
                         "made {}: grafted {grafted} of {tensors} tensors ({experts} expert tensors, {routers} routers unchanged) on {}, {} in {}",

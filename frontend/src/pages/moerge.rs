@@ -232,7 +232,7 @@ fn RouterForm() -> impl IntoView {
         let engine = crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked());
         let use_gpu = engine == crate::compute::gpu::Engine::WebGpu && gram_gpu.get_untracked();
         let req = Request::Route {
-            model: r,
+            model: r.clone(),
             domains: texts,
             lambda,
             top_k,
@@ -242,7 +242,11 @@ fn RouterForm() -> impl IntoView {
         };
         leptos::task::spawn_local(async move {
             match task.call(req, None).await {
-                Ok((Reply::Route(r), _)) => {
+                Ok((Reply::Route(routed), _)) => {
+                    // The MoE select follows new models; the routed output
+                    // is not the next router's input.
+                    model.set(Some(r));
+                    let r = routed;
                     msg.set(Message::Ok(format!(
                         "made {}: statistics on {} tokens (Gram on {}), in {}; mean held-out routing accuracy {}",
                         r.model.name,

@@ -93,9 +93,6 @@ pub fn GraftPage() -> impl IntoView {
             let req = Request::Graft { target: t.clone(), base: b, instruct: i, scale: s, use_gpu: on_gpu };
             match task.call(req, None).await {
                 Ok((Reply::Graft(a, (grafted, tensors, experts, routers), rows), _)) => {
-                    // The target select follows new models; the page's own
-                    // output is not the next graft's target.
-                    target.set(Some(t.clone()));
                     score(t.clone(), a.r.clone(), a.name.clone());
                     msg.set(Message::Ok(format!(
                         "made {}: grafted {grafted} of {tensors} tensors ({experts} expert tensors, {routers} routers unchanged) on {}, {} in {}",
@@ -145,7 +142,7 @@ pub fn GraftPage() -> impl IntoView {
         <p class="lead">"DeltaMoE phase 2: the difference between an instruct (post-trained) model and its base is added to the target. \
             Shared tensors get their own delta, every expert gets its layer's FFN delta, routers get none. On a dense target this is task arithmetic."</p>
         <div class="form">
-            <label>"Target (MoE or dense)" <ModelSelect value=target filter=Filter::Any id="graft-target" follow=true/></label>
+            <label>"Target (MoE or dense)" <ModelSelect value=target filter=Filter::Any id="graft-target" follow=true hold=Signal::derive(move || task.running())/></label>
             <label>"Base (dense)" <ModelSelect value=base filter=Filter::Dense id="graft-base" prefer_first=true/></label>
             <label>"Instruct (dense, post-trained from the base)" <ModelSelect value=instruct filter=Filter::Dense id="graft-instruct"/></label>
             <label>"scale λ" <input type="number" step="0.1" class="short" data-testid="graft-scale" prop:value=move || scale.get() on:input=move |ev| scale.set(event_target_value(&ev))/></label>

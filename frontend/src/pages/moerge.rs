@@ -243,9 +243,6 @@ fn RouterForm() -> impl IntoView {
         leptos::task::spawn_local(async move {
             match task.call(req, None).await {
                 Ok((Reply::Route(routed), _)) => {
-                    // The MoE select follows new models; the routed output
-                    // is not the next router's input.
-                    model.set(Some(r));
                     let r = routed;
                     msg.set(Message::Ok(format!(
                         "made {}: statistics on {} tokens (Gram on {}), in {}; mean held-out routing accuracy {}",
@@ -292,7 +289,7 @@ fn RouterForm() -> impl IntoView {
     view! {
         <h3>"B · Ridge router"</h3>
         <p class="small">"One text per expert, in expert order. Each domain's tokens are pushed through its own expert, the router inputs are collected, and every layer's router is solved in closed form (ridge regression). The last 10% of each text is held out for the accuracy and perplexity."</p>
-        <label>"MoE model " <ModelSelect value=model filter=Filter::Moe id="route-model" follow=true/></label>
+        <label>"MoE model " <ModelSelect value=model filter=Filter::Moe id="route-model" follow=true hold=Signal::derive(move || task.running())/></label>
         {move || domains.get().into_iter().enumerate().map(|(i, d)| view! { <DomainRow d=d i=i/> }).collect_view()}
         <div class="row">
             <button class="secondary" on:click=move |_| domains.update(|v| { let n = v.len(); v.push(Domain::new(&format!("domain{n}"), "")); })>"+ domain"</button>

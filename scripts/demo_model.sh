@@ -15,7 +15,7 @@ if [ -f "$S260K/stories260K.bin" ] && [ -f "$S260K/tok512.bin" ]; then
     printf '{"name": "stories260K", "files": ["stories260K.bin", "tok512.bin"], "description": "stories260K — a 260K-parameter Llama trained on TinyStories (llama2.c format, 512-token vocabulary)."}\n' > "$DIR/manifest.json"
 else
     GGUF="$(bash tests/reference/fetch_smollm2.sh)"
-    cp "$GGUF" "$DIR/"
+    ln -f "$GGUF" "$DIR/" 2>/dev/null || cp "$GGUF" "$DIR/"
     printf '{"name": "SmolLM2-135M-Instruct", "files": ["%s"], "description": "SmolLM2-135M-Instruct — a 135M-parameter Llama-architecture chat model (GGUF Q4_1, 49K vocabulary); about 1 s to load, heavier steps take seconds to minutes."}\n' "$(basename "$GGUF")" > "$DIR/manifest.json"
 fi
 echo "[demo] $(cat "$DIR/manifest.json")" >&2

@@ -80,7 +80,7 @@ for d in "${domains[@]}" math; do finetune "$d"; done
 dom_args=()
 for d in "${domains[@]}"; do dom_args+=(--domain "$d=$out/$d.txt:$out/$d.heldout.txt"); done
 "$cli" moerge "$out/en" "$out/code" "$out/hu" --out "$tmp/moerged" > /dev/null
-"$cli" route "$tmp/moerged" "${dom_args[@]}" --max-tokens 4000 --context 128 --out "$tmp/routed" > "$tmp/route.log" 2>&1 \
+"$cli" route "$tmp/moerged" "${dom_args[@]}" --max-tokens 2000 --context 128 --out "$tmp/routed" > "$tmp/route.log" 2>&1 \
     || { cat "$tmp/route.log" >&2; exit 1; }
 "$cli" merge linear "$out/en" "$out/code" "$out/hu" --out "$tmp/averaged" > /dev/null
 "$cli" graft "$tmp/routed" --base "$base" --instruct "$out/math" --out "$tmp/grafted" > /dev/null

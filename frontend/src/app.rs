@@ -8,9 +8,32 @@ use wasm_bindgen::JsCast;
 
 use crate::models::Models;
 use crate::pages::{self, Page};
+use crate::store::ModelRef;
 use crate::web::{backend_available, GpuStatus};
 use crate::worker::client;
 use crate::worker::protocol::{Reply, Request};
+
+/// The teaching preset as loaded in this tab (`scripts/demo_preset.sh`,
+/// issue 19 item 3): the defaults of every page so that Load -> Upcycle ->
+/// MoErge + router -> Graft -> Neurons -> Inspect -> Download each succeed
+/// on the first click.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedPreset {
+    /// The base model (stories260K): Upcycle's and Neurons' source, the
+    /// graft's base.
+    pub base: ModelRef,
+    /// The domain experts, in expert order: MoErge's inputs.
+    pub experts: Vec<ModelRef>,
+    /// The "instruct" model (base fine-tuned on the ability): the graft's
+    /// instruct side.
+    pub instruct: ModelRef,
+    /// One text `(domain, text)` per expert, in expert order: the training
+    /// slice followed by the held-out lines, so that the router page's
+    /// last 10% (its held-out part) is text no expert was trained on.
+    pub texts: Vec<(String, String)>,
+    /// The ability's held-out text `(name, text)`: the graft's check.
+    pub ability: (String, String),
+}
 
 /// State shared by the pages (provided as context).
 #[derive(Clone, Copy)]
@@ -23,9 +46,9 @@ pub struct Shared {
     pub gpu: RwSignal<GpuStatus>,
     /// Whether the studio's worker is up and takes requests.
     pub worker_ready: RwSignal<bool>,
-    /// The teaching preset's domain texts `(name, text)`, in expert order,
-    /// once it is loaded (the router form takes them as its domains).
-    pub preset_texts: RwSignal<Vec<(String, String)>>,
+    /// The teaching preset once it is loaded: every page takes its
+    /// defaults from it (which models, which texts).
+    pub preset: RwSignal<Option<LoadedPreset>>,
     /// Whether `moe-studio serve` answers (`None`: not checked yet).
     pub backend: RwSignal<Option<bool>>,
     /// An allocation JSON handed from Neurons to Upcycle.
@@ -89,7 +112,7 @@ pub fn App() -> impl IntoView {
         page: RwSignal::new(hash_page().unwrap_or(Page::Load)),
         gpu: RwSignal::new(GpuStatus::Unknown),
         worker_ready: RwSignal::new(false),
-        preset_texts: RwSignal::new(Vec::new()),
+        preset: RwSignal::new(None),
         backend: RwSignal::new(None),
         allocation: RwSignal::new(None),
         worker_note: RwSignal::new(None),

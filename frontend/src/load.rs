@@ -207,7 +207,7 @@ fn hf_model(files: Vec<PickedFile>, total: u64) -> Result<(String, LoadedModel, 
 pub const DEMO_DIR: &str = "demo";
 
 /// `demo/manifest.json`: `{"name": "stories260K", "files": ["stories260K.bin", "tok512.bin"]}`.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize)]
 pub struct DemoManifest {
     /// Display name of the model.
     pub name: String,
@@ -217,6 +217,11 @@ pub struct DemoManifest {
     /// One sentence for the Load page.
     #[serde(default)]
     pub description: Option<String>,
+    /// Why the build has no teaching preset (`scripts/studio.sh` writes it
+    /// when `scripts/demo_preset.sh` could not build one, e.g. no
+    /// stories260K under `$MOE_STUDIO_DATA`); the Load page shows it.
+    #[serde(default)]
+    pub preset_absent: Option<String>,
 }
 
 impl Default for DemoManifest {
@@ -229,6 +234,7 @@ impl Default for DemoManifest {
                 "stories260K — a 260K-parameter Llama trained on TinyStories (llama2.c format, 512-token vocabulary)."
                     .into(),
             ),
+            preset_absent: None,
         }
     }
 }
@@ -243,6 +249,11 @@ pub struct PresetModel {
     /// Its domain's text (the router's input), relative to `demo/preset/`.
     #[serde(default)]
     pub text: Option<String>,
+    /// Its domain's held-out lines (never trained on), relative to
+    /// `demo/preset/`: appended after `text` so that the router page's
+    /// held-out 10% falls on them.
+    #[serde(default)]
+    pub heldout: Option<String>,
 }
 
 /// `demo/preset/manifest.json`, written by `scripts/demo_preset.sh` (issue
@@ -283,10 +294,25 @@ pub fn page_url(path: &str) -> String {
 /// # Errors
 /// A manifest that is served but does not parse.
 pub async fn demo_manifest() -> Result<DemoManifest, String> {
-    match crate::web::fetch_bytes(&format!("{DEMO_DIR}/manifest.json")).await {
-        Ok(b) => serde_json::from_slice::<DemoManifest>(&b).map_err(|e| format!("{DEMO_DIR}/manifest.json: {e}")),
-        Err(_) => Ok(DemoManifest::default()),
+    match manifest_in(DEMO_DIR).await {
+        Some(m) => m,
+        None => Ok(DemoManifest::default()),
     }
+}
+
+/// `DIR/manifest.json` parsed, `None` when it is not served.
+async fn manifest_in(dir: &str) -> Option<Result<DemoManifest, String>> {
+    let b = crate::web::fetch_bytes(&format!("{dir}/manifest.json")).await.ok()?;
+    Some(serde_json::from_slice::<DemoManifest>(&b).map_err(|e| format!("{dir}/manifest.json: {e}")))
+}
+
+/// Where the "real model" (SmolLM2-135M-Instruct GGUF) is served from when
+/// the build's demo is stories260K (`scripts/studio.sh` puts it there).
+pub const REAL_DIR: &str = "demo/real";
+
+/// The served `demo/real/manifest.json`, `None` when the build has none.
+pub async fn real_manifest() -> Option<DemoManifest> {
+    manifest_in(REAL_DIR).await.and_then(Result::ok)
 }
 
 /// Fetches and parses the bundled demo model: the files `demo/manifest.json`
@@ -296,11 +322,23 @@ pub async fn demo_manifest() -> Result<DemoManifest, String> {
 /// # Errors
 /// A readable message when the demo files are not served or do not parse.
 pub async fn demo_model() -> Result<(String, LoadedModel, u64), String> {
+    model_in(DEMO_DIR, demo_manifest().await?).await
+}
+
+/// Fetches and parses the "real model" of [`REAL_DIR`].
+///
+/// # Errors
+/// No manifest there, or files that are not served or do not parse.
+pub async fn real_model() -> Result<(String, LoadedModel, u64), String> {
+    let m = manifest_in(REAL_DIR).await.ok_or_else(|| format!("{REAL_DIR}/manifest.json is not served"))??;
+    model_in(REAL_DIR, m).await
+}
+
+async fn model_in(dir: &str, manifest: DemoManifest) -> Result<(String, LoadedModel, u64), String> {
     let hint = "(scripts/demo_model.sh copies the demo model into the build; is it there?)";
-    let manifest = demo_manifest().await?;
     let mut files = Vec::with_capacity(manifest.files.len());
     for f in &manifest.files {
-        let bytes = crate::web::fetch_bytes(&format!("{DEMO_DIR}/{f}")).await.map_err(|e| format!("{e} {hint}"))?;
+        let bytes = crate::web::fetch_bytes(&format!("{dir}/{f}")).await.map_err(|e| format!("{e} {hint}"))?;
         files.push(PickedFile { name: f.clone(), bytes });
     }
     let (_, m, total) = model_from_files(files)?;

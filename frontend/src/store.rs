@@ -19,6 +19,8 @@ use crate::worker::protocol::{ModelInfo, TensorMeta};
 pub enum Origin {
     /// The build's demo (fetched again on restore).
     Demo,
+    /// The build's "real model" (`demo/real/`, fetched again on restore).
+    Real,
     /// Files the user picked or the page fetched (a server checkpoint),
     /// kept in the browser's storage under these names.
     Files(Vec<String>),

@@ -5,6 +5,7 @@ import fs from 'node:fs';
 import { launch, WEBGPU_ARGS } from './browser.mjs';
 import { serve } from './server.mjs';
 import * as studio from './studio.spec.mjs';
+import * as preset from './preset.spec.mjs';
 
 const env = (k) => { if (!process.env[k]) throw new Error(`${k} is not set (use run.sh)`); return process.env[k]; };
 const [dist, work, shots, out] = ['E2E_DIST', 'E2E_WORK', 'E2E_SHOTS', 'E2E_OUT'].map(env);
@@ -21,6 +22,33 @@ const t0 = Date.now();
 try {
   const results = await studio.run({ context: browser.context, url: srv.url, work, shots, out, check, log });
   results.total_ms = Date.now() - t0;
+  // The teaching preset in a fresh browser (nothing kept from the suite
+  // above): every page on the first click with its defaults.
+  const fresh = await launch(WEBGPU_ARGS);
+  try {
+    const t1 = Date.now();
+    results.preset = await preset.run({ context: fresh.context, url: srv.url, dist, shots, out, check, log });
+    results.preset.total_ms = Date.now() - t1;
+    log(`preset walk: ${JSON.stringify(Object.fromEntries(Object.entries(results.preset.steps).map(([k, v]) => [k, v.wall_ms])))} ms`);
+  } finally { await fresh.close(); }
+  // No ../shared/data (run.sh's second dist, MOE_STUDIO_DATA=/nonexistent):
+  // the demo is SmolLM2 and the Load page says why the teaching demo is absent.
+  if (process.env.E2E_DIST_NODATA) {
+    const srv2 = await serve(process.env.E2E_DIST_NODATA);
+    const b2 = await launch(WEBGPU_ARGS);
+    try {
+      const page = await b2.context.newPage();
+      await page.goto(srv2.url);
+      await page.getByTestId('worker-ready').waitFor({ timeout: 60_000 });
+      const why = await page.getByTestId('preset-absent').innerText({ timeout: 30_000 });
+      const demo = await page.getByTestId('demo-description').innerText();
+      const offered = await page.getByTestId('load-preset').count();
+      results.no_data = { notice: why, demo };
+      check(why.includes('stories260K is not at /nonexistent') && demo.includes('SmolLM2') && offered === 0,
+        `without ../shared/data the Load page says why the teaching demo is absent and offers SmolLM2 (${why.slice(0, 120)}; demo: ${demo.slice(0, 40)})`);
+      await page.screenshot({ path: `${shots}/load-no-data.png`, fullPage: true });
+    } finally { await b2.close(); await srv2.close(); }
+  }
   fs.writeFileSync(`${out}/results.json`, JSON.stringify(results, null, 2));
   console.log(JSON.stringify(results, null, 2));
   // Without the WebGPU flags the studio must say it falls back to the CPU.

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # End-to-end test of the browser studio (issue 7):
 #  1. builds the frontend with trunk (offline; wasm-bindgen from PATH, no
-#     wasm-opt) and copies the demo model (stories260K, never committed) into
-#     the build (a private dist under tests/e2e/work/; frontend/dist is left alone);
+#     wasm-opt) and puts the demos into the build (a private dist under
+#     tests/e2e/work/; frontend/dist is left alone) with scripts/demo_dist.sh:
+#     stories260K (never committed), the teaching preset (issue 19 item 3;
+#     built by the CLI, cached), SmolLM2 as the "real model";
 #  2. builds the CLI and makes the inputs: two small corpora (en, hu), an
 #     "instruct" model (stories260K fine-tuned for a few steps with
 #     `moe-studio train --stage dense`);
 #  3. runs the CLI on the same inputs (upcycle -> route -> graft; moerge of
 #     the demo + instruct models -> route), timed;
 #  4. serves that dist on an ephemeral port and drives chromium with
-#     playwright-core (run.mjs / studio.spec.mjs); screenshots go to
+#     playwright-core (run.mjs: studio.spec.mjs, then preset.spec.mjs in a
+#     fresh browser); screenshots go to
 #     docs/screenshots/.
 # Exits non-zero on any failure.
 set -euo pipefail
@@ -28,10 +31,27 @@ source "$here/lib.sh"
 
 dist="$work/dist"
 build_frontend "$dist"
-mkdir -p "$dist/demo"
-cp "$demo/stories260K.bin" "$demo/tok512.bin" "$dist/demo/"
-
 cli="$(cli_binary)"
+
+# The demos as scripts/studio.sh puts them (scripts/demo_dist.sh): the
+# stories260K demo, the teaching preset built by this CLI (cached in its own
+# folder, rebuilt when the CLI or its inputs change) and SmolLM2 as the
+# "real model". E2E_DEMO_STEPS fine-tuning steps per expert, default 40
+# (72 s with the debug CLI here; every teaching check already holds:
+# oracle 35-87% below averaging, graft -46%); the studio's build uses 300.
+step "demos: stories260K, the teaching preset (DEMO_STEPS=${E2E_DEMO_STEPS:-40}), SmolLM2"
+t_demo=$(ms)
+DEMO_STEPS="${E2E_DEMO_STEPS:-40}" DEMO_PRESET_CACHE="$MOE_STUDIO_CACHE/demo-preset-e2e" \
+  bash "$root/scripts/demo_dist.sh" "$dist" "$cli"
+[ -f "$dist/demo/preset/preset.json" ] || { echo "the teaching preset was not built (see above)" >&2; exit 1; }
+echo "demos in $(( ($(ms) - t_demo) / 1000 )) s"
+# The same build as a fresh machine without ../shared/data would get it
+# (MOE_STUDIO_DATA=/nonexistent): SmolLM2 as the demo and the reason the
+# teaching demo is absent (run.mjs checks the Load page says it).
+nodata="$work/dist-nodata"
+mkdir -p "$nodata"
+for f in "$dist"/*; do [ "$(basename "$f")" = demo ] || ln -s "$f" "$nodata/"; done
+MOE_STUDIO_DATA=/nonexistent bash "$root/scripts/demo_dist.sh" "$nodata" "$cli"
 
 step "native forward of the demo model (printed beside the tab's)"
 "$cli" bench prefill "$demo/stories260K.bin" --tokens 128 --repeat 5 --json > "$work/native_forward.json"
@@ -71,7 +91,7 @@ cd "$here"
 # the committed ones in docs/screenshots/ (the test run never edits the tree).
 shots="$out/screenshots"
 [ "${UPDATE_SCREENSHOTS:-}" = "1" ] && shots="$root/docs/screenshots"
-E2E_DIST="$dist" E2E_WORK="$work" E2E_SHOTS="$shots" E2E_OUT="$out" node run.mjs
+E2E_DIST="$dist" E2E_DIST_NODATA="$nodata" E2E_WORK="$work" E2E_SHOTS="$shots" E2E_OUT="$out" node run.mjs
 
 # Opt-in, after the stories260K flow, with its dist and CLI:
 # E2E_SMOLLM2=path.gguf runs run_smollm2.sh (fresh browsers, its own work dir).

@@ -12,6 +12,7 @@ pub mod inspect;
 pub mod logits;
 pub mod moerge;
 pub mod neurons;
+pub mod perplexity;
 pub mod progress;
 pub mod route;
 pub mod slices;

@@ -22,10 +22,55 @@ pub fn GraftPage() -> impl IntoView {
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
     let stats = RwSignal::new(Vec::<DeltaRow>::new());
+    // The ability the delta should carry: a text scored before and after
+    // the graft (empty: no check).
+    let ability_name = RwSignal::new(String::new());
+    let ability = RwSignal::new(String::new());
+    let ppl = RwSignal::new(Message::None);
+    let ppl_task = Task::new();
+    // The teaching preset: its base, its "instruct" model and its
+    // ability's held-out text.
     Effect::new(move |_| {
-        let _ = (target.get(), base.get(), instruct.get(), scale.get());
-        msg.set(Message::None);
+        if let Some(p) = shared.preset.get() {
+            base.set(Some(p.base));
+            instruct.set(Some(p.instruct));
+            ability_name.set(p.ability.0);
+            ability.set(p.ability.1);
+        }
     });
+    Effect::new(move |_| {
+        let _ = (target.get(), base.get(), instruct.get(), scale.get(), ability.get());
+        msg.set(Message::None);
+        ppl.set(Message::None);
+    });
+    // Perplexity of the ability text: the target vs the grafted model.
+    let score = move |before: ModelRef, after: ModelRef, name: String| {
+        let text = ability.get_untracked();
+        if text.trim().is_empty() {
+            return;
+        }
+        let what = match ability_name.get_untracked().trim() {
+            "" => "the ability text".to_string(),
+            n => format!("the ability text ({n})"),
+        };
+        leptos::task::spawn_local(async move {
+            match ppl_task.call(Request::Perplexity { models: vec![before, after], text }, None).await {
+                Ok((Reply::Perplexity(v), _)) if v.len() == 2 => {
+                    let drop = 100.0 * (1.0 - v[1] / v[0]);
+                    ppl.set(Message::Ok(format!(
+                        "perplexity of {what}: {:.3} before the graft -> {:.3} with it ({name}): {} by {:.1}% ({})",
+                        v[0],
+                        v[1],
+                        if drop >= 0.0 { "lower" } else { "higher" },
+                        drop.abs(),
+                        ppl_task.wall()
+                    )));
+                }
+                Ok(_) => {}
+                Err(e) => ppl.set(Message::Error(format!("perplexity of {what}: {e}"))),
+            }
+        });
+    };
     let run = move |_| {
         let get = |s: RwSignal<Option<ModelRef>>, what: &str| {
             s.get_untracked().ok_or_else(|| format!("choose the {what} model"))
@@ -45,9 +90,10 @@ pub fn GraftPage() -> impl IntoView {
         leptos::task::spawn_local(async move {
             let engine = crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked());
             let on_gpu = engine == crate::compute::gpu::Engine::WebGpu && use_gpu.get_untracked();
-            let req = Request::Graft { target: t, base: b, instruct: i, scale: s, use_gpu: on_gpu };
+            let req = Request::Graft { target: t.clone(), base: b, instruct: i, scale: s, use_gpu: on_gpu };
             match task.call(req, None).await {
                 Ok((Reply::Graft(a, (grafted, tensors, experts, routers), rows), _)) => {
+                    score(t.clone(), a.r.clone(), a.name.clone());
                     msg.set(Message::Ok(format!(
                         "made {}: grafted {grafted} of {tensors} tensors ({experts} expert tensors, {routers} routers unchanged) on {}, {} in {}",
                         a.name,
@@ -96,17 +142,29 @@ pub fn GraftPage() -> impl IntoView {
         <p class="lead">"DeltaMoE phase 2: the difference between an instruct (post-trained) model and its base is added to the target. \
             Shared tensors get their own delta, every expert gets its layer's FFN delta, routers get none. On a dense target this is task arithmetic."</p>
         <div class="form">
-            <label>"Target (MoE or dense)" <ModelSelect value=target filter=Filter::Any id="graft-target"/></label>
+            <label>"Target (MoE or dense)" <ModelSelect value=target filter=Filter::Any id="graft-target" follow=true hold=Signal::derive(move || task.running())/></label>
             <label>"Base (dense)" <ModelSelect value=base filter=Filter::Dense id="graft-base" prefer_first=true/></label>
             <label>"Instruct (dense, post-trained from the base)" <ModelSelect value=instruct filter=Filter::Dense id="graft-instruct"/></label>
             <label>"scale λ" <input type="number" step="0.1" class="short" data-testid="graft-scale" prop:value=move || scale.get() on:input=move |ev| scale.set(event_target_value(&ev))/></label>
         </div>
+        <details class="ability">
+            <summary data-testid="graft-ability-summary">{move || match ability.with(String::len) {
+                0 => "Ability check (optional): a text the instruct model is good at, scored before and after the graft".to_string(),
+                n => format!("Ability check: the {} text ({n} characters) is scored before and after the graft — open to see or edit it", ability_name.get()),
+            }}</summary>
+            <label>"name " <input type="text" class="short" data-testid="graft-ability-name" prop:value=move || ability_name.get()
+                on:input=move |ev| ability_name.set(event_target_value(&ev))/></label>
+            <span class="small">{move || format!(" {} characters", ability.with(String::len))}</span>
+            <textarea rows="3" data-testid="graft-ability" prop:value=move || ability.get() on:input=move |ev| ability.set(event_target_value(&ev))></textarea>
+        </details>
         <label class="inline"><input type="checkbox" data-testid="graft-use-gpu" prop:checked=move || use_gpu.get()
             on:change=move |ev| use_gpu.set(event_target_checked(&ev))/>"use the WebGPU kernel when available (uncheck to compare with the CPU path)"</label>
         <crate::components::engine_note::EngineNote/>
         <button data-testid="graft-run" on:click=run disabled=move || task.running()>"Graft"</button>
         <Progress task=task/>
         <MessageLine msg=msg id="graft"/>
+        <Progress task=ppl_task/>
+        <MessageLine msg=ppl id="graft-ppl"/>
         {table}
     }
 }

@@ -88,7 +88,7 @@ fn Generation() -> impl IntoView {
             ". Right after upcycling the two agree token for token; after training, routing or grafting they part."</p>
         <div class="row">
             <label>"dense " <ModelSelect value=dense filter=Filter::Dense id="gen-dense" prefer_first=true/></label>
-            <label>"MoE " <ModelSelect value=moe filter=Filter::Moe id="gen-moe"/></label>
+            <label>"MoE " <ModelSelect value=moe filter=Filter::Moe id="gen-moe" follow=true/></label>
             <label>"new tokens " <input type="number" min="1" max=crate::compute::generate::MAX_NEW_TOKENS class="short" data-testid="gen-tokens"
                 prop:value=move || new_tokens.get() on:input=move |ev| new_tokens.set(event_target_value(&ev))/></label>
         </div>
@@ -105,6 +105,27 @@ fn Generation() -> impl IntoView {
     }
 }
 
+/// The last line of each domain text (held-out lines in the preset), cut
+/// to at most 160 characters on a word boundary, one line per domain.
+fn preset_sample(texts: &[(String, String)]) -> String {
+    texts
+        .iter()
+        .filter_map(|(_, t)| t.lines().rev().find(|l| !l.trim().is_empty()))
+        .map(|l| {
+            let l = l.trim();
+            if l.chars().count() <= 160 {
+                return l.to_string();
+            }
+            let cut: String = l.chars().take(160).collect();
+            match cut.rfind(' ') {
+                Some(i) if i > 40 => cut[..i].to_string(),
+                _ => cut,
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The Inspect page.
 #[component]
 pub fn InspectPage() -> impl IntoView {
@@ -117,6 +138,14 @@ pub fn InspectPage() -> impl IntoView {
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
     let result = RwSignal::new(None::<Inspection>);
+    // The teaching preset: one held-out line of each domain, so that the
+    // routed MoE sends each domain's tokens to its own expert.
+    let shared = crate::app::Shared::get();
+    Effect::new(move |_| {
+        if let Some(p) = shared.preset.get() {
+            text.set(preset_sample(&p.texts));
+        }
+    });
     let run = move |_| {
         let Some(r) = model.get_untracked() else {
             return msg.set(Message::Error("choose an MoE model".into()));
@@ -179,7 +208,7 @@ pub fn InspectPage() -> impl IntoView {
         <p class="lead">"Type text and see which experts the router sends each token to at one layer. \
             After the ridge router, text from different domains tends to go to different experts."</p>
         <div class="row">
-            <label>"MoE model " <ModelSelect value=model filter=Filter::Moe id="inspect-model"/></label>
+            <label>"MoE model " <ModelSelect value=model filter=Filter::Moe id="inspect-model" follow=true/></label>
             <label>"layer " <input type="number" min="0" class="short" data-testid="inspect-layer" prop:value=move || layer.get() on:input=move |ev| layer.set(event_target_value(&ev))/></label>
         </div>
         <textarea rows="3" data-testid="inspect-text" prop:value=move || text.get() on:input=move |ev| text.set(event_target_value(&ev))></textarea>

@@ -4,9 +4,10 @@
 
 use leptos::prelude::*;
 
+use crate::app::LoadedPreset;
 use crate::components::message::{Message, MessageLine};
 use crate::components::progress::Progress;
-use crate::load::{demo_manifest, page_url, preset_manifest, DemoManifest, PresetManifest, PRESET_DIR};
+use crate::load::{demo_manifest, page_url, preset_manifest, real_manifest, DemoManifest, PresetManifest, PRESET_DIR};
 use crate::models::Models;
 use crate::store::ModelRef;
 use crate::task::Task;
@@ -14,6 +15,94 @@ use crate::worker::protocol::{Reply, Request, StorageInfo};
 
 fn loaded_line(m: &crate::worker::protocol::ModelInfo, wall: &str) -> String {
     format!("loaded {}: {} ({wall})", m.name, crate::summary_line(&m.config, m.moe.as_ref()))
+}
+
+/// Characters of a domain's training text the router page gets from the
+/// preset: about the router's 10 000 statistics tokens on stories260K's
+/// 512-token vocabulary, and a textarea the page lays out quickly (the
+/// whole files are 64-125 KB).
+const TRAIN_CHARS: usize = 27_000;
+
+/// Characters of held-out lines appended after it: about the 10% the
+/// router page holds out (so its accuracy and perplexity are on lines no
+/// expert was trained on).
+const HELDOUT_CHARS: usize = 3_000;
+
+/// The whole lines of `text` that fit in `max` bytes (at least one line).
+pub(crate) fn first_lines(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    for l in text.lines() {
+        if !out.is_empty() && out.len() + l.len() + 1 > max {
+            break;
+        }
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(l);
+    }
+    out
+}
+
+/// Loads the teaching preset: the build's demo model (the base), each
+/// expert and the "instruct" model from `demo/preset/`, and the texts;
+/// returns what the pages take their defaults from and the names loaded.
+///
+/// # Errors
+/// The first model or text that could not be fetched or parsed, named.
+async fn load_preset_models(task: Task, p: &PresetManifest) -> Result<(LoadedPreset, Vec<String>), String> {
+    let mut infos = Vec::new();
+    match task.call(Request::LoadDemo, None).await {
+        Ok((Reply::Model(m), _)) => infos.push(m),
+        Ok(_) => return Err("the preset's base model: no model came back".into()),
+        Err(e) => return Err(format!("could not load the preset's base model: {e}")),
+    }
+    for m in p.experts.iter().chain(std::iter::once(&p.instruct)) {
+        let files = m
+            .files
+            .iter()
+            .map(|f| {
+                let file = f.rsplit('/').next().unwrap_or(f).to_string();
+                (file, page_url(&format!("{PRESET_DIR}/{f}")))
+            })
+            .collect();
+        match task.call(Request::LoadUrls { name: m.name.clone(), files }, None).await {
+            Ok((Reply::Model(i), _)) => infos.push(i),
+            Ok(_) => return Err(format!("{} of the preset: no model came back", m.name)),
+            Err(e) => return Err(format!("could not load {} of the preset: {e}", m.name)),
+        }
+    }
+    let fetch = |t: String| async move {
+        crate::web::fetch_bytes(&format!("{PRESET_DIR}/{t}"))
+            .await
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .map_err(|e| format!("the preset's text {t}: {e}"))
+    };
+    let mut texts = Vec::new();
+    for m in &p.experts {
+        let Some(t) = &m.text else { return Err(format!("the preset names no text for {}", m.name)) };
+        let mut text = first_lines(&fetch(t.clone()).await?, TRAIN_CHARS);
+        if let Some(h) = &m.heldout {
+            text = format!("{text}\n{}", first_lines(&fetch(h.clone()).await?, HELDOUT_CHARS));
+        }
+        texts.push((m.name.rsplit('-').next().unwrap_or(&m.name).to_string(), text));
+    }
+    let ability_file =
+        p.instruct.text.clone().ok_or_else(|| format!("the preset names no text for {}", p.instruct.name))?;
+    let ability =
+        (p.instruct.name.rsplit('-').next().unwrap_or(&p.instruct.name).to_string(), fetch(ability_file).await?);
+    let names = infos.iter().map(|m| m.name.clone()).collect();
+    let refs: Vec<ModelRef> = infos.into_iter().map(|m| m.r).collect();
+    let n = p.experts.len();
+    Ok((
+        LoadedPreset {
+            base: refs[0].clone(),
+            experts: refs[1..=n].to_vec(),
+            instruct: refs[n + 1].clone(),
+            texts,
+            ability,
+        },
+        names,
+    ))
 }
 
 /// The Load page.
@@ -36,13 +125,19 @@ pub fn LoadPage() -> impl IntoView {
         models.0.track();
         refresh_storage();
     });
-    // What the build's demo is (scripts/demo_model.sh writes the manifest).
+    // What the build's demo is (scripts/demo_model.sh writes the manifest),
+    // and why the teaching preset is absent when it is.
     let demo_text = RwSignal::new(DemoManifest::default().description.unwrap_or_default());
+    let preset_absent = RwSignal::new(None::<String>);
     leptos::task::spawn_local(async move {
         if let Ok(m) = demo_manifest().await {
-            demo_text.set(m.description.unwrap_or(m.name));
+            demo_text.set(m.description.clone().unwrap_or(m.name));
+            preset_absent.set(m.preset_absent);
         }
     });
+    // The "real model" beside a stories260K demo (scripts/studio.sh).
+    let real = RwSignal::new(None::<DemoManifest>);
+    leptos::task::spawn_local(async move { real.set(real_manifest().await) });
     let show = move |answer: crate::worker::client::Answer| match answer {
         Ok((Reply::Model(m), _)) => msg.set(Message::Ok(loaded_line(&m, &task.wall()))),
         Ok(_) => {}
@@ -52,6 +147,10 @@ pub fn LoadPage() -> impl IntoView {
         msg.set(Message::None);
         leptos::task::spawn_local(async move { show(task.call(Request::LoadDemo, None).await) });
     };
+    let load_real = move |_| {
+        msg.set(Message::None);
+        leptos::task::spawn_local(async move { show(task.call(Request::LoadReal, None).await) });
+    };
     // The teaching preset (scripts/demo_preset.sh), when the build has one.
     let preset = RwSignal::new(None::<PresetManifest>);
     leptos::task::spawn_local(async move { preset.set(preset_manifest().await) });
@@ -60,45 +159,17 @@ pub fn LoadPage() -> impl IntoView {
         let Some(p) = preset.get_untracked() else { return };
         msg.set(Message::None);
         leptos::task::spawn_local(async move {
-            let mut names = Vec::new();
-            let demo = task.call(Request::LoadDemo, None).await;
-            match demo {
-                Ok((Reply::Model(m), _)) => names.push(m.name),
-                Ok(_) => {}
-                Err(e) => return msg.set(Message::Error(format!("could not load the preset's base model: {e}"))),
-            }
-            for m in p.experts.iter().chain(std::iter::once(&p.instruct)) {
-                let files = m
-                    .files
-                    .iter()
-                    .map(|f| {
-                        let file = f.rsplit('/').next().unwrap_or(f).to_string();
-                        (file, page_url(&format!("{PRESET_DIR}/{f}")))
-                    })
-                    .collect();
-                match task.call(Request::LoadUrls { name: m.name.clone(), files }, None).await {
-                    Ok((Reply::Model(i), _)) => names.push(i.name),
-                    Ok(_) => {}
-                    Err(e) => return msg.set(Message::Error(format!("could not load {} of the preset: {e}", m.name))),
+            match load_preset_models(task, &p).await {
+                Ok((loaded, names)) => {
+                    shared.preset.set(Some(loaded));
+                    msg.set(Message::Ok(format!(
+                        "loaded the teaching demo: {} ({}); every page now has its defaults — next: Upcycle",
+                        names.join(", "),
+                        task.wall()
+                    )));
                 }
+                Err(e) => msg.set(Message::Error(e)),
             }
-            let mut texts = Vec::new();
-            for m in &p.experts {
-                let Some(t) = &m.text else { continue };
-                match crate::web::fetch_bytes(&format!("{PRESET_DIR}/{t}")).await {
-                    Ok(b) => texts.push((
-                        m.name.rsplit('-').next().unwrap_or(&m.name).to_string(),
-                        String::from_utf8_lossy(&b).into_owned(),
-                    )),
-                    Err(e) => return msg.set(Message::Error(format!("the preset's text {t}: {e}"))),
-                }
-            }
-            shared.preset_texts.set(texts);
-            msg.set(Message::Ok(format!(
-                "loaded the teaching preset: {} ({}); the router page has one text per expert",
-                names.join(", "),
-                task.wall()
-            )));
         });
     };
     let on_files = move |ev: leptos::ev::Event| {
@@ -213,25 +284,39 @@ pub fn LoadPage() -> impl IntoView {
     };
     view! {
         <h2>"Load models"</h2>
-        <p class="lead">"Start here. Pick the demo to try every step in seconds, or load your own dense model from disk. \
-            Files are read in this tab; nothing leaves your computer."</p>
+        <p class="lead">"Start here. Pick the teaching demo to try every step in seconds (each page's defaults run on it), \
+            the real model, or your own dense model from disk. Files are read in this tab; nothing leaves your computer."</p>
+        {move || preset_absent.get().map(|why| view! {
+            <p class="notice" data-testid="preset-absent">{format!(
+                "The teaching demo (stories260K experts) is not in this build: {why}. The demo below is the real model instead."
+            )}</p>
+        })}
         <div class="cards">
-            <div class="card">
-                <h3>"Demo model"</h3>
-                <p data-testid="demo-description">{move || demo_text.get()}</p>
-                <button data-testid="load-demo" on:click=load_demo disabled=move || task.running()>"Load the demo model"</button>
-            </div>
             {move || preset.get().map(|p| view! {
-                <div class="card">
-                    <h3>"Teaching preset"</h3>
+                <div class="card default">
+                    <h3>"Teaching demo (stories260K experts) — default"</h3>
                     <p data-testid="preset-description">{format!(
-                        "{}: the demo model, {} domain experts fine-tuned from it ({}) and an \"instruct\" model ({}) for the graft, with one text per domain.",
+                        "{}: the base model, {} domain experts fine-tuned from it by the CLI ({}) and an \"instruct\" model ({}) for the graft, with one text per domain. \
+                        Every page's defaults then run on it, each step in seconds.",
                         p.name,
                         p.experts.len(),
                         p.experts.iter().map(|e| e.name.clone()).collect::<Vec<_>>().join(", "),
                         p.instruct.name
                     )}</p>
-                    <button data-testid="load-preset" on:click=load_preset disabled=move || task.running()>"Load the teaching preset"</button>
+                    <button data-testid="load-preset" on:click=load_preset disabled=move || task.running()>"Load the teaching demo"</button>
+                </div>
+            })}
+            <div class="card">
+                <h3>{move || if preset.get().is_some() { "Base model only" } else { "Demo model" }}</h3>
+                <p data-testid="demo-description">{move || demo_text.get()}</p>
+                <button data-testid="load-demo" class=move || if preset.get().is_some() { "secondary" } else { "" }
+                    on:click=load_demo disabled=move || task.running()>"Load the demo model"</button>
+            </div>
+            {move || real.get().map(|r| view! {
+                <div class="card">
+                    <h3>"Real model"</h3>
+                    <p data-testid="real-description">{r.description.clone().unwrap_or(r.name.clone())}</p>
+                    <button data-testid="load-real" class="secondary" on:click=load_real disabled=move || task.running()>{format!("Load {}", r.name)}</button>
                 </div>
             })}
             <div class="card">
@@ -262,5 +347,19 @@ pub fn LoadPage() -> impl IntoView {
         {storage_line}
         <p class="hint">"Next: " <b>"Upcycle"</b> " turns a dense model into an MoE; " <b>"MoErge + router"</b> " combines several; "
             <b>"Neurons"</b> " decides how many experts each layer should get."</p>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_lines;
+
+    #[test]
+    fn preset_texts_are_cut_on_whole_lines() {
+        assert_eq!(first_lines("aaaa\nbbbb\ncccc", 9), "aaaa\nbbbb");
+        assert_eq!(first_lines("aaaa\nbbbb\ncccc", 8), "aaaa");
+        // One line longer than the budget is kept whole (never an empty text).
+        assert_eq!(first_lines("aaaaaaaaaa\nb", 4), "aaaaaaaaaa");
+        assert_eq!(first_lines("", 4), "");
     }
 }

@@ -45,6 +45,12 @@ fn MoergeForm() -> impl IntoView {
     let top_k = RwSignal::new("1".to_string());
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
+    // The teaching preset ticks its domain experts, in expert order.
+    Effect::new(move |_| {
+        if let Some(p) = shared.preset.get() {
+            chosen.set(p.experts);
+        }
+    });
     let run = move |_| {
         let picked: Vec<ModelRef> = chosen.get_untracked();
         let Ok(k) = top_k.get_untracked().trim().parse::<usize>() else {
@@ -111,6 +117,12 @@ fn MoergeForm() -> impl IntoView {
     }
 }
 
+/// Statistics tokens per domain with the teaching preset (its CLI run's).
+const PRESET_MAX_TOKENS: usize = 2000;
+
+/// Characters above which a domain's text is shown collapsed.
+const PREVIEW_AT: usize = 4000;
+
 #[component]
 fn DomainRow(d: Domain, i: usize) -> impl IntoView {
     let on_file = move |ev: leptos::ev::Event| {
@@ -127,13 +139,26 @@ fn DomainRow(d: Domain, i: usize) -> impl IntoView {
             }
         });
     };
+    // A long text (a file, the preset's) is shown as its first characters
+    // until the user asks to edit it: a textarea of tens of KB takes the
+    // main thread ~100 ms to lay out each time the page is shown.
+    let editing = RwSignal::new(false);
+    let collapsed = move || !editing.get() && d.text.with(|t| t.len() > PREVIEW_AT);
     view! {
         <div class="domain">
             <label>{format!("expert {i}: ")}<input type="text" class="short" data-testid=format!("domain-name-{i}") prop:value=move || d.name.get()
                 on:input=move |ev| d.name.set(event_target_value(&ev))/></label>
             <input type="file" accept=".txt,text/plain" data-testid=format!("domain-file-{i}") on:change=on_file/>
             <span class="small">{move || format!("{} characters", d.text.with(String::len))}</span>
-            <textarea rows="3" data-testid=format!("domain-text-{i}") prop:value=move || d.text.get() on:input=move |ev| d.text.set(event_target_value(&ev))></textarea>
+            {move || collapsed().then(|| view! {
+                <p class="small preview" data-testid=format!("domain-preview-{i}")>{d.text.with(|t| {
+                    let head: String = t.chars().take(240).collect();
+                    format!("{}…", head.replace('\n', " ⏎ "))
+                })}
+                    " "<button class="secondary" on:click=move |_| editing.set(true)>"show and edit the whole text"</button></p>
+            })}
+            <textarea rows="3" data-testid=format!("domain-text-{i}") style:display=move || if collapsed() { "none" } else { "" }
+                prop:value=move || d.text.get() on:input=move |ev| d.text.set(event_target_value(&ev))></textarea>
         </div>
     }
 }
@@ -147,15 +172,18 @@ fn RouterForm() -> impl IntoView {
         Domain::new("hu", "Egyszer volt egy kis kutya. A kutya szeretett a parkban futni a barátaival.\nA nap meleg volt, és a gyerekek egész nap egy piros labdával játszottak."),
     ]);
     // The teaching preset, once loaded, gives one text per expert.
-    Effect::new(move |_| {
-        let texts = shared.preset_texts.get();
-        if !texts.is_empty() {
-            domains.set(texts.iter().map(|(n, t)| Domain::new(n, t)).collect());
-        }
-    });
     let lambda = RwSignal::new("0.01".to_string());
     let top_k = RwSignal::new("1".to_string());
     let max_tokens = RwSignal::new("10000".to_string());
+    // ... and the statistics budget of the preset's own CLI run
+    // (scripts/demo_preset.sh: `route --max-tokens 2000`), which keeps the
+    // step within seconds.
+    Effect::new(move |_| {
+        if let Some(p) = shared.preset.get() {
+            domains.set(p.texts.iter().map(|(n, t)| Domain::new(n, t)).collect());
+            max_tokens.set(PRESET_MAX_TOKENS.to_string());
+        }
+    });
     let with_ppl = RwSignal::new(true);
     let gram_gpu = RwSignal::new(true);
     let task = Task::new();
@@ -204,7 +232,7 @@ fn RouterForm() -> impl IntoView {
         let engine = crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked());
         let use_gpu = engine == crate::compute::gpu::Engine::WebGpu && gram_gpu.get_untracked();
         let req = Request::Route {
-            model: r,
+            model: r.clone(),
             domains: texts,
             lambda,
             top_k,
@@ -214,7 +242,8 @@ fn RouterForm() -> impl IntoView {
         };
         leptos::task::spawn_local(async move {
             match task.call(req, None).await {
-                Ok((Reply::Route(r), _)) => {
+                Ok((Reply::Route(routed), _)) => {
+                    let r = routed;
                     msg.set(Message::Ok(format!(
                         "made {}: statistics on {} tokens (Gram on {}), in {}; mean held-out routing accuracy {}",
                         r.model.name,
@@ -260,7 +289,7 @@ fn RouterForm() -> impl IntoView {
     view! {
         <h3>"B · Ridge router"</h3>
         <p class="small">"One text per expert, in expert order. Each domain's tokens are pushed through its own expert, the router inputs are collected, and every layer's router is solved in closed form (ridge regression). The last 10% of each text is held out for the accuracy and perplexity."</p>
-        <label>"MoE model " <ModelSelect value=model filter=Filter::Moe id="route-model"/></label>
+        <label>"MoE model " <ModelSelect value=model filter=Filter::Moe id="route-model" follow=true hold=Signal::derive(move || task.running())/></label>
         {move || domains.get().into_iter().enumerate().map(|(i, d)| view! { <DomainRow d=d i=i/> }).collect_view()}
         <div class="row">
             <button class="secondary" on:click=move |_| domains.update(|v| { let n = v.len(); v.push(Domain::new(&format!("domain{n}"), "")); })>"+ domain"</button>

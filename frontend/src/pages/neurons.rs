@@ -38,6 +38,12 @@ pub fn NeuronsPage() -> impl IntoView {
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
     let out = RwSignal::new(None::<NeuronOutcome>);
+    // The teaching preset analyses its base model.
+    Effect::new(move |_| {
+        if let Some(p) = shared.preset.get() {
+            model.set(Some(p.base));
+        }
+    });
     // A message is about the inputs it came from.
     Effect::new(move |_| {
         let _ = (model.get(), top_n.get(), e_min.get(), e_max.get());

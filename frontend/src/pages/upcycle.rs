@@ -112,6 +112,12 @@ pub fn UpcyclePage() -> impl IntoView {
         drop_ratio: RwSignal::new("0".into()),
         granularity: RwSignal::new("1".into()),
     };
+    // The teaching preset upcycles its base model.
+    Effect::new(move |_| {
+        if let Some(p) = shared.preset.get() {
+            model.set(Some(p.base));
+        }
+    });
     Effect::new(move |_| {
         if let Some(a) = shared.allocation.get() {
             f.allocation.set(a);

@@ -179,6 +179,13 @@ async fn handle(progress: &Progress, request: Request, files: JsValue) -> Handle
             keep_input(progress, slot, &[]).await;
             reply(Reply::Model(model_info(&ModelRef::Input(slot))?))
         }
+        Request::LoadReal => {
+            progress.step("fetching the real model", 0, 1, "models");
+            let (name, model, bytes) = crate::load::real_model().await?;
+            let slot = add_input(name, model, bytes, Origin::Real);
+            keep_input(progress, slot, &[]).await;
+            reply(Reply::Model(model_info(&ModelRef::Input(slot))?))
+        }
         Request::LoadFiles { name } => {
             let list = attached_files(&files);
             let mut picked = Vec::new();
@@ -290,6 +297,10 @@ async fn handle(progress: &Progress, request: Request, files: JsValue) -> Handle
         Request::Generate { models, prompt, max_new_tokens } => {
             let picked: Vec<Picked> = models.iter().map(need).collect::<Result<_, _>>()?;
             reply(Reply::Generate(crate::compute::generate::run(progress, &picked, &prompt, max_new_tokens)?))
+        }
+        Request::Perplexity { models, text } => {
+            let picked: Vec<Picked> = models.iter().map(need).collect::<Result<_, _>>()?;
+            reply(Reply::Perplexity(crate::compute::perplexity::run(progress, &picked, &text)?))
         }
         Request::Download { model, file } => {
             let Picked::Artifact(a) = need(&model)? else {
@@ -435,6 +446,7 @@ async fn restore_one(e: &Entry) -> Result<Slot, String> {
         Kind::Input { origin, file_bytes } => {
             let model = match origin {
                 Origin::Demo => demo_model().await?.1,
+                Origin::Real => crate::load::real_model().await?.1,
                 Origin::Files(names) => {
                     let mut files = Vec::new();
                     for n in names {

@@ -109,6 +109,9 @@ pub enum Request {
     Restore,
     /// Loads the build's demo model (`demo/manifest.json`).
     LoadDemo,
+    /// Loads the build's "real model" (`demo/real/manifest.json`:
+    /// SmolLM2-135M-Instruct beside the stories260K demo).
+    LoadReal,
     /// Loads the files sent beside the request (`File` objects), under the
     /// given name (else the file's).
     LoadFiles {
@@ -213,6 +216,14 @@ pub enum Request {
         /// New tokens per model.
         max_new_tokens: usize,
     },
+    /// Perplexity of each model on one text (`moe-studio perplexity`'s
+    /// windows; the Graft page's ability text).
+    Perplexity {
+        /// The models, in the order of the answer.
+        models: Vec<ModelRef>,
+        /// The text.
+        text: String,
+    },
     /// One file of a produced checkpoint, as a `Blob` named after it.
     Download {
         /// The checkpoint.
@@ -237,6 +248,7 @@ impl Request {
         match self {
             Request::Restore => "restoring the kept models",
             Request::LoadDemo => "loading the demo model",
+            Request::LoadReal => "loading the real model",
             Request::LoadFiles { .. } | Request::LoadUrls { .. } => "loading the model",
             Request::Remove(_) => "removing the model",
             Request::ClearStorage => "clearing the browser's storage",
@@ -249,6 +261,7 @@ impl Request {
             Request::Graft { .. } => "grafting",
             Request::Inspect { .. } => "routing the text",
             Request::Generate { .. } => "generating",
+            Request::Perplexity { .. } => "scoring the text",
             Request::Download { .. } | Request::Archive { .. } => "preparing the download",
             Request::Panic => "a task that panics",
         }
@@ -362,6 +375,8 @@ pub enum Reply {
     Inspect(Inspection),
     /// Generation.
     Generate(Vec<Continuation>),
+    /// Perplexities, one per model asked.
+    Perplexity(Vec<f64>),
     /// A download: the `Blob` travels beside the reply; this is its name.
     File(String),
 }

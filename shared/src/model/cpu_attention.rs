@@ -120,15 +120,7 @@ pub fn causal_attention_rows<B: Backend>(
     if !super::cpu_ops::is_cpu::<B>() || [q.dtype(), k.dtype(), v.dtype()].iter().any(|d| *d != DType::F32) {
         return Err((q, k, v));
     }
-    let [b, s, qw] = q.dims();
-    let hd = qw / heads.max(1);
-    assert!(
-        heads > 0 && kv_heads > 0 && heads.is_multiple_of(kv_heads) && qw == heads * hd,
-        "attention: query rows of {qw} for {heads} heads over {kv_heads} kv heads"
-    );
-    assert_eq!(k.dims(), [b, s, kv_heads * hd], "attention: key shape {:?}", k.dims());
-    assert_eq!(v.dims(), [b, s, kv_heads * hd], "attention: value shape {:?}", v.dims());
-    assert_eq!(rope.len, s, "RoPE tables for {} positions, input has {s}", rope.len);
+    let (b, s, hd) = rows_shape(q.dims(), k.dims(), v.dims(), heads, kv_heads, rope.len);
     use super::cpu_ops::{contiguous, flex_from_vec, from_flex, rope_rows, to_flex, values_mut};
     let (mut qt, mut kt, vt) = (to_flex(q), to_flex(k), contiguous(to_flex(v)));
     let qs = values_mut(&mut qt);
@@ -148,6 +140,32 @@ pub fn causal_attention_rows<B: Backend>(
         scale,
     );
     Ok(from_flex(flex_from_vec(out, &[b, s, heads * hd])))
+}
+
+/// `(batch, seq, head_dim)` of attention inputs in the projections' row
+/// layout: `q: [b, s, heads * hd]`, `k, v: [b, s, kv_heads * hd]`, RoPE
+/// tables of `rope_len = s` positions.
+///
+/// # Panics
+/// If the shapes disagree with each other, `heads`, `kv_heads` or `rope_len`.
+pub(crate) fn rows_shape(
+    q: [usize; 3],
+    k: [usize; 3],
+    v: [usize; 3],
+    heads: usize,
+    kv_heads: usize,
+    rope_len: usize,
+) -> (usize, usize, usize) {
+    let [b, s, qw] = q;
+    let hd = qw / heads.max(1);
+    assert!(
+        heads > 0 && kv_heads > 0 && heads.is_multiple_of(kv_heads) && qw == heads * hd,
+        "attention: query rows of {qw} for {heads} heads over {kv_heads} kv heads"
+    );
+    assert_eq!(k, [b, s, kv_heads * hd], "attention: key shape {k:?}");
+    assert_eq!(v, [b, s, kv_heads * hd], "attention: value shape {v:?}");
+    assert_eq!(rope_len, s, "RoPE tables for {rope_len} positions, input has {s}");
+    (b, s, hd)
 }
 
 /// Causal attention, no cache, on rotated `q: [b, s, h * hd]` and

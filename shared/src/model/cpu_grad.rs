@@ -43,6 +43,7 @@ use std::any::{Any, TypeId};
 use std::sync::Arc;
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
@@ -80,6 +81,24 @@ fn to_ad<B: Backend, const D: usize>(x: Tensor<B, D>) -> AdTensor {
 fn from_ad<B: Backend, const D: usize>(t: AdTensor) -> Tensor<B, D> {
     let p: Box<dyn Any> = Box::new(t);
     Tensor::from_primitive(TensorPrimitive::Float(*p.downcast::<B::FloatTensorPrimitive>().expect("B is CpuAutodiff")))
+}
+
+/// Records `out` as the output of a prepared node: with its backward
+/// `state` when the node is tracked (some input needs a gradient), as a
+/// plain value otherwise.
+fn node<BO, S, const N: usize>(
+    kind: OpsKind<BO, CpuBackend, S, NoCheckpointing, N>,
+    state: S,
+    out: FlexTensor,
+) -> AdTensor
+where
+    BO: Backward<CpuBackend, N, State = S>,
+    S: Clone + Send + std::fmt::Debug + 'static,
+{
+    match kind {
+        OpsKind::Tracked(prep) => prep.finish(state, out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    }
 }
 
 fn slice(t: &FlexTensor) -> &[f32] {
@@ -196,15 +215,9 @@ pub fn gated_product<B: Backend, const D: usize>(
     };
     super::cpu_ops::for_row_blocks(&mut out, row, |r0, rows| fwd(rows, &us[r0 * row..][..rows.len()]));
     let out = flex_from_vec(out, &dims);
-    let y = match GatedProductBackward
-        .prepare::<burn::backend::autodiff::checkpoint::strategy::NoCheckpointing>([ga.node.clone(), ua.node.clone()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish((gt, ut, act), out),
-        OpsKind::UnTracked(prep) => prep.finish(out),
-    };
-    Ok(from_ad(y))
+    let kind =
+        GatedProductBackward.prepare::<NoCheckpointing>([ga.node.clone(), ua.node.clone()]).compute_bound().stateful();
+    Ok(from_ad(node(kind, (gt, ut, act), out)))
 }
 
 // ------------------------------------------------------------------ RMSNorm
@@ -327,15 +340,9 @@ pub fn rms_norm<B: Backend, const D: usize>(
         super::cpu_ops::rms_rows(rows, &xs[r0 * d..][..rows.len()], ws, eps)
     });
     let out = flex_from_vec(out, &dims);
-    let y = match RmsNormBackward
-        .prepare::<burn::backend::autodiff::checkpoint::strategy::NoCheckpointing>([xa.node.clone(), wa.node.clone()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish((xt, wt, eps), out),
-        OpsKind::UnTracked(prep) => prep.finish(out),
-    };
-    Ok(from_ad(y))
+    let kind =
+        RmsNormBackward.prepare::<NoCheckpointing>([xa.node.clone(), wa.node.clone()]).compute_bound().stateful();
+    Ok(from_ad(node(kind, (xt, wt, eps), out)))
 }
 
 // ------------------------------------------------------------ cross-entropy
@@ -451,23 +458,12 @@ pub fn cross_entropy<B: Backend>(
         return Ok(super::cpu_ops::from_flex(flex_from_vec(vec![loss as f32], &[1])));
     }
     let za = to_ad(logits);
-    let prep = CrossEntropyBackward
-        .prepare::<burn::backend::autodiff::checkpoint::strategy::NoCheckpointing>([za.node.clone()])
-        .compute_bound()
-        .stateful();
-    let y = match prep {
-        OpsKind::Tracked(prep) => {
-            let mut z = za.primitive;
-            let loss = ce_all(values_mut(&mut z), v, &t, true) / n as f64;
-            prep.finish(z, flex_from_vec(vec![loss as f32], &[1]))
-        }
-        OpsKind::UnTracked(prep) => {
-            let mut z = za.primitive;
-            let loss = ce_all(values_mut(&mut z), v, &t, false) / n as f64;
-            prep.finish(flex_from_vec(vec![loss as f32], &[1]))
-        }
-    };
-    Ok(from_ad(y))
+    let kind = CrossEntropyBackward.prepare::<NoCheckpointing>([za.node.clone()]).compute_bound().stateful();
+    // Tracked: the gradient is written over the logits, which become the state.
+    let tracked = matches!(kind, OpsKind::Tracked(_));
+    let mut z = za.primitive;
+    let loss = ce_all(values_mut(&mut z), v, &t, tracked) / n as f64;
+    Ok(from_ad(node(kind, z, flex_from_vec(vec![loss as f32], &[1]))))
 }
 
 // ---------------------------------------------------------------- attention
@@ -667,15 +663,7 @@ pub fn attention_rows<B: Backend>(
     if !is_cpu_autodiff::<B>() || [q.dtype(), k.dtype(), v.dtype()].iter().any(|d| *d != DType::F32) {
         return Err((q, k, v));
     }
-    let [b, s, qw] = q.dims();
-    let hd = qw / heads.max(1);
-    assert!(
-        heads > 0 && kv_heads > 0 && heads.is_multiple_of(kv_heads) && qw == heads * hd,
-        "attention: query rows of {qw} for {heads} heads over {kv_heads} kv heads"
-    );
-    assert_eq!(k.dims(), [b, s, kv_heads * hd], "attention: key shape {:?}", k.dims());
-    assert_eq!(v.dims(), [b, s, kv_heads * hd], "attention: value shape {:?}", v.dims());
-    assert_eq!(rope.len, s, "RoPE tables for {} positions, input has {s}", rope.len);
+    let (b, s, hd) = super::cpu_attention::rows_shape(q.dims(), k.dims(), v.dims(), heads, kv_heads, rope.len);
     let (qa, ka, va) = (to_ad(q), to_ad(k), to_ad(v));
     let nodes = [qa.node.clone(), ka.node.clone(), va.node.clone()];
     let (mut qt, mut kt, vt) = (qa.primitive, ka.primitive, contiguous(va.primitive));
@@ -685,17 +673,9 @@ pub fn attention_rows<B: Backend>(
     let out = super::cpu_attention::attend_rows(slice(&qt), slice(&kt), slice(&vt), b, s, heads, kv_heads, hd, scale);
     let out = flex_from_vec(out, &[b, s, heads * hd]);
     let sh = AttnShape { b, s, h: heads, kvh: kv_heads, hd };
-    let y = match AttentionBackward
-        .prepare::<burn::backend::autodiff::checkpoint::strategy::NoCheckpointing>(nodes)
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => {
-            prep.finish((qt, kt, vt, rope.cos_host.clone(), rope.sin_host.clone(), sh, scale), out)
-        }
-        OpsKind::UnTracked(prep) => prep.finish(out),
-    };
-    Ok(from_ad(y))
+    let kind = AttentionBackward.prepare::<NoCheckpointing>(nodes).compute_bound().stateful();
+    let state = (qt, kt, vt, rope.cos_host.clone(), rope.sin_host.clone(), sh, scale);
+    Ok(from_ad(node(kind, state, out)))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ import os
 import statistics
 import sys
 
-from report_common import fmt, load, ppl, write_commands
+from report_common import curve, figure, fmt, load, mean_or_none, ppl, write_commands
 
 work, out, smoke, model, seeds, experts, budget = sys.argv[1:]
 seeds, experts = seeds.split(), experts.split()
@@ -67,6 +67,23 @@ claims.append((f"`{g}` keeps the grafted ability (math ppl below base)",
 results["claims"] = [{"claim": c, "holds": ok, "numbers": n} for c, ok, n in claims]
 
 os.makedirs(out, exist_ok=True)
+# Figures: perplexity change vs the base model per text; the training curves of the first seed.
+fig_models = [m for m, _ in methods if m not in ("base",)]
+fig_ppl = figure(out, "ppl_change", {
+    "kind": "bars", "title": f"DeltaMoE on {os.path.basename(model)}: perplexity relative to the base model (lower is better)",
+    "y": "ppl / base ppl", "categories": TEXTS,
+    "series": [{"name": m, "values": [mean_or_none([x[t] / bp[t] for x in results["methods"][m]]) for t in TEXTS]}
+               for m in fig_models],
+})
+S0 = os.path.join(work, f"s{seeds[0]}")
+fig_curves = figure(out, "training", {
+    "kind": "lines", "title": f"Training (seed {seeds[0]}): next-token loss per step", "x": "step",
+    "y": "cross-entropy (nats/token)",
+    "series": [{"name": n, "points": curve(os.path.join(S0, d, "metrics.jsonl"))} for n, d in
+               [("dense CPT (hu)", "cpt"), ("dense CPT 2x (hu)", "cpt2x"), ("post (math)", "post")]
+               + [(f"MoE {e} stage 1 (hu)", f"moe-{e}-s1") for e in experts]
+               + [(f"MoE {e} stage 2 (router)", f"moe-{e}-s2") for e in experts]],
+})
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
 with open(os.path.join(out, "README.md"), "w") as f:
@@ -80,6 +97,8 @@ with open(os.path.join(out, "README.md"), "w") as f:
     f.write("|---|---|---|---|---|---|---|---|\n")
     for r in rows:
         f.write("| " + " | ".join(r) + " |\n")
+    f.write(fig_ppl)
+    f.write(fig_curves)
     f.write("\n## The paper's claims\n\n")
     for c, ok, n in claims:
         f.write(f"- {c}: **{'holds' if ok else 'does not hold'}** ({n})\n")

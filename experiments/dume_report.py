@@ -13,7 +13,7 @@ import statistics
 import struct
 import sys
 
-from report_common import fmt, load, ppl, write_commands
+from report_common import curve, figure, fmt, load, mean_or_none, ppl, write_commands
 
 work, out, smoke, model, seeds, budget = sys.argv[1:]
 seeds = seeds.split()
@@ -133,6 +133,36 @@ for s in seeds:
 results["incremental"] = inc
 
 os.makedirs(out, exist_ok=True)
+# Figures: retention per domain and method; routing accuracy per layer; the routers' training curves.
+FIG_METHODS = ["average", "random", "dume-top1", "dume-top2", "dume-ood", "dume-plus", "btx", "oracle"]
+fig_retention = figure(out, "retention", {
+    "kind": "bars", "title": f"DUME on {os.path.basename(model)}: retention (dense expert ppl / model ppl)",
+    "y": "retention", "categories": DOMAINS + ["mean"],
+    "series": [{"name": m, "values": [mean_or_none([x["retention"][d] for x in results["methods"][m]]) for d in DOMAINS]
+                + [mean_or_none([x["mean_retention"] for x in results["methods"][m]])]} for m in FIG_METHODS],
+})
+acc_series = []
+for method in ("dume-top1", "dume-ood"):
+    rep = load(os.path.join(work, f"s{seeds[0]}", f"{method}.route.json"))
+    for i, d in enumerate(DOMAINS):
+        layers = rep["accuracy_per_domain_per_layer"][i]
+        acc_series.append({"name": f"{method} {d}", "points": [[l, a] for l, a in enumerate(layers)]})
+fig_accuracy = figure(out, "routing_accuracy", {
+    "kind": "lines", "title": f"Ridge router: held-out routing accuracy per layer (seed {seeds[0]}, top-1)",
+    "x": "layer", "y": "accuracy", "series": acc_series,
+})
+fig_curves = figure(out, "router_training", {
+    "kind": "lines", "title": f"Router training (seed {seeds[0]}): next-token loss per step", "x": "step",
+    "y": "cross-entropy (nats/token)",
+    "series": [{"name": m, "points": curve(os.path.join(work, f"s{seeds[0]}", m, "metrics.jsonl"))}
+               for m in ("dume-plus", "btx")],
+})
+fig_experts = figure(out, "expert_training", {
+    "kind": "lines", "title": f"Dense domain experts (seed {seeds[0]}): next-token loss per step", "x": "step",
+    "y": "cross-entropy (nats/token)",
+    "series": [{"name": f"expert-{d}", "points": curve(os.path.join(work, f"s{seeds[0]}", f"expert-{d}", "metrics.jsonl"))}
+               for d in DOMAINS + ["hu"]],
+})
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
 with open(os.path.join(out, "README.md"), "w") as f:
@@ -146,6 +176,7 @@ with open(os.path.join(out, "README.md"), "w") as f:
     f.write("|---|---|---|---|---|---|---|---|---|\n")
     for r in rows:
         f.write("| " + " | ".join(r) + " |\n")
+    f.write(fig_retention)
     f.write("\nThe paper's ordering on mean retention (oracle ≥ DUME+ ≥ DUME > averaging > random):\n\n")
     for a, b, ok in checks:
         f.write(f"- `{a}` {'≥' if a in ('oracle', 'dume-plus') else '>'} `{b}`: "
@@ -154,8 +185,12 @@ with open(os.path.join(out, "README.md"), "w") as f:
     f.write("| router | code | math | docs | random routing |\n|---|---|---|---|---|\n")
     for r in acc_rows:
         f.write("| " + " | ".join(r) + " |\n")
+    f.write(fig_accuracy)
     if sweep:
         f.write(f"\nLambda sweep (seed {seeds[0]}, top-1): `" + json.dumps(sweep) + "`\n")
+    f.write("\n## Training curves\n")
+    f.write(fig_experts)
+    f.write(fig_curves)
     f.write("\n## Incremental DUME: a fourth (Hungarian) expert\n\n")
     f.write("`route --add-expert` (`dume-add`) makes the shared tensors the mean of four models and re-solves on the"
             " saved statistics of the first three domains (collected on the three-model mean, not revisited) plus the"

@@ -2,7 +2,8 @@
 # resumable steps. Each script sets SMOKE, WORK and TOK (the `--tokenizer` array, may be empty)
 # before calling these.
 
-# Sets BIN: the given one, else a cargo build (release; smoke: debug, which CI has built).
+# Sets BIN: the given one, else a cargo build (release; smoke: debug, which CI has built); exports it
+# as MOE_STUDIO_BIN for the reports' figures.
 exp_bin() {
     if [ -z "${BIN:-}" ]; then
         if [ "$SMOKE" = 1 ]; then
@@ -13,6 +14,8 @@ exp_bin() {
             BIN=$CARGO_TARGET_DIR/release/moe-studio
         fi
     fi
+    # The reports draw their figures with `$BIN plot` (experiments/report_common.py).
+    export MOE_STUDIO_BIN=$BIN
 }
 
 # Runs a command, appending it and its wall time to $WORK/commands.log.

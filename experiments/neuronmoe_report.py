@@ -13,7 +13,7 @@ import shutil
 import statistics
 import sys
 
-from report_common import fmt, load, ppl, write_commands
+from report_common import figure, fmt, load, mean_or_none, ppl, write_commands
 
 work, out, smoke, model, seeds, allocs, budget = sys.argv[1:]
 seeds, allocs = seeds.split(), allocs.split()
@@ -45,6 +45,13 @@ for a in allocs:
 os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
+fig_ppl = figure(out, "ppl", {
+    "kind": "bars", "title": f"NeuronMoE on {os.path.basename(model)}: perplexity after stage 2 by allocation",
+    "y": "perplexity", "categories": LANGS,
+    "series": [{"name": "base", "values": [ppl(base, l) for l in LANGS]}]
+    + [{"name": f"{a} (+{sum(results['allocations'][a]['new_experts_per_layer'])} experts)",
+        "values": [mean_or_none([x[l] for x in results["allocations"][a]["s2"]]) for l in LANGS]} for a in allocs],
+})
 fig = os.path.join(work, "alloc-neuronmoe.comparison.png")
 if os.path.exists(fig):
     shutil.copy(fig, os.path.join(out, "allocations.png"))
@@ -58,6 +65,7 @@ with open(os.path.join(out, "README.md"), "w") as f:
             " ppl tr | geometric mean ppl, new languages |\n|---|---|---|---|---|---|---|---|---|\n")
     for r in rows:
         f.write("| " + " | ".join(r) + " |\n")
+    f.write(fig_ppl)
     if os.path.exists(fig):
         f.write("\n![allocations](allocations.png)\n")
     write_commands(f, work, "neuronmoe", smoke)

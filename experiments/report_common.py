@@ -37,3 +37,50 @@ def write_commands(f, work, script, smoke):
     f.write(f"\nCommands (from `experiments/{script}.sh`" + (" --smoke" if smoke == "1" else "") + "):\n\n```\n")
     f.write(body)
     f.write("```\n")
+
+
+def figure(out, stem, spec):
+    """Draws one figure with `moe-studio plot` (the binary in $MOE_STUDIO_BIN, set by
+    experiments/lib.sh) into OUT/STEM.svg and OUT/STEM.png and returns the Markdown that shows it
+    (empty when no binary is known or drawing failed; the failure is printed). `spec` is the
+    `plot` command's JSON spec (backend/src/cli/plot.rs): kind "lines" with series[].points, or
+    "bars" with categories and series[].values (None draws nothing)."""
+    import subprocess
+    import tempfile
+
+    binary = os.environ.get("MOE_STUDIO_BIN")
+    if not binary:
+        return ""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+        path = f.name
+    try:
+        r = subprocess.run([binary, "plot", path, "--out", os.path.join(out, stem)], capture_output=True, text=True)
+    finally:
+        os.unlink(path)
+    if r.returncode != 0:
+        print(f"figure {stem}: {r.stderr.strip()}")
+        return ""
+    return f"\n![{spec.get('title', stem)}]({stem}.png)\n"
+
+
+def mean_or_none(xs):
+    """Mean of the non-None values, None when there are none."""
+    xs = [x for x in xs if x is not None]
+    return statistics.mean(xs) if xs else None
+
+
+def curve(metrics_path, key="ce_loss", every=1):
+    """`[[step, value], ...]` from a trainer's metrics.jsonl (every `every`-th step and the last);
+    an empty list when the file is missing."""
+    if not os.path.exists(metrics_path):
+        return []
+    rows = []
+    with open(metrics_path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                m = json.loads(line)
+                if key in m and m[key] is not None:
+                    rows.append([m["step"], m[key]])
+    return [r for i, r in enumerate(rows) if i % every == 0 or i == len(rows) - 1]

@@ -15,7 +15,7 @@ use moe_shared::methods::allocate::{compare_allocations, AllocationMethod, Exper
 use moe_shared::methods::neurons::NeuronReport;
 use moe_shared::methods::AllocationFile;
 
-use super::neuron_figures::{grouped_bars, Series};
+use super::figures::{grouped_bars, Series};
 use super::neurons::count_text;
 
 /// Arguments of `allocate`.

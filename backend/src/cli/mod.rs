@@ -18,9 +18,10 @@ mod logits;
 mod merge;
 mod moe_summary;
 mod moerge;
-mod neuron_figures;
+mod figures;
 mod neurons;
 mod perplexity;
+mod plot;
 mod recipe;
 mod route;
 mod torch_handoff;
@@ -74,6 +75,8 @@ pub enum Command {
     Allocate(allocate::Args),
     /// Redraw the CSV files and figures of a `neurons` output directory from its neurons.json.
     NeuronsPlot(neurons::PlotArgs),
+    /// Draw one figure (lines or grouped bars) from a small JSON spec, as SVG and PNG (the experiment reports).
+    Plot(plot::Args),
     /// Train an MoE's new experts or routers, or fine-tune a dense model (DeltaMoE / MoE-LPR / DUME+).
     Train(train::Args),
     /// The meeting point of a multi-process `train --nodes N` run (Burn's collective orchestrator).
@@ -122,6 +125,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Neurons(a) => backend::run(&cli.backend, a),
         Command::Allocate(a) => allocate::run(a),
         Command::NeuronsPlot(a) => neurons::plot(a),
+        Command::Plot(a) => plot::run(a),
         Command::InitRandom(a) => init_random::run(a),
         Command::Bench(bench::Bench::Prefill(a)) => backend::run(&cli.backend, a),
         Command::Bench(bench::Bench::Generate(a)) => backend::run(&cli.backend, a),

@@ -22,7 +22,7 @@ use moe_shared::methods::neurons::{
 use moe_shared::model::{load_model, Pooling};
 
 use super::backend::WithBackend;
-use super::neuron_figures::{line_chart, panels, Panel, Series};
+use super::figures::{line_chart, panels, Panel, Series};
 
 /// Arguments of `neurons`.
 #[derive(Debug, Clone, clap::Args)]

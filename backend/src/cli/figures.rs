@@ -1,4 +1,5 @@
-//! NeuronMoE figures with `plotters`, each written as `STEM.svg` and
+//! Figures with `plotters` (NeuronMoE, `allocate`, `moe-studio plot` for the
+//! experiment reports), each written as `STEM.svg` and
 //! `STEM.png`: line charts (specific neurons per layer), small multiples
 //! (one panel per component) and grouped bars (expert allocations).
 //!
@@ -262,5 +263,183 @@ fn draw_bars<DB: DrawingBackend>(
             .draw()
             .map_err(err)?;
     }
+    Ok(())
+}
+
+/// One named line with its own x values (e.g. a loss curve over steps).
+#[derive(Debug, Clone)]
+pub struct XySeries {
+    /// Legend entry.
+    pub name: String,
+    /// `(x, y)` points, drawn in the given order.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A padded `[lo, hi]` range around `values` (never empty).
+fn padded_range(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64) {
+    let (mut lo, mut hi) = values.filter(|v| v.is_finite()).fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| {
+        (l.min(v), h.max(v))
+    });
+    if !lo.is_finite() {
+        (lo, hi) = (0.0, 1.0);
+    }
+    if from_zero {
+        lo = lo.min(0.0);
+    }
+    let pad = ((hi - lo) * 0.06).max(1e-9);
+    (if from_zero && lo >= 0.0 { 0.0 } else { lo - pad }, hi + pad)
+}
+
+/// Lines over arbitrary x values (`STEM.svg`, `STEM.png`): loss or
+/// perplexity curves over training steps, routing accuracy over layers. The
+/// y axis spans the data (not from zero), so close curves stay apart.
+///
+/// # Errors
+/// Drawing or file errors.
+pub fn xy_lines(stem: &Path, title: &str, x_desc: &str, y_desc: &str, series: &[XySeries]) -> Result<Vec<PathBuf>> {
+    render!(stem, (1000, 600), draw_xy(title, x_desc, y_desc, series))
+}
+
+fn draw_xy<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[XySeries],
+) -> Result<()> {
+    let (x0, x1) = padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)), false);
+    let (y0, y1) = padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)), false);
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 19))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x0..x1, y0..y1)
+        .map_err(err)?;
+    let span = y1 - y0;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| {
+            if span >= 20.0 {
+                format!("{y:.0}")
+            } else if span >= 2.0 {
+                format!("{y:.1}")
+            } else {
+                format!("{y:.3}")
+            }
+        })
+        .label_style(("sans-serif", 14))
+        .max_light_lines(0)
+        .draw()
+        .map_err(err)?;
+    for (i, s) in series.iter().enumerate() {
+        let c = color(i);
+        chart
+            .draw_series(LineSeries::new(s.points.clone(), c.stroke_width(2)))
+            .map_err(err)?
+            .label(s.name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+        if s.points.len() <= 40 {
+            chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 3, c.filled()))).map_err(err)?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font(("sans-serif", 14))
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(180, 180, 180))
+        .draw()
+        .map_err(err)?;
+    Ok(())
+}
+
+/// Grouped bars over named categories (`STEM.svg`, `STEM.png`): one bar per
+/// series in each category (e.g. the retention of each method per domain),
+/// the value printed above each bar. `series[j].values[i]` belongs to
+/// `categories[i]`; a NaN value draws no bar.
+///
+/// # Errors
+/// Drawing or file errors; a series with more values than categories.
+pub fn category_bars(
+    stem: &Path,
+    title: &str,
+    y_desc: &str,
+    categories: &[String],
+    series: &[Series],
+) -> Result<Vec<PathBuf>> {
+    if let Some(s) = series.iter().find(|s| s.values.len() > categories.len()) {
+        return Err(anyhow!("series `{}` has {} values for {} categories", s.name, s.values.len(), categories.len()));
+    }
+    let width = (160 + 90 * categories.len() * series.len().max(1)).clamp(700, 1600) as u32;
+    render!(stem, (width, 600), draw_category_bars(title, y_desc, categories, series))
+}
+
+fn draw_category_bars<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    title: &str,
+    y_desc: &str,
+    categories: &[String],
+    series: &[Series],
+) -> Result<()> {
+    let n = categories.len().max(1);
+    let (_, top) = padded_range(series.iter().flat_map(|s| s.values.iter().copied()), true);
+    let top = top * 1.12;
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 19))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..top)
+        .map_err(err)?;
+    let cats = categories.to_vec();
+    chart
+        .configure_mesh()
+        .y_desc(y_desc)
+        .x_labels(n)
+        .x_label_formatter(&move |x| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 {
+                cats.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .y_label_formatter(&|y| if top >= 20.0 { format!("{y:.0}") } else { format!("{y:.2}") })
+        .label_style(("sans-serif", 14))
+        .max_light_lines(0)
+        .disable_x_mesh()
+        .draw()
+        .map_err(err)?;
+    let k = series.len().max(1) as f64;
+    let w = 0.84 / k;
+    for (j, s) in series.iter().enumerate() {
+        let c = color(j);
+        let x0 = -0.42 + j as f64 * w;
+        let bars: Vec<(f64, f64)> =
+            s.values.iter().enumerate().filter(|(_, v)| v.is_finite()).map(|(i, &v)| (i as f64 + x0, v)).collect();
+        chart
+            .draw_series(bars.iter().map(|&(x, v)| Rectangle::new([(x, 0.0), (x + w * 0.9, v)], c.filled())))
+            .map_err(err)?
+            .label(s.name.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
+        let label = |v: f64| if top >= 20.0 { format!("{v:.1}") } else { format!("{v:.2}") };
+        chart
+            .draw_series(bars.iter().map(|&(x, v)| {
+                Text::new(label(v), (x, v + top * 0.01), ("sans-serif", 11).into_font().color(&BLACK))
+            }))
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font(("sans-serif", 14))
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(180, 180, 180))
+        .draw()
+        .map_err(err)?;
     Ok(())
 }

@@ -4,9 +4,10 @@
 //! files (tests/reference/golden/mergekit_recipes.json, made by
 //! tests/reference/make_recipe_golden.py): linear / task arithmetic / TIES
 //! within the tolerance of the merge golden test, DARE by its statistics,
-//! mergekit-moe's base tensors, experts and `cheap_embed` routers; a studio
-//! pipeline (MoErge -> ridge router -> graft) in one file; refusals that
-//! name the key and write nothing.
+//! mergekit-moe's base tensors, experts and `cheap_embed` routers, its
+//! `shared_experts` (Qwen2-MoE output: the shared expert's FFN and its
+//! `shared_expert_gate`); a studio pipeline (MoErge -> ridge router ->
+//! graft) in one file; refusals that name the key and write nothing.
 
 mod common;
 
@@ -226,6 +227,70 @@ fn mergekit_moe_recipes_copy_base_and_experts_and_match_cheap_embed_routers() {
 }
 
 #[test]
+fn a_mergekit_moe_shared_expert_recipe_gives_mergekit_s_qwen2_moe() {
+    let g = golden();
+    let dir = TempDir::new("shared");
+    let name = "moe_shared_expert";
+    let ours = run_recipe(&dir, name);
+    let gr = &g["recipes"][name];
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join(name).join("config.json")).unwrap()).unwrap();
+    // mergekit picks Qwen MoE (the only output that holds a shared expert
+    // with prompts); the studio's `auto` layout picks qwen2_moe.
+    let theirs = &gr["config"];
+    assert_eq!(cfg["model_type"], "qwen2_moe");
+    assert_eq!(theirs["model_type"], "qwen2_moe");
+    for key in [
+        "num_experts",
+        "num_experts_per_tok",
+        "norm_topk_prob",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+    ] {
+        assert_eq!(cfg[key], theirs[key], "config `{key}`");
+    }
+    let fix = |n: &str| SafetensorsModel::open_dir(&root().join("tests/fixtures/merge/f32").join(n)).unwrap();
+    let m1 = fix("m1");
+    let mut compared = 0;
+    for (t, gt) in gr["tensors"].as_object().unwrap() {
+        if t.ends_with("_proj.bias") {
+            // mergekit gives a Llama base zero q/k/v biases (Qwen2-MoE's
+            // default has them); the studio writes `qkv_bias: false`.
+            assert_eq!(gt["abs_sum"].as_f64(), Some(0.0), "{t}");
+            assert!(ours.info(t).is_none(), "{t}");
+            assert_eq!(cfg["qkv_bias"], false);
+            continue;
+        }
+        let info = ours.info(t).unwrap_or_else(|| panic!("`{t}` missing"));
+        assert_eq!(info.dtype.to_string(), gt["dtype"].as_str().unwrap(), "{t}");
+        let shape: Vec<usize> = gt["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+        assert_eq!(info.shape, shape, "{t}");
+        let v = ours.read_f32(t).unwrap();
+        check_sums(t, sums(&v), gt, 1e-6);
+        check_first8(t, &v, gt, 1e-6);
+        compared += 1;
+    }
+    assert_eq!(compared, ours.tensors().len(), "every tensor of ours is in mergekit's output");
+    for l in 0..2 {
+        for p in ["gate_proj", "up_proj", "down_proj"] {
+            // The shared expert is its source model's FFN, bit for bit.
+            let shared = ours.read_f32(&format!("model.layers.{l}.mlp.shared_expert.{p}.weight")).unwrap();
+            assert_eq!(shared, m1.read_f32(&format!("model.layers.{l}.mlp.{p}.weight")).unwrap(), "layer {l} {p}");
+        }
+        for gate in ["gate", "shared_expert_gate"] {
+            let t = format!("model.layers.{l}.mlp.{gate}.weight");
+            let v = ours.read_f32(&t).unwrap();
+            let theirs: Vec<f64> = gr["routers"][&t].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            assert_eq!(v.len(), theirs.len(), "{t}");
+            let worst = v.iter().zip(&theirs).map(|(a, b)| (f64::from(*a) - b).abs()).fold(0.0, f64::max);
+            eprintln!("{t}: max |ours - mergekit| = {worst:.2e}");
+            assert!(worst < 1e-6, "{t} differs from mergekit's by {worst}");
+        }
+    }
+    eprintln!("{name}: {compared} tensors agree with mergekit 0.1.5");
+}
+
+#[test]
 fn a_studio_recipe_runs_moerge_ridge_router_and_graft_in_one_file() {
     let dir = TempDir::new("studio");
     let f = |n: &str| arg(&root().join("tests/fixtures/merge/f32").join(n));
@@ -297,8 +362,16 @@ fn unsupported_recipe_keys_are_refused_by_name_and_nothing_is_written() {
             "`models[0].parameters.weight`: per-layer gradients",
         ),
         (
-            format!("base_model: {b}\ngate_mode: random\nexperts:\n  - source_model: {m}\n  - source_model: {m}\nshared_experts:\n  - source_model: {m}\n"),
-            "`shared_experts` is not supported",
+            format!("base_model: {b}\narchitecture: mixtral\ngate_mode: random\nexperts:\n  - source_model: {m}\n  - source_model: {m}\nshared_experts:\n  - source_model: {m}\n"),
+            "`shared_experts`: the `mixtral` output has no shared experts (mergekit-moe refuses this too)",
+        ),
+        (
+            format!("base_model: {b}\narchitecture: qwen\ngate_mode: cheap_embed\nexperts:\n  - {{source_model: {m}, positive_prompts: [a]}}\n  - {{source_model: {m}, positive_prompts: [b]}}\nshared_experts:\n  - source_model: {m}\n"),
+            "Qwen2-MoE holds exactly one gated shared expert (got 1 ungated: no prompts)",
+        ),
+        (
+            format!("base_model: {b}\ngate_mode: random\nexperts:\n  - source_model: {m}\n  - source_model: {m}\nshared_experts:\n  - source_model: {m}\n    residual_scale: 0.5\n"),
+            "`shared_experts[0].residual_scale` is not supported",
         ),
         (
             format!("base_model: {b}\ngate_mode: random\ntokenizer_source: union\nexperts:\n  - source_model: {m}\n  - source_model: {m}\n"),

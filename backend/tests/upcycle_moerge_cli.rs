@@ -102,6 +102,111 @@ fn moerge_merges_copies_and_refuses_a_single_model() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `moerge --base --shared-expert` (mergekit-moe's `shared_experts`) on
+/// the committed tiny merge fixtures: refused without a base (DUME) and in
+/// layouts that cannot hold it, with nothing written; an ungated shared
+/// expert goes to the studio layout, one gated shared expert to qwen2_moe;
+/// the shared expert is its source model's FFN bit for bit, the gate
+/// follows `--router-init`; the output runs (`logits`).
+#[test]
+fn moerge_shared_experts_copy_their_model_s_ffn_and_need_a_base() {
+    use moe_shared::checkpoint::safetensors_io::SafetensorsModel;
+    use moe_shared::checkpoint::TensorSource;
+    let fix = |n: &str| {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/merge/f32")
+            .join(n)
+            .canonicalize()
+            .unwrap()
+    };
+    let (base, m1, m2) = (fix("base"), fix("m1"), fix("m2"));
+    let (b, e1, e2) = (common::arg(&base), common::arg(&m1), common::arg(&m2));
+    let dir = tmp("moerge-shared");
+    let out = |n: &str| common::arg(&dir.join(n));
+    let moerge = |extra: &[&str], o: &str| {
+        let mut a = vec!["moerge", &e1, &e2];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&["--out", o, "--json"]);
+        run(&a)
+    };
+    let e = failure(&moerge(&["--shared-expert", &b], &out("dume")));
+    assert!(e.contains("shared experts need a base model") && e.contains("ridge router"), "{e}");
+    let e = failure(&moerge(&["--base", &b, "--shared-expert", &b, "--layout", "qwen2_moe"], &out("q")));
+    assert!(e.contains("`qwen2_moe` layout cannot hold") && e.contains("shared_expert_gate"), "{e}");
+    let gated = ["--base", &b, "--shared-expert", &e2, "--shared-gate", "--router-init", "random"];
+    let e = failure(&moerge(&[&gated[..], &["--layout", "mixtral"]].concat(), &out("m")));
+    assert!(e.contains("`mixtral` layout cannot hold") && e.contains("shared"), "{e}");
+    let e = failure(&moerge(&[&gated[..], &["--shared-prompts", &b]].concat(), &out("p")));
+    assert!(e.contains("--shared-prompts is read by a gated shared expert"), "{e}");
+    for n in ["dume", "q", "m", "p"] {
+        assert!(!dir.join(n).exists(), "{n}: output written on refusal");
+    }
+    // Ungated (DeepSeek-style): only the studio layout holds it.
+    let s = json(&moerge(&["--base", &b, "--shared-expert", &b], &out("ungated")));
+    assert_eq!(s["layout"], "moe_studio");
+    assert!(s["layout_reason"].as_str().unwrap().contains("ungated"), "{s}");
+    assert_eq!(s["moe"]["layers"][0]["shared_experts"], 1);
+    assert_eq!(s["moe"]["layers"][0]["shared_expert_gate"], false);
+    let o = SafetensorsModel::open_dir(&dir.join("ungated")).unwrap();
+    let src = SafetensorsModel::open_dir(&base).unwrap();
+    for l in 0..2 {
+        for (w, p) in [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")] {
+            let got = o.read_f32(&format!("model.layers.{l}.block_sparse_moe.shared_experts.0.{w}.weight")).unwrap();
+            assert_eq!(got, src.read_f32(&format!("model.layers.{l}.mlp.{p}.weight")).unwrap(), "layer {l} {w}");
+        }
+    }
+    // One gated shared expert: qwen2_moe, m2's FFN, a seeded N(0, 1) gate.
+    let s = json(&moerge(&[&gated[..], &["--router-std", "1", "--seed", "5"]].concat(), &out("gated")));
+    assert_eq!(s["layout"], "qwen2_moe");
+    let o = SafetensorsModel::open_dir(&dir.join("gated")).unwrap();
+    let src = SafetensorsModel::open_dir(&m2).unwrap();
+    let down = "model.layers.1.mlp.down_proj.weight";
+    assert_eq!(o.read_f32("model.layers.1.mlp.shared_expert.down_proj.weight").unwrap(), src.read_f32(down).unwrap());
+    let g = o.read_f32("model.layers.0.mlp.shared_expert_gate.weight").unwrap();
+    assert_eq!(g.len(), 16);
+    let ms = g.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>() / 16.0;
+    assert!((0.2..3.0).contains(&ms), "N(0, 1) gate, mean square {ms}");
+    assert_ne!(g, o.read_f32("model.layers.1.mlp.shared_expert_gate.weight").unwrap(), "a stream per tensor");
+    // The gate is a router row of the shared expert's own prompts: with the
+    // prompts of expert 0 it equals router row 0 in every layer (hidden:
+    // per layer from the base's forward pass; cheap-embed: one row).
+    let prompts = |name: &str, sets: &[&str]| {
+        let p = dir.join(name);
+        let experts: Vec<serde_json::Value> =
+            sets.iter().map(|s| serde_json::json!({"positive": [s], "negative": ["dog cat"]})).collect();
+        std::fs::write(&p, serde_json::json!({ "experts": experts }).to_string()).unwrap();
+        common::arg(&p)
+    };
+    let (ep, sp) =
+        (prompts("e.json", &["code function loop", "math proof number"]), prompts("s.json", &["code function loop"]));
+    for init in ["hidden", "cheap-embed"] {
+        let o = out(init);
+        let args = ["--base", &b, "--shared-expert", &e1, "--shared-gate", "--router-init", init];
+        ok(&moerge(&[&args[..], &["--expert-prompts", &ep, "--shared-prompts", &sp]].concat(), &o));
+        let m = SafetensorsModel::open_dir(&dir.join(init)).unwrap();
+        for l in 0..2 {
+            let router = m.read_f32(&format!("model.layers.{l}.mlp.gate.weight")).unwrap();
+            let gate = m.read_f32(&format!("model.layers.{l}.mlp.shared_expert_gate.weight")).unwrap();
+            assert_eq!(gate, router[..16], "{init} layer {l}");
+            let norm = gate.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-6, "{init} layer {l}: a unit row ({norm})");
+        }
+    }
+    let e = failure(&moerge(
+        &["--base", &b, "--shared-expert", &e1, "--shared-gate", "--router-init", "hidden", "--expert-prompts", &ep],
+        &out("np"),
+    ));
+    assert!(e.contains("needs --shared-prompts FILE"), "{e}");
+    assert!(!dir.join("np").exists());
+    let logits = dir.join("l.f32");
+    ok(&run(&["logits", &out("gated"), "--ids", "1,4,5,6", "--out", &common::arg(&logits)]));
+    let v: Vec<f32> =
+        std::fs::read(&logits).unwrap().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(v.len(), 4 * 64);
+    assert!(v.iter().all(|x| x.is_finite()));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The upcycling variants and routing options end to end: a granular,
 /// shared-expert, Drop-Upcycling upcycle (E·G experts and one gated shared
 /// expert: the Qwen2-MoE layout), then stage 1 with aux-loss-free

@@ -91,7 +91,9 @@ def main():
                 type_k=0, type_v=0)
     load_s = time.time() - t0
     text = open(a.text, encoding="utf-8").read()
-    ll_ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)[: a.max_tokens]
+    # add_bos=True adds BOS only where the vocabulary's add_bos_token says so, as moe-studio's `--text`
+    # (moe_shared::eval::text_ids) and llama.cpp's own perplexity.
+    ll_ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)[: a.max_tokens]
 
     ids, ours = ours_ids(a.bin, a.gguf, a.text, a.max_tokens)
     same_tokens = ll_ids == ids

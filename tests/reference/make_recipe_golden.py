@@ -15,7 +15,8 @@ for shared/tests/integration/recipes.rs.
    sum |x|, sum x^2, first 8 values); for merges with a base also the
    fraction of elements that differ from the base and the L1 norm of
    (out - base) (the DARE statistics); for MoE recipes every value of the
-   router tensors (`model.layers.{l}.mlp.gate.weight`).
+   router tensors (`model.layers.{l}.mlp.gate.weight`) and of the shared
+   experts' gates (`model.layers.{l}.mlp.shared_expert_gate.weight`).
 
 Environment: tests/reference/requirements-mergekit.txt (the venv
 ~/.cache/moe-studio/mergekit-venv):
@@ -117,7 +118,7 @@ def main():
                 entry["routers"] = {
                     k: [float(x) for x in v.to(torch.float64).reshape(-1)]
                     for k, v in sorted(t.items())
-                    if k.endswith("mlp.gate.weight")
+                    if k.endswith(("mlp.gate.weight", "mlp.shared_expert_gate.weight"))
                 }
                 entry["config"] = json.loads((out / "config.json").read_text())
             golden["recipes"][r.stem] = entry

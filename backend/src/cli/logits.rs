@@ -22,7 +22,8 @@ pub struct Args {
     /// Token ids, comma-separated.
     #[arg(long, value_delimiter = ',', required_unless_present = "text", conflicts_with = "text")]
     pub ids: Vec<u32>,
-    /// A UTF-8 text file, tokenized without special tokens.
+    /// A UTF-8 text file, tokenized with the tokenizer's special tokens (the BOS it adds; transformers'
+    /// `tokenizer(text)`).
     #[arg(long)]
     pub text: Option<PathBuf>,
     /// Keep the first N tokens.
@@ -41,7 +42,7 @@ impl WithBackend for Args {
             Some(p) => {
                 let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
                 let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer", m.path))?;
-                let mut ids = tok.encode(&text, false)?;
+                let mut ids = moe_shared::eval::text_ids(tok, &text)?;
                 ids.truncate(a.max_tokens);
                 ids
             }

@@ -7,6 +7,12 @@
 //! tensors are the base's, and the router may start from each expert's
 //! prompts on the base (`--router-init hidden` or `cheap-embed` with
 //! `--expert-prompts FILE`, the JSON of `upcycle --expert-prompts`).
+//! `--shared-expert MODEL` (repeatable, `--base` only) adds that model's
+//! FFN as an always-on shared expert of every layer (mergekit-moe's
+//! `shared_experts`), ungated or, with `--shared-gate`, gated by
+//! `sigmoid(g · x)` with `g` initialised as `--router-init` says (the
+//! prompt-based modes read `--shared-prompts FILE`, one prompt set per
+//! shared expert): `moe_shared::methods::moerge_shared`.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -14,8 +20,10 @@ use std::time::Instant;
 use anyhow::Context;
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
+use moe_shared::checkpoint::LoadedModel;
 use moe_shared::jobs::Defaults as D;
-use moe_shared::methods::{moerge_with_base, MoergeInput, MoergeOptions, RouterInit};
+use moe_shared::methods::{hidden_router_rows, moerge_with_base, MoergeInput, MoergeOptions, RouterInit, SharedGate};
+use moe_shared::model::load_model;
 
 use super::backend::WithBackend;
 use super::upcycle::RouterInitArg;
@@ -54,7 +62,20 @@ pub struct Args {
     /// Freeze no expert (the default; accepted for symmetry with upcycle).
     #[arg(long)]
     pub no_frozen: bool,
-    /// Seed of a random router.
+    /// A model whose FFN becomes an always-on shared expert of every layer (mergekit-moe's
+    /// `shared_experts`; repeat for more; needs --base). One gated shared expert fits the
+    /// qwen2_moe layout, anything else the studio layout.
+    #[arg(long)]
+    pub shared_expert: Vec<PathBuf>,
+    /// Gate each shared expert by sigmoid(g·x) (Qwen2-MoE), `g` initialised as --router-init says;
+    /// without it they are added as they are (DeepSeek-MoE).
+    #[arg(long)]
+    pub shared_gate: bool,
+    /// Prompts per shared expert for a hidden / cheap-embed shared gate (the JSON of
+    /// --expert-prompts, one entry per --shared-expert).
+    #[arg(long)]
+    pub shared_prompts: Option<PathBuf>,
+    /// Seed of a random router (and random shared gate).
     #[arg(long, default_value_t = D::default().seed)]
     pub seed: u64,
     #[command(flatten)]
@@ -90,17 +111,60 @@ impl WithBackend for Args {
         if let Some(m) = models.iter().chain(&base).find(|m| m.moe.is_some()) {
             anyhow::bail!("{}: the model is already an MoE; moerge takes dense models", m.path);
         }
-        let prompts = || a.expert_prompts.as_ref().context("this --router-init needs --expert-prompts FILE");
-        let with_base = || base.as_ref().context("this --router-init reads prompts with the base model: give --base");
-        let router_init = match (a.router_init, a.router_std) {
-            (None, None) | (Some(RouterInitArg::Zeros), None) => RouterInit::Zeros,
-            (None, Some(std)) | (Some(RouterInitArg::Random), Some(std)) => RouterInit::Random { std },
-            (Some(RouterInitArg::Random), None) => RouterInit::Random { std: D::default().upcycle_router_std },
-            (Some(RouterInitArg::Hidden), None) => super::upcycle::hidden_rows::<B>(with_base()?, prompts()?, &device)?,
-            (Some(RouterInitArg::CheapEmbed), None) => super::upcycle::cheap_embed_init(with_base()?, prompts()?)?,
+        let shared = a.shared_expert.iter().map(open).collect::<anyhow::Result<Vec<_>>>()?;
+        if let Some(m) = shared.iter().find(|m| m.moe.is_some()) {
+            anyhow::bail!("{}: the model is already an MoE; a shared expert is a dense model's FFN", m.path);
+        }
+        if a.shared_gate && shared.is_empty() {
+            anyhow::bail!("--shared-gate needs --shared-expert MODEL");
+        }
+        let kind = match (a.router_init, a.router_std) {
+            (None, None) => RouterInitArg::Zeros,
+            (None, Some(_)) => RouterInitArg::Random,
+            (Some(k), None) => k,
+            (Some(RouterInitArg::Random), Some(_)) => RouterInitArg::Random,
             (Some(_), Some(_)) => anyhow::bail!("--router-std is for --router-init random"),
         };
+        let prompt_gate = a.shared_gate && matches!(kind, RouterInitArg::Hidden | RouterInitArg::CheapEmbed);
+        if a.shared_prompts.is_some() && !prompt_gate {
+            anyhow::bail!(
+                "--shared-prompts is read by a gated shared expert (--shared-gate) under --router-init hidden or \
+                 cheap-embed only"
+            );
+        }
+        let router_std = a.router_std.unwrap_or(D::default().upcycle_router_std);
+        let router_prompts = || a.expert_prompts.as_ref().context("this --router-init needs --expert-prompts FILE");
+        let shared_prompts = || {
+            a.shared_prompts
+                .as_ref()
+                .context("a gated shared expert under this --router-init needs --shared-prompts FILE")
+        };
+        let with_base = || base.as_ref().context("this --router-init reads prompts with the base model: give --base");
+        // The routers, then the shared gate the same way from its own
+        // prompts (mergekit-moe computes both in one get_gate_params call).
+        let (router_init, shared_init) = match kind {
+            RouterInitArg::Zeros => (RouterInit::Zeros, RouterInit::Zeros),
+            RouterInitArg::Random => (RouterInit::Random { std: router_std }, RouterInit::Random { std: router_std }),
+            RouterInitArg::Hidden => {
+                let files: Vec<&PathBuf> =
+                    std::iter::once(router_prompts()?).chain(prompt_gate.then(shared_prompts).transpose()?).collect();
+                let mut inits = hidden_inits::<B>(with_base()?, &files, &device)?.into_iter();
+                let router = inits.next().expect("one per file");
+                (router, inits.next().unwrap_or(RouterInit::Zeros))
+            }
+            RouterInitArg::CheapEmbed => {
+                let router = super::upcycle::cheap_embed_init(with_base()?, router_prompts()?)?;
+                let gate = if prompt_gate {
+                    super::upcycle::cheap_embed_init(with_base()?, shared_prompts()?)?
+                } else {
+                    RouterInit::Zeros
+                };
+                (router, gate)
+            }
+        };
+        let shared_gate = if a.shared_gate { SharedGate::Gated(shared_init) } else { SharedGate::Ungated };
         let inputs: Vec<MoergeInput<'_>> = models.iter().map(MoergeInput::from).collect();
+        let shared_inputs: Vec<MoergeInput<'_>> = shared.iter().map(MoergeInput::from).collect();
         let opts = MoergeOptions {
             top_k: a.top_k,
             temperature: a.temperature,
@@ -109,13 +173,40 @@ impl WithBackend for Args {
             frozen: if a.no_frozen { vec![] } else { a.frozen.clone() },
             dtype,
             layout,
+            shared_gate,
             ..Default::default()
         };
         let first = base.as_ref().unwrap_or(&models[0]);
         let tok = first.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
         let write_opts = a.output.write_options();
-        let report =
-            moerge_with_base(&inputs, base.as_ref().map(MoergeInput::from), &opts, &a.output.out, tok, write_opts)?;
+        let report = moerge_with_base(
+            &inputs,
+            base.as_ref().map(MoergeInput::from),
+            &shared_inputs,
+            &opts,
+            &a.output.out,
+            tok,
+            write_opts,
+        )?;
         super::moe_summary::print(&report, &a.output.out, started, a.output.json)
     }
+}
+
+/// Hidden-state router rows of each prompt file (`upcycle --expert-prompts`
+/// JSON) on `m`, loading the model once: the routers' and the shared
+/// gate's.
+fn hidden_inits<B: Backend>(
+    m: &LoadedModel,
+    files: &[&PathBuf],
+    device: &B::Device,
+) -> anyhow::Result<Vec<RouterInit>> {
+    let model = load_model::<B>(m, device)?;
+    files
+        .iter()
+        .map(|p| {
+            let prompts = super::upcycle::expert_prompts(m, p)?;
+            let rows = hidden_router_rows(&model, &prompts, device).with_context(|| p.display().to_string())?;
+            Ok(RouterInit::Hidden { rows })
+        })
+        .collect()
 }

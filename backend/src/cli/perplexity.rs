@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
-use moe_shared::eval::{perplexity, PerplexityOptions};
+use moe_shared::eval::{perplexity, text_ids, PerplexityOptions};
 use moe_shared::model::load_model;
 
 use super::backend::WithBackend;
@@ -15,7 +15,8 @@ use super::backend::WithBackend;
 pub struct Args {
     /// A Hugging Face model directory, a `.gguf` file or a llama2.c `.bin`.
     pub model: PathBuf,
-    /// UTF-8 text file, read whole and tokenized without special tokens.
+    /// UTF-8 text file, read whole and tokenized with the tokenizer's special tokens (the BOS it adds, as
+    /// transformers' `tokenizer(text)` and llama.cpp's perplexity).
     #[arg(long)]
     pub text: PathBuf,
     /// Tokens per window.
@@ -45,7 +46,7 @@ impl WithBackend for Args {
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer found with this model", m.path))?;
         let model = load_model::<B>(&m, &device)?;
-        let ids = tok.encode(&text, false)?;
+        let ids = text_ids(tok, &text)?;
         let opts = PerplexityOptions { window: a.window, stride: a.stride, max_tokens: a.max_tokens, batch: a.batch };
         let quiet = a.json;
         let r = perplexity(&model, &ids, opts, &device, |done, total| {

@@ -4,10 +4,10 @@
 //! MoE before the graft vs the grafted MoE (DeltaMoE's claim that the
 //! delta carries the post-training ability; docs/methods.md, "Delta graft").
 
-use moe_shared::eval::{perplexity, PerplexityOptions};
+use moe_shared::eval::{perplexity, text_ids, PerplexityOptions};
 
 use super::progress::Progress;
-use super::{cpu_model, encode, msg};
+use super::{cpu_model, msg};
 use crate::store::Picked;
 
 /// Tokens per window (and stride) when the model's context allows: the
@@ -18,8 +18,9 @@ pub const WINDOW: usize = 128;
 /// Most tokens scored per model (the page stays in seconds).
 pub const MAX_TOKENS: usize = 4096;
 
-/// Each model's perplexity on `text` (tokenised without special tokens,
-/// like the CLI), in the order given; progress in windows over all models.
+/// Each model's perplexity on `text` (tokenised with the tokenizer's special
+/// tokens, `moe_shared::eval::text_ids`, like the CLI), in the order given;
+/// progress in windows over all models.
 ///
 /// # Errors
 /// No model, a model without tokenizer, a text of fewer than two tokens,
@@ -31,7 +32,11 @@ pub fn run(progress: &Progress, models: &[Picked], text: &str) -> Result<Vec<f64
     let mut out = Vec::with_capacity(models.len());
     for (i, p) in models.iter().enumerate() {
         let m = p.model();
-        let ids = encode(m, text, false)?;
+        let tok = m
+            .tokenizer
+            .as_ref()
+            .ok_or_else(|| format!("{} has no tokenizer: load it with its tokenizer file", m.path))?;
+        let ids = text_ids(tok, text).map_err(msg)?;
         if ids.len() < 2 {
             return Err(format!("the text has {} token(s) for {}: at least 2 are needed", ids.len(), p.name()));
         }

@@ -3,6 +3,8 @@
 
 pub mod dataset;
 pub mod perplexity;
+pub mod text;
 
 pub use dataset::{evaluate, randomize_routers, retention, DatasetEval};
 pub use perplexity::{perplexity, PerplexityOptions, PerplexityReport};
+pub use text::text_ids;

@@ -5,7 +5,8 @@
 //!   (DeltaMoE phase 1, §1; per-layer counts from NeuronMoE, §3, via
 //!   [`allocation`]).
 //! - [`moerge`]: `N` dense models -> one MoE with `N` experts (DUME
-//!   MoErging, §2).
+//!   MoErging, §2; on a base model with mergekit-moe's shared experts,
+//!   [`moerge_shared`]).
 //!
 //! Both validate everything before any output exists, stream one source
 //! tensor at a time into a [`sink::TensorSink`] (the atomic safetensors
@@ -25,6 +26,7 @@ pub mod compat;
 pub mod hidden;
 pub mod moe_plan;
 pub mod moerge;
+pub mod moerge_shared;
 pub mod neurons;
 pub mod output;
 pub mod ridge;
@@ -42,6 +44,7 @@ pub use moerge::{
     plan_moerge, plan_moerge_with_base, weighted_means, write_moerge, write_moerge_with_base, MoergeInput,
     MoergeOptions, MoergePlan,
 };
+pub use moerge_shared::{mergekit_shared_expert_tensor, SharedGate};
 pub use output::MoeReport;
 pub use router_init::{cheap_embed_row, RouterInit};
 #[cfg(not(target_arch = "wasm32"))]

@@ -9,19 +9,24 @@
 //! - Routers start at zero (or seeded random); DUME's ridge-regression
 //!   router is fitted afterwards on the merged model.
 //!
-//! No shared experts: DUME's MoE computes `sum_i p_i(x) FFN_i(x)` with the
-//! ridge router predicting the domain `i`, and each term keeps its meaning
-//! only because expert `i` is domain `i`'s own FFN. A shared expert would
-//! add an always-on term that no domain was trained with (the mean FFN, say,
-//! is the weight-averaging baseline's FFN and would double-count it), so
-//! `moerge` offers no `--shared-experts`; upcycle with shared experts and
-//! train them instead (methods.md "Shared experts").
+//! No shared experts in DUME's MoErge: its MoE computes
+//! `sum_i p_i(x) FFN_i(x)` with the ridge router predicting the domain `i`,
+//! and each term keeps its meaning only because expert `i` is domain `i`'s
+//! own FFN. A shared expert would add an always-on term that no domain was
+//! trained with (the mean FFN, say, is the weight-averaging baseline's FFN
+//! and would double-count it), so without a base model `moerge` refuses
+//! `--shared-expert`; upcycle with shared experts and train them instead
+//! (methods.md "Shared experts").
 //!
 //! **mergekit-moe's variant** ([`plan_moerge_with_base`]): with a base
 //! model every non-FFN tensor is the base's, unchanged (mergekit-moe copies
 //! them from `base_model`; it averages nothing), and the router may start
 //! from hidden states or prompt embeddings of the base (`hidden`,
-//! `cheap_embed`; docs/methods.md §6.1 "mergekit recipes").
+//! `cheap_embed`; docs/methods.md §6.1 "mergekit recipes"). Here shared
+//! experts keep the meaning mergekit gives them — a named model's whole
+//! FFN, always on, optionally gated by `sigmoid(g · x)` with `g` from its
+//! own prompts ([`super::moerge_shared`]) — a starting point for training
+//! like the rest of this merge, which computes no source model's function.
 //!
 //! Refused before anything is written: fewer than two models, different
 //! architectures or tokenizers (naming both models), a model whose tensors
@@ -30,6 +35,7 @@
 use super::average::{weighted_mean, MeanAccumulator, WeightedMean};
 use super::compat::{check_architecture, check_tokenizer};
 use super::moe_plan::{MoeTensor, Origin};
+use super::moerge_shared::{mergekit_shared_expert_tensor, SharedGate};
 use super::output::{check_dense_source, config_json, layout_sink, planned_tensors, LayoutChoice, LayoutRequest};
 use super::router_init::RouterInit;
 use super::sink::{write_values, TensorSink};
@@ -84,6 +90,10 @@ pub struct MoergeOptions {
     pub router_aux_loss_coef: f64,
     /// On-disk layout (`--layout`; default `auto`).
     pub layout: LayoutRequest,
+    /// How the shared experts (mergekit-moe's `shared_experts`, given to
+    /// [`plan_moerge_with_base`]) are weighed; ignored without them
+    /// (default ungated).
+    pub shared_gate: SharedGate,
 }
 
 impl Default for MoergeOptions {
@@ -97,6 +107,7 @@ impl Default for MoergeOptions {
             dtype: None,
             router_aux_loss_coef: 0.01,
             layout: LayoutRequest::Auto,
+            shared_gate: SharedGate::Ungated,
         }
     }
 }
@@ -129,7 +140,7 @@ pub struct MoergePlan {
 /// vocabulary-sized tensor has a different rank; option errors
 /// (top-k > N, frozen index, temperature, hidden router).
 pub fn plan_moerge(inputs: &[MoergeInput<'_>], opts: &MoergeOptions) -> Result<MoergePlan> {
-    plan_moerge_with_base(inputs, None, opts)
+    plan_moerge_with_base(inputs, None, &[], opts)
 }
 
 /// [`plan_moerge`] with an optional `base` (mergekit-moe's `base_model`):
@@ -138,14 +149,22 @@ pub fn plan_moerge(inputs: &[MoergeInput<'_>], opts: &MoergeOptions) -> Result<M
 /// and config, and the router may be `hidden` / `cheap_embed` (rows the
 /// caller computed from the base). Without a base it is DUME's MoErge.
 ///
+/// `shared` (mergekit-moe's `shared_experts`, base only): model `j`'s FFN
+/// becomes shared expert `j` of every MoE layer, weighed as
+/// `opts.shared_gate` says ([`super::moerge_shared`]).
+///
 /// # Errors
-/// Those of [`plan_moerge`], with the base checked like every expert
-/// (architecture, tokenizer, tensors vs config), and a `hidden` or
-/// `cheap_embed` router without a base (DUME fits the ridge router
-/// instead).
+/// Those of [`plan_moerge`], with the base and every shared expert checked
+/// like every expert (architecture, tokenizer, tensors vs config), a
+/// `hidden` or `cheap_embed` router without a base (DUME fits the ridge
+/// router instead), shared experts without a base (the reason in the
+/// module docs), and the shared gate's errors
+/// ([`SharedGate::validate`]); a named layout that cannot hold the shared
+/// experts is refused with the layouts that can.
 pub fn plan_moerge_with_base(
     inputs: &[MoergeInput<'_>],
     base_input: Option<MoergeInput<'_>>,
+    shared: &[MoergeInput<'_>],
     opts: &MoergeOptions,
 ) -> Result<MoergePlan> {
     if inputs.len() < 2 {
@@ -161,14 +180,22 @@ pub fn plan_moerge_with_base(
              with; MoErge with zeros or random and fit the ridge router",
         ));
     }
+    if !shared.is_empty() && base_input.is_none() {
+        return Err(StudioError::config(
+            "--shared-expert",
+            "shared experts need a base model (mergekit-moe's base_model, --base): in DUME's MoErge every expert \
+             is one domain's FFN and the ridge router picks the domain, so an always-on FFN no domain was trained \
+             with would change every domain's function (upcycle with --shared-experts and train them instead)",
+        ));
+    }
     let first = base_input.unwrap_or(inputs[0]);
     let base = first.config;
     let mut warnings = Vec::new();
-    for m in base_input.iter().chain(inputs) {
+    for m in base_input.iter().chain(inputs).chain(shared) {
         check_dense_source(m.source, m.config)?;
     }
     let others = if base_input.is_some() { inputs } else { &inputs[1..] };
-    for m in others {
+    for m in others.iter().chain(shared) {
         warnings.extend(check_architecture(first.name, base, m.name, m.config)?);
         warnings.extend(check_tokenizer(first.name, first.tokenizer, m.name, m.tokenizer)?);
     }
@@ -177,12 +204,15 @@ pub fn plan_moerge_with_base(
         top_k: opts.top_k,
         frozen: opts.frozen.clone(),
         temperature: opts.temperature,
+        shared_experts: shared.len(),
+        shared_expert_gate: !shared.is_empty() && opts.shared_gate.is_gated(),
         ..Default::default()
     };
     let moe =
         MoeConfig { router_aux_loss_coef: opts.router_aux_loss_coef, ..MoeConfig::uniform(base.num_layers, spec) };
     moe.validate(base, "moerge options")?;
     opts.router_init.validate(&moe, base.hidden_size, "--router-init")?;
+    opts.shared_gate.validate(shared.len(), &moe, base.hidden_size)?;
     if let Some(d) = opts.dtype.filter(|d| d.float_size().is_none()) {
         return Err(StudioError::Invalid(format!("cannot write dtype {d} (use f32, f16 or bf16)")));
     }
@@ -212,7 +242,7 @@ pub fn plan_moerge_with_base(
         }
     }
     warnings.extend(choice.warnings.iter().cloned());
-    let provenance = serde_json::json!({
+    let mut provenance = serde_json::json!({
         "method": if base_input.is_some() { "moerge-on-base" } else { "moerge" },
         "base": base_input.map(|b| b.name),
         "sources": inputs.iter().map(|m| m.name).collect::<Vec<_>>(),
@@ -220,6 +250,12 @@ pub fn plan_moerge_with_base(
         "seed": opts.seed,
         "temperature": opts.temperature,
     });
+    // Recorded only when used, so that plain MoErges keep their bytes.
+    if !shared.is_empty() {
+        let obj = provenance.as_object_mut().expect("object");
+        obj.insert("shared_experts".into(), serde_json::json!(shared.iter().map(|m| m.name).collect::<Vec<_>>()));
+        obj.insert("shared_gate".into(), opts.shared_gate.kind().into());
+    }
     let dtype = planned.first().map(|p| p.dtype).unwrap_or(DType::F32);
     let config_json = config_json(base, &choice, dtype, provenance);
     Ok(MoergePlan { moe, choice, tensors, planned, config_json, warnings })
@@ -266,17 +302,20 @@ pub fn write_moerge(
     opts: &MoergeOptions,
     sink: &mut dyn TensorSink,
 ) -> Result<()> {
-    write_moerge_with_base(inputs, None, plan, opts, sink)
+    write_moerge_with_base(inputs, None, &[], plan, opts, sink)
 }
 
 /// [`write_moerge`] for a plan of [`plan_moerge_with_base`]: with `base`,
-/// the non-FFN tensors are the base's values (read once, unchanged).
+/// the non-FFN tensors are the base's values (read once, unchanged); the
+/// shared experts and their gate are
+/// [`mergekit_shared_expert_tensor`]'s (`shared` as planned).
 ///
 /// # Errors
 /// Read errors of the sources, write errors of `sink`.
 pub fn write_moerge_with_base(
     inputs: &[MoergeInput<'_>],
     base: Option<MoergeInput<'_>>,
+    shared: &[MoergeInput<'_>],
     plan: &MoergePlan,
     opts: &MoergeOptions,
     sink: &mut dyn TensorSink,
@@ -304,8 +343,12 @@ pub fn write_moerge_with_base(
                 plan.choice.router_scale[*layer],
             ),
             Origin::RouterBias { .. } => vec![0.0; t.shape[0]],
-            // plan_moerge's layout has none of these (see `plan_moerge`).
-            Origin::SelectionBias { .. } | Origin::SharedGate { .. } | Origin::SharedExpert { .. } => {
+            Origin::SharedGate { .. } | Origin::SharedExpert { .. } => {
+                mergekit_shared_expert_tensor(&t.origin, &t.shape, &t.name, shared, &opts.shared_gate, opts.seed)
+                    .expect("a shared-expert origin")?
+            }
+            // plan_moerge's layout has no selection bias.
+            Origin::SelectionBias { .. } => {
                 return Err(StudioError::Invalid(format!("moerge does not make `{}`", t.name)))
             }
         };
@@ -331,11 +374,11 @@ pub fn moerge(
     tokenizer_json: Option<Vec<u8>>,
     write_opts: crate::checkpoint::WriteOptions,
 ) -> Result<super::output::MoeReport> {
-    moerge_with_base(inputs, None, opts, out_dir, tokenizer_json, write_opts)
+    moerge_with_base(inputs, None, &[], opts, out_dir, tokenizer_json, write_opts)
 }
 
-/// [`moerge`] with an optional base model (mergekit-moe's `base_model`, see
-/// [`plan_moerge_with_base`]).
+/// [`moerge`] with an optional base model (mergekit-moe's `base_model`) and
+/// shared experts (its `shared_experts`), see [`plan_moerge_with_base`].
 ///
 /// # Errors
 /// As [`moerge`].
@@ -343,14 +386,15 @@ pub fn moerge(
 pub fn moerge_with_base(
     inputs: &[MoergeInput<'_>],
     base: Option<MoergeInput<'_>>,
+    shared: &[MoergeInput<'_>],
     opts: &MoergeOptions,
     out_dir: &std::path::Path,
     tokenizer_json: Option<Vec<u8>>,
     write_opts: crate::checkpoint::WriteOptions,
 ) -> Result<super::output::MoeReport> {
-    let plan = plan_moerge_with_base(inputs, base, opts)?;
+    let plan = plan_moerge_with_base(inputs, base, shared, opts)?;
     let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, plan.planned.clone(), write_opts)?;
-    write_moerge_with_base(inputs, base, &plan, opts, &mut w)?;
+    write_moerge_with_base(inputs, base, shared, &plan, opts, &mut w)?;
     let mut extra = vec![("config.json", serde_json::to_vec_pretty(&plan.config_json).expect("json"))];
     if let Some(t) = tokenizer_json {
         extra.push(("tokenizer.json", t));
@@ -358,7 +402,7 @@ pub fn moerge_with_base(
     w.finish(&extra)?;
     let mut report = super::output::MoeReport::new(
         "moerge",
-        base.iter().chain(inputs).map(|m| m.name.to_string()).collect(),
+        base.iter().chain(inputs).chain(shared).map(|m| m.name.to_string()).collect(),
         base.unwrap_or(inputs[0]).config,
         &plan.choice,
         &plan.planned,

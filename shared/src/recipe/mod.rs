@@ -23,6 +23,7 @@
 pub mod keys;
 pub mod mergekit;
 pub mod moe;
+pub mod shared;
 
 use std::path::{Path, PathBuf};
 
@@ -287,12 +288,27 @@ fn plan_moe(
             if let Gate::Random { std } = r.gate {
                 argv.push(format!("--router-std={std}"));
             }
-            if r.gate.needs_prompts() {
-                let prompts = ctx.work_dir.join("expert_prompts.json");
+            let prompt_file = |name: &str, experts: &[moe::Expert], files: &mut Vec<(PathBuf, Vec<u8>)>| {
+                let path = ctx.work_dir.join(name);
                 let body = serde_json::json!({"experts": experts.iter().map(|e| serde_json::json!({
                     "positive": e.positive_prompts, "negative": e.negative_prompts})).collect::<Vec<_>>()});
-                files.push((prompts.clone(), serde_json::to_vec_pretty(&body).expect("json")));
-                argv.push(format!("--expert-prompts={}", s(&prompts)));
+                files.push((path.clone(), serde_json::to_vec_pretty(&body).expect("json")));
+                path
+            };
+            if r.gate.needs_prompts() {
+                argv.push(format!("--expert-prompts={}", s(&prompt_file("expert_prompts.json", experts, files))));
+            }
+            for (i, e) in r.shared.experts.iter().enumerate() {
+                let p = resolve(ctx, &e.source_model);
+                argv.push(format!("--shared-expert={}", s(&p)));
+                inputs.push((format!("shared_experts[{i}].source_model"), p));
+            }
+            if r.shared.gated {
+                argv.push("--shared-gate".into());
+            }
+            if r.shared.prompt_gate(&r.gate) {
+                let p = prompt_file("shared_prompts.json", &r.shared.experts, files);
+                argv.push(format!("--shared-prompts={}", s(&p)));
             }
             argv.extend(frozen_arg(&r.frozen));
             if let Some(t) = r.temperature {

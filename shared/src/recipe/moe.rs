@@ -9,10 +9,10 @@
 //! (default 2), `dtype`, `architecture` (`mixtral`, `qwen`, `deepseek`: the
 //! output layout), `tokenizer_source` (only `base`: the base model's
 //! tokenizer is what the studio copies; `union` and other models are
-//! refused by name). `shared_experts` is refused (MoErged experts are whole
-//! domain FFNs; see `methods/moerge.rs`), and so is a `train` stage
-//! (continued pre-training is its own resumable job, between the recipe's
-//! MoE and its graft).
+//! refused by name), `shared_experts` (each `source_model`'s FFN always on,
+//! gated by its prompts or not: [`super::shared`]). A `train` stage is
+//! refused (continued pre-training is its own resumable job, between the
+//! recipe's MoE and its graft).
 //!
 //! Studio keys, so that a whole pipeline is one file:
 //! - `gate_mode: ridge` (DUME's ridge router: every expert gives `data`,
@@ -32,6 +32,7 @@ use serde::Deserialize;
 use serde_yaml_ng::{Mapping, Value};
 
 use super::keys::{check_keys, fields_of, get, kind, nearest, number, string, strings, Refused};
+use super::shared::{shared_experts, SharedExperts};
 use crate::api::{GraftSpec, RouteSpec, UpcycleSpec};
 use crate::checkpoint::DType;
 use crate::error::{Result, StudioError};
@@ -48,6 +49,7 @@ struct MoeKeys {
     experts_per_token: Value,
     architecture: Value,
     tokenizer_source: Value,
+    shared_experts: Value,
     // studio
     upcycle: Value,
     allocation: Value,
@@ -73,18 +75,11 @@ struct ExpertKeys {
     heldout: Value,
 }
 
-const REFUSED_TOP: &[Refused] = &[
-    (
-        "shared_experts",
-        "MoErged experts are whole domain FFNs with no always-on expert (docs/methods.md §2.1); to train shared \
-         experts, upcycle with `moe-studio upcycle --shared-experts N`",
-    ),
-    (
-        "train",
-        "continued pre-training is not a recipe stage (a long, resumable job with its own checkpoints): run the \
+const REFUSED_TOP: &[Refused] = &[(
+    "train",
+    "continued pre-training is not a recipe stage (a long, resumable job with its own checkpoints): run the \
          recipe without `graft`, train its output with `moe-studio train`, then graft with `moe-studio graft`",
-    ),
-];
+)];
 
 const REFUSED_EXPERT: &[Refused] = &[
     (
@@ -171,6 +166,8 @@ pub struct MoeRecipe {
     pub base_model: Option<String>,
     /// MoErge or upcycle.
     pub source: MoeSource,
+    /// `shared_experts` (MoErge on `base_model` only; empty: none).
+    pub shared: SharedExperts,
     /// Router initialisation.
     pub gate: Gate,
     /// `experts_per_token` (mergekit-moe's default 2).
@@ -206,7 +203,8 @@ impl MoeRecipe {
     /// experts, experts without prompts for a hidden / cheap_embed gate
     /// (as mergekit), without `data` for the ridge router, an unknown gate
     /// mode or architecture, options of the reused job specs out of range
-    /// (named under their section, e.g. `ridge.lambda`).
+    /// (named under their section, e.g. `ridge.lambda`), and those of
+    /// [`shared_experts`] (plus shared experts with `upcycle:`).
     pub fn from_yaml(source: &str, top: &Value) -> Result<MoeRecipe> {
         let cfg = |what: String| StudioError::config(source, what);
         let map = check_keys(source, "", top, fields_of::<MoeKeys>(), REFUSED_TOP)?;
@@ -347,6 +345,18 @@ impl MoeRecipe {
             }
             None => None,
         };
+        let shared = match get(map, "shared_experts") {
+            None => SharedExperts::default(),
+            Some(_) if matches!(source_kind, MoeSource::Upcycle { .. }) => {
+                return Err(cfg(
+                    "`shared_experts` names models whose FFN becomes a shared expert of a MoErge; an upcycled \
+                     MoE's shared experts are copies of its own FFN: run `moe-studio upcycle --shared-experts N` \
+                     (the recipe's `upcycle:` has no shared-expert options)"
+                        .into(),
+                ))
+            }
+            Some(v) => shared_experts(source, v, &gate, layout.as_deref(), REFUSED_EXPERT)?,
+        };
         let graft = get(map, "graft").map(|v| job_section::<GraftSpec>(source, "graft", v, &["target"])).transpose()?;
         if let Some(t) = s("tokenizer_source")? {
             match (t.as_str(), &base_model) {
@@ -371,6 +381,7 @@ impl MoeRecipe {
         Ok(MoeRecipe {
             base_model,
             source: source_kind,
+            shared,
             gate,
             top_k,
             dtype,

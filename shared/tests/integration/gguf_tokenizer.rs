@@ -186,6 +186,37 @@ fn spm_llama_tokenizer_matches_transformers() {
     }
 }
 
+/// The ids `perplexity --text` and `logits --text` score
+/// (`eval::text_ids`) are transformers' `tokenizer(text)`: the vocabulary's
+/// own BOS first when its `tokenizer.ggml.add_bos_token` is true (Gemma 3
+/// 270M's GGUF says true, `<bos>` = 2: golden `synthetic.gemma3`, made
+/// with `add_special_tokens=True`), nothing when it is false. Before the
+/// fix the studio tokenized `--text` without special tokens and differed
+/// from transformers at index 0 on Gemma.
+#[test]
+fn text_ids_start_with_the_bos_the_vocabulary_adds() {
+    use moe_shared::eval::text_ids;
+    use moe_shared::tokenizer::Tokenizer as StudioTokenizer;
+    let studio = |bytes: Vec<u8>| {
+        StudioTokenizer::Hf(tokenizer_from_gguf(&gguf::open(Bytes::from_vec(bytes), "t.gguf").unwrap()).unwrap())
+    };
+    let (bos, no_bos) = (studio(spm_file(Some(true))), studio(spm_file(Some(false))));
+    for (text, ids, _) in SPM_TRANSFORMERS {
+        assert_eq!(text_ids(&bos, text).unwrap(), ids.to_vec(), "{text:?}");
+        assert_eq!(text_ids(&no_bos, text).unwrap(), ids[1..].to_vec(), "{text:?}");
+    }
+    let Some(g) = common::golden_json("gguf_tokenizers.json") else {
+        return;
+    };
+    let s = &g["synthetic"];
+    let gemma = studio(synthetic_file("gemma3"));
+    for (line, want) in s["lines"].as_array().unwrap().iter().zip(golden_ids(&s["gemma3"])) {
+        let got = text_ids(&gemma, line.as_str().unwrap()).unwrap();
+        assert_eq!(got[0], 2, "{line}: Gemma's <bos> first");
+        assert_eq!(got, want, "{line}");
+    }
+}
+
 #[test]
 fn unsupported_tokenizer_model_is_named() {
     let bytes = GgufWriter::default()

@@ -147,7 +147,7 @@ def transformers_rows(binary, work, rows):
 
 def llamacpp_rows(binary, py, moe_dir, layout, case, text, work, rows, window=256, stride=128, max_tokens=1024,
                   dtypes=("f32", "f16", "q8_0")):
-    ppl_f32 = None
+    ppl_f32, f32_gguf = None, None
     for dtype in dtypes:
         g = work / f"{Path(moe_dir).name}-{dtype}.gguf"
         arch, warn = "?", []
@@ -164,8 +164,9 @@ def llamacpp_rows(binary, py, moe_dir, layout, case, text, work, rows, window=25
         arch = rep["architecture"]
         warn = [w for w in rep["warnings"] if "power of two" in w]
         try:
+            ref = ["--ref-gguf", f32_gguf] if f32_gguf and dtype != "f32" else []
             c = json.loads(sh([py, HERE / "check_llamacpp.py", g, "--text", text, "--bin", binary, "--window", window,
-                               "--stride", stride, "--max-tokens", max_tokens]).strip().splitlines()[-1])
+                               "--stride", stride, "--max-tokens", max_tokens, *ref]).strip().splitlines()[-1])
             row = {"layout": layout, "loader": "llama.cpp", "case": f"{case}, GGUF `{arch}` {dtype.upper()}",
                    "loads": True, "max_abs_diff": c["logits_max_abs_diff"], "ppl_ours": c["ppl_moe_studio"],
                    "ppl_llama_cpp": c["ppl_llama_cpp"], "ppl_rel_diff": c["ppl_rel_diff"],
@@ -177,13 +178,17 @@ def llamacpp_rows(binary, py, moe_dir, layout, case, text, work, rows, window=25
         if warn:
             row["warning"] = warn[0]
         if row.get("loads") and dtype == "f32":
-            ppl_f32 = row["ppl_ours"]
+            ppl_f32, f32_gguf = row["ppl_ours"], g
         elif row.get("loads") and ppl_f32:
-            # what the type alone does to moe-studio's perplexity, for scale
+            # what the type alone does, inside moe-studio and inside llama.cpp, for scale
             row["ppl_ours_vs_f32"] = row["ppl_ours"] / ppl_f32 - 1
+            row["llama_cpp_vs_f32"] = c.get("llama_cpp_vs_ref_max_abs_diff")
         rows.append(row)
         log(row)
-        g.unlink(missing_ok=True)
+        if g != f32_gguf:
+            g.unlink(missing_ok=True)
+    if f32_gguf:
+        f32_gguf.unlink(missing_ok=True)
 
 
 def real_rows(binary, py, work, rows, text):
@@ -275,7 +280,9 @@ def write_md(rows, meta, out):
         if r.get("top1_agreement") is not None:
             notes.append(f"top-1 agreement {100 * r['top1_agreement']:.1f}%")
         if r.get("ppl_ours_vs_f32") is not None:
-            notes.append(f"this type moves moe-studio's own perplexity by {100 * r['ppl_ours_vs_f32']:+.3f}% vs F32")
+            notes.append(f"the type alone: moe-studio's perplexity {100 * r['ppl_ours_vs_f32']:+.3f}% vs its F32"
+                         + (f", llama.cpp's logits {fmt(r['llama_cpp_vs_f32'])} from its F32"
+                            if r.get("llama_cpp_vs_f32") is not None else ""))
         if r.get("warning"):
             notes.append("warned: " + r["warning"].split(":")[0])
         if r.get("why"):
@@ -300,8 +307,10 @@ def write_md(rows, meta, out):
               "  its shared expert, so the Qwen2-MoE layout goes to `llama` (no shared expert) or `deepseek`.",
               "  For F16/Q8_0 files llama.cpp's CPU backend rounds each matmul's activations to the weights' dot",
               "  type (F16, Q8_0 blocks) while moe-studio multiplies the same dequantized weights in f32, so with a",
-              "  random router a few tokens whose top-k choice flips dominate max |Δlogit|; the perplexity on the same",
-              "  windows (within 0.5%) is the comparison, next to what the type alone does to moe-studio's own.",
+              "  random router a few tokens whose top-k choice flips dominate max |Δlogit| (more so with un-normalised",
+              "  top-k weights, whose sum moves with the choice); the notes give what the type alone does inside each",
+              "  (llama.cpp's logits of the file vs its logits of the F32 file), and the perplexity on the same",
+              "  windows (within 0.5%) is the comparison.",
               "  Expert counts that are not a power of two are written with a warning (llama.cpp's CUDA fused top-k",
               "  kernel takes powers of two only; mergekit warns the same); the CPU backend reads them (row above).",
               "- DeepSeek-MoE as safetensors (`--layout deepseek_moe`) is refused: transformers reads DeepSeek-MoE v1",
@@ -311,7 +320,6 @@ def write_md(rows, meta, out):
               "- the studio layout (`moe_studio`) loads only in moe-studio: it is the fallback for per-layer expert",
               "  counts, per-layer top-k, router biases, gated shared experts beyond one, the aux-loss-free selection",
               "  bias and non-Llama blocks, which no public layout can express.",
-             ,
               "",
               "## Checked on every CI run (no Python, no llama.cpp)",
               "",

@@ -37,6 +37,11 @@
 //!   the expert width; a model without shared experts gets one zero shared
 //!   expert of the expert width (down projection 0: its output is exactly 0).
 //!
+//! (mergekit's DeepSeek output, `mergekit/moe/deepseek.py`, writes
+//! `norm_topk_prob: true` with top-k < E, which llama.cpp's `deepseek` graph
+//! does not honour; the studio refuses renormalised top-k for this form,
+//! naming `norm_topk_prob`.)
+//!
 //! Sources: llama.cpp `src/models/deepseek.cpp`, `src/llama-graph.cpp`
 //! (`build_moe_ffn`), `conversion/deepseek.py` (`DeepseekModel`: keys and
 //! q/k permutation); mergekit `mergekit/moe/deepseek.py`.

@@ -11,6 +11,9 @@ Runs in the llama.cpp venv (scripts/llamacpp_venv.sh: llama-cpp-python
 2. Logits of the first `--logits-tokens` ids (moe-studio's tokenization)
    from `Llama.eval` with all logits kept, against `moe-studio logits` of the
    same GGUF: max |difference|.
+   With `--ref-gguf` (the same model in F32), also llama.cpp's logits of
+   this file against its own logits of the reference: what the type alone
+   does inside llama.cpp, to read the difference above against.
 3. Perplexity on the same token windows (window / stride as moe-studio's
    `perplexity`, float64 log-softmax; the Python twin of
    `shared/src/eval/perplexity.rs`, as tests/reference/make_golden.py),
@@ -82,6 +85,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=1024)
     ap.add_argument("--logits-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ref-gguf", help="the same model at higher precision (F32): llama.cpp's logits of this file vs "
+                    "its logits of the reference on the same ids, i.e. what the type alone does inside llama.cpp")
     a = ap.parse_args()
 
     t0 = time.time()
@@ -103,6 +108,13 @@ def main():
     logits_diff = float(np.abs(theirs - ours[:n]).max())
     top1_agree = float((theirs.argmax(1) == ours[:n].argmax(1)).mean())
 
+    vs_ref = None
+    if a.ref_gguf:
+        ref = Llama(model_path=a.ref_gguf, n_ctx=a.logits_tokens, n_batch=a.logits_tokens, logits_all=True,
+                    n_threads=a.threads, verbose=False, seed=0, type_k=0, type_v=0)
+        vs_ref = float(np.abs(theirs - llama_logits(ref, ids[:n])).max())
+        del ref
+
     nll, count = perplexity(llm, ids, a.window, a.stride)
     ppl_llama = float(np.exp(nll))
     tmp_text = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8")
@@ -121,6 +133,7 @@ def main():
         "logits_tokens": n,
         "logits_max_abs_diff": logits_diff,
         "top1_agreement": top1_agree,
+        "llama_cpp_vs_ref_max_abs_diff": vs_ref,
         "window": a.window,
         "stride": a.stride,
         "scored_tokens": count,

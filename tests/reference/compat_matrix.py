@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -88,11 +89,11 @@ def upcycle(binary, model, out, args, alloc=None):
     return json.loads(sh(cmd))
 
 
-def refusal(binary, model, layout, out):
-    r = subprocess.run([binary, "--backend", "ndarray", "upcycle", model, "--experts", "4", "--layout", layout,
-                        "--out", out], capture_output=True, text=True)
+def refusal(binary, model, layout, out, args=("--experts", "4")):
+    r = subprocess.run([binary, "--backend", "ndarray", "upcycle", model, *args, "--layout", layout, "--out", out],
+                       capture_output=True, text=True)
     assert r.returncode != 0 and not Path(out).exists(), f"--layout {layout} was not refused"
-    return r.stderr.strip().splitlines()[-1].removeprefix("Error: ")
+    return r.stderr.strip().splitlines()[-1].removeprefix("Error: ").removeprefix("error: ")
 
 
 def transformers_rows(binary, work, rows):
@@ -104,64 +105,124 @@ def transformers_rows(binary, work, rows):
          ["--experts", "4", "--top-k", "2", *ROUTED, "--layout", "qwen2_moe"], None),
         ("qwen2_moe", "tiny-llama3, layer 1 dense (mlp_only_layers, qkv_bias false)", "tiny-llama3",
          ["--top-k", "2", *ROUTED], {"experts_per_layer": [4, None]}),
+        ("qwen2_moe", "tiny-mistral 4x top-2, norm_topk_prob false (zero shared expert)", "tiny-mistral",
+         ["--experts", "4", "--top-k", "2", "--norm-topk", "false", *ROUTED, "--layout", "qwen2_moe"], None),
+        ("qwen3_moe", "tiny-qwen3 (q/k norm) 4x top-2", "tiny-qwen3",
+         ["--experts", "4", "--top-k", "2", *ROUTED, "--layout", "qwen3_moe"], None),
         ("moe_studio", "tiny-mistral, per-layer experts [2, 3]", "tiny-mistral", ["--top-k", "1", *ROUTED],
          {"experts_per_layer": [2, 3]}),
     ]
     for layout, case, fixture, args, alloc in cases:
         out = work / f"tf-{fixture}-{layout}-{len(rows)}"
+        shutil.rmtree(out, ignore_errors=True)
         rep = upcycle(binary, REPO / "tests" / "fixtures" / fixture, out, args, alloc)
         assert rep["layout"] == layout, (case, rep["layout"])
         _, ours = ours_logits(binary, out, ids=IDS)
         theirs, cls, why = hf_logits(out, IDS)
         row = {"layout": layout, "loader": "transformers", "case": case, "class": cls, "loads": theirs is not None and why is None}
+        if layout == "moe_studio" and theirs is None:
+            why = "the studio layout is read by moe-studio only (transformers: unknown model_type `moe_studio`)"
         if theirs is not None:
             row["max_abs_diff"] = float(np.abs(theirs - ours).max())
         if why:
             row["why"] = why
         rows.append(row)
         log(row)
-    for layout in ["qwen3_moe", "deepseek_moe"]:
-        why = refusal(binary, REPO / "tests" / "fixtures" / "tiny-qwen2", layout, work / f"refused-{layout}")
-        for loader in ["transformers", "candle", "llama.cpp"]:
-            rows.append({"layout": layout, "loader": loader, "case": "tiny-qwen2", "loads": False, "written": False,
-                         "why": why})
+    # DeepSeek-MoE: the safetensors layout is refused (no Hugging Face loader here); its form goes to
+    # llama.cpp's `deepseek` GGUF (llama.cpp rows below)
+    why = refusal(binary, REPO / "tests" / "fixtures" / "tiny-mistral", "deepseek_moe", work / "refused-deepseek_moe",
+                  ("--experts", "4", "--norm-topk", "false", "--shared-experts", "1"))
+    rows.append({"layout": "deepseek_moe", "loader": "transformers", "case": "tiny-mistral, 1 ungated shared expert, "
+                 "norm_topk_prob false", "loads": False, "written": False, "why": why})
+    rows.append({"layout": "deepseek_moe", "loader": "candle", "case": "—", "loads": False, "written": False,
+                 "why": "candle-transformers 0.11.1 has `deepseek2` (MLA attention) only, no DeepSeek-MoE v1"})
+    rows.append({"layout": "qwen3_moe", "loader": "candle", "case": "—", "loads": False,
+                 "why": "candle-transformers 0.11.1 `qwen3_moe` runs its experts through `candle_nn::moe::moe_gemm`, "
+                        "implemented for CUDA f16/bf16 only (this machine has no GPU)"})
+    rows.append({"layout": "qwen3_moe", "loader": "llama.cpp", "case": "—", "loads": False, "written": False,
+                 "why": "`convert --to gguf` writes llama.cpp's `llama` and `deepseek` (Llama blocks): the q/k norms "
+                        "of qwen3 are refused by name; llama.cpp's `qwen3moe` writer is not written (no qwen3 "
+                        "checkpoint with a tokenizer from a registry package to check it on)"})
 
 
-def llamacpp_rows(binary, py, moe_dir, case, text, work, rows, window=256, stride=128, max_tokens=1024):
-    for dtype in ["f32", "f16", "q8_0"]:
+def llamacpp_rows(binary, py, moe_dir, layout, case, text, work, rows, window=256, stride=128, max_tokens=1024,
+                  dtypes=("f32", "f16", "q8_0")):
+    ppl_f32, f32_gguf = None, None
+    for dtype in dtypes:
         g = work / f"{Path(moe_dir).name}-{dtype}.gguf"
-        if not g.exists():
-            sh([binary, "convert", moe_dir, "--to", "gguf", "--dtype", dtype, "--out", g])
+        arch, warn = "?", []
+        if g.exists():
+            g.unlink()
+        r = subprocess.run([binary, "convert", moe_dir, "--to", "gguf", "--dtype", dtype, "--out", g, "--json"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            rows.append({"layout": layout, "loader": "llama.cpp", "case": f"{case}, GGUF {dtype.upper()}",
+                         "loads": False, "written": False, "why": r.stderr.strip().splitlines()[-1][:300]})
+            log(rows[-1])
+            continue
+        rep = json.loads(r.stdout)
+        arch = rep["architecture"]
+        warn = [w for w in rep["warnings"] if "power of two" in w]
         try:
-            r = json.loads(sh([py, HERE / "check_llamacpp.py", g, "--text", text, "--bin", binary, "--window", window,
-                               "--stride", stride, "--max-tokens", max_tokens]).strip().splitlines()[-1])
-            row = {"layout": "gguf (llama.cpp `llama` MoE)", "loader": "llama.cpp", "case": f"{case}, GGUF {dtype.upper()}",
-                   "loads": True, "max_abs_diff": r["logits_max_abs_diff"], "ppl_ours": r["ppl_moe_studio"],
-                   "ppl_llama_cpp": r["ppl_llama_cpp"], "ppl_rel_diff": r["ppl_rel_diff"],
-                   "tokens_identical": r["tokens_identical"], "scored_tokens": r["scored_tokens"],
-                   "class": f"llama-cpp-python {r['llama_cpp_python']}"}
+            ref = ["--ref-gguf", f32_gguf] if f32_gguf and dtype != "f32" else []
+            c = json.loads(sh([py, HERE / "check_llamacpp.py", g, "--text", text, "--bin", binary, "--window", window,
+                               "--stride", stride, "--max-tokens", max_tokens, *ref]).strip().splitlines()[-1])
+            row = {"layout": layout, "loader": "llama.cpp", "case": f"{case}, GGUF `{arch}` {dtype.upper()}",
+                   "loads": True, "max_abs_diff": c["logits_max_abs_diff"], "ppl_ours": c["ppl_moe_studio"],
+                   "ppl_llama_cpp": c["ppl_llama_cpp"], "ppl_rel_diff": c["ppl_rel_diff"],
+                   "top1_agreement": c["top1_agreement"], "tokens_identical": c["tokens_identical"],
+                   "scored_tokens": c["scored_tokens"], "class": f"llama-cpp-python {c['llama_cpp_python']}"}
         except subprocess.CalledProcessError as e:
-            row = {"layout": "gguf (llama.cpp `llama` MoE)", "loader": "llama.cpp", "case": f"{case}, GGUF {dtype}",
-                   "loads": False, "why": (e.stderr or "").strip().splitlines()[-1:][0][:200] if e.stderr else str(e)}
+            row = {"layout": layout, "loader": "llama.cpp", "case": f"{case}, GGUF `{arch}` {dtype.upper()}",
+                   "loads": False, "why": (e.stderr or str(e)).strip().splitlines()[-1][:300]}
+        if warn:
+            row["warning"] = warn[0]
+        if row.get("loads") and dtype == "f32":
+            ppl_f32, f32_gguf = row["ppl_ours"], g
+        elif row.get("loads") and ppl_f32:
+            # what the type alone does, inside moe-studio and inside llama.cpp, for scale
+            row["ppl_ours_vs_f32"] = row["ppl_ours"] / ppl_f32 - 1
+            row["llama_cpp_vs_f32"] = c.get("llama_cpp_vs_ref_max_abs_diff")
         rows.append(row)
         log(row)
+        if g != f32_gguf:
+            g.unlink(missing_ok=True)
+    if f32_gguf:
+        f32_gguf.unlink(missing_ok=True)
 
 
 def real_rows(binary, py, work, rows, text):
     smol = sh(["bash", REPO / "tests/reference/fetch_smollm2.sh"]).strip()
     qwen = sh(["bash", REPO / "tests/reference/fetch_qwen25.sh"]).strip()
-    # SmolLM2 -> Mixtral: transformers + llama.cpp
+    noisy = ["--router-init", "random", "--router-std", "0.5", "--noise", "0.05", "--seed", "7", "--dtype", "f32"]
+    # SmolLM2 -> Mixtral: transformers + llama.cpp (`llama`)
     smol_moe = work / "smollm2-mixtral"
     if not smol_moe.exists():
-        upcycle(binary, smol, smol_moe, ["--experts", "4", "--top-k", "2", "--router-init", "random", "--router-std",
-                                         "0.5", "--noise", "0.05", "--seed", "7", "--dtype", "f32"])
+        upcycle(binary, smol, smol_moe, ["--experts", "4", "--top-k", "2", *noisy])
     ids, ours = ours_logits(binary, smol_moe, text=text, max_tokens=32)
     theirs, cls, why = hf_logits(smol_moe, ids)
     rows.append({"layout": "mixtral", "loader": "transformers", "case": "SmolLM2-135M 4x top-2 (random router, noise)",
                  "class": cls, "loads": why is None, "max_abs_diff": float(np.abs(theirs - ours).max())})
     log(rows[-1])
     if py:
-        llamacpp_rows(binary, py, smol_moe, "SmolLM2-135M 4x top-2 (random router, noise)", text, work, rows)
+        llamacpp_rows(binary, py, smol_moe, "mixtral", "SmolLM2-135M 4x top-2 (random router, noise)", text, work,
+                      rows)
+        # an expert count llama.cpp's backends handle badly: a warning, and llama.cpp's CPU backend reads it
+        smol3 = work / "smollm2-mixtral-3"
+        if not smol3.exists():
+            upcycle(binary, smol, smol3, ["--experts", "3", "--top-k", "1", *noisy])
+        llamacpp_rows(binary, py, smol3, "mixtral", "SmolLM2-135M 3x top-1 (expert count warned)", text, work, rows,
+                      dtypes=("f32",))
+        # DeepSeek-MoE form -> llama.cpp `deepseek`: layer 0 dense, 1 ungated shared expert, softmax over all
+        # experts without renormalising the top-k
+        smol_ds = work / "smollm2-deepseek"
+        if not smol_ds.exists():
+            n_layers = 30
+            upcycle(binary, smol, smol_ds, ["--top-k", "2", "--norm-topk", "false", "--shared-experts", "1",
+                                            "--shared-init", "copy", *noisy],
+                    alloc={"experts_per_layer": [None] + [4] * (n_layers - 1)})
+        llamacpp_rows(binary, py, smol_ds, "deepseek_moe",
+                      "SmolLM2-135M, layer 0 dense, 4x top-2 + 1 shared, norm_topk_prob false", text, work, rows)
     # Qwen2.5 -> dense f32 directory -> Qwen2-MoE (zero router, no noise)
     dense = work / "qwen25-dense"
     if not dense.exists():
@@ -179,10 +240,9 @@ def real_rows(binary, py, work, rows, text):
     if py:
         q_mix = work / "qwen25-noise"
         if not q_mix.exists():
-            upcycle(binary, dense, q_mix, ["--experts", "4", "--top-k", "2", "--router-init", "random", "--router-std",
-                                           "0.5", "--noise", "0.05", "--seed", "7", "--dtype", "f32"])
-        llamacpp_rows(binary, py, q_mix, "Qwen2.5-Coder-0.5B 4x top-2 (random router, noise; q/k/v bias)", text, work,
-                      rows, max_tokens=512)
+            upcycle(binary, dense, q_mix, ["--experts", "4", "--top-k", "2", *noisy])
+        llamacpp_rows(binary, py, q_mix, "qwen2_moe", "Qwen2.5-Coder-0.5B 4x top-2 (random router, noise; q/k/v bias)",
+                      text, work, rows, max_tokens=512)
 
 
 def fmt(x, digits=2):
@@ -194,8 +254,10 @@ def write_md(rows, meta, out):
         "# Compatibility matrix",
         "",
         "Produced by `bash scripts/compat_matrix.sh` (tests/reference/compat_matrix.py); do not edit by hand.",
-        f"Run: {meta['date']} — transformers {meta['transformers']}, torch {meta['torch']}, "
-        f"candle-transformers 0.11.1, llama-cpp-python {meta.get('llama_cpp', 'not run')}.",
+        f"Run: {meta['date']} on {meta['machine']} — moe-studio {meta['moe_studio']}, transformers "
+        f"{meta['transformers']}, torch {meta['torch']}, candle-transformers 0.11.1, llama-cpp-python "
+        f"{meta.get('llama_cpp', 'not run')} (llama.cpp built here from its vendored source, CPU), Python "
+        f"{meta['python']}; text: `{meta['text']}`{' (REAL=1)' if meta.get('real') else ''}.",
         "",
         "Each row: one export written by moe-studio, one loader. *max |Δlogit|* is the largest difference between",
         "the loader's float32 logits and moe-studio's on the same file and token ids; for llama.cpp also the",
@@ -215,26 +277,83 @@ def write_md(rows, meta, out):
             notes.append(f"vs the dense model in transformers: {fmt(r['vs_dense_transformers'])}")
         if r.get("tokens_identical") is not None:
             notes.append("same tokenization" if r["tokens_identical"] else "tokenization differs")
+        if r.get("top1_agreement") is not None:
+            notes.append(f"top-1 agreement {100 * r['top1_agreement']:.1f}%")
+        if r.get("ppl_ours_vs_f32") is not None:
+            notes.append(f"the type alone: moe-studio's perplexity {100 * r['ppl_ours_vs_f32']:+.3f}% vs its F32"
+                         + (f", llama.cpp's logits {fmt(r['llama_cpp_vs_f32'])} from its F32"
+                            if r.get("llama_cpp_vs_f32") is not None else ""))
+        if r.get("warning"):
+            notes.append("warned: " + r["warning"].split(":")[0])
         if r.get("why"):
             notes.append(r["why"].replace("|", "\\|"))
-        loads = "yes" if r.get("loads") else ("not written" if r.get("written") is False else "no")
+        loads = ("yes" if r.get("loads") else ("not written" if r.get("written") is False else
+                 ("see below" if r.get("loads", False) is None else "no")))
         lines.append(f"| {r['layout']} | {r['loader']} | {r['case']} | {loads} | {fmt(r.get('max_abs_diff'))} | {ppl} | "
                      + "; ".join(notes) + " |")
     lines += ["", "## Known limits of the loaders", "",
               "- candle-transformers 0.11.1: `mixtral::Config` needs `use_flash_attn` and a numeric `sliding_window`",
               "  (the test adds them); `mixtral` and `qwen2_moe` read `lm_head.weight` (no tied embeddings: the",
               "  candle test unties the tiny Qwen2 first, exactly), use `head_dim = hidden / heads` and the default",
-              "  RoPE; `qwen2_moe` has no `mlp_only_layers` (dense layers) and always reads q/k/v biases.",
-              "- llama.cpp: the GGUF is the `llama` architecture (softmax top-k renormalised, as the studio routes;",
-              "  q/k/v biases read when present, so Qwen2 bases fit); it needs every layer MoE with one expert count",
-              "  and top-k and no router bias (`convert --to gguf` refuses others); `qwen2moe`/`deepseek` GGUF",
-              "  architectures do not renormalise the top-k weights, so they are not used.",
+              "  RoPE; `qwen2_moe` has no `mlp_only_layers` (dense layers) and always reads q/k/v biases;",
+              "  `qwen3_moe` runs on CUDA in f16/bf16 only.",
+              "- llama.cpp (`convert --to gguf`): the first architecture whose graph computes the model exactly.",
+              "  `llama`: every layer MoE, one expert count, top-k and expert width, softmax top-k renormalised (as",
+              "  Mixtral), no router bias, no shared experts; q/k/v biases read when present, so Qwen2 bases fit.",
+              "  `deepseek` (DeepSeek-MoE v1): leading dense layers, ungated shared experts (a zero one when the model",
+              "  has none), softmax over all experts not renormalised (`norm_topk_prob: false`), Llama attention",
+              "  with queries `hidden_size` wide and no per-frequency RoPE factors. Anything else is refused, naming",
+              "  each architecture's reason. llama.cpp's `qwen2moe` graph does not renormalise the top-k and gates",
+              "  its shared expert, so the Qwen2-MoE layout goes to `llama` (no shared expert) or `deepseek`.",
+              "  For F16/Q8_0 files llama.cpp's CPU backend rounds each matmul's activations to the weights' dot",
+              "  type (F16, Q8_0 blocks) while moe-studio multiplies the same dequantized weights in f32, so with a",
+              "  random router a few tokens whose top-k choice flips dominate max |Δlogit| (more so with un-normalised",
+              "  top-k weights, whose sum moves with the choice); the notes give what the type alone does inside each",
+              "  (llama.cpp's logits of the file vs its logits of the F32 file), and the perplexity on the same",
+              "  windows (within 0.5%) is the comparison.",
+              "  Expert counts that are not a power of two are written with a warning (llama.cpp's CUDA fused top-k",
+              "  kernel takes powers of two only; mergekit warns the same); the CPU backend reads them (row above).",
+              "- DeepSeek-MoE as safetensors (`--layout deepseek_moe`) is refused: transformers reads DeepSeek-MoE v1",
+              "  only through the checkpoint's remote code, and its native `deepseek_v2`/`v3` use MLA attention",
+              "  (a compressed, RMS-normalised key/value latent and decoupled RoPE shared across heads), which cannot",
+              "  hold a Llama/Qwen2 attention exactly. Its exact form is llama.cpp's `deepseek` GGUF (rows above).",
               "- the studio layout (`moe_studio`) loads only in moe-studio: it is the fallback for per-layer expert",
-              "  counts, per-layer top-k and router biases, which no public layout can express.",
+              "  counts, per-layer top-k, router biases, gated shared experts beyond one, the aux-loss-free selection",
+              "  bias and non-Llama blocks, which no public layout can express.",
+              "",
+              "## Checked on every CI run (no Python, no llama.cpp)",
+              "",
+              "- `shared/tests/integration/layouts.rs`: the studio's logits on every public layout export against",
+              "  transformers' golden logits (`tests/reference/make_layout_golden.py`, which also checks that",
+              "  transformers loads each export with no missing/unexpected keys); the refusals (q/k/v bias, per-layer",
+              "  counts, router bias into a named layout: field named, layouts that can listed, nothing written);",
+              "  layout conversions bit for bit; the GGUF exports (`llama` and `deepseek`, F32/F16/Q8_0) read back to",
+              "  the same configuration and logits; expert counts llama.cpp handles badly warned, not refused.",
+              "- `backend/tests/layout_cli.rs`: the same refusals through the CLI (`upcycle`, `route`, `convert`),",
+              "  including un-normalised top-k into Mixtral and the aux-loss-free selection bias into every public",
+              "  layout, and the expert-count warning on stderr.",
+              "- `shared/src/layout/*.rs` unit tests: each layout's blockers by field.",
               ""]
     Path(out).write_text("\n".join(lines))
     Path(out).with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     log(f"wrote {out}")
+
+
+def machine():
+    cpu = "?"
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores, {mem:.0f} GiB, no GPU"
+
+
+def studio_version(binary):
+    v = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
+    rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True).stdout.strip()
+    return f"{v.removeprefix('moe-studio ')} ({rev})" if rev else v
 
 
 def main():
@@ -243,7 +362,9 @@ def main():
     ap.add_argument("--real", action="store_true")
     ap.add_argument("--llamacpp-python")
     ap.add_argument("--candle-rows")
-    ap.add_argument("--text", default=str(REPO.parent / "shared/data/corpora/lang/en"))
+    data = Path(os.environ.get("MOE_STUDIO_DATA", REPO.parent / "shared/data"))
+    ap.add_argument("--text", default=str(data / "corpora/lang/en"),
+                    help="text file (or directory: its first .txt) for perplexity; default $MOE_STUDIO_DATA/corpora/lang/en")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=str(REPO / "docs" / "compatibility.md"))
     a = ap.parse_args()
@@ -252,9 +373,12 @@ def main():
     text = a.text
     if Path(text).is_dir():
         text = str(sorted(p for p in Path(text).rglob("*.txt"))[0])
+    if a.real and not Path(text).is_file():
+        sys.exit(f"--text {text}: not a file (set MOE_STUDIO_DATA or pass --text)")
     rows = []
     meta = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "text": os.path.relpath(text, REPO.parent)}
+            "transformers": transformers.__version__, "text": "/".join(Path(text).parts[-4:]), "real": a.real,
+            "machine": machine(), "moe_studio": studio_version(a.bin)}
     transformers_rows(a.bin, work, rows)
     if a.candle_rows and Path(a.candle_rows).exists():
         rows += [json.loads(l) for l in Path(a.candle_rows).read_text().splitlines() if l.strip()]
@@ -262,7 +386,8 @@ def main():
         meta["llama_cpp"] = sh([a.llamacpp_python, "-c", "import llama_cpp; print(llama_cpp.__version__)"]).strip()
     if a.real:
         real_rows(a.bin, a.llamacpp_python, work, rows, text)
-    rows.sort(key=lambda r: (r["layout"], r["loader"]))
+    order = {"mixtral": 0, "qwen2_moe": 1, "qwen3_moe": 2, "deepseek_moe": 3, "moe_studio": 4}
+    rows.sort(key=lambda r: (order.get(r["layout"], 9), r["loader"]))
     write_md(rows, meta, a.out)
 
 

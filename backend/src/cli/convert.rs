@@ -1,8 +1,9 @@
 //! `moe-studio convert MODEL --out PATH [--to safetensors|gguf] [--dtype ...]
 //! [--layout auto|NAME]`: any supported input to a Hugging Face safetensors
 //! directory (GGUF tensors dequantised; an MoE written in the layout
-//! `--layout` picks) or to a llama.cpp GGUF file (`--to gguf`: dense or MoE,
-//! F32/F16/BF16/Q8_0, the tokenizer as `tokenizer.ggml.*`).
+//! `--layout` picks) or to a llama.cpp GGUF file (`--to gguf`: dense or MoE in
+//! llama.cpp's `llama` or `deepseek` architecture, whichever computes the
+//! model exactly, F32/F16/BF16/Q8_0, the tokenizer as `tokenizer.ggml.*`).
 
 use std::path::PathBuf;
 
@@ -17,7 +18,8 @@ use moe_shared::tokenizer::gguf_export::gguf_tokenizer;
 pub enum Target {
     /// A Hugging Face directory (`config.json`, safetensors, `tokenizer.json`).
     Safetensors,
-    /// One llama.cpp GGUF file (architecture `llama`, MoE as `ffn_*_exps`).
+    /// One llama.cpp GGUF file: architecture `llama` (dense, or MoE as `ffn_*_exps` with renormalised
+    /// top-k), else `deepseek` (leading dense layers, ungated shared experts, un-normalised top-k).
     Gguf,
 }
 
@@ -75,8 +77,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
             println!(
-                "wrote {} ({} tensors, {:.1} MB, {:?})",
+                "wrote {} (llama.cpp `{}`, {} tensors, {:.1} MB, {:?})",
                 a.out.display(),
+                report.architecture,
                 report.tensors,
                 report.bytes as f64 / 1e6,
                 report.types

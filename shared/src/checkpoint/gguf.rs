@@ -960,6 +960,9 @@ struct Entry {
     permute: Permute,
     /// `(e, E)`: expert `e` of a stacked `[E, ...]` expert tensor.
     slice: Option<(usize, usize)>,
+    /// `(i, N)`: the `i`-th of `N` equal column blocks of a 2-D tensor
+    /// (shared expert `i` of DeepSeek's concatenated `ffn_down_shexp`).
+    cols: Option<(usize, usize)>,
     /// The file holds `1 + w` for an RMSNorm weight the family applies as
     /// `1 + w` (llama.cpp's Gemma converter); read back as `w`.
     minus_one: bool,
@@ -977,6 +980,68 @@ fn family_hf_name(family: Option<&crate::config::family::Family>, gguf_name: &st
         Some(format!("model.layers.{layer}.{hf}.{suffix}"))
     };
     family.and_then(own).or_else(|| hf_name(gguf_name))
+}
+
+/// llama.cpp's DeepSeek-MoE v1 architecture (Llama attention; leading dense
+/// layers, ungated shared experts, un-normalised top-k:
+/// [`crate::layout::deepseek_moe`]).
+const DEEPSEEK: &str = "deepseek";
+
+/// The family whose blocks a GGUF architecture holds: the family registry's
+/// (`llama`, `qwen2`, ...), and Llama's for `deepseek`.
+fn reader_family(arch: &str) -> Option<&'static crate::config::family::Family> {
+    crate::config::family::by_gguf_arch(arch)
+        .or_else(|| (arch == DEEPSEEK).then(|| crate::config::family::of(crate::config::Architecture::Llama)))
+}
+
+/// The GGUF architectures the reader takes, for errors.
+fn supported_archs() -> String {
+    format!("{}, {DEEPSEEK}", crate::config::family::supported_gguf_archs())
+}
+
+/// `(layer, projection)` of DeepSeek's shared FFN `blk.N.ffn_{gate,up,down}_shexp.weight`.
+fn shexp_name(gguf_name: &str) -> Option<(usize, crate::layout::names::Proj)> {
+    use crate::layout::names::Proj;
+    let (layer, rest) = gguf_name.strip_prefix("blk.")?.split_once('.')?;
+    let proj = match rest {
+        "ffn_gate_shexp.weight" => Proj::Gate,
+        "ffn_up_shexp.weight" => Proj::Up,
+        "ffn_down_shexp.weight" => Proj::Down,
+        _ => return None,
+    };
+    Some((layer.parse().ok()?, proj))
+}
+
+/// The studio shared experts (each of the dense width) behind a `deepseek`
+/// file's shared FFN of width `expert_feed_forward_length ·
+/// expert_shared_count`: `moe_studio.shared_experts` when the studio wrote
+/// the file (0: the FFN is a zero stand-in), else that width over
+/// `feed_forward_length`.
+///
+/// # Errors
+/// [`StudioError::Config`] naming the file when a key is missing or the
+/// width is not a whole number of dense FFNs.
+fn deepseek_shared_experts(file: &GgufFile) -> Result<usize> {
+    if let Some(n) = file.get("moe_studio.shared_experts").and_then(GgufValue::as_u64) {
+        return Ok(n as usize);
+    }
+    let get = |k: &str| {
+        file.get(&format!("{DEEPSEEK}.{k}")).and_then(GgufValue::as_u64).map(|v| v as usize).ok_or_else(|| {
+            StudioError::config(&file.file, format!("GGUF metadata `{DEEPSEEK}.{k}` is missing or not an integer"))
+        })
+    };
+    let (w, n, f) = (get("expert_feed_forward_length")?, get("expert_shared_count")?, get("feed_forward_length")?);
+    if f == 0 || (w * n) % f != 0 {
+        return Err(StudioError::config(
+            &file.file,
+            format!(
+                "the shared FFN is {w} x {n} = {} units wide, not a whole number of dense FFNs of \
+                 `{DEEPSEEK}.feed_forward_length` = {f} (the studio's shared experts have the dense width)",
+                w * n
+            ),
+        ));
+    }
+    Ok(w * n / f)
 }
 
 /// The canonical MoE names of a llama.cpp MoE tensor: `blk.N.ffn_gate_inp.weight`
@@ -1017,7 +1082,11 @@ fn moe_names(gguf_name: &str, ne: &[u64]) -> Option<Vec<String>> {
 /// (`attention.head_count` for q, `attention.head_count_kv` for k), view the
 /// rows as `[n, head_dim / 2, 2, ...]`, swap axes 1 and 2, and flatten back,
 /// i.e. HF row `h*hd + j*hd/2 + i` = GGUF row `h*hd + 2*i + j`. For `qwen2`
-/// nothing is permuted.
+/// nothing is permuted. `deepseek` (DeepSeek-MoE v1) reads as Llama blocks;
+/// its shared FFN `blk.N.ffn_{gate,up,down}_shexp.weight` is shown as the
+/// studio's shared experts of the dense width (gate/up: row blocks; down:
+/// column blocks; [`deepseek_shared_experts`]), or keeps its GGUF names when
+/// it is the studio's zero stand-in.
 #[derive(Debug, Clone)]
 pub struct GgufModel {
     /// The parsed file.
@@ -1047,7 +1116,10 @@ impl GgufModel {
     /// [`StudioError::Format`] when two tensors map to the same name.
     pub fn new(file: GgufFile) -> Result<GgufModel> {
         let architecture = file.get_str("general.architecture").unwrap_or("").to_string();
-        let family = crate::config::family::by_gguf_arch(&architecture);
+        let family = reader_family(&architecture);
+        // (A file the studio cannot hold still parses, its shared FFN under
+        // its GGUF names; `moe_config` says why.)
+        let deepseek_shared = if architecture == DEEPSEEK { deepseek_shared_experts(&file).unwrap_or(0) } else { 0 };
         let permuted = family.is_some_and(|f| f.gguf_permuted_qk);
         let plus_one = family.is_some_and(|f| f.norm_plus_one);
         let mut entries = Vec::with_capacity(file.tensors.len());
@@ -1074,6 +1146,39 @@ impl GgufModel {
                         info: TensorInfo { name, dtype: t.dtype, shape },
                         permute: Permute::None,
                         slice,
+                        cols: None,
+                        minus_one: false,
+                    });
+                }
+                continue;
+            }
+            if let Some((layer, proj)) = shexp_name(&t.name).filter(|_| deepseek_shared > 0) {
+                // DeepSeek's shared FFN: the studio's shared experts side by
+                // side (none: a zero stand-in, checked by `moe_config`, that
+                // keeps its GGUF names).
+                for i in 0..deepseek_shared {
+                    let name = crate::layout::names::shared_expert_weight_name(layer, i, proj);
+                    let full = t.torch_shape();
+                    let (shape, slice, cols) = match (proj, full.as_slice()) {
+                        (crate::layout::names::Proj::Down, [d, w]) => {
+                            (vec![*d, w / deepseek_shared], None, Some((i, deepseek_shared)))
+                        }
+                        (_, [w, d]) => (vec![w / deepseek_shared, *d], Some((i, deepseek_shared)), None),
+                        _ => (full.clone(), None, None),
+                    };
+                    if by_name.insert(name.clone(), entries.len()).is_some() {
+                        return Err(StudioError::format(
+                            &file.file,
+                            FORMAT,
+                            format!("tensor `{}` maps to `{name}`, which another tensor already has", t.name),
+                        ));
+                    }
+                    entries.push(Entry {
+                        index,
+                        info: TensorInfo { name, dtype: t.dtype, shape },
+                        permute: Permute::None,
+                        slice,
+                        cols,
                         minus_one: false,
                     });
                 }
@@ -1102,6 +1207,7 @@ impl GgufModel {
                 info: TensorInfo { name, dtype: t.dtype, shape: t.torch_shape() },
                 permute,
                 slice: None,
+                cols: None,
                 minus_one,
             });
         }
@@ -1206,25 +1312,19 @@ impl GgufModel {
     /// tensor's GGML type cannot be dequantized.
     pub fn model_config(&self) -> Result<ModelConfig> {
         let src = &self.file.file;
-        let family = crate::config::family::by_gguf_arch(&self.architecture);
+        let family = reader_family(&self.architecture);
         let architecture = match (self.architecture.as_str(), family) {
             (_, Some(f)) => f.architecture,
             ("", _) => {
                 return Err(StudioError::config(
                     src,
-                    format!(
-                        "GGUF metadata `general.architecture` is missing (supported: {})",
-                        crate::config::family::supported_gguf_archs()
-                    ),
+                    format!("GGUF metadata `general.architecture` is missing (supported: {})", supported_archs()),
                 ))
             }
             (other, None) => {
                 return Err(StudioError::config(
                     src,
-                    format!(
-                        "unsupported GGUF architecture `{other}` (supported: {})",
-                        crate::config::family::supported_gguf_archs()
-                    ),
+                    format!("unsupported GGUF architecture `{other}` (supported: {})", supported_archs()),
                 ))
             }
         };
@@ -1379,31 +1479,109 @@ impl GgufModel {
     /// every layer with `expert_count` experts and `expert_used_count` per
     /// token, no router bias, temperature 1, frozen experts from
     /// `moe_studio.frozen_experts` (JSON) when the studio wrote the file; `None`
-    /// for a dense model.
+    /// for a dense model. `llama`: every layer MoE, top-k renormalised.
+    /// `deepseek`: the first `leading_dense_block_count` layers dense, the
+    /// experts `expert_feed_forward_length` wide, top-k not renormalised
+    /// (`norm_topk_prob: false`; for `k = E` the two are the same function),
+    /// ungated shared experts as [`deepseek_shared_experts`] says
+    /// (`moe_studio.shared_frozen` when recorded).
     ///
     /// # Errors
-    /// [`StudioError::Config`] for a mistyped key or a top-k outside `1..=E`.
+    /// [`StudioError::Config`] for a mistyped key, a malformed `moe_studio.*`
+    /// record or a `deepseek` file the studio cannot hold
+    /// ([`GgufModel::deepseek_moe`]); [`StudioError::Tensor`] when the zero
+    /// shared expert stand-in is not zero.
     pub fn moe_config(&self, num_layers: usize) -> Result<Option<crate::config::MoeConfig>> {
         let Some(e) = self.meta_usize("expert_count", false)?.filter(|&e| e > 0) else { return Ok(None) };
         let k = self.meta_usize("expert_used_count", true)?.unwrap_or(0);
-        let frozen: Vec<Vec<usize>> = match self.file.get_str("moe_studio.frozen_experts") {
-            Some(json) => serde_json::from_str(json).map_err(|e| {
+        let json_meta = |key: &str| -> Result<Option<serde_json::Value>> {
+            match self.file.get_str(key) {
+                Some(json) => serde_json::from_str(json)
+                    .map(Some)
+                    .map_err(|e| StudioError::config(&self.file.file, format!("GGUF metadata `{key}`: {e}"))),
+                None => Ok(None),
+            }
+        };
+        let frozen: Vec<Vec<usize>> = match json_meta("moe_studio.frozen_experts")? {
+            Some(v) => serde_json::from_value(v).map_err(|e| {
                 StudioError::config(&self.file.file, format!("GGUF metadata `moe_studio.frozen_experts`: {e}"))
             })?,
             None => Vec::new(),
         };
+        let shared_frozen: Vec<bool> = match json_meta("moe_studio.shared_frozen")? {
+            Some(v) => serde_json::from_value(v).map_err(|e| {
+                StudioError::config(&self.file.file, format!("GGUF metadata `moe_studio.shared_frozen`: {e}"))
+            })?,
+            None => Vec::new(),
+        };
         let coef = self.file.get("moe_studio.router_aux_loss_coef").and_then(GgufValue::as_f64).unwrap_or(0.01);
+        let deepseek = self.architecture == DEEPSEEK;
+        let (lead, width, shared) = if deepseek { self.deepseek_moe(num_layers)? } else { (0, None, 0) };
         let layers = (0..num_layers)
             .map(|l| {
-                Some(crate::config::MoeLayerSpec {
+                (l >= lead).then(|| crate::config::MoeLayerSpec {
                     num_experts: e,
                     top_k: k,
                     frozen: frozen.get(l).cloned().unwrap_or_default(),
+                    expert_intermediate_size: width,
+                    shared_experts: shared,
+                    shared_frozen: shared > 0 && shared_frozen.get(l).copied().unwrap_or(false),
+                    norm_topk_prob: !deepseek,
                     ..Default::default()
                 })
             })
             .collect();
         Ok(Some(crate::config::MoeConfig { layers, router_aux_loss_coef: coef }))
+    }
+
+    /// A `deepseek` file's leading dense layers, expert width (`None`: the
+    /// dense width) and shared experts ([`deepseek_shared_experts`]).
+    ///
+    /// # Errors
+    /// [`StudioError::Config`] for an `expert_weights_scale` other than 0 or
+    /// 1 (the studio has no such scale); [`StudioError::Tensor`] when the
+    /// studio's zero shared expert stand-in is not zero.
+    fn deepseek_moe(&self, num_layers: usize) -> Result<(usize, Option<usize>, usize)> {
+        let lead = self.meta_usize("leading_dense_block_count", false)?.unwrap_or(0);
+        let w = self.meta_usize("expert_feed_forward_length", true)?.unwrap_or(0);
+        let f = self.meta_usize("feed_forward_length", true)?.unwrap_or(0);
+        match self.meta_f64("expert_weights_scale")? {
+            None => {}
+            Some(x) if x == 0.0 || x == 1.0 => {}
+            Some(x) => {
+                return Err(StudioError::config(
+                    &self.file.file,
+                    format!(
+                        "`{DEEPSEEK}.expert_weights_scale` = {x}: the studio has no factor on the routed experts' \
+                         weights (0 or 1 expected)"
+                    ),
+                ))
+            }
+        }
+        let shared = deepseek_shared_experts(&self.file)?;
+        if shared == 0 {
+            for l in lead..num_layers {
+                let name = format!("blk.{l}.ffn_down_shexp.weight");
+                let t =
+                    self.file.tensor(&name).ok_or_else(|| StudioError::tensor(&self.file.file, &name, "missing"))?;
+                if !quant::is_supported(t.dtype) {
+                    return Err(unsupported(&self.file.file, &name, t.dtype));
+                }
+                let v = quant::dequantize(t.dtype, self.file.tensor_bytes(t), t.n_elements)
+                    .map_err(|m| StudioError::tensor(&self.file.file, &name, m))?;
+                if let Some(x) = v.iter().find(|x| **x != 0.0) {
+                    return Err(StudioError::tensor(
+                        &self.file.file,
+                        &name,
+                        format!(
+                            "holds {x}, not zero, and `moe_studio.shared_experts` is 0 (the shared FFN was the \
+                             studio's zero stand-in): the file was changed after it was written"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok((lead, (w != f).then_some(w), shared))
     }
 }
 
@@ -1472,6 +1650,15 @@ impl TensorSource for GgufModel {
             }
         }
         .map_err(|m| StudioError::tensor(&self.file.file, name, m))?;
+        let data = match e.cols {
+            None => data,
+            Some((i, n)) => {
+                let rows = e.info.shape[0];
+                let w = data.len() / rows.max(1);
+                let part = w / n;
+                (0..rows).flat_map(|r| data[r * w + i * part..r * w + (i + 1) * part].iter().copied()).collect()
+            }
+        };
         if e.minus_one {
             return Ok(data.into_iter().map(|x| x - 1.0).collect());
         }

@@ -1,56 +1,113 @@
-//! GGUF v3 writer (`convert --to gguf`): a dense or MoE model in llama.cpp's
-//! `llama` architecture, so llama.cpp's own loader reads and evaluates it.
+//! GGUF v3 writer (`convert --to gguf`): a dense or MoE model in one of
+//! llama.cpp's architectures ([`GGUF_ARCHS`], one file each), so llama.cpp's
+//! own loader reads and evaluates it.
 //!
 //! Format: ggml's `docs/gguf.md` (see [`super::gguf`] for the layout);
 //! names, metadata keys and the q/k row permutation follow llama.cpp's
-//! `convert_hf_to_gguf.py` (`LlamaModel`) and `src/models/llama.cpp`:
+//! `convert_hf_to_gguf.py` (`LlamaModel`, `DeepseekModel`) and
+//! `src/models/{llama,deepseek}.cpp`. Common to every architecture
+//! (`{arch}` = `general.architecture`):
 //!
 //! - `token_embd.weight`, `output_norm.weight`, `output.weight` (absent when
 //!   the embeddings are tied: llama.cpp then reuses `token_embd`);
 //! - per block `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output,
 //!   ffn_norm}.weight` (and `attn_{q,k,v}.bias` when the attention has
-//!   biases: llama.cpp's `llama` architecture reads them when present, so a
-//!   Qwen2 base fits too); q/k rows (weights and biases) permuted to the
-//!   interleaved RoPE order of `LlamaModel.permute`;
-//! - dense blocks `blk.N.ffn_{gate,up,down}.weight`; MoE blocks
-//!   `blk.N.ffn_gate_inp.weight` (router `[E, d]`, kept F32 as llama.cpp's
-//!   converter keeps it) and the stacked experts `blk.N.ffn_{gate,up}_exps.weight`
-//!   (`[E, f, d]`) and `blk.N.ffn_down_exps.weight` (`[E, d, f]`);
-//! - metadata `llama.{block_count, context_length, embedding_length,
+//!   biases: llama.cpp reads them when present, so a Qwen2 base fits too);
+//!   q/k rows (weights and biases) permuted to the interleaved RoPE order of
+//!   `LlamaModel.permute`;
+//! - dense blocks `blk.N.ffn_{gate,up,down}.weight` (the dense
+//!   `intermediate_size`); MoE blocks as the architecture writes them
+//!   ([`GgufArch::moe_block`]): `blk.N.ffn_gate_inp.weight` (router `[E, d]`,
+//!   kept F32 as llama.cpp's converter keeps it, a router temperature folded
+//!   in), the stacked experts `blk.N.ffn_{gate,up}_exps.weight` (`[E, f, d]`)
+//!   and `blk.N.ffn_down_exps.weight` (`[E, d, f]`), and what the
+//!   architecture adds (DeepSeek's shared experts);
+//! - metadata `{arch}.{block_count, context_length, embedding_length,
 //!   feed_forward_length, attention.head_count, attention.head_count_kv,
 //!   attention.key_length, attention.value_length,
 //!   attention.layer_norm_rms_epsilon, rope.freq_base, rope.dimension_count,
-//!   vocab_size}`, `llama.expert_count` / `llama.expert_used_count` for an
-//!   MoE, `general.file_type`, and the tokenizer as `tokenizer.ggml.*`
-//!   including `pre` ([`crate::tokenizer::gguf_export`]), without which
-//!   llama.cpp refuses the vocabulary;
+//!   vocab_size}`, the architecture's MoE keys ([`GgufArch::moe_keys`]),
+//!   `general.file_type`, and the tokenizer as `tokenizer.ggml.*` including
+//!   `pre` ([`crate::tokenizer::gguf_export`]), without which llama.cpp
+//!   refuses the vocabulary;
 //! - a Llama 3.1 RoPE scaling (or any per-frequency divisors) as the F32
 //!   tensor `rope_freqs.weight` (`[head_dim / 2]`,
 //!   [`crate::model::rope::llama3_freq_factors`]), as
 //!   `LlamaModel.generate_extra_tensors` writes it, with no
-//!   `rope.scaling.*` keys; a linear scaling as `llama.rope.scaling.type` /
-//!   `.factor`;
+//!   `rope.scaling.*` keys (architectures that read it:
+//!   [`GgufArch::reads_rope_freqs`]); a linear scaling as
+//!   `{arch}.rope.scaling.type` / `.factor`;
 //! - `moe_studio.frozen_experts` (a JSON string, one list per layer:
 //!   llama.cpp ignores it and refuses arrays of arrays; the studio's GGUF
-//!   reader reads it back).
+//!   reader reads it back) and `moe_studio.router_aux_loss_coef`.
 //!
-//! llama.cpp's `llama` MoE weights the top-k by the softmax over all `E`
-//! logits renormalised over the `k` (`build_moe_ffn(..., norm_w = true)`):
-//! the studio's routing. It needs every layer MoE with one `E`, `k` and
-//! expert width, no router bias, no shared experts, no selection bias and
-//! renormalised top-k weights ([`gguf_blocker`]; methods.md §5); granular
-//! experts are written with `feed_forward_length` = their width; a router
-//! temperature is folded into
-//! `ffn_gate_inp`. Tensor types: 1-D tensors and routers F32; the others in
-//! the requested type (F32, F16, BF16 or Q8_0; a Q8_0 tensor whose rows are
-//! not a multiple of 32 stays F32).
+//! The architecture is the first of [`GGUF_ARCHS`] whose graph computes the
+//! model exactly ([`gguf_arch`]): `llama` for dense models and the plain
+//! MoE with renormalised top-k ([`llama`]), `deepseek` for leading dense
+//! layers, ungated shared experts and un-normalised top-k ([`deepseek`]);
+//! anything else is refused before anything is written, naming each
+//! architecture's reason. Expert counts llama.cpp's backends handle badly
+//! are warned about, not refused ([`expert_count_warnings`]). Tensor types:
+//! 1-D tensors and routers F32; the others in the requested type (F32, F16,
+//! BF16 or Q8_0; a Q8_0 tensor whose rows are not a multiple of 32 stays
+//! F32).
+//!
+//! **Adding an architecture** touches its own file (a unit struct
+//! implementing [`GgufArch`]), one line of [`GGUF_ARCHS`], and the reader
+//! ([`super::gguf`]) for its MoE keys.
 
 use super::dtype::f32_to_bytes;
 use super::gguf::GgufValue;
 use super::{DType, TensorSource};
-use crate::config::{ModelConfig, MoeConfig, RopeScaling};
+use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec, RopeScaling};
 use crate::error::{Result, StudioError};
 use crate::layout::names::{self, Proj};
+use crate::layout::Blocker;
+
+pub mod deepseek;
+pub mod llama;
+
+/// One llama.cpp GGUF architecture the writer emits (see the module docs).
+/// Implementations are unit structs, one per file, listed in [`GGUF_ARCHS`].
+pub trait GgufArch: Sync + Send {
+    /// `general.architecture`, also the prefix of its metadata keys.
+    fn name(&self) -> &'static str;
+
+    /// Whether llama.cpp's graph of this architecture computes `moe` on
+    /// `base` (`None`: a dense model) exactly.
+    ///
+    /// # Errors
+    /// The first [`Blocker`] found, naming the field.
+    fn check(&self, base: &ModelConfig, moe: Option<&MoeConfig>) -> std::result::Result<(), Blocker>;
+
+    /// `{arch}.feed_forward_length` (default: the dense `intermediate_size`).
+    fn feed_forward_length(&self, base: &ModelConfig, _moe: Option<&MoeConfig>) -> usize {
+        base.intermediate_size
+    }
+
+    /// Whether the architecture reads `rope_freqs.weight` (per-frequency
+    /// RoPE divisors: a Llama 3.1 scaling).
+    fn reads_rope_freqs(&self) -> bool {
+        false
+    }
+
+    /// The MoE metadata of `moe` (full keys), once [`GgufArch::check`] holds.
+    fn moe_keys(&self, base: &ModelConfig, moe: &MoeConfig) -> Vec<(String, GgufValue)>;
+
+    /// The tensors of MoE block `layer` (spec `spec`; router weights scaled
+    /// by `router_scale`): GGUF name, ggml `ne` (innermost first), what it is
+    /// built from, and a forced type (`None`: the requested one).
+    fn moe_block(
+        &self,
+        base: &ModelConfig,
+        layer: usize,
+        spec: &MoeLayerSpec,
+        router_scale: f32,
+    ) -> Vec<(String, Vec<u64>, From, Option<DType>)>;
+}
+
+/// The architectures, in the order [`gguf_arch`] tries them.
+pub static GGUF_ARCHS: &[&dyn GgufArch] = &[&llama::Llama, &deepseek::Deepseek];
 
 /// ggml type ids of the types the writer emits.
 fn type_id(d: DType) -> u32 {
@@ -72,54 +129,48 @@ fn file_type(d: DType) -> u32 {
     }
 }
 
-/// Why `moe` on `base` cannot be written as a llama.cpp `llama` MoE, or
-/// `None` when it can (dense models always can).
+/// The first architecture of [`GGUF_ARCHS`] whose graph computes `moe` on
+/// `base` (`None`: dense) exactly.
+///
+/// # Errors
+/// Why none does, one reason per architecture (`llama: ...; deepseek: ...`).
+pub fn gguf_arch(base: &ModelConfig, moe: Option<&MoeConfig>) -> std::result::Result<&'static dyn GgufArch, String> {
+    let mut why = Vec::new();
+    for a in GGUF_ARCHS {
+        match a.check(base, moe) {
+            Ok(()) => return Ok(*a),
+            Err(b) => why.push(format!("{}: {b}", a.name())),
+        }
+    }
+    Err(why.join("; "))
+}
+
+/// Why `moe` on `base` cannot be written as a llama.cpp GGUF exactly (one
+/// reason per architecture of [`GGUF_ARCHS`]), or `None` when it can.
 pub fn gguf_blocker(base: &ModelConfig, moe: Option<&MoeConfig>) -> Option<String> {
+    gguf_arch(base, moe).err()
+}
+
+/// Checks shared by every architecture: the base's blocks are Llama's and
+/// its RoPE is one llama.cpp computes.
+pub(crate) fn llama_blocks(base: &ModelConfig) -> std::result::Result<(), Blocker> {
     if let RopeScaling::LongRope { .. } = base.rope_scaling {
-        return Some("LongRoPE (Phi-3) has no place in llama.cpp's `llama` architecture".into());
+        return Err(Blocker::new("rope_scaling", "LongRoPE (Phi-3) has no place in llama.cpp's Llama blocks"));
     }
     if let Some(why) = base.architecture.family().not_llama_blocks() {
-        return Some(format!("{why}: the llama.cpp `llama` architecture this writer emits has no place for that"));
-    }
-    let moe = moe?;
-    if let Some(l) = moe.layers.iter().position(Option::is_none) {
-        return Some(format!(
-            "layer {l} stays dense: llama.cpp's llama architecture makes every layer MoE (`experts_per_layer`)"
+        return Err(Blocker::new(
+            "architecture",
+            format!("{why}, and llama.cpp's `llama` blocks have no place for that"),
         ));
     }
-    match crate::layout::plain_moe(base, moe, "llama.cpp's llama MoE", "llama.feed_forward_length") {
-        Ok(_) => None,
-        Err(b) => Some(format!(
-            "{b} (llama.cpp's llama MoE has one `llama.expert_count`, `llama.expert_used_count` and expert width, \
-             renormalised top-k weights, no router bias, no shared experts and no selection bias)"
-        )),
-    }
+    Ok(())
 }
 
-/// The FFN width the file records (`llama.feed_forward_length`): the
-/// experts' width in an MoE (every layer is MoE there, so granular experts
-/// of width `f / G` are held exactly), else the dense `intermediate_size`.
-fn ffn_width(config: &ModelConfig, moe: Option<&MoeConfig>) -> usize {
-    moe.and_then(|m| m.layers.iter().flatten().next()).map_or(config.intermediate_size, |s| s.expert_width(config))
-}
-
-/// Warnings for expert counts llama.cpp's backends handle badly (as
-/// mergekit warns for its Mixtral output): not a power of two, or more
-/// than 64 (some backends' `mul_mat_id` kernels).
+/// Warnings for expert counts llama.cpp's backends handle badly
+/// ([`crate::layout::llama_cpp_expert_count_warnings`]): a warning, never a
+/// refusal, since the file is exact either way.
 pub fn expert_count_warnings(moe: Option<&MoeConfig>) -> Vec<String> {
-    let Some(e) = moe.and_then(|m| m.layers.iter().flatten().next()).map(|s| s.num_experts) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    if !e.is_power_of_two() {
-        out.push(format!(
-            "{e} experts is not a power of two: some llama.cpp backends (and quantisation tooling) handle such expert counts poorly"
-        ));
-    }
-    if e > 64 {
-        out.push(format!("{e} experts: more than some llama.cpp GPU backends support in one layer"));
-    }
-    out
+    moe.map(crate::layout::llama_cpp_expert_count_warnings).unwrap_or_default()
 }
 
 /// One tensor of the GGUF plan.
@@ -133,12 +184,42 @@ struct Planned {
     from: From,
 }
 
+/// What a GGUF tensor is built from.
 #[derive(Debug, Clone)]
-enum From {
-    /// A canonical tensor; `permute` = heads for llama's q/k row permutation.
-    Tensor { name: String, permute: Option<usize>, scale: f32 },
-    /// The `E` expert tensors of one projection, stacked.
-    Experts { layer: usize, experts: usize, proj: Proj },
+pub enum From {
+    /// A canonical tensor times `scale`.
+    Tensor {
+        /// Canonical name.
+        name: String,
+        /// Heads of llama's q/k row permutation, when permuted.
+        permute: Option<usize>,
+        /// Factor on every value (a folded router temperature).
+        scale: f32,
+    },
+    /// The routed experts of one projection of a layer, stacked (`[E, out, in]`).
+    Experts {
+        /// Decoder layer.
+        layer: usize,
+        /// Routed experts `E`.
+        experts: usize,
+        /// Projection.
+        proj: Proj,
+    },
+    /// The shared experts of one projection of a layer as one FFN, their
+    /// intermediate units concatenated: gate/up `[count·f, d]` (rows
+    /// stacked), down `[d, count·f]` (row `r` = the experts' rows `r` side by
+    /// side).
+    Shared {
+        /// Decoder layer.
+        layer: usize,
+        /// Shared experts.
+        count: usize,
+        /// Projection.
+        proj: Proj,
+    },
+    /// Exact zeros (a tensor the architecture requires that the model has
+    /// not: DeepSeek's zero shared expert).
+    Zeros,
     /// Values computed from the configuration (`rope_freqs.weight`).
     Values(Vec<f32>),
 }
@@ -168,6 +249,8 @@ fn rope_freqs(config: &ModelConfig) -> Option<Vec<f32>> {
 pub struct GgufReport {
     /// The output file.
     pub path: String,
+    /// `general.architecture` ([`gguf_arch`]: `llama` or `deepseek`).
+    pub architecture: String,
     /// Tensors written.
     pub tensors: usize,
     /// Bytes of the file.
@@ -234,6 +317,7 @@ fn push_str(buf: &mut Vec<u8>, s: &str) {
 
 /// The GGUF header (metadata and tensor infos) and the tensor plan.
 struct Plan {
+    architecture: &'static str,
     header: Vec<u8>,
     tensors: Vec<Planned>,
     types: std::collections::BTreeMap<String, usize>,
@@ -253,13 +337,10 @@ fn plan(
             format!("GGUF output type {dtype}: expected f32, f16, bf16 or q8_0"),
         ));
     }
-    if let Some(why) = gguf_blocker(config, moe) {
-        return Err(StudioError::config(
-            src.source_name(),
-            format!("cannot be written as a llama.cpp GGUF exactly: {why}"),
-        ));
-    }
-    let (d, f, v) = (config.hidden_size as u64, ffn_width(config, moe) as u64, config.vocab_size as u64);
+    let arch = gguf_arch(config, moe).map_err(|why| {
+        StudioError::config(src.source_name(), format!("cannot be written as a llama.cpp GGUF exactly: {why}"))
+    })?;
+    let (d, f, v) = (config.hidden_size as u64, config.intermediate_size as u64, config.vocab_size as u64);
     let hd = config.head_dim as u64;
     let (q, kv) = (config.num_heads as u64 * hd, config.num_kv_heads as u64 * hd);
     let scale = moe.map(|m| {
@@ -280,7 +361,7 @@ fn plan(
         tensors.push(Planned { name, ne, dtype: t, from });
     };
     let plain = |name: &str| From::Tensor { name: name.to_string(), permute: None, scale: 1.0 };
-    if let Some(f) = rope_freqs(config) {
+    if let Some(f) = rope_freqs(config).filter(|_| arch.reads_rope_freqs()) {
         add("rope_freqs.weight".into(), vec![f.len() as u64], From::Values(f), Some(DType::F32));
     }
     add("token_embd.weight".into(), vec![d, v], plain("model.embed_tokens.weight"), None);
@@ -327,19 +408,9 @@ fn plan(
                 }
             }
             Some(s) => {
-                let e = s.num_experts as u64;
                 let s_l = scale.as_ref().map_or(1.0, |v| v[l]);
-                add(
-                    format!("{b}.ffn_gate_inp.weight"),
-                    vec![d, e],
-                    From::Tensor { name: names::router_weight_name(l), permute: None, scale: s_l },
-                    Some(DType::F32),
-                );
-                for (proj, g) in
-                    [(Proj::Gate, "ffn_gate_exps"), (Proj::Up, "ffn_up_exps"), (Proj::Down, "ffn_down_exps")]
-                {
-                    let ne = if proj == Proj::Down { vec![f, d, e] } else { vec![d, f, e] };
-                    add(format!("{b}.{g}.weight"), ne, From::Experts { layer: l, experts: s.num_experts, proj }, None);
+                for (name, ne, from, kind) in arch.moe_block(config, l, s, s_l) {
+                    add(name, ne, from, kind);
                 }
             }
         }
@@ -356,7 +427,10 @@ fn plan(
             From::Experts { layer, experts, proj } => {
                 (0..*experts).map(|e| (names::expert_weight_name(*layer, e, *proj), n / *experts as u64)).collect()
             }
-            From::Values(_) => Vec::new(),
+            From::Shared { layer, count, proj } => {
+                (0..*count).map(|i| (names::shared_expert_weight_name(*layer, i, *proj), n / *count as u64)).collect()
+            }
+            From::Values(_) | From::Zeros => Vec::new(),
         };
         for (name, want) in parts {
             let info = src.info(&name).ok_or_else(|| StudioError::tensor(src.source_name(), &name, "missing"))?;
@@ -370,32 +444,31 @@ fn plan(
         }
     }
     let u32v = |x: usize| GgufValue::U32(x as u32);
+    let a = arch.name();
     let mut kv: Vec<(String, GgufValue)> = vec![
-        ("general.architecture".into(), GgufValue::String("llama".into())),
+        ("general.architecture".into(), GgufValue::String(a.into())),
         ("general.name".into(), GgufValue::String("moe-studio export".into())),
         ("general.file_type".into(), GgufValue::U32(file_type(dtype))),
         ("general.quantization_version".into(), GgufValue::U32(2)),
-        ("llama.block_count".into(), u32v(config.num_layers)),
-        ("llama.context_length".into(), u32v(config.max_position_embeddings)),
-        ("llama.embedding_length".into(), u32v(config.hidden_size)),
-        ("llama.feed_forward_length".into(), u32v(ffn_width(config, moe))),
-        ("llama.attention.head_count".into(), u32v(config.num_heads)),
-        ("llama.attention.head_count_kv".into(), u32v(config.num_kv_heads)),
-        ("llama.attention.key_length".into(), u32v(config.head_dim)),
-        ("llama.attention.value_length".into(), u32v(config.head_dim)),
-        ("llama.attention.layer_norm_rms_epsilon".into(), GgufValue::F32(config.rms_norm_eps as f32)),
-        ("llama.rope.freq_base".into(), GgufValue::F32(config.rope_theta as f32)),
-        ("llama.rope.dimension_count".into(), u32v(config.head_dim)),
-        ("llama.vocab_size".into(), u32v(config.vocab_size)),
+        (format!("{a}.block_count"), u32v(config.num_layers)),
+        (format!("{a}.context_length"), u32v(config.max_position_embeddings)),
+        (format!("{a}.embedding_length"), u32v(config.hidden_size)),
+        (format!("{a}.feed_forward_length"), u32v(arch.feed_forward_length(config, moe))),
+        (format!("{a}.attention.head_count"), u32v(config.num_heads)),
+        (format!("{a}.attention.head_count_kv"), u32v(config.num_kv_heads)),
+        (format!("{a}.attention.key_length"), u32v(config.head_dim)),
+        (format!("{a}.attention.value_length"), u32v(config.head_dim)),
+        (format!("{a}.attention.layer_norm_rms_epsilon"), GgufValue::F32(config.rms_norm_eps as f32)),
+        (format!("{a}.rope.freq_base"), GgufValue::F32(config.rope_theta as f32)),
+        (format!("{a}.rope.dimension_count"), u32v(config.head_dim)),
+        (format!("{a}.vocab_size"), u32v(config.vocab_size)),
     ];
     if let RopeScaling::Linear { factor } = config.rope_scaling {
-        kv.push(("llama.rope.scaling.type".into(), GgufValue::String("linear".into())));
-        kv.push(("llama.rope.scaling.factor".into(), GgufValue::F32(factor as f32)));
+        kv.push((format!("{a}.rope.scaling.type"), GgufValue::String("linear".into())));
+        kv.push((format!("{a}.rope.scaling.factor"), GgufValue::F32(factor as f32)));
     }
     if let Some(m) = moe {
-        let s = m.layers.iter().flatten().next().expect("an MoE has an MoE layer");
-        kv.push(("llama.expert_count".into(), u32v(s.num_experts)));
-        kv.push(("llama.expert_used_count".into(), u32v(s.top_k)));
+        kv.extend(arch.moe_keys(config, m));
         // JSON in a string: llama.cpp refuses arrays of arrays.
         let frozen: Vec<Vec<usize>> =
             m.layers.iter().map(|s| s.as_ref().map(|s| s.frozen.clone()).unwrap_or_default()).collect();
@@ -430,7 +503,7 @@ fn plan(
     while header.len() % super::gguf::DEFAULT_ALIGNMENT != 0 {
         header.push(0);
     }
-    Ok(Plan { header, tensors, types, warnings })
+    Ok(Plan { architecture: a, header, tensors, types, warnings })
 }
 
 fn align(x: u64) -> u64 {
@@ -461,6 +534,27 @@ fn tensor_data(src: &dyn TensorSource, t: &Planned) -> Result<Vec<u8>> {
             }
             v
         }
+        From::Shared { layer, count, proj } => {
+            let parts: Vec<Vec<f32>> = (0..*count)
+                .map(|i| src.read_f32(&names::shared_expert_weight_name(*layer, i, *proj)))
+                .collect::<Result<_>>()?;
+            match proj {
+                Proj::Gate | Proj::Up => parts.concat(),
+                Proj::Down => {
+                    // [d, f] each -> [d, count·f]: row r = the rows r side by side.
+                    let rows = t.ne[1] as usize;
+                    let mut v = Vec::with_capacity(rows * t.ne[0] as usize);
+                    for r in 0..rows {
+                        for p in &parts {
+                            let w = p.len() / rows;
+                            v.extend_from_slice(&p[r * w..(r + 1) * w]);
+                        }
+                    }
+                    v
+                }
+            }
+        }
+        From::Zeros => vec![0.0; t.ne.iter().product::<u64>() as usize],
         From::Values(v) => v.clone(),
     };
     encode(t.dtype, &values)
@@ -511,6 +605,7 @@ pub fn write_gguf(
     let bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
     Ok(GgufReport {
         path: out.display().to_string(),
+        architecture: p.architecture.to_string(),
         tensors: p.tensors.len(),
         bytes,
         file_type: file_type(dtype),

@@ -15,7 +15,7 @@
 //! | `mixtral` | [`mixtral`] | transformers `MixtralForCausalLM`, candle `mixtral`, vLLM, llama.cpp (`convert --to gguf`) | every layer MoE, one `E`, `k` and expert width (granular experts: `intermediate_size` is the expert width), renormalised top-k, no router bias, no q/k/v bias, no shared experts, no selection bias |
 //! | `qwen2_moe` | [`qwen2_moe`] | transformers `Qwen2MoeForCausalLM`, candle `qwen2_moe`, vLLM | one `E`, `k`, expert width (`moe_intermediate_size`) and `norm_topk_prob` (true or false); dense layers (`mlp_only_layers`); q/k/v bias on or off; exactly one sigmoid-gated shared expert per MoE layer (the model's own, else written as an exact zero) |
 //! | `qwen3_moe` | [`qwen3_moe`] | transformers `Qwen3MoeForCausalLM` | qwen3 bases only (q/k RMSNorm), writer ready for when that family lands; no shared experts |
-//! | `deepseek_moe` | [`deepseek_moe`] | none available here that holds our routing exactly (documented absence) | — |
+//! | `deepseek_moe` | [`deepseek_moe`] | no Hugging Face loader here (refused as safetensors, with the reason); llama.cpp `deepseek` through `convert --to gguf` ([`deepseek_moe::deepseek_form`]) | leading dense layers, one `E`, `k` and expert width, un-normalised top-k (or `k = E`), ungated shared experts (any number whose width is whole experts; none: a zero one), no router or selection bias, Llama attention with queries `hidden_size` wide, no per-frequency RoPE factors |
 //! | `moe_studio` | [`studio`] | moe-studio | anything (per-layer `E_l`, `k_l`, expert widths, router bias, temperature, any number of shared experts gated or not, `norm_topk_prob`, the aux-loss-free selection bias) |
 //!
 //! Frozen experts are metadata (`moe_studio.frozen_experts` and, for
@@ -351,7 +351,41 @@ pub fn choose(base: &ModelConfig, moe: &MoeConfig, request: LayoutRequest) -> Re
             "written in the studio layout (model_type: moe_studio), which transformers cannot load, because no public layout holds it exactly: {r}"
         ));
     }
+    if layout.public() {
+        // mergekit warns the same for its Mixtral output.
+        warnings.extend(llama_cpp_expert_count_warnings(moe));
+    }
     Ok(LayoutChoice { layout, reason, written, router_scale, warnings })
+}
+
+/// The largest expert count llama.cpp's CUDA fused top-k MoE kernel is
+/// instantiated for (`ggml-cuda/topk-moe.cu`: powers of two up to 512).
+pub const LLAMA_CPP_FUSED_TOPK_MAX_EXPERTS: usize = 512;
+
+/// Warnings for expert counts llama.cpp's backends handle badly, one per
+/// distinct count, as mergekit warns for its Mixtral output ("not a power
+/// of two ... will not be usable in llama.cpp"). In the llama.cpp that
+/// llama-cpp-python 0.3.36 vendors the CPU backend computes any count
+/// (checked by the compatibility matrix), but the CUDA fused top-k MoE
+/// kernel (`ggml_cuda_should_use_topk_moe`) takes only powers of two up to
+/// [`LLAMA_CPP_FUSED_TOPK_MAX_EXPERTS`] (and two model-specific counts), so
+/// other counts take the slower unfused path there, and older llama.cpp
+/// builds refused them. A warning, never a refusal: the export is exact.
+pub fn llama_cpp_expert_count_warnings(moe: &MoeConfig) -> Vec<String> {
+    let mut counts: Vec<usize> = moe.layers.iter().flatten().map(|s| s.num_experts).collect();
+    counts.sort_unstable();
+    counts.dedup();
+    counts
+        .into_iter()
+        .filter(|e| !e.is_power_of_two() || *e > LLAMA_CPP_FUSED_TOPK_MAX_EXPERTS)
+        .map(|e| {
+            format!(
+                "{e} experts per layer is not a power of two up to {LLAMA_CPP_FUSED_TOPK_MAX_EXPERTS}: llama.cpp \
+                 backends handle such counts badly (its CUDA fused top-k MoE kernel takes powers of two only; older \
+                 builds refuse them), as mergekit warns; the export is exact and llama.cpp's CPU backend reads it"
+            )
+        })
+        .collect()
 }
 
 /// Reads the layout, dense base and MoE of a `config.json`; `None` for a

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::export::export_moe;
+use moe_shared::checkpoint::gguf::GgufFile;
 use moe_shared::checkpoint::gguf_write::write_gguf;
 use moe_shared::checkpoint::load::from_gguf_bytes;
 use moe_shared::checkpoint::{open_model, Bytes, DType, LoadedModel, PlannedTensor, SafetensorsWriter, TensorSource};
@@ -398,6 +399,131 @@ fn gguf_export_reads_back_to_the_same_model() {
     let e = write_gguf(m.source.as_ref(), &m.config, m.moe.as_ref(), DType::F32, vec![], &out).unwrap_err().to_string();
     assert!(e.contains("layer 1 stays dense"), "{e}");
     assert!(!out.exists());
+}
+
+/// What only llama.cpp's `deepseek` graph holds — a leading dense layer,
+/// ungated shared experts (copies, so they matter), un-normalised top-k,
+/// granular experts (one shared expert of width `f` written as two of the
+/// expert width `f / 2`), no shared expert (a zero one is written) — goes
+/// to the `deepseek` GGUF architecture and reads back to the same
+/// configuration and function (f32 exactly, F16/Q8_0 closely); the
+/// `deepseek_moe` safetensors layout is refused pointing to it; a model
+/// neither architecture holds is refused naming both, and nothing is
+/// written.
+#[test]
+fn gguf_deepseek_export_reads_back_to_the_same_model() {
+    use moe_shared::checkpoint::gguf_write::gguf_arch;
+    use moe_shared::methods::SharedExperts;
+    let dir = tempfile::tempdir().unwrap();
+    let ids = [1, 5, 17, 42, 3, 88, 60, 7];
+    let cases = [
+        ("tiny-qwen2", ExpertCounts::PerLayer(vec![None, Some(4)]), 2, 1, 1, 1),
+        ("tiny-mistral", ExpertCounts::Uniform(3), 2, 0, 1, 1),
+        ("tiny-mistral", ExpertCounts::Uniform(4), 1, 1, 2, 2),
+    ];
+    for (i, (fixture_name, experts, top_k, shared, granularity, shexp_count)) in cases.into_iter().enumerate() {
+        let src = open_model(&fixture(fixture_name)).unwrap();
+        let moe_dir = dir.path().join(format!("{fixture_name}-{i}"));
+        let opts = UpcycleOptions {
+            top_k,
+            temperature: 0.5,
+            noise: CopyNoise { kind: NoiseKind::Multiplicative, std: 0.2 },
+            shared: if shared == 0 {
+                SharedExperts::default()
+            } else {
+                SharedExperts { count: shared, gate: false, init: SharedInit::Copy, frozen: true }
+            },
+            granularity,
+            norm_topk_prob: false,
+            ..tiny_opts(experts, "auto")
+        };
+        upcycle(src.source.as_ref(), &src.config, &opts, &moe_dir, None, Default::default()).unwrap();
+        let m = open_model(&moe_dir).unwrap();
+        let moe = m.moe.clone().unwrap();
+        assert_eq!(gguf_arch(&m.config, Some(&moe)).unwrap().name(), "deepseek", "{fixture_name} {i}");
+        let e = export_moe(
+            m.source.as_ref(),
+            &m.config,
+            &moe,
+            LayoutRequest::parse("deepseek_moe").unwrap(),
+            &dir.path().join("refused"),
+            None,
+            None,
+            Default::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("`layout`") && e.contains("convert --to gguf"), "{e}");
+        assert!(!dir.path().join("refused").exists());
+        let ours = logits_of(&m, &ids);
+        // the configuration as written: temperatures folded into the router
+        let mut want = moe.clone();
+        want.layers.iter_mut().flatten().for_each(|s| s.temperature = 1.0);
+        for (dtype, tol) in [(DType::F32, 1e-5f32), (DType::F16, 0.02), (DType::Q8_0, 0.2)] {
+            let out = dir.path().join(format!("{fixture_name}-{i}-{dtype}.gguf"));
+            let r = write_gguf(m.source.as_ref(), &m.config, Some(&moe), dtype, vec![], &out).unwrap();
+            assert_eq!(r.architecture, "deepseek");
+            let g = GgufFile::parse(Bytes::map_file(&out).unwrap(), "g").unwrap();
+            let u = |k: &str| g.get(k).and_then(|v| v.as_u64()).unwrap_or_else(|| panic!("{k}"));
+            assert_eq!(u("deepseek.leading_dense_block_count"), u64::from(fixture_name == "tiny-qwen2"));
+            assert_eq!(u("deepseek.expert_shared_count"), shexp_count);
+            let width = 48 / granularity as u64;
+            assert_eq!((u("deepseek.expert_feed_forward_length"), u("deepseek.feed_forward_length")), (width, 48));
+            let down = g.tensor("blk.1.ffn_down_shexp.weight").unwrap();
+            assert_eq!(down.ne, vec![width * shexp_count, 32]);
+            let back = from_gguf_bytes(Bytes::map_file(&out).unwrap(), &out.display().to_string()).unwrap();
+            assert_eq!(back.moe.as_ref(), Some(&want), "{fixture_name} {i} {dtype}");
+            assert_eq!(back.config.attention_bias, fixture_name == "tiny-qwen2");
+            let diff = max_diff(&logits_of(&back, &ids), &ours);
+            eprintln!("{fixture_name} case {i} deepseek GGUF {dtype}: max |dlogit| vs the source {diff:.2e}");
+            assert!(diff < tol, "{fixture_name} {i} {dtype}: {diff}");
+        }
+    }
+    // renormalised top-k (k < E) with a dense layer: neither architecture
+    let src = open_model(&fixture("tiny-mistral")).unwrap();
+    let moe_dir = dir.path().join("neither");
+    let opts = tiny_opts(ExpertCounts::PerLayer(vec![None, Some(4)]), "auto");
+    upcycle(src.source.as_ref(), &src.config, &opts, &moe_dir, None, Default::default()).unwrap();
+    let m = open_model(&moe_dir).unwrap();
+    let out = dir.path().join("neither.gguf");
+    let e = write_gguf(m.source.as_ref(), &m.config, m.moe.as_ref(), DType::F32, vec![], &out).unwrap_err().to_string();
+    assert!(
+        e.contains("llama: layer 0 stays dense") && e.contains("deepseek: ") && e.contains("`norm_topk_prob`"),
+        "{e}"
+    );
+    assert!(!out.exists());
+}
+
+/// An expert count llama.cpp's backends handle badly is a warning, not a
+/// refusal (as mergekit warns): the Mixtral export and the GGUF are written
+/// and read back; a power of two gets no warning.
+#[test]
+fn expert_counts_llama_cpp_handles_badly_are_warned_not_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = open_model(&fixture("tiny-mistral")).unwrap();
+    for (e, warned) in [(3, true), (4, false)] {
+        let out = dir.path().join(format!("e{e}"));
+        let report = upcycle(
+            src.source.as_ref(),
+            &src.config,
+            &tiny_opts(ExpertCounts::Uniform(e), "mixtral"),
+            &out,
+            None,
+            Default::default(),
+        )
+        .unwrap();
+        let w: Vec<&String> = report.warnings.iter().filter(|w| w.contains("power of two")).collect();
+        assert_eq!(w.len(), usize::from(warned), "{e} experts: {:?}", report.warnings);
+        if warned {
+            assert!(w[0].contains("3 experts") && w[0].contains("llama.cpp") && w[0].contains("mergekit"), "{}", w[0]);
+        }
+        let m = open_model(&out).unwrap();
+        let g = dir.path().join(format!("e{e}.gguf"));
+        let r = write_gguf(m.source.as_ref(), &m.config, m.moe.as_ref(), DType::F32, vec![], &g).unwrap();
+        assert_eq!(r.warnings.iter().filter(|w| w.contains("power of two")).count(), usize::from(warned));
+        let back = from_gguf_bytes(Bytes::map_file(&g).unwrap(), "g").unwrap();
+        assert!(back.moe.unwrap().layers.iter().flatten().all(|s| s.num_experts == e));
+    }
 }
 
 /// The upcycling variants of methods.md §5 (issue 15) through the layout

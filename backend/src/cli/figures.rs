@@ -277,9 +277,8 @@ pub struct XySeries {
 
 /// A padded `[lo, hi]` range around `values` (never empty).
 fn padded_range(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64) {
-    let (mut lo, mut hi) = values.filter(|v| v.is_finite()).fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| {
-        (l.min(v), h.max(v))
-    });
+    let (mut lo, mut hi) =
+        values.filter(|v| v.is_finite()).fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(v), h.max(v)));
     if !lo.is_finite() {
         (lo, hi) = (0.0, 1.0);
     }
@@ -428,9 +427,11 @@ fn draw_category_bars<DB: DrawingBackend>(
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
         let label = |v: f64| if top >= 20.0 { format!("{v:.1}") } else { format!("{v:.2}") };
         chart
-            .draw_series(bars.iter().map(|&(x, v)| {
-                Text::new(label(v), (x, v + top * 0.01), ("sans-serif", 11).into_font().color(&BLACK))
-            }))
+            .draw_series(
+                bars.iter().map(|&(x, v)| {
+                    Text::new(label(v), (x, v + top * 0.01), ("sans-serif", 11).into_font().color(&BLACK))
+                }),
+            )
             .map_err(err)?;
     }
     chart

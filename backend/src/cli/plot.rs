@@ -154,8 +154,11 @@ mod tests {
         })
         .unwrap_err();
         assert!(format!("{e:#}").contains("2 values for 1 categories"), "{e:#}");
-        let e = run(Args { spec: spec_file(dir.path(), r#"{"kind":"lines","colour":1,"series":[]}"#), out: dir.path().join("x") })
-            .unwrap_err();
+        let e = run(Args {
+            spec: spec_file(dir.path(), r#"{"kind":"lines","colour":1,"series":[]}"#),
+            out: dir.path().join("x"),
+        })
+        .unwrap_err();
         assert!(format!("{e:#}").contains("not a figure spec"), "{e:#}");
         assert!(!dir.path().join("x.svg").exists(), "nothing is written on refusal");
     }

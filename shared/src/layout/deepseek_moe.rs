@@ -137,7 +137,7 @@ pub fn deepseek_form(base: &ModelConfig, moe: &MoeConfig) -> std::result::Result
         ));
     }
     let shared_width = first.shared_experts * base.intermediate_size;
-    if shared_width % expert_width != 0 {
+    if !shared_width.is_multiple_of(expert_width) {
         return Err(Blocker::new(
             "shared_experts",
             format!(

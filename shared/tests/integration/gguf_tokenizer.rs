@@ -198,7 +198,9 @@ fn text_ids_start_with_the_bos_the_vocabulary_adds() {
     use moe_shared::eval::text_ids;
     use moe_shared::tokenizer::Tokenizer as StudioTokenizer;
     let studio = |bytes: Vec<u8>| {
-        StudioTokenizer::Hf(tokenizer_from_gguf(&gguf::open(Bytes::from_vec(bytes), "t.gguf").unwrap()).unwrap())
+        StudioTokenizer::Hf(Box::new(
+            tokenizer_from_gguf(&gguf::open(Bytes::from_vec(bytes), "t.gguf").unwrap()).unwrap(),
+        ))
     };
     let (bos, no_bos) = (studio(spm_file(Some(true))), studio(spm_file(Some(false))));
     for (text, ids, _) in SPM_TRANSFORMERS {

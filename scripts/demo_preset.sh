@@ -33,13 +33,16 @@
 #     three experts, `route` (DUME ridge router), `merge linear` (the
 #     averaging baseline) and `graft` of the math delta onto the routed MoE,
 #     with `perplexity` of each on each held-out text -> preset.json
-#     (`checks`: oracle vs averaging per domain, graft on the ability text;
+#     (`checks`: oracle vs averaging per domain, graft on the ability text,
+#     each domain's held-out tokens routed mostly to its own expert;
+#     `routing_share`: `eval`'s mean load per expert for each domain;
 #     `source`, `build_seconds`), and manifest.json naming the files for
 #     the studio.
 #
 # Exits non-zero when a teaching claim does not hold (oracle perplexity at
 # least 5% below averaging's on every domain; the graft lowers the ability
-# text's perplexity by at least 10%) or the fetched texts cannot be had.
+# text's perplexity by at least 10%; each domain's largest routing share is
+# its own expert's) or the fetched texts cannot be had.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=/dev/null
@@ -165,12 +168,25 @@ ppl() { # MODEL TEXT
     echo "  }"
     echo "}"
 } > "$out/ppl.json"
+# Where the routed MoE sends each domain's held-out tokens: the mean share
+# of each expert (experts in the order en, code, hu) over the layers.
+eval_args=()
+for d in "${domains[@]}"; do eval_args+=(--data "$d=$out/$d.heldout.txt"); done
+"$cli" eval "$tmp/routed" "${eval_args[@]}" --window 128 --stride 128 --json > "$out/routing.json" 2> "$tmp/eval.log" \
+    || { cat "$tmp/eval.log" >&2; exit 1; }
 
-python3 - "$out/ppl.json" "$out/preset.json" "$(( ($(ms) - t_all) / 1000 ))" <<'EOF'
+python3 - "$out/ppl.json" "$out/preset.json" "$(( ($(ms) - t_all) / 1000 ))" "$out/routing.json" <<'EOF'
 import json, sys
 p = json.load(open(sys.argv[1]))
 ppl = p["ppl"]
 checks = {}
+# Each domain's held-out tokens go mostly to its own expert (what Inspect
+# and the load chart show).
+shares = {r["name"]: r["load_mean"] for r in json.load(open(sys.argv[4]))["datasets"]}
+p["routing_share"] = shares
+for i, d in enumerate(("en", "code", "hu")):
+    s = shares[d]
+    checks[f"routing_{d}"] = {"own_expert_share": s[i], "shares": s, "ok": s[i] == max(s)}
 for d in ("en", "code", "hu"):
     r = ppl[d]
     gain = 1 - r["oracle"] / r["averaging"]
@@ -185,7 +201,7 @@ for k, v in checks.items():
     print(f"[preset] {'ok  ' if v['ok'] else 'FAIL'} {k}: {json.dumps(v)}", file=sys.stderr)
 sys.exit(0 if all(v["ok"] for v in checks.values()) else 1)
 EOF
-rm "$out/ppl.json"
+rm "$out/ppl.json" "$out/routing.json"
 cat > "$out/manifest.json" <<EOF
 {"name": "$base_name teaching preset",
  "source": "$source_kind",

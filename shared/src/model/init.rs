@@ -13,7 +13,7 @@
 //! trained from scratch).
 
 use crate::checkpoint::{DType, TensorInfo, TensorSource};
-use crate::config::ModelConfig;
+use crate::config::{Architecture, ModelConfig};
 use crate::error::{Result, StudioError};
 use crate::methods::rng::NormalRng;
 use crate::model::{load_transformer, Transformer};
@@ -21,9 +21,18 @@ use crate::model::{load_transformer, Transformer};
 /// transformers' `initializer_range` default for Llama (`LlamaConfig`).
 pub const DEFAULT_INITIALIZER_RANGE: f64 = 0.02;
 
-/// The tensors of a dense model of `c`: Hugging Face names and shapes
-/// (`[out, in]` for linear weights, `[vocab, hidden]` for the embedding and
-/// an untied `lm_head`), all f32.
+/// The architectures [`RandomInit`] makes weights for: Llama's blocks
+/// (Mistral: the same tensors; Qwen2: plus q/k/v biases).
+pub const INIT_ARCHITECTURES: [Architecture; 3] = [Architecture::Llama, Architecture::Mistral, Architecture::Qwen2];
+
+/// The tensors of a dense Llama-style model of `c` ([`INIT_ARCHITECTURES`]):
+/// Hugging Face names and shapes (`[out, in]` for linear weights: q
+/// `[heads * head_dim, hidden]`, k/v `[kv_heads * head_dim, hidden]`, o
+/// `[hidden, heads * head_dim]`, gate/up `[ffn, hidden]`, down `[hidden,
+/// ffn]`; `[vocab, hidden]` for the embedding and an untied `lm_head`;
+/// `[hidden]` for the RMSNorm gains; `[out]` for q/k/v biases when
+/// `attention_bias`), all f32, in checkpoint order. Their element count is
+/// [`ModelConfig::num_parameters`].
 pub fn dense_tensor_infos(c: &ModelConfig) -> Vec<TensorInfo> {
     let (d, f, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
     let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
@@ -63,11 +72,22 @@ impl RandomInit {
     /// weights `N(0, std^2)` under `seed`, RMSNorm gains 1, biases 0.
     ///
     /// # Errors
-    /// [`StudioError::Invalid`] when `std` is not finite and positive.
+    /// [`StudioError::Invalid`] when `std` is not finite and positive, or
+    /// the architecture is not one of [`INIT_ARCHITECTURES`] (the others
+    /// have tensors [`dense_tensor_infos`] does not list: q/k norms,
+    /// sandwich norms with `(1 + w)` gains, fused projections).
     pub fn new(config: &ModelConfig, std: f64, seed: u64) -> Result<Self> {
         if !(std.is_finite() && std > 0.0) {
             return Err(StudioError::Invalid(format!(
                 "random initialisation: the standard deviation must be finite and > 0, got {std}"
+            )));
+        }
+        if !INIT_ARCHITECTURES.contains(&config.architecture) {
+            let ok: Vec<&str> = INIT_ARCHITECTURES.iter().map(|a| a.model_type()).collect();
+            return Err(StudioError::Invalid(format!(
+                "random initialisation: model_type `{}` is not supported (expected one of {})",
+                config.architecture.model_type(),
+                ok.join(", ")
             )));
         }
         Ok(RandomInit { tensors: dense_tensor_infos(config), std, seed })
@@ -152,6 +172,95 @@ mod tests {
         let other = RandomInit::new(&c, 0.02, 8).unwrap().read_f32("model.embed_tokens.weight").unwrap();
         assert_ne!(e, other);
         assert!(src.read_f32("model.layers.9.mlp.up_proj.weight").is_err());
+    }
+
+    /// stories260K's shape (llama2.c's 260K model; the fetched teaching
+    /// preset's scratch260K), untied and with q/k/v biases when asked.
+    fn s260k(untied_qwen2: bool) -> ModelConfig {
+        let (ty, tie) = if untied_qwen2 { ("qwen2", "false") } else { ("llama", "true") };
+        let json = format!(
+            r#"{{"model_type": "{ty}", "hidden_size": 64, "intermediate_size": 172,
+            "num_hidden_layers": 5, "num_attention_heads": 8, "num_key_value_heads": 4,
+            "vocab_size": 512, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "tie_word_embeddings": {tie}}}"#
+        );
+        HfConfig::from_json(json.as_bytes(), "260K config.json").unwrap().to_model_config("260K config.json").unwrap()
+    }
+
+    #[test]
+    fn tensors_have_the_configs_shapes() {
+        let c = s260k(false);
+        let infos = dense_tensor_infos(&c);
+        let shape = |n: &str| infos.iter().find(|t| t.name == n).unwrap_or_else(|| panic!("{n}")).shape.clone();
+        assert_eq!(shape("model.embed_tokens.weight"), [512, 64]);
+        assert_eq!(shape("model.layers.4.self_attn.q_proj.weight"), [64, 64]); // 8 heads x 8
+        assert_eq!(shape("model.layers.4.self_attn.k_proj.weight"), [32, 64]); // 4 kv heads x 8
+        assert_eq!(shape("model.layers.0.self_attn.v_proj.weight"), [32, 64]);
+        assert_eq!(shape("model.layers.0.self_attn.o_proj.weight"), [64, 64]);
+        assert_eq!(shape("model.layers.2.mlp.gate_proj.weight"), [172, 64]);
+        assert_eq!(shape("model.layers.2.mlp.up_proj.weight"), [172, 64]);
+        assert_eq!(shape("model.layers.2.mlp.down_proj.weight"), [64, 172]);
+        assert_eq!(shape("model.layers.3.post_attention_layernorm.weight"), [64]);
+        assert_eq!(shape("model.norm.weight"), [64]);
+        assert!(infos.iter().all(|t| t.dtype == DType::F32));
+        // 512x64 embedding + 5 x (2x64 norms + 64x64 q + 2 x 32x64 k/v +
+        // 64x64 o + 3 x 172x64 MLP) + 64 final norm = 260,032: "260K".
+        let total: usize = infos.iter().map(TensorInfo::numel).sum();
+        assert_eq!(total, 260_032);
+        assert_eq!(total, c.num_parameters());
+        // Untied Qwen2: an lm_head and q/k/v biases (zeros) too.
+        let q = s260k(true);
+        let infos = dense_tensor_infos(&q);
+        let shape = |n: &str| infos.iter().find(|t| t.name == n).unwrap_or_else(|| panic!("{n}")).shape.clone();
+        assert_eq!(shape("lm_head.weight"), [512, 64]);
+        assert_eq!(shape("model.layers.1.self_attn.q_proj.bias"), [64]);
+        assert_eq!(shape("model.layers.1.self_attn.k_proj.bias"), [32]);
+        let total: usize = infos.iter().map(TensorInfo::numel).sum();
+        assert_eq!(total, 260_032 + 512 * 64 + 5 * (64 + 2 * 32));
+        assert_eq!(total, q.num_parameters());
+        let src = RandomInit::new(&q, 0.02, 0).unwrap();
+        assert!(src.read_f32("model.layers.1.self_attn.v_proj.bias").unwrap().iter().all(|&x| x == 0.0));
+        assert_eq!(src.read_f32("lm_head.weight").unwrap().len(), 512 * 64);
+    }
+
+    #[test]
+    fn the_model_is_seeded_deterministic_and_holds_the_drawn_weights() {
+        use burn::tensor::{Int, Tensor};
+        let c = s260k(false);
+        let dev = Default::default();
+        let tokens = || Tensor::<crate::CpuBackend, 2, Int>::from_ints([[1, 2, 3, 4]], &dev);
+        let logits = |seed| {
+            let m = random_dense_model::<crate::CpuBackend>(&c, 0.02, seed, &dev).unwrap();
+            let l = m.forward(tokens(), None);
+            assert_eq!(l.dims(), [1, 4, 512]);
+            (m, l.into_data().to_vec::<f32>().unwrap())
+        };
+        let (m, a) = logits(3);
+        let (_, b) = logits(3);
+        let (_, other) = logits(4);
+        assert_eq!(a, b, "the same seed gives bit-identical logits");
+        assert_ne!(a, other, "another seed gives other weights");
+        assert!(a.iter().all(|x| x.is_finite()));
+        // The model holds exactly what RandomInit draws.
+        let src = RandomInit::new(&c, 0.02, 3).unwrap();
+        let embed = m.embed_tokens.weight.val().into_data().to_vec::<f32>().unwrap();
+        assert_eq!(embed, src.read_f32("model.embed_tokens.weight").unwrap());
+        // Tensors draw from their own streams: layer 0's q_proj is not layer 1's.
+        assert_ne!(
+            src.read_f32("model.layers.0.self_attn.q_proj.weight").unwrap(),
+            src.read_f32("model.layers.1.self_attn.q_proj.weight").unwrap()
+        );
+    }
+
+    #[test]
+    fn architectures_with_other_tensors_are_refused() {
+        let json = br#"{"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 172,
+            "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8,
+            "vocab_size": 512, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0, "tie_word_embeddings": true}"#;
+        let c = HfConfig::from_json(json, "qwen3 config.json").unwrap().to_model_config("qwen3 config.json").unwrap();
+        let e = RandomInit::new(&c, 0.02, 0).err().expect("refused").to_string();
+        assert!(e.contains("qwen3") && e.contains("llama, mistral, qwen2"), "{e}");
     }
 
     #[test]

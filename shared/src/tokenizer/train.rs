@@ -116,6 +116,64 @@ mod tests {
         assert_eq!(back.encode(seen, false).unwrap(), tok.encode(seen, false).unwrap());
     }
 
+    /// The merges of a trained tokenizer, in order, read back from its
+    /// `tokenizer.json` (`model.merges`: `["a", "b"]` pairs, or `"a b"`
+    /// strings in older files).
+    fn merges(tok: &Tokenizer) -> Vec<(String, String)> {
+        let json: serde_json::Value = serde_json::from_str(&tok.to_hf_json().unwrap()).unwrap();
+        json["model"]["merges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| match m {
+                serde_json::Value::Array(p) => (p[0].as_str().unwrap().into(), p[1].as_str().unwrap().into()),
+                serde_json::Value::String(s) => {
+                    let (a, b) = s.split_once(' ').unwrap();
+                    (a.into(), b.into())
+                }
+                other => panic!("merge {other}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn merges_are_the_most_frequent_pairs_in_order() {
+        // The word counts of Hugging Face's BPE walkthrough (NLP course,
+        // chapter 6.5), one word per document (so no byte-level space
+        // prefix): hug 10, pug 5, pun 12, bun 4, hugs 5. Pair counts:
+        // u+g = 10 + 5 + 5 = 20, u+n = 12 + 4 = 16; after both, h+ug =
+        // 10 + 5 = 15, then p+un = 12 (p+ug 5, ug+s 5, b+un 4).
+        let mut docs = Vec::new();
+        for (w, n) in [("hug", 10), ("pug", 5), ("pun", 12), ("bun", 4), ("hugs", 5)] {
+            docs.extend(std::iter::repeat_n(w, n));
+        }
+        let tok = train_byte_level_bpe(docs.iter(), MIN_BYTE_LEVEL_VOCAB + 4).unwrap();
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(merges(&tok), [pair("u", "g"), pair("u", "n"), pair("h", "ug"), pair("p", "un")]);
+        let Tokenizer::Hf(hf) = &tok else { panic!("not a Hugging Face tokenizer") };
+        // Ids: <|endoftext|> 0, the 256 bytes 1..=256, the merges from 257 on.
+        for (i, t) in ["ug", "un", "hug", "pun"].iter().enumerate() {
+            assert_eq!(hf.token_to_id(t), Some(257 + i as u32), "{t}");
+        }
+        assert_eq!(tok.vocab_size(), 261);
+        let id = |t: &str| hf.token_to_id(t).unwrap();
+        assert_eq!(tok.encode("hugs", false).unwrap(), [id("hug"), id("s")]);
+        assert_eq!(tok.encode("bun", false).unwrap(), [id("b"), id("un")]);
+        assert_eq!(tok.decode(&[id("pun"), id("s")]).unwrap(), "puns");
+        // Asked for more tokens than there are pairs seen twice: training
+        // stops early (min_frequency 2) and says how many it made.
+        let all = train_byte_level_bpe(docs.iter(), 1000).unwrap();
+        assert!(all.vocab_size() < 1000 && all.vocab_size() >= 261, "{}", all.vocab_size());
+        assert_eq!(merges(&all)[..4], merges(&tok)[..]);
+    }
+
+    #[test]
+    fn training_is_deterministic() {
+        let a = train_byte_level_bpe(corpus().iter(), 320).unwrap().to_hf_json().unwrap();
+        let b = train_byte_level_bpe(corpus().iter(), 320).unwrap().to_hf_json().unwrap();
+        assert_eq!(a, b);
+    }
+
     #[test]
     fn a_vocabulary_below_the_bytes_is_refused() {
         let e = train_byte_level_bpe(corpus().iter(), 256).err().expect("refused").to_string();

@@ -176,7 +176,7 @@ mod tests {
 
     #[test]
     fn a_vocabulary_below_the_bytes_is_refused() {
-        let e = train_byte_level_bpe(corpus().iter(), 256).err().expect("refused").to_string();
+        let e = train_byte_level_bpe(corpus().iter(), 256).expect_err("refused").to_string();
         assert!(e.contains("at least 257") && e.contains("256"), "{e}");
     }
 }

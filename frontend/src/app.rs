@@ -19,7 +19,7 @@ use crate::worker::protocol::{Reply, Request};
 /// on the first click.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoadedPreset {
-    /// The base model (stories260K): Upcycle's and Neurons' source, the
+    /// The base model (stories260K or scratch260K): Upcycle's and Neurons' source, the
     /// graft's base.
     pub base: ModelRef,
     /// The domain experts, in expert order: MoErge's inputs.

@@ -217,9 +217,10 @@ pub struct DemoManifest {
     /// One sentence for the Load page.
     #[serde(default)]
     pub description: Option<String>,
-    /// Why the build has no teaching preset (`scripts/studio.sh` writes it
-    /// when `scripts/demo_preset.sh` could not build one, e.g. no
-    /// stories260K under `$MOE_STUDIO_DATA`); the Load page shows it.
+    /// Why the build has no teaching preset (`scripts/demo_dist.sh` writes
+    /// it when `scripts/demo_preset.sh` could not build one: its texts
+    /// could not be fetched or its teaching checks failed); the Load page
+    /// shows it.
     #[serde(default)]
     pub preset_absent: Option<String>,
 }
@@ -256,14 +257,29 @@ pub struct PresetModel {
     pub heldout: Option<String>,
 }
 
+/// The base model entry of `demo/preset/manifest.json`: its name (files
+/// are the build's demo model, which `scripts/demo_dist.sh` makes the
+/// base).
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct PresetBase {
+    /// Display name (`stories260K`, or `scratch260K` for the preset built
+    /// from fetched text on a machine without `../shared/data`).
+    pub name: String,
+}
+
 /// `demo/preset/manifest.json`, written by `scripts/demo_preset.sh` (issue
-/// 19 item 3): stories260K fine-tuned by the CLI into domain experts (one
-/// text each) and an "instruct"-style model for the graft. The base is the
-/// build's demo model.
+/// 19 item 3): a small base (stories260K, or scratch260K trained from
+/// scratch by the CLI on fetched text) fine-tuned by the CLI into domain
+/// experts (one text each) and an "instruct"-style model for the graft.
+/// The base is the build's demo model.
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct PresetManifest {
     /// Display name of the preset.
     pub name: String,
+    /// The base model (its name; absent in manifests before the fetched
+    /// preset: stories260K).
+    #[serde(default)]
+    pub base: Option<PresetBase>,
     /// The domain experts, in expert order.
     pub experts: Vec<PresetModel>,
     /// The "instruct" model (base + an ability) for the graft.

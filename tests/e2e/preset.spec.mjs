@@ -8,11 +8,16 @@
 // show" of issue 19). The build's preset comes from scripts/demo_dist.sh
 // (scripts/demo_preset.sh; DEMO_STEPS in run.sh); its preset.json (the
 // CLI's own numbers on the same models) is printed beside the tab's.
+// The same walk runs on the fetched preset of a machine without
+// ../shared/data (base scratch260K): `shots` maps each screenshot of the
+// walk to its file name (null leaves it out), `label` names the walk.
 import fs from 'node:fs';
 import path from 'node:path';
 import { observeLongTasks, longestTask } from './studio.spec.mjs';
 
-export async function run({ context, url, dist, shots, out, check, log }) {
+const SHOTS = { load: 'preset-load', router: 'preset-moerge-router', graft: 'preset-graft', inspect: 'preset-inspect' };
+
+export async function run({ context, url, dist, shots, out, check, log, label = 'preset', names = SHOTS }) {
   const limit = Number(process.env.E2E_STEP_LIMIT_MS || 10_000);
   const page = await context.newPage();
   await observeLongTasks(page);
@@ -20,13 +25,16 @@ export async function run({ context, url, dist, shots, out, check, log }) {
   page.on('pageerror', (e) => pageErrors.push(String(e)));
   page.on('console', (m) => { if (m.type() === 'error' && !m.text().includes('404')) pageErrors.push(m.text()); });
   const tid = (id) => page.getByTestId(id);
-  const shot = async (name) => { await page.screenshot({ path: path.join(shots, `${name}.png`), fullPage: true }); };
+  const shot = async (part) => {
+    if (names[part]) await page.screenshot({ path: path.join(shots, `${names[part]}.png`), fullPage: true });
+  };
   const text = async (id, timeout = 120_000) => { await tid(id).waitFor({ timeout }); return tid(id).innerText(); };
   const tab = async (slug) => { await tid(`tab-${slug}`).click(); await tid(`page-${slug}`).waitFor(); };
   const results = { steps: {} };
   const cli = JSON.parse(fs.readFileSync(path.join(dist, 'demo', 'preset', 'preset.json'), 'utf8'));
   results.cli_preset = cli;
-  log(`preset.json (the CLI, DEMO_STEPS=${cli.steps}): ${JSON.stringify(cli.checks)}`);
+  const base = cli.base || 'stories260K';
+  log(`${label}: preset.json (the CLI, base ${base}${cli.base_steps ? ` trained ${cli.base_steps} steps from scratch` : ''}, DEMO_STEPS=${cli.steps}, built in ${cli.build_seconds} s): ${JSON.stringify(cli.checks)}`);
 
   await page.goto(url);
   await tid('worker-ready').waitFor({ timeout: 60_000 });
@@ -51,15 +59,15 @@ export async function run({ context, url, dist, shots, out, check, log }) {
     const failed = await err.count() > 0 ? await err.first().innerText() : null;
     const msg = failed ?? await okLoc.innerText();
     results.steps[name] = { wall_ms: wall, longest_task_ms: longest, message: msg };
-    check(!failed && wall < limit, `preset, ${name}: first click succeeds in ${wall} ms (< ${limit} ms; longest main-thread task ${longest} ms): ${msg.slice(0, 140)}`);
+    check(!failed && wall < limit, `${label}, ${name}: first click succeeds in ${wall} ms (< ${limit} ms; longest main-thread task ${longest} ms): ${msg.slice(0, 140)}`);
     return msg;
   };
 
   // ---- Load: the teaching demo is the default card.
   const first = await page.locator('.cards .card h3').first().innerText();
-  check(first.startsWith('Teaching demo (stories260K experts)'), `Load: the first card is the teaching demo (${first})`);
+  check(first.startsWith(`Teaching demo (${base} experts)`), `${label}, Load: the first card is the teaching demo (${first})`);
   await step('load', 'load-preset', 'load-ok');
-  await shot('preset-load');
+  await shot('load');
 
   await tab('upcycle');
   await tid('param-counts').waitFor();
@@ -72,13 +80,13 @@ export async function run({ context, url, dist, shots, out, check, log }) {
   const rows = await tid('ppl-table').locator('tbody tr').evaluateAll((trs) =>
     trs.map((tr) => [...tr.querySelectorAll('td')].map((td) => td.innerText)));
   results.ppl_table = rows;
-  check(rows.length === 3, `the DUME table has one row per domain (${rows.length})`);
+  check(rows.length === 3, `${label}: the DUME table has one row per domain (${rows.length})`);
   for (const [domain, , dume, avg, oracle] of rows) {
     const [d, a, o] = [dume, avg, oracle].map(Number);
     const gain = 1 - o / a;
-    check(gain >= 0.05, `DUME table, ${domain}: oracle ${o} is ${(100 * gain).toFixed(1)}% below averaging ${a} (>= 5%; DUME ${d})`);
+    check(gain >= 0.05, `${label}, DUME table, ${domain}: oracle ${o} is ${(100 * gain).toFixed(1)}% below averaging ${a} (>= 5%; DUME ${d})`);
   }
-  await shot('preset-moerge-router');
+  await shot('router');
 
   await tab('graft');
   await step('graft', 'graft-run', 'graft-ok');
@@ -87,8 +95,8 @@ export async function run({ context, url, dist, shots, out, check, log }) {
   const m = /: ([0-9.]+) before the graft -> ([0-9.]+) with it/.exec(pp);
   const drop = m ? 1 - Number(m[2]) / Number(m[1]) : NaN;
   results.graft_ppl = m ? { before: Number(m[1]), after: Number(m[2]), drop } : null;
-  check(drop >= 0.10, `the graft lowers the ability text's perplexity by ${(100 * drop).toFixed(1)}% (>= 10%): ${pp}`);
-  await shot('preset-graft');
+  check(drop >= 0.10, `${label}: the graft lowers the ability text's perplexity by ${(100 * drop).toFixed(1)}% (>= 10%): ${pp}`);
+  await shot('graft');
 
   await tab('neurons');
   await step('neurons', 'neurons-run', 'neurons-ok');
@@ -102,18 +110,18 @@ export async function run({ context, url, dist, shots, out, check, log }) {
   const counts = {};
   for (const e of experts) counts[e] = (counts[e] || 0) + 1;
   results.inspect_experts = counts;
-  check(Object.keys(counts).length >= 2, `Inspect: the domains' tokens go to different experts (${JSON.stringify(counts)})`);
-  await shot('preset-inspect');
+  check(Object.keys(counts).length >= 2, `${label}, Inspect: the domains' tokens go to different experts (${JSON.stringify(counts)})`);
+  await shot('inspect');
 
   await tab('download');
   const last = await page.locator('[data-testid^="dl-"][data-testid$="-zip"]').last();
   const t = Date.now();
   const [dl] = await Promise.all([page.waitForEvent('download', { timeout: 60_000 }), last.click()]);
-  const p = path.join(out, `preset-${dl.suggestedFilename()}`);
+  const p = path.join(out, `${label}-${dl.suggestedFilename()}`);
   await dl.saveAs(p);
   const size = fs.statSync(p).size;
   results.steps.download = { wall_ms: Date.now() - t, file: dl.suggestedFilename(), bytes: size };
-  check(size > 100_000 && Date.now() - t < limit, `preset, download: ${dl.suggestedFilename()} (${size} bytes) in ${Date.now() - t} ms`);
+  check(size > 100_000 && Date.now() - t < limit, `${label}, download: ${dl.suggestedFilename()} (${size} bytes) in ${Date.now() - t} ms`);
   fs.rmSync(p);
 
   const { longest } = await longestTask(page, from);
@@ -123,10 +131,10 @@ export async function run({ context, url, dist, shots, out, check, log }) {
     const top = lt.filter((t) => t.start >= from).sort((a, b) => b.duration - a.duration).slice(0, 5)
       .map((t) => ({ ...t, part: (marks.filter(([, at]) => at <= t.start).pop() || ['before'])[0] }));
     results.longest_main_thread_tasks = top;
-    log(`preset walk, longest main-thread tasks: ${top.map((t) => `${t.duration.toFixed(0)} ms after the ${t.part} click at ${t.start.toFixed(0)}`).join('; ') || 'none'}`);
+    log(`${label} walk, longest main-thread tasks: ${top.map((t) => `${t.duration.toFixed(0)} ms after the ${t.part} click at ${t.start.toFixed(0)}`).join('; ') || 'none'}`);
   }
-  check(longest !== null && longest < 100, `preset walk: longest main-thread task ${longest} ms < 100 ms`);
-  check(pageErrors.length === 0, `preset walk: no page errors (${pageErrors.slice(0, 3).join(' | ')})`);
+  check(longest !== null && longest < 100, `${label} walk: longest main-thread task ${longest} ms < 100 ms`);
+  check(pageErrors.length === 0, `${label} walk: no page errors (${pageErrors.slice(0, 3).join(' | ')})`);
   await page.close();
   return results;
 }

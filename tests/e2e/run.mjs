@@ -32,22 +32,48 @@ try {
     log(`preset walk: ${JSON.stringify(Object.fromEntries(Object.entries(results.preset.steps).map(([k, v]) => [k, v.wall_ms])))} ms`);
   } finally { await fresh.close(); }
   // No ../shared/data (run.sh's second dist, MOE_STUDIO_DATA=/nonexistent):
-  // the demo is SmolLM2 and the Load page says why the teaching demo is absent.
+  // the fetched preset (base scratch260K trained from scratch by the CLI on
+  // fetched text) walked the same way in a fresh browser; the demo is its
+  // base and SmolLM2 the "real model".
   if (process.env.E2E_DIST_NODATA) {
     const srv2 = await serve(process.env.E2E_DIST_NODATA);
     const b2 = await launch(WEBGPU_ARGS);
     try {
+      const t2 = Date.now();
+      results.fetched_preset = await preset.run({
+        context: b2.context, url: srv2.url, dist: process.env.E2E_DIST_NODATA, shots, out, check, log,
+        label: 'fetched preset', names: { load: 'load-no-data', router: 'preset-fetched-moerge-router' },
+      });
+      results.fetched_preset.total_ms = Date.now() - t2;
+      log(`fetched preset walk: ${JSON.stringify(Object.fromEntries(Object.entries(results.fetched_preset.steps).map(([k, v]) => [k, v.wall_ms])))} ms`);
       const page = await b2.context.newPage();
       await page.goto(srv2.url);
+      await page.getByTestId('worker-ready').waitFor({ timeout: 60_000 });
+      const demo = await page.getByTestId('demo-description').innerText();
+      const real = await page.getByTestId('real-description').innerText({ timeout: 30_000 });
+      const absent = await page.getByTestId('preset-absent').count();
+      check(demo.includes('scratch260K') && real.includes('SmolLM2') && absent === 0,
+        `without ../shared/data: the demo model is the fetched preset's base (${demo.slice(0, 60)}), SmolLM2 the real model, no absence notice`);
+      await page.close();
+    } finally { await b2.close(); await srv2.close(); }
+  }
+  // A build whose preset could not be made (run.sh's third dist: no
+  // ../shared/data and DEMO_FETCH=0): the Load page says why and the demo
+  // is SmolLM2.
+  if (process.env.E2E_DIST_ABSENT) {
+    const srv3 = await serve(process.env.E2E_DIST_ABSENT);
+    const b3 = await launch(WEBGPU_ARGS);
+    try {
+      const page = await b3.context.newPage();
+      await page.goto(srv3.url);
       await page.getByTestId('worker-ready').waitFor({ timeout: 60_000 });
       const why = await page.getByTestId('preset-absent').innerText({ timeout: 30_000 });
       const demo = await page.getByTestId('demo-description').innerText();
       const offered = await page.getByTestId('load-preset').count();
-      results.no_data = { notice: why, demo };
-      check(why.includes('stories260K is not at /nonexistent') && demo.includes('SmolLM2') && offered === 0,
-        `without ../shared/data the Load page says why the teaching demo is absent and offers SmolLM2 (${why.slice(0, 120)}; demo: ${demo.slice(0, 40)})`);
-      await page.screenshot({ path: `${shots}/load-no-data.png`, fullPage: true });
-    } finally { await b2.close(); await srv2.close(); }
+      results.no_preset = { notice: why, demo };
+      check(why.includes('stories260K is not at /nonexistent') && why.includes('DEMO_FETCH=0') && demo.includes('SmolLM2') && offered === 0,
+        `without a preset the Load page says why the teaching demo is absent and offers SmolLM2 (${why.slice(0, 160)}; demo: ${demo.slice(0, 40)})`);
+    } finally { await b3.close(); await srv3.close(); }
   }
   fs.writeFileSync(`${out}/results.json`, JSON.stringify(results, null, 2));
   console.log(JSON.stringify(results, null, 2));

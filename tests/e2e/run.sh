@@ -46,12 +46,25 @@ DEMO_STEPS="${E2E_DEMO_STEPS:-40}" DEMO_PRESET_CACHE="$MOE_STUDIO_CACHE/demo-pre
 [ -f "$dist/demo/preset/preset.json" ] || { echo "the teaching preset was not built (see above)" >&2; exit 1; }
 echo "demos in $(( ($(ms) - t_demo) / 1000 )) s"
 # The same build as a fresh machine without ../shared/data would get it
-# (MOE_STUDIO_DATA=/nonexistent): SmolLM2 as the demo and the reason the
-# teaching demo is absent (run.mjs checks the Load page says it).
+# (MOE_STUDIO_DATA=/nonexistent): the fetched preset (texts fetched with
+# apt-get, base scratch260K trained from scratch by this CLI for
+# E2E_DEMO_BASE_STEPS steps, default 300, experts E2E_DEMO_STEPS; cached in
+# demo-preset-e2e-fetched), walked by run.mjs like the stories260K one.
+step "demos without ../shared/data: the fetched preset (DEMO_BASE_STEPS=${E2E_DEMO_BASE_STEPS:-300})"
+t_demo=$(ms)
 nodata="$work/dist-nodata"
 mkdir -p "$nodata"
 for f in "$dist"/*; do [ "$(basename "$f")" = demo ] || ln -s "$f" "$nodata/"; done
-MOE_STUDIO_DATA=/nonexistent bash "$root/scripts/demo_dist.sh" "$nodata" "$cli"
+MOE_STUDIO_DATA=/nonexistent DEMO_STEPS="${E2E_DEMO_STEPS:-40}" DEMO_BASE_STEPS="${E2E_DEMO_BASE_STEPS:-300}" \
+  DEMO_PRESET_CACHE="$MOE_STUDIO_CACHE/demo-preset-e2e" bash "$root/scripts/demo_dist.sh" "$nodata" "$cli"
+[ -f "$nodata/demo/preset/preset.json" ] || { echo "the fetched teaching preset was not built (see above)" >&2; exit 1; }
+echo "fetched preset in $(( ($(ms) - t_demo) / 1000 )) s"
+# ... and a build where no preset can be made (DEMO_FETCH=0): SmolLM2 as
+# the demo and the reason (run.mjs checks the Load page says it).
+absent="$work/dist-absent"
+mkdir -p "$absent"
+for f in "$dist"/*; do [ "$(basename "$f")" = demo ] || ln -s "$f" "$absent/"; done
+MOE_STUDIO_DATA=/nonexistent DEMO_FETCH=0 bash "$root/scripts/demo_dist.sh" "$absent" "$cli"
 
 step "native forward of the demo model (printed beside the tab's)"
 "$cli" bench prefill "$demo/stories260K.bin" --tokens 128 --repeat 5 --json > "$work/native_forward.json"
@@ -91,7 +104,7 @@ cd "$here"
 # the committed ones in docs/screenshots/ (the test run never edits the tree).
 shots="$out/screenshots"
 [ "${UPDATE_SCREENSHOTS:-}" = "1" ] && shots="$root/docs/screenshots"
-E2E_DIST="$dist" E2E_DIST_NODATA="$nodata" E2E_WORK="$work" E2E_SHOTS="$shots" E2E_OUT="$out" node run.mjs
+E2E_DIST="$dist" E2E_DIST_NODATA="$nodata" E2E_DIST_ABSENT="$absent" E2E_WORK="$work" E2E_SHOTS="$shots" E2E_OUT="$out" node run.mjs
 
 # Opt-in, after the stories260K flow, with its dist and CLI:
 # E2E_SMOLLM2=path.gguf runs run_smollm2.sh (fresh browsers, its own work dir).

@@ -1,20 +1,30 @@
 //! `moe-studio init-random --config config.json --out DIR`: a dense model of
-//! the given Hugging Face configuration with random weights (linear and
-//! embedding weights `N(0, std^2)`, seeded per tensor name; RMSNorm gains
-//! 1; biases 0), written as a safetensors directory.
+//! the given Hugging Face configuration with random weights, as
+//! transformers' `from_config` initialises Llama-style models (linear and
+//! embedding weights `N(0, std^2)` with `std` = the config's
+//! `initializer_range`, default 0.02; RMSNorm gains 1; biases 0; seeded per
+//! tensor name: [`moe_shared::model::init`]), written as a safetensors
+//! directory.
 //!
-//! For benchmarks where the values do not matter but the shapes do:
-//! `scripts/gpu_check.sh` makes SmolLM2-shaped weights on a machine that has
-//! no model files and no network (the initialisation of Llama-style models
-//! in transformers, `initializer_range` 0.02, up to the random stream).
+//! With `--tokenizer FILE` the directory also gets that `tokenizer.json`,
+//! and with `--train-tokenizer TEXT` one trained here (a byte-level BPE of
+//! the config's `vocab_size` tokens on the texts, one document per line:
+//! [`moe_shared::tokenizer::train::train_byte_level_bpe`]); the directory
+//! is then a model `train --stage dense` starts from (a model trained from
+//! scratch: the fetched teaching preset, `scripts/demo_preset.sh`).
+//! Without either it is for benchmarks where the values do not matter but
+//! the shapes do (`scripts/gpu_check.sh`: SmolLM2-shaped weights on a
+//! machine with no model files and no network).
 
 use std::path::PathBuf;
 
-use anyhow::Context;
-use moe_shared::checkpoint::{DType, TensorInfo, TensorSource};
-use moe_shared::config::{HfConfig, ModelConfig};
-use moe_shared::methods::rng::NormalRng;
-use moe_shared::model::{load_transformer, save_model};
+use anyhow::{bail, Context};
+use moe_shared::checkpoint::DType;
+use moe_shared::config::HfConfig;
+use moe_shared::model::init::DEFAULT_INITIALIZER_RANGE;
+use moe_shared::model::{random_dense_model, save_model};
+use moe_shared::tokenizer::train::train_byte_level_bpe;
+use moe_shared::tokenizer::Tokenizer;
 
 /// Arguments of `init-random`.
 #[derive(Debug, Clone, clap::Args)]
@@ -25,86 +35,79 @@ pub struct Args {
     /// Output directory (must not exist or be empty).
     #[arg(long)]
     pub out: PathBuf,
-    /// Standard deviation of the weights.
-    #[arg(long, default_value_t = 0.02)]
-    pub std: f64,
+    /// Standard deviation of the weights (default: the config's `initializer_range`, else 0.02).
+    #[arg(long)]
+    pub std: Option<f64>,
     /// Seed of the weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// A `tokenizer.json` to put beside the weights (at most the config's `vocab_size` tokens).
+    #[arg(long, conflicts_with = "train_tokenizer")]
+    pub tokenizer: Option<PathBuf>,
+    /// Train a byte-level BPE tokenizer of the config's `vocab_size` tokens on these texts (one
+    /// document per line; repeatable) and put it beside the weights as `tokenizer.json`.
+    #[arg(long = "train-tokenizer")]
+    pub train_tokenizer: Vec<PathBuf>,
 }
 
-/// The tensors of a dense model of `c`, Hugging Face names and shapes.
-fn dense_tensors(c: &ModelConfig) -> Vec<TensorInfo> {
-    let (d, f, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
-    let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-    let mut out: Vec<(String, Vec<usize>)> = vec![("model.embed_tokens.weight".into(), vec![v, d])];
-    for l in 0..c.num_layers {
-        let p = format!("model.layers.{l}");
-        out.push((format!("{p}.input_layernorm.weight"), vec![d]));
-        out.push((format!("{p}.post_attention_layernorm.weight"), vec![d]));
-        for (n, o) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
-            out.push((format!("{p}.self_attn.{n}.weight"), vec![o, d]));
-            if c.attention_bias {
-                out.push((format!("{p}.self_attn.{n}.bias"), vec![o]));
-            }
+/// The `tokenizer.json` bytes to write, if any, checked against the
+/// config's vocabulary.
+fn tokenizer_json(a: &Args, vocab_size: usize, config_name: &str) -> anyhow::Result<Option<Vec<u8>>> {
+    let (tok, what) = if let Some(p) = &a.tokenizer {
+        let name = p.display().to_string();
+        let bytes = std::fs::read(p).with_context(|| format!("reading {name}"))?;
+        (Tokenizer::from_hf_json(&bytes, &name)?, name)
+    } else if !a.train_tokenizer.is_empty() {
+        let mut docs = Vec::new();
+        for p in &a.train_tokenizer {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            docs.extend(text.lines().filter(|l| !l.trim().is_empty()).map(str::to_owned));
         }
-        out.push((format!("{p}.self_attn.o_proj.weight"), vec![d, q]));
-        out.push((format!("{p}.mlp.gate_proj.weight"), vec![f, d]));
-        out.push((format!("{p}.mlp.up_proj.weight"), vec![f, d]));
-        out.push((format!("{p}.mlp.down_proj.weight"), vec![d, f]));
-    }
-    out.push(("model.norm.weight".into(), vec![d]));
-    if !c.tie_word_embeddings {
-        out.push(("lm_head.weight".into(), vec![v, d]));
-    }
-    out.into_iter().map(|(name, shape)| TensorInfo { name, dtype: DType::F32, shape }).collect()
-}
-
-/// Random tensors by name.
-struct RandomSource {
-    tensors: Vec<TensorInfo>,
-    std: f64,
-    seed: u64,
-}
-
-impl TensorSource for RandomSource {
-    fn source_name(&self) -> &str {
-        "random initialisation"
-    }
-
-    fn tensors(&self) -> Vec<TensorInfo> {
-        self.tensors.clone()
-    }
-
-    fn read_f32(&self, name: &str) -> moe_shared::Result<Vec<f32>> {
-        let info = self.tensors.iter().find(|t| t.name == name).ok_or_else(|| {
-            moe_shared::StudioError::tensor("random initialisation", name, "not a tensor of this model")
-        })?;
-        let n = info.numel();
-        if name.ends_with("layernorm.weight") || name.ends_with("norm.weight") {
-            return Ok(vec![1.0; n]);
+        if docs.is_empty() {
+            bail!("--train-tokenizer: no non-empty line in {:?}", a.train_tokenizer);
         }
-        if name.ends_with(".bias") {
-            return Ok(vec![0.0; n]);
-        }
-        let mut rng = NormalRng::for_tensor(self.seed, name);
-        Ok((0..n).map(|_| (rng.next_normal() * self.std) as f32).collect())
+        let t0 = std::time::Instant::now();
+        let tok = train_byte_level_bpe(docs.iter(), vocab_size)?;
+        eprintln!(
+            "trained a byte-level BPE tokenizer of {} tokens on {} lines in {:.1} s",
+            tok.vocab_size(),
+            docs.len(),
+            t0.elapsed().as_secs_f64()
+        );
+        (tok, "the trained tokenizer".to_string())
+    } else {
+        return Ok(None);
+    };
+    if tok.vocab_size() > vocab_size {
+        bail!("{what} has {} tokens, more than {config_name}'s vocab_size {vocab_size}", tok.vocab_size());
     }
+    let json = tok.to_hf_json().with_context(|| format!("{what}: cannot be written as tokenizer.json"))?;
+    Ok(Some(json.into_bytes()))
 }
 
 /// Runs `init-random`.
 ///
 /// # Errors
-/// An unreadable or unsupported config, an existing output, I/O.
+/// An unreadable or unsupported config, a bad `--std`, a tokenizer that
+/// cannot be read or trained or has more tokens than the config's
+/// vocabulary, an existing output, I/O.
 pub fn run(a: Args) -> anyhow::Result<()> {
     let name = a.config.display().to_string();
     let raw = std::fs::read(&a.config).with_context(|| format!("reading {name}"))?;
     let config = HfConfig::from_json(&raw, &name)?.to_model_config(&name)?;
-    let src = RandomSource { tensors: dense_tensors(&config), std: a.std, seed: a.seed };
+    let std = match a.std {
+        Some(s) => s,
+        None => serde_json::from_slice::<serde_json::Value>(&raw)?
+            .get("initializer_range")
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(DEFAULT_INITIALIZER_RANGE),
+    };
+    let tokenizer = tokenizer_json(&a, config.vocab_size, &name)?;
     let device = Default::default();
-    let model = load_transformer::<moe_shared::CpuBackend>(&config, None, &src, &device)?;
-    let provenance = serde_json::json!({"init": "random", "std": a.std, "seed": a.seed});
-    save_model(&model, &a.out, DType::F32, Vec::new(), provenance, Default::default())?;
-    eprintln!("wrote {} ({} parameters, random N(0, {}^2))", a.out.display(), config.num_parameters(), a.std);
+    let model = random_dense_model::<moe_shared::CpuBackend>(&config, std, a.seed, &device)?;
+    let provenance = serde_json::json!({"init": "random", "std": std, "seed": a.seed});
+    let extra: Vec<(&str, Vec<u8>)> = tokenizer.into_iter().map(|t| ("tokenizer.json", t)).collect();
+    save_model(&model, &a.out, DType::F32, extra, provenance, Default::default())?;
+    eprintln!("wrote {} ({} parameters, random N(0, {std}^2))", a.out.display(), config.num_parameters());
     Ok(())
 }

@@ -83,7 +83,7 @@ pub enum Command {
     Coordinator(coordinator::Args),
     /// Per-dataset perplexity and MoE routing load.
     Eval(eval::Args),
-    /// A dense model of a Hugging Face config with random weights (benchmarks on machines without model files).
+    /// A dense model of a Hugging Face config with random weights (benchmarks; with a tokenizer, a model to train from scratch).
     InitRandom(init_random::Args),
     /// Benchmarks (printed beside a reference measured in the same run).
     #[command(subcommand)]

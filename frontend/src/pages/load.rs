@@ -135,7 +135,7 @@ pub fn LoadPage() -> impl IntoView {
             preset_absent.set(m.preset_absent);
         }
     });
-    // The "real model" beside a stories260K demo (scripts/studio.sh).
+    // The "real model" beside a small demo (scripts/demo_dist.sh).
     let real = RwSignal::new(None::<DemoManifest>);
     leptos::task::spawn_local(async move { real.set(real_manifest().await) });
     let show = move |answer: crate::worker::client::Answer| match answer {
@@ -288,13 +288,13 @@ pub fn LoadPage() -> impl IntoView {
             the real model, or your own dense model from disk. Files are read in this tab; nothing leaves your computer."</p>
         {move || preset_absent.get().map(|why| view! {
             <p class="notice" data-testid="preset-absent">{format!(
-                "The teaching demo (stories260K experts) is not in this build: {why}. The demo below is the real model instead."
+                "The teaching demo is not in this build: {why}. The demo below is the real model instead."
             )}</p>
         })}
         <div class="cards">
             {move || preset.get().map(|p| view! {
                 <div class="card default">
-                    <h3>"Teaching demo (stories260K experts) — default"</h3>
+                    <h3>{format!("Teaching demo ({} experts) — default", p.base.as_ref().map_or("stories260K", |b| b.name.as_str()))}</h3>
                     <p data-testid="preset-description">{format!(
                         "{}: the base model, {} domain experts fine-tuned from it by the CLI ({}) and an \"instruct\" model ({}) for the graft, with one text per domain. \
                         Every page's defaults then run on it, each step in seconds.",

@@ -4,6 +4,7 @@
 pub mod gguf;
 pub mod gguf_export;
 pub mod llama2c;
+pub mod train;
 
 pub use llama2c::Llama2cTokenizer;
 

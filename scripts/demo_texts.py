@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""The texts of the fetched teaching preset (scripts/demo_preset.sh without
+stories260K; issue 19 item 3), from what a fresh machine can fetch or has.
+
+    demo_texts.py HELP_DIR STDLIB_DIR OUT_DIR
+
+HELP_DIR    /usr/share/help of Debian's `gnome-user-docs` package (GNOME
+            Help, Mallard XML pages in 40+ languages; `apt-get download
+            gnome-user-docs` + `dpkg-deb -x`): C/ (English) and hu/.
+STDLIB_DIR  the local Python standard library (sysconfig's "stdlib").
+
+Writes into OUT_DIR, one document per line, NAME.txt (training) and
+NAME.heldout.txt (held out) for
+  en    English GNOME Help paragraphs (page titles, descriptions, <p>);
+  hu    the Hungarian translation of the same pages;
+  code  Python standard-library source lines;
+  math  arithmetic questions and answers in a fixed chat form ("User: What
+        is 27 plus 58? Assistant: 27 plus 58 is 85.") -- the "instruct"
+        ability of the graft, generated here (seeded, no input);
+and general.txt, the base model's pretraining text: the same GNOME Help
+pages in German, Spanish, French and Italian -- none of the experts'
+domains, so that each expert's text is new to the base (as news, code and
+Hungarian are to stories260K, trained on TinyStories only) and the experts
+really differ.
+Pages (and code files) are held out by a hash of their name, 1 in 10, so
+that held-out lines are never trained on and en/hu hold out the same pages.
+Paragraphs shorter than 40 characters (menu labels, headers) are skipped,
+as scripts/demo_preset.sh does with the shared corpora. The lines of each
+file are then shuffled (seeded), so that the first lines that
+scripts/demo_preset.sh takes sample every page and module rather than the
+first few. Python stdlib only; the output depends only on the inputs.
+"""
+
+import hashlib
+import random
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+MALLARD = "{http://projectmallard.org/1.0/}"
+# Mallard elements whose text is not prose: page metadata, code, images.
+SKIP = {"info", "code", "screen", "media", "synopsis", "comment"}
+MIN_CHARS = 40
+# The base model's languages (GNOME Help locales): Latin script, none of the
+# experts' domains.
+GENERAL_LANGS = ("de", "es", "fr", "it")
+SEED = 19
+
+
+def held_out(name: str) -> bool:
+    """1 in 10 names, by the first byte of their sha256."""
+    return hashlib.sha256(name.encode()).digest()[0] % 10 == 0
+
+
+def mallard_paragraphs(path: Path) -> list[str]:
+    """Titles, descriptions and paragraphs of one Mallard page, whitespace
+    collapsed, in document order."""
+    out: list[str] = []
+
+    def walk(e: ET.Element) -> None:
+        tag = e.tag.replace(MALLARD, "")
+        if tag in SKIP:
+            return
+        if tag in ("p", "title", "desc"):
+            t = re.sub(r"\s+", " ", "".join(e.itertext())).strip()
+            if t:
+                out.append(t)
+            return
+        for c in e:
+            walk(c)
+
+    walk(ET.parse(path).getroot())
+    return out
+
+
+def help_text(help_dir: Path, lang: str) -> tuple[list[str], list[str]]:
+    """(training, held-out) paragraphs of the GNOME Help pages in `lang`."""
+    pages = sorted((help_dir / lang).glob("*/*.page"))
+    if not pages:
+        sys.exit(f"demo_texts.py: no Mallard pages under {help_dir / lang} (expected gnome-user-docs' */*.page)")
+    train: list[str] = []
+    held: list[str] = []
+    for p in pages:
+        ps = [t for t in mallard_paragraphs(p) if len(t) >= MIN_CHARS]
+        (held if held_out(f"{p.parent.name}/{p.name}") else train).extend(ps)
+    return train, held
+
+
+def code_text(stdlib: Path, max_files: int = 120) -> tuple[list[str], list[str]]:
+    """(training, held-out) lines of Python standard-library modules: the
+    top-level `*.py` files in name order (at most `max_files`), lines of at
+    least 40 characters, trailing blanks removed (indentation kept)."""
+    files = sorted(f for f in stdlib.glob("*.py") if not f.name.startswith("_"))[:max_files]
+    if not files:
+        sys.exit(f"demo_texts.py: no *.py files in {stdlib} (expected the Python standard library)")
+    train: list[str] = []
+    held: list[str] = []
+    for f in files:
+        lines = [l.rstrip() for l in f.read_text(encoding="utf-8", errors="replace").splitlines()]
+        lines = [l for l in lines if len(l.strip()) >= MIN_CHARS]
+        (held if held_out(f.name) else train).extend(lines)
+    return train, held
+
+
+def math_text(n_train: int = 3000, n_held: int = 300, seed: int = 19) -> tuple[list[str], list[str]]:
+    """(training, held-out) arithmetic questions and answers, one exchange a
+    line; the held-out ones are other questions (no exchange in both)."""
+    rng = random.Random(seed)
+    ops = [
+        ("plus", lambda a, b: a + b),
+        ("minus", lambda a, b: a - b),
+        ("times", lambda a, b: a * b),
+    ]
+    seen: set[str] = set()
+    lines: list[str] = []
+    while len(lines) < n_train + n_held:
+        word, f = rng.choice(ops)
+        a, b = rng.randint(2, 99), rng.randint(2, 99 if word != "times" else 12)
+        if word == "minus" and b > a:
+            a, b = b, a
+        q = f"User: What is {a} {word} {b}? Assistant: {a} {word} {b} is {f(a, b)}."
+        if q not in seen:
+            seen.add(q)
+            lines.append(q)
+    return lines[:n_train], lines[n_train:]
+
+
+def main() -> None:
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    help_dir, stdlib, out = (Path(a) for a in sys.argv[1:])
+    out.mkdir(parents=True, exist_ok=True)
+    texts = {
+        "en": help_text(help_dir, "C"),
+        "hu": help_text(help_dir, "hu"),
+        "code": code_text(stdlib),
+        "math": math_text(),
+    }
+    general: list[str] = []
+    for lang in GENERAL_LANGS:
+        train, held = help_text(help_dir, lang)
+        general.extend(train + held)
+    rng = random.Random(SEED)
+    rng.shuffle(general)
+    (out / "general.txt").write_text("\n".join(general) + "\n", encoding="utf-8")
+    print(f"[texts] general ({', '.join(GENERAL_LANGS)}): {len(general)} lines ({sum(map(len, general))} chars)", file=sys.stderr)
+    for name, (train, held) in texts.items():
+        rng.shuffle(train)
+        rng.shuffle(held)
+        (out / f"{name}.txt").write_text("\n".join(train) + "\n", encoding="utf-8")
+        (out / f"{name}.heldout.txt").write_text("\n".join(held) + "\n", encoding="utf-8")
+        print(
+            f"[texts] {name}: {len(train)} lines ({sum(map(len, train))} chars) + {len(held)} held out",
+            file=sys.stderr,
+        )
+
+
+if __name__ == "__main__":
+    main()

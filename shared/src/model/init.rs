@@ -1,0 +1,277 @@
+//! Random initialisation of a dense model from its configuration alone, as
+//! transformers' `PreTrainedModel.from_config` does for Llama-style models
+//! (`LlamaPreTrainedModel._init_weights`, transformers 4.x/5.x
+//! `modeling_llama.py`): every linear and embedding weight drawn from
+//! `N(0, std^2)` with `std = config.initializer_range` (0.02 by default),
+//! RMSNorm gains 1, biases 0.
+//!
+//! The values come from [`NormalRng`]: each tensor's generator is seeded
+//! from `(seed, tensor name)`, so a tensor does not depend on the order the
+//! loader reads tensors in (equal to transformers' in distribution, not in
+//! the random stream). Used by `moe-studio init-random` (benchmarks on
+//! machines without model files; the fetched teaching preset's base model,
+//! trained from scratch).
+
+use crate::checkpoint::{DType, TensorInfo, TensorSource};
+use crate::config::{Architecture, ModelConfig};
+use crate::error::{Result, StudioError};
+use crate::methods::rng::NormalRng;
+use crate::model::{load_transformer, Transformer};
+
+/// transformers' `initializer_range` default for Llama (`LlamaConfig`).
+pub const DEFAULT_INITIALIZER_RANGE: f64 = 0.02;
+
+/// The architectures [`RandomInit`] makes weights for: Llama's blocks
+/// (Mistral: the same tensors; Qwen2: plus q/k/v biases).
+pub const INIT_ARCHITECTURES: [Architecture; 3] = [Architecture::Llama, Architecture::Mistral, Architecture::Qwen2];
+
+/// The tensors of a dense Llama-style model of `c` ([`INIT_ARCHITECTURES`]):
+/// Hugging Face names and shapes (`[out, in]` for linear weights: q
+/// `[heads * head_dim, hidden]`, k/v `[kv_heads * head_dim, hidden]`, o
+/// `[hidden, heads * head_dim]`, gate/up `[ffn, hidden]`, down `[hidden,
+/// ffn]`; `[vocab, hidden]` for the embedding and an untied `lm_head`;
+/// `[hidden]` for the RMSNorm gains; `[out]` for q/k/v biases when
+/// `attention_bias`), all f32, in checkpoint order. Their element count is
+/// [`ModelConfig::num_parameters`].
+pub fn dense_tensor_infos(c: &ModelConfig) -> Vec<TensorInfo> {
+    let (d, f, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+    let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+    let mut out: Vec<(String, Vec<usize>)> = vec![("model.embed_tokens.weight".into(), vec![v, d])];
+    for l in 0..c.num_layers {
+        let p = format!("model.layers.{l}");
+        out.push((format!("{p}.input_layernorm.weight"), vec![d]));
+        out.push((format!("{p}.post_attention_layernorm.weight"), vec![d]));
+        for (n, o) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+            out.push((format!("{p}.self_attn.{n}.weight"), vec![o, d]));
+            if c.attention_bias {
+                out.push((format!("{p}.self_attn.{n}.bias"), vec![o]));
+            }
+        }
+        out.push((format!("{p}.self_attn.o_proj.weight"), vec![d, q]));
+        out.push((format!("{p}.mlp.gate_proj.weight"), vec![f, d]));
+        out.push((format!("{p}.mlp.up_proj.weight"), vec![f, d]));
+        out.push((format!("{p}.mlp.down_proj.weight"), vec![d, f]));
+    }
+    out.push(("model.norm.weight".into(), vec![d]));
+    if !c.tie_word_embeddings {
+        out.push(("lm_head.weight".into(), vec![v, d]));
+    }
+    out.into_iter().map(|(name, shape)| TensorInfo { name, dtype: DType::F32, shape }).collect()
+}
+
+/// A [`TensorSource`] of randomly initialised weights for a dense model
+/// (see the module docs for the distribution).
+pub struct RandomInit {
+    tensors: Vec<TensorInfo>,
+    std: f64,
+    seed: u64,
+}
+
+impl RandomInit {
+    /// The weights of a dense model of `config`: linear and embedding
+    /// weights `N(0, std^2)` under `seed`, RMSNorm gains 1, biases 0.
+    ///
+    /// # Errors
+    /// [`StudioError::Invalid`] when `std` is not finite and positive, or
+    /// the architecture is not one of [`INIT_ARCHITECTURES`] (the others
+    /// have tensors [`dense_tensor_infos`] does not list: q/k norms,
+    /// sandwich norms with `(1 + w)` gains, fused projections).
+    pub fn new(config: &ModelConfig, std: f64, seed: u64) -> Result<Self> {
+        if !(std.is_finite() && std > 0.0) {
+            return Err(StudioError::Invalid(format!(
+                "random initialisation: the standard deviation must be finite and > 0, got {std}"
+            )));
+        }
+        if !INIT_ARCHITECTURES.contains(&config.architecture) {
+            let ok: Vec<&str> = INIT_ARCHITECTURES.iter().map(|a| a.model_type()).collect();
+            return Err(StudioError::Invalid(format!(
+                "random initialisation: model_type `{}` is not supported (expected one of {})",
+                config.architecture.model_type(),
+                ok.join(", ")
+            )));
+        }
+        Ok(RandomInit { tensors: dense_tensor_infos(config), std, seed })
+    }
+}
+
+impl TensorSource for RandomInit {
+    fn source_name(&self) -> &str {
+        "random initialisation"
+    }
+
+    fn tensors(&self) -> Vec<TensorInfo> {
+        self.tensors.clone()
+    }
+
+    fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
+        let info = self
+            .tensors
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| StudioError::tensor("random initialisation", name, "not a tensor of this model"))?;
+        let n = info.numel();
+        if name.ends_with("norm.weight") {
+            return Ok(vec![1.0; n]);
+        }
+        if name.ends_with(".bias") {
+            return Ok(vec![0.0; n]);
+        }
+        let mut rng = NormalRng::for_tensor(self.seed, name);
+        Ok((0..n).map(|_| (rng.next_normal() * self.std) as f32).collect())
+    }
+}
+
+/// A dense model of `config` with random weights ([`RandomInit`]): the
+/// starting point of a model trained from scratch.
+///
+/// # Errors
+/// A `std` that is not finite and positive; a config the model cannot be
+/// built from (as [`load_transformer`]).
+pub fn random_dense_model<B: burn::tensor::backend::Backend>(
+    config: &ModelConfig,
+    std: f64,
+    seed: u64,
+    device: &B::Device,
+) -> Result<Transformer<B>> {
+    load_transformer::<B>(config, None, &RandomInit::new(config, std, seed)?, device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::HfConfig;
+
+    fn tiny() -> ModelConfig {
+        let json = br#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 172,
+            "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
+            "vocab_size": 512, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "tie_word_embeddings": true}"#;
+        HfConfig::from_json(json, "tiny config.json").unwrap().to_model_config("tiny config.json").unwrap()
+    }
+
+    #[test]
+    fn weights_follow_the_requested_normal_and_norms_are_one() {
+        let c = tiny();
+        let src = RandomInit::new(&c, 0.02, 7).unwrap();
+        let names: Vec<String> = src.tensors().into_iter().map(|t| t.name).collect();
+        // 1 embedding + 2 x (2 norms + 4 attention + 3 MLP) + final norm; tied head.
+        assert_eq!(names.len(), 1 + 2 * 9 + 1);
+        assert!(!names.iter().any(|n| n == "lm_head.weight"));
+        let e = src.read_f32("model.embed_tokens.weight").unwrap();
+        assert_eq!(e.len(), 512 * 64);
+        let n = e.len() as f64;
+        let mean = e.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
+        let sd = (e.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / n).sqrt();
+        assert!(mean.abs() < 0.02 * 0.03, "mean {mean}");
+        assert!((sd / 0.02 - 1.0).abs() < 0.02, "std {sd}");
+        assert!(src.read_f32("model.layers.1.input_layernorm.weight").unwrap().iter().all(|&x| x == 1.0));
+        assert!(src.read_f32("model.norm.weight").unwrap().iter().all(|&x| x == 1.0));
+        // The same (seed, name) gives the same values; another seed others.
+        let again = RandomInit::new(&c, 0.02, 7).unwrap().read_f32("model.embed_tokens.weight").unwrap();
+        assert_eq!(e, again);
+        let other = RandomInit::new(&c, 0.02, 8).unwrap().read_f32("model.embed_tokens.weight").unwrap();
+        assert_ne!(e, other);
+        assert!(src.read_f32("model.layers.9.mlp.up_proj.weight").is_err());
+    }
+
+    /// stories260K's shape (llama2.c's 260K model; the fetched teaching
+    /// preset's scratch260K), untied and with q/k/v biases when asked.
+    fn s260k(untied_qwen2: bool) -> ModelConfig {
+        let (ty, tie) = if untied_qwen2 { ("qwen2", "false") } else { ("llama", "true") };
+        let json = format!(
+            r#"{{"model_type": "{ty}", "hidden_size": 64, "intermediate_size": 172,
+            "num_hidden_layers": 5, "num_attention_heads": 8, "num_key_value_heads": 4,
+            "vocab_size": 512, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "tie_word_embeddings": {tie}}}"#
+        );
+        HfConfig::from_json(json.as_bytes(), "260K config.json").unwrap().to_model_config("260K config.json").unwrap()
+    }
+
+    #[test]
+    fn tensors_have_the_configs_shapes() {
+        let c = s260k(false);
+        let infos = dense_tensor_infos(&c);
+        let shape = |n: &str| infos.iter().find(|t| t.name == n).unwrap_or_else(|| panic!("{n}")).shape.clone();
+        assert_eq!(shape("model.embed_tokens.weight"), [512, 64]);
+        assert_eq!(shape("model.layers.4.self_attn.q_proj.weight"), [64, 64]); // 8 heads x 8
+        assert_eq!(shape("model.layers.4.self_attn.k_proj.weight"), [32, 64]); // 4 kv heads x 8
+        assert_eq!(shape("model.layers.0.self_attn.v_proj.weight"), [32, 64]);
+        assert_eq!(shape("model.layers.0.self_attn.o_proj.weight"), [64, 64]);
+        assert_eq!(shape("model.layers.2.mlp.gate_proj.weight"), [172, 64]);
+        assert_eq!(shape("model.layers.2.mlp.up_proj.weight"), [172, 64]);
+        assert_eq!(shape("model.layers.2.mlp.down_proj.weight"), [64, 172]);
+        assert_eq!(shape("model.layers.3.post_attention_layernorm.weight"), [64]);
+        assert_eq!(shape("model.norm.weight"), [64]);
+        assert!(infos.iter().all(|t| t.dtype == DType::F32));
+        // 512x64 embedding + 5 x (2x64 norms + 64x64 q + 2 x 32x64 k/v +
+        // 64x64 o + 3 x 172x64 MLP) + 64 final norm = 260,032: "260K".
+        let total: usize = infos.iter().map(TensorInfo::numel).sum();
+        assert_eq!(total, 260_032);
+        assert_eq!(total, c.num_parameters());
+        // Untied Qwen2: an lm_head and q/k/v biases (zeros) too.
+        let q = s260k(true);
+        let infos = dense_tensor_infos(&q);
+        let shape = |n: &str| infos.iter().find(|t| t.name == n).unwrap_or_else(|| panic!("{n}")).shape.clone();
+        assert_eq!(shape("lm_head.weight"), [512, 64]);
+        assert_eq!(shape("model.layers.1.self_attn.q_proj.bias"), [64]);
+        assert_eq!(shape("model.layers.1.self_attn.k_proj.bias"), [32]);
+        let total: usize = infos.iter().map(TensorInfo::numel).sum();
+        assert_eq!(total, 260_032 + 512 * 64 + 5 * (64 + 2 * 32));
+        assert_eq!(total, q.num_parameters());
+        let src = RandomInit::new(&q, 0.02, 0).unwrap();
+        assert!(src.read_f32("model.layers.1.self_attn.v_proj.bias").unwrap().iter().all(|&x| x == 0.0));
+        assert_eq!(src.read_f32("lm_head.weight").unwrap().len(), 512 * 64);
+    }
+
+    #[test]
+    fn the_model_is_seeded_deterministic_and_holds_the_drawn_weights() {
+        use burn::tensor::{Int, Tensor};
+        let c = s260k(false);
+        let dev = Default::default();
+        let tokens = || Tensor::<crate::CpuBackend, 2, Int>::from_ints([[1, 2, 3, 4]], &dev);
+        let logits = |seed| {
+            let m = random_dense_model::<crate::CpuBackend>(&c, 0.02, seed, &dev).unwrap();
+            let l = m.forward(tokens(), None);
+            assert_eq!(l.dims(), [1, 4, 512]);
+            (m, l.into_data().to_vec::<f32>().unwrap())
+        };
+        let (m, a) = logits(3);
+        let (_, b) = logits(3);
+        let (_, other) = logits(4);
+        assert_eq!(a, b, "the same seed gives bit-identical logits");
+        assert_ne!(a, other, "another seed gives other weights");
+        assert!(a.iter().all(|x| x.is_finite()));
+        // The model holds exactly what RandomInit draws.
+        let src = RandomInit::new(&c, 0.02, 3).unwrap();
+        let embed = m.embed_tokens.weight.val().into_data().to_vec::<f32>().unwrap();
+        assert_eq!(embed, src.read_f32("model.embed_tokens.weight").unwrap());
+        // Tensors draw from their own streams: layer 0's q_proj is not layer 1's.
+        assert_ne!(
+            src.read_f32("model.layers.0.self_attn.q_proj.weight").unwrap(),
+            src.read_f32("model.layers.1.self_attn.q_proj.weight").unwrap()
+        );
+    }
+
+    #[test]
+    fn architectures_with_other_tensors_are_refused() {
+        let json = br#"{"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 172,
+            "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8,
+            "vocab_size": 512, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0, "tie_word_embeddings": true}"#;
+        let c = HfConfig::from_json(json, "qwen3 config.json").unwrap().to_model_config("qwen3 config.json").unwrap();
+        let e = RandomInit::new(&c, 0.02, 0).err().expect("refused").to_string();
+        assert!(e.contains("qwen3") && e.contains("llama, mistral, qwen2"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_std_is_refused_and_the_model_builds() {
+        let c = tiny();
+        for bad in [0.0, -0.1, f64::NAN, f64::INFINITY] {
+            let e = RandomInit::new(&c, bad, 0).err().expect("refused").to_string();
+            assert!(e.contains("standard deviation"), "{e}");
+        }
+        let m = random_dense_model::<crate::CpuBackend>(&c, 0.02, 0, &Default::default()).unwrap();
+        assert_eq!(m.config.vocab_size, 512);
+        assert_eq!(m.config.num_layers, 2);
+    }
+}

@@ -1157,4 +1157,51 @@ mod tests {
         assert!(t0.elapsed() >= Duration::from_millis(600) && t0.elapsed() < Duration::from_secs(5));
         assert!(e.contains("did not answer within") && e.contains("moe-studio coordinator"), "{e}");
     }
+
+    /// Not a regular test: milliseconds per all-reduce through a loopback
+    /// coordinator for 2 ranks (threads of this process, each with its own
+    /// connection, as two processes would have), for a routing-count sized
+    /// vector, stories260K's experts-stage gradient (496,640 floats) and a
+    /// ~135M-parameter one (`MOE_AR_BIG=0` skips it). `cargo test -p
+    /// moe-studio-shared --lib all_reduce_overhead -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn all_reduce_overhead() {
+        let (c, _stop) = coordinator();
+        let big = std::env::var("MOE_AR_BIG").map_or(true, |v| v != "0");
+        let mut sizes = vec![(8usize, 50usize), (496_640, 20)];
+        if big {
+            sizes.push((135_000_000, 3));
+        }
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|r| {
+                    let (c, sizes) = (c.clone(), sizes.clone());
+                    s.spawn(move || {
+                        let link = NodeLink::connect(&spec(r, 2, &c)).unwrap();
+                        for (n, reps) in sizes {
+                            let v = vec![r as f32 + 1.0; n];
+                            let _ = link.all_reduce(&v).unwrap(); // warm-up
+                            let t0 = Instant::now();
+                            for _ in 0..reps {
+                                let out = link.all_reduce(&v).unwrap();
+                                assert_eq!((out.len(), out[n - 1]), (n, 3.0));
+                            }
+                            let ms = 1e3 * t0.elapsed().as_secs_f64() / reps as f64;
+                            if r == 0 {
+                                eprintln!(
+                                    "2 ranks, {n} f32 ({:.1} MB): {ms:.2} ms per all-reduce ({:.0} MB/s per rank each way)",
+                                    4.0 * n as f64 / 1e6,
+                                    4.0 * n as f64 / 1e3 / ms
+                                );
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().unwrap();
+            }
+        });
+    }
 }

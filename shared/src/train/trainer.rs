@@ -1094,12 +1094,8 @@ mod native {
             // Burn's optimizer record is a HashMap keyed by parameter id,
             // whose iteration (and so serialization) order differs between
             // processes: hash it entry by entry in id order.
-            let mut entries: Vec<(u64, Vec<u8>)> = self
-                .optim
-                .to_record()
-                .into_iter()
-                .map(|(id, r)| (id.val(), record_to_bytes::<B, _>(r)))
-                .collect();
+            let mut entries: Vec<(u64, Vec<u8>)> =
+                self.optim.to_record().into_iter().map(|(id, r)| (id.val(), record_to_bytes::<B, _>(r))).collect();
             entries.sort_by_key(|e| e.0);
             let opt = entries.iter().fold(FNV0, |h, (id, b)| {
                 let hb = bytes(b);

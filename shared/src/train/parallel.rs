@@ -266,7 +266,7 @@ mod wire {
         /// Adds piece `b` (tag `tag`, for all-reduce `seq`); `Some` with
         /// the whole vector at its last piece.
         pub fn add(&mut self, tag: u8, seq: u64, b: &[u8]) -> Result<Option<Vec<f32>>, String> {
-            if b.len() < 17 || b[0] != tag || (b.len() - 17) % 4 != 0 {
+            if b.len() < 17 || b[0] != tag || !(b.len() - 17).is_multiple_of(4) {
                 return Err(format!(
                     "a malformed message (tag {}, {} bytes)",
                     b.first().copied().unwrap_or(0),
@@ -717,12 +717,15 @@ impl Drop for NodeLink {
     }
 }
 
+/// A relayed all-reduce: the sum, or the error as text.
+type RelayResult = std::result::Result<Arc<Vec<f32>>, String>;
+
 /// Hands local replica 0's cross-process sum to the other local replicas.
 struct Relay {
     /// Calls made by each local replica.
     calls: Vec<AtomicU64>,
     /// The latest call's number and result.
-    slot: Mutex<(u64, std::result::Result<Arc<Vec<f32>>, String>)>,
+    slot: Mutex<(u64, RelayResult)>,
     ready: Condvar,
 }
 
@@ -1082,11 +1085,13 @@ mod tests {
         let nodes = 3;
         // Each rank: a short vector, a long one (two pieces each way), then
         // rank 2 leaves while the others call once more.
-        let results: Vec<Result<(Vec<f32>, f32, Option<String>)>> = std::thread::scope(|s| {
+        /// A rank's small sum, last long-sum value, and error after rank 2 left.
+        type Outcome = (Vec<f32>, f32, Option<String>);
+        let results: Vec<Result<Outcome>> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..nodes)
                 .map(|r| {
                     let c = c.clone();
-                    s.spawn(move || -> Result<(Vec<f32>, f32, Option<String>)> {
+                    s.spawn(move || -> Result<Outcome> {
                         let link = NodeLink::connect(&spec(r, nodes, &c))?;
                         let small = link.all_reduce(&[1.0, r as f32, 1e8, if r == 1 { 1.0 } else { 0.0 }])?;
                         let long: Vec<f32> = (0..CHUNK + 10).map(|i| (i % 7) as f32 + r as f32).collect();

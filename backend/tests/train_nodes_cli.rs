@@ -1,20 +1,18 @@
 //! `moe-studio train --nodes 2 --node-rank R --coordinator HOST:PORT` on
-//! loopback (Burn's global collective: `moe-studio coordinator` plus two
-//! rank processes with `--batch 2`).
+//! loopback: `moe-studio coordinator` plus two rank processes with
+//! `--batch 2` (shared/src/train/parallel.rs).
 //!
-//! With Burn 0.21 the multi-process path is refused
-//! (`moe_shared::train::parallel::GLOBAL_COLLECTIVE_USABLE` is `false`:
-//! Burn's cross-process all-reduce hangs at its second call, see
-//! `GLOBAL_COLLECTIVE_REFUSAL`): these tests then check that the
-//! coordinator and every rank stop at once with that reason and write
-//! nothing. Once the constant is `true` they check what the path promises:
-//! 2 processes x batch 2 equal one process with `--batch 4` (losses per step
-//! and final weights to float summation order), only rank 0 writes
-//! metrics.jsonl and checkpoints, and the refusals (a coordinator that does
-//! not answer, ranks that disagree on the options, a rank alone).
+//! They check what the path promises: 2 processes x batch 2 equal one
+//! process with `--batch 4` (losses per step and final weights to float
+//! summation order, with load balancing and the language prior on), only
+//! rank 0 writes metrics.jsonl and checkpoints, a run stopped by Ctrl-C on
+//! one rank stops every rank after the same step and `--resume` continues
+//! it bit for bit, one coordinator serves one run after another, and the
+//! refusals (a coordinator that does not answer, ranks that disagree on
+//! the options, a rank alone).
 //!
 //! Every spawned process runs under [`LIMIT`]: past it, it is killed and the
-//! test fails naming it, so a hang in the collective cannot block CI.
+//! test fails naming it, so a hang cannot block CI.
 
 mod common;
 
@@ -26,7 +24,6 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 use common::{arg, failure, ok, run, tmp};
-use moe_shared::train::parallel::GLOBAL_COLLECTIVE_USABLE;
 
 /// The longest any spawned process may run (a 5-step train of stories260K
 /// takes seconds).
@@ -110,19 +107,6 @@ fn coordinator(dir: &Path) -> (Proc, u16) {
     (spawn(&format!("coordinator-{port}"), dir, &["coordinator".into(), "--port".into(), port.to_string()]), port)
 }
 
-/// The refusal of Burn 0.21's global path, on `opt` (`--nodes` for a rank,
-/// `coordinator` for the coordinator).
-fn assert_refused(e: &str, opt: &str) {
-    assert!(
-        e.contains(opt)
-            && e.contains("multi-process training is disabled")
-            && e.contains("src/global/node/sync.rs:71-79")
-            && e.contains("--devices N")
-            && e.contains("--engine torch --emit DIR"),
-        "{e}"
-    );
-}
-
 struct Fixture {
     dir: PathBuf,
     moe: PathBuf,
@@ -199,17 +183,6 @@ impl Fixture {
     }
 }
 
-fn losses(metrics: &Path) -> Vec<(f64, f64)> {
-    std::fs::read_to_string(metrics)
-        .unwrap_or_else(|e| panic!("{}: {e}", metrics.display()))
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            (v["loss"].as_f64().unwrap(), v["lb_loss"].as_f64().unwrap())
-        })
-        .collect()
-}
-
 struct Flat(Vec<f32>);
 
 impl<B: Backend> ModuleVisitor<B> for Flat {
@@ -226,66 +199,131 @@ fn weights(dir: &Path) -> Vec<f32> {
     f.0
 }
 
-/// `train` arguments of rank `r` of 2 (its data service on a free port).
+/// `train` arguments of rank `r` of 2.
 fn rank_args(fx: &Fixture, out: &Path, r: usize, coord: &str, extra: &[&str]) -> Vec<String> {
-    let node = format!("127.0.0.1:{}", free_port());
     let rank = r.to_string();
-    let mut v = ["--nodes", "2", "--node-rank", &rank, "--coordinator", coord, "--node-address", &node].to_vec();
+    let mut v = ["--nodes", "2", "--node-rank", &rank, "--coordinator", coord].to_vec();
     v.extend(extra);
     fx.train(out, 2, &v)
+}
+
+/// `(step, loss, lb_loss, seconds)` per line of a metrics.jsonl.
+fn steps(metrics: &Path) -> Vec<(u64, f64, f64, f64)> {
+    std::fs::read_to_string(metrics)
+        .unwrap_or_else(|e| panic!("{}: {e}", metrics.display()))
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} in {l}"));
+            (v["step"].as_u64().unwrap(), f("loss"), f("lb_loss"), f("seconds"))
+        })
+        .collect()
+}
+
+fn signal(p: &Proc, sig: i32) {
+    let pid = p.child.as_ref().expect("running").id() as i32;
+    // SAFETY: kill(2) on a child this test spawned and has not waited for.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill {sig} {}", p.name);
 }
 
 #[test]
 fn two_processes_on_loopback_are_one_process_with_twice_the_batch() {
     let Some(fx) = fixture("nodes") else { return };
-    let t0 = Instant::now();
     let (c, port) = coordinator(&fx.dir);
     let coord = format!("127.0.0.1:{port}");
-    let mut procs = vec![c];
-    for r in 0..2 {
-        let out = fx.dir.join(format!("rank{r}"));
-        procs.push(spawn(&format!("rank{r}"), &fx.dir, &rank_args(&fx, &out, r, &coord, &["--save-every", "2"])));
-    }
-    if !GLOBAL_COLLECTIVE_USABLE {
-        // Burn 0.21: the coordinator and both ranks refuse at once (before
-        // reading the model), naming the cause; nothing is written.
-        let outs = wait_all(&mut procs, t0);
-        assert_refused(&failure(&outs[0]), "coordinator");
-        for (r, o) in outs[1..].iter().enumerate() {
-            assert_refused(&failure(o), "--nodes");
-            assert!(!fx.dir.join(format!("rank{r}")).exists(), "rank {r} wrote into its --out");
-        }
-        assert!(t0.elapsed() < Duration::from_secs(60), "the refusal took {:?}", t0.elapsed());
-        return;
-    }
-    let outs = wait_all(&mut procs[1..], t0);
-    drop(procs);
+    let _coordinator = c;
+
+    // 2 ranks x batch 2, separate --out directories: rank 0 writes.
+    let t0 = Instant::now();
+    let mut procs: Vec<Proc> = (0..2)
+        .map(|r| {
+            let out = fx.dir.join(format!("rank{r}"));
+            spawn(&format!("rank{r}"), &fx.dir, &rank_args(&fx, &out, r, &coord, &["--save-every", "2"]))
+        })
+        .collect();
+    let outs = wait_all(&mut procs, t0);
     for (r, o) in outs.iter().enumerate() {
         assert!(o.status.success(), "rank {r}: {}", String::from_utf8_lossy(&o.stderr));
     }
-    let single = fx.dir.join("single");
-    ok(&run_limited("single", &fx.dir, &fx.train(&single, 4, &[])));
-    // --json stdout stays JSON (Burn's "Connecting to ..." goes to stderr).
+    // --json stdout stays JSON on rank 0; rank 1 prints its steps too.
     for l in String::from_utf8_lossy(&outs[0].stdout).lines() {
         serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("rank 0 stdout `{l}`: {e}"));
     }
-    let one = losses(&single.join("metrics.jsonl"));
-    let two = losses(&fx.dir.join("rank0/metrics.jsonl"));
-    assert_eq!(one.len(), 5);
-    assert_eq!(two.len(), 5);
-    for (s, ((a, la), (b, lb))) in one.iter().zip(&two).enumerate() {
-        assert!((a - b).abs() <= 2e-6 * a.abs(), "step {}: loss {a} vs {b}", s + 1);
-        assert!((la - lb).abs() <= 2e-6 * la.abs(), "step {}: load balancing {la} vs {lb}", s + 1);
-    }
-    // Only rank 0 writes: its periodic checkpoint and final model; rank 1 nothing.
     assert!(fx.dir.join("rank0/checkpoint-000004/trainer_state.json").is_file());
     assert!(!fx.dir.join("rank1").exists(), "rank 1 wrote into its --out");
+    let two = steps(&fx.dir.join("rank0/metrics.jsonl"));
+
+    let single = fx.dir.join("single");
+    let o = run_limited("single", &fx.dir, &fx.train(&single, 4, &[]));
+    assert!(o.status.success(), "single: {}", String::from_utf8_lossy(&o.stderr));
+    let one = steps(&single.join("metrics.jsonl"));
+    assert_eq!(one.len(), 5);
+    assert_eq!(two.len(), 5);
+    let mut dl = 0f64;
+    for ((s, a, la, _), (_, b, lb, _)) in one.iter().zip(&two) {
+        dl = dl.max((a - b).abs()).max((la - lb).abs());
+        assert!((a - b).abs() <= 2e-6 * a.abs(), "step {s}: loss {a} vs {b}");
+        assert!((la - lb).abs() <= 2e-6 * la.abs(), "step {s}: load balancing {la} vs {lb}");
+    }
     let (w1, w2) = (weights(&single.join("final")), weights(&fx.dir.join("rank0/final")));
     assert_eq!(w1.len(), w2.len());
     let dw = w1.iter().zip(&w2).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-    eprintln!("2 processes x batch 2 vs 1 x batch 4: max |dw| {dw:.2e}; losses {one:?} / {two:?}");
+    // Seconds per step after the first (which includes Burn's autotune and
+    // the first allocations).
+    let per_step = |v: &[(u64, f64, f64, f64)]| v[1..].iter().map(|x| x.3).sum::<f64>() / (v.len() - 1) as f64;
+    eprintln!(
+        "2 processes x batch 2 vs 1 x batch 4: max |dloss| {dl:.2e}, max |dw| {dw:.2e}; seconds per step {:.4} (1 \
+         process) vs {:.4} (2 processes)",
+        per_step(&one),
+        per_step(&two)
+    );
     // AdamW turns roundoff in near-zero gradients into up to lr-sized steps.
     assert!(dw <= 1e-5, "final weights differ by {dw}");
+
+    // The same run with one --out for both ranks (a shared file system),
+    // Ctrl-C on rank 1 mid-run: rank 0 is paused once its first step is
+    // written, so both stop after the same step before the last; rank 0
+    // saves a checkpoint there and nobody writes `final`.
+    let shared = fx.dir.join("shared");
+    let t0 = Instant::now();
+    let mut procs: Vec<Proc> = (0..2)
+        .map(|r| spawn(&format!("stop{r}"), &fx.dir, &rank_args(&fx, &shared, r, &coord, &["--save-every", "1"])))
+        .collect();
+    let metrics = shared.join("metrics.jsonl");
+    while std::fs::read_to_string(&metrics).map_or(true, |m| m.lines().count() < 1) {
+        assert!(t0.elapsed() < LIMIT, "rank 0 wrote no step within {} s", LIMIT.as_secs());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    signal(&procs[0], libc::SIGSTOP);
+    signal(&procs[1], libc::SIGINT);
+    std::thread::sleep(Duration::from_millis(200));
+    signal(&procs[0], libc::SIGCONT);
+    let outs = wait_all(&mut procs, t0);
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(o.status.code(), Some(130), "rank {r} exits as stopped: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let stopped = steps(&metrics).len();
+    assert!((1..5).contains(&stopped), "stopped after step {stopped}");
+    let e = String::from_utf8_lossy(&outs[0].stderr);
+    assert!(e.contains(&format!("stopped after step {stopped}")), "{e}");
+    assert!(shared.join(format!("checkpoint-{stopped:06}/trainer_state.json")).is_file());
+    assert!(!shared.join("final").exists());
+
+    // --resume on both ranks: the same losses and weights, bit for bit.
+    let t0 = Instant::now();
+    let mut procs: Vec<Proc> = (0..2)
+        .map(|r| {
+            let a = rank_args(&fx, &shared, r, &coord, &["--save-every", "1", "--resume"]);
+            spawn(&format!("resume{r}"), &fx.dir, &a)
+        })
+        .collect();
+    for (r, o) in wait_all(&mut procs, t0).iter().enumerate() {
+        assert!(o.status.success(), "resumed rank {r}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let resumed = steps(&metrics);
+    let strip = |v: &[(u64, f64, f64, f64)]| v.iter().map(|x| (x.0, x.1, x.2)).collect::<Vec<_>>();
+    assert_eq!(strip(&resumed), strip(&two), "stopped after step {stopped}, resumed");
+    assert_eq!(weights(&shared.join("final")), w2, "final weights after --resume");
 }
 
 #[test]
@@ -300,15 +338,6 @@ fn refusals_name_the_problem() {
     assert!(e.contains("--node-rank") && e.contains("out of range"), "{e}");
     let silent = format!("127.0.0.1:{}", free_port());
     let e = s("silent", &["--nodes", "2", "--node-rank", "1", "--coordinator", &silent, "--join-timeout", "2"]);
-    if !GLOBAL_COLLECTIVE_USABLE {
-        // Burn 0.21: a well-formed spec is refused before any network call,
-        // with 2 nodes or 1 (the distributed path in one process).
-        assert_refused(&e, "--nodes");
-        let e = s("one-node", &["--nodes", "1", "--coordinator", &silent]);
-        assert_refused(&e, "--nodes");
-        assert!(!out.exists(), "a refused run wrote {}", out.display());
-        return;
-    }
     assert!(e.contains("did not answer within 2 s") && e.contains("moe-studio coordinator"), "{e}");
 
     // Two ranks that disagree on --z-loss: both refuse after joining, naming the options.
@@ -325,10 +354,10 @@ fn refusals_name_the_problem() {
         let e = failure(o);
         assert!(e.contains("disagree on the options"), "rank {r}: {e}");
     }
-    drop(procs);
-    // A rank alone (the other never comes) gives up after --join-timeout.
-    let (_c, port) = coordinator(&fx.dir);
-    let coord = format!("127.0.0.1:{port}");
+    // A rank alone (the other never comes) gives up after --join-timeout;
+    // the same coordinator serves it after the failed run.
     let e = failure(&run_limited("alone", &fx.dir, &rank_args(&fx, &out, 0, &coord, &["--join-timeout", "3"])));
     assert!(e.contains("not all 2 ranks joined") && e.contains("within 3 s"), "{e}");
+    drop(procs);
+    assert!(!out.exists(), "a refused run wrote {}", out.display());
 }

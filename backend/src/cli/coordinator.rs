@@ -1,15 +1,13 @@
 //! `moe-studio coordinator --port PORT`: the meeting point of a
-//! multi-process `train --nodes N` run, Burn's global collective
-//! orchestrator (`burn_collective::start_global_orchestrator`, websocket).
-//! The ranks register with it (`--coordinator HOST:PORT`), learn each
-//! other's tensor data-service addresses, then all-reduce peer to peer; the
-//! coordinator carries no tensors. Start it before the ranks, once per run
-//! (Burn's orchestrator keeps the node count of its first run); it serves
-//! until Ctrl-C / SIGTERM.
-//!
-//! Refused with Burn 0.21 (`moe_shared::train::parallel::GLOBAL_COLLECTIVE_REFUSAL`:
-//! Burn's cross-process all-reduce hangs at its second call), like
-//! `train --nodes`; it runs again once that constant's guard is lifted.
+//! multi-process `train --nodes N` run (shared/src/train/parallel.rs,
+//! `serve_coordinator`). The ranks connect to it (`--coordinator
+//! HOST:PORT`, a websocket on Burn's transport, `burn-communication`);
+//! once all N have joined, every all-reduce is the sum of the ranks'
+//! vectors in rank order, sent back to each rank, so the coordinator
+//! carries each step's gradients once in each direction per rank. It
+//! serves one run at a time, then the next; a rank that leaves mid-run ends
+//! the run on the others with an error naming it. It serves until Ctrl-C /
+//! SIGTERM.
 
 use anyhow::Context;
 
@@ -24,21 +22,23 @@ pub struct Args {
 /// Serves until interrupted.
 ///
 /// # Errors
-/// Burn's global collective is unusable (Burn 0.21, the reason named); the
-/// port cannot be bound (in use, or privileged).
+/// The port cannot be bound (in use, or privileged).
 pub fn run(a: Args) -> anyhow::Result<()> {
-    if !moe_shared::train::parallel::GLOBAL_COLLECTIVE_USABLE {
-        anyhow::bail!("coordinator: {}", moe_shared::train::parallel::GLOBAL_COLLECTIVE_REFUSAL);
-    }
-    // Burn logs a bind failure and returns; check first for a clear error.
-    std::net::TcpListener::bind(("0.0.0.0", a.port))
-        .with_context(|| format!("coordinator: cannot listen on port {}", a.port))?;
+    // Check the port first for a clear error (Burn's server reports a bind
+    // failure only as its own error type).
+    drop(
+        std::net::TcpListener::bind(("0.0.0.0", a.port))
+            .with_context(|| format!("coordinator: cannot listen on port {}", a.port))?,
+    );
     eprintln!(
         "coordinator listening on 0.0.0.0:{} (ranks: train ... --nodes N --node-rank R --coordinator HOST:{}); \
          Ctrl-C stops it",
         a.port, a.port
     );
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("tokio runtime")?;
-    rt.block_on(burn_collective::start_global_orchestrator(a.port));
+    rt.block_on(moe_shared::train::parallel::serve_coordinator(
+        a.port,
+        burn_communication::util::os_shutdown_signal(),
+    ))?;
     Ok(())
 }

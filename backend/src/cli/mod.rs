@@ -79,7 +79,7 @@ pub enum Command {
     Plot(plot::Args),
     /// Train an MoE's new experts or routers, or fine-tune a dense model (DeltaMoE / MoE-LPR / DUME+).
     Train(train::Args),
-    /// The meeting point of a multi-process `train --nodes N` run (Burn's collective orchestrator).
+    /// The meeting point of a multi-process `train --nodes N` run: sums the ranks' all-reduces.
     Coordinator(coordinator::Args),
     /// Per-dataset perplexity and MoE routing load.
     Eval(eval::Args),

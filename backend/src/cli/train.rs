@@ -10,19 +10,16 @@
 //! newest one exactly. Ctrl-C finishes the current step, saves a
 //! checkpoint and exits (a second Ctrl-C exits at once).
 //!
-//! Data parallelism runs on Burn's collective all-reduce
-//! (shared/src/train/parallel.rs): `--devices N` runs N replicas as threads
-//! of this process; `--nodes N --node-rank R --coordinator HOST:PORT` runs
-//! one process per rank, which meet at `moe-studio coordinator --port PORT`
-//! (started first, once per run). N replicas with `--batch b` equal one with
-//! `--batch N*b`. Every rank reads the whole model and data and keeps its
-//! share of each batch; only rank 0 writes `metrics.jsonl` and checkpoints
-//! (`--resume` reads the checkpoint on every rank: a shared file system or
-//! a copy). With Burn 0.21 the multi-process path is refused before the
-//! model is read (`moe_shared::train::parallel::GLOBAL_COLLECTIVE_REFUSAL`:
-//! Burn's cross-process all-reduce hangs at its second call); `--devices`
-//! and `--engine torch --emit` (multi-node on torchrun) are the ways past
-//! one replica.
+//! Data parallelism (shared/src/train/parallel.rs): `--devices N` runs N
+//! replicas as threads of this process (Burn's collective all-reduce);
+//! `--nodes N --node-rank R --coordinator HOST:PORT` runs one process per
+//! rank, which sum through `moe-studio coordinator --port PORT` (started
+//! first; it serves one run after another). N replicas with `--batch b`
+//! equal one with `--batch N*b`. Every rank reads the whole model and data
+//! and keeps its share of each batch; only rank 0 writes `metrics.jsonl`
+//! and checkpoints (`--resume` reads the checkpoint on every rank: a shared
+//! file system or a copy). Past what one replica holds, `--engine torch
+//! --emit` writes a torchrun job.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -130,22 +127,17 @@ pub struct Args {
     /// Burn's collective all-reduce).
     #[arg(long, default_value_t = D::default().train_devices)]
     pub devices: usize,
-    /// Processes of a multi-process data-parallel run, one per node (each runs --devices replicas). Refused
-    /// with Burn 0.21 (its cross-process all-reduce hangs; the error names the cause): use --devices, or
-    /// --engine torch --emit for several nodes.
+    /// Processes of a multi-process data-parallel run, one per node (each runs --devices replicas); they
+    /// meet at --coordinator.
     #[arg(long, default_value_t = 1)]
     pub nodes: usize,
     /// This process's rank in 0..--nodes (rank 0 writes metrics.jsonl and the checkpoints).
     #[arg(long)]
     pub node_rank: Option<usize>,
     /// HOST:PORT of `moe-studio coordinator` (needed with --nodes > 1; with --nodes 1 it runs the
-    /// distributed path in one process). Refused with Burn 0.21, like --nodes.
+    /// distributed path in one process).
     #[arg(long)]
     pub coordinator: Option<String>,
-    /// HOST:PORT where the other ranks reach this rank's tensors (default: this machine's address towards the
-    /// coordinator, port = coordinator port + 1 + rank).
-    #[arg(long)]
-    pub node_address: Option<String>,
     /// Seconds to wait for the coordinator to answer and for every rank to join.
     #[arg(long, default_value_t = 120)]
     pub join_timeout: u64,
@@ -252,8 +244,8 @@ impl Args {
                     self.nodes
                 );
             }
-            if self.node_rank.is_some() || self.node_address.is_some() {
-                bail!("--node-rank / --node-address need --coordinator HOST:PORT");
+            if self.node_rank.is_some() {
+                bail!("--node-rank needs --coordinator HOST:PORT");
             }
             return Ok(None);
         };
@@ -269,7 +261,6 @@ impl Args {
             nodes: self.nodes,
             rank,
             coordinator,
-            node_address: self.node_address.clone(),
             timeout: std::time::Duration::from_secs(self.join_timeout),
         };
         spec.validate()?;
@@ -380,26 +371,6 @@ fn load_summary(m: &StepMetrics) -> String {
     format!(" load [{}]", mean.join(" "))
 }
 
-/// Runs `f` with file descriptor 1 pointing at stderr: Burn's collective
-/// prints "Connecting to ws://..." on stdout while a rank joins, which
-/// would break `--json` (one JSON object per line on stdout).
-fn stdout_to_stderr<T>(f: impl FnOnce() -> T) -> T {
-    let _ = std::io::stdout().flush();
-    // SAFETY: dup/dup2/close on the process's own standard descriptors;
-    // fd 1 is restored before returning.
-    let saved = unsafe { libc::dup(1) };
-    if saved < 0 || unsafe { libc::dup2(2, 1) } < 0 {
-        return f();
-    }
-    let r = f();
-    let _ = std::io::stdout().flush();
-    unsafe {
-        libc::dup2(saved, 1);
-        libc::close(saved);
-    }
-    r
-}
-
 fn stop_flag() -> Arc<AtomicBool> {
     let flag = Arc::new(AtomicBool::new(false));
     let f = flag.clone();
@@ -474,7 +445,7 @@ impl WithAutodiff for Args {
                 n.coordinator,
                 n.timeout.as_secs()
             );
-            stdout_to_stderr(|| trainer.join_nodes(n))?;
+            trainer.join_nodes(n)?;
             eprintln!("all {} ranks joined; options, weights and data agree", config.nodes);
         }
         // Only rank 0 writes metrics.jsonl and checkpoints.

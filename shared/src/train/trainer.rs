@@ -16,7 +16,8 @@
 //!    `1 / (grad_accum * world)` so that the summed gradient is the mean;
 //!    with several replicas the routing counts and original-language rows
 //!    are all-reduced first, so the losses are those of the whole batch
-//!    ([`super::parallel`]: Burn's collective all-reduce);
+//!    ([`super::parallel`]: Burn's collective all-reduce between threads,
+//!    `moe-studio coordinator` between processes);
 //! 3. gradients summed with Burn's `GradientsAccumulator` (and, with
 //!    several replicas, all-reduced once per step), clipped by their
 //!    GLOBAL L2 norm (as `torch.nn.utils.clip_grad_norm_`, not Burn's
@@ -375,9 +376,12 @@ fn micro_step<B: AutodiffBackend>(
 
 /// One replica's share of an optimizer step: its micro-batches' gradients
 /// summed with Burn's `GradientsAccumulator`; with `comm`, then summed over
-/// all replicas (one all-reduce; a trainable parameter without a gradient
-/// here is sent as zeros, and left without one when no replica had it) and
-/// the loss terms averaged over the replicas.
+/// all replicas (a trainable parameter without a gradient here is sent as
+/// zeros, and left without one when no replica had it) and the loss terms
+/// averaged over the replicas. Between threads that is Burn's
+/// `GradientsParams::all_reduce` plus two small all-reduces; across
+/// processes ONE all-reduce of `[gradients in module order | has-gradient
+/// flags | loss terms]` ([`super::parallel`]).
 fn replica_grads<B: AutodiffBackend>(
     model: &Transformer<B>,
     micros: &[Batch],
@@ -398,19 +402,34 @@ fn replica_grads<B: AutodiffBackend>(
     model.visit(&mut fill);
     let present = fill.present;
     let flags: Vec<f32> = present.iter().map(|&(_, p)| if p { 1.0 } else { 0.0 }).collect();
-    let any = if flags.is_empty() { Vec::new() } else { cluster.all_reduce_sum(i, &flags)? };
-    let mut grads = cluster.all_reduce_grads(i, grads)?;
+    let mut terms = Vec::with_capacity(4 * stats.len());
+    for st in &stats {
+        for x in [Some(st.ce), st.lb, st.z, st.prior] {
+            terms.push(x.unwrap_or(0.0) as f32);
+        }
+    }
+    let (mut grads, any, sum) = if cluster.node().is_some() {
+        let mut pack = PackGrads::<B> { grads: &grads, values: Vec::new(), _b: std::marker::PhantomData };
+        model.visit(&mut pack);
+        let n = pack.values.len();
+        let mut v = pack.values;
+        v.extend_from_slice(&flags);
+        v.extend_from_slice(&terms);
+        let mut v = cluster.all_reduce_sum(i, &v)?;
+        let sum = v.split_off(n + flags.len());
+        let any = v.split_off(n);
+        let mut unpack = UnpackGrads::<B> { grads: &mut grads, values: &v, used: 0, _b: std::marker::PhantomData };
+        model.visit(&mut unpack);
+        (grads, any, sum)
+    } else {
+        let any = if flags.is_empty() { Vec::new() } else { cluster.all_reduce_sum(i, &flags)? };
+        let grads = cluster.all_reduce_grads(i, grads)?;
+        (grads, any, cluster.all_reduce_sum(i, &terms)?)
+    };
     let absent: Vec<ParamId> = present.iter().zip(&any).filter(|(_, &n)| n == 0.0).map(|(&(id, _), _)| id).collect();
     if !absent.is_empty() {
         model.visit(&mut RemoveGrads { grads: &mut grads, ids: &absent });
     }
-    let mut v = Vec::with_capacity(4 * stats.len());
-    for st in &stats {
-        for x in [Some(st.ce), st.lb, st.z, st.prior] {
-            v.push(x.unwrap_or(0.0) as f32);
-        }
-    }
-    let sum = cluster.all_reduce_sum(i, &v)?;
     let w = cluster.world() as f64;
     for (k, st) in stats.iter_mut().enumerate() {
         let mean = |j: usize| f64::from(sum[4 * k + j]) / w;
@@ -420,6 +439,47 @@ fn replica_grads<B: AutodiffBackend>(
         st.prior = st.prior.map(|_| mean(3));
     }
     Ok((grads, stats))
+}
+
+/// The trainable parameters' gradients, flattened in module order (every
+/// one present: [`FillMissing`] ran first).
+struct PackGrads<'a, B: AutodiffBackend> {
+    grads: &'a GradientsParams,
+    values: Vec<f32>,
+    _b: std::marker::PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for PackGrads<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if !param.is_require_grad() {
+            return;
+        }
+        let g = self.grads.get::<B::InnerBackend, D>(param.id).expect("FillMissing registered every gradient");
+        self.values.extend(g.into_data().convert::<f32>().to_vec::<f32>().expect("f32"));
+    }
+}
+
+/// Replaces the trainable parameters' gradients by consecutive slices of
+/// `values` (the layout of [`PackGrads`]), on each gradient's device.
+struct UnpackGrads<'a, B: AutodiffBackend> {
+    grads: &'a mut GradientsParams,
+    values: &'a [f32],
+    used: usize,
+    _b: std::marker::PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for UnpackGrads<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if !param.is_require_grad() {
+            return;
+        }
+        let g = self.grads.get::<B::InnerBackend, D>(param.id).expect("FillMissing registered every gradient");
+        let n = g.shape().num_elements();
+        let part = self.values[self.used..self.used + n].to_vec();
+        self.used += n;
+        let t = Tensor::<B::InnerBackend, D>::from_data(TensorData::new(part, g.shape()), &g.device());
+        self.grads.register::<B::InnerBackend, D>(param.id, t);
+    }
 }
 
 /// Registers zeros for the trainable parameters without a gradient and
@@ -610,7 +670,7 @@ pub struct Trainer<B: AutodiffBackend> {
     source: String,
     extra_files: Vec<(String, Vec<u8>)>,
     warnings: Vec<String>,
-    /// The data-parallel replicas (Burn's collective), when more than one
+    /// The data-parallel replicas ([`super::parallel`]), when more than one
     /// or joined across processes.
     cluster: Option<Cluster<B::InnerBackend>>,
 }
@@ -626,6 +686,9 @@ impl<B> Cluster<B> {
         match self.0 {}
     }
     fn rank(&self) -> usize {
+        match self.0 {}
+    }
+    fn node(&self) -> Option<()> {
         match self.0 {}
     }
     fn all_reduce_sum(&self, _: usize, _: &[f32]) -> Result<Vec<f32>> {
@@ -977,25 +1040,23 @@ mod native {
     }
 
     impl<B: AutodiffBackend> Trainer<B> {
-        /// Joins the other processes of a multi-process run (Burn's global
-        /// collective through `spec.coordinator`; this process's
-        /// `config.devices` replicas are its local peers) and checks, with
+        /// Joins the other processes of a multi-process run (through
+        /// `moe-studio coordinator` at `spec.coordinator`; this process's
+        /// `config.devices` replicas are Burn local peers) and checks, with
         /// one all-reduce of checksums, that every rank has the same
-        /// options, weights, optimizer state and data position (Burn 0.21
-        /// cannot broadcast across nodes, so rank 0's weights are verified,
-        /// not sent). Call it after [`Trainer::new`] / [`Trainer::resume`]
+        /// options, weights, optimizer state and data position (rank 0's
+        /// weights are verified, not sent: every rank loads the same
+        /// checkpoint). Call it after [`Trainer::new`] / [`Trainer::resume`]
         /// and before the first step. `spec.nodes` must equal
         /// `config.nodes`; `nodes = 1` runs the distributed path with one
         /// process.
         ///
         /// # Errors
-        /// [`StudioError::Config`] for a rank out of range, a node count
-        /// that differs from the options, or any spec while Burn's global
-        /// collective is unusable
-        /// ([`crate::train::parallel::GLOBAL_COLLECTIVE_REFUSAL`], Burn 0.21);
-        /// [`StudioError::Invalid`] when the
+        /// [`StudioError::Config`] for a rank out of range or a node count
+        /// that differs from the options; [`StudioError::Invalid`] when the
         /// coordinator does not answer or not all ranks join within
-        /// `spec.timeout`, or when the ranks disagree (naming what).
+        /// `spec.timeout`, when it refuses the rank, or when the ranks
+        /// disagree (naming what).
         pub fn join_nodes(&mut self, spec: crate::train::parallel::NodeSpec) -> Result<()> {
             spec.validate()?;
             if spec.nodes != self.config.nodes {
@@ -1030,7 +1091,16 @@ mod native {
             let bytes = |b: &[u8]| fnv(FNV0, b.chunks(4).map(|c| c.iter().fold(0u32, |a, &x| (a << 8) | u32::from(x))));
             let mut w = Weights(FNV0);
             self.model().visit(&mut w);
-            let opt = bytes(&record_to_bytes::<B, _>(self.optim.to_record()));
+            // Burn's optimizer record is a HashMap keyed by parameter id,
+            // whose iteration (and so serialization) order differs between
+            // processes: hash it entry by entry in id order.
+            let mut entries: Vec<(u64, Vec<u8>)> =
+                self.optim.to_record().into_iter().map(|(id, r)| (id.val(), record_to_bytes::<B, _>(r))).collect();
+            entries.sort_by_key(|e| e.0);
+            let opt = entries.iter().fold(FNV0, |h, (id, b)| {
+                let hb = bytes(b);
+                fnv(h, [*id as u32, (*id >> 32) as u32, b.len() as u32, hb as u32, (hb >> 32) as u32])
+            });
             let st = self.state();
             let data = serde_json::to_vec(&(&st.data, &st.sources, st.step, st.tokens)).expect("json");
             Fingerprint {

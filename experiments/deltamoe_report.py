@@ -11,7 +11,7 @@ import os
 import statistics
 import sys
 
-from report_common import curve, figure, fmt, load, mean_or_none, ppl, write_commands
+from report_common import curve, figure, fmt, load, mean_or_none, open_report, ppl, write_commands
 
 work, out, smoke, model, seeds, experts, budget = sys.argv[1:]
 seeds, experts = seeds.split(), experts.split()
@@ -84,12 +84,7 @@ fig_curves = figure(out, "training", {
                + [(f"MoE {e} stage 1 (hu)", f"moe-{e}-s1") for e in experts]
                + [(f"MoE {e} stage 2 (router)", f"moe-{e}-s2") for e in experts]],
 })
-with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(results, f, indent=1)
-with open(os.path.join(out, "README.md"), "w") as f:
-    f.write("# DeltaMoE on a real model: Hungarian by upcycling, two stages and a delta graft\n\n")
-    if smoke == "1":
-        f.write("**Smoke run** (stories260K, a few steps): checks the pipeline; the numbers mean nothing.\n\n")
+with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling, two stages and a delta graft", smoke) as f:
     f.write(f"Model `{os.path.basename(model)}`; seeds {', '.join(seeds)} (mean ± std); {budget}. Perplexity on"
             " `lang/en/valid.txt`, `lang/hu/valid.txt` and `domain/math/valid.txt` (the ability Δ carries);"
             " retention = ppl(base, en) / ppl(model, en), gain = ppl(base, hu) / ppl(model, hu).\n\n")

@@ -13,7 +13,7 @@ import statistics
 import struct
 import sys
 
-from report_common import curve, figure, fmt, load, mean_or_none, ppl, write_commands
+from report_common import curve, figure, fmt, load, mean_or_none, open_report, ppl, write_commands
 
 work, out, smoke, model, seeds, budget = sys.argv[1:]
 seeds = seeds.split()
@@ -163,12 +163,7 @@ fig_experts = figure(out, "expert_training", {
     "series": [{"name": f"expert-{d}", "points": curve(os.path.join(work, f"s{seeds[0]}", f"expert-{d}", "metrics.jsonl"))}
                for d in DOMAINS + ["hu"]],
 })
-with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(results, f, indent=1)
-with open(os.path.join(out, "README.md"), "w") as f:
-    f.write("# DUME on a real model: MoErging dense domain experts with a ridge router\n\n")
-    if smoke == "1":
-        f.write("**Smoke run** (stories260K, a few steps): checks the pipeline; the numbers mean nothing.\n\n")
+with open_report(out, results, "DUME on a real model: MoErging dense domain experts with a ridge router", smoke) as f:
     f.write(f"Model `{os.path.basename(model)}`; seeds {', '.join(seeds)} (mean ± std over seeds); {budget}.\n"
             "Perplexity on `domain/{code,math,docs}/valid.txt`; retention on domain D = ppl(dense expert D on D) /"
             " ppl(model on D) (docs/methods.md §2.6).\n\n")

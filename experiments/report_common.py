@@ -84,3 +84,15 @@ def curve(metrics_path, key="ce_loss", every=1):
                 if key in m and m[key] is not None:
                     rows.append([m["step"], m[key]])
     return [r for i, r in enumerate(rows) if i % every == 0 or i == len(rows) - 1]
+
+
+def open_report(out, results, title, smoke):
+    """Writes `results` to OUT/results.json and opens OUT/README.md with its `# title` and, for a
+    smoke run (`smoke == "1"`), the banner saying the numbers mean nothing; returns the open file."""
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    f = open(os.path.join(out, "README.md"), "w")
+    f.write(f"# {title}\n\n")
+    if smoke == "1":
+        f.write("**Smoke run** (stories260K, a few steps): checks the pipeline; the numbers mean nothing.\n\n")
+    return f

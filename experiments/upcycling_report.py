@@ -11,7 +11,7 @@ import os
 import statistics
 import sys
 
-from report_common import curve, figure, fmt, load, mean_or_none, ppl, write_commands
+from report_common import curve, figure, fmt, load, mean_or_none, open_report, ppl, write_commands
 
 work, out, smoke, steps, seq, batch, lr, model, seeds, variants = sys.argv[1:]
 seeds, variants = seeds.split(), variants.split()
@@ -58,12 +58,7 @@ fig_curves = figure(out, "training", {
 })
 
 
-with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(results, f, indent=1)
-with open(os.path.join(out, "README.md"), "w") as f:
-    f.write("# Upcycling variants at one stage-1 budget\n\n")
-    if smoke == "1":
-        f.write("**Smoke run** (stories260K, a few steps): checks the pipeline; the numbers mean nothing.\n\n")
+with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke) as f:
     f.write(f"Model `{os.path.basename(model)}`, 4 experts top-2 (expert 0 frozen), stage 1 (`train --stage experts`)"
             f" on `lang/hu/train.txt`: {steps} steps x {batch} x {seq} = {tokens:,} tokens per run, lr {lr},"
             f" seeds {', '.join(seeds)} (mean ± std over seeds). Perplexity on `lang/{{hu,en}}/valid.txt`"

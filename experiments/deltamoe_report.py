@@ -6,7 +6,6 @@ tokens, dense CPT + Δ and linear averaging; mean ± std over seeds. Standard li
 Usage: deltamoe_report.py WORK OUT SMOKE MODEL "SEEDS" "EXPERTS_LIST" "BUDGET"
 Writes OUT/results.json and OUT/README.md.
 """
-import json
 import os
 import statistics
 import sys

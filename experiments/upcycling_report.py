@@ -6,7 +6,6 @@ mean ± std over seeds. Standard library only (the figures are drawn by `moe-stu
 Usage: upcycling_report.py WORK OUT SMOKE STEPS SEQ BATCH LR MODEL "SEEDS" "VARIANTS"
 Writes OUT/results.json, OUT/README.md and the figures.
 """
-import json
 import os
 import statistics
 import sys

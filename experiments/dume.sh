@@ -40,6 +40,8 @@
 #   ROUTER_STEPS/ROUTER_LR         DUME+ / BTX router training (full: 50 x 4 x 256 = 51,200 tokens, 1e-3)
 #   STAT_TOKENS/EVAL_TOKENS        ridge statistics per domain / evaluation tokens per domain
 #   LAMBDAS="1e-4,1e-3,1e-1,1"     the extra lambdas `route` reports held-out routing accuracy for
+#   STRIDE=...                     evaluation stride (default: the window, 512 — non-overlapping
+#                                  windows, half the cost of stride 256 on this 2-core machine)
 #
 # Resumable: a finished step (its config.json or JSON report) is skipped; an interrupted training
 # continues from its last checkpoint. Re-running after everything finished only rewrites the tables.
@@ -80,6 +82,7 @@ else
     OUT=${OUT:-docs/experiments/dume}
 fi
 LAMBDAS=${LAMBDAS:-"1e-4,1e-3,1e-1,1"}
+STRIDE=${STRIDE:-$WINDOW}
 mkdir -p "$WORK" "$OUT"
 source experiments/lib.sh
 exp_bin
@@ -91,7 +94,7 @@ mkdir -p "$OOD"
 [ -s "$OOD/math.txt" ] || grep -v -E '[\\$]' "$D/corpora/domain/math/train.txt" | grep -E '[[:alpha:]]{3}' >"$OOD/math.txt"
 [ -s "$OOD/docs.txt" ] || cp "$HU_TRAIN" "$OOD/docs.txt"
 
-EVAL=(--window "$WINDOW" --stride $((WINDOW / 2)) --max-tokens "$EVAL_TOKENS" --json)
+EVAL=(--window "$WINDOW" --stride "$STRIDE" --max-tokens "$EVAL_TOKENS" --json)
 for dom in $DOMAINS; do EVAL+=(--data "$dom=$D/corpora/domain/$dom/valid.txt"); done
 EVAL4=("${EVAL[@]}" --data "hu=$HU_VALID")
 MIX=()
@@ -168,4 +171,4 @@ for seed in $SEEDS; do
 done
 
 python3 experiments/dume_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" \
-    "steps=$STEPS seq=$SEQ batch=$BATCH lr=$LR router_steps=$ROUTER_STEPS router_lr=$ROUTER_LR stat_tokens=$STAT_TOKENS eval_tokens=$EVAL_TOKENS"
+    "steps=$STEPS seq=$SEQ batch=$BATCH lr=$LR router_steps=$ROUTER_STEPS router_lr=$ROUTER_LR stat_tokens=$STAT_TOKENS eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE"

@@ -65,7 +65,7 @@ source experiments/lib.sh
 exp_bin
 
 EVAL=(--data "en=$EN_VALID" --data "hu=$HU_VALID" --data "math=$MATH_VALID" --max-tokens "$EVAL_TOKENS"
-    --window "$WINDOW" --stride $((WINDOW / 2)) --json)
+    --window "$WINDOW" --stride "$STRIDE" --json)
 COMMON=(--seq-len "$SEQ" --batch "$BATCH" --warmup $((STEPS / 10)))
 
 report "$WORK/base.eval.json" "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL[@]}"
@@ -107,4 +107,4 @@ for seed in $SEEDS; do
 done
 
 python3 experiments/deltamoe_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$EXPERTS_LIST" \
-    "steps=$STEPS x $BATCH x $SEQ tokens (stage 1 and cpt; cpt2x twice), lr=$LR, router_steps=$ROUTER_STEPS lr=$ROUTER_LR, post_steps=$POST_STEPS, eval_tokens=$EVAL_TOKENS"
+    "steps=$STEPS x $BATCH x $SEQ tokens (stage 1 and cpt; cpt2x twice), lr=$LR, router_steps=$ROUTER_STEPS lr=$ROUTER_LR, post_steps=$POST_STEPS, eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE"

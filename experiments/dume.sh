@@ -40,8 +40,7 @@
 #   ROUTER_STEPS/ROUTER_LR         DUME+ / BTX router training (full: 50 x 4 x 256 = 51,200 tokens, 1e-3)
 #   STAT_TOKENS/EVAL_TOKENS        ridge statistics per domain / evaluation tokens per domain
 #   LAMBDAS="1e-4,1e-3,1e-1,1"     the extra lambdas `route` reports held-out routing accuracy for
-#   STRIDE=...                     evaluation stride (default: the window, 512 — non-overlapping
-#                                  windows, half the cost of stride 256 on this 2-core machine)
+#   STRIDE=...                     evaluation stride (default: the window; experiments/lib.sh)
 #
 # Resumable: a finished step (its config.json or JSON report) is skipped; an interrupted training
 # continues from its last checkpoint. Re-running after everything finished only rewrites the tables.
@@ -82,7 +81,6 @@ else
     OUT=${OUT:-docs/experiments/dume}
 fi
 LAMBDAS=${LAMBDAS:-"1e-4,1e-3,1e-1,1"}
-STRIDE=${STRIDE:-$WINDOW}
 mkdir -p "$WORK" "$OUT"
 source experiments/lib.sh
 exp_bin

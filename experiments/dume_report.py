@@ -17,6 +17,17 @@ from report_common import curve, figure, fmt, load, mean_or_none, open_report, p
 
 work, out, smoke, model, seeds, budget = sys.argv[1:]
 seeds = seeds.split()
+# The files one seed's tables read; a seed whose run has not finished them (a run spanning
+# several sittings) is left out of the tables and named in the README.
+SEED_FILES = ([f"{m}.eval.json" for m in ("expert-code", "expert-math", "expert-docs", "expert-hu", "average", "random",
+                                           "oracle", "dume-top1", "dume-top2", "dume-ood", "dume-plus", "btx",
+                                           "dume-add", "dume-scratch4")]
+              + [f"{m}.route.json" for m in ("dume-top1", "dume-top2", "dume-ood")])
+unfinished = {s: [f for f in SEED_FILES if not os.path.exists(os.path.join(work, f"s{s}", f))] for s in seeds}
+seeds = [s for s in seeds if not unfinished[s]]
+if not seeds:
+    sys.exit("dume_report.py: no seed has finished: " + "; ".join(f"s{s} lacks {', '.join(v)}" for s, v in unfinished.items()))
+unfinished = {s: v for s, v in unfinished.items() if v}
 DOMAINS = ["code", "math", "docs"]
 METHODS = [
     ("base", "the dense model itself"),
@@ -76,7 +87,7 @@ def read_safetensors(directory):
 
 
 # Perplexity and retention per method.
-results = {"model": model, "seeds": seeds, "budget": budget, "methods": {}}
+results = {"model": model, "seeds": seeds, "unfinished_seeds": unfinished, "budget": budget, "methods": {}}
 ref = {s: {d: ppl(load(eval_path(s, f"expert-{d}")), d) for d in DOMAINS} for s in seeds}
 rows = []
 for method, label in METHODS:
@@ -167,6 +178,9 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
     f.write(f"Model `{os.path.basename(model)}`; seeds {', '.join(seeds)} (mean ± std over seeds); {budget}.\n"
             "Perplexity on `domain/{code,math,docs}/valid.txt`; retention on domain D = ppl(dense expert D on D) /"
             " ppl(model on D) (docs/methods.md §2.6).\n\n")
+    for s, missing in unfinished.items():
+        f.write(f"**Seed {s} has not finished** (left out of every table; it lacks {len(missing)} of its"
+                f" {len(SEED_FILES)} results, e.g. `{missing[0]}`): rerun the script to complete it.\n\n")
     f.write("| method | what | ppl code | ppl math | ppl docs | ret. code | ret. math | ret. docs | mean retention |\n")
     f.write("|---|---|---|---|---|---|---|---|---|\n")
     for r in rows:

@@ -2,6 +2,10 @@
 # resumable steps. Each script sets SMOKE, WORK and TOK (the `--tokenizer` array, may be empty)
 # before calling these.
 
+# Evaluation stride of every script's `eval` (WINDOW is the script's window): default the window,
+# non-overlapping windows — half the cost of stride WINDOW/2 on this 2-core machine.
+STRIDE=${STRIDE:-$WINDOW}
+
 # Sets BIN: the given one, else a cargo build (release; smoke: debug, which CI has built); exports it
 # as MOE_STUDIO_BIN for the reports' figures.
 exp_bin() {

@@ -76,7 +76,7 @@ for a in $ALLOCS; do
 done
 
 EVAL=(--data "en=$D/corpora/lang/en/valid.txt" --max-tokens "$EVAL_TOKENS" --window "$WINDOW"
-    --stride $((WINDOW / 2)) --json)
+    --stride "$STRIDE" --json)
 MIX=()
 for l in $NEW; do
     EVAL+=(--data "$l=$D/corpora/lang/$l/valid.txt")
@@ -104,4 +104,4 @@ for seed in $SEEDS; do
 done
 
 python3 experiments/neuronmoe_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$ALLOCS" \
-    "texts=$TEXTS top_n=$TOP_N; stage 1: $STEPS x $BATCH x $SEQ tokens lr $LR; stage 2: $ROUTER_STEPS steps lr $ROUTER_LR; eval_tokens=$EVAL_TOKENS"
+    "texts=$TEXTS top_n=$TOP_N; stage 1: $STEPS x $BATCH x $SEQ tokens lr $LR; stage 2: $ROUTER_STEPS steps lr $ROUTER_LR; eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE"

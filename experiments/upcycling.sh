@@ -64,7 +64,7 @@ variant_args() {
 }
 
 VARIANTS="naive noise drop granular"
-EVAL=(--data "hu=$HU_VALID" --data "en=$EN_VALID" --max-tokens "$EVAL_TOKENS" --window "$WINDOW" --stride $((WINDOW / 2)) --json)
+EVAL=(--data "hu=$HU_VALID" --data "en=$EN_VALID" --max-tokens "$EVAL_TOKENS" --window "$WINDOW" --stride "$STRIDE" --json)
 
 if [ ! -f "$WORK/dense.eval.json" ]; then
     run "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL[@]}" >"$WORK/dense.eval.json.tmp"

@@ -106,13 +106,14 @@ report "$WORK/base.eval.json" "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL4[@]}"
 for seed in $SEEDS; do
     S="$WORK/s$seed"
     mkdir -p "$S"
-    # The dense experts (and the Hungarian one for the incremental step).
-    for dom in $DOMAINS hu; do
-        if [ "$dom" = hu ]; then data="hu=$HU_TRAIN"; else data="$dom=$D/corpora/domain/$dom/train.txt"; fi
-        train_run "$S/expert-$dom" "$MODEL" --stage dense --data "$data" --steps "$STEPS" --seq-len "$SEQ" \
+    # The dense experts (the Hungarian one of the incremental step is trained there, last, so a
+    # sitting that ends early has the headline comparisons first).
+    expert() {
+        train_run "$S/expert-$1" "$MODEL" --stage dense --data "$2" --steps "$STEPS" --seq-len "$SEQ" \
             --batch "$BATCH" --lr "$LR" --warmup $((STEPS / 10)) --seed "$seed"
-        report "$S/expert-$dom.eval.json" "$BIN" eval "$S/expert-$dom/final" "${TOK[@]}" "${EVAL4[@]}"
-    done
+        report "$S/expert-$1.eval.json" "$BIN" eval "$S/expert-$1/final" "${TOK[@]}" "${EVAL4[@]}"
+    }
+    for dom in $DOMAINS; do expert "$dom" "$dom=$D/corpora/domain/$dom/train.txt"; done
     EXPERTS=()
     for dom in $DOMAINS; do EXPERTS+=("$S/expert-$dom/final"); done
 
@@ -152,6 +153,7 @@ for seed in $SEEDS; do
         --batch "$BATCH" --lr "$ROUTER_LR" --warmup $((ROUTER_STEPS / 10)) --norm-topk false --seed "$seed"
     report "$S/btx.eval.json" "$BIN" eval "$S/btx/final" "${TOK[@]}" "${EVAL[@]}"
 
+    expert hu "hu=$HU_TRAIN"
     # Incremental DUME: add the Hungarian expert onto dume-top1's saved statistics, versus
     # re-collecting all four domains' statistics on the grown model itself (dume-add's tensors).
     if [ ! -f "$S/dume-add.route.json" ]; then

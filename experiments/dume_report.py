@@ -17,17 +17,26 @@ from report_common import curve, figure, fmt, load, mean_or_none, open_report, p
 
 work, out, smoke, model, seeds, budget = sys.argv[1:]
 seeds = seeds.split()
-# The files one seed's tables read; a seed whose run has not finished them (a run spanning
-# several sittings) is left out of the tables and named in the README.
-SEED_FILES = ([f"{m}.eval.json" for m in ("expert-code", "expert-math", "expert-docs", "expert-hu", "average", "random",
-                                           "oracle", "dume-top1", "dume-top2", "dume-ood", "dume-plus", "btx",
+# The files one seed's tables read. A run spanning several sittings may have finished only some of
+# them for a seed: each table uses the seeds that have its results (a `seeds` column says which),
+# and the README names what each unfinished seed still lacks.
+SEED_FILES = ([f"{m}.eval.json" for m in ("expert-code", "expert-math", "expert-docs", "average", "random", "oracle",
+                                           "dume-top1", "dume-top2", "dume-ood", "dume-plus", "btx", "expert-hu",
                                            "dume-add", "dume-scratch4")]
               + [f"{m}.route.json" for m in ("dume-top1", "dume-top2", "dume-ood")])
-unfinished = {s: [f for f in SEED_FILES if not os.path.exists(os.path.join(work, f"s{s}", f))] for s in seeds}
-seeds = [s for s in seeds if not unfinished[s]]
-if not seeds:
-    sys.exit("dume_report.py: no seed has finished: " + "; ".join(f"s{s} lacks {', '.join(v)}" for s, v in unfinished.items()))
+
+
+def have(seed, name):
+    """Whether seed `seed`'s run has written `name` (relative to WORK/s<seed>)."""
+    return os.path.exists(os.path.join(work, f"s{seed}", name))
+
+
+unfinished = {s: [f for f in SEED_FILES if not have(s, f)] for s in seeds}
 unfinished = {s: v for s, v in unfinished.items() if v}
+# Retention needs the seed's three dense experts.
+seeds = [s for s in seeds if all(have(s, f"expert-{d}.eval.json") for d in ("code", "math", "docs"))]
+if not seeds:
+    sys.exit("dume_report.py: no seed has its three dense experts evaluated yet: rerun experiments/dume.sh")
 DOMAINS = ["code", "math", "docs"]
 METHODS = [
     ("base", "the dense model itself"),
@@ -93,39 +102,53 @@ rows = []
 for method, label in METHODS:
     per_seed = []
     for s in seeds:
+        if not os.path.exists(eval_path(s, method)):
+            continue
         ev = load(eval_path(s, method))
         p = {d: ppl(ev, d) for d in DOMAINS}
         r = {d: ref[s][d] / p[d] for d in DOMAINS}
-        per_seed.append({"ppl": p, "retention": r, "mean_retention": statistics.mean(r.values())})
+        per_seed.append({"seed": s, "ppl": p, "retention": r, "mean_retention": statistics.mean(r.values())})
     results["methods"][method] = per_seed
     rows.append(
-        [f"`{method}`", label]
+        [f"`{method}`", label, ", ".join(x["seed"] for x in per_seed) or "-"]
         + [fmt([x["ppl"][d] for x in per_seed]) for d in DOMAINS]
         + [fmt([x["retention"][d] for x in per_seed], 1, True) for d in DOMAINS]
         + [fmt([x["mean_retention"] for x in per_seed], 1, True)]
     )
 
-# The paper's ordering on mean retention.
-mean_ret = {m: statistics.mean(x["mean_retention"] for x in results["methods"][m]) for m, _ in METHODS}
+# The paper's ordering on mean retention, over the seeds that have all five methods (and per seed).
 order = ["oracle", "dume-plus", "dume-top1", "average", "random"]
-checks = [
-    (a, b, mean_ret[a] >= mean_ret[b] if i < 2 else mean_ret[a] > mean_ret[b])
-    for i, (a, b) in enumerate(zip(order, order[1:]))
-]
-results["ordering"] = [{"higher": a, "lower": b, "holds": ok} for a, b, ok in checks]
+order_seeds = [s for s in seeds if all(have(s, f"{m}.eval.json") for m in order)]
+
+
+def mean_ret_of(method, on_seeds):
+    return statistics.mean(x["mean_retention"] for x in results["methods"][method] if x["seed"] in on_seeds)
+
+
+def ordering(on_seeds):
+    mr = {m: mean_ret_of(m, on_seeds) for m in order}
+    return mr, [(a, b, mr[a] >= mr[b] if i < 2 else mr[a] > mr[b]) for i, (a, b) in enumerate(zip(order, order[1:]))]
+
+
+mean_ret, checks = ordering(order_seeds) if order_seeds else ({}, [])
+per_seed_order = {s: all(ok for _, _, ok in ordering([s])[1]) for s in order_seeds}
+results["ordering"] = {"seeds": order_seeds, "checks": [{"higher": a, "lower": b, "holds": ok} for a, b, ok in checks],
+                       "holds_per_seed": per_seed_order}
 
 # Routing accuracy of the ridge routers (held-out tokens, mean over MoE layers).
 acc_rows = []
 for method in ("dume-top1", "dume-top2", "dume-ood"):
-    reps = [load(os.path.join(work, f"s{s}", f"{method}.route.json")) for s in seeds]
+    rseeds = [s for s in seeds if have(s, f"{method}.route.json")]
+    reps = [load(os.path.join(work, f"s{s}", f"{method}.route.json")) for s in rseeds]
     acc = [[r["mean_accuracy_per_domain"][i] for r in reps] for i in range(len(DOMAINS))]
-    acc_rows.append([f"`{method}`"] + [fmt(a, 1, True) for a in acc] + [fmt([r["random_routing_accuracy"] for r in reps], 1, True)])
+    acc_rows.append([f"`{method}`", ", ".join(rseeds) or "-"] + [fmt(a, 1, True) for a in acc] + [fmt([r["random_routing_accuracy"] for r in reps], 1, True)])
     results["methods"].setdefault(method + ".route", reps)
-sweep = load(os.path.join(work, f"s{seeds[0]}", "dume-top1.route.json")).get("lambda_sweep") or []
+sweep = (load(os.path.join(work, f"s{seeds[0]}", "dume-top1.route.json")).get("lambda_sweep") or []
+         if have(seeds[0], "dume-top1.route.json") else [])
 
 # Incremental DUME: added onto the saved statistics vs solved from scratch on all four domains.
 inc = []
-for s in seeds:
+for s in [s for s in seeds if all(have(s, f) for f in ("dume-add.eval.json", "dume-scratch4.eval.json", "dume-top1.eval.json"))]:
     a = read_safetensors(os.path.join(work, f"s{s}", "dume-add"))
     b = read_safetensors(os.path.join(work, f"s{s}", "dume-scratch4"))
     names = sorted(set(a) | set(b))
@@ -154,6 +177,8 @@ fig_retention = figure(out, "retention", {
 })
 acc_series = []
 for method in ("dume-top1", "dume-ood"):
+    if not have(seeds[0], f"{method}.route.json"):
+        continue
     rep = load(os.path.join(work, f"s{seeds[0]}", f"{method}.route.json"))
     for i, d in enumerate(DOMAINS):
         layers = rep["accuracy_per_domain_per_layer"][i]
@@ -179,19 +204,23 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
             "Perplexity on `domain/{code,math,docs}/valid.txt`; retention on domain D = ppl(dense expert D on D) /"
             " ppl(model on D) (docs/methods.md §2.6).\n\n")
     for s, missing in unfinished.items():
-        f.write(f"**Seed {s} has not finished** (left out of every table; it lacks {len(missing)} of its"
-                f" {len(SEED_FILES)} results, e.g. `{missing[0]}`): rerun the script to complete it.\n\n")
-    f.write("| method | what | ppl code | ppl math | ppl docs | ret. code | ret. math | ret. docs | mean retention |\n")
-    f.write("|---|---|---|---|---|---|---|---|---|\n")
+        f.write(f"**Seed {s} has not finished**: it lacks {len(missing)} of its {len(SEED_FILES)} results"
+                f" ({', '.join(f'`{m}`' for m in missing)}); each table uses the seeds that have its results"
+                " (its `seeds` column); rerun the script to complete it.\n\n")
+    f.write("| method | what | seeds | ppl code | ppl math | ppl docs | ret. code | ret. math | ret. docs | mean retention |\n")
+    f.write("|---|---|---|---|---|---|---|---|---|---|\n")
     for r in rows:
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_retention)
-    f.write("\nThe paper's ordering on mean retention (oracle ≥ DUME+ ≥ DUME > averaging > random):\n\n")
+    f.write("\nThe paper's ordering on mean retention (oracle ≥ DUME+ ≥ DUME > averaging > random), over seeds "
+            f"{', '.join(order_seeds) or '(none has all five yet)'}"
+            + "".join(f"; seed {s}: {'holds' if ok else 'does not hold'} in full" for s, ok in per_seed_order.items())
+            + ":\n\n")
     for a, b, ok in checks:
         f.write(f"- `{a}` {'≥' if a in ('oracle', 'dume-plus') else '>'} `{b}`: "
                 f"{mean_ret[a] * 100:.1f}% vs {mean_ret[b] * 100:.1f}% — {'holds' if ok else 'does not hold'}\n")
     f.write("\n## Routing accuracy of the ridge routers (held-out tokens, mean over layers)\n\n")
-    f.write("| router | code | math | docs | random routing |\n|---|---|---|---|---|\n")
+    f.write("| router | seeds | code | math | docs | random routing |\n|---|---|---|---|---|---|\n")
     for r in acc_rows:
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_accuracy)
@@ -205,6 +234,8 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
             " saved statistics of the first three domains (collected on the three-model mean, not revisited) plus the"
             " new domain's; `dume-scratch4` re-collects all four domains' statistics on the grown model. Only the"
             " router tensors may differ; their difference is what the stale statistics cost.\n\n")
+    if not inc:
+        f.write("No seed has finished this step yet.\n")
     f.write("| seed | max abs router difference | tensors differing | ppl hu added / scratch | "
             "ppl code, math, docs: 3 experts → 4 (added) |\n|---|---|---|---|---|\n")
     for x in inc:

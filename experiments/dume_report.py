@@ -234,10 +234,9 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
             " saved statistics of the first three domains (collected on the three-model mean, not revisited) plus the"
             " new domain's; `dume-scratch4` re-collects all four domains' statistics on the grown model. Only the"
             " router tensors may differ; their difference is what the stale statistics cost.\n\n")
-    if not inc:
-        f.write("No seed has finished this step yet.\n")
+    f.write("" if inc else "No seed has finished this step yet.\n")
     f.write("| seed | max abs router difference | tensors differing | ppl hu added / scratch | "
-            "ppl code, math, docs: 3 experts → 4 (added) |\n|---|---|---|---|---|\n")
+            "ppl code, math, docs: 3 experts → 4 (added) |\n|---|---|---|---|---|\n" if inc else "")
     for x in inc:
         three = ", ".join(f"{x['ppl_three_experts'][d]:.2f} → {x['ppl_added'][d]:.2f}" for d in DOMAINS)
         f.write(f"| {x['seed']} | {x['max_abs_diff']:.3g} | {len(x['tensors_differing'])} | "

@@ -7,11 +7,15 @@
 #   random       the MoErged model with seeded random routers (`eval --routing random`)
 #   dume-top1/2  the ridge router, statistics from each domain's train text
 #   dume-ood     the ridge router, statistics from out-of-distribution text of each domain (below)
-#   dume-plus    DUME+: the ridge router fine-tuned (`train --stage router`, no balancing loss)
-#   btx          BTX-style: a random router (std 0.02) trained the same way (load-balancing loss on)
-#                Both train top-1 routers with `--norm-topk false` (the chosen expert's output is
-#                scaled by its softmax probability, as in Switch Transformer): with renormalised
-#                top-1 weights the weight is always 1 and the next-token loss gives no gradient.
+#   dume-plus    DUME+: the top-2 ridge router (dume-top2) fine-tuned (`train --stage router`, no
+#                balancing loss)
+#   btx          BTX-style: a random top-2 router (std 0.02) trained the same way (load-balancing
+#                loss on), top-2 as in BTX (Sukhbaatar et al. 2024)
+#                Both train top-2 routers with renormalised weights: the next-token gradient reaches
+#                the router through the two weights. (A top-1 router with renormalised weights gets
+#                none, and `--norm-topk false` at top-1 — Switch's form — scales every MoErged FFN
+#                by its softmax probability, ~1/3 here: the first full run did that and the loss
+#                started at 10.3 nats against 2.5, ppl ~140 after 50 steps; see the DUME README.)
 #   oracle       every token of domain i sent to expert i (`eval --routing oracle`)
 # Retention of a model on domain D = ppl(expert-D on D) / ppl(model on D), as in DUME (§2.6).
 # Then incremental DUME (§2.4): a fourth expert (a Hungarian fine-tune, lang/hu) added with
@@ -145,12 +149,12 @@ for seed in $SEEDS; do
     report "$S/dume-ood.eval.json" "$BIN" eval "$S/dume-ood" "${TOK[@]}" "${EVAL[@]}"
 
     # DUME+ (the ridge router trained) and BTX (a random router trained), same router budget.
-    train_run "$S/dume-plus" "$S/dume-top1" --stage router "${MIX[@]}" --steps "$ROUTER_STEPS" --seq-len "$SEQ" \
-        --batch "$BATCH" --lr "$ROUTER_LR" --warmup $((ROUTER_STEPS / 10)) --balance none --norm-topk false --seed "$seed"
+    train_run "$S/dume-plus" "$S/dume-top2" --stage router "${MIX[@]}" --steps "$ROUTER_STEPS" --seq-len "$SEQ" \
+        --batch "$BATCH" --lr "$ROUTER_LR" --warmup $((ROUTER_STEPS / 10)) --balance none --seed "$seed"
     report "$S/dume-plus.eval.json" "$BIN" eval "$S/dume-plus/final" "${TOK[@]}" "${EVAL[@]}"
-    make_dir "$S/btx-init" "$BIN" moerge "${EXPERTS[@]}" --router-std 0.02 --seed "$seed" --out "$S/btx-init"
+    make_dir "$S/btx-init" "$BIN" moerge "${EXPERTS[@]}" --top-k 2 --router-std 0.02 --seed "$seed" --out "$S/btx-init"
     train_run "$S/btx" "$S/btx-init" --stage router "${MIX[@]}" --steps "$ROUTER_STEPS" --seq-len "$SEQ" \
-        --batch "$BATCH" --lr "$ROUTER_LR" --warmup $((ROUTER_STEPS / 10)) --norm-topk false --seed "$seed"
+        --batch "$BATCH" --lr "$ROUTER_LR" --warmup $((ROUTER_STEPS / 10)) --seed "$seed"
     report "$S/btx.eval.json" "$BIN" eval "$S/btx/final" "${TOK[@]}" "${EVAL[@]}"
 
     expert hu "hu=$HU_TRAIN"

@@ -15,6 +15,7 @@
 #   WORK=...     run directory (default $MOE_STUDIO_CACHE/experiments/upcycling[-smoke]); kept between sittings
 #   OUT=...      where the table goes (default docs/experiments/upcycling, smoke: $WORK/report)
 #   SEEDS="1 2"  seeds (upcycle + data order); default "1 2" (full), "1" (smoke)
+#   VARIANTS="..."  which variants, in this order (default "naive noise drop granular")
 #   STEPS/SEQ/BATCH/LR  the stage-1 budget (full: 100 x 4 x 256 = 102,400 tokens per run, lr 1e-4)
 #
 # Resumable: a finished upcycle (config.json), training (final/) or evaluation (eval.json) is skipped;
@@ -63,7 +64,7 @@ variant_args() {
     esac
 }
 
-VARIANTS="naive noise drop granular"
+VARIANTS=${VARIANTS:-"naive noise drop granular"}
 EVAL=(--data "hu=$HU_VALID" --data "en=$EN_VALID" --max-tokens "$EVAL_TOKENS" --window "$WINDOW" --stride "$STRIDE" --json)
 
 if [ ! -f "$WORK/dense.eval.json" ]; then

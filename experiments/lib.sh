@@ -52,7 +52,8 @@ make_dir() {
 }
 
 # train_run DIR ARGS...: `moe-studio train ARGS --out DIR` unless DIR/final exists; resumes from
-# the last checkpoint when there is one. Writes the training wall seconds to DIR.seconds.
+# the last checkpoint when there is one, and deletes it once DIR/final is written. Writes the
+# training wall seconds to DIR.seconds.
 train_run() {
     local dir=$1
     shift
@@ -62,4 +63,6 @@ train_run() {
     t0=$(date +%s)
     run "$BIN" train "$@" "${TOK[@]}" --save-every 20 --keep 1 --json --out "$dir" "${resume[@]}" >/dev/null
     echo $(($(date +%s) - t0)) >>"$dir.seconds"
+    # The checkpoint only serves resuming; a finished run keeps final/ (a MoE's is ~5 GB with AdamW).
+    rm -rf "$dir"/checkpoint-*
 }

@@ -88,6 +88,7 @@ for seed in $SEEDS; do
                 --seq-len "$SEQ" --batch "$BATCH" --lr "$LR" --warmup $((STEPS / 10)) --seed "$seed" \
                 --save-every 20 --keep 1 --json --out "$dir/train" "${resume[@]}" >/dev/null
             echo $(($(date +%s) - t0)) >>"$dir/train_seconds"
+            rm -rf "$dir"/train/checkpoint-* # only for resuming; final/ is kept
         fi
         if [ ! -f "$dir/eval.json" ]; then
             run "$BIN" eval "$dir/train/final" "${TOK[@]}" "${EVAL[@]}" >"$dir/eval.json.tmp"

@@ -80,16 +80,8 @@ for seed in $SEEDS; do
             rm -rf "$dir/moe"
             run "$BIN" upcycle "$MODEL" $(variant_args "$v") --seed "$seed" --out "$dir/moe" >/dev/null
         fi
-        if [ ! -f "$dir/train/final/config.json" ]; then
-            resume=()
-            ls -d "$dir"/train/checkpoint-* >/dev/null 2>&1 && resume=(--resume)
-            t0=$(date +%s)
-            run "$BIN" train "$dir/moe" "${TOK[@]}" --stage experts --data "hu=$HU_TRAIN" --steps "$STEPS" \
-                --seq-len "$SEQ" --batch "$BATCH" --lr "$LR" --warmup $((STEPS / 10)) --seed "$seed" \
-                --save-every 20 --keep 1 --json --out "$dir/train" "${resume[@]}" >/dev/null
-            echo $(($(date +%s) - t0)) >>"$dir/train_seconds"
-            rm -rf "$dir"/train/checkpoint-* # only for resuming; final/ is kept
-        fi
+        train_run "$dir/train" "$dir/moe" --stage experts --data "hu=$HU_TRAIN" --steps "$STEPS" \
+            --seq-len "$SEQ" --batch "$BATCH" --lr "$LR" --warmup $((STEPS / 10)) --seed "$seed"
         if [ ! -f "$dir/eval.json" ]; then
             run "$BIN" eval "$dir/train/final" "${TOK[@]}" "${EVAL[@]}" >"$dir/eval.json.tmp"
             mv "$dir/eval.json.tmp" "$dir/eval.json"

@@ -34,7 +34,7 @@ for v in variants:
         d = os.path.join(work, f"{v}-s{s}")
         evs.append(load(os.path.join(d, "eval.json")))
         try:
-            secs.append(sum(int(x) for x in open(os.path.join(d, "train_seconds")).read().split()))
+            secs.append(sum(int(x) for x in open(os.path.join(d, "train.seconds")).read().split()))
         except OSError:
             secs.append(None)
     results["variants"][v] = {"evals": evs, "train_seconds": secs}

@@ -19,28 +19,41 @@ work, out, smoke, model, seeds, allocs, budget = sys.argv[1:]
 seeds, allocs = seeds.split(), allocs.split()
 LANGS = ["en", "hu", "el", "tr"]
 
-
-
-
-
-
-
-
 base = load(os.path.join(work, "base.eval.json"))
 base_params = load(os.path.join(work, "base.inspect.json"))["parameters"]
 results = {"model": model, "seeds": seeds, "budget": budget, "base_parameters": base_params, "allocations": {}}
-rows = [["`base`", "-", "-", "0"] + [f"{ppl(base, l):.2f}" for l in LANGS] + ["-"]]
+rows = [["`base`", "-", "-", "0", "-"] + [f"{ppl(base, l):.2f}" for l in LANGS] + ["-"]]
+missing = []  # (allocation, seeds without its stage-2 evaluation): a run spread over sittings
 for a in allocs:
     al = load(os.path.join(work, f"alloc-{a}.json"))
     per_layer = al["new_experts_per_layer"]
-    params = load(os.path.join(work, f"s{seeds[0]}", f"{a}.inspect.json"))["parameters"]
+    have = [s for s in seeds if os.path.exists(os.path.join(work, f"s{s}", f"{a}-s2.eval.json"))]
+    if len(have) < len(seeds):
+        missing.append((a, [s for s in seeds if s not in have]))
+    inspect = os.path.join(work, f"s{seeds[0]}", f"{a}.inspect.json")
+    params = load(inspect)["parameters"] if os.path.exists(inspect) else None
     stages = {}
     for st in ("s1", "s2"):
-        stages[st] = [{l: ppl(load(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json")), l) for l in LANGS} for s in seeds]
-    results["allocations"][a] = {"new_experts_per_layer": per_layer, "parameters": params, **stages}
+        stages[st] = [{l: ppl(load(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json")), l) for l in LANGS} for s in have]
+    results["allocations"][a] = {"new_experts_per_layer": per_layer, "parameters": params, "seeds": have, **stages}
     new_langs = [math.exp(statistics.mean(math.log(x[l]) for l in LANGS[1:])) for x in stages["s2"]]
-    rows.append([f"`{a}`", " ".join(map(str, per_layer)), str(sum(per_layer)), f"{(params - base_params) / 1e6:.2f} M"]
+    added = f"{(params - base_params) / 1e6:.2f} M" if params is not None else "-"
+    rows.append([f"`{a}`", " ".join(map(str, per_layer)), str(sum(per_layer)), added,
+                 ", ".join(have) if have else "not run"]
                 + [fmt([x[l] for x in stages["s2"]]) for l in LANGS] + [fmt(new_langs)])
+
+# The dense model's analysis: specific neurons per layer (union over the new languages), and the
+# share that falls in the first and last quarter of the layers (the paper's "early and late
+# layers" observation, made here on the model before upcycling).
+neurons_path = os.path.join(work, "neurons", "neurons.json")
+if os.path.exists(neurons_path):
+    counts = [c["total"] for c in load(neurons_path)["union_counts"]]
+    q = max(1, len(counts) // 4)
+    total = sum(counts) or 1.0
+    results["specific_neurons_per_layer"] = counts
+    results["specific_neurons_share"] = {"first_quarter": sum(counts[:q]) / total,
+                                         "middle_half": sum(counts[q:-q]) / total,
+                                         "last_quarter": sum(counts[-q:]) / total}
 
 os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, "results.json"), "w") as f:
@@ -50,7 +63,8 @@ fig_ppl = figure(out, "ppl", {
     "y": "perplexity", "categories": LANGS,
     "series": [{"name": "base", "values": [ppl(base, l) for l in LANGS]}]
     + [{"name": f"{a} (+{sum(results['allocations'][a]['new_experts_per_layer'])} experts)",
-        "values": [mean_or_none([x[l] for x in results["allocations"][a]["s2"]]) for l in LANGS]} for a in allocs],
+        "values": [mean_or_none([x[l] for x in results["allocations"][a]["s2"]]) for l in LANGS]}
+               for a in allocs if results["allocations"][a]["s2"]],
 })
 fig = os.path.join(work, "alloc-neuronmoe.comparison.png")
 if os.path.exists(fig):
@@ -61,12 +75,23 @@ with open(os.path.join(out, "README.md"), "w") as f:
         f.write("**Smoke run** (stories260K, a few steps): checks the pipeline; the numbers mean nothing.\n\n")
     f.write(f"Model `{os.path.basename(model)}`; new languages hu, el, tr (en original); seeds {', '.join(seeds)}"
             f" (mean ± std); {budget}. Perplexity after stage 2 on `lang/<code>/valid.txt`.\n\n")
-    f.write("| allocation | new experts per layer | experts added | parameters added | ppl en | ppl hu | ppl el |"
-            " ppl tr | geometric mean ppl, new languages |\n|---|---|---|---|---|---|---|---|---|\n")
+    if missing:
+        f.write("**Unfinished run**: " + "; ".join(f"`{a}` lacks seed(s) {', '.join(m)}" for a, m in missing)
+                + ". Each row uses the seeds that have its results (`seeds` column).\n\n")
+    f.write("| allocation | new experts per layer | experts added | parameters added | seeds | ppl en | ppl hu |"
+            " ppl el | ppl tr | geometric mean ppl, new languages |\n|---|---|---|---|---|---|---|---|---|---|\n")
     for r in rows:
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_ppl)
     if os.path.exists(fig):
         f.write("\n![allocations](allocations.png)\n")
+    if "specific_neurons_per_layer" in results:
+        sh = results["specific_neurons_share"]
+        c = results["specific_neurons_per_layer"]
+        f.write("\n## Where the language-specific neurons are (the dense model)\n\n"
+                f"Specific neurons per layer (union over {', '.join(LANGS[1:])}, top-N by average precision,"
+                f" tie-weighted): {' '.join(f'{x:.0f}' for x in c)}. Share in the first quarter of the layers"
+                f" {sh['first_quarter'] * 100:.1f} %, the middle half {sh['middle_half'] * 100:.1f} %, the last"
+                f" quarter {sh['last_quarter'] * 100:.1f} % (a uniform spread would give 25 / 50 / 25 %).\n")
     write_commands(f, work, "neuronmoe", smoke)
 print(open(os.path.join(out, "README.md")).read())

@@ -20,6 +20,8 @@
 #   BIN, WORK, OUT, SEEDS  as in experiments/dume.sh (default WORK $MOE_STUDIO_CACHE/experiments/neuronmoe)
 #   TEXTS          texts per language for `neurons` (full 200); TOP_N specific neurons per language
 #   STEPS/SEQ/BATCH/LR, ROUTER_STEPS/ROUTER_LR, EVAL_TOKENS  as in experiments/deltamoe.sh
+#   ALLOCS         allocations to train (default "neuronmoe uniform layermoe"; a short sitting can
+#                  run "neuronmoe uniform", the headline pair, and add layermoe later)
 # Resumable like the other scripts.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -67,7 +69,7 @@ if [ ! -f "$WORK/neurons/neurons.json" ]; then
     run "$BIN" neurons "$MODEL" "${langs[@]}" --new "${NEW// /,}" --max-texts "$TEXTS" \
         --top-n "$TOP_N" --out "$WORK/neurons" >/dev/null
 fi
-ALLOCS="neuronmoe uniform layermoe"
+ALLOCS=${ALLOCS:-"neuronmoe uniform layermoe"}
 for a in $ALLOCS; do
     [ -f "$WORK/alloc-$a.json" ] && continue
     base=()

@@ -10,7 +10,8 @@ import os
 import statistics
 import sys
 
-from report_common import curve, figure, fmt, load, mean_or_none, open_report, ppl, write_commands
+from report_common import (curve, figure, fmt, load, mean_or_none, open_report, ppl, seeds_with, unfinished_note,
+                           write_commands)
 
 work, out, smoke, model, seeds, experts, budget = sys.argv[1:]
 seeds, experts = seeds.split(), experts.split()
@@ -31,8 +32,7 @@ results = {"model": model, "seeds": seeds, "budget": budget, "base": bp, "method
 rows = []
 missing = []  # (method, seeds without its evaluation): a run spread over several sittings
 for m, label in methods:
-    have = seeds if m == "base" else [
-        s for s in seeds if os.path.exists(os.path.join(work, f"s{s}", f"{m}.eval.json"))]
+    have = seeds if m == "base" else seeds_with(work, seeds, f"{m}.eval.json")
     if len(have) < len(seeds):
         missing.append((m, [s for s in seeds if s not in have]))
     evs = [base] * len(seeds) if m == "base" else [load(os.path.join(work, f"s{s}", f"{m}.eval.json")) for s in have]
@@ -46,27 +46,27 @@ for m, label in methods:
 def mean_of(m, t):
     return statistics.mean(x[t] for x in results["methods"][m])
 
-def have(*ms):
+def ran(*ms):
     return all(results["methods"][m] for m in ms)
 
 head = experts[0]
 claims = []  # a claim whose models have not run yet is left out
 s2 = f"moe-{head}-s2"
-if have(s2):
+if ran(s2):
     en_change = mean_of(s2, "en") / bp["en"] - 1
     claims.append((f"`{s2}` English ppl at most 2% above the original while Hungarian improves",
                    en_change <= 0.02 and mean_of(s2, "hu") < bp["hu"],
                    f"en {en_change * 100:+.1f}%, hu {mean_of(s2, 'hu'):.2f} vs {bp['hu']:.2f}"))
 g = f"moe-{head}-s2+delta"
-if have(g, "cpt+delta"):
+if ran(g, "cpt+delta"):
     claims.append((f"`{g}` retains English better than `cpt+delta`",
                    mean_of(g, "en") < mean_of("cpt+delta", "en"),
                    f"en ppl {mean_of(g, 'en'):.2f} vs {mean_of('cpt+delta', 'en'):.2f}; "
                    f"hu ppl {mean_of(g, 'hu'):.2f} vs {mean_of('cpt+delta', 'hu'):.2f}"))
-if have(g):
+if ran(g):
     claims.append((f"`{g}` keeps the grafted ability (math ppl below base)",
                    mean_of(g, "math") < bp["math"], f"math ppl {mean_of(g, 'math'):.2f} vs base {bp['math']:.2f}"))
-if have(s2, "cpt2x"):
+if ran(s2, "cpt2x"):
     claims.append((f"`{s2}` learns Hungarian at least as well as dense CPT with twice the tokens (equal FFN FLOPs)"
                    " while keeping English better",
                    mean_of(s2, "hu") <= mean_of("cpt2x", "hu") and mean_of(s2, "en") < mean_of("cpt2x", "en"),
@@ -96,9 +96,7 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
     f.write(f"Model `{os.path.basename(model)}`; seeds {', '.join(seeds)} (mean ± std); {budget}. Perplexity on"
             " `lang/en/valid.txt`, `lang/hu/valid.txt` and `domain/math/valid.txt` (the ability Δ carries);"
             " retention = ppl(base, en) / ppl(model, en), gain = ppl(base, hu) / ppl(model, hu).\n\n")
-    if missing:
-        f.write("**Unfinished run**: " + "; ".join(f"`{m}` lacks seed(s) {', '.join(x)}" for m, x in missing)
-                + ". Each row uses the seeds that have its results (`seeds` column).\n\n")
+    f.write(unfinished_note(missing))
     f.write("| model | what | seeds | ppl en | ppl hu | ppl math | en retention | hu gain | en ppl change |\n")
     f.write("|---|---|---|---|---|---|---|---|---|\n")
     for r in rows:

@@ -13,7 +13,7 @@ import shutil
 import statistics
 import sys
 
-from report_common import figure, fmt, load, mean_or_none, ppl, write_commands
+from report_common import figure, fmt, load, mean_or_none, ppl, seeds_with, unfinished_note, write_commands
 
 work, out, smoke, model, seeds, allocs, budget = sys.argv[1:]
 seeds, allocs = seeds.split(), allocs.split()
@@ -27,7 +27,7 @@ missing = []  # (allocation, seeds without its stage-2 evaluation): a run spread
 for a in allocs:
     al = load(os.path.join(work, f"alloc-{a}.json"))
     per_layer = al["new_experts_per_layer"]
-    have = [s for s in seeds if os.path.exists(os.path.join(work, f"s{s}", f"{a}-s2.eval.json"))]
+    have = seeds_with(work, seeds, f"{a}-s2.eval.json")
     if len(have) < len(seeds):
         missing.append((a, [s for s in seeds if s not in have]))
     inspect = os.path.join(work, f"s{seeds[0]}", f"{a}.inspect.json")
@@ -75,9 +75,7 @@ with open(os.path.join(out, "README.md"), "w") as f:
         f.write("**Smoke run** (stories260K, a few steps): checks the pipeline; the numbers mean nothing.\n\n")
     f.write(f"Model `{os.path.basename(model)}`; new languages hu, el, tr (en original); seeds {', '.join(seeds)}"
             f" (mean ± std); {budget}. Perplexity after stage 2 on `lang/<code>/valid.txt`.\n\n")
-    if missing:
-        f.write("**Unfinished run**: " + "; ".join(f"`{a}` lacks seed(s) {', '.join(m)}" for a, m in missing)
-                + ". Each row uses the seeds that have its results (`seeds` column).\n\n")
+    f.write(unfinished_note(missing))
     f.write("| allocation | new experts per layer | experts added | parameters added | seeds | ppl en | ppl hu |"
             " ppl el | ppl tr | geometric mean ppl, new languages |\n|---|---|---|---|---|---|---|---|---|---|\n")
     for r in rows:

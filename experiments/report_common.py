@@ -30,6 +30,21 @@ def fmt(xs, digits=2, pct=False):
     return s + ("%" if pct else "")
 
 
+def seeds_with(work, seeds, name):
+    """The seeds whose run directory WORK/s{seed} holds the result file `name` (a run spanning
+    several sittings may have finished it for only some seeds)."""
+    return [s for s in seeds if os.path.exists(os.path.join(work, f"s{s}", name))]
+
+
+def unfinished_note(missing):
+    """The README line naming what an unfinished run lacks; `missing` is [(row name, [seeds])];
+    empty when nothing is missing."""
+    if not missing:
+        return ""
+    return ("**Unfinished run**: " + "; ".join(f"`{m}` lacks seed(s) {', '.join(x)}" for m, x in missing)
+            + ". Each row uses the seeds that have its results (`seeds` column).\n\n")
+
+
 def write_commands(f, work, script, smoke):
     """Appends the run's command log (WORK/commands.log) to the README being written to `f`."""
     with open(os.path.join(work, "commands.log")) as log:

@@ -67,25 +67,16 @@ variant_args() {
 VARIANTS=${VARIANTS:-"naive noise drop granular"}
 EVAL=(--data "hu=$HU_VALID" --data "en=$EN_VALID" --max-tokens "$EVAL_TOKENS" --window "$WINDOW" --stride "$STRIDE" --json)
 
-if [ ! -f "$WORK/dense.eval.json" ]; then
-    run "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL[@]}" >"$WORK/dense.eval.json.tmp"
-    mv "$WORK/dense.eval.json.tmp" "$WORK/dense.eval.json"
-fi
+report "$WORK/dense.eval.json" "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL[@]}"
 
 for seed in $SEEDS; do
     for v in $VARIANTS; do
         dir="$WORK/$v-s$seed"
         # shellcheck disable=SC2046
-        if [ ! -f "$dir/moe/config.json" ]; then
-            rm -rf "$dir/moe"
-            run "$BIN" upcycle "$MODEL" $(variant_args "$v") --seed "$seed" --out "$dir/moe" >/dev/null
-        fi
+        make_dir "$dir/moe" "$BIN" upcycle "$MODEL" $(variant_args "$v") --seed "$seed" --out "$dir/moe"
         train_run "$dir/train" "$dir/moe" --stage experts --data "hu=$HU_TRAIN" --steps "$STEPS" \
             --seq-len "$SEQ" --batch "$BATCH" --lr "$LR" --warmup $((STEPS / 10)) --seed "$seed"
-        if [ ! -f "$dir/eval.json" ]; then
-            run "$BIN" eval "$dir/train/final" "${TOK[@]}" "${EVAL[@]}" >"$dir/eval.json.tmp"
-            mv "$dir/eval.json.tmp" "$dir/eval.json"
-        fi
+        report "$dir/eval.json" "$BIN" eval "$dir/train/final" "${TOK[@]}" "${EVAL[@]}"
     done
 done
 

@@ -88,12 +88,18 @@ fn two_replicas_are_one_replica_with_twice_the_batch() {
         assert!(one.iter().any(|m| m.prior_loss.is_some()), "the batches hold original-language rows");
         assert_eq!(w1.len(), w2.len());
         let dw = w1.iter().zip(&w2).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        let moved = w1.len() as f64;
-        eprintln!("{balance:?}: max |dloss| {worst:.2e}, max |dw| {dw:.2e} over {moved} weights");
-        // AdamW divides by sqrt(v): weights whose gradient is near zero turn
-        // roundoff-level gradient differences into up to lr-sized steps,
-        // so the weights agree less tightly than the losses (4.2e-6 at lr
-        // 1e-3 when written).
-        assert!(dw <= 1e-5, "{balance:?}: weights differ by {dw} after 6 steps");
+        let n = w1.len() as f64;
+        let rms = (w1.iter().zip(&w2).map(|(a, b)| f64::from(a - b).powi(2)).sum::<f64>() / n).sqrt();
+        eprintln!("{balance:?}: max |dloss| {worst:.2e}, max |dw| {dw:.2e}, rms dw {rms:.2e} over {n} weights");
+        // AdamW divides by sqrt(v): a weight whose gradient is near zero
+        // turns a roundoff-level gradient difference into a step of up to
+        // lr, so the largest weight difference depends on the CPU's
+        // summation order (4.2e-6 when written, 1.01e-5 on a Zen 3 AVX2
+        // machine): it is bounded at 5 % of one step. A gradient that is
+        // not all-reduced moves most weights by ~lr per step; the RMS over
+        // all weights stays at roundoff.
+        let lr = 1e-3f32;
+        assert!(dw <= 0.05 * lr, "{balance:?}: weights differ by {dw} after 6 steps");
+        assert!(rms <= 1e-7, "{balance:?}: rms weight difference {rms} after 6 steps");
     }
 }

@@ -35,21 +35,37 @@ cargo build --profile wasm-release --target wasm32-unknown-unknown -p moe-studio
 
 step "cargo test"
 cargo test --workspace --no-fail-fast
+# The later steps run the moe-studio binary that cargo test has just built (the
+# backend's integration tests run it). A `cargo build -p moe-studio` of their
+# own would resolve a narrower feature set than the workspace's tests and
+# rebuild every dependency once more (~20 min on a fresh 2-core machine).
+CLI=$(cargo test --workspace --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    t = m.get("target", {})
+    if m.get("reason") == "compiler-artifact" and t.get("name") == "moe-studio" and "bin" in t.get("kind", []) \
+            and not m["profile"]["test"] and m.get("executable"):
+        print(m["executable"])
+        break
+')
+[ -x "$CLI" ] || { echo "cargo test built no moe-studio binary" >&2; exit 1; }
+echo "moe-studio binary of the remaining steps: $CLI"
 
 step "benchmarks, smoke mode (every workload of scripts/bench.sh runs, tiny sizes)"
-bash scripts/bench.sh --smoke
+MOE_STUDIO_BIN="$CLI" bash scripts/bench.sh --smoke
 
 step "experiments, smoke mode (each paper script on stories260K, a few steps; fresh run directories)"
 for exp in upcycling dume deltamoe neuronmoe; do
     work=$(mktemp -d)
-    WORK="$work" bash "experiments/$exp.sh" --smoke >/dev/null
+    BIN="$CLI" WORK="$work" bash "experiments/$exp.sh" --smoke >/dev/null
     rm -rf "$work"
 done
 
 step "browser end-to-end (trunk build + playwright-core + chromium)"
-bash tests/e2e/run.sh
+MOE_STUDIO_CLI="$CLI" bash tests/e2e/run.sh
 
 step "server end-to-end (moe-studio serve + Jobs page: upload/resume, train over SSE, download)"
-bash tests/e2e/run_backend.sh
+MOE_STUDIO_CLI="$CLI" bash tests/e2e/run_backend.sh
 
 finish

@@ -19,6 +19,13 @@ use crate::load::{demo_model, model_from_files_named};
 use crate::store::{info, need, pick, update_store, with_store, Artifact, InputModel, ModelRef, Origin, Picked, Slot};
 use crate::web::{read_blob, PickedFile};
 
+/// Held-out tokens per domain behind the router page's routing accuracy and
+/// its perplexity table (DUME / averaging / oracle: three passes). 1,000
+/// keeps the teaching preset's router step under 10 s on a 2-core Zen 3
+/// machine (with 2,000 it took 10.1-11.3 s there, idle); the CLI's `route`
+/// evaluates as many as it is given.
+const ROUTE_EVAL_TOKENS: usize = 1000;
+
 struct Queued {
     id: u64,
     request: Request,
@@ -266,7 +273,8 @@ async fn handle(progress: &Progress, request: Request, files: JsValue) -> Handle
         Request::Route { model, domains, lambda, top_k, max_tokens, with_ppl, use_gpu } => {
             let p = need(&model)?;
             let opts = moe_shared::methods::route::RouteOptions { lambda, top_k, max_tokens, ..Default::default() };
-            let r = crate::compute::route::run(progress, &p, &domains, opts, 2000, with_ppl, use_gpu).await?;
+            let r =
+                crate::compute::route::run(progress, &p, &domains, opts, ROUTE_EVAL_TOKENS, with_ppl, use_gpu).await?;
             let gram_on = r.gram_on.clone();
             let (Reply::Model(info), _) = add_artifact(progress, r.artifact).await? else { unreachable!("a model") };
             reply(Reply::Route(RouteReply { model: info, accuracy: r.accuracy, tokens: r.tokens, ppl: r.ppl, gram_on }))

@@ -41,13 +41,14 @@ cargo test --workspace --no-fail-fast
 # rebuild every dependency once more (~20 min on a fresh 2-core machine).
 CLI=$(cargo test --workspace --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
+found = []  # reads every line: stopping early would end cargo with a broken pipe
 for line in sys.stdin:
     m = json.loads(line)
     t = m.get("target", {})
     if m.get("reason") == "compiler-artifact" and t.get("name") == "moe-studio" and "bin" in t.get("kind", []) \
             and not m["profile"]["test"] and m.get("executable"):
-        print(m["executable"])
-        break
+        found.append(m["executable"])
+print(found[0] if found else "")
 ')
 [ -x "$CLI" ] || { echo "cargo test built no moe-studio binary" >&2; exit 1; }
 echo "moe-studio binary of the remaining steps: $CLI"

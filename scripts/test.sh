@@ -36,20 +36,10 @@ cargo build --profile wasm-release --target wasm32-unknown-unknown -p moe-studio
 step "cargo test"
 cargo test --workspace --no-fail-fast
 # The later steps run the moe-studio binary that cargo test has just built (the
-# backend's integration tests run it). A `cargo build -p moe-studio` of their
+# backend's integration tests run it, and cargo puts it here). A `cargo build -p moe-studio` of their
 # own would resolve a narrower feature set than the workspace's tests and
 # rebuild every dependency once more (~20 min on a fresh 2-core machine).
-CLI=$(cargo test --workspace --no-run --message-format=json 2>/dev/null | python3 -c '
-import json, sys
-found = []  # reads every line: stopping early would end cargo with a broken pipe
-for line in sys.stdin:
-    m = json.loads(line)
-    t = m.get("target", {})
-    if m.get("reason") == "compiler-artifact" and t.get("name") == "moe-studio" and "bin" in t.get("kind", []) \
-            and not m["profile"]["test"] and m.get("executable"):
-        found.append(m["executable"])
-print(found[0] if found else "")
-')
+CLI="$CARGO_TARGET_DIR/debug/moe-studio"
 [ -x "$CLI" ] || { echo "cargo test built no moe-studio binary" >&2; exit 1; }
 echo "moe-studio binary of the remaining steps: $CLI"
 

@@ -12,8 +12,9 @@
 # The paper's framing is equal quality with fewer experts: the table puts the experts added next
 # to the perplexities.
 #
-# Not here: the paper's post-training analysis (neurons of the trained model's new experts):
-# `neurons` reads dense models only.
+#   post-training analysis (methods.md §3.7): `neurons` on the trained MoE of the seeds in ANALYSE,
+#                 every expert's neurons included: where the new experts' language-specific
+#                 neurons sit, per trainable expert, against the dense model's
 #
 # Usage: experiments/neuronmoe.sh [--smoke]
 #   --smoke        stories260K, 2 steps per training, 20 texts per language (CI runs it)
@@ -22,6 +23,8 @@
 #   STEPS/SEQ/BATCH/LR, ROUTER_STEPS/ROUTER_LR, EVAL_TOKENS  as in experiments/deltamoe.sh
 #   ALLOCS         allocations to train (default "neuronmoe uniform layermoe"; a short sitting can
 #                  run "neuronmoe uniform", the headline pair, and add layermoe later)
+#   ANALYSE        seeds whose trained models (every allocation) get the post-training analysis
+#                  (default: the first of SEEDS; "" skips it; ≈ 20–30 min per model here)
 # Resumable like the other scripts.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -62,9 +65,9 @@ source experiments/lib.sh
 exp_bin
 
 # Neurons (the `neurons` command reads a model with a tokenizer beside it or given).
+langs=(--lang "en=$D/corpora/lang/en/train.txt")
+for l in $NEW; do langs+=(--lang "$l=$D/corpora/lang/$l/train.txt"); done
 if [ ! -f "$WORK/neurons/neurons.json" ]; then
-    langs=(--lang "en=$D/corpora/lang/en/train.txt")
-    for l in $NEW; do langs+=(--lang "$l=$D/corpora/lang/$l/train.txt"); done
     rm -rf "$WORK/neurons"
     run "$BIN" neurons "$MODEL" "${langs[@]}" --new "${NEW// /,}" --max-texts "$TEXTS" \
         --top-n "$TOP_N" --out "$WORK/neurons" >/dev/null
@@ -105,5 +108,18 @@ for seed in $SEEDS; do
     done
 done
 
-python3 experiments/neuronmoe_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$ALLOCS" \
+# Post-training analysis: the same `neurons` run on each trained model (stage 2), experts included.
+ANALYSE=${ANALYSE-${SEEDS%% *}}
+for seed in $ANALYSE; do
+    for a in $ALLOCS; do
+        M="$WORK/s$seed/$a"
+        [ -f "$M-s2.neurons/neurons.json" ] && continue
+        rm -rf "$M-s2.neurons" "$M-s2.neurons.tmp"
+        run "$BIN" neurons "$M-s2/final" "${TOK[@]}" "${langs[@]}" --new "${NEW// /,}" --max-texts "$TEXTS" \
+            --top-n "$TOP_N" --out "$M-s2.neurons.tmp" >/dev/null
+        mv "$M-s2.neurons.tmp" "$M-s2.neurons"
+    done
+done
+
+python3 experiments/neuronmoe_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$ALLOCS" "$ANALYSE" \
     "texts=$TEXTS top_n=$TOP_N; stage 1: $STEPS x $BATCH x $SEQ tokens lr $LR; stage 2: $ROUTER_STEPS steps lr $ROUTER_LR; eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE"

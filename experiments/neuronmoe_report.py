@@ -3,7 +3,10 @@
 allocation (NeuronMoE, uniform, LayerMoE-style) next to per-language perplexity after the same
 stage-1 + stage-2 training; mean ± std over seeds. Standard library only.
 
-Usage: neuronmoe_report.py WORK OUT SMOKE MODEL "SEEDS" "ALLOCS" "BUDGET"
+With the post-training analysis (methods.md §3.7) of the seeds in ANALYSE: where the trained
+models' language-specific neurons sit, per trainable expert and layer, against the dense model's.
+
+Usage: neuronmoe_report.py WORK OUT SMOKE MODEL "SEEDS" "ALLOCS" "ANALYSE" "BUDGET"
 Writes OUT/results.json and OUT/README.md (and copies the allocation comparison figure).
 """
 import json
@@ -15,8 +18,8 @@ import sys
 
 from report_common import figure, fmt, load, mean_or_none, ppl, seeds_with, unfinished_note, write_commands
 
-work, out, smoke, model, seeds, allocs, budget = sys.argv[1:]
-seeds, allocs = seeds.split(), allocs.split()
+work, out, smoke, model, seeds, allocs, analyse, budget = sys.argv[1:]
+seeds, allocs, analyse = seeds.split(), allocs.split(), analyse.split()
 LANGS = ["en", "hu", "el", "tr"]
 
 base = load(os.path.join(work, "base.eval.json"))
@@ -55,6 +58,69 @@ if os.path.exists(neurons_path):
                                          "middle_half": sum(counts[q:-q]) / total,
                                          "last_quarter": sum(counts[-q:]) / total}
 
+
+
+def shares(values):
+    """Share of the sum in the first quarter, the middle half and the last quarter of the layers."""
+    q = max(1, len(values) // 4)
+    total = sum(values) or 1.0
+    return {"first_quarter": sum(values[:q]) / total, "middle_half": sum(values[q:-q]) / total,
+            "last_quarter": sum(values[-q:]) / total}
+
+
+def pearson(a, b):
+    ma, mb = statistics.mean(a), statistics.mean(b)
+    num = sum((x - ma) * (y - mb) for x, y in zip(a, b))
+    den = math.sqrt(sum((x - ma) ** 2 for x in a) * sum((y - mb) ** 2 for y in b))
+    return num / den if den else None
+
+
+def expert_profile(report):
+    """Per layer, from a `neurons` report of an MoE: the union's specific neurons per trainable
+    routed expert, per frozen routed expert, in attention; and the totals of each kind."""
+    layout, counts = report["layout"], report["union_counts"]
+    frozen = layout.get("frozen_experts") or [[] for _ in layout["layers"]]
+    per = {"trainable": [], "frozen": [], "attention": []}
+    totals = {"trainable": 0.0, "frozen": 0.0, "attention": 0.0, "shared": 0.0}
+    for l, (comps, c) in enumerate(zip(layout["layers"], counts)):
+        sums = {"trainable": {}, "frozen": {}}
+        att = 0.0
+        for comp, n in zip(comps, c["per_component"]):
+            name = comp["component"]
+            parts = name.split(".")
+            if len(parts) == 3 and parts[0] == "experts":
+                e = int(parts[1])
+                kind = "frozen" if e in frozen[l] else "trainable"
+                sums[kind][e] = sums[kind].get(e, 0.0) + n
+            elif len(parts) == 3:
+                totals["shared"] += n
+            elif name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                att += n
+        for kind in ("trainable", "frozen"):
+            v = list(sums[kind].values())
+            per[kind].append(sum(v) / len(v) if v else 0.0)
+            totals[kind] += sum(v)
+        per["attention"].append(att)
+        totals["attention"] += att
+    return per, totals
+
+
+analysis = {}
+for a in allocs:
+    for sd in analyse:
+        path = os.path.join(work, f"s{sd}", f"{a}-s2.neurons", "neurons.json")
+        if not os.path.exists(path):
+            continue
+        per, totals = expert_profile(load(path))
+        entry = {"per_layer": per, "totals": totals, "trainable_shares": shares(per["trainable"]),
+                 "frozen_shares": shares(per["frozen"])}
+        if "specific_neurons_per_layer" in results:
+            entry["pearson_trainable_vs_dense"] = pearson(per["trainable"], results["specific_neurons_per_layer"])
+            entry["pearson_frozen_vs_dense"] = pearson(per["frozen"], results["specific_neurons_per_layer"])
+        analysis[f"{a} s{sd}"] = entry
+if analysis:
+    results["post_training"] = analysis
+
 os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
@@ -91,5 +157,38 @@ with open(os.path.join(out, "README.md"), "w") as f:
                 f" tie-weighted): {' '.join(f'{x:.0f}' for x in c)}. Share in the first quarter of the layers"
                 f" {sh['first_quarter'] * 100:.1f} %, the middle half {sh['middle_half'] * 100:.1f} %, the last"
                 f" quarter {sh['last_quarter'] * 100:.1f} % (a uniform spread would give 25 / 50 / 25 %).\n")
+    if analysis:
+        f.write("\n## After training: where the new experts' language-specific neurons are\n\n"
+                "`neurons` on each trained model (stage 2), every expert's gate/up/down units included (each"
+                " expert evaluated on every token; methods.md §3.7), the same texts and top-N as on the dense"
+                " model. Per layer, the specific neurons of the union over the new languages per trainable"
+                " (new) expert, so layers with more experts do not count more; the frozen expert 0 is the"
+                " original FFN.\n\n"
+                "| model | specific neurons in trainable / frozen experts / attention | per trainable expert:"
+                " first quarter / middle half / last quarter | correlation with the dense model's S_l:"
+                " trainable / frozen |\n|---|---|---|---|\n")
+        for name, e in analysis.items():
+            t, sh = e["totals"], e["trainable_shares"]
+            corr = "-"
+            if "pearson_trainable_vs_dense" in e:
+                corr = " / ".join("-" if x is None else f"{x:.2f}"
+                                  for x in (e["pearson_trainable_vs_dense"], e["pearson_frozen_vs_dense"]))
+            f.write(f"| `{name}` | {t['trainable']:.0f} / {t['frozen']:.0f} / {t['attention']:.0f} |"
+                    f" {sh['first_quarter'] * 100:.1f} / {sh['middle_half'] * 100:.1f} /"
+                    f" {sh['last_quarter'] * 100:.1f} % | {corr} |\n")
+        for name, e in analysis.items():
+            f.write(f"\n`{name}`, per trainable expert by layer: "
+                    + " ".join(f"{x:.0f}" for x in e["per_layer"]["trainable"]) + "\n")
+        series = []
+        if "specific_neurons_per_layer" in results:
+            c = results["specific_neurons_per_layer"]
+            series.append({"name": "dense model: all of a layer", "points": [[i, x] for i, x in enumerate(c)]})
+        for name, e in analysis.items():
+            for kind, label in (("trainable", "per trainable expert"), ("frozen", "per frozen expert")):
+                series.append({"name": f"{name}: {label}",
+                               "points": [[i, x] for i, x in enumerate(e["per_layer"][kind])]})
+        f.write(figure(out, "post_training", {
+            "kind": "lines", "title": "Specific neurons (union of hu, el, tr) per layer after training",
+            "x": "layer", "y": "specific neurons", "series": series}))
     write_commands(f, work, "neuronmoe", smoke)
 print(open(os.path.join(out, "README.md")).read())

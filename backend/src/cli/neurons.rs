@@ -5,8 +5,10 @@
 //! Each FILE holds one text (paragraph) per line. Writes to DIR:
 //! `neurons.json` (what `allocate` reads), `layer_counts.csv`,
 //! `counts.csv`, `top_neurons.csv`, `similarity.csv`, the figures
-//! `specific_per_layer.{svg,png}` and `specific_per_component.{svg,png}`, and
-//! with `--bench` `bench.json` (texts/s, capture overhead, peak memory).
+//! `specific_per_layer.{svg,png}` and `specific_per_component.{svg,png}`,
+//! for an MoE model `expert_counts.csv` and `specific_per_expert.{svg,png}`
+//! (the post-training analysis, methods.md §3.7), and with `--bench`
+//! `bench.json` (texts/s, capture overhead, peak memory).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -17,7 +19,8 @@ use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
 use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::neurons::{
-    analyze, average_precision_table, AnalysisOptions, CollectOptions, NeuronCollector, NeuronReport,
+    analyze, average_precision_table, expert_counts, AnalysisOptions, CollectOptions, ComponentUnits, ExpertRef,
+    LayerCounts, NeuronCollector, NeuronReport,
 };
 use moe_shared::model::{load_model, Pooling};
 
@@ -27,7 +30,10 @@ use super::figures::{line_chart, panels, Panel, Series};
 /// Arguments of `neurons`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// A dense model (directory, `.gguf` or llama2.c `.bin`) with a tokenizer.
+    /// A model (directory, `.gguf` or llama2.c `.bin`) with a tokenizer.
+    /// Dense, or MoE for NeuronMoE's post-training analysis: then every
+    /// expert's gate/up/down units are neurons too, each expert computed on
+    /// every token (`expert_counts.csv`, `specific_per_expert.{svg,png}`).
     pub model: PathBuf,
     /// `CODE=FILE`: texts of one language, one per line (at least 2 languages).
     #[arg(long = "lang", required = true)]
@@ -63,6 +69,9 @@ pub struct Args {
     /// capture pass) and report texts/s, the capture overhead and peak memory.
     #[arg(long)]
     pub bench: bool,
+    /// Tokenizer (tokenizer.json or a llama2.c tok*.bin) when the model has none beside it.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
     /// Output directory (created; files in it are overwritten).
     #[arg(long)]
     pub out: PathBuf,
@@ -221,25 +230,33 @@ pub fn write_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec<Pa
     );
     written.extend(line_chart(&dir.join("specific_per_layer"), &title, "layer", "specific neurons", &series)?);
 
-    // One panel per component (+ total).
+    // One panel per component (+ total); an MoE layer's experts are summed
+    // per linear map (`experts.*.gate_proj`).
+    let panel_of = |c: &ComponentUnits| match c.expert() {
+        None => c.component.clone(),
+        Some(ExpertRef::Routed(_)) => format!("experts.*.{}", c.base()),
+        Some(ExpertRef::Shared(_)) => format!("shared_experts.*.{}", c.base()),
+    };
     let mut comps: Vec<String> = Vec::new();
     for layer in &report.layout.layers {
         for c in layer {
-            if !comps.contains(&c.component) {
-                comps.push(c.component.clone());
+            let name = panel_of(c);
+            if !comps.contains(&name) {
+                comps.push(name);
             }
         }
     }
-    let per_comp = |counts: &[moe_shared::methods::neurons::LayerCounts], comp: &str| -> Vec<f64> {
+    let per_comp = |counts: &[LayerCounts], comp: &str| -> Vec<f64> {
         counts
             .iter()
             .enumerate()
             .map(|(l, c)| {
                 report.layout.layers[l]
                     .iter()
-                    .position(|x| x.component == comp)
-                    .map(|i| c.per_component[i])
-                    .unwrap_or(0.0)
+                    .zip(&c.per_component)
+                    .filter(|(x, _)| panel_of(x) == comp)
+                    .map(|(_, n)| n)
+                    .sum()
             })
             .collect()
     };
@@ -268,7 +285,90 @@ pub fn write_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec<Pa
         &ps,
         4,
     )?);
+    written.extend(write_expert_outputs(report, dir)?);
     Ok(written)
+}
+
+/// For a model with MoE layers: `expert_counts.csv` (per language and the
+/// union of the new ones, per layer and expert: its neurons and specific
+/// neurons) and `specific_per_expert.{svg,png}` (per layer, the union's
+/// specific neurons per trainable expert, per frozen expert and in
+/// attention). NeuronMoE's post-training analysis (methods.md §3.7).
+/// Writes nothing for a dense model.
+fn write_expert_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let layout = &report.layout;
+    if expert_counts(layout, &report.union_counts).is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut s = String::from("language,layer,expert,kind,units,specific\n");
+    for (name, counts) in
+        report.languages.iter().map(|l| (l.code.as_str(), &l.counts)).chain([("union_new", &report.union_counts)])
+    {
+        for e in expert_counts(layout, counts) {
+            let kind = match (e.shared, e.frozen) {
+                (true, _) => "shared",
+                (false, true) => "frozen",
+                (false, false) => "trainable",
+            };
+            writeln!(s, "{name},{},{},{kind},{},{}", e.layer, e.expert, e.units, count_text(e.specific))?;
+        }
+    }
+    let p = dir.join("expert_counts.csv");
+    write(&p, &s)?;
+    let mut written = vec![p];
+    let per_layer = per_layer_expert_means(report);
+    let pick = |f: fn(&ExpertLayerMeans) -> f64| per_layer.iter().map(f).collect::<Vec<f64>>();
+    let series = vec![
+        Series { name: "per trainable expert".into(), values: pick(|m| m.trainable), emphasis: true },
+        Series { name: "per frozen expert (original FFN)".into(), values: pick(|m| m.frozen), emphasis: false },
+        Series { name: "attention (q, k, v, o)".into(), values: pick(|m| m.attention), emphasis: false },
+    ];
+    let title = format!(
+        "Specific neurons of union({}) per layer: trainable experts vs the frozen original",
+        report.new_languages.join(",")
+    );
+    written.extend(line_chart(&dir.join("specific_per_expert"), &title, "layer", "specific neurons", &series)?);
+    Ok(written)
+}
+
+/// One layer's specific neurons of the union of the new languages: the
+/// mean per trainable routed expert, the mean per frozen routed expert and
+/// the attention total (0 where a layer has none of a kind).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExpertLayerMeans {
+    /// Mean over the layer's trainable routed experts.
+    pub trainable: f64,
+    /// Mean over its frozen routed experts.
+    pub frozen: f64,
+    /// q/k/v/o together.
+    pub attention: f64,
+}
+
+/// [`ExpertLayerMeans`] for every layer of `report`.
+pub fn per_layer_expert_means(report: &NeuronReport) -> Vec<ExpertLayerMeans> {
+    let layout = &report.layout;
+    let experts = expert_counts(layout, &report.union_counts);
+    let mean = |l: usize, frozen: bool| {
+        let v: Vec<f64> =
+            experts.iter().filter(|e| e.layer == l && !e.shared && e.frozen == frozen).map(|e| e.specific).collect();
+        if v.is_empty() {
+            0.0
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
+    };
+    (0..layout.num_layers())
+        .map(|l| ExpertLayerMeans {
+            trainable: mean(l, false),
+            frozen: mean(l, true),
+            attention: layout.layers[l]
+                .iter()
+                .zip(&report.union_counts[l].per_component)
+                .filter(|(c, _)| c.expert().is_none() && !matches!(c.base(), "gate_proj" | "up_proj" | "down_proj"))
+                .map(|(_, n)| n)
+                .sum(),
+        })
+        .collect()
 }
 
 impl WithBackend for Args {
@@ -302,7 +402,7 @@ impl WithBackend for Args {
             }
         }
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
-        let tok = m.tokenizer.as_ref().with_context(|| format!("{}: the model has no tokenizer", m.path))?;
+        let (tok, _) = super::train::resolve_tokenizer(&m, a.tokenizer.as_deref())?;
         let model = load_model::<B>(&m, &device)?;
         let opts = CollectOptions { pooling, max_tokens: a.max_tokens };
         let mut col = NeuronCollector::new(&model, codes.clone(), opts)?;
@@ -382,6 +482,11 @@ impl WithBackend for Args {
         }
         let totals: Vec<String> = report.union_counts.iter().map(|c| count_text(c.total)).collect();
         println!("S_l (union of {}): {}", report.new_languages.join(","), totals.join(","));
+        if !expert_counts(&report.layout, &report.union_counts).is_empty() {
+            let means: Vec<String> =
+                per_layer_expert_means(&report).iter().map(|m| format!("{:.1}", m.trainable)).collect();
+            println!("  per trainable expert: {}", means.join(","));
+        }
         let tied: f64 = report.union_counts.iter().map(|c| c.tie_weighted).sum();
         if tied > 0.0 {
             let total: f64 = report.union_counts.iter().map(|c| c.total).sum();

@@ -47,19 +47,56 @@ pub const COMPONENTS: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate
 /// One linear map of a layer and its number of output units.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ComponentUnits {
-    /// One of [`COMPONENTS`].
+    /// One of [`COMPONENTS`]; in an MoE layer the FFN maps are
+    /// `experts.{e}.{gate,up,down}_proj` and
+    /// `shared_experts.{i}.{gate,up,down}_proj` ([`ComponentUnits::expert`]).
     pub component: String,
     /// Output units (neurons): `h*hd` for q, `kvh*hd` for k/v, `d` for o and
     /// down, `f` for gate and up.
     pub units: usize,
 }
 
+/// Which expert of an MoE layer a component belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ExpertRef {
+    /// Routed expert `e` (`experts.{e}.*`).
+    Routed(usize),
+    /// Always-active shared expert `i` (`shared_experts.{i}.*`).
+    Shared(usize),
+}
+
+impl ComponentUnits {
+    /// The expert this component belongs to (`None` for attention and a
+    /// dense FFN).
+    pub fn expert(&self) -> Option<ExpertRef> {
+        let (group, rest) = self.component.split_once('.')?;
+        let e: usize = rest.split_once('.')?.0.parse().ok()?;
+        match group {
+            "experts" => Some(ExpertRef::Routed(e)),
+            "shared_experts" => Some(ExpertRef::Shared(e)),
+            _ => None,
+        }
+    }
+
+    /// The linear map without its expert prefix (one of [`COMPONENTS`]).
+    pub fn base(&self) -> &str {
+        self.component.rsplit('.').next().unwrap_or(&self.component)
+    }
+}
+
 /// Which neurons exist: per layer, the captured components in
-/// [`COMPONENTS`] order (MoE layers have no FFN neurons).
+/// [`COMPONENTS`] order. In an MoE layer the FFN's neurons are those of
+/// every routed expert, then every shared expert (each computed on every
+/// token: what the expert responds to, not what the router sent it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NeuronLayout {
     /// `layers[l]`: the components of layer `l` with their unit counts.
     pub layers: Vec<Vec<ComponentUnits>>,
+    /// `frozen_experts[l]`: the routed experts of layer `l` excluded from
+    /// training (DeltaMoE/NeuronMoE: expert 0, the original FFN); empty for
+    /// a dense model and in files written before MoE layouts existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frozen_experts: Vec<Vec<usize>>,
 }
 
 /// Where a flat neuron index points.
@@ -74,23 +111,53 @@ pub struct NeuronPos {
 }
 
 impl NeuronLayout {
-    /// The layout of `model`: for every layer q/k/v/o, plus gate/up/down
-    /// when its FFN is dense.
+    /// The layout of `model`: for every layer q/k/v/o, then gate/up/down of
+    /// a dense FFN, or of every expert of an MoE FFN (routed experts, then
+    /// shared experts; each expert's own width).
     pub fn of_model<B: Backend>(model: &Transformer<B>) -> Self {
         let c = &model.config;
         let (q, kv, d, f) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size, c.intermediate_size);
+        let unit = |n: String, u: usize| ComponentUnits { component: n, units: u };
+        let ffn = |prefix: &str, width: usize| {
+            [("gate_proj", width), ("up_proj", width), ("down_proj", d)].map(|(n, u)| unit(format!("{prefix}{n}"), u))
+        };
+        let mut frozen_experts = Vec::with_capacity(model.layers.len());
         let layers = model
             .layers
             .iter()
             .map(|b| {
-                let mut v = vec![("q_proj", q), ("k_proj", kv), ("v_proj", kv), ("o_proj", d)];
-                if matches!(b.mlp, Mlp::Dense(_)) {
-                    v.extend([("gate_proj", f), ("up_proj", f), ("down_proj", d)]);
+                let mut v: Vec<ComponentUnits> = [("q_proj", q), ("k_proj", kv), ("v_proj", kv), ("o_proj", d)]
+                    .into_iter()
+                    .map(|(n, u)| unit(n.to_string(), u))
+                    .collect();
+                match &b.mlp {
+                    Mlp::Dense(_) => {
+                        v.extend(ffn("", f));
+                        frozen_experts.push(Vec::new());
+                    }
+                    Mlp::Moe(m) => {
+                        // Burn's gate_proj weight is [d, width].
+                        for (e, x) in m.experts.iter().enumerate() {
+                            v.extend(ffn(&format!("experts.{e}."), x.gate_proj.weight.dims()[1]));
+                        }
+                        for (i, x) in m.shared_experts.iter().enumerate() {
+                            v.extend(ffn(&format!("shared_experts.{i}."), x.gate_proj.weight.dims()[1]));
+                        }
+                        frozen_experts.push(m.frozen.clone());
+                    }
                 }
-                v.into_iter().map(|(n, u)| ComponentUnits { component: n.to_string(), units: u }).collect()
+                v
             })
             .collect();
-        NeuronLayout { layers }
+        if frozen_experts.iter().all(Vec::is_empty) {
+            frozen_experts.clear();
+        }
+        NeuronLayout { layers, frozen_experts }
+    }
+
+    /// Whether routed expert `expert` of `layer` was excluded from training.
+    pub fn is_frozen(&self, layer: usize, expert: usize) -> bool {
+        self.frozen_experts.get(layer).is_some_and(|f| f.contains(&expert))
     }
 
     /// Number of layers `L`.
@@ -362,7 +429,7 @@ impl<'a, B: Backend> NeuronCollector<'a, B> {
         let (b, d) = (padding.batch(), self.model.config.hidden_size);
         let mut parts: Vec<Tensor<B, 2>> = Vec::with_capacity(8 * self.layout.num_layers());
         for (l, (layer, comps)) in trace.neurons.into_iter().zip(&self.layout.layers).enumerate() {
-            let names: Vec<&str> = layer.iter().map(|(n, _)| *n).collect();
+            let names: Vec<&str> = layer.iter().map(|(n, _)| n.as_str()).collect();
             let want: Vec<&str> = comps.iter().map(|c| c.component.as_str()).collect();
             if names != want {
                 return Err(StudioError::Invalid(format!("layer {l}: captured {names:?}, expected {want:?}")));
@@ -665,7 +732,8 @@ fn run_parallel(
 pub struct NeuronAp {
     /// Decoder layer.
     pub layer: usize,
-    /// Linear map (one of [`COMPONENTS`]).
+    /// Linear map (one of [`COMPONENTS`], with an `experts.{e}.` or
+    /// `shared_experts.{i}.` prefix in an MoE layer).
     pub component: String,
     /// Output unit of that map.
     pub unit: usize,
@@ -841,6 +909,58 @@ pub fn union_counts(report: &NeuronReport, new: &[String]) -> Result<Vec<LayerCo
         sets.extend(lang.selections(report.include_bottom));
     }
     Ok(weighted_counts(&report.layout, &sets))
+}
+
+/// Specific neurons of one expert of an MoE layer (its `gate_proj`,
+/// `up_proj` and `down_proj` units).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExpertCount {
+    /// Decoder layer.
+    pub layer: usize,
+    /// Routed expert index, or the shared expert index when `shared`.
+    pub expert: usize,
+    /// An always-active shared expert.
+    pub shared: bool,
+    /// Excluded from training ([`NeuronLayout::frozen_experts`]); for the
+    /// studio's upcycled models expert 0, the original FFN.
+    pub frozen: bool,
+    /// The expert's neurons (`2 f_e + d`).
+    pub units: usize,
+    /// Its specific neurons (tie-weighted as [`LayerCounts`]).
+    pub specific: f64,
+}
+
+/// Per expert of every MoE layer, the specific neurons among `counts`
+/// (one language's [`LanguageNeurons::counts`] or [`NeuronReport::union_counts`]),
+/// layer-major, routed experts then shared ones. Empty for a dense model.
+/// NeuronMoE's post-training analysis (methods.md §3.7): where the trained
+/// new experts' language-specific neurons sit.
+pub fn expert_counts(layout: &NeuronLayout, counts: &[LayerCounts]) -> Vec<ExpertCount> {
+    let mut out: Vec<ExpertCount> = Vec::new();
+    for (l, (comps, c)) in layout.layers.iter().zip(counts).enumerate() {
+        for (comp, n) in comps.iter().zip(&c.per_component) {
+            let Some(e) = comp.expert() else { continue };
+            let (expert, shared) = match e {
+                ExpertRef::Routed(e) => (e, false),
+                ExpertRef::Shared(i) => (i, true),
+            };
+            match out.last_mut() {
+                Some(x) if x.layer == l && x.expert == expert && x.shared == shared => {
+                    x.units += comp.units;
+                    x.specific += n;
+                }
+                _ => out.push(ExpertCount {
+                    layer: l,
+                    expert,
+                    shared,
+                    frozen: !shared && layout.is_frozen(l, expert),
+                    units: comp.units,
+                    specific: *n,
+                }),
+            }
+        }
+    }
+    out
 }
 
 /// Top-N / bottom-N per language, per-layer counts, the union over the new
@@ -1022,6 +1142,7 @@ mod tests {
                 ],
                 vec![ComponentUnits { component: "q_proj".into(), units: 4 }],
             ],
+            frozen_experts: Vec::new(),
         };
         assert_eq!(layout.num_neurons(), 9);
         assert_eq!(layout.locate(0), Some(NeuronPos { layer: 0, slot: 0, unit: 0 }));

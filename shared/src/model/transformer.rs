@@ -56,9 +56,12 @@ pub enum Pooling {
 }
 
 /// Pooled outputs of one layer's linear maps: `(component, [batch, units])`
-/// for `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`,
-/// `down_proj` (dense FFN layers only for the last three).
-pub type LayerNeurons<B> = Vec<(&'static str, Tensor<B, 2>)>;
+/// for `q_proj`, `k_proj`, `v_proj`, `o_proj`, then for a dense FFN
+/// `gate_proj`, `up_proj`, `down_proj`, or for an MoE FFN
+/// `experts.{e}.{gate,up,down}_proj` for every routed expert `e` followed by
+/// `shared_experts.{i}.{gate,up,down}_proj` (each expert computed on every
+/// token, whether or not the router chose it: the expert's own response).
+pub type LayerNeurons<B> = Vec<(String, Tensor<B, 2>)>;
 
 /// What a forward pass records besides its output.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -69,7 +72,7 @@ pub struct ForwardOptions {
     /// what the router sees), `[batch, seq, d]` — ridge statistics.
     pub capture_ffn_inputs: bool,
     /// Record every linear map's outputs pooled over tokens (NeuronMoE's
-    /// neuron activations).
+    /// neuron activations; see [`LayerNeurons`] for MoE layers).
     pub capture_neurons: Option<Pooling>,
 }
 
@@ -221,17 +224,21 @@ impl<B: Backend> Transformer<B> {
         for (l, block) in self.layers.iter().enumerate() {
             let c = cache.as_mut().map(|c| (&mut **c, l));
             let mut pooled: LayerNeurons<B> = Vec::new();
-            let mut grab = |name: &'static str, t: Tensor<B, 3>| {
-                if let Some(how) = opts.capture_neurons {
-                    pooled.push((name, pool(t, how, pad.as_ref())));
+            let how = opts.capture_neurons;
+            // Pools one captured output under `prefix` (empty for attention
+            // and a dense FFN, `experts.{e}.` for an expert).
+            let mut grab = |prefix: &str, name: &'static str, t: Tensor<B, 3>| {
+                if let Some(how) = how {
+                    pooled.push((format!("{prefix}{name}"), pool(t, how, pad.as_ref())));
                 }
             };
-            let attn_capture: Option<&mut dyn FnMut(&'static str, Tensor<B, 3>)> =
-                if opts.capture_neurons.is_some() { Some(&mut grab) } else { None };
             let layer_rope = match (&rope_local, block.self_attn.sliding_window) {
                 (Some(local), Some(_)) => local,
                 _ => &rope,
             };
+            let mut attn_grab = |name: &'static str, t: Tensor<B, 3>| grab("", name, t);
+            let attn_capture: Option<&mut dyn FnMut(&'static str, Tensor<B, 3>)> =
+                if how.is_some() { Some(&mut attn_grab) } else { None };
             let attn = block.self_attn.forward_capture(
                 rms_norm(&block.input_layernorm, x.clone()),
                 layer_rope,
@@ -254,13 +261,25 @@ impl<B: Backend> Transformer<B> {
                     if let Some(t) = trace.as_mut() {
                         t.routing.push(None);
                     }
-                    if opts.capture_neurons.is_some() {
-                        m.forward_capture(ffn_in, &mut grab)
+                    if how.is_some() {
+                        m.forward_capture(ffn_in, &mut |name, t| grab("", name, t))
                     } else {
                         m.forward(ffn_in)
                     }
                 }
                 Mlp::Moe(m) => {
+                    if how.is_some() {
+                        // Every expert's response to every token (NeuronMoE's
+                        // post-training analysis, methods.md §3.7); the
+                        // layer's output below is the routed one.
+                        let groups = [("experts", &m.experts), ("shared_experts", &m.shared_experts)];
+                        for (group, experts) in groups {
+                            for (e, expert) in experts.iter().enumerate() {
+                                let prefix = format!("{group}.{e}.");
+                                let _ = expert.forward_capture(ffn_in.clone(), &mut |name, t| grab(&prefix, name, t));
+                            }
+                        }
+                    }
                     // Under padding only the real tokens are routed (and
                     // counted); the padded rows of the output stay zero.
                     let (y, r) = match &pad {
@@ -286,7 +305,7 @@ impl<B: Backend> Transformer<B> {
                 }
             };
             if let Some(t) = trace.as_mut() {
-                if opts.capture_neurons.is_some() {
+                if how.is_some() {
                     t.neurons.push(pooled);
                 }
             }

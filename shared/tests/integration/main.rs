@@ -20,6 +20,7 @@ mod merge;
 mod moerge;
 mod neuron_ties;
 mod neurons;
+mod neurons_moe;
 mod padding;
 mod route;
 mod save;

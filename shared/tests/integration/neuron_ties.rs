@@ -81,7 +81,7 @@ impl Permutation {
         for (l, comps) in layout.layers.iter().enumerate() {
             new_layers[self.layer_of[l]] = comps.clone();
         }
-        let new_layout = NeuronLayout { layers: new_layers };
+        let new_layout = NeuronLayout { layers: new_layers, frozen_experts: Vec::new() };
         let new_segs = new_layout.segments();
         let start = |layer: usize, slot: usize| new_segs.iter().find(|s| s.1 == layer && s.2 == slot).unwrap().0;
         let n = layout.num_neurons();
@@ -162,6 +162,7 @@ fn planted_matrix() -> PooledActivations {
                 ]
             })
             .collect(),
+        frozen_experts: Vec::new(),
     };
     let n = layout.num_neurons();
     let labels: Vec<usize> = (0..3).flat_map(|l| vec![l; TEXTS]).collect();

@@ -62,6 +62,7 @@ fn matrix_of(cases: &[&serde_json::Value], languages: Vec<String>, labels: Vec<u
     }
     let layout = NeuronLayout {
         layers: vec![cols.iter().map(|_| ComponentUnits { component: "q_proj".into(), units: 1 }).collect()],
+        frozen_experts: Vec::new(),
     };
     let nl = languages.len();
     PooledActivations {

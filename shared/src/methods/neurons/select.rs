@@ -340,6 +340,7 @@ mod tests {
         // Two layers of 4 one-component units.
         let layout = NeuronLayout {
             layers: (0..2).map(|_| vec![ComponentUnits { component: "q_proj".into(), units: 4 }]).collect(),
+            frozen_experts: Vec::new(),
         };
         let a_certain = [na(0)];
         let a_cut = Cutoff { ap: 1.0, slots: 1, tied: vec![1, 4] }; // w = 1/2

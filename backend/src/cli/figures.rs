@@ -104,6 +104,20 @@ fn max_value(series: &[Series]) -> f64 {
     series.iter().flat_map(|s| s.values.iter().copied()).fold(0.0, f64::max)
 }
 
+/// Legend line height in pixels (14 px labels and their spacing) and the
+/// legend box's padding plus a bar's value label above it.
+const LEGEND_LINE_PX: f64 = 20.0;
+const LEGEND_PAD_PX: f64 = 34.0;
+
+/// The y-axis top for bars up to `max` that leaves a band above them for a
+/// legend of `entries` lines in a plotting area `plot_px` pixels high, so
+/// the legend in a top corner covers no bar (the band is at most 60 % of
+/// the area).
+fn top_with_legend(max: f64, entries: usize, plot_px: f64) -> f64 {
+    let band = ((LEGEND_LINE_PX * entries as f64 + LEGEND_PAD_PX) / plot_px).min(0.6);
+    max / (1.0 - band)
+}
+
 fn draw_lines<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     title: &str,
@@ -219,7 +233,8 @@ fn draw_bars<DB: DrawingBackend>(
 ) -> Result<()> {
     {
         let n = series.iter().map(|s| s.values.len()).max().unwrap_or(1).max(1);
-        let top = (max_value(series) * 1.25).max(1.0).ceil();
+        // 560 px high: ~466 px of plotting area under the caption and above the x labels.
+        let top = top_with_legend(max_value(series).max(1.0), series.len(), 466.0).ceil();
         let mut chart = ChartBuilder::on(area)
             .caption(title, ("sans-serif", 19))
             .margin(12)
@@ -386,7 +401,8 @@ fn draw_category_bars<DB: DrawingBackend>(
 ) -> Result<()> {
     let n = categories.len().max(1);
     let (_, top) = padded_range(series.iter().flat_map(|s| s.values.iter().copied()), true);
-    let top = top * 1.12;
+    // 600 px high: ~500 px of plotting area under the caption and above the x labels.
+    let top = top_with_legend(top, series.len(), 500.0);
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 19))
         .margin(12)
@@ -443,4 +459,27 @@ fn draw_category_bars<DB: DrawingBackend>(
         .draw()
         .map_err(err)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The band above the bars holds the legend: `entries` lines and the
+    /// padding, in pixels of the plotting area; and the bars keep at least
+    /// 40 % of the height.
+    #[test]
+    fn the_legend_band_fits_the_legend() {
+        for entries in 1..=12 {
+            let top = top_with_legend(80.0, entries, 500.0);
+            let band_px = (top - 80.0) / top * 500.0;
+            let legend_px = LEGEND_LINE_PX * entries as f64 + LEGEND_PAD_PX;
+            assert!(
+                band_px >= legend_px.min(300.0) - 1e-9,
+                "{entries} entries: band {band_px} px, legend {legend_px} px"
+            );
+            assert!(80.0 / top >= 0.4 - 1e-12, "{entries} entries: bars keep {}", 80.0 / top);
+        }
+        assert_eq!(top_with_legend(0.0, 3, 500.0), 0.0);
+    }
 }

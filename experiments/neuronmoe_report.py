@@ -105,6 +105,28 @@ def expert_profile(report):
     return per, totals
 
 
+def twins(top_csv, new_langs):
+    """Of the trainable experts' specific neurons (union over the new languages, tie weights),
+    how many have their twin — the same unit of the frozen expert 0, which they were copied
+    from — specific too, and how many do not (specialisation of their own)."""
+    import csv
+    weight = {}
+    with open(top_csv) as f:
+        for r in csv.DictReader(f):
+            if r["kind"] == "top" and r["language"] in new_langs:
+                k = (int(r["layer"]), r["component"], int(r["unit"]))
+                weight[k] = max(weight.get(k, 0.0), float(r["weight"]))
+    inherited = own = 0.0
+    for (layer, comp, unit), w in weight.items():
+        parts = comp.split(".")
+        if len(parts) == 3 and parts[0] == "experts" and parts[1] != "0":
+            if (layer, f"experts.0.{parts[2]}", unit) in weight:
+                inherited += w
+            else:
+                own += w
+    return {"with_specific_twin": inherited, "without": own}
+
+
 analysis = {}
 for a in allocs:
     for sd in analyse:
@@ -113,7 +135,12 @@ for a in allocs:
             continue
         per, totals = expert_profile(load(path))
         entry = {"per_layer": per, "totals": totals, "trainable_shares": shares(per["trainable"]),
-                 "frozen_shares": shares(per["frozen"])}
+                 "frozen_shares": shares(per["frozen"]),
+                 # At initialisation every new expert is a copy of the frozen expert 0 and has its
+                 # neurons (same AP), so this ratio is 1; training moves it.
+                 "trainable_to_frozen_per_expert": (sum(per["trainable"]) / sum(per["frozen"])
+                                                    if sum(per["frozen"]) else None)}
+        entry["twins"] = twins(os.path.join(os.path.dirname(path), "top_neurons.csv"), LANGS[1:])
         if "specific_neurons_per_layer" in results:
             entry["pearson_trainable_vs_dense"] = pearson(per["trainable"], results["specific_neurons_per_layer"])
             entry["pearson_frozen_vs_dense"] = pearson(per["frozen"], results["specific_neurons_per_layer"])
@@ -163,22 +190,33 @@ with open(os.path.join(out, "README.md"), "w") as f:
                 " expert evaluated on every token; methods.md §3.7), the same texts and top-N as on the dense"
                 " model. Per layer, the specific neurons of the union over the new languages per trainable"
                 " (new) expert, so layers with more experts do not count more; the frozen expert 0 is the"
-                " original FFN.\n\n"
+                " original FFN. Each new expert starts as a copy of expert 0, with the same neurons and"
+                " the same average precision, so at initialisation a new expert and expert 0 count alike"
+                " in every layer (ratio 1 in the table); what training changed is the difference between"
+                " them. The last column counts the new experts' specific neurons whose twin (the same"
+                " unit of expert 0) is not specific: specialisation the new expert acquired on its"
+                " own.\n\n"
                 "| model | specific neurons in trainable / frozen experts / attention | per trainable expert:"
                 " first quarter / middle half / last quarter | correlation with the dense model's S_l:"
-                " trainable / frozen |\n|---|---|---|---|\n")
+                " trainable / frozen | per expert, trainable : frozen (1 at initialisation) |"
+                " trainable experts' specific neurons without a specific twin in expert 0 |"
+                "\n|---|---|---|---|---|---|\n")
         for name, e in analysis.items():
             t, sh = e["totals"], e["trainable_shares"]
             corr = "-"
             if "pearson_trainable_vs_dense" in e:
                 corr = " / ".join("-" if x is None else f"{x:.2f}"
                                   for x in (e["pearson_trainable_vs_dense"], e["pearson_frozen_vs_dense"]))
+            ratio = e["trainable_to_frozen_per_expert"]
+            own, tw = e["twins"]["without"], e["twins"]["with_specific_twin"]
             f.write(f"| `{name}` | {t['trainable']:.0f} / {t['frozen']:.0f} / {t['attention']:.0f} |"
                     f" {sh['first_quarter'] * 100:.1f} / {sh['middle_half'] * 100:.1f} /"
-                    f" {sh['last_quarter'] * 100:.1f} % | {corr} |\n")
+                    f" {sh['last_quarter'] * 100:.1f} % | {corr} | {'-' if ratio is None else f'{ratio:.3f}'} |"
+                    f" {own:.0f} of {own + tw:.0f} ({100 * own / max(own + tw, 1e-9):.1f} %) |\n")
         for name, e in analysis.items():
-            f.write(f"\n`{name}`, per trainable expert by layer: "
-                    + " ".join(f"{x:.0f}" for x in e["per_layer"]["trainable"]) + "\n")
+            for kind in ("trainable", "frozen"):
+                f.write(f"\n`{name}`, per {kind} expert by layer: "
+                        + " ".join(f"{x:.0f}" for x in e["per_layer"][kind]) + "\n")
         series = []
         if "specific_neurons_per_layer" in results:
             c = results["specific_neurons_per_layer"]

@@ -105,13 +105,17 @@ def expert_profile(report):
     return per, totals
 
 
-def twins(top_csv, new_langs):
-    """Of the trainable experts' specific neurons (union over the new languages, tie weights),
-    how many have their twin — the same unit of the frozen expert 0, which they were copied
-    from — specific too, and how many do not (specialisation of their own)."""
+def twins(out_dir, new_langs):
+    """Of the trainable experts' specific neurons (union over the new languages: a neuron counts
+    with its largest tie weight), how many have their twin — the same unit of the frozen expert
+    they were copied from — specific too, and how many do not (an upper bound on the
+    specialisation of their own: a neuron at the cut-off can flip with a tiny drift). The studio
+    freezes copy 0: experts 0..G with granularity G, and expert e was copied from expert e mod G.
+    Layers whose frozen experts are not 0..G are left out."""
     import csv
+    frozen = load(os.path.join(out_dir, "neurons.json"))["layout"].get("frozen_experts") or []
     weight = {}
-    with open(top_csv) as f:
+    with open(os.path.join(out_dir, "top_neurons.csv")) as f:
         for r in csv.DictReader(f):
             if r["kind"] == "top" and r["language"] in new_langs:
                 k = (int(r["layer"]), r["component"], int(r["unit"]))
@@ -119,11 +123,15 @@ def twins(top_csv, new_langs):
     inherited = own = 0.0
     for (layer, comp, unit), w in weight.items():
         parts = comp.split(".")
-        if len(parts) == 3 and parts[0] == "experts" and parts[1] != "0":
-            if (layer, f"experts.0.{parts[2]}", unit) in weight:
-                inherited += w
-            else:
-                own += w
+        if len(parts) != 3 or parts[0] != "experts" or layer >= len(frozen):
+            continue
+        g, e = len(frozen[layer]), int(parts[1])
+        if g == 0 or sorted(frozen[layer]) != list(range(g)) or e < g:
+            continue
+        if (layer, f"experts.{e % g}.{parts[2]}", unit) in weight:
+            inherited += w
+        else:
+            own += w
     return {"with_specific_twin": inherited, "without": own}
 
 
@@ -140,7 +148,7 @@ for a in allocs:
                  # neurons (same AP), so this ratio is 1; training moves it.
                  "trainable_to_frozen_per_expert": (sum(per["trainable"]) / sum(per["frozen"])
                                                     if sum(per["frozen"]) else None)}
-        entry["twins"] = twins(os.path.join(os.path.dirname(path), "top_neurons.csv"), LANGS[1:])
+        entry["twins"] = twins(os.path.dirname(path), LANGS[1:])
         if "specific_neurons_per_layer" in results:
             entry["pearson_trainable_vs_dense"] = pearson(per["trainable"], results["specific_neurons_per_layer"])
             entry["pearson_frozen_vs_dense"] = pearson(per["frozen"], results["specific_neurons_per_layer"])
@@ -194,8 +202,8 @@ with open(os.path.join(out, "README.md"), "w") as f:
                 " the same average precision, so at initialisation a new expert and expert 0 count alike"
                 " in every layer (ratio 1 in the table); what training changed is the difference between"
                 " them. The last column counts the new experts' specific neurons whose twin (the same"
-                " unit of expert 0) is not specific: specialisation the new expert acquired on its"
-                " own.\n\n"
+                " unit of expert 0) is not specific: at most what the new expert acquired on its own (a"
+                " neuron at the cut-off can flip with a tiny drift).\n\n"
                 "| model | specific neurons in trainable / frozen experts / attention | per trainable expert:"
                 " first quarter / middle half / last quarter | correlation with the dense model's S_l:"
                 " trainable / frozen | per expert, trainable : frozen (1 at initialisation) |"

@@ -69,7 +69,9 @@ pub struct Args {
     /// capture pass) and report texts/s, the capture overhead and peak memory.
     #[arg(long)]
     pub bench: bool,
-    /// Tokenizer (tokenizer.json or a llama2.c tok*.bin) when the model has none beside it.
+    /// Tokenizer (tokenizer.json or a llama2.c tok*.bin); it replaces the
+    /// model's own. Without it: a llama2.c `tokenizer.bin`/`tok{V}.bin` in the
+    /// model's directory, else the model's own (as `train` and `eval`).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// Output directory (created; files in it are overwritten).
@@ -318,11 +320,12 @@ fn write_expert_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec
     let mut written = vec![p];
     let per_layer = per_layer_expert_means(report);
     let pick = |f: fn(&ExpertLayerMeans) -> f64| per_layer.iter().map(f).collect::<Vec<f64>>();
-    let series = vec![
-        Series { name: "per trainable expert".into(), values: pick(|m| m.trainable), emphasis: true },
-        Series { name: "per frozen expert (original FFN)".into(), values: pick(|m| m.frozen), emphasis: false },
-        Series { name: "attention (q, k, v, o)".into(), values: pick(|m| m.attention), emphasis: false },
-    ];
+    let mut series =
+        vec![Series { name: "per trainable expert".into(), values: pick(|m| m.trainable), emphasis: true }];
+    if !layout.frozen_experts.iter().all(Vec::is_empty) {
+        series.push(Series { name: "per frozen expert".into(), values: pick(|m| m.frozen), emphasis: false });
+    }
+    series.push(Series { name: "attention (q, k, v, o)".into(), values: pick(|m| m.attention), emphasis: false });
     let title = format!(
         "Specific neurons of union({}) per layer: trainable experts vs the frozen original",
         report.new_languages.join(",")
@@ -345,6 +348,10 @@ pub struct ExpertLayerMeans {
 }
 
 /// [`ExpertLayerMeans`] for every layer of `report`.
+///
+/// # Panics
+/// If `report.union_counts` has fewer layers than `report.layout` (a
+/// report from [`analyze`] or `NeuronReport::from_json` has as many).
 pub fn per_layer_expert_means(report: &NeuronReport) -> Vec<ExpertLayerMeans> {
     let layout = &report.layout;
     let experts = expert_counts(layout, &report.union_counts);

@@ -283,13 +283,22 @@ impl AllocationComparison {
 /// NeuronMoE's budget ([`budget_matched_uniform`]).
 ///
 /// # Errors
-/// As [`ExpertRange::new`] and [`union_counts`].
+/// As [`ExpertRange::new`] and [`union_counts`]; [`StudioError::Invalid`]
+/// for the report of an MoE model (the post-training analysis, methods.md
+/// §3.7: its counts include every expert copy, not a dense model's `S_l`).
 pub fn compare_allocations(
     report: &NeuronReport,
     new: Option<&[String]>,
     range: ExpertRange,
     uniform: Option<usize>,
 ) -> Result<AllocationComparison> {
+    if report.layout.layers.iter().flatten().any(|c| c.expert().is_some()) {
+        return Err(StudioError::Invalid(
+            "this neurons report is of an MoE model (its counts include every expert's neurons, methods.md §3.7); \
+             NeuronMoE's allocation reads the dense model's: run `neurons` on the dense model before upcycling"
+                .into(),
+        ));
+    }
     let range = ExpertRange::new(range.min, range.max)?;
     let new: Vec<String> = new.map(<[String]>::to_vec).unwrap_or_else(|| report.new_languages.clone());
     let counts: Vec<f64> = union_counts(report, &new)?.iter().map(|c| c.total).collect();

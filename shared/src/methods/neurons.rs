@@ -3,10 +3,12 @@
 //! Models: Finding and Controlling Language-Specific Neurons", NAACL 2024).
 //!
 //! Pipeline:
-//! 1. [`NeuronCollector`]: run labelled texts through a dense model one text
-//!    per forward pass, capturing every output unit of every linear map
-//!    (`q_proj`, `k_proj`, `v_proj` before RoPE, `o_proj`, `gate_proj`,
-//!    `up_proj`, `down_proj`) pooled over the text's tokens (mean or max).
+//! 1. [`NeuronCollector`]: run labelled texts through a model (a few texts
+//!    per right-padded forward pass), capturing every output unit of every
+//!    linear map (`q_proj`, `k_proj`, `v_proj` before RoPE, `o_proj`,
+//!    `gate_proj`, `up_proj`, `down_proj`; in an MoE layer those of every
+//!    expert, each computed on every token: the post-training analysis,
+//!    methods.md §3.7) pooled over each text's own tokens (mean or max).
 //!    Each text adds one row to the pooled matrix `[texts, neurons]`
 //!    ([`PooledActivations`]); nothing else grows with the number of texts.
 //!    The same pass accumulates each language's mean FFN input per layer
@@ -26,7 +28,9 @@
 //!    few texts make the counts uncertain.
 //!
 //! Neurons are indexed flat, layer-major, then component in
-//! [`COMPONENTS`] order, then unit ([`NeuronLayout`]).
+//! [`COMPONENTS`] order (in an MoE layer: attention, then each routed
+//! expert's gate/up/down, then each shared expert's), then unit
+//! ([`NeuronLayout`]).
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
@@ -93,8 +97,10 @@ pub struct NeuronLayout {
     /// `layers[l]`: the components of layer `l` with their unit counts.
     pub layers: Vec<Vec<ComponentUnits>>,
     /// `frozen_experts[l]`: the routed experts of layer `l` excluded from
-    /// training (DeltaMoE/NeuronMoE: expert 0, the original FFN); empty for
-    /// a dense model and in files written before MoE layouts existed.
+    /// training (`MoeLayer::frozen`; the studio's upcycling freezes copy 0,
+    /// the original FFN: expert 0, or experts `0..G` with granularity `G`);
+    /// empty for a dense model and in files written before MoE layouts
+    /// existed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frozen_experts: Vec<Vec<usize>>,
 }
@@ -921,8 +927,10 @@ pub struct ExpertCount {
     pub expert: usize,
     /// An always-active shared expert.
     pub shared: bool,
-    /// Excluded from training ([`NeuronLayout::frozen_experts`]); for the
-    /// studio's upcycled models expert 0, the original FFN.
+    /// A routed expert excluded from training
+    /// ([`NeuronLayout::frozen_experts`]; the studio's upcycled models
+    /// freeze copy 0, the original FFN). Always `false` for a shared
+    /// expert (the layout does not record `shared_frozen`).
     pub frozen: bool,
     /// The expert's neurons (`2 f_e + d`).
     pub units: usize,
@@ -932,7 +940,8 @@ pub struct ExpertCount {
 
 /// Per expert of every MoE layer, the specific neurons among `counts`
 /// (one language's [`LanguageNeurons::counts`] or [`NeuronReport::union_counts`]),
-/// layer-major, routed experts then shared ones. Empty for a dense model.
+/// layer-major, routed experts then shared ones. Empty for a dense model;
+/// layers past the end of `counts` are left out.
 /// NeuronMoE's post-training analysis (methods.md §3.7): where the trained
 /// new experts' language-specific neurons sit.
 pub fn expert_counts(layout: &NeuronLayout, counts: &[LayerCounts]) -> Vec<ExpertCount> {
@@ -1130,6 +1139,16 @@ mod tests {
                 assert!((out[c] - want).abs() < 1e-12, "trial {trial} label {c}: {} vs {want}", out[c]);
             }
         }
+    }
+
+    /// A `neurons.json` layout written before MoE layouts existed (no
+    /// `frozen_experts`) still loads, and a dense layout writes none.
+    #[test]
+    fn layouts_without_frozen_experts_load() {
+        let old = r#"{"layers":[[{"component":"q_proj","units":2}]]}"#;
+        let layout: NeuronLayout = serde_json::from_str(old).unwrap();
+        assert!(layout.frozen_experts.is_empty() && !layout.is_frozen(0, 0));
+        assert_eq!(serde_json::to_string(&layout).unwrap(), old);
     }
 
     #[test]

@@ -8,15 +8,23 @@
 //!   come from that expert's own weights: with mean pooling a language's
 //!   mean `up_proj` column is its mean FFN input times that expert's
 //!   `up_proj` (the map is linear), which a mix-up of experts fails.
+//! - Granular experts (slices of the FFN) and shared experts are listed
+//!   and captured in the layout's order: routed experts, then shared ones;
+//!   copy 0's slices are the frozen experts; each slice has its part of the
+//!   dense FFN's units.
 //! - `expert_counts` splits a layer's specific neurons per expert and, with
-//!   attention, adds up to the layer's count.
+//!   attention, adds up to the layer's count; NeuronMoE's allocation
+//!   refuses such a report (it wants the dense model's counts).
 
 use moe_shared::checkpoint::{open_model, DType, WriteOptions};
+use moe_shared::methods::allocate::{compare_allocations, ExpertRange};
 use moe_shared::methods::neurons::{
     analyze, average_precision_table, expert_counts, AnalysisOptions, CollectOptions, ExpertRef, NeuronCollector,
     NeuronLayout, PooledActivations,
 };
-use moe_shared::methods::{upcycle, CopyNoise, ExpertCounts, NoiseKind, RouterInit, UpcycleOptions};
+use moe_shared::methods::{
+    upcycle, CopyNoise, ExpertCounts, NoiseKind, RouterInit, SharedExperts, SharedInit, UpcycleOptions,
+};
 use moe_shared::model::{load_model, Mlp, Pooling, Transformer};
 use moe_shared::CpuBackend;
 
@@ -150,31 +158,33 @@ fn each_expert_reads_its_own_weights() {
         let Mlp::Moe(m) = &block.mlp else { panic!("layer {l} is dense") };
         let mut means: Vec<Vec<f64>> = Vec::new();
         for (e, expert) in m.experts.iter().enumerate() {
-            // Burn's weight is [d, f]: column j is unit j's input weights.
-            let w = expert.up_proj.weight.val();
-            let f = w.dims()[1];
-            let w: Vec<f32> = w.into_data().to_vec().unwrap();
-            let cols = columns(layout, l, &format!("experts.{e}.up_proj"));
-            let n = layout.num_neurons();
-            for (lang, &texts) in counts.iter().enumerate() {
-                let x = &p.hidden_means[lang][l * d..(l + 1) * d];
-                let got: Vec<f64> = cols
-                    .clone()
-                    .map(|c| {
-                        (0..p.num_texts())
-                            .filter(|&t| p.labels[t] == lang)
-                            .map(|t| f64::from(p.data[t * n + c]))
-                            .sum::<f64>()
-                            / texts as f64
-                    })
-                    .collect();
-                let want: Vec<f64> =
-                    (0..f).map(|j| (0..d).map(|i| x[i] * f64::from(w[i * f + j])).sum::<f64>()).collect();
-                for (g, v) in got.iter().zip(&want) {
-                    worst_rel = worst_rel.max((g - v).abs() / v.abs().max(1.0));
-                }
-                if lang == 0 {
-                    means.push(got);
+            for (proj, lin) in [("gate_proj", &expert.gate_proj), ("up_proj", &expert.up_proj)] {
+                // Burn's weight is [d, f]: column j is unit j's input weights.
+                let w = lin.weight.val();
+                let f = w.dims()[1];
+                let w: Vec<f32> = w.into_data().to_vec().unwrap();
+                let cols = columns(layout, l, &format!("experts.{e}.{proj}"));
+                let n = layout.num_neurons();
+                for (lang, &texts) in counts.iter().enumerate() {
+                    let x = &p.hidden_means[lang][l * d..(l + 1) * d];
+                    let got: Vec<f64> = cols
+                        .clone()
+                        .map(|c| {
+                            (0..p.num_texts())
+                                .filter(|&t| p.labels[t] == lang)
+                                .map(|t| f64::from(p.data[t * n + c]))
+                                .sum::<f64>()
+                                / texts as f64
+                        })
+                        .collect();
+                    let want: Vec<f64> =
+                        (0..f).map(|j| (0..d).map(|i| x[i] * f64::from(w[i * f + j])).sum::<f64>()).collect();
+                    for (g, v) in got.iter().zip(&want) {
+                        worst_rel = worst_rel.max((g - v).abs() / v.abs().max(1.0));
+                    }
+                    if lang == 0 && proj == "up_proj" {
+                        means.push(got);
+                    }
                 }
             }
         }
@@ -184,7 +194,7 @@ fn each_expert_reads_its_own_weights() {
             spread = spread.max(diff);
         }
     }
-    eprintln!("mean up_proj column vs mean input x W_up: largest relative difference {worst_rel:e}; experts differ by up to {spread:.3}");
+    eprintln!("mean gate/up_proj column vs mean input x W: largest relative difference {worst_rel:e}; experts differ by up to {spread:.3}");
     assert!(worst_rel < 1e-4, "{worst_rel}");
     assert!(spread > 0.05, "the noisy experts do not differ ({spread})");
 
@@ -217,4 +227,78 @@ fn each_expert_reads_its_own_weights() {
     }
     let total: f64 = experts.iter().map(|e| e.specific).sum();
     assert!(total > 0.0, "no specific neuron in any expert");
+    let e = compare_allocations(&report, None, ExpertRange::new(1, 6).unwrap(), None).unwrap_err().to_string();
+    assert!(e.contains("MoE model") && e.contains("dense model"), "{e}");
+}
+
+#[test]
+fn granular_and_shared_experts_are_listed_and_captured() {
+    let Some(dense) = train_util::stories() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("granular");
+    // 3 copies in 2 slices each (6 experts, copy 0 = experts 0 and 1
+    // frozen), one shared expert whose down_proj is zero: the model equals
+    // the dense one, so every FFN input is the dense model's.
+    let opts = UpcycleOptions {
+        experts: ExpertCounts::Uniform(3),
+        granularity: 2,
+        top_k: 1,
+        shared: SharedExperts { count: 1, gate: false, init: SharedInit::Zero, frozen: false },
+        router_init: RouterInit::Random { std: 1.0 },
+        dtype: Some(DType::F32),
+        seed: 4,
+        ..Default::default()
+    };
+    upcycle(dense.source.as_ref(), &dense.config, &opts, &out, None, WriteOptions::default()).unwrap();
+    let device = Default::default();
+    let dense_model = load_model::<B>(&dense, &device).unwrap();
+    let moe = load_model::<B>(&open_model(&out).unwrap(), &device).unwrap();
+    let (dl, ml) = (NeuronLayout::of_model(&dense_model), NeuronLayout::of_model(&moe));
+    let c = &dense_model.config;
+    let (d, f, h) = (c.hidden_size, c.intermediate_size, c.intermediate_size / 2);
+    assert_eq!(ml.frozen_experts, vec![vec![0, 1]; c.num_layers]);
+    let mut want: Vec<(String, usize)> = vec![
+        ("q_proj".into(), c.num_heads * c.head_dim),
+        ("k_proj".into(), c.num_kv_heads * c.head_dim),
+        ("v_proj".into(), c.num_kv_heads * c.head_dim),
+        ("o_proj".into(), d),
+    ];
+    for e in 0..6 {
+        want.extend([(format!("experts.{e}.gate_proj"), h), (format!("experts.{e}.up_proj"), h)]);
+        want.push((format!("experts.{e}.down_proj"), d));
+    }
+    want.extend([("shared_experts.0.gate_proj".into(), f), ("shared_experts.0.up_proj".into(), f)]);
+    want.push(("shared_experts.0.down_proj".into(), d));
+    let got: Vec<(String, usize)> = ml.layers[2].iter().map(|x| (x.component.clone(), x.units)).collect();
+    assert_eq!(got, want);
+    assert_eq!(ml.layers[2].last().unwrap().expert(), Some(ExpertRef::Shared(0)));
+    // The capture names every component in this order (the collector
+    // checks) and each slice holds its half of the dense units.
+    let p = collect(&dense_model, Pooling::Mean, false);
+    let m = collect(&moe, Pooling::Mean, true);
+    let mut w = 0f32;
+    for l in 0..c.num_layers {
+        for proj in ["gate_proj", "up_proj"] {
+            let full = columns(&dl, l, proj);
+            for e in 0..6 {
+                let half = if e % 2 == 0 { full.start..full.start + h } else { full.start + h..full.end };
+                w = w.max(worst(&p, half, &m, columns(&ml, l, &format!("experts.{e}.{proj}"))));
+            }
+            w = w.max(worst(&p, full, &m, columns(&ml, l, &format!("shared_experts.0.{proj}"))));
+        }
+    }
+    eprintln!("granular slices and shared expert vs dense units: largest relative difference {w:e}");
+    assert!(w < 1e-4, "{w}");
+    let table = average_precision_table(&m, 1).unwrap();
+    let report =
+        analyze(&m, &table, &AnalysisOptions { top_n: 200, include_bottom: false, new_languages: vec!["b".into()] })
+            .unwrap();
+    let experts = expert_counts(&report.layout, &report.union_counts);
+    assert_eq!(experts.len(), 7 * c.num_layers);
+    for (i, x) in experts.iter().enumerate() {
+        let slot = i % 7;
+        assert_eq!((x.layer, x.shared, x.expert), (i / 7, slot == 6, if slot == 6 { 0 } else { slot }), "{x:?}");
+        assert_eq!(x.frozen, !x.shared && x.expert < 2, "{x:?}");
+        assert_eq!(x.units, if x.shared { 2 * f + d } else { 2 * h + d }, "{x:?}");
+    }
 }

@@ -19,8 +19,8 @@ use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
 use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::neurons::{
-    analyze, average_precision_table, expert_counts, AnalysisOptions, CollectOptions, ComponentUnits, ExpertRef,
-    LayerCounts, NeuronCollector, NeuronReport,
+    analyze, average_precision_table, expert_counts, expert_layer_means, AnalysisOptions, CollectOptions,
+    ComponentUnits, ExpertLayerMeans, ExpertRef, LayerCounts, NeuronCollector, NeuronReport,
 };
 use moe_shared::model::{load_model, Pooling};
 
@@ -318,7 +318,7 @@ fn write_expert_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec
     let p = dir.join("expert_counts.csv");
     write(&p, &s)?;
     let mut written = vec![p];
-    let per_layer = per_layer_expert_means(report);
+    let per_layer = expert_layer_means(layout, &report.union_counts);
     let pick = |f: fn(&ExpertLayerMeans) -> f64| per_layer.iter().map(f).collect::<Vec<f64>>();
     let mut series =
         vec![Series { name: "per trainable expert".into(), values: pick(|m| m.trainable), emphasis: true }];
@@ -332,50 +332,6 @@ fn write_expert_outputs(report: &NeuronReport, dir: &Path) -> anyhow::Result<Vec
     );
     written.extend(line_chart(&dir.join("specific_per_expert"), &title, "layer", "specific neurons", &series)?);
     Ok(written)
-}
-
-/// One layer's specific neurons of the union of the new languages: the
-/// mean per trainable routed expert, the mean per frozen routed expert and
-/// the attention total (0 where a layer has none of a kind).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ExpertLayerMeans {
-    /// Mean over the layer's trainable routed experts.
-    pub trainable: f64,
-    /// Mean over its frozen routed experts.
-    pub frozen: f64,
-    /// q/k/v/o together.
-    pub attention: f64,
-}
-
-/// [`ExpertLayerMeans`] for every layer of `report`.
-///
-/// # Panics
-/// If `report.union_counts` has fewer layers than `report.layout` (a
-/// report from [`analyze`] or `NeuronReport::from_json` has as many).
-pub fn per_layer_expert_means(report: &NeuronReport) -> Vec<ExpertLayerMeans> {
-    let layout = &report.layout;
-    let experts = expert_counts(layout, &report.union_counts);
-    let mean = |l: usize, frozen: bool| {
-        let v: Vec<f64> =
-            experts.iter().filter(|e| e.layer == l && !e.shared && e.frozen == frozen).map(|e| e.specific).collect();
-        if v.is_empty() {
-            0.0
-        } else {
-            v.iter().sum::<f64>() / v.len() as f64
-        }
-    };
-    (0..layout.num_layers())
-        .map(|l| ExpertLayerMeans {
-            trainable: mean(l, false),
-            frozen: mean(l, true),
-            attention: layout.layers[l]
-                .iter()
-                .zip(&report.union_counts[l].per_component)
-                .filter(|(c, _)| c.expert().is_none() && !matches!(c.base(), "gate_proj" | "up_proj" | "down_proj"))
-                .map(|(_, n)| n)
-                .sum(),
-        })
-        .collect()
 }
 
 impl WithBackend for Args {
@@ -490,8 +446,10 @@ impl WithBackend for Args {
         let totals: Vec<String> = report.union_counts.iter().map(|c| count_text(c.total)).collect();
         println!("S_l (union of {}): {}", report.new_languages.join(","), totals.join(","));
         if !expert_counts(&report.layout, &report.union_counts).is_empty() {
-            let means: Vec<String> =
-                per_layer_expert_means(&report).iter().map(|m| format!("{:.1}", m.trainable)).collect();
+            let means: Vec<String> = expert_layer_means(&report.layout, &report.union_counts)
+                .iter()
+                .map(|m| format!("{:.1}", m.trainable))
+                .collect();
             println!("  per trainable expert: {}", means.join(","));
         }
         let tied: f64 = report.union_counts.iter().map(|c| c.tie_weighted).sum();

@@ -972,6 +972,52 @@ pub fn expert_counts(layout: &NeuronLayout, counts: &[LayerCounts]) -> Vec<Exper
     out
 }
 
+/// One layer's specific neurons (of one language's counts or the union's):
+/// the mean per trainable routed expert, the mean per frozen routed expert
+/// and the attention total (0 where a layer has none of a kind).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExpertLayerMeans {
+    /// Mean over the layer's trainable routed experts.
+    pub trainable: f64,
+    /// Mean over its frozen routed experts.
+    pub frozen: f64,
+    /// q/k/v/o together.
+    pub attention: f64,
+}
+
+/// [`ExpertLayerMeans`] per layer of `layout` from `counts` (as
+/// [`expert_counts`]; layers past the end of `counts` are left out). The
+/// per-expert profile of NeuronMoE's post-training analysis (methods.md
+/// §3.7): layers with more experts do not count more.
+pub fn expert_layer_means(layout: &NeuronLayout, counts: &[LayerCounts]) -> Vec<ExpertLayerMeans> {
+    let experts = expert_counts(layout, counts);
+    let mean = |l: usize, frozen: bool| {
+        let v: Vec<f64> =
+            experts.iter().filter(|e| e.layer == l && !e.shared && e.frozen == frozen).map(|e| e.specific).collect();
+        if v.is_empty() {
+            0.0
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
+    };
+    layout
+        .layers
+        .iter()
+        .zip(counts)
+        .enumerate()
+        .map(|(l, (comps, c))| ExpertLayerMeans {
+            trainable: mean(l, false),
+            frozen: mean(l, true),
+            attention: comps
+                .iter()
+                .zip(&c.per_component)
+                .filter(|(x, _)| x.expert().is_none() && !matches!(x.base(), "gate_proj" | "up_proj" | "down_proj"))
+                .map(|(_, n)| n)
+                .sum(),
+        })
+        .collect()
+}
+
 /// Top-N / bottom-N per language, per-layer counts, the union over the new
 /// languages and the layer similarities.
 ///

@@ -19,8 +19,8 @@
 use moe_shared::checkpoint::{open_model, DType, WriteOptions};
 use moe_shared::methods::allocate::{compare_allocations, ExpertRange};
 use moe_shared::methods::neurons::{
-    analyze, average_precision_table, expert_counts, AnalysisOptions, CollectOptions, ExpertRef, NeuronCollector,
-    NeuronLayout, PooledActivations,
+    analyze, average_precision_table, expert_counts, expert_layer_means, AnalysisOptions, CollectOptions, ExpertRef,
+    NeuronCollector, NeuronLayout, PooledActivations,
 };
 use moe_shared::methods::{
     upcycle, CopyNoise, ExpertCounts, NoiseKind, RouterInit, SharedExperts, SharedInit, UpcycleOptions,
@@ -300,5 +300,13 @@ fn granular_and_shared_experts_are_listed_and_captured() {
         assert_eq!((x.layer, x.shared, x.expert), (i / 7, slot == 6, if slot == 6 { 0 } else { slot }), "{x:?}");
         assert_eq!(x.frozen, !x.shared && x.expert < 2, "{x:?}");
         assert_eq!(x.units, if x.shared { 2 * f + d } else { 2 * h + d }, "{x:?}");
+    }
+    // Per-layer means: the frozen slices 0 and 1, the trainable 2..6.
+    let means = expert_layer_means(&report.layout, &report.union_counts);
+    assert_eq!(means.len(), c.num_layers);
+    for (l, m) in means.iter().enumerate() {
+        let of =
+            |r: std::ops::Range<usize>| r.clone().map(|e| experts[7 * l + e].specific).sum::<f64>() / r.len() as f64;
+        assert!((m.frozen - of(0..2)).abs() < 1e-12 && (m.trainable - of(2..6)).abs() < 1e-12, "layer {l}: {m:?}");
     }
 }

@@ -83,9 +83,12 @@ fig_ppl = figure(out, "ppl_change", {
     "series": [{"name": m, "values": [mean_or_none([x[t] / bp[t] for x in results["methods"][m]]) for t in TEXTS]}
                for m in fig_models],
 })
-S0 = os.path.join(work, f"s{seeds[0]}")
+# The curves of the first seed whose run directory still holds its training logs (a seed carried
+# over from an earlier machine keeps only its evaluations).
+curve_seed = next((s for s in seeds if os.path.exists(os.path.join(work, f"s{s}", "cpt", "metrics.jsonl"))), seeds[0])
+S0 = os.path.join(work, f"s{curve_seed}")
 fig_curves = figure(out, "training", {
-    "kind": "lines", "title": f"Training (seed {seeds[0]}): next-token loss per step", "x": "step",
+    "kind": "lines", "title": f"Training (seed {curve_seed}): next-token loss per step", "x": "step",
     "y": "cross-entropy (nats/token)",
     "series": [{"name": n, "points": curve(os.path.join(S0, d, "metrics.jsonl"))} for n, d in
                [("dense CPT (hu)", "cpt"), ("dense CPT 2x (hu)", "cpt2x"), ("post (math)", "post")]

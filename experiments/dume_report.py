@@ -189,16 +189,20 @@ fig_accuracy = figure(out, "routing_accuracy", {
     "kind": "lines", "title": f"Ridge router: held-out routing accuracy per layer (seed {seeds[0]}, top-1)",
     "x": "layer", "y": "accuracy", "series": acc_series,
 })
+# The curves of the first seed whose run directory still holds its training logs (a seed carried
+# over from an earlier machine keeps only its evaluation and router reports).
+curve_seed = next((s for s in seeds if os.path.exists(os.path.join(work, f"s{s}", "expert-code", "metrics.jsonl"))),
+                  seeds[0])
 fig_curves = figure(out, "router_training", {
-    "kind": "lines", "title": f"Router training (seed {seeds[0]}): next-token loss per step", "x": "step",
+    "kind": "lines", "title": f"Router training (seed {curve_seed}): next-token loss per step", "x": "step",
     "y": "cross-entropy (nats/token)",
-    "series": [{"name": m, "points": curve(os.path.join(work, f"s{seeds[0]}", m, "metrics.jsonl"))}
+    "series": [{"name": m, "points": curve(os.path.join(work, f"s{curve_seed}", m, "metrics.jsonl"))}
                for m in ("dume-plus", "btx")],
 })
 fig_experts = figure(out, "expert_training", {
-    "kind": "lines", "title": f"Dense domain experts (seed {seeds[0]}): next-token loss per step", "x": "step",
+    "kind": "lines", "title": f"Dense domain experts (seed {curve_seed}): next-token loss per step", "x": "step",
     "y": "cross-entropy (nats/token)",
-    "series": [{"name": f"expert-{d}", "points": curve(os.path.join(work, f"s{seeds[0]}", f"expert-{d}", "metrics.jsonl"))}
+    "series": [{"name": f"expert-{d}", "points": curve(os.path.join(work, f"s{curve_seed}", f"expert-{d}", "metrics.jsonl"))}
                for d in DOMAINS + ["hu"]],
 })
 # A superseded first attempt kept for the record (see experiments/dume.sh: top-1 routers trained

@@ -23,7 +23,7 @@
 #
 # Usage: experiments/deltamoe.sh [--smoke]
 #   --smoke        stories260K, 2 steps per training: checks the pipeline (CI runs it)
-#   BIN, WORK, OUT, SEEDS  as in experiments/dume.sh (default WORK $MOE_STUDIO_CACHE/experiments/deltamoe)
+#   MOE_STUDIO_BIN, WORK, OUT, SEEDS  as in experiments/dume.sh (default WORK $MOE_STUDIO_CACHE/experiments/deltamoe)
 #   STEPS/SEQ/BATCH/LR     stage 1 and the dense CPT (full: 100 x 4 x 256 = 102,400 tokens, 1e-4)
 #   ROUTER_STEPS/ROUTER_LR stage 2 (full: 50 x 4 x 256, 1e-3); POST_STEPS the Δ fine-tune (100)
 #   EXPERTS_LIST="4 2 3"   expert counts (full default "4 2 3": the headline and the ablation)

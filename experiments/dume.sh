@@ -36,7 +36,7 @@
 # Usage: experiments/dume.sh [--smoke]
 #   --smoke      stories260K, 2 steps of 2 x 32 tokens per training: checks the pipeline (CI runs
 #                it); the numbers mean nothing
-#   BIN=...      the moe-studio binary (default: cargo builds it; release, smoke: debug)
+#   MOE_STUDIO_BIN=...  (or BIN) the moe-studio binary (default: cargo builds it; release, smoke: debug)
 #   WORK=...     run directory (default $MOE_STUDIO_CACHE/experiments/dume[-smoke]); kept between sittings
 #   OUT=...      where the tables go (default docs/experiments/dume, smoke: $WORK/report)
 #   SEEDS="1 2"  seeds (dense fine-tune data order, random routers, router training); default "1 2"

@@ -6,10 +6,12 @@
 # non-overlapping windows — half the cost of stride WINDOW/2 on this 2-core machine.
 STRIDE=${STRIDE:-$WINDOW}
 
-# Sets BIN: the given one, else a cargo build (release; smoke: debug, which CI has built); exports it
-# as MOE_STUDIO_BIN for the reports' figures.
+# Sets BIN: the given one (MOE_STUDIO_BIN, the name every script of the project reads, or BIN), else a
+# cargo build (release; smoke: debug, which CI has built); exports it as MOE_STUDIO_BIN for the
+# reports' figures.
 exp_bin() {
-    if [ -z "${BIN:-}" ]; then
+    BIN=${MOE_STUDIO_BIN:-${BIN:-}}
+    if [ -z "$BIN" ]; then
         if [ "$SMOKE" = 1 ]; then
             cargo build -q -p moe-studio >&2
             BIN=$CARGO_TARGET_DIR/debug/moe-studio

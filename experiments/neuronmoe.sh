@@ -18,7 +18,7 @@
 #
 # Usage: experiments/neuronmoe.sh [--smoke]
 #   --smoke        stories260K, 2 steps per training, 20 texts per language (CI runs it)
-#   BIN, WORK, OUT, SEEDS  as in experiments/dume.sh (default WORK $MOE_STUDIO_CACHE/experiments/neuronmoe)
+#   MOE_STUDIO_BIN, WORK, OUT, SEEDS  as in experiments/dume.sh (default WORK $MOE_STUDIO_CACHE/experiments/neuronmoe)
 #   TEXTS          texts per language for `neurons` (full 200); TOP_N specific neurons per language
 #   STEPS/SEQ/BATCH/LR, ROUTER_STEPS/ROUTER_LR, EVAL_TOKENS  as in experiments/deltamoe.sh
 #   ALLOCS         allocations to train (default "neuronmoe uniform layermoe"; a short sitting can

@@ -11,7 +11,7 @@
 #
 # Usage: experiments/upcycling.sh [--smoke]
 #   --smoke      stories260K, 3 steps of 2 x 32 tokens: checks the pipeline (CI runs it), numbers mean nothing
-#   BIN=...      the moe-studio binary (default: cargo builds it; release, smoke: debug)
+#   MOE_STUDIO_BIN=...  (or BIN) the moe-studio binary (default: cargo builds it; release, smoke: debug)
 #   WORK=...     run directory (default $MOE_STUDIO_CACHE/experiments/upcycling[-smoke]); kept between sittings
 #   OUT=...      where the table goes (default docs/experiments/upcycling, smoke: $WORK/report)
 #   SEEDS="1 2"  seeds (upcycle + data order); default "1 2" (full), "1" (smoke)

@@ -75,7 +75,7 @@ if [ -z "$absent" ]; then
         log "teaching preset: building (DEMO_STEPS=$STEPS; cache $CACHE)"
         rm -rf "$CACHE/preset" "$CACHE/stamp" "$CACHE/build.log"
         mkdir -p "$CACHE"
-        if MOE_STUDIO_CLI="$CLI" DEMO_STEPS="$STEPS" DEMO_BASE_STEPS="$BASE_STEPS" DEMO_TEXTS="${fetched:+$CACHE/texts}" \
+        if MOE_STUDIO_BIN="$CLI" DEMO_STEPS="$STEPS" DEMO_BASE_STEPS="$BASE_STEPS" DEMO_TEXTS="${fetched:+$CACHE/texts}" \
             bash scripts/demo_preset.sh "$CACHE/preset" 2> "$CACHE/build.log"; then
             echo "$stamp" > "$CACHE/stamp"
         else

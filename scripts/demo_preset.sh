@@ -57,8 +57,9 @@ if [ -f "$S260K/stories260K.bin" ] && [ -f "$S260K/tok512.bin" ]; then
 else
     source_kind=fetched
 fi
-if [ -n "${MOE_STUDIO_CLI:-}" ]; then
-    cli="$MOE_STUDIO_CLI"
+# MOE_STUDIO_BIN: an already built moe-studio (MOE_STUDIO_CLI, its former name, is still read).
+if [ -n "${MOE_STUDIO_BIN:-${MOE_STUDIO_CLI:-}}" ]; then
+    cli="${MOE_STUDIO_BIN:-$MOE_STUDIO_CLI}"
 else
     cargo build -q -p moe-studio >&2
     cli="$CARGO_TARGET_DIR/debug/moe-studio"

@@ -4,9 +4,9 @@
 #     Hungarian and English validation perplexity;
 #  B. DUME: three dense domain experts -> MoErge -> ridge router; weight averaging, random routing, oracle,
 #     DUME+ (router fine-tuning) and BTX baselines; per-domain perplexity.
-# Usage: scripts/exp_train_stories260k.sh [OUT_DIR]   (BIN=path/to/moe-studio, DATA=path/to/shared/data)
+# Usage: scripts/exp_train_stories260k.sh [OUT_DIR]   (MOE_STUDIO_BIN=path/to/moe-studio, DATA=path/to/shared/data)
 set -euo pipefail
-BIN=${BIN:-target/release/moe-studio}
+BIN=${MOE_STUDIO_BIN:-${BIN:-target/release/moe-studio}}
 D=${DATA:-../shared/data}
 OUT=${1:-/tmp/moe-studio-train-exp}
 M=$D/models/stories260K

@@ -49,14 +49,14 @@ MOE_STUDIO_BIN="$CLI" bash scripts/bench.sh --smoke
 step "experiments, smoke mode (each paper script on stories260K, a few steps; fresh run directories)"
 for exp in upcycling dume deltamoe neuronmoe; do
     work=$(mktemp -d)
-    BIN="$CLI" WORK="$work" bash "experiments/$exp.sh" --smoke >/dev/null
+    MOE_STUDIO_BIN="$CLI" WORK="$work" bash "experiments/$exp.sh" --smoke >/dev/null
     rm -rf "$work"
 done
 
 step "browser end-to-end (trunk build + playwright-core + chromium)"
-MOE_STUDIO_CLI="$CLI" bash tests/e2e/run.sh
+MOE_STUDIO_BIN="$CLI" bash tests/e2e/run.sh
 
 step "server end-to-end (moe-studio serve + Jobs page: upload/resume, train over SSE, download)"
-MOE_STUDIO_CLI="$CLI" bash tests/e2e/run_backend.sh
+MOE_STUDIO_BIN="$CLI" bash tests/e2e/run_backend.sh
 
 finish

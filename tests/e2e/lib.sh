@@ -4,7 +4,8 @@
 # build_frontend D trunk build --offline of frontend/ into D (a private
 #                  folder: frontend/dist may be rebuilt by someone else)
 # cli_binary       builds the moe-studio CLI (debug) and prints its path;
-#                  MOE_STUDIO_CLI=path uses an already built binary instead
+#                  MOE_STUDIO_BIN=path uses an already built binary instead
+#                  (MOE_STUDIO_CLI, its former name, is still read)
 step() { echo "== $*"; }
 ms() { date +%s%3N; }
 build_frontend() {
@@ -12,8 +13,8 @@ build_frontend() {
   (cd "$root/frontend" && trunk build --offline --dist "$1")
 }
 cli_binary() {
-  if [ -n "${MOE_STUDIO_CLI:-}" ]; then
-    echo "$MOE_STUDIO_CLI"
+  if [ -n "${MOE_STUDIO_BIN:-${MOE_STUDIO_CLI:-}}" ]; then
+    echo "${MOE_STUDIO_BIN:-$MOE_STUDIO_CLI}"
     return
   fi
   step "CLI: cargo build -p moe-studio" >&2

@@ -110,5 +110,5 @@ E2E_DIST="$dist" E2E_DIST_NODATA="$nodata" E2E_DIST_ABSENT="$absent" E2E_WORK="$
 # E2E_SMOLLM2=path.gguf runs run_smollm2.sh (fresh browsers, its own work dir).
 if [ -n "${E2E_SMOLLM2:-}" ]; then
   step "SmolLM2 (E2E_SMOLLM2=$E2E_SMOLLM2): run_smollm2.sh"
-  E2E_DIST="$dist" MOE_STUDIO_CLI="$cli" bash "$here/run_smollm2.sh"
+  E2E_DIST="$dist" MOE_STUDIO_BIN="$cli" bash "$here/run_smollm2.sh"
 fi

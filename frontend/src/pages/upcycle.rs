@@ -262,7 +262,7 @@ pub fn UpcyclePage() -> impl IntoView {
             <div class="row">
                 <label>"top-k" <input type="number" min="1" class="short" data-testid="upcycle-topk" prop:value=move || f.top_k.get() on:input=move |ev| f.top_k.set(event_target_value(&ev))/></label>
                 {field_error(Field::TopK)}
-                <label>"frozen experts" <input type="text" class="short" data-testid="upcycle-frozen" prop:value=move || f.frozen.get() on:input=move |ev| f.frozen.set(event_target_value(&ev))/></label>
+                <label title="indices of the experts training leaves frozen, comma-separated (0 = the original FFN, DeltaMoE; empty = none), as the CLI's --frozen">"frozen experts (indices)" <input type="text" class="short" data-testid="upcycle-frozen" prop:value=move || f.frozen.get() on:input=move |ev| f.frozen.set(event_target_value(&ev))/></label>
                 {field_error(Field::Frozen)}
                 <label>"router init" <select on:change=move |ev| f.router.set(event_target_value(&ev))>
                     <option value="zeros">"zeros"</option><option value="random">"random (std 0.02)"</option></select></label>

@@ -81,10 +81,16 @@ fn wait_all(procs: &mut [Proc], started: Instant) -> Vec<Output> {
         }
         if started.elapsed() >= LIMIT {
             let names = running.join(", ");
+            let mut logs = String::new();
             for p in procs.iter_mut() {
-                drop(p.child.take());
+                if let Some(mut c) = p.child.take() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                let err = std::fs::read_to_string(&p.err).unwrap_or_default();
+                logs.push_str(&format!("\n--- {} stderr:\n{}", p.name, err.trim_end()));
             }
-            panic!("{names} still running after {} s: killed (a hang in Burn's collective?)", LIMIT.as_secs());
+            panic!("{names} still running after {} s: killed (a hang in Burn's collective?){logs}", LIMIT.as_secs());
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -102,9 +108,35 @@ fn run_limited(name: &str, dir: &Path, args: &[String]) -> Output {
     wait_all(&mut [spawn(name, dir, args)], Instant::now()).pop().unwrap()
 }
 
+/// A `moe-studio coordinator` listening on a free loopback port, returned
+/// once it accepts connections. A port found free can be taken before the
+/// coordinator binds it (by another test's outgoing connection, whose
+/// ephemeral port it is): then the coordinator exits with "cannot listen"
+/// and another port is tried, up to 5 times.
 fn coordinator(dir: &Path) -> (Proc, u16) {
-    let port = free_port();
-    (spawn(&format!("coordinator-{port}"), dir, &["coordinator".into(), "--port".into(), port.to_string()]), port)
+    let mut tried = Vec::new();
+    for _ in 0..5 {
+        let port = free_port();
+        let mut c =
+            spawn(&format!("coordinator-{port}"), dir, &["coordinator".into(), "--port".into(), port.to_string()]);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(30) {
+            if c.child.as_mut().expect("running").try_wait().unwrap().is_some() {
+                break;
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                // Connected to ours, not to whoever might hold the port: ours is still up.
+                std::thread::sleep(Duration::from_millis(200));
+                if c.child.as_mut().expect("running").try_wait().unwrap().is_none() {
+                    return (c, port);
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        tried.push(format!("{port}: {}", std::fs::read_to_string(&c.err).unwrap_or_default().trim()));
+    }
+    panic!("no coordinator came up on a free port: {}", tried.join("; "));
 }
 
 struct Fixture {

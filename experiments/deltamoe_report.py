@@ -85,7 +85,7 @@ fig_ppl = figure(out, "ppl_change", {
 })
 # The curves of the first seed whose run directory still holds its training logs (a seed carried
 # over from an earlier machine keeps only its evaluations).
-curve_seed = next((s for s in seeds if os.path.exists(os.path.join(work, f"s{s}", "cpt", "metrics.jsonl"))), seeds[0])
+curve_seed = (seeds_with(work, seeds, "cpt/metrics.jsonl") or seeds)[0]
 S0 = os.path.join(work, f"s{curve_seed}")
 fig_curves = figure(out, "training", {
     "kind": "lines", "title": f"Training (seed {curve_seed}): next-token loss per step", "x": "step",

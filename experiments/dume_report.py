@@ -13,7 +13,7 @@ import statistics
 import struct
 import sys
 
-from report_common import curve, figure, fmt, load, mean_or_none, open_report, ppl, write_commands
+from report_common import curve, figure, fmt, load, mean_or_none, open_report, ppl, seeds_with, write_commands
 
 work, out, smoke, model, seeds, budget = sys.argv[1:]
 seeds = seeds.split()
@@ -191,8 +191,7 @@ fig_accuracy = figure(out, "routing_accuracy", {
 })
 # The curves of the first seed whose run directory still holds its training logs (a seed carried
 # over from an earlier machine keeps only its evaluation and router reports).
-curve_seed = next((s for s in seeds if os.path.exists(os.path.join(work, f"s{s}", "expert-code", "metrics.jsonl"))),
-                  seeds[0])
+curve_seed = (seeds_with(work, seeds, "expert-code/metrics.jsonl") or seeds)[0]
 fig_curves = figure(out, "router_training", {
     "kind": "lines", "title": f"Router training (seed {curve_seed}): next-token loss per step", "x": "step",
     "y": "cross-entropy (nats/token)",

@@ -74,6 +74,21 @@ if ran(s2, "cpt2x"):
                    f"en ppl {mean_of(s2, 'en'):.2f} vs {mean_of('cpt2x', 'en'):.2f}"))
 results["claims"] = [{"claim": c, "holds": ok, "numbers": n} for c, ok, n in claims]
 
+# The ablation over the number of trainable experts (E - 1; expert 0 stays frozen): stage 2 and
+# stage 2 + Δ of every expert count that has run, on the seeds they all have (equal seeds, so a
+# difference between rows is not a difference between seeds).
+def on_seeds(m, common):
+    by_seed = dict(zip(results["seeds_per_method"][m], results["methods"][m]))
+    return {t: statistics.mean(by_seed[s][t] for s in common) for t in TEXTS}
+
+counts = [e for e in sorted(experts, key=int) if ran(f"moe-{e}-s2+delta")]
+common = [s for s in seeds if all(s in results["seeds_per_method"][f"moe-{e}-s2+delta"]
+                                  and s in results["seeds_per_method"][f"moe-{e}-s2"] for e in counts)]
+ablation = [{"experts": int(e), "trainable": int(e) - 1, "seeds": common,
+             "stage2": on_seeds(f"moe-{e}-s2", common), "graft": on_seeds(f"moe-{e}-s2+delta", common)}
+            for e in counts] if common else []
+results["ablation"] = ablation
+
 os.makedirs(out, exist_ok=True)
 # Figures: perplexity change vs the base model per text; the training curves of the first seed.
 fig_models = [m for m, _ in methods if m != "base" and results["methods"][m]]
@@ -106,6 +121,16 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_ppl)
     f.write(fig_curves)
+    if len(ablation) > 1:
+        f.write("\n## Ablation: number of trainable experts\n\n"
+                "Expert 0 (the original FFN) stays frozen; the paper reports that more than 3 trainable experts"
+                " add little (methods.md §1.2). Same stage-1 and stage-2 budget for each count; mean over the"
+                f" seeds every count has run ({', '.join(ablation[0]['seeds'])}).\n\n"
+                "| experts (trainable) | stage 2: ppl en | ppl hu | + Δ: ppl en | ppl hu | ppl math |\n"
+                "|---|---|---|---|---|---|\n")
+        for a in ablation:
+            f.write(f"| {a['experts']} ({a['trainable']}) | {a['stage2']['en']:.2f} | {a['stage2']['hu']:.2f} | "
+                    + " | ".join(f"{a['graft'][t]:.2f}" for t in TEXTS) + " |\n")
     f.write("\n## The paper's claims\n\n")
     for c, ok, n in claims:
         f.write(f"- {c}: **{'holds' if ok else 'does not hold'}** ({n})\n")

@@ -257,7 +257,9 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
     f.write("`route --add-expert` (`dume-add`) makes the shared tensors the mean of four models and re-solves on the"
             " saved statistics of the first three domains (collected on the three-model mean, not revisited) plus the"
             " new domain's; `dume-scratch4` re-collects all four domains' statistics on the grown model. Only the"
-            " router tensors may differ; their difference is what the stale statistics cost.\n\n")
+            " router tensors may differ; their difference is what the stale statistics cost. (On the same"
+            " statistics, adding an expert equals solving from scratch by construction of the summed ridge"
+            " statistics, methods.md §2.4; shared/tests/integration/route.rs asserts it.)\n\n")
     f.write("" if inc else "No seed has finished this step yet.\n")
     f.write("| seed | max abs router difference | tensors differing | ppl hu added / scratch | "
             "ppl code, math, docs: 3 experts → 4 (added) |\n|---|---|---|---|---|\n" if inc else "")

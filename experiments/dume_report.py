@@ -66,33 +66,58 @@ def eval_path(seed, method):
 
 
 
-def read_safetensors(directory):
-    """name -> list of floats, over every *.safetensors file of a model directory."""
-    tensors = {}
+def safetensors_index(directory):
+    """name -> (memory map, byte range, dtype) over every *.safetensors file of a model directory
+    (the ridge statistics file excluded). Memory-mapped: a real model's tensors are compared without
+    reading them into memory (decoding a 300M-parameter model into Python floats takes ~24 GB)."""
+    import mmap
+    index = {}
     for path in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
         if os.path.basename(path) == "ridge_stats.safetensors":
             continue
         with open(path, "rb") as f:
             n = struct.unpack("<Q", f.read(8))[0]
             header = json.loads(f.read(n))
-            data = f.read()
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         for name, meta in header.items():
-            if name == "__metadata__":
-                continue
-            a, b = meta["data_offsets"]
-            raw = data[a:b]
-            dt = meta["dtype"]
-            if dt == "F32":
-                vals = struct.unpack(f"<{len(raw) // 4}f", raw)
-            elif dt == "F16":
-                vals = struct.unpack(f"<{len(raw) // 2}e", raw)
-            elif dt == "BF16":
-                halves = struct.unpack(f"<{len(raw) // 2}H", raw)
-                vals = [struct.unpack("<f", struct.pack("<I", h << 16))[0] for h in halves]
-            else:
-                continue
-            tensors[name] = vals
-    return tensors
+            if name != "__metadata__":
+                a, b = meta["data_offsets"]
+                index[name] = (m, 8 + n + a, 8 + n + b, meta["dtype"])
+    return index
+
+
+def decode(raw, dtype):
+    """The floats of a little-endian F32 / F16 / BF16 tensor's bytes (None for other dtypes)."""
+    if dtype == "F32":
+        return struct.unpack(f"<{len(raw) // 4}f", raw)
+    if dtype == "F16":
+        return struct.unpack(f"<{len(raw) // 2}e", raw)
+    if dtype == "BF16":
+        return struct.unpack(f"<{len(raw) // 2}f", b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, len(raw), 2)))
+    return None
+
+
+def compare_models(dir_a, dir_b):
+    """(max abs difference, names of tensors whose bytes differ, names in only one model) of two
+    model directories; only tensors whose bytes differ are decoded (here: the routers)."""
+    a, b = safetensors_index(dir_a), safetensors_index(dir_b)
+    names = sorted(set(a) | set(b))
+    missing = [n for n in names if n not in a or n not in b]
+    differing, diff = [], 0.0
+    for n in names:
+        if n in missing:
+            continue
+        (ma, sa, ea, da), (mb, sb, eb, db) = a[n], b[n]
+        ra, rb = ma[sa:ea], mb[sb:eb]
+        if ra == rb and da == db:
+            continue
+        differing.append(n)
+        xa, xb = decode(ra, da), decode(rb, db)
+        if xa is not None and xb is not None and len(xa) == len(xb):
+            diff = max(diff, max((abs(x - y) for x, y in zip(xa, xb)), default=0.0))
+        else:
+            diff = float("inf")
+    return diff, differing, missing
 
 
 # Perplexity and retention per method.
@@ -150,13 +175,11 @@ sweep = (load(os.path.join(work, f"s{seeds[0]}", "dume-top1.route.json")).get("l
 
 # Incremental DUME: added onto the saved statistics vs solved from scratch on all four domains.
 inc = []
-for s in [s for s in seeds if all(have(s, f) for f in ("dume-add.eval.json", "dume-scratch4.eval.json", "dume-top1.eval.json"))]:
-    a = read_safetensors(os.path.join(work, f"s{s}", "dume-add"))
-    b = read_safetensors(os.path.join(work, f"s{s}", "dume-scratch4"))
-    names = sorted(set(a) | set(b))
-    missing = [n for n in names if n not in a or n not in b]
-    diff = max((max(abs(x - y) for x, y in zip(a[n], b[n])) for n in names if n in a and n in b and a[n]), default=0.0)
-    differing = [n for n in names if n in a and n in b and a[n] != b[n]]
+INC_FILES = ("dume-add.eval.json", "dume-scratch4.eval.json", "dume-top1.eval.json", "expert-hu.eval.json",
+             "dume-add.route.json", "dume-scratch4.route.json")
+for s in [s for s in seeds if all(have(s, f) for f in INC_FILES)]:
+    diff, differing, missing = compare_models(os.path.join(work, f"s{s}", "dume-add"),
+                                              os.path.join(work, f"s{s}", "dume-scratch4"))
     ev_add = load(os.path.join(work, f"s{s}", "dume-add.eval.json"))
     ev_scr = load(os.path.join(work, f"s{s}", "dume-scratch4.eval.json"))
     ev_3 = load(os.path.join(work, f"s{s}", "dume-top1.eval.json"))
@@ -165,6 +188,10 @@ for s in [s for s in seeds if all(have(s, f) for f in ("dume-add.eval.json", "du
         "ppl_added": {d: ppl(ev_add, d) for d in DOMAINS + ["hu"]},
         "ppl_scratch": {d: ppl(ev_scr, d) for d in DOMAINS + ["hu"]},
         "ppl_three_experts": {d: ppl(ev_3, d) for d in DOMAINS},
+        "ppl_hu_expert": ppl(load(os.path.join(work, f"s{s}", "expert-hu.eval.json")), "hu"),
+        # `route` wall time: the added expert's statistics alone vs all four domains' re-collected.
+        "seconds_added": load(os.path.join(work, f"s{s}", "dume-add.route.json")).get("seconds"),
+        "seconds_scratch": load(os.path.join(work, f"s{s}", "dume-scratch4.route.json")).get("seconds"),
     })
 results["incremental"] = inc
 
@@ -261,11 +288,16 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
             " statistics, adding an expert equals solving from scratch by construction of the summed ridge"
             " statistics, methods.md §2.4; shared/tests/integration/route.rs asserts it.)\n\n")
     f.write("" if inc else "No seed has finished this step yet.\n")
-    f.write("| seed | max abs router difference | tensors differing | ppl hu added / scratch | "
-            "ppl code, math, docs: 3 experts → 4 (added) |\n|---|---|---|---|---|\n" if inc else "")
+    f.write("| seed | max abs router difference | tensors differing | ppl hu added / scratch (hu expert) | "
+            "hu retention added / scratch | ppl code, math, docs: 3 experts → 4 added (4 scratch) | "
+            "`route` seconds added / scratch |\n|---|---|---|---|---|---|---|\n" if inc else "")
     for x in inc:
-        three = ", ".join(f"{x['ppl_three_experts'][d]:.2f} → {x['ppl_added'][d]:.2f}" for d in DOMAINS)
+        three = ", ".join(f"{x['ppl_three_experts'][d]:.2f} → {x['ppl_added'][d]:.2f} ({x['ppl_scratch'][d]:.2f})"
+                          for d in DOMAINS)
+        hu = x["ppl_hu_expert"]
+        secs = " / ".join("-" if t is None else f"{t:.0f}" for t in (x["seconds_added"], x["seconds_scratch"]))
         f.write(f"| {x['seed']} | {x['max_abs_diff']:.3g} | {len(x['tensors_differing'])} | "
-                f"{x['ppl_added']['hu']:.3f} / {x['ppl_scratch']['hu']:.3f} | {three} |\n")
+                f"{x['ppl_added']['hu']:.2f} / {x['ppl_scratch']['hu']:.2f} ({hu:.2f}) | "
+                f"{hu / x['ppl_added']['hu'] * 100:.1f}% / {hu / x['ppl_scratch']['hu'] * 100:.1f}% | {three} | {secs} |\n")
     write_commands(f, work, "dume", smoke)
 print(open(os.path.join(out, "README.md")).read())

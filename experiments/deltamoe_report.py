@@ -74,6 +74,23 @@ if ran(s2, "cpt2x"):
                    f"en ppl {mean_of(s2, 'en'):.2f} vs {mean_of('cpt2x', 'en'):.2f}"))
 results["claims"] = [{"claim": c, "holds": ok, "numbers": n} for c, ok, n in claims]
 
+# How much of each text the frozen expert 0 (the original FFN) still serves: its share of the top-k
+# assignments (`load_mean[0]` of `eval --json`), per MoE model, on the seeds whose evaluation holds
+# the routing load (a seed carried over from an earlier machine keeps only perplexities).
+expert0 = {}
+for m, _ in methods:
+    if not m.startswith("moe-"):
+        continue
+    per_seed = {}
+    for s in results["seeds_per_method"][m]:
+        ev = load(os.path.join(work, f"s{s}", f"{m}.eval.json"))
+        loads = {d["name"]: d["load_mean"][0] for d in ev["datasets"] if d.get("load_mean")}
+        if len(loads) == len(TEXTS):
+            per_seed[s] = loads
+    if per_seed:
+        expert0[m] = per_seed
+results["expert0_share"] = expert0
+
 # The ablation over the number of trainable experts (E - 1; expert 0 stays frozen): stage 2 and
 # stage 2 + Δ of every expert count that has run, on the seeds they all have (equal seeds, so a
 # difference between rows is not a difference between seeds).
@@ -125,12 +142,21 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
         f.write("\n## Ablation: number of trainable experts\n\n"
                 "Expert 0 (the original FFN) stays frozen; the paper reports that more than 3 trainable experts"
                 " add little (methods.md §1.2). Same stage-1 and stage-2 budget for each count; mean over the"
-                f" seeds every count has run ({', '.join(ablation[0]['seeds'])}).\n\n"
+                f" seeds every count has run ({', '.join(ablation[0]['seeds'])}). With 2 experts and top-2 every token"
+                " uses both (the router only weighs the frozen original against the new expert).\n\n"
                 "| experts (trainable) | stage 2: ppl en | ppl hu | + Δ: ppl en | ppl hu | ppl math |\n"
                 "|---|---|---|---|---|---|\n")
         for a in ablation:
             f.write(f"| {a['experts']} ({a['trainable']}) | {a['stage2']['en']:.2f} | {a['stage2']['hu']:.2f} | "
                     + " | ".join(f"{a['graft'][t]:.2f}" for t in TEXTS) + " |\n")
+    if expert0:
+        f.write("\n## Share of the top-k assignments served by the frozen expert 0\n\n"
+                "Per MoE model and text, the fraction of the top-k (token, expert) assignments that go to expert 0,"
+                " the original FFN (`load_mean[0]` of `eval --json`, a share of all assignments: uniform routing gives 1 / E, and with top-2 a share of 50 % means every token has expert 0 among its two).\n\n"
+                "| model | seeds | " + " | ".join(TEXTS) + " |\n|---|---|" + "---|" * len(TEXTS) + "\n")
+        for m, per_seed in expert0.items():
+            f.write(f"| `{m}` | {', '.join(per_seed)} | "
+                    + " | ".join(fmt([x[t] for x in per_seed.values()], 1, True) for t in TEXTS) + " |\n")
     f.write("\n## The paper's claims\n\n")
     for c, ok, n in claims:
         f.write(f"- {c}: **{'holds' if ok else 'does not hold'}** ({n})\n")

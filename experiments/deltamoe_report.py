@@ -142,7 +142,8 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
         f.write("\n## Ablation: number of trainable experts\n\n"
                 "Expert 0 (the original FFN) stays frozen; the paper reports that more than 3 trainable experts"
                 " add little (methods.md §1.2). Same stage-1 and stage-2 budget for each count; mean over the"
-                f" seeds every count has run ({', '.join(ablation[0]['seeds'])}). With 2 experts and top-2 every token"
+                f" seeds every count has run ({'seed' if len(ablation[0]['seeds']) == 1 else 'seeds'}"
+                f" {', '.join(ablation[0]['seeds'])}). With 2 experts and top-2 every token"
                 " uses both (the router only weighs the frozen original against the new expert).\n\n"
                 "| experts (trainable) | stage 2: ppl en | ppl hu | + Δ: ppl en | ppl hu | ppl math |\n"
                 "|---|---|---|---|---|---|\n")

@@ -31,11 +31,13 @@ bp = {t: ppl(base, t) for t in TEXTS}
 results = {"model": model, "seeds": seeds, "budget": budget, "base": bp, "methods": {}}
 rows = []
 missing = []  # (method, seeds without its evaluation): a run spread over several sittings
+evals = {}  # method -> {seed: its `eval --json` report}
 for m, label in methods:
     have = seeds if m == "base" else seeds_with(work, seeds, f"{m}.eval.json")
     if len(have) < len(seeds):
         missing.append((m, [s for s in seeds if s not in have]))
     evs = [base] * len(seeds) if m == "base" else [load(os.path.join(work, f"s{s}", f"{m}.eval.json")) for s in have]
+    evals[m] = dict(zip(have, evs))
     p = [{t: ppl(ev, t) for t in TEXTS} for ev in evs]
     results["methods"][m] = p
     results.setdefault("seeds_per_method", {})[m] = have
@@ -82,8 +84,7 @@ for m, _ in methods:
     if not m.startswith("moe-"):
         continue
     per_seed = {}
-    for s in results["seeds_per_method"][m]:
-        ev = load(os.path.join(work, f"s{s}", f"{m}.eval.json"))
+    for s, ev in evals[m].items():
         loads = {d["name"]: d["load_mean"][0] for d in ev["datasets"] if d.get("load_mean")}
         if len(loads) == len(TEXTS):
             per_seed[s] = loads
@@ -95,12 +96,10 @@ results["expert0_share"] = expert0
 # stage 2 + Δ of every expert count that has run, on the seeds they all have (equal seeds, so a
 # difference between rows is not a difference between seeds).
 def on_seeds(m, common):
-    by_seed = dict(zip(results["seeds_per_method"][m], results["methods"][m]))
-    return {t: statistics.mean(by_seed[s][t] for s in common) for t in TEXTS}
+    return {t: statistics.mean(ppl(evals[m][s], t) for s in common) for t in TEXTS}
 
 counts = [e for e in sorted(experts, key=int) if ran(f"moe-{e}-s2+delta")]
-common = [s for s in seeds if all(s in results["seeds_per_method"][f"moe-{e}-s2+delta"]
-                                  and s in results["seeds_per_method"][f"moe-{e}-s2"] for e in counts)]
+common = [s for s in seeds if all(s in evals[f"moe-{e}-{stage}"] for e in counts for stage in ("s2", "s2+delta"))]
 ablation = [{"experts": int(e), "trainable": int(e) - 1, "seeds": common,
              "stage2": on_seeds(f"moe-{e}-s2", common), "graft": on_seeds(f"moe-{e}-s2+delta", common)}
             for e in counts] if common else []

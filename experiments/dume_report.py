@@ -104,9 +104,7 @@ def compare_models(dir_a, dir_b):
     names = sorted(set(a) | set(b))
     missing = [n for n in names if n not in a or n not in b]
     differing, diff = [], 0.0
-    for n in names:
-        if n in missing:
-            continue
+    for n in (n for n in names if n in a and n in b):
         (ma, sa, ea, da), (mb, sb, eb, db) = a[n], b[n]
         ra, rb = ma[sa:ea], mb[sb:eb]
         if ra == rb and da == db:

@@ -82,6 +82,9 @@ def safetensors_index(directory):
         for name, meta in header.items():
             if name != "__metadata__":
                 a, b = meta["data_offsets"]
+                if not 0 <= a <= b or 8 + n + b > len(m):
+                    sys.exit(f"{path}: tensor {name} has data_offsets [{a}, {b}], past the {len(m) - 8 - n} data"
+                             " bytes of the file (truncated or corrupt)")
                 index[name] = (m, 8 + n + a, 8 + n + b, meta["dtype"])
     return index
 

@@ -219,11 +219,14 @@ fig_accuracy = figure(out, "routing_accuracy", {
 })
 # The curves of the first seed whose run directory still holds its training logs (a seed carried
 # over from an earlier machine keeps only its evaluation and router reports).
+# (A seed retrained in part may have the experts' logs but not DUME+'s: each figure picks its own.)
 curve_seed = (seeds_with(work, seeds, "expert-code/metrics.jsonl") or seeds)[0]
+router_seed = ([s for s in seeds_with(work, seeds, "dume-plus/metrics.jsonl")
+                if s in seeds_with(work, seeds, "btx/metrics.jsonl")] or seeds)[0]
 fig_curves = figure(out, "router_training", {
-    "kind": "lines", "title": f"Router training (seed {curve_seed}): next-token loss per step", "x": "step",
+    "kind": "lines", "title": f"Router training (seed {router_seed}): next-token loss per step", "x": "step",
     "y": "cross-entropy (nats/token)",
-    "series": [{"name": m, "points": curve(os.path.join(work, f"s{curve_seed}", m, "metrics.jsonl"))}
+    "series": [{"name": m, "points": curve(os.path.join(work, f"s{router_seed}", m, "metrics.jsonl"))}
                for m in ("dume-plus", "btx")],
 })
 fig_experts = figure(out, "expert_training", {

@@ -217,12 +217,11 @@ fig_accuracy = figure(out, "routing_accuracy", {
     "kind": "lines", "title": f"Ridge router: held-out routing accuracy per layer (seed {seeds[0]}, top-1)",
     "x": "layer", "y": "accuracy", "series": acc_series,
 })
-# The curves of the first seed whose run directory still holds its training logs (a seed carried
-# over from an earlier machine keeps only its evaluation and router reports).
-# (A seed retrained in part may have the experts' logs but not DUME+'s: each figure picks its own.)
+# The curves of the first seed whose run directory still holds the figure's training logs (a seed
+# carried over from an earlier machine keeps only its evaluation and router reports, and one
+# retrained in part may have the experts' logs but not DUME+'s).
 curve_seed = (seeds_with(work, seeds, "expert-code/metrics.jsonl") or seeds)[0]
-router_seed = ([s for s in seeds_with(work, seeds, "dume-plus/metrics.jsonl")
-                if s in seeds_with(work, seeds, "btx/metrics.jsonl")] or seeds)[0]
+router_seed = next((s for s in seeds if have(s, "dume-plus/metrics.jsonl") and have(s, "btx/metrics.jsonl")), seeds[0])
 fig_curves = figure(out, "router_training", {
     "kind": "lines", "title": f"Router training (seed {router_seed}): next-token loss per step", "x": "step",
     "y": "cross-entropy (nats/token)",

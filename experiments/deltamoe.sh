@@ -1,34 +1,49 @@
 #!/usr/bin/env bash
-# DeltaMoE on SmolLM2-135M (issue 14 item 2; docs/methods.md §1): language expansion to Hungarian
-# by upcycling, two training stages and a delta graft, against the dense baselines of §1.6.
+# DeltaMoE on SmolLM2-135M (issue 35; docs/methods.md §1): language expansion to Hungarian by
+# upcycling and continued pre-training, then the graft of an alignment-style delta, against dense
+# baselines given what the MoE gets (tokens, FLOPs, replay).
 #
-# The alignment delta: SmolLM2 has no public base/post-trained pair here, so one is built the
-# paper's way in miniature: "post" = the dense model fine-tuned on a distinct ability, LaTeX
-# mathematics (domain/math; not domain/docs, whose Hungarian translation is the training data),
-# and Δ = post − base. The ability is measured as perplexity on domain/math/valid.txt.
+# The base/post pair (the paper's base and instruct models, in miniature). No SmolLM2 base
+# checkpoint is reachable offline, so one is built and said so:
+#   base   SmolLM2-135M-Instruct adapted on general English prose (lang/en, BASE_STEPS steps):
+#          a plain-text model whose own distribution is English; every retention number is
+#          measured against it, on held-out text of that distribution (lang/en/valid.txt)
+#   post   base fine-tuned on one ability, LaTeX mathematics (domain/math; not a language being
+#          added), POST_STEPS steps: Δ = post − base; the ability is ppl on domain/math/valid.txt
+# One pair for every seed (the paper has one base/instruct pair too); the seeds vary everything
+# trained on top of it.
 #
-#   base          the dense model (SmolLM2-135M-Instruct)
-#   post          base fine-tuned on domain/math (the source of Δ)
-#   cpt           dense continued pre-training on Hungarian, the MoE's stage-1 tokens
-#   cpt2x         dense CPT with twice the tokens (the paper's equal-FLOPs baseline: top-2 of
-#                 4 experts runs about twice the FFN FLOPs per token)
-#   cpt+Δ         dense delta merging: `graft` Δ onto cpt (the paper's dense baseline)
-#   average       linear averaging of cpt and post (`merge linear`, equal weights)
-#   moe-E-s1      upcycled to E experts (expert 0 frozen) top-2, stage 1 (`train --stage experts`) on hu
-#   moe-E-s2      stage 2 (`train --stage router`): hu + English replay with the language prior
-#   moe-E-s2+Δ    `graft` Δ onto every expert and the shared tensors of moe-E-s2
-# E = 4 is the headline (3 trainable experts); EXPERTS_LIST="2 3" adds the ablation of 1 and 2
-# trainable experts. English retention = ppl(base, en) / ppl(model, en); Hungarian gain =
-# ppl(base, hu) / ppl(model, hu); ability = ppl on domain/math.
+# Rows (each with Δ grafted where the paper's pipeline grafts it):
+#   cpt            dense CPT of base on hu, the MoE's stage-1 tokens
+#   cpt-flops      dense CPT at the MoE stage 1's training FLOPs (experiments/flops.py: the step
+#                  count scaled by the FLOPs-per-token ratio, ~1.35 for 4 experts top-2)
+#   cpt-replay     cpt continued for the stage-2 budget on the stage-2 mixture (hu + English replay):
+#                  the data stage 2 gives the MoE, given to the dense model
+#   X+delta        `graft` Δ onto X (dense delta merging: the paper's dense baseline)
+#   average        linear averaging of cpt and post (`merge linear`)
+#   moe-4-s1       base upcycled to 4 experts (expert 0 frozen) top-2, stage 1 (`train --stage
+#                  experts`) on hu; moe-4-s1+delta is the paper's main pipeline
+#   moe-4-s2       stage 2 (`train --stage router`, hu + English replay with the language prior):
+#                  the paper's router-tuning ablation; moe-4-s2+delta
+# PARTS adds the analyses of issue 35 item 3 (1 seed is enough where a trend is asked):
+#   2x2      {dense, MoE} x {FFN-only trainable, all trainable} at the stage-1 tokens:
+#            cpt-ffn (`--stage ffn`), cpt (all), moe-4-s1 (FFN-only: experts + router),
+#            moe-4-all (`--stage all`: everything but expert 0); each + Δ
+#   lr       the MoE stage 1 at expert learning rates 3e-4 and 1e-3 (1e-4 is the headline)
+#   tokens   the headline pair (cpt, moe-4-s1) at TOKEN_STEPS steps each (default "300": 3x the
+#            tokens; lang/hu/train.txt holds ~270k tokens, so 300 x 4 x 256 repeats it ~1.1 times)
+#   ablation 2 and 3 experts (1 and 2 trainable), stage 1 + stage 2 + Δ
 #
 # Usage: experiments/deltamoe.sh [--smoke]
-#   --smoke        stories260K, 2 steps per training: checks the pipeline (CI runs it)
-#   MOE_STUDIO_BIN, WORK, OUT, SEEDS  as in experiments/dume.sh (default WORK $MOE_STUDIO_CACHE/experiments/deltamoe)
-#   STEPS/SEQ/BATCH/LR     stage 1 and the dense CPT (full: 100 x 4 x 256 = 102,400 tokens, 1e-4)
-#   ROUTER_STEPS/ROUTER_LR stage 2 (full: 50 x 4 x 256, 1e-3); POST_STEPS the Δ fine-tune (100)
-#   EXPERTS_LIST="4 2 3"   expert counts (full default "4 2 3": the headline and the ablation)
-#   EVAL_TOKENS            evaluation tokens per text (full 10000)
-# Resumable like the other scripts: finished steps are skipped, interrupted training resumes.
+#   --smoke   stories260K, 2 steps per training: checks the pipeline (CI runs it)
+#   MOE_STUDIO_BIN, WORK, OUT, SEEDS (default "1 2 3")  as in experiments/dume.sh
+#   STEPS/SEQ/BATCH/LR       stage 1 and the dense CPT (full: 100 x 4 x 256 = 102,400 tokens, 1e-4)
+#   ROUTER_STEPS/ROUTER_LR   stage 2 and cpt-replay's continuation (full: 50 x 4 x 256, router 1e-3)
+#   BASE_STEPS/POST_STEPS    the pair (full: 200 on lang/en, 100 on domain/math, lr 1e-4)
+#   PARTS="2x2 lr tokens ablation"  the analyses to run after the headline (default: none)
+#   PARTS_SEEDS              seeds of the analyses (default: the first seed)
+#   EVAL_TOKENS              evaluation tokens per text (full 10000)
+# Resumable: finished steps are skipped, interrupted training resumes from its checkpoint.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/env.sh
@@ -46,20 +61,23 @@ done
 if [ "$SMOKE" = 1 ]; then
     MODEL="$D/models/stories260K/stories260K.bin"
     TOK=(--tokenizer "$D/models/stories260K/tok512.bin")
-    STEPS=${STEPS:-2} SEQ=${SEQ:-32} BATCH=${BATCH:-2} LR=${LR:-1e-3} POST_STEPS=${POST_STEPS:-2}
+    STEPS=${STEPS:-2} SEQ=${SEQ:-32} BATCH=${BATCH:-2} LR=${LR:-1e-3}
+    BASE_STEPS=${BASE_STEPS:-2} POST_STEPS=${POST_STEPS:-2}
     ROUTER_STEPS=${ROUTER_STEPS:-2} ROUTER_LR=${ROUTER_LR:-1e-2} EVAL_TOKENS=${EVAL_TOKENS:-256} WINDOW=64
-    SEEDS=${SEEDS:-1} EXPERTS_LIST=${EXPERTS_LIST:-"4 2"}
+    SEEDS=${SEEDS:-1} PARTS=${PARTS-"2x2 lr tokens ablation"} TOKEN_STEPS=${TOKEN_STEPS:-3}
     WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/deltamoe-smoke}
     OUT=${OUT:-$WORK/report}
 else
     MODEL=$(bash tests/reference/fetch_smollm2.sh)
     TOK=()
-    STEPS=${STEPS:-100} SEQ=${SEQ:-256} BATCH=${BATCH:-4} LR=${LR:-1e-4} POST_STEPS=${POST_STEPS:-100}
+    STEPS=${STEPS:-100} SEQ=${SEQ:-256} BATCH=${BATCH:-4} LR=${LR:-1e-4}
+    BASE_STEPS=${BASE_STEPS:-200} POST_STEPS=${POST_STEPS:-100}
     ROUTER_STEPS=${ROUTER_STEPS:-50} ROUTER_LR=${ROUTER_LR:-1e-3} EVAL_TOKENS=${EVAL_TOKENS:-10000} WINDOW=512
-    SEEDS=${SEEDS:-"1 2"} EXPERTS_LIST=${EXPERTS_LIST:-"4 2 3"}
-    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/deltamoe}
+    SEEDS=${SEEDS:-"1 2 3"} PARTS=${PARTS-} TOKEN_STEPS=${TOKEN_STEPS:-300}
+    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/deltamoe-v2}
     OUT=${OUT:-docs/experiments/deltamoe}
 fi
+PARTS_SEEDS=${PARTS_SEEDS:-${SEEDS%% *}}
 mkdir -p "$WORK" "$OUT"
 source experiments/lib.sh
 exp_bin
@@ -67,48 +85,100 @@ exp_bin
 EVAL=(--data "en=$EN_VALID" --data "hu=$HU_VALID" --data "math=$MATH_VALID" --max-tokens "$EVAL_TOKENS"
     --window "$WINDOW" --stride "$STRIDE" --json)
 COMMON=(--seq-len "$SEQ" --batch "$BATCH" --warmup $((STEPS / 10)))
+# The stage-2 mixture: Hungarian and English replay (marked original: the language prior).
+MIX2=(--data "hu=$HU_TRAIN" --data "en=$EN_TRAIN:1:orig")
 
-report "$WORK/base.eval.json" "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL[@]}"
+# The pair: base (plain English text) and post (base + one ability).
+P="$WORK/pair"
+mkdir -p "$P"
+report "$WORK/instruct.eval.json" "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL[@]}"
+train_run "$P/base" "$MODEL" --stage dense --data "en=$EN_TRAIN" --steps "$BASE_STEPS" --lr "$LR" \
+    --seq-len "$SEQ" --batch "$BATCH" --warmup $((BASE_STEPS / 10)) --seed 0
+BASE="$P/base/final"
+report "$WORK/base.eval.json" "$BIN" eval "$BASE" "${TOK[@]}" "${EVAL[@]}"
+train_run "$P/post" "$BASE" --stage dense --data "math=$MATH_TRAIN" --steps "$POST_STEPS" --lr "$LR" \
+    --seq-len "$SEQ" --batch "$BATCH" --warmup $((POST_STEPS / 10)) --seed 0
+POST="$P/post/final"
+report "$WORK/post.eval.json" "$BIN" eval "$POST" "${TOK[@]}" "${EVAL[@]}"
+
+# Training FLOPs per token (experiments/flops.py), and the matched dense step count.
+RATIO=$(python3 experiments/flops.py "$BASE/config.json" ratio "$SEQ" 4 2 1)
+FLOPS_STEPS=$(python3 -c "print(max(1, round($STEPS * $RATIO)))")
+{
+    for st in dense ffn; do echo "$st $(python3 experiments/flops.py "$BASE/config.json" "$st" "$SEQ")"; done
+    for st in experts router all; do echo "moe-4-$st $(python3 experiments/flops.py "$BASE/config.json" "$st" "$SEQ" 4 2 1)"; done
+    echo "ratio $RATIO"
+    echo "flops_steps $FLOPS_STEPS"
+} >"$WORK/flops.txt"
+
+# graft_eval X: X+delta from X (a model directory) and both evaluations.
+graft_eval() {
+    local name=$1 dir=$2
+    make_dir "$S/$name+delta" "$BIN" graft "$dir" --base "$BASE" --instruct "$POST" --out "$S/$name+delta"
+    report "$S/$name.eval.json" "$BIN" eval "$dir" "${TOK[@]}" "${EVAL[@]}"
+    report "$S/$name+delta.eval.json" "$BIN" eval "$S/$name+delta" "${TOK[@]}" "${EVAL[@]}"
+}
+dense_run() { # dense_run NAME STAGE STEPS [LR]
+    train_run "$S/$1" "$BASE" --stage "$2" --data "hu=$HU_TRAIN" --steps "$3" --lr "${4:-$LR}" \
+        --seq-len "$SEQ" --batch "$BATCH" --warmup $(($3 / 10)) --seed "$seed"
+    graft_eval "$1" "$S/$1/final"
+}
+moe_s1() { # moe_s1 NAME EXPERTS STAGE STEPS LR
+    local M="$S/moe-$2"
+    make_dir "$M-init" "$BIN" upcycle "$BASE" --experts "$2" --top-k 2 --frozen 0 \
+        --router-init random --router-std 0.02 --seed "$seed" --out "$M-init"
+    train_run "$S/$1" "$M-init" --stage "$3" --data "hu=$HU_TRAIN" --steps "$4" --lr "$5" \
+        --seq-len "$SEQ" --batch "$BATCH" --warmup $(($4 / 10)) --seed "$seed"
+    graft_eval "$1" "$S/$1/final"
+}
+moe_s2() { # moe_s2 EXPERTS: stage 2 of moe-E-s1
+    local M="$S/moe-$1"
+    train_run "$M-s2" "$M-s1/final" --stage router "${MIX2[@]}" --steps "$ROUTER_STEPS" --lr "$ROUTER_LR" \
+        --seq-len "$SEQ" --batch "$BATCH" --warmup $((ROUTER_STEPS / 10)) --seed "$seed"
+    graft_eval "moe-$1-s2" "$M-s2/final"
+}
 
 for seed in $SEEDS; do
     S="$WORK/s$seed"
     mkdir -p "$S"
-    # Δ = post − base.
-    train_run "$S/post" "$MODEL" --stage dense --data "math=$MATH_TRAIN" --steps "$POST_STEPS" --lr "$LR" \
-        "${COMMON[@]}" --seed "$seed"
-    POST="$S/post/final"
-    report "$S/post.eval.json" "$BIN" eval "$POST" "${TOK[@]}" "${EVAL[@]}"
-
-    # Dense baselines.
-    train_run "$S/cpt" "$MODEL" --stage dense --data "hu=$HU_TRAIN" --steps "$STEPS" --lr "$LR" "${COMMON[@]}" --seed "$seed"
-    make_dir "$S/cpt+delta" "$BIN" graft "$S/cpt/final" --base "$MODEL" --instruct "$POST" --out "$S/cpt+delta"
+    # The headline: dense CPT and the MoE's stage 1, each + Δ, and linear averaging.
+    dense_run cpt dense "$STEPS"
     make_dir "$S/average" "$BIN" merge linear "$S/cpt/final" "$POST" --out "$S/average"
-    for m in cpt/final cpt+delta average; do
-        report "$S/${m%/final}.eval.json" "$BIN" eval "$S/$m" "${TOK[@]}" "${EVAL[@]}"
-    done
-
-    # The MoE: upcycle, stage 1, stage 2, graft.
-    for E in $EXPERTS_LIST; do
-        M="$S/moe-$E"
-        make_dir "$M-init" "$BIN" upcycle "$MODEL" --experts "$E" --top-k 2 --frozen 0 \
-            --router-init random --router-std 0.02 --seed "$seed" --out "$M-init"
-        train_run "$M-s1" "$M-init" --stage experts --data "hu=$HU_TRAIN" --steps "$STEPS" --lr "$LR" \
-            "${COMMON[@]}" --seed "$seed"
-        train_run "$M-s2" "$M-s1/final" --stage router --data "hu=$HU_TRAIN" --data "en=$EN_TRAIN:1:orig" \
-            --steps "$ROUTER_STEPS" --lr "$ROUTER_LR" --seq-len "$SEQ" --batch "$BATCH" \
-            --warmup $((ROUTER_STEPS / 10)) --seed "$seed"
-        make_dir "$M-s2+delta" "$BIN" graft "$M-s2/final" --base "$MODEL" --instruct "$POST" --out "$M-s2+delta"
-        report "$M-s1.eval.json" "$BIN" eval "$M-s1/final" "${TOK[@]}" "${EVAL[@]}"
-        report "$M-s2.eval.json" "$BIN" eval "$M-s2/final" "${TOK[@]}" "${EVAL[@]}"
-        report "$M-s2+delta.eval.json" "$BIN" eval "$M-s2+delta" "${TOK[@]}" "${EVAL[@]}"
-    done
-
-    # The equal-FLOPs dense baseline last: it is the longest single training (2x the tokens), and
-    # the headline comparisons (stage 2 vs base, MoE + Δ vs CPT + Δ) do not need it.
-    train_run "$S/cpt2x" "$MODEL" --stage dense --data "hu=$HU_TRAIN" --steps $((2 * STEPS)) --lr "$LR" \
-        "${COMMON[@]}" --seed "$seed"
-    report "$S/cpt2x.eval.json" "$BIN" eval "$S/cpt2x/final" "${TOK[@]}" "${EVAL[@]}"
+    report "$S/average.eval.json" "$BIN" eval "$S/average" "${TOK[@]}" "${EVAL[@]}"
+    moe_s1 moe-4-s1 4 experts "$STEPS" "$LR"
+    # Like for like: the dense model at the MoE's FLOPs, then with the stage-2 replay; stage 2.
+    dense_run cpt-flops dense "$FLOPS_STEPS"
+    train_run "$S/cpt-replay" "$S/cpt/final" --stage dense "${MIX2[@]}" --steps "$ROUTER_STEPS" --lr "$LR" \
+        --seq-len "$SEQ" --batch "$BATCH" --warmup $((ROUTER_STEPS / 10)) --seed "$seed"
+    graft_eval cpt-replay "$S/cpt-replay/final"
+    moe_s2 4
 done
 
-python3 experiments/deltamoe_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$EXPERTS_LIST" \
-    "steps=$STEPS x $BATCH x $SEQ tokens (stage 1 and cpt; cpt2x twice), lr=$LR, router_steps=$ROUTER_STEPS lr=$ROUTER_LR, post_steps=$POST_STEPS, eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE"
+for seed in $PARTS_SEEDS; do
+    S="$WORK/s$seed"
+    for part in $PARTS; do
+        case $part in
+        2x2)
+            dense_run cpt-ffn ffn "$STEPS"
+            moe_s1 moe-4-all 4 all "$STEPS" "$LR"
+            ;;
+        lr)
+            for lr in 3e-4 1e-3; do moe_s1 "moe-4-s1-lr$lr" 4 experts "$STEPS" "$lr"; done
+            ;;
+        tokens)
+            dense_run "cpt-steps$TOKEN_STEPS" dense "$TOKEN_STEPS"
+            moe_s1 "moe-4-s1-steps$TOKEN_STEPS" 4 experts "$TOKEN_STEPS" "$LR"
+            ;;
+        ablation)
+            for E in 2 3; do
+                moe_s1 "moe-$E-s1" "$E" experts "$STEPS" "$LR"
+                moe_s2 "$E"
+            done
+            ;;
+        *) echo "unknown part $part (expected 2x2, lr, tokens, ablation)" >&2; exit 1 ;;
+        esac
+    done
+done
+
+python3 experiments/deltamoe_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$PARTS_SEEDS" \
+    "stage 1 and cpt: $STEPS x $BATCH x $SEQ tokens, lr $LR; cpt-flops: $FLOPS_STEPS steps (FLOPs ratio $RATIO); stage 2 and the replay continuation: $ROUTER_STEPS steps (router lr $ROUTER_LR, dense lr $LR); base: $BASE_STEPS steps on lang/en; post: $POST_STEPS steps on domain/math; eval $EVAL_TOKENS tokens per text, window $WINDOW stride $STRIDE; --docs blank (documents separated by blank lines, each followed by <|endoftext|>)"

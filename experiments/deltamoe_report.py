@@ -1,158 +1,223 @@
 #!/usr/bin/env python3
-"""Tables of experiments/deltamoe.sh (issue 14 item 2): English retention, Hungarian gain and the
-grafted ability of the MoE (stage 1, stage 2, + Δ) against dense CPT, dense CPT with twice the
-tokens, dense CPT + Δ and linear averaging; mean ± std over seeds. Standard library only.
+"""Tables of experiments/deltamoe.sh (issue 35): retention of the base's English, Hungarian gain and
+the grafted ability for the MoE (stage 1, stage 2, each + Δ) against dense CPT at equal tokens, at
+equal FLOPs and with the stage-2 replay (each + Δ) and linear averaging; mean ± std over seeds; the
+2x2, learning-rate, token and expert-count analyses when they ran. Standard library only.
 
-Usage: deltamoe_report.py WORK OUT SMOKE MODEL "SEEDS" "EXPERTS_LIST" "BUDGET"
+Usage: deltamoe_report.py WORK OUT SMOKE MODEL "SEEDS" "PARTS_SEEDS" "BUDGET"
 Writes OUT/results.json and OUT/README.md.
 """
 import os
 import statistics
 import sys
 
-from report_common import (curve, figure, fmt, load, mean_or_none, open_report, ppl, seeds_with, unfinished_note,
-                           write_commands)
+from report_common import (curve, figure, fmt, load, mean_or_none, nll, open_report, ppl, seeds_with,
+                           stream_hashes, unfinished_note, write_commands)
 
-work, out, smoke, model, seeds, experts, budget = sys.argv[1:]
-seeds, experts = seeds.split(), experts.split()
+work, out, smoke, model, seeds, parts_seeds, budget = sys.argv[1:]
+seeds, parts_seeds = seeds.split(), parts_seeds.split()
 TEXTS = ["en", "hu", "math"]
 
-methods = [("base", "the dense model"), ("post", "base fine-tuned on math (Δ = post − base)"),
-           ("cpt", "dense CPT on hu, stage-1 tokens"), ("cpt2x", "dense CPT, twice the tokens"),
-           ("cpt+delta", "dense CPT + Δ (dense delta merging)"), ("average", "linear average of cpt and post")]
-for e in experts:
-    t = int(e) - 1
-    methods += [(f"moe-{e}-s1", f"MoE {e} experts ({t} trainable), stage 1"),
-                (f"moe-{e}-s2", f"MoE {e} experts, stage 2 (router, en replay + prior)"),
-                (f"moe-{e}-s2+delta", f"MoE {e} experts, stage 2 + Δ grafted")]
+HEADLINE = [
+    ("cpt", "dense CPT on hu (stage-1 tokens)"),
+    ("cpt+delta", "dense CPT + Δ (the paper's dense delta merging)"),
+    ("cpt-flops", "dense CPT at the MoE stage 1's training FLOPs"),
+    ("cpt-flops+delta", "dense CPT at matched FLOPs + Δ"),
+    ("cpt-replay", "cpt + the stage-2 budget on hu + en replay (dense, the MoE's stage-2 data)"),
+    ("cpt-replay+delta", "cpt-replay + Δ"),
+    ("average", "linear average of cpt and post"),
+    ("moe-4-s1", "MoE 4 experts (3 trainable) top-2, stage 1 on hu"),
+    ("moe-4-s1+delta", "stage 1 + Δ (the paper's main pipeline)"),
+    ("moe-4-s2", "+ stage 2: router tuning with en replay + prior (the paper's ablation)"),
+    ("moe-4-s2+delta", "stage 2 + Δ"),
+]
+PARTS = [
+    ("cpt-ffn", "2x2: dense, FFN-only trainable (`--stage ffn`)"),
+    ("cpt-ffn+delta", "2x2: dense FFN-only + Δ"),
+    ("moe-4-all", "2x2: MoE, all but expert 0 trainable (`--stage all`)"),
+    ("moe-4-all+delta", "2x2: MoE all-trainable + Δ"),
+    ("moe-4-s1-lr3e-4", "stage 1 at expert lr 3e-4"),
+    ("moe-4-s1-lr3e-4+delta", "lr 3e-4 + Δ"),
+    ("moe-4-s1-lr1e-3", "stage 1 at expert lr 1e-3"),
+    ("moe-4-s1-lr1e-3+delta", "lr 1e-3 + Δ"),
+]
+steps_rows = sorted({f.split(".eval.json")[0] for s in parts_seeds if os.path.isdir(os.path.join(work, f"s{s}"))
+                     for f in os.listdir(os.path.join(work, f"s{s}")) if "-steps" in f and f.endswith(".eval.json")})
+PARTS += [(m, "token sweep: " + m) for m in steps_rows]
+for e in ("2", "3"):
+    PARTS += [(f"moe-{e}-s1", f"ablation: {e} experts ({int(e) - 1} trainable), stage 1"),
+              (f"moe-{e}-s1+delta", f"ablation: {e} experts, stage 1 + Δ"),
+              (f"moe-{e}-s2", f"ablation: {e} experts, stage 2"),
+              (f"moe-{e}-s2+delta", f"ablation: {e} experts, stage 2 + Δ")]
 
 base = load(os.path.join(work, "base.eval.json"))
+post = load(os.path.join(work, "post.eval.json"))
+instruct = load(os.path.join(work, "instruct.eval.json"))
 bp = {t: ppl(base, t) for t in TEXTS}
-results = {"model": model, "seeds": seeds, "budget": budget, "base": bp, "methods": {}}
-rows = []
-missing = []  # (method, seeds without its evaluation): a run spread over several sittings
-evals = {}  # method -> {seed: its `eval --json` report}
-for m, label in methods:
-    have = seeds if m == "base" else seeds_with(work, seeds, f"{m}.eval.json")
-    if len(have) < len(seeds):
-        missing.append((m, [s for s in seeds if s not in have]))
-    evs = [base] * len(seeds) if m == "base" else [load(os.path.join(work, f"s{s}", f"{m}.eval.json")) for s in have]
-    evals[m] = dict(zip(have, evs))
-    p = [{t: ppl(ev, t) for t in TEXTS} for ev in evs]
-    results["methods"][m] = p
-    results.setdefault("seeds_per_method", {})[m] = have
-    rows.append([f"`{m}`", label, ", ".join(have) if have else "not run"] + [fmt([x[t] for x in p]) for t in TEXTS]
-                + [fmt([bp["en"] / x["en"] for x in p], 1, True), fmt([bp["hu"] / x["hu"] for x in p], 1, True),
-                   fmt([x["en"] / bp["en"] - 1 for x in p], 1, True)])
+bn = {t: nll(base, t) for t in TEXTS}
+flops = {}
+if os.path.exists(os.path.join(work, "flops.txt")):
+    for line in open(os.path.join(work, "flops.txt")):
+        k, v = line.split()
+        flops[k] = float(v)
+
+results = {"model": model, "seeds": seeds, "parts_seeds": parts_seeds, "budget": budget, "flops": flops,
+           "instruct": {t: ppl(instruct, t) for t in TEXTS}, "base": bp, "post": {t: ppl(post, t) for t in TEXTS},
+           "methods": {}, "seeds_per_method": {}}
+missing = []
+evals = {}
+
+
+def collect(m, its_seeds):
+    have = seeds_with(work, its_seeds, f"{m}.eval.json")
+    if len(have) < len(its_seeds):
+        missing.append((m, [s for s in its_seeds if s not in have]))
+    evs = {s: load(os.path.join(work, f"s{s}", f"{m}.eval.json")) for s in have}
+    evals[m] = evs
+    results["methods"][m] = [{t: ppl(ev, t) for t in TEXTS} for ev in evs.values()]
+    results["seeds_per_method"][m] = have
+    return evs
+
+
+def row(m, label, evs):
+    p = [{t: ppl(ev, t) for t in TEXTS} for ev in evs.values()]
+    n = [{t: nll(ev, t) for t in TEXTS} for ev in evs.values()]
+    return ([f"`{m}`", label, ", ".join(evs) if evs else "not run"] + [fmt([x[t] for x in p]) for t in TEXTS]
+            + [fmt([bp["en"] / x["en"] for x in p], 1, True), fmt([bn["en"] / x["en"] for x in n], 1, True),
+               fmt([bp["hu"] / x["hu"] for x in p], 2), fmt([results["post"]["math"] / x["math"] for x in p], 1, True)])
+
+
+fixed = [["`instruct`", "SmolLM2-135M-Instruct as downloaded (what the pair starts from)", "-"]
+         + [f"{ppl(instruct, t):.2f}" for t in TEXTS] + ["-"] * 4,
+         ["`base`", "instruct adapted on lang/en (the plain-text base; retention is measured against it)", "-"]
+         + [f"{bp[t]:.2f}" for t in TEXTS] + ["100.0%", "100.0%", "1.00", "-"],
+         ["`post`", "base fine-tuned on domain/math (Δ = post − base)", "-"]
+         + [f"{ppl(post, t):.2f}" for t in TEXTS]
+         + [f"{bp['en'] / ppl(post, 'en') * 100:.1f}%", f"{bn['en'] / nll(post, 'en') * 100:.1f}%",
+            f"{bp['hu'] / ppl(post, 'hu'):.2f}", "100.0%"]]
+head_rows = [row(m, label, collect(m, seeds)) for m, label in HEADLINE]
+part_rows = [row(m, label, collect(m, parts_seeds)) for m, label in PARTS]
+part_rows = [r for r in part_rows if r[2] != "not run"]
+missing = [(m, s) for m, s in missing if m in dict(HEADLINE) or results["seeds_per_method"][m]]
+
 
 def mean_of(m, t):
     return statistics.mean(x[t] for x in results["methods"][m])
 
-def ran(*ms):
-    return all(results["methods"][m] for m in ms)
 
-head = experts[0]
-claims = []  # a claim whose models have not run yet is left out
-s2 = f"moe-{head}-s2"
-if ran(s2):
-    en_change = mean_of(s2, "en") / bp["en"] - 1
-    claims.append((f"`{s2}` English ppl at most 2% above the original while Hungarian improves",
-                   en_change <= 0.02 and mean_of(s2, "hu") < bp["hu"],
-                   f"en {en_change * 100:+.1f}%, hu {mean_of(s2, 'hu'):.2f} vs {bp['hu']:.2f}"))
-g = f"moe-{head}-s2+delta"
-if ran(g, "cpt+delta"):
-    claims.append((f"`{g}` retains English better than `cpt+delta`",
-                   mean_of(g, "en") < mean_of("cpt+delta", "en"),
-                   f"en ppl {mean_of(g, 'en'):.2f} vs {mean_of('cpt+delta', 'en'):.2f}; "
-                   f"hu ppl {mean_of(g, 'hu'):.2f} vs {mean_of('cpt+delta', 'hu'):.2f}"))
-if ran(g):
-    claims.append((f"`{g}` keeps the grafted ability (math ppl below base)",
-                   mean_of(g, "math") < bp["math"], f"math ppl {mean_of(g, 'math'):.2f} vs base {bp['math']:.2f}"))
-if ran(s2, "cpt2x"):
-    claims.append((f"`{s2}` learns Hungarian at least as well as dense CPT with twice the tokens (equal FFN FLOPs)"
-                   " while keeping English better",
-                   mean_of(s2, "hu") <= mean_of("cpt2x", "hu") and mean_of(s2, "en") < mean_of("cpt2x", "en"),
-                   f"hu ppl {mean_of(s2, 'hu'):.2f} vs {mean_of('cpt2x', 'hu'):.2f}; "
-                   f"en ppl {mean_of(s2, 'en'):.2f} vs {mean_of('cpt2x', 'en'):.2f}"))
+def ran(*ms):
+    return all(results["methods"].get(m) for m in ms)
+
+
+def paired(a, b, t):
+    """Per seed both ran: (a - b) / b of text t's perplexity, as a list."""
+    common = [s for s in evals[a] if s in evals[b]]
+    return [ppl(evals[a][s], t) / ppl(evals[b][s], t) - 1 for s in common], common
+
+
+claims = []
+if ran("moe-4-s1+delta", "cpt+delta"):
+    d_en, c = paired("moe-4-s1+delta", "cpt+delta", "en")
+    d_hu, _ = paired("moe-4-s1+delta", "cpt+delta", "hu")
+    claims.append(("DeltaMoE's main pipeline (MoE stage 1 + Δ) keeps the base's English better than dense CPT + Δ",
+                   all(x < 0 for x in d_en),
+                   f"en ppl {mean_of('moe-4-s1+delta', 'en'):.2f} vs {mean_of('cpt+delta', 'en'):.2f} "
+                   f"({fmt(d_en, 1, True)} per seed, seeds {', '.join(c)}); hu ppl {mean_of('moe-4-s1+delta', 'hu'):.2f} vs "
+                   f"{mean_of('cpt+delta', 'hu'):.2f} ({fmt(d_hu, 1, True)})"))
+if ran("moe-4-s1+delta", "cpt-flops+delta"):
+    d_en, c = paired("moe-4-s1+delta", "cpt-flops+delta", "en")
+    d_hu, _ = paired("moe-4-s1+delta", "cpt-flops+delta", "hu")
+    claims.append(("at matched training FLOPs the MoE + Δ keeps English better than dense CPT + Δ",
+                   all(x < 0 for x in d_en),
+                   f"en {fmt(d_en, 1, True)}, hu {fmt(d_hu, 1, True)} (MoE relative to dense, per seed mean ± std; "
+                   f"FLOPs/token stage 1 {flops.get('moe-4-experts', 0):.3f} vs dense {flops.get('dense', 0):.3f} GFLOP)"))
+if ran("moe-4-s1+delta"):
+    claims.append(("the graft carries the ability onto the MoE (math ppl near post's, far below base's)",
+                   mean_of("moe-4-s1+delta", "math") < 0.5 * (bp["math"] + results["post"]["math"]),
+                   f"math ppl {mean_of('moe-4-s1+delta', 'math'):.2f}; post {results['post']['math']:.2f}, base {bp['math']:.2f}"))
+if ran("moe-4-s2", "moe-4-s1"):
+    d_en, c = paired("moe-4-s2", "moe-4-s1", "en")
+    claims.append(("stage 2 (router tuning with English replay and the language prior) recovers English",
+                   all(x < 0 for x in d_en), f"en ppl change from stage 1 {fmt(d_en, 1, True)}"))
+if ran("moe-4-s2+delta", "cpt-replay+delta"):
+    d_en, c = paired("moe-4-s2+delta", "cpt-replay+delta", "en")
+    d_hu, _ = paired("moe-4-s2+delta", "cpt-replay+delta", "hu")
+    claims.append(("with the same English replay given to the dense model, the MoE (stage 2 + Δ) still keeps English better",
+                   all(x < 0 for x in d_en), f"en {fmt(d_en, 1, True)}, hu {fmt(d_hu, 1, True)} (MoE relative to dense)"))
 results["claims"] = [{"claim": c, "holds": ok, "numbers": n} for c, ok, n in claims]
 
-# How much of each text the frozen expert 0 (the original FFN) still serves: its share of the top-k
-# assignments (`load_mean[0]` of `eval --json`), per MoE model, on the seeds whose evaluation holds
-# the routing load (a seed carried over from an earlier machine keeps only perplexities).
+# Share of the top-k assignments served by the frozen expert 0 (`load_mean[0]`).
 expert0 = {}
-for m, _ in methods:
-    if not m.startswith("moe-"):
-        continue
+for m in [m for m, _ in HEADLINE + PARTS if m.startswith("moe-") and "+delta" not in m]:
     per_seed = {}
-    for s, ev in evals[m].items():
+    for s, ev in evals.get(m, {}).items():
         loads = {d["name"]: d["load_mean"][0] for d in ev["datasets"] if d.get("load_mean")}
         if len(loads) == len(TEXTS):
             per_seed[s] = loads
     if per_seed:
         expert0[m] = per_seed
 results["expert0_share"] = expert0
-
-# The ablation over the number of trainable experts (E - 1; expert 0 stays frozen): stage 2 and
-# stage 2 + Δ of every expert count that has run, on the seeds they all have (equal seeds, so a
-# difference between rows is not a difference between seeds).
-def on_seeds(m, common):
-    return {t: statistics.mean(ppl(evals[m][s], t) for s in common) for t in TEXTS}
-
-counts = [e for e in sorted(experts, key=int) if ran(f"moe-{e}-s2+delta")]
-common = [s for s in seeds if all(s in evals[f"moe-{e}-{stage}"] for e in counts for stage in ("s2", "s2+delta"))]
-ablation = [{"experts": int(e), "trainable": int(e) - 1, "seeds": common,
-             "stage2": on_seeds(f"moe-{e}-s2", common), "graft": on_seeds(f"moe-{e}-s2+delta", common)}
-            for e in counts] if common else []
-results["ablation"] = ablation
+# Every evaluation read the same token streams (the same documents in every command).
+results["eval_streams"] = stream_hashes([base, post, instruct] + [ev for m in evals for ev in evals[m].values()])
 
 os.makedirs(out, exist_ok=True)
-# Figures: perplexity change vs the base model per text; the training curves of the first seed.
-fig_models = [m for m, _ in methods if m != "base" and results["methods"][m]]
+fig_models = [m for m, _ in HEADLINE if results["methods"].get(m)]
 fig_ppl = figure(out, "ppl_change", {
-    "kind": "bars", "title": f"DeltaMoE on {os.path.basename(model)}: perplexity relative to the base model (lower is better)",
+    "kind": "bars", "title": "DeltaMoE on SmolLM2-135M: perplexity relative to the plain-text base (lower is better)",
     "y": "ppl / base ppl", "categories": TEXTS,
     "series": [{"name": m, "values": [mean_or_none([x[t] / bp[t] for x in results["methods"][m]]) for t in TEXTS]}
                for m in fig_models],
 })
-# The curves of the first seed whose run directory still holds its training logs (a seed carried
-# over from an earlier machine keeps only its evaluations).
 curve_seed = (seeds_with(work, seeds, "cpt/metrics.jsonl") or seeds)[0]
 S0 = os.path.join(work, f"s{curve_seed}")
 fig_curves = figure(out, "training", {
     "kind": "lines", "title": f"Training (seed {curve_seed}): next-token loss per step", "x": "step",
     "y": "cross-entropy (nats/token)",
-    "series": [{"name": n, "points": curve(os.path.join(S0, d, "metrics.jsonl"))} for n, d in
-               [("dense CPT (hu)", "cpt"), ("dense CPT 2x (hu)", "cpt2x"), ("post (math)", "post")]
-               + [(f"MoE {e} stage 1 (hu)", f"moe-{e}-s1") for e in experts]
-               + [(f"MoE {e} stage 2 (router)", f"moe-{e}-s2") for e in experts]],
+    "series": [{"name": n, "points": curve(p)} for n, p in
+               [("base (en)", os.path.join(work, "pair/base/metrics.jsonl")),
+                ("post (math)", os.path.join(work, "pair/post/metrics.jsonl"))]
+               + [(n, os.path.join(S0, d, "metrics.jsonl")) for n, d in
+                  [("dense CPT (hu)", "cpt"), ("dense CPT matched FLOPs (hu)", "cpt-flops"),
+                   ("MoE stage 1 (hu)", "moe-4-s1"), ("MoE stage 2 (router)", "moe-4-s2"),
+                   ("dense replay (hu + en)", "cpt-replay")]]],
 })
-with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling, two stages and a delta graft", smoke) as f:
-    f.write(f"Model `{os.path.basename(model)}`; seeds {', '.join(seeds)} (mean ± std); {budget}. Perplexity on"
-            " `lang/en/valid.txt`, `lang/hu/valid.txt` and `domain/math/valid.txt` (the ability Δ carries);"
-            " retention = ppl(base, en) / ppl(model, en), gain = ppl(base, hu) / ppl(model, hu).\n\n")
+HEAD = ("| model | what | seeds | ppl en | ppl hu | ppl math | en retention (ppl) | en retention (loss) | hu gain | "
+        "math ability kept |\n|---|---|---|---|---|---|---|---|---|---|\n")
+with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling, then the graft of a delta", smoke) as f:
+    f.write(f"Model: SmolLM2-135M-Instruct (`{os.path.basename(model)}`), made into a base/post pair (below); seeds "
+            f"{', '.join(seeds)} (mean ± std); {budget}.\n\n"
+            "**Protocol (issue 35, 2026-12-03).** Text is read as the corpora define it: documents separated by blank"
+            " lines, each followed by `<|endoftext|>` (docs/methods.md §7); every evaluation below read the same token"
+            " streams (their SHA-256 in results.json `eval_streams`). The delta is an alignment-style delta in"
+            " miniature: `base` = the instruct model adapted on English prose (lang/en), `post` = base fine-tuned on"
+            " LaTeX mathematics, Δ = post − base; every model below starts from `base`, so English retention is"
+            " measured against the model the MoE was made from, on held-out text of its own distribution"
+            " (lang/en/valid.txt), and it can fall below 100 %. Retention (ppl) = ppl(base, en) / ppl(model, en);"
+            " retention (loss) = NLL(base, en) / NLL(model, en); hu gain = ppl(base, hu) / ppl(model, hu); math"
+            " ability kept = ppl(post, math) / ppl(model, math). The tables published before this protocol (one"
+            " document per line, Δ from the instruct model, dense baselines without replay or matched FLOPs) are"
+            " replaced; the git history has them.\n\n")
+    if flops:
+        f.write(f"Training FLOPs per token (`experiments/flops.py`):"
+                f" dense {flops.get('dense', 0):.3f} GFLOP, dense FFN-only {flops.get('ffn', 0):.3f},"
+                f" MoE stage 1 {flops.get('moe-4-experts', 0):.3f}, stage 2 {flops.get('moe-4-router', 0):.3f},"
+                f" MoE all-trainable {flops.get('moe-4-all', 0):.3f}; `cpt-flops` trains {int(flops.get('flops_steps', 0))}"
+                f" steps for stage 1's 100 (ratio {flops.get('ratio', 0):.3f}).\n\n")
     f.write(unfinished_note(missing))
-    f.write("| model | what | seeds | ppl en | ppl hu | ppl math | en retention | hu gain | en ppl change |\n")
-    f.write("|---|---|---|---|---|---|---|---|---|\n")
-    for r in rows:
+    f.write(HEAD)
+    for r in fixed + head_rows:
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_ppl)
+    if part_rows:
+        f.write(f"\n## Analyses (seed {', '.join(parts_seeds)})\n\n" + HEAD)
+        for r in part_rows:
+            f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_curves)
-    if len(ablation) > 1:
-        f.write("\n## Ablation: number of trainable experts\n\n"
-                "Expert 0 (the original FFN) stays frozen; the paper reports that more than 3 trainable experts"
-                " add little (methods.md §1.2). Same stage-1 and stage-2 budget for each count; mean over the"
-                f" seeds every count has run ({'seed' if len(ablation[0]['seeds']) == 1 else 'seeds'}"
-                f" {', '.join(ablation[0]['seeds'])}). With 2 experts and top-2 every token"
-                " uses both (the router only weighs the frozen original against the new expert).\n\n"
-                "| experts (trainable) | stage 2: ppl en | ppl hu | + Δ: ppl en | ppl hu | ppl math |\n"
-                "|---|---|---|---|---|---|\n")
-        for a in ablation:
-            f.write(f"| {a['experts']} ({a['trainable']}) | {a['stage2']['en']:.2f} | {a['stage2']['hu']:.2f} | "
-                    + " | ".join(f"{a['graft'][t]:.2f}" for t in TEXTS) + " |\n")
     if expert0:
         f.write("\n## Share of the top-k assignments served by the frozen expert 0\n\n"
                 "Per MoE model and text, the fraction of the top-k (token, expert) assignments that go to expert 0,"
-                " the original FFN (`load_mean[0]` of `eval --json`, a share of all assignments: uniform routing gives 1 / E, and with top-2 a share of 50 % means every token has expert 0 among its two).\n\n"
+                " the base's FFN (`load_mean[0]` of `eval --json`; uniform routing gives 1 / E, and with top-2 a share"
+                " of 50 % means every token has expert 0 among its two).\n\n"
                 "| model | seeds | " + " | ".join(TEXTS) + " |\n|---|---|" + "---|" * len(TEXTS) + "\n")
         for m, per_seed in expert0.items():
             f.write(f"| `{m}` | {', '.join(per_seed)} | "

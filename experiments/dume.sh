@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
-# DUME on SmolLM2-135M (issue 14 item 1; docs/methods.md §2): three dense domain experts
+# DUME on SmolLM2-135M (issue 35 item 4; docs/methods.md §2): three dense domain experts
 # (`train --stage dense` on domain/{code,math,docs}), MoErged (`moerge`), routed by the closed-form
-# ridge router (`route`, top-1 and top-2, lambda sweep), against the baselines of DUME's CLM section:
+# ridge router (`route`, top-1 and top-2, lambda sweeps), against the baselines of DUME's CLM section.
+# Text is read as documents separated by blank lines, each followed by <|endoftext|> (methods.md
+# §7), the same token stream in `train`, `route` and `eval`; the ridge statistics cover every
+# training token of each domain (the reference code's statistics pass; STAT_TOKENS caps them).
 #   expert-D     each dense domain expert (its own domain is the reference of the retention)
 #   average      uniform weight averaging of the three experts (`merge linear`)
 #   random       the MoErged model with seeded random routers (`eval --routing random`)
-#   dume-top1/2  the ridge router, statistics from each domain's train text
+#   dume-top1/2  the ridge router, statistics from each domain's train text (top-2 re-solves
+#                top-1's statistics: `route --stats`)
 #   dume-ood     the ridge router, statistics from out-of-distribution text of each domain (below)
-#   dume-plus    DUME+: the top-2 ridge router (dume-top2) fine-tuned (`train --stage router`, no
-#                balancing loss)
-#   btx          BTX-style: a random top-2 router (std 0.02) trained the same way (load-balancing
-#                loss on), top-2 as in BTX (Sukhbaatar et al. 2024)
+#   dume-plus    DUME+: the top-2 ridge router (dume-top2) fine-tuned (`train --stage router`)
+#   btx          BTX-style: a random top-2 router (std 0.02) trained the same way, top-2 as in BTX
+#                (Sukhbaatar et al. 2024); both with the same load-balancing coefficient
+#                (ALPHA, default 0.01)
 #                Both train top-2 routers with renormalised weights: the next-token gradient reaches
 #                the router through the two weights. (A top-1 router with renormalised weights gets
 #                none, and `--norm-topk false` at top-1 — Switch's form — scales every MoErged FFN
 #                by its softmax probability, ~1/3 here: the first full run did that and the loss
 #                started at 10.3 nats against 2.5, ppl ~140 after 50 steps; see the DUME README.)
 #   oracle       every token of domain i sent to expert i (`eval --routing oracle`)
-# Retention of a model on domain D = ppl(expert-D on D) / ppl(model on D), as in DUME (§2.6).
-# Then incremental DUME (§2.4): a fourth expert (a Hungarian fine-tune, lang/hu) added with
+# Retention of a model on domain D = ppl(expert-D on D) / ppl(model on D), as in DUME (§2.6),
+# and the loss ratio NLL(expert-D on D) / NLL(model on D) beside it.
+# PARTS (default "ffn ood incremental"; PARTS_SEEDS, default all seeds):
+#   ffn          the same with FFN-only domain experts (`train --stage ffn`: attention, norms and
+#                embeddings stay the base's, so MoErging averages nothing that moved and the oracle
+#                is the dense experts exactly): what is left is the router
+#   ood          out-of-distribution statistics (below)
+#   incremental  incremental DUME (§2.4): a fourth expert (a Hungarian fine-tune, lang/hu) added with
 # `route --add-expert`: the shared tensors become the mean of four models and the old domains'
 # saved statistics are reused as they are (the old data is not revisited), so they were collected
 # on the three-model mean. Compared with re-collecting every domain's statistics on the grown
@@ -39,11 +49,13 @@
 #   MOE_STUDIO_BIN=...  (or BIN) the moe-studio binary (default: cargo builds it; release, smoke: debug)
 #   WORK=...     run directory (default $MOE_STUDIO_CACHE/experiments/dume[-smoke]); kept between sittings
 #   OUT=...      where the tables go (default docs/experiments/dume, smoke: $WORK/report)
-#   SEEDS="1 2"  seeds (dense fine-tune data order, random routers, router training); default "1 2"
+#   SEEDS="1 2 3"  seeds (dense fine-tune data order, random routers, router training)
 #   STEPS/SEQ/BATCH/LR             the dense fine-tune budget (full: 100 x 4 x 256 = 102,400 tokens, 1e-4)
 #   ROUTER_STEPS/ROUTER_LR         DUME+ / BTX router training (full: 50 x 4 x 256 = 51,200 tokens, 1e-3)
-#   STAT_TOKENS/EVAL_TOKENS        ridge statistics per domain / evaluation tokens per domain
+#   STAT_TOKENS/EVAL_TOKENS        a cap on the ridge statistics per domain (default: none, every
+#                                  training token) / evaluation tokens per domain
 #   LAMBDAS="1e-4,1e-3,1e-1,1"     the extra lambdas `route` reports held-out routing accuracy for
+#   REL_LAMBDAS="1e-8,1e-6,1e-4,1e-2,1"  the same relative to each layer's tr(A)/p
 #   STRIDE=...                     evaluation stride (default: the window; experiments/lib.sh)
 #
 # Resumable: a finished step (its config.json or JSON report) is skipped; an interrupted training
@@ -71,7 +83,7 @@ if [ "$SMOKE" = 1 ]; then
     STEPS=${STEPS:-2} SEQ=${SEQ:-32} BATCH=${BATCH:-2} LR=${LR:-1e-3}
     ROUTER_STEPS=${ROUTER_STEPS:-2} ROUTER_LR=${ROUTER_LR:-1e-2}
     STAT_TOKENS=${STAT_TOKENS:-512} EVAL_TOKENS=${EVAL_TOKENS:-256} CONTEXT=64 WINDOW=64
-    SEEDS=${SEEDS:-1}
+    SEEDS=${SEEDS:-1} PARTS=${PARTS-"ffn ood incremental"}
     WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/dume-smoke}
     OUT=${OUT:-$WORK/report}
 else
@@ -79,21 +91,23 @@ else
     TOK=()
     STEPS=${STEPS:-100} SEQ=${SEQ:-256} BATCH=${BATCH:-4} LR=${LR:-1e-4}
     ROUTER_STEPS=${ROUTER_STEPS:-50} ROUTER_LR=${ROUTER_LR:-1e-3}
-    STAT_TOKENS=${STAT_TOKENS:-10000} EVAL_TOKENS=${EVAL_TOKENS:-10000} CONTEXT=512 WINDOW=512
-    SEEDS=${SEEDS:-"1 2"}
-    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/dume}
+    STAT_TOKENS=${STAT_TOKENS:-} EVAL_TOKENS=${EVAL_TOKENS:-10000} CONTEXT=512 WINDOW=512
+    SEEDS=${SEEDS:-"1 2 3"} PARTS=${PARTS-"ffn ood incremental"}
+    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/dume-v2}
     OUT=${OUT:-docs/experiments/dume}
 fi
-LAMBDAS=${LAMBDAS:-"1e-4,1e-3,1e-1,1"}
+LAMBDAS=${LAMBDAS:-"1e-4,1e-3,1e-1,1"} REL_LAMBDAS=${REL_LAMBDAS:-"1e-8,1e-6,1e-4,1e-2,1"}
+ALPHA=${ALPHA:-0.01} PARTS_SEEDS=${PARTS_SEEDS:-$SEEDS}
 mkdir -p "$WORK" "$OUT"
 source experiments/lib.sh
 exp_bin
 
-# The out-of-distribution statistics texts (see the header).
+# The out-of-distribution statistics texts (see the header): each selected line one document
+# (a blank line after each).
 OOD="$WORK/ood"
 mkdir -p "$OOD"
-[ -s "$OOD/code.txt" ] || grep -E '^\s*#' "$D/corpora/domain/code/train.txt" | grep -v '^# =====' >"$OOD/code.txt"
-[ -s "$OOD/math.txt" ] || grep -v -E '[\\$]' "$D/corpora/domain/math/train.txt" | grep -E '[[:alpha:]]{3}' >"$OOD/math.txt"
+[ -s "$OOD/code.txt" ] || grep -E '^\s*#' "$D/corpora/domain/code/train.txt" | grep -v '^# =====' | sed 's/$/\n/' >"$OOD/code.txt"
+[ -s "$OOD/math.txt" ] || grep -v -E '[\\$]' "$D/corpora/domain/math/train.txt" | grep -E '[[:alpha:]]{3}' | sed 's/$/\n/' >"$OOD/math.txt"
 [ -s "$OOD/docs.txt" ] || cp "$HU_TRAIN" "$OOD/docs.txt"
 
 EVAL=(--window "$WINDOW" --stride "$STRIDE" --max-tokens "$EVAL_TOKENS" --json)
@@ -103,76 +117,99 @@ MIX=()
 for dom in $DOMAINS; do MIX+=(--data "$dom=$D/corpora/domain/$dom/train.txt"); done
 ROUTE_DOMAINS=()
 for dom in $DOMAINS; do ROUTE_DOMAINS+=(--domain "$dom=$D/corpora/domain/$dom/train.txt"); done
-ROUTE=(--max-tokens "$STAT_TOKENS" --context "$CONTEXT" --eval-tokens "$EVAL_TOKENS" --lambda-sweep "$LAMBDAS" --json)
+ROUTE=(--context "$CONTEXT" --eval-tokens "$EVAL_TOKENS" --json)
+[ -n "$STAT_TOKENS" ] && ROUTE+=(--max-tokens "$STAT_TOKENS")
+SWEEP=(--lambda-sweep "$LAMBDAS" --lambda-sweep-relative "$REL_LAMBDAS")
 
 report "$WORK/base.eval.json" "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL4[@]}"
+
+# moerged_set PREFIX STAGE: dense experts (`train --stage STAGE`) of every domain, their average,
+# the MoErge, random and oracle routing, and DUME top-1 (all statistics; the relative lambda sweep)
+# and top-2 (top-1's statistics re-solved), under the names PREFIX{expert-D,average,moe,...}.
+moerged_set() {
+    local p=$1 stage=$2 experts=() dom
+    for dom in $DOMAINS; do
+        train_run "$S/${p}expert-$dom" "$MODEL" --stage "$stage" --data "$dom=$D/corpora/domain/$dom/train.txt" \
+            --steps "$STEPS" --seq-len "$SEQ" --batch "$BATCH" --lr "$LR" --warmup $((STEPS / 10)) --seed "$seed"
+        report "$S/${p}expert-$dom.eval.json" "$BIN" eval "$S/${p}expert-$dom/final" "${TOK[@]}" "${EVAL4[@]}"
+        experts+=("$S/${p}expert-$dom/final")
+    done
+    make_dir "$S/${p}average" "$BIN" merge linear "${experts[@]}" --out "$S/${p}average"
+    report "$S/${p}average.eval.json" "$BIN" eval "$S/${p}average" "${TOK[@]}" "${EVAL[@]}"
+    make_dir "$S/${p}moe" "$BIN" moerge "${experts[@]}" --out "$S/${p}moe"
+    report "$S/${p}random.eval.json" "$BIN" eval "$S/${p}moe" "${TOK[@]}" "${EVAL[@]}" --routing random --seed "$seed"
+    report "$S/${p}oracle.eval.json" "$BIN" eval "$S/${p}moe" "${TOK[@]}" "${EVAL[@]}" --routing oracle
+    if [ ! -f "$S/${p}dume-top1.route.json" ]; then
+        rm -rf "$S/${p}dume-top1"
+        report "$S/${p}dume-top1.route.json" "$BIN" route "$S/${p}moe" "${ROUTE_DOMAINS[@]}" --top-k 1 \
+            "${ROUTE[@]}" "${SWEEP[@]}" --out "$S/${p}dume-top1"
+    fi
+    if [ ! -f "$S/${p}dume-top2.route.json" ]; then
+        rm -rf "$S/${p}dume-top2"
+        report "$S/${p}dume-top2.route.json" "$BIN" route "$S/${p}moe" "${ROUTE_DOMAINS[@]}" --top-k 2 \
+            "${ROUTE[@]}" --stats "$S/${p}dume-top1/ridge_stats.safetensors" --out "$S/${p}dume-top2"
+    fi
+    for k in 1 2; do
+        report "$S/${p}dume-top$k.eval.json" "$BIN" eval "$S/${p}dume-top$k" "${TOK[@]}" "${EVAL[@]}"
+    done
+}
 
 for seed in $SEEDS; do
     S="$WORK/s$seed"
     mkdir -p "$S"
-    # The dense experts (the Hungarian one of the incremental step is trained there, last, so a
-    # sitting that ends early has the headline comparisons first).
-    expert() {
-        train_run "$S/expert-$1" "$MODEL" --stage dense --data "$2" --steps "$STEPS" --seq-len "$SEQ" \
-            --batch "$BATCH" --lr "$LR" --warmup $((STEPS / 10)) --seed "$seed"
-        report "$S/expert-$1.eval.json" "$BIN" eval "$S/expert-$1/final" "${TOK[@]}" "${EVAL4[@]}"
-    }
-    for dom in $DOMAINS; do expert "$dom" "$dom=$D/corpora/domain/$dom/train.txt"; done
+    # The headline: fully fine-tuned experts, averaging, random, oracle, DUME top-1/top-2.
+    moerged_set "" dense
+    # DUME+ (the ridge router trained) and BTX (a random router trained), same router budget and
+    # the same load-balancing coefficient.
+    train_run "$S/dume-plus" "$S/dume-top2" --stage router "${MIX[@]}" --steps "$ROUTER_STEPS" --seq-len "$SEQ" \
+        --batch "$BATCH" --lr "$ROUTER_LR" --warmup $((ROUTER_STEPS / 10)) --alpha "$ALPHA" --seed "$seed"
+    report "$S/dume-plus.eval.json" "$BIN" eval "$S/dume-plus/final" "${TOK[@]}" "${EVAL[@]}"
     EXPERTS=()
     for dom in $DOMAINS; do EXPERTS+=("$S/expert-$dom/final"); done
-
-    # Weight averaging.
-    make_dir "$S/average" "$BIN" merge linear "${EXPERTS[@]}" --out "$S/average"
-    report "$S/average.eval.json" "$BIN" eval "$S/average" "${TOK[@]}" "${EVAL[@]}"
-
-    # MoErging (zero routers), random and oracle routing.
-    make_dir "$S/moe" "$BIN" moerge "${EXPERTS[@]}" --out "$S/moe"
-    report "$S/random.eval.json" "$BIN" eval "$S/moe" "${TOK[@]}" "${EVAL[@]}" --routing random --seed "$seed"
-    report "$S/oracle.eval.json" "$BIN" eval "$S/moe" "${TOK[@]}" "${EVAL[@]}" --routing oracle
-
-    # DUME: ridge routers, top-1 and top-2; statistics out of distribution.
-    for k in 1 2; do
-        if [ ! -f "$S/dume-top$k.route.json" ]; then
-            rm -rf "$S/dume-top$k"
-            report "$S/dume-top$k.route.json" "$BIN" route "$S/moe" "${ROUTE_DOMAINS[@]}" --top-k "$k" \
-                "${ROUTE[@]}" --out "$S/dume-top$k"
-        fi
-        report "$S/dume-top$k.eval.json" "$BIN" eval "$S/dume-top$k" "${TOK[@]}" "${EVAL[@]}"
-    done
-    if [ ! -f "$S/dume-ood.route.json" ]; then
-        rm -rf "$S/dume-ood"
-        ood=()
-        for dom in $DOMAINS; do ood+=(--domain "$dom=$OOD/$dom.txt:$D/corpora/domain/$dom/valid.txt"); done
-        report "$S/dume-ood.route.json" "$BIN" route "$S/moe" "${ood[@]}" --top-k 1 "${ROUTE[@]}" \
-            --out "$S/dume-ood"
-    fi
-    report "$S/dume-ood.eval.json" "$BIN" eval "$S/dume-ood" "${TOK[@]}" "${EVAL[@]}"
-
-    # DUME+ (the ridge router trained) and BTX (a random router trained), same router budget.
-    train_run "$S/dume-plus" "$S/dume-top2" --stage router "${MIX[@]}" --steps "$ROUTER_STEPS" --seq-len "$SEQ" \
-        --batch "$BATCH" --lr "$ROUTER_LR" --warmup $((ROUTER_STEPS / 10)) --balance none --seed "$seed"
-    report "$S/dume-plus.eval.json" "$BIN" eval "$S/dume-plus/final" "${TOK[@]}" "${EVAL[@]}"
     make_dir "$S/btx-init" "$BIN" moerge "${EXPERTS[@]}" --top-k 2 --router-std 0.02 --seed "$seed" --out "$S/btx-init"
     train_run "$S/btx" "$S/btx-init" --stage router "${MIX[@]}" --steps "$ROUTER_STEPS" --seq-len "$SEQ" \
-        --batch "$BATCH" --lr "$ROUTER_LR" --warmup $((ROUTER_STEPS / 10)) --seed "$seed"
+        --batch "$BATCH" --lr "$ROUTER_LR" --warmup $((ROUTER_STEPS / 10)) --alpha "$ALPHA" --seed "$seed"
     report "$S/btx.eval.json" "$BIN" eval "$S/btx/final" "${TOK[@]}" "${EVAL[@]}"
-
-    expert hu "hu=$HU_TRAIN"
-    # Incremental DUME: add the Hungarian expert onto dume-top1's saved statistics, versus
-    # re-collecting all four domains' statistics on the grown model itself (dume-add's tensors).
-    if [ ! -f "$S/dume-add.route.json" ]; then
-        rm -rf "$S/dume-add"
-        report "$S/dume-add.route.json" "$BIN" route "$S/dume-top1" \
-            --add-expert "hu=$S/expert-hu/final:$HU_TRAIN" "${ROUTE[@]}" --out "$S/dume-add"
-    fi
-    if [ ! -f "$S/dume-scratch4.route.json" ]; then
-        rm -rf "$S/dume-scratch4"
-        report "$S/dume-scratch4.route.json" "$BIN" route "$S/dume-add" "${ROUTE_DOMAINS[@]}" \
-            --domain "hu=$HU_TRAIN" "${ROUTE[@]}" --out "$S/dume-scratch4"
-    fi
-    report "$S/dume-add.eval.json" "$BIN" eval "$S/dume-add" "${TOK[@]}" "${EVAL4[@]}"
-    report "$S/dume-scratch4.eval.json" "$BIN" eval "$S/dume-scratch4" "${TOK[@]}" "${EVAL4[@]}"
 done
 
-python3 experiments/dume_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" \
-    "steps=$STEPS seq=$SEQ batch=$BATCH lr=$LR router_steps=$ROUTER_STEPS router_lr=$ROUTER_LR stat_tokens=$STAT_TOKENS eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE"
+for seed in $PARTS_SEEDS; do
+    S="$WORK/s$seed"
+    for part in $PARTS; do
+        case $part in
+        ffn) moerged_set ffn- ffn ;;
+        ood)
+            if [ ! -f "$S/dume-ood.route.json" ]; then
+                rm -rf "$S/dume-ood"
+                ood=()
+                for dom in $DOMAINS; do ood+=(--domain "$dom=$OOD/$dom.txt:$D/corpora/domain/$dom/valid.txt"); done
+                report "$S/dume-ood.route.json" "$BIN" route "$S/moe" "${ood[@]}" --top-k 1 "${ROUTE[@]}" \
+                    --out "$S/dume-ood"
+            fi
+            report "$S/dume-ood.eval.json" "$BIN" eval "$S/dume-ood" "${TOK[@]}" "${EVAL[@]}"
+            ;;
+        incremental)
+            train_run "$S/expert-hu" "$MODEL" --stage dense --data "hu=$HU_TRAIN" --steps "$STEPS" --seq-len "$SEQ" \
+                --batch "$BATCH" --lr "$LR" --warmup $((STEPS / 10)) --seed "$seed"
+            report "$S/expert-hu.eval.json" "$BIN" eval "$S/expert-hu/final" "${TOK[@]}" "${EVAL4[@]}"
+            # Add the Hungarian expert onto dume-top1's saved statistics, versus re-collecting all
+            # four domains' statistics on the grown model itself (dume-add's tensors).
+            if [ ! -f "$S/dume-add.route.json" ]; then
+                rm -rf "$S/dume-add"
+                report "$S/dume-add.route.json" "$BIN" route "$S/dume-top1" \
+                    --add-expert "hu=$S/expert-hu/final:$HU_TRAIN" "${ROUTE[@]}" --out "$S/dume-add"
+            fi
+            if [ ! -f "$S/dume-scratch4.route.json" ]; then
+                rm -rf "$S/dume-scratch4"
+                report "$S/dume-scratch4.route.json" "$BIN" route "$S/dume-add" "${ROUTE_DOMAINS[@]}" \
+                    --domain "hu=$HU_TRAIN" "${ROUTE[@]}" --out "$S/dume-scratch4"
+            fi
+            report "$S/dume-add.eval.json" "$BIN" eval "$S/dume-add" "${TOK[@]}" "${EVAL4[@]}"
+            report "$S/dume-scratch4.eval.json" "$BIN" eval "$S/dume-scratch4" "${TOK[@]}" "${EVAL4[@]}"
+            ;;
+        *) echo "unknown part $part (expected ffn, ood, incremental)" >&2; exit 1 ;;
+        esac
+    done
+done
+
+python3 experiments/dume_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$PARTS_SEEDS" \
+    "steps=$STEPS seq=$SEQ batch=$BATCH lr=$LR router_steps=$ROUTER_STEPS router_lr=$ROUTER_LR alpha=$ALPHA (DUME+ and BTX) stat_tokens=${STAT_TOKENS:-all} context=$CONTEXT eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE; --docs blank"

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Tables of experiments/dume.sh (issue 14 item 1): per-domain perplexity and retention of every
-method (mean ± std over seeds), ridge routing accuracy, and the incremental-DUME check.
+"""Tables of experiments/dume.sh (issue 35 item 4): per-domain perplexity and retention (perplexity
+ratio and loss ratio) of every method (mean ± std over seeds), the same with FFN-only domain
+experts, ridge routing accuracy (mean over layers and in every layer), lambda sweeps, and the
+incremental-DUME check.
 
 Standard library only (CI runs the smoke mode without the Python reference environment).
-Usage: dume_report.py WORK OUT SMOKE MODEL "SEEDS" "BUDGET"
+Usage: dume_report.py WORK OUT SMOKE MODEL "SEEDS" "PARTS_SEEDS" "BUDGET"
 Writes OUT/results.json and OUT/README.md.
 """
 import glob
@@ -13,17 +15,17 @@ import statistics
 import struct
 import sys
 
-from report_common import curve, figure, fmt, load, mean_or_none, open_report, ppl, seeds_with, write_commands
+from report_common import (curve, figure, fmt, load, mean_or_none, nll, open_report, ppl, seeds_with, stream_hashes,
+                           write_commands)
 
-work, out, smoke, model, seeds, budget = sys.argv[1:]
-seeds = seeds.split()
+work, out, smoke, model, seeds, parts_seeds, budget = sys.argv[1:]
+seeds, parts_seeds = seeds.split(), parts_seeds.split()
 # The files one seed's tables read. A run spanning several sittings may have finished only some of
 # them for a seed: each table uses the seeds that have its results (a `seeds` column says which),
 # and the README names what each unfinished seed still lacks.
 SEED_FILES = ([f"{m}.eval.json" for m in ("expert-code", "expert-math", "expert-docs", "average", "random", "oracle",
-                                           "dume-top1", "dume-top2", "dume-ood", "dume-plus", "btx", "expert-hu",
-                                           "dume-add", "dume-scratch4")]
-              + [f"{m}.route.json" for m in ("dume-top1", "dume-top2", "dume-ood")])
+                                           "dume-top1", "dume-top2", "dume-plus", "btx")]
+              + [f"{m}.route.json" for m in ("dume-top1", "dume-top2")])
 
 
 def have(seed, name):
@@ -49,9 +51,13 @@ METHODS = [
     ("dume-top2", "DUME ridge router, top-2"),
     ("dume-ood", "DUME, out-of-distribution statistics, top-1"),
     ("dume-plus", "DUME+ (top-2 ridge router fine-tuned)"),
-    ("btx", "BTX-style (random top-2 router trained)"),
+    ("btx", "BTX-style (random top-2 router trained, same α)"),
     ("oracle", "oracle routing"),
 ]
+# The same with FFN-only domain experts (`train --stage ffn`), each method against its own experts.
+FFN_METHODS = [("ffn-" + m, "FFN-only experts: " + label) for m, label in METHODS
+               if m in ("expert-code", "expert-math", "expert-docs", "average", "random", "dume-top1", "dume-top2",
+                        "oracle")]
 
 
 
@@ -121,27 +127,41 @@ def compare_models(dir_a, dir_b):
     return diff, differing, missing
 
 
-# Perplexity and retention per method.
-results = {"model": model, "seeds": seeds, "unfinished_seeds": unfinished, "budget": budget, "methods": {}}
-ref = {s: {d: ppl(load(eval_path(s, f"expert-{d}")), d) for d in DOMAINS} for s in seeds}
-rows = []
-for method, label in METHODS:
-    per_seed = []
-    for s in seeds:
-        if not os.path.exists(eval_path(s, method)):
-            continue
-        ev = load(eval_path(s, method))
-        p = {d: ppl(ev, d) for d in DOMAINS}
-        r = {d: ref[s][d] / p[d] for d in DOMAINS}
-        per_seed.append({"seed": s, "ppl": p, "retention": r, "mean_retention": statistics.mean(r.values())})
-    results["methods"][method] = per_seed
-    rows.append(
-        [f"`{method}`", label, ", ".join(x["seed"] for x in per_seed) or "-"]
-        + [fmt([x["ppl"][d] for x in per_seed]) for d in DOMAINS]
-        + [fmt([x["retention"][d] for x in per_seed], 1, True) for d in DOMAINS]
-        + [fmt([x["mean_retention"] for x in per_seed], 1, True)]
-    )
+# Perplexity and retention per method: the perplexity ratio (DUME's retention) and the loss ratio.
+results = {"model": model, "seeds": seeds, "parts_seeds": parts_seeds, "unfinished_seeds": unfinished, "budget": budget,
+           "methods": {}}
 
+
+def table(methods, prefix, its_seeds):
+    """Rows of the retention table of `methods`, each against the dense experts PREFIX expert-D."""
+    rows = []
+    for method, label in methods:
+        per_seed = []
+        for s in its_seeds:
+            refs = [eval_path(s, f"{prefix}expert-{d}") for d in DOMAINS]
+            if not os.path.exists(eval_path(s, method)) or not all(os.path.exists(r) for r in refs):
+                continue
+            ref = {d: load(eval_path(s, f"{prefix}expert-{d}")) for d in DOMAINS}
+            ev = load(eval_path(s, method))
+            p = {d: ppl(ev, d) for d in DOMAINS}
+            r = {d: ppl(ref[d], d) / p[d] for d in DOMAINS}
+            lr = {d: nll(ref[d], d) / nll(ev, d) for d in DOMAINS}
+            per_seed.append({"seed": s, "ppl": p, "retention": r, "mean_retention": statistics.mean(r.values()),
+                             "loss_retention": lr, "mean_loss_retention": statistics.mean(lr.values()),
+                             "best_retention": max(r.values())})
+        results["methods"][method] = per_seed
+        rows.append(
+            [f"`{method}`", label, ", ".join(x["seed"] for x in per_seed) or "-"]
+            + [fmt([x["ppl"][d] for x in per_seed]) for d in DOMAINS]
+            + [fmt([x["retention"][d] for x in per_seed], 1, True) for d in DOMAINS]
+            + [fmt([x["mean_retention"] for x in per_seed], 1, True), fmt([x["best_retention"] for x in per_seed], 1, True),
+               fmt([x["mean_loss_retention"] for x in per_seed], 1, True)]
+        )
+    return rows
+
+
+rows = table(METHODS, "", seeds)
+ffn_rows = [r for r in table(FFN_METHODS, "ffn-", parts_seeds) if r[2] != "-"]
 # The paper's ordering on mean retention, over the seeds that have all five methods (and per seed).
 # DUME+ starts from the top-2 ridge router, so "DUME+ ≥ DUME" compares it with that router; the
 # top-1 ridge router is checked against averaging separately below.
@@ -163,16 +183,25 @@ per_seed_order = {s: all(ok for _, _, ok in ordering([s])[1]) for s in order_see
 results["ordering"] = {"seeds": order_seeds, "checks": [{"higher": a, "lower": b, "holds": ok} for a, b, ok in checks],
                        "holds_per_seed": per_seed_order}
 
-# Routing accuracy of the ridge routers (held-out tokens, mean over MoE layers).
+# Routing accuracy of the ridge routers (held-out tokens): mean over MoE layers, and the fraction
+# of tokens routed to their domain's expert in every MoE layer.
 acc_rows = []
-for method in ("dume-top1", "dume-top2", "dume-ood"):
-    rseeds = [s for s in seeds if have(s, f"{method}.route.json")]
+for method in ("dume-top1", "dume-top2", "dume-ood", "ffn-dume-top1"):
+    rseeds = [s for s in (parts_seeds if method in ("dume-ood", "ffn-dume-top1") else seeds)
+              if have(s, f"{method}.route.json")]
     reps = [load(os.path.join(work, f"s{s}", f"{method}.route.json")) for s in rseeds]
+    if not reps:
+        continue
     acc = [[r["mean_accuracy_per_domain"][i] for r in reps] for i in range(len(DOMAINS))]
-    acc_rows.append([f"`{method}`", ", ".join(rseeds) or "-"] + [fmt(a, 1, True) for a in acc] + [fmt([r["random_routing_accuracy"] for r in reps], 1, True)])
+    every = [[r.get("all_layers_accuracy_per_domain", [None] * len(DOMAINS))[i] for r in reps] for i in range(len(DOMAINS))]
+    acc_rows.append([f"`{method}`", ", ".join(rseeds)] + [f"{fmt(a, 1, True)} / {fmt(e, 1, True)}" for a, e in zip(acc, every)]
+                    + [fmt([r["random_routing_accuracy"] for r in reps], 1, True),
+                       fmt([sum(r["tokens_per_domain"]) for r in reps], 0)])
     results["methods"].setdefault(method + ".route", reps)
 sweep = (load(os.path.join(work, f"s{seeds[0]}", "dume-top1.route.json")).get("lambda_sweep") or []
          if have(seeds[0], "dume-top1.route.json") else [])
+results["eval_streams"] = stream_hashes([load(p) for p in glob.glob(os.path.join(work, "s*", "*.eval.json"))]
+                                        + [load(os.path.join(work, "base.eval.json"))])
 
 # Incremental DUME: added onto the saved statistics vs solved from scratch on all four domains.
 inc = []
@@ -244,13 +273,22 @@ results["superseded_top1_unnormalised"] = [{"seed": s, "method": m, "ppl": {d: p
 with open_report(out, results, "DUME on a real model: MoErging dense domain experts with a ridge router", smoke) as f:
     f.write(f"Model `{os.path.basename(model)}`; seeds {', '.join(seeds)} (mean ± std over seeds); {budget}.\n"
             "Perplexity on `domain/{code,math,docs}/valid.txt`; retention on domain D = ppl(dense expert D on D) /"
-            " ppl(model on D) (docs/methods.md §2.6).\n\n")
+            " ppl(model on D) (docs/methods.md §2.6: the paper's form), its mean over the domains and its best domain;"
+            " loss retention = NLL(expert D on D) / NLL(model on D), mean over domains.\n\n"
+            "**Protocol (issue 35, 2026-12-03).** Text is read as the corpora define it: documents separated by"
+            " blank lines, each followed by `<|endoftext|>` (docs/methods.md §7), the same token stream in training,"
+            " in the ridge statistics, in the routing accuracy and in the perplexities (results.json `eval_streams`);"
+            " the ridge statistics use every training token of each domain, as the reference code's statistics"
+            " pass does (methods.md §2.2); DUME+ and BTX train with the same load-balancing coefficient. The tables"
+            " published before (one document per line, 10,000 statistics tokens, DUME+ without the balancing loss)"
+            " are replaced; the git history has them.\n\n")
     for s, missing in unfinished.items():
         f.write(f"**Seed {s} has not finished**: it lacks {len(missing)} of its {len(SEED_FILES)} results"
                 f" ({', '.join(f'`{m}`' for m in missing)}); each table uses the seeds that have its results"
                 " (its `seeds` column); rerun the script to complete it.\n\n")
-    f.write("| method | what | seeds | ppl code | ppl math | ppl docs | ret. code | ret. math | ret. docs | mean retention |\n")
-    f.write("|---|---|---|---|---|---|---|---|---|---|\n")
+    HEAD = ("| method | what | seeds | ppl code | ppl math | ppl docs | ret. code | ret. math | ret. docs | mean retention"
+            " | best domain | mean loss retention |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    f.write(HEAD)
     for r in rows:
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_retention)
@@ -273,13 +311,32 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
                 " and 50 router steps did not recover it. Kept for the record, not in the table above:\n\n")
         for s, m, ev in attempt:
             f.write(f"- seed {s}, `{m}` top-1 un-normalised: ppl " + ", ".join(f"{d} {ppl(ev, d):.1f}" for d in DOMAINS) + "\n")
-    f.write("\n## Routing accuracy of the ridge routers (held-out tokens, mean over layers)\n\n")
-    f.write("| router | seeds | code | math | docs | random routing |\n|---|---|---|---|---|---|\n")
+    if ffn_rows:
+        f.write(f"\n## FFN-only domain experts (seeds {', '.join(parts_seeds)})\n\nThe experts fine-tune only their FFNs"
+                " (`train --stage ffn`), so every shared tensor of the MoErge is the base model's and the oracle is each"
+                " dense expert exactly: the gap to the oracle is the router's alone. Retention against these experts.\n\n")
+        f.write(HEAD)
+        for r in ffn_rows:
+            f.write("| " + " | ".join(r) + " |\n")
+    f.write("\n## Routing accuracy of the ridge routers (held-out tokens)\n\nEach cell: the mean over the MoE layers of"
+            " the fraction of tokens whose top-1 expert is their domain's / the fraction routed to it in **every** MoE"
+            " layer.\n\n")
+    f.write("| router | seeds | code | math | docs | random routing (per layer) | statistics tokens (all domains) |\n"
+            "|---|---|---|---|---|---|---|\n")
     for r in acc_rows:
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_accuracy)
     if sweep:
-        f.write(f"\nLambda sweep (seed {seeds[0]}, top-1): `" + json.dumps(sweep) + "`\n")
+        f.write(f"\nLambda sweeps (seed {seeds[0]}, top-1; the headline uses λ = 1e-2). Absolute λ, and λ relative to each"
+                " layer's tr(A)/p (with every training token in the statistics, tr(A)/p is large, so an absolute"
+                " λ = 1e-2 barely regularises):\n\n| λ | relative to tr(A)/p | mean accuracy code / math / docs |"
+                " in every layer |\n|---|---|---|---|\n")
+        for x in sweep:
+            lam = x.get("lambda", "-")
+            rel = x.get("lambda_relative", "-")
+            acc = " / ".join(f"{a * 100:.1f}%" for a in x["mean_accuracy_per_domain"])
+            every = " / ".join(f"{a * 100:.1f}%" for a in x.get("all_layers_accuracy_per_domain", [])) or "-"
+            f.write(f"| {lam} | {rel} | {acc} | {every} |\n")
     f.write("\n## Training curves\n")
     f.write(fig_experts)
     f.write(fig_curves)

@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# NeuronMoE on SmolLM2-135M (issue 14 item 3; docs/methods.md §3): experts per layer from
-# language-specific neurons, against a uniform allocation and LayerMoE-style, at equal training.
+# NeuronMoE on SmolLM2-135M (issue 35 item 5; docs/methods.md §3): experts per layer from
+# language-specific neurons, against allocations with exactly the same number of experts (so only
+# the placement differs) and LayerMoE-style, at equal training.
 #
-#   neurons       `neurons` on en (the original language) and the new languages hu, el, tr
-#   allocations   `allocate` → neuronmoe.json; `--baseline uniform` (NeuronMoE's budget spread
-#                 evenly); `--baseline layermoe`
+#   neurons       `neurons` on English and the new languages hu, el, tr, each paragraph one text
+#                 (`--docs line`). English is domain/docs — GNOME help pages, the same kind of text
+#                 as the hu/el/tr help pages — not lang/en (1961 Brown prose), so that the specific
+#                 neurons and the similarities separate languages, not genres; the English replay
+#                 of stage 2 and the English evaluation use the same help text
+#   allocations   `allocate` → neuronmoe.json; the budget-exact controls with NeuronMoE's total:
+#                 `--baseline uniform` (spread evenly), `shuffled` (its counts permuted at random),
+#                 `inverted` (its counts in the reverse order of the specific-neuron counts),
+#                 `layermoe-placed` (its counts in LayerMoE's order); and `layermoe`
+#                 (LayerMoE-style, its own total); alloc-hu-only.json: the allocation from
+#                 Hungarian's specific neurons alone (the paper allocates per language), written
+#                 beside the union's for comparison
 #   per allocation: `upcycle --allocation` (expert 0 frozen, top-2), stage 1 (`train --stage
 #                 experts` on the mixture of hu, el, tr), stage 2 (`train --stage router` with
 #                 English replay and the language prior), per-language perplexity, and the
@@ -21,8 +31,9 @@
 #   MOE_STUDIO_BIN, WORK, OUT, SEEDS  as in experiments/dume.sh (default WORK $MOE_STUDIO_CACHE/experiments/neuronmoe)
 #   TEXTS          texts per language for `neurons` (full 200); TOP_N specific neurons per language
 #   STEPS/SEQ/BATCH/LR, ROUTER_STEPS/ROUTER_LR, EVAL_TOKENS  as in experiments/deltamoe.sh
-#   ALLOCS         allocations to train (default "neuronmoe uniform layermoe"; a short sitting can
-#                  run "neuronmoe uniform", the headline pair, and add layermoe later)
+#   ALLOCS         allocations to train (default "neuronmoe uniform shuffled inverted layermoe
+#                  layermoe-placed": the headline pair first; a short sitting can run "neuronmoe
+#                  uniform" and add the rest later)
 #   ANALYSE        seeds whose trained models (every allocation) get the post-training analysis
 #                  (default: the first of SEEDS; "" skips it; ≈ 20–30 min per model here)
 # Resumable like the other scripts.
@@ -34,7 +45,9 @@ SMOKE=0
 [ "${1:-}" = "--smoke" ] && SMOKE=1
 D="$MOE_STUDIO_DATA"
 NEW="hu el tr"
-for l in en $NEW; do
+EN_TRAIN="$D/corpora/domain/docs/train.txt" EN_VALID="$D/corpora/domain/docs/valid.txt"
+for f in "$EN_TRAIN" "$EN_VALID"; do [ -f "$f" ] || { echo "missing $f (set MOE_STUDIO_DATA)" >&2; exit 1; }; done
+for l in $NEW; do
     for split in train valid; do
         f="$D/corpora/lang/$l/$split.txt"
         [ -f "$f" ] || { echo "missing $f (set MOE_STUDIO_DATA)" >&2; exit 1; }
@@ -56,8 +69,8 @@ else
     TEXTS=${TEXTS:-200} TOP_N=${TOP_N:-1000}
     STEPS=${STEPS:-100} SEQ=${SEQ:-256} BATCH=${BATCH:-4} LR=${LR:-1e-4}
     ROUTER_STEPS=${ROUTER_STEPS:-50} ROUTER_LR=${ROUTER_LR:-1e-3} EVAL_TOKENS=${EVAL_TOKENS:-10000} WINDOW=512
-    SEEDS=${SEEDS:-"1 2"}
-    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/neuronmoe}
+    SEEDS=${SEEDS:-"1 2 3"}
+    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/neuronmoe-v2}
     OUT=${OUT:-docs/experiments/neuronmoe}
 fi
 mkdir -p "$WORK" "$OUT"
@@ -65,23 +78,24 @@ source experiments/lib.sh
 exp_bin
 
 # Neurons (the `neurons` command reads a model with a tokenizer beside it or given).
-langs=(--lang "en=$D/corpora/lang/en/train.txt")
+langs=(--lang "en=$EN_TRAIN" --docs line)
 for l in $NEW; do langs+=(--lang "$l=$D/corpora/lang/$l/train.txt"); done
 if [ ! -f "$WORK/neurons/neurons.json" ]; then
     rm -rf "$WORK/neurons"
     run "$BIN" neurons "$MODEL" "${langs[@]}" --new "${NEW// /,}" --max-texts "$TEXTS" \
         --top-n "$TOP_N" --out "$WORK/neurons" >/dev/null
 fi
-ALLOCS=${ALLOCS:-"neuronmoe uniform layermoe"}
+ALLOCS=${ALLOCS:-"neuronmoe uniform shuffled inverted layermoe layermoe-placed"}
 for a in $ALLOCS; do
     [ -f "$WORK/alloc-$a.json" ] && continue
     base=()
     [ "$a" != neuronmoe ] && base=(--baseline "$a")
     run "$BIN" allocate --neurons "$WORK/neurons" "${base[@]}" --out "$WORK/alloc-$a.json" >/dev/null
 done
+[ -f "$WORK/alloc-hu-only.json" ] ||
+    run "$BIN" allocate --neurons "$WORK/neurons" --new hu --out "$WORK/alloc-hu-only.json" >/dev/null
 
-EVAL=(--data "en=$D/corpora/lang/en/valid.txt" --max-tokens "$EVAL_TOKENS" --window "$WINDOW"
-    --stride "$STRIDE" --json)
+EVAL=(--data "en=$EN_VALID" --max-tokens "$EVAL_TOKENS" --window "$WINDOW" --stride "$STRIDE" --json)
 MIX=()
 for l in $NEW; do
     EVAL+=(--data "$l=$D/corpora/lang/$l/valid.txt")
@@ -100,7 +114,7 @@ for seed in $SEEDS; do
         report "$M.inspect.json" "$BIN" inspect "$M-init" --json
         train_run "$M-s1" "$M-init" --stage experts "${MIX[@]}" --steps "$STEPS" --lr "$LR" --seq-len "$SEQ" \
             --batch "$BATCH" --warmup $((STEPS / 10)) --seed "$seed"
-        train_run "$M-s2" "$M-s1/final" --stage router "${MIX[@]}" --data "en=$D/corpora/lang/en/train.txt:1:orig" \
+        train_run "$M-s2" "$M-s1/final" --stage router "${MIX[@]}" --data "en=$EN_TRAIN:1:orig" \
             --steps "$ROUTER_STEPS" --lr "$ROUTER_LR" --seq-len "$SEQ" --batch "$BATCH" \
             --warmup $((ROUTER_STEPS / 10)) --seed "$seed"
         report "$M-s1.eval.json" "$BIN" eval "$M-s1/final" "${TOK[@]}" "${EVAL[@]}"
@@ -122,4 +136,4 @@ for seed in $ANALYSE; do
 done
 
 python3 experiments/neuronmoe_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$ALLOCS" "$ANALYSE" \
-    "texts=$TEXTS top_n=$TOP_N; stage 1: $STEPS x $BATCH x $SEQ tokens lr $LR; stage 2: $ROUTER_STEPS steps lr $ROUTER_LR; eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE"
+    "texts=$TEXTS paragraphs per language (--docs line; English: domain/docs) top_n=$TOP_N; stage 1: $STEPS x $BATCH x $SEQ tokens lr $LR; stage 2: $ROUTER_STEPS steps lr $ROUTER_LR; eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE"

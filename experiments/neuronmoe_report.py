@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Tables of experiments/neuronmoe.sh (issue 14 item 3): experts added and parameters per
-allocation (NeuronMoE, uniform, LayerMoE-style) next to per-language perplexity after the same
-stage-1 + stage-2 training; mean ± std over seeds. Standard library only.
+"""Tables of experiments/neuronmoe.sh (issue 35 item 5): experts added and parameters per
+allocation (NeuronMoE; uniform, shuffled, inverted and LayerMoE-placed with exactly its total;
+LayerMoE-style) next to per-language perplexity after the same stage-1 + stage-2 training; mean ±
+std over seeds; the paired per-seed differences against NeuronMoE. Standard library only.
 
 With the post-training analysis (methods.md §3.7) of the seeds in ANALYSE: where the trained
 models' language-specific neurons sit, per trainable expert and layer, against the dense model's.
@@ -16,7 +17,8 @@ import shutil
 import statistics
 import sys
 
-from report_common import figure, fmt, load, mean_or_none, ppl, seeds_with, unfinished_note, write_commands
+from report_common import (figure, fmt, load, mean_or_none, ppl, seeds_with, stream_hashes, unfinished_note,
+                           write_commands)
 
 work, out, smoke, model, seeds, allocs, analyse, budget = sys.argv[1:]
 seeds, allocs, analyse = seeds.split(), allocs.split(), analyse.split()
@@ -44,6 +46,31 @@ for a in allocs:
     rows.append([f"`{a}`", " ".join(map(str, per_layer)), str(sum(per_layer)), added,
                  ", ".join(have) if have else "not run"]
                 + [fmt([x[l] for x in stages["s2"]]) for l in LANGS] + [fmt(new_langs)])
+
+# Placement at equal budget: per seed, each control's geometric-mean perplexity on the new languages
+# relative to NeuronMoE's on the same seed (negative: the control is better).
+def geo(x):
+    return math.exp(statistics.mean(math.log(x[l]) for l in LANGS[1:]))
+
+
+paired = {}
+if "neuronmoe" in results["allocations"]:
+    nm = dict(zip(results["allocations"]["neuronmoe"]["seeds"], results["allocations"]["neuronmoe"]["s2"]))
+    for a in allocs:
+        if a == "neuronmoe":
+            continue
+        al = results["allocations"][a]
+        d = [geo(x) / geo(nm[s]) - 1 for s, x in zip(al["seeds"], al["s2"]) if s in nm]
+        if d:
+            paired[a] = {"seeds": [s for s in al["seeds"] if s in nm], "relative_geo_ppl": d,
+                         "same_total": sum(al["new_experts_per_layer"]) == sum(results["allocations"]["neuronmoe"]["new_experts_per_layer"])}
+results["paired_vs_neuronmoe"] = paired
+hu_only = os.path.join(work, "alloc-hu-only.json")
+if os.path.exists(hu_only):
+    results["hu_only_new_experts_per_layer"] = load(hu_only)["new_experts_per_layer"]
+evs = [load(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json")) for a in allocs for s in seeds for st in ("s1", "s2")
+       if os.path.exists(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json"))]
+results["eval_streams"] = stream_hashes(evs + [base])
 
 # The dense model's analysis: specific neurons per layer (union over the new languages), and the
 # share that falls in the first and last quarter of the layers (the paper's "early and late
@@ -175,13 +202,35 @@ with open(os.path.join(out, "README.md"), "w") as f:
     if smoke == "1":
         f.write("**Smoke run** (stories260K, a few steps): checks the pipeline; the numbers mean nothing.\n\n")
     f.write(f"Model `{os.path.basename(model)}`; new languages hu, el, tr (en original); seeds {', '.join(seeds)}"
-            f" (mean ± std); {budget}. Perplexity after stage 2 on `lang/<code>/valid.txt`.\n\n")
+            f" (mean ± std); {budget}. Perplexity after stage 2 on `lang/<code>/valid.txt` and, for English,"
+            " `domain/docs/valid.txt`.\n\n"
+            "**Protocol (issue 35, 2026-12-03).** English is GNOME help text (`domain/docs`), the same kind of text"
+            " as the Hungarian, Greek and Turkish help pages, so that the neuron scores and the LayerMoE"
+            " similarities compare languages, not genres (the tables before used 1961 Brown prose for English);"
+            " the neuron analysis takes each paragraph as one text (`neurons --docs line`); training and"
+            " evaluation read documents separated by blank lines, each followed by `<|endoftext|>`"
+            " (docs/methods.md §7). The controls `uniform`, `shuffled`, `inverted` and `layermoe-placed` add"
+            " exactly as many experts as NeuronMoE (the earlier uniform baseline added 60 against 51), so they"
+            " differ from it only in where the experts go: NeuronMoE's claim is about placement. LayerMoE-style"
+            " (`layermoe`) keeps its own total.\n\n")
     f.write(unfinished_note(missing))
     f.write("| allocation | new experts per layer | experts added | parameters added | seeds | ppl en | ppl hu |"
             " ppl el | ppl tr | geometric mean ppl, new languages |\n|---|---|---|---|---|---|---|---|---|---|\n")
     for r in rows:
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_ppl)
+    if paired:
+        f.write("\n## Placement at equal budget: each allocation against NeuronMoE, paired by seed\n\n"
+                "Geometric-mean perplexity over hu, el, tr after stage 2, relative to NeuronMoE's on the same seed"
+                " (negative: the control does better than NeuronMoE).\n\n| allocation | same total as NeuronMoE |"
+                " seeds | relative geometric-mean ppl |\n|---|---|---|---|\n")
+        for a, x in paired.items():
+            f.write(f"| `{a}` | {'yes' if x['same_total'] else 'no'} | {', '.join(x['seeds'])} |"
+                    f" {fmt(x['relative_geo_ppl'], 2, True)} |\n")
+    if "hu_only_new_experts_per_layer" in results:
+        f.write("\nPer-language allocation (the paper allocates for each language): from Hungarian's specific"
+                " neurons alone: " + " ".join(map(str, results["hu_only_new_experts_per_layer"]))
+                + f" (total {sum(results['hu_only_new_experts_per_layer'])}), against the union's above.\n")
     if os.path.exists(fig):
         f.write("\n![allocations](allocations.png)\n")
     if "specific_neurons_per_layer" in results:

@@ -17,6 +17,24 @@ def ppl(ev, name):
     return next(d["ppl"] for d in ev["datasets"] if d["name"] == name)
 
 
+def nll(ev, name):
+    """Mean negative log-likelihood (nats/token) of dataset `name` in an `eval --json` report."""
+    return next(d["nll"] for d in ev["datasets"] if d["name"] == name)
+
+
+def stream_hashes(evs):
+    """{dataset name: [the distinct `stream_sha256` values the reports `evs` give it]}: one value per
+    name when every evaluation read the same token stream (reports without the field are skipped)."""
+    seen = {}
+    for ev in evs:
+        for d in ev["datasets"]:
+            if d.get("stream_sha256"):
+                seen.setdefault(d["name"], [])
+                if d["stream_sha256"] not in seen[d["name"]]:
+                    seen[d["name"]].append(d["stream_sha256"])
+    return seen
+
+
 def fmt(xs, digits=2, pct=False):
     """`mean ± std` of the non-None values (just the mean for one value; `-` for none);
     `pct`: as a percentage."""

@@ -111,3 +111,156 @@ fn route_with_bias_warns_and_points_to_no_bias() {
     assert_eq!(cfg["model_type"], "mixtral");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The golden token streams of `tests/reference/make_corpus_golden.py`
+/// (Hugging Face's tokenizer on the fixture, per `--docs` split).
+fn corpus_golden() -> serde_json::Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/reference/golden/corpus_streams.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// Issue 35 item 1: every command that reads a text file sees the same
+/// token stream — documents as the file separates them (blank lines by
+/// default), each followed by `<|endoftext|>` — equal to Hugging Face's
+/// tokenizer on the same documents. A two-document Python file, on a tiny
+/// random model with SmolLM2's vocabulary: `eval`, `perplexity`, `route`,
+/// `train` and `neurons` report the golden stream's SHA-256 and its length,
+/// and `--docs line` / `--docs file` give those splits' streams.
+#[test]
+fn every_command_reads_the_same_token_stream() {
+    let Some(data) = common::data_dir() else { return };
+    let dir = tmp("corpus");
+    let golden = corpus_golden();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/corpus/two_docs.txt");
+    let text = fixture.to_str().unwrap();
+    let g = &golden["files"]["tests/fixtures/corpus/two_docs.txt"];
+    let (sha, n) = (g["blank"]["sha256"].as_str().unwrap(), g["blank"]["ids"].as_array().unwrap().len());
+    assert_eq!(g["blank"]["documents"], 2);
+    // A tiny llama with SmolLM2's tokenizer (vocabulary 49152).
+    let cfg = dir.join("config.json");
+    std::fs::write(
+        &cfg,
+        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16,
+            "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "vocab_size": 49152, "max_position_embeddings": 128,
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": true}"#,
+    )
+    .unwrap();
+    let tok = data.join("models/smollm2-135m-instruct/tokenizer.json");
+    let dense = dir.join("dense");
+    let d = dense.to_str().unwrap();
+    let c = cfg.to_str().unwrap();
+    ok(&run(&["init-random", "--config", c, "--tokenizer", tok.to_str().unwrap(), "--out", d]));
+    // eval and perplexity: the stream, all but its first token scored.
+    let e = json(&run(&["eval", d, "--data", &format!("code={text}"), "--json"]));
+    assert_eq!(e["datasets"][0]["stream_sha256"], sha, "{e}");
+    assert_eq!(e["datasets"][0]["tokens"], n - 1, "{e}");
+    let p = json(&run(&["perplexity", d, "--text", text, "--json"]));
+    assert_eq!((p["stream_sha256"].as_str(), p["tokens"].as_u64()), (Some(sha), Some(n as u64 - 1)), "{p}");
+    assert_eq!(p["nll"], e["datasets"][0]["nll"], "eval and perplexity score the same windows");
+    for split in ["line", "file"] {
+        let e = json(&run(&["eval", d, "--data", &format!("code={text}"), "--docs", split, "--json"]));
+        assert_eq!(e["datasets"][0]["stream_sha256"], g[split]["sha256"], "--docs {split}: {e}");
+    }
+    // route on a MoErge of two copies: every statistics token (no cap).
+    let moe = dir.join("moe");
+    let m = moe.to_str().unwrap();
+    ok(&run(&["moerge", d, d, "--out", m]));
+    let routed = dir.join("routed");
+    let r = json(&run(&[
+        "route",
+        m,
+        "--domain",
+        &format!("a={text}:{text}"),
+        "--domain",
+        &format!("b={text}:{text}"),
+        "--out",
+        routed.to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(r["stream_sha256_per_domain"], serde_json::json!([sha, sha]), "{r}");
+    assert_eq!(r["heldout_sha256_per_domain"], serde_json::json!([sha, sha]), "{r}");
+    assert_eq!(r["tokens_per_domain"], serde_json::json!([n, n]), "{r}");
+    assert!(r["all_layers_accuracy_per_domain"].as_array().is_some_and(|v| v.len() == 2), "{r}");
+    // Re-solving the saved statistics (`--stats`) at top-2 with a relative lambda sweep: the same
+    // statistics, no collection; statistics of other domains are refused before any output.
+    let stats = routed.join("ridge_stats.safetensors");
+    let top2 = dir.join("routed-top2");
+    let r2 = json(&run(&[
+        "route",
+        m,
+        "--domain",
+        &format!("a={text}:{text}"),
+        "--domain",
+        &format!("b={text}:{text}"),
+        "--top-k",
+        "2",
+        "--stats",
+        stats.to_str().unwrap(),
+        "--lambda-sweep-relative",
+        "1e-6,1",
+        "--out",
+        top2.to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(r2["tokens_per_domain"], r["tokens_per_domain"], "{r2}");
+    assert_eq!(r2["reused_stats"], stats.to_str().unwrap(), "{r2}");
+    assert_eq!(r2["lambda_sweep"].as_array().unwrap().len(), 2, "{r2}");
+    assert!(r2["mean_diagonal_per_layer"].as_array().unwrap().iter().all(|x| x.as_f64().is_some_and(|v| v > 0.0)));
+    let bad = dir.join("routed-bad");
+    let e = failure(&run(&[
+        "route",
+        m,
+        "--domain",
+        &format!("x={text}"),
+        "--domain",
+        &format!("b={text}"),
+        "--stats",
+        stats.to_str().unwrap(),
+        "--out",
+        bad.to_str().unwrap(),
+    ]));
+    assert!(e.contains("[a, b]") && e.contains("[x, b]"), "{e}");
+    assert!(!bad.exists(), "nothing written");
+    // train: the data line names the stream.
+    let trained = dir.join("trained");
+    let t = run(&[
+        "train",
+        d,
+        "--stage",
+        "ffn",
+        "--data",
+        &format!("code={text}"),
+        "--steps",
+        "1",
+        "--seq-len",
+        "8",
+        "--batch",
+        "1",
+        "--out",
+        trained.to_str().unwrap(),
+    ]);
+    ok(&t);
+    let err = String::from_utf8_lossy(&t.stderr);
+    assert!(err.contains(&format!("{n} tokens")) && err.contains(&format!("stream sha256 {sha}")), "{err}");
+    // neurons: each document is one text; the language's texts concatenated are the stream.
+    let nd = dir.join("neurons");
+    ok(&run(&[
+        "neurons",
+        d,
+        "--lang",
+        &format!("en={text}"),
+        "--lang",
+        &format!("code={text}"),
+        "--top-n",
+        "4",
+        "--out",
+        nd.to_str().unwrap(),
+    ]));
+    let rep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(nd.join("neurons.json")).unwrap()).unwrap();
+    for l in rep["languages"].as_array().unwrap() {
+        assert_eq!((l["texts"].as_u64(), l["stream_sha256"].as_str()), (Some(2), Some(sha)), "{l}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -56,8 +56,8 @@ pub struct Defaults {
     pub route_lambda: f64,
     /// route `--top-k`.
     pub route_top_k: usize,
-    /// route `--max-tokens`.
-    pub route_max_tokens: usize,
+    /// route `--max-tokens` (`None`: every statistics token).
+    pub route_max_tokens: Option<usize>,
     /// route `--context`.
     pub route_context: usize,
     /// route `--eval-tokens`.
@@ -419,7 +419,7 @@ impl JobKind {
                 req("domains", "domains (one per expert, in expert order)", data(2, false, false, true), ""),
                 f("lambda", "lambda", Input::Float, &dflt(&d.route_lambda)),
                 f("top_k", "top-k", Input::Int, &dflt(&d.route_top_k)),
-                f("max_tokens", "max tokens", Input::Int, &dflt(&d.route_max_tokens)),
+                f("max_tokens", "max tokens", Input::Int, "all"),
                 f("context", "context", Input::Int, &dflt(&d.route_context)),
             ],
             JobKind::Graft => vec![
@@ -447,7 +447,7 @@ impl JobKind {
             ],
             JobKind::Train => vec![
                 req("model", "model", Input::Checkpoint, ""),
-                req("stage", "stage", Input::Choice(&["experts", "router", "dense"]), ""),
+                req("stage", "stage", Input::Choice(&["experts", "router", "all", "dense", "ffn"]), ""),
                 req("data", "corpora", data(1, true, true, false), ""),
                 req("steps", "steps", Input::Int, "1-1000000"),
                 f("seq_len", "seq len", Input::Int, &dflt(&d.train_seq_len)),

@@ -9,6 +9,7 @@
 pub mod api;
 pub mod checkpoint;
 pub mod config;
+pub mod corpus;
 pub mod error;
 pub mod eval;
 pub mod generate;

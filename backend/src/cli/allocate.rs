@@ -10,7 +10,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use moe_shared::methods::allocate::{compare_allocations, AllocationMethod, ExpertRange};
 use moe_shared::methods::neurons::NeuronReport;
 use moe_shared::methods::AllocationFile;
@@ -30,14 +30,19 @@ pub struct Args {
     /// E_max: most new experts per layer.
     #[arg(long, default_value_t = 6)]
     pub max: usize,
-    /// Write a baseline instead of NeuronMoE: uniform or layermoe.
+    /// Write a baseline instead of NeuronMoE: uniform (the same total spread evenly), layermoe
+    /// (LayerMoE-style, from hidden-state similarity), or a placement control with NeuronMoE's own
+    /// counts: shuffled (a seeded permutation), inverted (reverse order of the specific-neuron
+    /// counts), layermoe-placed (in LayerMoE's order).
     #[arg(long)]
     pub baseline: Option<String>,
-    /// New experts per layer of the uniform baseline (default: NeuronMoE's
-    /// budget spread evenly, round(NeuronMoE total / layers), so both add
-    /// about as many experts).
+    /// New experts per layer of the uniform baseline (default: exactly NeuronMoE's total, spread
+    /// evenly: every layer floor(total / layers), one more in the remainder's layers).
     #[arg(long)]
     pub uniform: Option<usize>,
+    /// Seed of the shuffled control.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
     /// New languages (comma-separated; default: those of the neurons run).
     #[arg(long, value_delimiter = ',')]
     pub new: Vec<String>,
@@ -59,17 +64,19 @@ fn list(v: &[usize]) -> String {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let range = ExpertRange::new(a.min, a.max)?;
     let method = match a.baseline.as_deref() {
-        None | Some("neuronmoe") => AllocationMethod::NeuronMoe,
-        Some("uniform") => AllocationMethod::Uniform,
-        Some("layermoe") => AllocationMethod::LayerMoe,
-        Some(o) => bail!("--baseline `{o}`: expected uniform or layermoe"),
+        None => AllocationMethod::NeuronMoe,
+        Some(name) => AllocationMethod::parse(name).with_context(|| {
+            let names: Vec<&str> = AllocationMethod::ALL.iter().map(|m| m.name()).collect();
+            format!("--baseline `{name}`: expected one of {}", names.join(", "))
+        })?,
     };
     let path = if a.neurons.is_dir() { a.neurons.join("neurons.json") } else { a.neurons.clone() };
     let bytes = std::fs::read(&path)
         .with_context(|| format!("reading {} (run `moe-studio neurons ... --out DIR` first)", path.display()))?;
     let report = NeuronReport::from_json(&bytes, &path.display().to_string())?;
     let new = (!a.new.is_empty()).then_some(a.new.as_slice());
-    let cmp = compare_allocations(&report, new, range, a.uniform)?;
+    let mut cmp = compare_allocations(&report, new, range, a.uniform)?;
+    cmp.reshuffle(a.seed);
     let file: AllocationFile = cmp.file(method)?;
     // Round trip through the reader `upcycle --allocation` uses.
     let text = serde_json::to_string_pretty(&file)?;
@@ -80,16 +87,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     std::fs::write(&a.out, text + "\n").with_context(|| format!("writing {}", a.out.display()))?;
 
     let total = |v: &[usize]| v.iter().sum::<usize>();
-    let mut csv = String::from("layer,specific_neurons,neuronmoe,uniform,layermoe,layermoe_similarity\n");
+    let mut csv = String::from(
+        "layer,specific_neurons,neuronmoe,uniform,layermoe,layermoe_similarity,shuffled,inverted,layermoe_placed\n",
+    );
     for l in 0..cmp.neuronmoe.len() {
         writeln!(
             csv,
-            "{l},{},{},{},{},{}",
+            "{l},{},{},{},{},{},{},{},{}",
             count_text(cmp.specific_counts[l]),
             cmp.neuronmoe[l],
             cmp.uniform[l],
             cmp.layermoe.as_ref().map(|v| v[l].to_string()).unwrap_or_default(),
-            cmp.layermoe_similarity.as_ref().map(|v| format!("{:.6}", v[l])).unwrap_or_default()
+            cmp.layermoe_similarity.as_ref().map(|v| format!("{:.6}", v[l])).unwrap_or_default(),
+            cmp.shuffled[l],
+            cmp.inverted[l],
+            cmp.layermoe_placed.as_ref().map(|v| v[l].to_string()).unwrap_or_default(),
         )?;
     }
     let csv_path = stem_with(&a.out, ".comparison.csv");
@@ -127,11 +139,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         eprintln!("warning: {}", w.message);
     }
     println!("neuronmoe:  {} (total {})", list(&cmp.neuronmoe), total(&cmp.neuronmoe));
-    let budget = if a.uniform.is_some() { "--uniform" } else { "NeuronMoE's budget" };
+    let budget = if a.uniform.is_some() { "--uniform" } else { "NeuronMoE's total" };
     println!("uniform:    {} (total {}, {budget})", list(&cmp.uniform), total(&cmp.uniform));
     match &cmp.layermoe {
         Some(l) => println!("layermoe:   {} (total {})", list(l), total(l)),
         None => println!("layermoe:   n/a (every analysed language is new; no original language to compare with)"),
+    }
+    println!("shuffled:   {} (NeuronMoE's counts, seed {})", list(&cmp.shuffled), a.seed);
+    println!("inverted:   {} (NeuronMoE's counts, reverse S_l order)", list(&cmp.inverted));
+    if let Some(l) = &cmp.layermoe_placed {
+        println!("layermoe-placed: {} (NeuronMoE's counts in LayerMoE's order)", list(l));
     }
     println!("wrote {} ({})", a.out.display(), method.name());
     for p in [csv_path, json_path].into_iter().chain(figs) {

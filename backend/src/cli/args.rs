@@ -103,3 +103,20 @@ impl LayoutArg {
         }
     }
 }
+
+/// `--docs`: how the plain-text files a command reads are cut into
+/// documents (`moe_shared::corpus`: each document's tokens are followed by
+/// the end-of-text token). Flattened into every command that reads text:
+/// `train`, `eval`, `perplexity`, `route`, `neurons`.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct DocsArg {
+    /// How a .txt file is cut into documents: `blank` (documents separated by blank lines, the
+    /// corpora's own format), `line` (one document per line) or `file` (one document); .jsonl files
+    /// always hold one document per line (field `text`).
+    #[arg(long = "docs", default_value = "blank", value_parser = parse_docs)]
+    pub docs: moe_shared::corpus::DocSplit,
+}
+
+fn parse_docs(s: &str) -> Result<moe_shared::corpus::DocSplit, String> {
+    s.parse()
+}

@@ -83,7 +83,7 @@ impl WithBackend for RidgeBenchArgs {
         let mut err = None;
         let secs = time_runs(a.repeat, || {
             let mut stats = empty_stats(&model, true);
-            match collect_stats(&model, 0, &seqs, a.tokens, &mut stats) {
+            match collect_stats(&model, 0, &seqs, Some(a.tokens), &mut stats) {
                 Ok(n) => used = n,
                 Err(e) => err = Some(e),
             }

@@ -14,7 +14,6 @@ use moe_shared::checkpoint::open_model;
 use moe_shared::eval::{evaluate, randomize_routers, PerplexityOptions};
 use moe_shared::jobs::Defaults as D;
 use moe_shared::model::{load_model, Routing};
-use moe_shared::train::data::{split_documents, tokenize_documents};
 use moe_shared::train::freeze::is_moe;
 
 use super::backend::WithBackend;
@@ -25,9 +24,12 @@ use super::train::{parse_data, resolve_tokenizer};
 pub struct Args {
     /// A model: Hugging Face / MoE directory, `.gguf` or llama2.c `.bin`.
     pub model: PathBuf,
-    /// `NAME=FILE` (.txt: one document per line; .jsonl: field `text`); repeat for several datasets.
+    /// `NAME=FILE` (.txt: documents cut by --docs; .jsonl: field `text`); repeat for several datasets.
+    /// Each file is scored as its token stream (`moe_shared::corpus`), the ids `train` reads.
     #[arg(long = "data", required = true)]
     pub data: Vec<String>,
+    #[command(flatten)]
+    pub docs: super::args::DocsArg,
     /// Tokens per window.
     #[arg(long, default_value_t = D::default().eval_window)]
     pub window: usize,
@@ -75,9 +77,8 @@ impl WithBackend for Args {
         let opts = PerplexityOptions { window: a.window, stride: a.stride, max_tokens: a.max_tokens, batch: a.batch };
         let mut rows = Vec::new();
         for (i, s) in specs.iter().enumerate() {
-            let text = std::fs::read_to_string(&s.path).with_context(|| format!("reading {}", s.path))?;
-            let docs = split_documents(&text, &s.path)?;
-            let ids = tokenize_documents(&docs, &tok)?;
+            let ids = moe_shared::corpus::read_stream(&s.path, a.docs.docs, &tok)?;
+            let sha = moe_shared::corpus::stream_sha256(&ids);
             let routing = if a.routing == "oracle" { Routing::Forced(i) } else { Routing::Learned };
             let quiet = a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
             let r = evaluate(&model, &ids, opts, routing, &device, |done, total| {
@@ -88,21 +89,24 @@ impl WithBackend for Args {
             if !quiet {
                 eprint!("\r\x1b[2K");
             }
-            rows.push((s, r));
+            rows.push((s, r, sha));
         }
         if a.json {
             let datasets: Vec<serde_json::Value> = rows
                 .iter()
-                .map(|(s, r)| {
+                .map(|(s, r, sha)| {
                     serde_json::json!({
                         "name": s.name, "file": s.path, "tokens": r.report.tokens, "nll": r.report.nll,
                         "ppl": r.report.ppl, "load_mean": r.mean_load(), "load_per_layer": r.load,
+                        "stream_sha256": sha,
                     })
                 })
                 .collect();
             println!(
                 "{}",
-                serde_json::json!({"model": m.path, "routing": a.routing, "moe": moe, "datasets": datasets})
+                serde_json::json!({
+                    "model": m.path, "routing": a.routing, "moe": moe, "docs": a.docs.docs, "datasets": datasets
+                })
             );
         } else {
             println!(
@@ -113,7 +117,7 @@ impl WithBackend for Args {
                 "ppl",
                 if moe { "  load per expert (mean over layers)" } else { "" }
             );
-            for (s, r) in &rows {
+            for (s, r, _) in &rows {
                 let load = r
                     .mean_load()
                     .map(|l| format!("  [{}]", l.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(" ")))

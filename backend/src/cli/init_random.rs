@@ -8,7 +8,7 @@
 //!
 //! With `--tokenizer FILE` the directory also gets that `tokenizer.json`,
 //! and with `--train-tokenizer TEXT` one trained here (a byte-level BPE of
-//! the config's `vocab_size` tokens on the texts, one document per line:
+//! the config's `vocab_size` tokens on the texts' documents:
 //! [`moe_shared::tokenizer::train::train_byte_level_bpe`]); the directory
 //! is then a model `train --stage dense` starts from (a model trained from
 //! scratch: the fetched teaching preset, `scripts/demo_preset.sh`).
@@ -44,8 +44,8 @@ pub struct Args {
     /// A `tokenizer.json` to put beside the weights (at most the config's `vocab_size` tokens).
     #[arg(long, conflicts_with = "train_tokenizer")]
     pub tokenizer: Option<PathBuf>,
-    /// Train a byte-level BPE tokenizer of the config's `vocab_size` tokens on these texts (one
-    /// document per line; repeatable) and put it beside the weights as `tokenizer.json`.
+    /// Train a byte-level BPE tokenizer of the config's `vocab_size` tokens on these texts (their
+    /// documents, separated by blank lines; repeatable) and put it beside the weights as `tokenizer.json`.
     #[arg(long = "train-tokenizer")]
     pub train_tokenizer: Vec<PathBuf>,
 }
@@ -58,18 +58,16 @@ fn tokenizer_json(a: &Args, vocab_size: usize, config_name: &str) -> anyhow::Res
         let bytes = std::fs::read(p).with_context(|| format!("reading {name}"))?;
         (Tokenizer::from_hf_json(&bytes, &name)?, name)
     } else if !a.train_tokenizer.is_empty() {
+        // The documents `train` will read (blank-line separated: the
+        // tokenizer sees the newlines inside them).
         let mut docs = Vec::new();
         for p in &a.train_tokenizer {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            docs.extend(text.lines().filter(|l| !l.trim().is_empty()).map(str::to_owned));
-        }
-        if docs.is_empty() {
-            bail!("--train-tokenizer: no non-empty line in {:?}", a.train_tokenizer);
+            docs.extend(moe_shared::corpus::read_documents(&p.display().to_string(), Default::default())?);
         }
         let t0 = std::time::Instant::now();
         let tok = train_byte_level_bpe(docs.iter(), vocab_size)?;
         eprintln!(
-            "trained a byte-level BPE tokenizer of {} tokens on {} lines in {:.1} s",
+            "trained a byte-level BPE tokenizer of {} tokens on {} documents in {:.1} s",
             tok.vocab_size(),
             docs.len(),
             t0.elapsed().as_secs_f64()

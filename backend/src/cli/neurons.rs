@@ -2,7 +2,10 @@
 //! [--pool mean|max] [--max-texts 300] [--max-tokens 256] [--bench] --out DIR`:
 //! NeuronMoE's language-specific neurons (methods.md §3).
 //!
-//! Each FILE holds one text (paragraph) per line. Writes to DIR:
+//! Each FILE's documents (`--docs`: blank-line separated by default,
+//! `line` for one text per line) are the language's texts, each scored as
+//! its token ids in the stream `train` and `eval` read (`moe_shared::corpus`:
+//! with the end-of-text token), truncated to `--max-tokens`. Writes to DIR:
 //! `neurons.json` (what `allocate` reads), `layer_counts.csv`,
 //! `counts.csv`, `top_neurons.csv`, `similarity.csv`, the figures
 //! `specific_per_layer.{svg,png}` and `specific_per_component.{svg,png}`,
@@ -35,9 +38,11 @@ pub struct Args {
     /// expert's gate/up/down units are neurons too, each expert computed on
     /// every token (`expert_counts.csv`, `specific_per_expert.{svg,png}`).
     pub model: PathBuf,
-    /// `CODE=FILE`: texts of one language, one per line (at least 2 languages).
+    /// `CODE=FILE`: texts of one language, the file's documents (see --docs; at least 2 languages).
     #[arg(long = "lang", required = true)]
     pub langs: Vec<String>,
+    #[command(flatten)]
+    pub docs: super::args::DocsArg,
     /// The new languages whose union of specific neurons drives the
     /// allocation (comma-separated codes; default: every language but the first).
     #[arg(long, value_delimiter = ',')]
@@ -51,7 +56,7 @@ pub struct Args {
     /// Pooling of a neuron's activations over a text's tokens: mean or max.
     #[arg(long, default_value = "mean")]
     pub pool: String,
-    /// Texts used per language (the first non-empty lines).
+    /// Texts used per language (the file's first documents).
     #[arg(long, default_value_t = D::default().neurons_max_texts)]
     pub max_texts: usize,
     /// Each text is truncated to this many tokens.
@@ -87,9 +92,13 @@ fn parse_pool(s: &str) -> anyhow::Result<Pooling> {
     }
 }
 
-/// Reads `CODE=FILE` and returns the code and the first `max` non-empty
-/// lines.
-fn read_language(spec: &str, max: usize) -> anyhow::Result<(String, PathBuf, Vec<String>)> {
+/// Reads `CODE=FILE` and returns the code and the file's first `max`
+/// documents (`split`).
+fn read_language(
+    spec: &str,
+    split: moe_shared::corpus::DocSplit,
+    max: usize,
+) -> anyhow::Result<(String, PathBuf, Vec<String>)> {
     let (code, file) = spec.split_once('=').with_context(|| format!("--lang `{spec}`: expected CODE=FILE"))?;
     if code.trim().is_empty() || file.is_empty() {
         bail!("--lang `{spec}`: expected CODE=FILE with a non-empty code and path");
@@ -97,12 +106,9 @@ fn read_language(spec: &str, max: usize) -> anyhow::Result<(String, PathBuf, Vec
     let path = PathBuf::from(file);
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {} (language `{code}`)", path.display()))?;
-    let lines: Vec<String> =
-        text.lines().map(str::trim).filter(|l| !l.is_empty()).take(max).map(str::to_string).collect();
-    if lines.is_empty() {
-        bail!("{}: no text for language `{code}` (the file is empty; expected one text per line)", path.display());
-    }
-    Ok((code.to_string(), path, lines))
+    let docs = moe_shared::corpus::split_documents(&text, &path.display().to_string(), split)
+        .with_context(|| format!("language `{code}`"))?;
+    Ok((code.to_string(), path, docs.into_iter().take(max).collect()))
 }
 
 /// Peak resident memory of this process in MiB (Linux `VmHWM`).
@@ -347,14 +353,15 @@ impl WithBackend for Args {
         }
         let mut langs = Vec::new();
         for spec in &a.langs {
-            langs.push(read_language(spec, a.max_texts)?);
+            langs.push(read_language(spec, a.docs.docs, a.max_texts)?);
         }
         for (code, path, lines) in &langs {
             if lines.len() < 2 {
                 bail!(
-                    "{}: language `{code}` has {} text; at least 2 are needed (one per line)",
+                    "{}: language `{code}` has {} text; at least 2 are needed (documents cut by --docs {})",
                     path.display(),
-                    lines.len()
+                    lines.len(),
+                    a.docs.docs
                 );
             }
         }
@@ -372,7 +379,7 @@ impl WithBackend for Args {
         let mut encoded: Vec<(usize, Vec<u32>)> = Vec::new();
         for (i, (code, path, lines)) in langs.iter().enumerate() {
             for line in lines {
-                let ids = tok.encode(line, true)?;
+                let ids = moe_shared::corpus::document_ids(line, &tok)?;
                 if !ids.is_empty() {
                     encoded.push((i, ids));
                 }
@@ -432,6 +439,8 @@ impl WithBackend for Args {
             &AnalysisOptions { top_n: a.top_n, include_bottom: a.bottom, new_languages: a.new.clone() },
         )?;
         let t_analyze = t0.elapsed().as_secs_f64();
+        let mut report = report;
+        moe_shared::methods::neurons::stream_sha256_of_texts(&mut report, &encoded);
         drop(pooled);
         std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
         let json = a.out.join("neurons.json");

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
-use moe_shared::eval::{perplexity, text_ids, PerplexityOptions};
+use moe_shared::eval::{perplexity, PerplexityOptions};
 use moe_shared::model::load_model;
 
 use super::backend::WithBackend;
@@ -15,10 +15,14 @@ use super::backend::WithBackend;
 pub struct Args {
     /// A Hugging Face model directory, a `.gguf` file or a llama2.c `.bin`.
     pub model: PathBuf,
-    /// UTF-8 text file, read whole and tokenized with the tokenizer's special tokens (the BOS it adds, as
-    /// transformers' `tokenizer(text)` and llama.cpp's perplexity).
+    /// UTF-8 text file (.txt, or .jsonl with a field `text`), scored as its token stream
+    /// (`moe_shared::corpus`, the ids `train` and `eval` read): each document as the tokenizer encodes it
+    /// with its special tokens (the BOS it adds, as transformers' `tokenizer(text)`), then the
+    /// end-of-text token. `--docs file` scores the whole file as one document.
     #[arg(long)]
     pub text: PathBuf,
+    #[command(flatten)]
+    pub docs: super::args::DocsArg,
     /// Tokens per window.
     #[arg(long, default_value_t = 512)]
     pub window: usize,
@@ -40,13 +44,11 @@ impl WithBackend for Args {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
         let a = self;
         let text = std::fs::read_to_string(&a.text).with_context(|| format!("reading {}", a.text.display()))?;
-        if text.trim().is_empty() {
-            anyhow::bail!("{}: the text file is empty", a.text.display());
-        }
+        let docs = moe_shared::corpus::split_documents(&text, &a.text.display().to_string(), a.docs.docs)?;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer found with this model", m.path))?;
         let model = load_model::<B>(&m, &device)?;
-        let ids = text_ids(tok, &text)?;
+        let ids = moe_shared::corpus::token_stream(&docs, tok)?;
         let opts = PerplexityOptions { window: a.window, stride: a.stride, max_tokens: a.max_tokens, batch: a.batch };
         let quiet = a.json;
         let r = perplexity(&model, &ids, opts, &device, |done, total| {
@@ -55,7 +57,10 @@ impl WithBackend for Args {
             }
         })?;
         if a.json {
-            println!("{}", serde_json::to_string(&r)?);
+            let mut v = serde_json::to_value(&r)?;
+            v["docs"] = a.docs.docs.name().into();
+            v["stream_sha256"] = moe_shared::corpus::stream_sha256(&ids).into();
+            println!("{}", serde_json::to_string(&v)?);
         } else {
             eprintln!();
             println!("tokens {}  nll {:.6}  ppl {:.4}", r.tokens, r.nll, r.ppl);

@@ -12,8 +12,9 @@ use moe_shared::jobs::Defaults as D;
 use moe_shared::layout::{self, LayoutRequest};
 use moe_shared::methods::route::{
     check_domains, check_route_options, collect_stats, domain_sequences, empty_stats, mean_accuracy, routed_config,
-    routing_accuracy, set_routers, solve_all, stats_to_safetensors, write_routed, DomainSequences, RouteOptions,
-    RouteReport,
+    routing_accuracy, routing_accuracy_detail, set_routers, solve_all, solve_all_relative, stats_to_safetensors,
+    write_routed,
+    DomainSequences, RouteOptions, RouteReport, RoutingAccuracy,
 };
 use moe_shared::model::load_model;
 
@@ -43,12 +44,15 @@ pub struct Args {
     /// Router temperature.
     #[arg(long, default_value_t = D::default().temperature)]
     pub temperature: f64,
-    /// Tokens per domain for the statistics.
-    #[arg(long, default_value_t = D::default().route_max_tokens)]
-    pub max_tokens: usize,
-    /// Tokens per sequence.
+    /// A cap on the statistics tokens per domain (default: every token of the training text, as the
+    /// reference code's statistics pass).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// Tokens per statistics sequence (the reference code's per-sequence position cap, `context_dim`).
     #[arg(long, default_value_t = D::default().route_context)]
     pub context: usize,
+    #[command(flatten)]
+    pub docs: super::args::DocsArg,
     /// Solve without the bias column (the result then exports in a public
     /// layout: Mixtral, Qwen2-MoE).
     #[arg(long)]
@@ -58,6 +62,15 @@ pub struct Args {
     /// Extra lambdas to report held-out accuracy for (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub lambda_sweep: Vec<f64>,
+    /// Extra relative strengths r to report held-out accuracy for, each layer solved with
+    /// lambda = r * tr(A) / p (its Gram matrix's mean diagonal; comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub lambda_sweep_relative: Vec<f64>,
+    /// Reuse the statistics of an earlier `route` of the same MoE (its `ridge_stats.safetensors`)
+    /// instead of collecting them: re-solve with another top-k, lambda or temperature. The domains
+    /// must be the same, in the same order (their held-out text is still read for the accuracy).
+    #[arg(long, conflicts_with = "add_expert")]
+    pub stats: Option<PathBuf>,
     /// Held-out tokens per domain for the accuracy report.
     #[arg(long, default_value_t = D::default().route_eval_tokens)]
     pub eval_tokens: usize,
@@ -88,13 +101,52 @@ fn read_domain(
     name: String,
     train: &PathBuf,
     held: Option<&PathBuf>,
+    split: moe_shared::corpus::DocSplit,
     context: usize,
 ) -> anyhow::Result<DomainSequences> {
     let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
     let text = read(train)?;
     let held_text = held.map(read).transpose()?;
     let (tw, hw) = (train.display().to_string(), held.map(|h| h.display().to_string()).unwrap_or_default());
-    Ok(domain_sequences(tok, &name, (&text, &tw), held_text.as_deref().map(|h| (h, hw.as_str())), context)?)
+    Ok(domain_sequences(tok, &name, (&text, &tw), held_text.as_deref().map(|h| (h, hw.as_str())), split, context)?)
+}
+
+/// The statistics of an earlier `route` (`--stats FILE`) and their token
+/// counts, checked against this run's domains (names and order), hidden
+/// size and bias column.
+fn reuse_stats(
+    path: &PathBuf,
+    domains: &[DomainSequences],
+    hidden: usize,
+    bias: bool,
+) -> anyhow::Result<(Vec<Option<moe_shared::methods::ridge::RidgeStats>>, Vec<usize>)> {
+    use moe_shared::methods::route::stats_from_safetensors;
+    let raw = std::fs::read(path).with_context(|| format!("reading --stats {}", path.display()))?;
+    let (stats, names) = stats_from_safetensors(&raw, &path.display().to_string(), hidden)?;
+    let want: Vec<&str> = domains.iter().map(|d| d.name.as_str()).collect();
+    if names.iter().map(String::as_str).ne(want.iter().copied()) {
+        bail!(
+            "--stats {}: its statistics are of the domains [{}], this run routes [{}] (same names, same order)",
+            path.display(),
+            names.join(", "),
+            want.join(", ")
+        );
+    }
+    if let Some(s) = stats.iter().flatten().find(|s| s.bias != bias) {
+        bail!(
+            "--stats {}: statistics {} the bias column; solve {} --no-bias",
+            path.display(),
+            if s.bias { "with" } else { "without" },
+            if s.bias { "without" } else { "with" }
+        );
+    }
+    let tokens = stats
+        .iter()
+        .flatten()
+        .next()
+        .map(|s| s.tokens.iter().map(|&t| t as usize).collect())
+        .unwrap_or_default();
+    Ok((stats, tokens))
 }
 
 /// `route MOE --add-expert NAME=DENSE:TRAIN[:HELDOUT] --out DIR`.
@@ -135,7 +187,7 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     w.finish(&[("config.json", serde_json::to_vec(&cfg)?)])?;
     let grown = open_model(&stage_dir)?;
     let mut model = load_model::<B>(&grown, &device)?;
-    let domain = read_domain(tok, name.to_string(), &train, held.as_ref(), a.context)?;
+    let domain = read_domain(tok, name.to_string(), &train, held.as_ref(), a.docs.docs, a.context)?;
     let new_idx = names.len();
     for s in stats.iter_mut().flatten() {
         s.add_expert();
@@ -149,16 +201,19 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
         max_tokens: a.max_tokens,
         context: a.context,
         bias,
+        docs: a.docs.docs,
     };
     let routers = solve_all(&stats, opts.lambda)?;
     set_routers(&mut model, &routers, opts.top_k, opts.temperature);
-    let acc = routing_accuracy(&model, new_idx, &domain.heldout, a.eval_tokens);
+    let acc = routing_accuracy_detail(&model, new_idx, &domain.heldout, a.eval_tokens);
     let routed = routed_config(&plan.moe, &opts);
     let (layout, warnings) = layout_warnings(&m.config, &routed, request)?;
     let report = serde_json::json!({
         "model": m.path, "added_domain": domain.name, "added_from": dense_path.display().to_string(),
         "domains": names, "new_domain_tokens": n, "options": opts,
-        "new_domain_accuracy_per_layer": acc, "new_domain_mean_accuracy": mean_accuracy(&acc),
+        "new_domain_accuracy_per_layer": acc.per_layer, "new_domain_mean_accuracy": mean_accuracy(&acc.per_layer),
+        "new_domain_all_layers_accuracy": acc.all_layers, "new_domain_stream_sha256": domain.stream_sha256,
+        "new_domain_heldout_sha256": domain.heldout_sha256,
         "layout": layout, "warnings": warnings,
         "seconds": t0.elapsed().as_secs_f64(),
     });
@@ -180,7 +235,7 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
             domain.name,
             a.out.display(),
             t0.elapsed().as_secs_f64(),
-            mean_accuracy(&acc)
+            mean_accuracy(&acc.per_layer)
         );
     }
     Ok(())
@@ -231,6 +286,7 @@ impl WithBackend for Args {
             max_tokens: a.max_tokens,
             context: a.context,
             bias: !a.no_bias,
+            docs: a.docs.docs,
         };
         // The rules the tab's router checks too (shared), in the CLI's flags.
         match check_route_options(&opts, a.domains.len()) {
@@ -242,6 +298,9 @@ impl WithBackend for Args {
         if !a.lambda_sweep.iter().all(|&l| positive(l)) {
             bail!("--lambda-sweep values must be > 0");
         }
+        if !a.lambda_sweep_relative.iter().all(|&l| positive(l)) {
+            bail!("--lambda-sweep-relative values must be > 0");
+        }
         let request = a.layout.request()?;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let moe = m.moe.clone().with_context(|| format!("{}: not an MoE checkpoint (run `moerge` first)", m.path))?;
@@ -252,26 +311,45 @@ impl WithBackend for Args {
         let mut domains = Vec::new();
         for spec in &a.domains {
             let (name, train, held) = parse_domain(spec)?;
-            domains.push(read_domain(tok, name, &train, held.as_ref(), a.context)?);
+            domains.push(read_domain(tok, name, &train, held.as_ref(), a.docs.docs, a.context)?);
         }
         let mut model = load_model::<B>(&m, &device)?;
-        let _ = &device;
-        let mut stats = empty_stats(&model, opts.bias);
-        let mut tokens = Vec::new();
-        for (i, d) in domains.iter().enumerate() {
-            let n = collect_stats(&model, i, &d.train, opts.max_tokens, &mut stats)
-                .with_context(|| format!("domain `{}`", d.name))?;
-            tokens.push(n);
-            if !a.json {
-                eprintln!("statistics: domain {} ({}) {} tokens", i, d.name, n);
+        let (stats, tokens) = match &a.stats {
+            Some(p) => reuse_stats(p, &domains, m.config.hidden_size, opts.bias)?,
+            None => {
+                let mut stats = empty_stats(&model, opts.bias);
+                let mut tokens = Vec::new();
+                for (i, d) in domains.iter().enumerate() {
+                    let n = collect_stats(&model, i, &d.train, opts.max_tokens, &mut stats)
+                        .with_context(|| format!("domain `{}`", d.name))?;
+                    tokens.push(n);
+                    if !a.json {
+                        eprintln!("statistics: domain {} ({}) {} tokens", i, d.name, n);
+                    }
+                }
+                (stats, tokens)
             }
+        };
+        let moe_layers: Vec<bool> = moe.layers.iter().map(Option::is_some).collect();
+        if stats.iter().map(Option::is_some).ne(moe_layers.iter().copied()) {
+            bail!(
+                "--stats {}: its MoE layers ({} of {}) are not this model's ({} of {})",
+                a.stats.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                stats.iter().flatten().count(),
+                stats.len(),
+                moe_layers.iter().filter(|&&b| b).count(),
+                moe_layers.len()
+            );
         }
         let routers = solve_all(&stats, opts.lambda)?;
         let cond: Vec<Option<f64>> =
             stats.iter().map(|s| s.as_ref().and_then(|s| s.condition_number(opts.lambda).ok())).collect();
         set_routers(&mut model, &routers, opts.top_k, opts.temperature);
-        let accuracy: Vec<Vec<Option<f64>>> =
-            domains.iter().enumerate().map(|(i, d)| routing_accuracy(&model, i, &d.heldout, a.eval_tokens)).collect();
+        let accuracy: Vec<RoutingAccuracy> = domains
+            .iter()
+            .enumerate()
+            .map(|(i, d)| routing_accuracy_detail(&model, i, &d.heldout, a.eval_tokens))
+            .collect();
         let mut sweep = Vec::new();
         for &lambda in &a.lambda_sweep {
             let r = solve_all(&stats, lambda)?;
@@ -283,11 +361,27 @@ impl WithBackend for Args {
                 .collect();
             sweep.push(serde_json::json!({"lambda": lambda, "mean_accuracy_per_domain": acc}));
         }
+        for &relative in &a.lambda_sweep_relative {
+            let r = solve_all_relative(&stats, relative)?;
+            set_routers(&mut model, &r, opts.top_k, opts.temperature);
+            let acc: Vec<RoutingAccuracy> = domains
+                .iter()
+                .enumerate()
+                .map(|(i, d)| routing_accuracy_detail(&model, i, &d.heldout, a.eval_tokens))
+                .collect();
+            sweep.push(serde_json::json!({
+                "lambda_relative": relative,
+                "mean_accuracy_per_domain": acc.iter().map(|x| mean_accuracy(&x.per_layer)).collect::<Vec<_>>(),
+                "all_layers_accuracy_per_domain": acc.iter().map(|x| x.all_layers).collect::<Vec<_>>(),
+            }));
+        }
         let names: Vec<String> = domains.iter().map(|d| d.name.clone()).collect();
         let stats_bytes = stats_to_safetensors(&stats, &names)?;
         let routed = routed_config(&moe, &opts);
         let mut report = RouteReport::new(&m.path, &domains, tokens, opts, accuracy.clone());
         report.condition_number_per_layer = Some(cond);
+        report.mean_diagonal_per_layer = Some(stats.iter().map(|s| s.as_ref().map(|s| s.mean_diagonal())).collect());
+        report.reused_stats = a.stats.as_ref().map(|p| p.display().to_string());
         report.lambda_sweep = Some(sweep);
         report.layout = Some(layout.to_string());
         report.warnings = Some(warnings.clone());
@@ -311,9 +405,18 @@ impl WithBackend for Args {
             println!("routed {} -> {} ({:.1} s)", m.path, a.out.display(), t0.elapsed().as_secs_f64());
             println!("random routing accuracy: {:.3}", report["random_routing_accuracy"].as_f64().unwrap_or(0.0));
             for (i, d) in domains.iter().enumerate() {
-                let per: Vec<String> =
-                    accuracy[i].iter().map(|x| x.map(|v| format!("{v:.2}")).unwrap_or("-".into())).collect();
-                println!("{:>10}: mean {:.3}  per layer [{}]", d.name, mean_accuracy(&accuracy[i]), per.join(" "));
+                let per: Vec<String> = accuracy[i]
+                    .per_layer
+                    .iter()
+                    .map(|x| x.map(|v| format!("{v:.2}")).unwrap_or("-".into()))
+                    .collect();
+                println!(
+                    "{:>10}: mean {:.3}  in every layer {:.3}  per layer [{}]",
+                    d.name,
+                    mean_accuracy(&accuracy[i].per_layer),
+                    accuracy[i].all_layers,
+                    per.join(" ")
+                );
             }
         }
         Ok(())

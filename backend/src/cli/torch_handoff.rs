@@ -35,7 +35,7 @@ use moe_shared::checkpoint::DType;
 use moe_shared::layout::{self, LayoutRequest};
 use moe_shared::model::save::tensor_plan;
 use moe_shared::model::{save_model, Transformer};
-use moe_shared::train::{Mixture, TrainConfig, Trainer};
+use moe_shared::train::{Mixture, Stage, TrainConfig, Trainer};
 
 /// The training script (`train.py` in the job directory).
 pub const TRAIN_PY: &str = include_str!("torch_handoff/train.py");
@@ -86,6 +86,9 @@ pub fn emit<B: AutodiffBackend>(
     let (dir, source, command, prefer) = (to.dir, to.source, to.command.as_str(), to.prefer);
     if dir.exists() && std::fs::read_dir(dir).map(|mut d| d.next().is_some()).unwrap_or(true) {
         bail!("--emit {}: the directory exists and is not empty (choose a new one)", dir.display());
+    }
+    if !matches!(config.stage, Stage::Experts | Stage::Router) {
+        bail!("--engine torch trains the MoE stages experts and router; --stage {} trains on burn", config.stage.name());
     }
     let trainer = Trainer::new(model, data, config.clone(), devices, source)?;
     for w in trainer.warnings() {

@@ -43,13 +43,16 @@ use moe_shared::train::{
 pub struct Args {
     /// The model to train: an MoE checkpoint (stages experts, router) or a dense one (stage dense).
     pub model: PathBuf,
-    /// `experts` (new experts + routers), `router` (routers only) or `dense` (everything).
+    /// MoE models: `experts` (new experts + routers), `router` (routers only) or `all` (everything but the
+    /// frozen experts); dense models: `dense` (everything) or `ffn` (the FFNs only).
     #[arg(long)]
     pub stage: String,
-    /// `NAME=FILE[:weight][:orig]`: a .txt (one document per line) or .jsonl (field `text`) corpus;
+    /// `NAME=FILE[:weight][:orig]`: a .txt (documents cut by --docs) or .jsonl (field `text`) corpus;
     /// `weight` is its mixture share (default 1); `orig` marks an original language (language prior).
     #[arg(long = "data", required = true)]
     pub data: Vec<String>,
+    #[command(flatten)]
+    pub docs: super::args::DocsArg,
     /// Optimizer steps.
     #[arg(long)]
     pub steps: usize,
@@ -269,7 +272,7 @@ impl Args {
 
     fn config(&self) -> anyhow::Result<TrainConfig> {
         let stage = Stage::parse(&self.stage)
-            .with_context(|| format!("--stage `{}`: expected experts, router or dense", self.stage))?;
+            .with_context(|| format!("--stage `{}`: expected experts, router, all, dense or ffn", self.stage))?;
         let lb_form = LbForm::parse(&self.lb_form)
             .with_context(|| format!("--lb-form `{}`: expected per-layer or hf-mixtral", self.lb_form))?;
         let balance = Balance::parse(&self.balance)
@@ -398,16 +401,18 @@ impl WithAutodiff for Args {
         if config.seq_len > m.config.max_position_embeddings {
             bail!("--seq-len {} exceeds the model's context {}", config.seq_len, m.config.max_position_embeddings);
         }
-        let data = load_mixture(&specs, &tok, config.seq_len, config.seed)?;
+        let data = load_mixture(&specs, a.docs.docs, &tok, config.seq_len, config.seed)?;
         for s in data.sources() {
             eprintln!(
-                "data {:<10} {:>9} tokens {:>7} sequences  weight {}{}  ({})",
+                "data {:<10} {:>9} tokens {:>7} sequences  weight {}{}  ({}, --docs {}, stream sha256 {})",
                 s.spec.name,
                 s.ids.len(),
                 s.num_sequences(),
                 s.spec.weight,
                 if s.spec.original { "  original language" } else { "" },
-                s.spec.path
+                s.spec.path,
+                a.docs.docs,
+                moe_shared::corpus::stream_sha256(&s.ids)
             );
         }
         let devs = devices::<B>(config.devices);

@@ -14,12 +14,12 @@ use super::progress::Progress;
 use super::{cpu_model, msg};
 use crate::store::Picked;
 
-/// Texts of one language, one text per line.
+/// Texts of one language (each a document: `texts`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LanguageTexts {
     /// Language code (`en`, `hu`, ...); the first is the original language.
     pub code: String,
-    /// Texts (one per non-empty line).
+    /// Texts, each scored as its document ids (`moe_shared::corpus::document_ids`).
     pub lines: Vec<String>,
 }
 
@@ -95,9 +95,13 @@ impl NeuronOutcome {
     }
 }
 
-/// Splits pasted text into texts (non-empty lines, at most `max`).
-pub fn lines(text: &str, max: usize) -> Vec<String> {
-    text.lines().map(str::trim).filter(|l| !l.is_empty()).take(max).map(str::to_string).collect()
+/// Splits pasted text into texts: its documents by `split`
+/// (`moe_shared::corpus::split_documents`, as the CLI's `neurons --docs`),
+/// at most `max`; none for an empty text.
+pub fn texts(text: &str, split: moe_shared::corpus::DocSplit, max: usize) -> Vec<String> {
+    moe_shared::corpus::split_documents(text, "the text", split)
+        .map(|d| d.into_iter().take(max).collect())
+        .unwrap_or_default()
 }
 
 /// Runs the analysis and the allocation; progress in texts.
@@ -125,7 +129,7 @@ pub fn run(
     let mut encoded: Vec<(usize, Vec<u32>)> = Vec::new();
     for (i, l) in langs.iter().enumerate() {
         for line in &l.lines {
-            let ids = tok.encode(line, true).map_err(msg)?;
+            let ids = moe_shared::corpus::document_ids(line, tok).map_err(msg)?;
             if !ids.is_empty() {
                 encoded.push((i, ids));
             }
@@ -160,7 +164,8 @@ pub fn run(
     let pooled = col.finish().map_err(msg)?;
     progress.step("Average Precision per neuron and language", 0, 1, "tables");
     let table = average_precision_table(&pooled, 1).map_err(msg)?;
-    let report = analyze(&pooled, &table, &AnalysisOptions { top_n, ..Default::default() }).map_err(msg)?;
+    let mut report = analyze(&pooled, &table, &AnalysisOptions { top_n, ..Default::default() }).map_err(msg)?;
+    moe_shared::methods::neurons::stream_sha256_of_texts(&mut report, &encoded);
     let counts: Vec<f64> = report.union_counts.iter().map(|c| c.total).collect();
     let allocation = neuronmoe_allocation(&counts, range).map_err(msg)?;
     Ok(NeuronOutcome::new(&report, allocation, crate::web::now_ms() - t0))
@@ -172,7 +177,10 @@ const TEXTS_PER_PASS: usize = 4;
 #[cfg(test)]
 mod tests {
     #[test]
-    fn pasted_text_splits_into_trimmed_lines() {
-        assert_eq!(super::lines(" a \n\n b\nc", 2), vec!["a".to_string(), "b".to_string()]);
+    fn pasted_text_splits_into_documents() {
+        use moe_shared::corpus::DocSplit;
+        assert_eq!(super::texts(" a \n\n b\nc", DocSplit::Line, 2), vec![" a".to_string(), " b".to_string()]);
+        assert_eq!(super::texts(" a \n\n b\nc", DocSplit::Blank, 5), vec![" a ".to_string(), " b\nc".to_string()]);
+        assert!(super::texts("\n \n", DocSplit::Blank, 5).is_empty());
     }
 }

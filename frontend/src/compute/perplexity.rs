@@ -4,7 +4,7 @@
 //! MoE before the graft vs the grafted MoE (DeltaMoE's claim that the
 //! delta carries the post-training ability; docs/methods.md, "Delta graft").
 
-use moe_shared::eval::{perplexity, text_ids, PerplexityOptions};
+use moe_shared::eval::{perplexity, PerplexityOptions};
 
 use super::progress::Progress;
 use super::{cpu_model, msg};
@@ -18,8 +18,9 @@ pub const WINDOW: usize = 128;
 /// Most tokens scored per model (the page stays in seconds).
 pub const MAX_TOKENS: usize = 4096;
 
-/// Each model's perplexity on `text` (tokenised with the tokenizer's special
-/// tokens, `moe_shared::eval::text_ids`, like the CLI), in the order given;
+/// Each model's perplexity on `text`'s token stream (`moe_shared::corpus`:
+/// documents separated by blank lines, each followed by the end-of-text
+/// token, as the CLI's `perplexity` and `eval`), in the order given;
 /// progress in windows over all models.
 ///
 /// # Errors
@@ -36,7 +37,10 @@ pub fn run(progress: &Progress, models: &[Picked], text: &str) -> Result<Vec<f64
             .tokenizer
             .as_ref()
             .ok_or_else(|| format!("{} has no tokenizer: load it with its tokenizer file", m.path))?;
-        let ids = text_ids(tok, text).map_err(msg)?;
+        // The CLI's `perplexity`/`eval` token stream: documents separated by
+        // blank lines, each followed by the end-of-text token.
+        let ids = moe_shared::corpus::text_stream(text, "the text", moe_shared::corpus::DocSplit::Blank, tok)
+            .map_err(msg)?;
         if ids.len() < 2 {
             return Err(format!("the text has {} token(s) for {}: at least 2 are needed", ids.len(), p.name()));
         }

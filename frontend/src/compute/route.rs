@@ -1,7 +1,7 @@
 //! DUME's ridge router in the browser, step for step as `moe-studio route`:
 //! the same tokenisation and 90/10 held-out split, `collect_stats` (one
 //! oracle-routed forward pass per sequence, yielding between sequences),
-//! `solve_all`, `set_routers`, `routing_accuracy`, and the routed checkpoint
+//! `solve_all`, `set_routers`, `routing_accuracy_detail`, and the routed checkpoint
 //! through `plan_routed` / `write_routed_tensors` into memory. Adds the
 //! per-domain perplexity table: DUME (learned routing) vs averaging (mean
 //! of the experts) vs oracle (every token to its domain's expert).
@@ -11,7 +11,7 @@ use moe_shared::eval::{evaluate, PerplexityOptions};
 use moe_shared::methods::ridge::RidgeStats;
 use moe_shared::methods::route::{
     check_domains, check_route_options, collect_stats, domain_sequences, empty_stats, forced_ffn_inputs, plan_routed,
-    routed_config, routing_accuracy, set_routers, stats_to_safetensors, write_routed_tensors, DomainSequences,
+    routed_config, routing_accuracy_detail, set_routers, stats_to_safetensors, write_routed_tensors, DomainSequences,
     RouteOptions, RouteReport, SEQUENCES_PER_PASS,
 };
 use moe_shared::methods::sink::MemorySink;
@@ -206,7 +206,7 @@ pub async fn run(
     let gram_on = if use_gpu && super::gpu::gpu().is_some() { "WebGPU" } else { "CPU" }.to_string();
     let seqs: Vec<DomainSequences> = domains
         .iter()
-        .map(|d| domain_sequences(tok, &d.name, (&d.text, "the text"), None, opts.context))
+        .map(|d| domain_sequences(tok, &d.name, (&d.text, "the text"), None, opts.docs, opts.context))
         .collect::<Result<_, _>>()
         .map_err(msg)?;
     let train: Vec<&Vec<Vec<u32>>> = seqs.iter().map(|d| &d.train).collect();
@@ -233,7 +233,9 @@ pub async fn run(
     let mut model = cpu_model(m)?;
     let mut stats = empty_stats(&model, opts.bias);
     let mut tokens = Vec::new();
-    let all: u64 = train.iter().map(|t| t.iter().map(Vec::len).sum::<usize>().min(opts.max_tokens) as u64).sum();
+    // No cap: every statistics token (the CLI's default).
+    let cap = opts.max_tokens.unwrap_or(usize::MAX);
+    let all: u64 = train.iter().map(|t| t.iter().map(Vec::len).sum::<usize>().min(cap) as u64).sum();
     let mut done = 0u64;
     let gpu = if gram_on == "WebGPU" { super::gpu::gpu() } else { None };
     for (i, d) in domains.iter().enumerate() {
@@ -241,7 +243,7 @@ pub async fn run(
         let what = format!("ridge statistics ({}, Gram on {gram_on})", d.name);
         if let Some(g) = &gpu {
             let start = done;
-            used = gpu_collect_stats(g, &model, i, train[i], opts.max_tokens, &mut stats, |u| {
+            used = gpu_collect_stats(g, &model, i, train[i], cap, &mut stats, |u| {
                 progress.step(&what, start + u as u64, all, "tokens")
             })
             .await
@@ -251,10 +253,10 @@ pub async fn run(
         // CPU: the CLI's `collect_stats`, a few sequences per call (its own
         // batch size) for the progress.
         for group in train[i].chunks(SEQUENCES_PER_PASS).filter(|_| gpu.is_none()) {
-            if used >= opts.max_tokens {
+            if used >= cap {
                 break;
             }
-            let got = collect_stats(&model, i, group, opts.max_tokens - used, &mut stats)
+            let got = collect_stats(&model, i, group, Some(cap - used), &mut stats)
                 .map_err(|e| format!("domain `{}`: {e}", d.name))?;
             used += got;
             done += got as u64;
@@ -276,12 +278,12 @@ pub async fn run(
     }
     set_routers(&mut model, &routers, opts.top_k, opts.temperature);
     let route_millis = crate::web::now_ms() - t0;
-    let mut accuracy = Vec::new();
+    let mut details = Vec::new();
     let held_all: u64 = held.iter().map(|h| h.iter().map(Vec::len).sum::<usize>().min(eval_tokens) as u64).sum();
     let mut done = 0u64;
     for (i, d) in domains.iter().enumerate() {
         progress.step(&format!("routing accuracy ({})", d.name), done, held_all, "tokens");
-        accuracy.push(routing_accuracy(&model, i, held[i], eval_tokens));
+        details.push(routing_accuracy_detail(&model, i, held[i], eval_tokens));
         done += held[i].iter().map(Vec::len).sum::<usize>().min(eval_tokens) as u64;
         progress.step(&format!("routing accuracy ({})", d.name), done, held_all, "tokens");
     }
@@ -321,7 +323,8 @@ pub async fn run(
     progress.step("writing the routed checkpoint", 0, 1, "files");
     let mut sink = MemorySink::new(plan.planned.clone());
     write_routed_tensors(m.source.as_ref(), &plan, &routers, 0..plan.tensors.len(), &mut sink).map_err(msg)?;
-    let report = RouteReport::new(&m.path, &seqs, tokens.clone(), opts, accuracy.clone());
+    let accuracy: Vec<Vec<Option<f64>>> = details.iter().map(|d| d.per_layer.clone()).collect();
+    let report = RouteReport::new(&m.path, &seqs, tokens.clone(), opts, details);
     let extra = vec![
         ("ridge_stats.safetensors".to_string(), stats_to_safetensors(&stats, &names).map_err(msg)?),
         ("ridge_report.json".to_string(), pretty(&serde_json::to_value(&report).unwrap_or_default())),

@@ -9,7 +9,7 @@ use crate::components::chart::{BarChart, Marked, Series};
 use crate::components::message::{Message, MessageLine};
 use crate::components::model_select::{Filter, ModelSelect};
 use crate::components::progress::Progress;
-use crate::compute::neurons::{lines, LanguageTexts, NeuronOutcome};
+use crate::compute::neurons::{texts, LanguageTexts, NeuronOutcome};
 use crate::pages::Page;
 use crate::store::ModelRef;
 use crate::task::Task;
@@ -72,7 +72,12 @@ pub fn NeuronsPage() -> impl IntoView {
         let texts: Vec<LanguageTexts> = langs
             .get_untracked()
             .iter()
-            .map(|(c, t)| LanguageTexts { code: c.get_untracked(), lines: lines(&t.get_untracked(), 1000) })
+            // The page's texts hold one paragraph per line (the preset's
+            // texts); each paragraph is one text (the CLI's `--docs line`).
+            .map(|(c, t)| LanguageTexts {
+                code: c.get_untracked(),
+                lines: texts(&t.get_untracked(), moe_shared::corpus::DocSplit::Line, 1000),
+            })
             .collect();
         msg.set(Message::None);
         out.set(None);

@@ -272,7 +272,12 @@ async fn handle(progress: &Progress, request: Request, files: JsValue) -> Handle
         }
         Request::Route { model, domains, lambda, top_k, max_tokens, with_ppl, use_gpu } => {
             let p = need(&model)?;
-            let opts = moe_shared::methods::route::RouteOptions { lambda, top_k, max_tokens, ..Default::default() };
+            let opts = moe_shared::methods::route::RouteOptions {
+                lambda,
+                top_k,
+                max_tokens: Some(max_tokens),
+                ..Default::default()
+            };
             let r =
                 crate::compute::route::run(progress, &p, &domains, opts, ROUTE_EVAL_TOKENS, with_ppl, use_gpu).await?;
             let gram_on = r.gram_on.clone();

@@ -14,7 +14,7 @@ use crate::tokenizer::Tokenizer;
 /// True`) and llama.cpp's `perplexity` (`common_tokenize(..., add_special
 /// = true)`, which honours the vocabulary's `add_bos`), and how the studio
 /// tokenizes training and `eval` documents
-/// ([`crate::train::data::tokenize_documents`]). It matters for models
+/// ([`crate::corpus::document_ids`]). It matters for models
 /// trained to see a BOS first: Gemma's GGUF says `add_bos_token = true`
 /// (Gemma 3 270M: `<bos>` = id 2), and without it the first window is
 /// scored out of distribution and the ids differ from transformers' at

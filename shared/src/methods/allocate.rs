@@ -19,12 +19,18 @@
 //!   correctly rounded (an integer quotient comes out exact), and a
 //!   non-integer quotient is at least `1 / (S_max − S_min)` away from the
 //!   next integer, far more than 1e-9 for any real neuron count.
-//! - Uniform: the same count in every layer. By default the count that
-//!   matches NeuronMoE's expert budget ([`budget_matched_uniform`]:
-//!   `round(sum E_l / L)`, clamped to `[E_min, E_max]`), so the two differ
-//!   only in where the experts go — methods.md's claim is "cut the added
-//!   parameters ... at equal quality", which is a comparison at a matched
-//!   (or stated) budget; an explicit count can still be given.
+//! - Uniform: the same count in every layer, with **exactly** NeuronMoE's
+//!   total by default ([`uniform_with_total`]: `floor(T / L)` everywhere and
+//!   one more in `T mod L` evenly spaced layers), so the two differ only in
+//!   where the experts go — methods.md's claim is "cut the added parameters
+//!   ... at equal quality", a comparison at a matched budget; an explicit
+//!   per-layer count can still be given.
+//! - Shuffled and inverted (placement controls, issue 35 item 5): NeuronMoE's
+//!   own counts — the same multiset, so the same total and the same
+//!   parameters — placed at random ([`shuffled_allocation`], seeded) or in
+//!   the reverse order of `S_l` ([`inverted_allocation`]: the layer with the
+//!   most specific neurons gets the fewest experts). If NeuronMoE's claim is
+//!   about placement, not capacity, both should do worse than NeuronMoE.
 //! - LayerMoE-style (after LayerMoE, "Less, but Better", ACL 2025): per
 //!   layer, the mean cosine similarity between each new language's and each
 //!   original language's mean hidden state ([`layermoe_similarity`]); more
@@ -103,18 +109,57 @@ pub fn uniform_allocation(num_layers: usize, experts: usize) -> Vec<usize> {
     vec![experts; num_layers]
 }
 
-/// The per-layer count of the uniform baseline with NeuronMoE's budget:
-/// the total of `neuronmoe` spread evenly, `round(total / L)` (halves
-/// round up), clamped to `range` (`E_min` for no layers). The totals are
-/// equal whenever `L` divides the NeuronMoE total, else as close as one
-/// count per layer allows.
-pub fn budget_matched_uniform(neuronmoe: &[usize], range: ExpertRange) -> usize {
-    let layers = neuronmoe.len();
-    if layers == 0 {
-        return range.min;
+/// A uniform allocation of exactly `total` new experts over `num_layers`
+/// layers: `floor(total / L)` in every layer and one more in `total mod L`
+/// layers spaced evenly (layer `floor((i + 1/2) · L / r)` for `i < r`),
+/// each clamped to `range` (which can only move the total when `range`
+/// cannot hold it).
+pub fn uniform_with_total(num_layers: usize, total: usize, range: ExpertRange) -> Vec<usize> {
+    if num_layers == 0 {
+        return Vec::new();
     }
-    let total: usize = neuronmoe.iter().sum();
-    ((2 * total + layers) / (2 * layers)).clamp(range.min, range.max)
+    let (base, rem) = (total / num_layers, total % num_layers);
+    let mut e = vec![base; num_layers];
+    for i in 0..rem {
+        e[((2 * i + 1) * num_layers) / (2 * rem)] += 1;
+    }
+    e.into_iter().map(|x| x.clamp(range.min, range.max)).collect()
+}
+
+/// `counts` (a multiset of per-layer counts) placed so that the layer with
+/// the largest `key` gets the largest count, the next the next, ... (ties
+/// in `key` broken by layer index, ascending).
+fn place_by(counts: &[usize], key: &[f64]) -> Vec<usize> {
+    let mut sorted = counts.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    let mut order: Vec<usize> = (0..key.len()).collect();
+    order.sort_by(|&a, &b| key[b].total_cmp(&key[a]).then(a.cmp(&b)));
+    let mut out = vec![0; key.len()];
+    for (rank, &l) in order.iter().enumerate() {
+        out[l] = sorted[rank];
+    }
+    out
+}
+
+/// NeuronMoE's counts `neuronmoe` placed in the reverse order of the
+/// specific-neuron counts `specific` (`S_l`): the layer with the most
+/// specific neurons gets the smallest count (a placement control: same
+/// multiset, same total).
+pub fn inverted_allocation(neuronmoe: &[usize], specific: &[f64]) -> Vec<usize> {
+    place_by(neuronmoe, &specific.iter().map(|s| -s).collect::<Vec<_>>())
+}
+
+/// NeuronMoE's counts permuted across layers by a Fisher-Yates shuffle
+/// seeded with `seed` ([`crate::train::data::SplitMix64`]): a placement
+/// control with the same multiset and total.
+pub fn shuffled_allocation(neuronmoe: &[usize], seed: u64) -> Vec<usize> {
+    let mut v = neuronmoe.to_vec();
+    let mut r = crate::train::data::SplitMix64::new(seed ^ 0x6e65_7572_6f6e_6d6f);
+    for i in (1..v.len()).rev() {
+        let j = r.below(i + 1);
+        v.swap(i, j);
+    }
+    v
 }
 
 /// The LayerMoE-style allocation from per-layer similarities (higher = more
@@ -195,6 +240,12 @@ pub enum AllocationMethod {
     Uniform,
     /// From hidden-state similarity.
     LayerMoe,
+    /// NeuronMoE's counts permuted at random.
+    Shuffled,
+    /// NeuronMoE's counts in the reverse order of `S_l`.
+    Inverted,
+    /// NeuronMoE's counts placed by LayerMoE's dissimilarity order.
+    LayerMoePlaced,
 }
 
 impl AllocationMethod {
@@ -204,7 +255,25 @@ impl AllocationMethod {
             AllocationMethod::NeuronMoe => "neuronmoe",
             AllocationMethod::Uniform => "uniform",
             AllocationMethod::LayerMoe => "layermoe",
+            AllocationMethod::Shuffled => "shuffled",
+            AllocationMethod::Inverted => "inverted",
+            AllocationMethod::LayerMoePlaced => "layermoe-placed",
         }
+    }
+
+    /// Every method, in the order `allocate --baseline` lists them.
+    pub const ALL: [AllocationMethod; 6] = [
+        AllocationMethod::NeuronMoe,
+        AllocationMethod::Uniform,
+        AllocationMethod::LayerMoe,
+        AllocationMethod::Shuffled,
+        AllocationMethod::Inverted,
+        AllocationMethod::LayerMoePlaced,
+    ];
+
+    /// The method named `name` ([`AllocationMethod::name`]).
+    pub fn parse(name: &str) -> Option<AllocationMethod> {
+        Self::ALL.into_iter().find(|m| m.name() == name)
     }
 }
 
@@ -228,6 +297,16 @@ pub struct AllocationComparison {
     pub layermoe_similarity: Option<Vec<f64>>,
     /// LayerMoE-style `E_l`.
     pub layermoe: Option<Vec<usize>>,
+    /// NeuronMoE's `E_l` shuffled across layers ([`shuffled_allocation`]).
+    #[serde(default)]
+    pub shuffled: Vec<usize>,
+    /// NeuronMoE's `E_l` in reverse `S_l` order ([`inverted_allocation`]).
+    #[serde(default)]
+    pub inverted: Vec<usize>,
+    /// NeuronMoE's `E_l` placed by LayerMoE's order: the least similar layer
+    /// gets the largest count (`None` without original languages).
+    #[serde(default)]
+    pub layermoe_placed: Option<Vec<usize>>,
 }
 
 impl AllocationComparison {
@@ -236,15 +315,26 @@ impl AllocationComparison {
     /// # Errors
     /// [`StudioError::Invalid`] for LayerMoE without original languages.
     pub fn get(&self, method: AllocationMethod) -> Result<&[usize]> {
-        match method {
-            AllocationMethod::NeuronMoe => Ok(&self.neuronmoe),
-            AllocationMethod::Uniform => Ok(&self.uniform),
-            AllocationMethod::LayerMoe => self.layermoe.as_deref().ok_or_else(|| {
+        fn layermoe(v: &Option<Vec<usize>>) -> Result<&[usize]> {
+            v.as_deref().ok_or_else(|| {
                 StudioError::Invalid(
                     "the LayerMoE baseline needs at least one original (non-new) language in the analysis".into(),
                 )
-            }),
+            })
         }
+        match method {
+            AllocationMethod::NeuronMoe => Ok(&self.neuronmoe),
+            AllocationMethod::Uniform => Ok(&self.uniform),
+            AllocationMethod::LayerMoe => layermoe(&self.layermoe),
+            AllocationMethod::Shuffled => Ok(&self.shuffled),
+            AllocationMethod::Inverted => Ok(&self.inverted),
+            AllocationMethod::LayerMoePlaced => layermoe(&self.layermoe_placed),
+        }
+    }
+
+    /// Re-draws [`AllocationComparison::shuffled`] with another seed.
+    pub fn reshuffle(&mut self, seed: u64) {
+        self.shuffled = shuffled_allocation(&self.neuronmoe, seed);
     }
 
     /// The allocation file of `method` (new experts per layer) with a
@@ -280,7 +370,8 @@ impl AllocationComparison {
 ///
 /// `new` overrides the report's new languages (the union is recomputed);
 /// `uniform` is the per-layer count of the uniform baseline; `None` gives
-/// NeuronMoE's budget ([`budget_matched_uniform`]).
+/// exactly NeuronMoE's total ([`uniform_with_total`]). The shuffled
+/// control uses seed 0 ([`AllocationComparison::reshuffle`] for others).
 ///
 /// # Errors
 /// As [`ExpertRange::new`] and [`union_counts`]; [`StudioError::Invalid`]
@@ -304,22 +395,30 @@ pub fn compare_allocations(
     let counts: Vec<f64> = union_counts(report, &new)?.iter().map(|c| c.total).collect();
     let neuronmoe = neuronmoe_allocation(&counts, range)?;
     let original: Vec<String> = report.codes().into_iter().filter(|c| !new.contains(c)).collect();
-    let (sim, layermoe) = if original.is_empty() {
-        (None, None)
+    let (sim, layermoe, placed) = if original.is_empty() {
+        (None, None, None)
     } else {
         let s = layermoe_similarity(&report.similarity, &new)?;
         let e = layermoe_allocation(&s, range)?;
-        (Some(s), Some(e))
+        let placed = place_by(&neuronmoe, &s.iter().map(|x| -x).collect::<Vec<_>>());
+        (Some(s), Some(e), Some(placed))
     };
+    let total: usize = neuronmoe.iter().sum();
     Ok(AllocationComparison {
         range,
         new_languages: new,
         original_languages: original,
-        uniform: uniform_allocation(counts.len(), uniform.unwrap_or_else(|| budget_matched_uniform(&neuronmoe, range))),
+        uniform: match uniform {
+            Some(n) => uniform_allocation(counts.len(), n),
+            None => uniform_with_total(counts.len(), total, range),
+        },
+        shuffled: shuffled_allocation(&neuronmoe, 0),
+        inverted: inverted_allocation(&neuronmoe, &counts),
         specific_counts: counts,
         neuronmoe,
         layermoe_similarity: sim,
         layermoe,
+        layermoe_placed: placed,
     })
 }
 
@@ -405,17 +504,25 @@ mod tests {
     }
 
     #[test]
-    fn uniform_default_matches_the_neuronmoe_budget() {
-        // The reported case: NeuronMoE adds 10 experts over 5 layers; the
-        // uniform baseline must add 10 too (2 per layer), not 3 per layer.
-        assert_eq!(budget_matched_uniform(&[1, 1, 1, 1, 6], r(1, 6)), 2);
-        assert_eq!(uniform_allocation(5, budget_matched_uniform(&[1, 1, 1, 1, 6], r(1, 6))).iter().sum::<usize>(), 10);
-        // Not divisible: the nearest count (11 / 5 = 2.2 -> 2, 13 / 5 = 2.6 -> 3, 2.5 -> 3).
-        assert_eq!(budget_matched_uniform(&[1, 1, 1, 2, 6], r(1, 6)), 2);
-        assert_eq!(budget_matched_uniform(&[1, 1, 3, 2, 6], r(1, 6)), 3);
-        assert_eq!(budget_matched_uniform(&[2, 3], r(1, 6)), 3);
-        // Clamped to the range; no layers gives E_min.
-        assert_eq!(budget_matched_uniform(&[1, 1], r(2, 6)), 2);
-        assert_eq!(budget_matched_uniform(&[], r(1, 6)), 1);
+    fn placement_controls_keep_the_multiset() {
+        let e = [6, 1, 1, 2, 4];
+        let s = [500.0, 10.0, 12.0, 40.0, 300.0];
+        // Inverted: the most specific layer (0) gets the smallest count, ...
+        assert_eq!(inverted_allocation(&e, &s), vec![1, 6, 4, 2, 1]);
+        let sh = shuffled_allocation(&e, 3);
+        let mut a = sh.clone();
+        a.sort();
+        assert_eq!(a, vec![1, 1, 2, 4, 6]);
+        assert_eq!(shuffled_allocation(&e, 3), sh, "seeded");
+        assert_ne!((0..8).map(|k| shuffled_allocation(&e, k)).collect::<Vec<_>>().iter().filter(|x| **x == e).count(), 8);
+        // Uniform with exactly the total: 14 over 5 layers = 2,3,3,3,3 spread.
+        let u = uniform_with_total(5, 14, r(1, 6));
+        assert_eq!(u.iter().sum::<usize>(), 14);
+        assert!(u.iter().all(|&x| x == 2 || x == 3), "{u:?}");
+        assert_eq!(uniform_with_total(30, 51, r(1, 6)).iter().sum::<usize>(), 51);
+        assert_eq!(uniform_with_total(4, 8, r(1, 6)), vec![2, 2, 2, 2]);
+        for m in AllocationMethod::ALL {
+            assert_eq!(AllocationMethod::parse(m.name()), Some(m));
+        }
     }
 }

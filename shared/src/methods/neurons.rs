@@ -773,6 +773,13 @@ pub struct LanguageNeurons {
     pub texts: usize,
     /// Tokens used (after truncation).
     pub tokens: usize,
+    /// [`crate::corpus::stream_sha256`] of the language's texts' ids
+    /// concatenated before truncation ([`stream_sha256_of_texts`]): equal to
+    /// the stream `eval` and `train` report for the same file when every
+    /// document of it is used. Empty in reports written before it was
+    /// recorded.
+    #[serde(default)]
+    pub stream_sha256: String,
     /// Fraction of all texts in this language: a random ranking's AP.
     pub base_rate: f64,
     /// Mean AP over all neurons.
@@ -859,6 +866,16 @@ pub struct NeuronReport {
     pub union_counts: Vec<LayerCounts>,
     /// Mean-hidden-state similarity per layer.
     pub similarity: LayerSimilarity,
+}
+
+/// Sets each language's [`LanguageNeurons::stream_sha256`] from its texts'
+/// ids (`texts`: `(language index, ids)` in any order, each text's full
+/// [`crate::corpus::document_ids`]); the CLI's `neurons` and the tab call it.
+pub fn stream_sha256_of_texts(report: &mut NeuronReport, texts: &[(usize, Vec<u32>)]) {
+    for (i, l) in report.languages.iter_mut().enumerate() {
+        let ids: Vec<u32> = texts.iter().filter(|(li, _)| *li == i).flat_map(|(_, ids)| ids.iter().copied()).collect();
+        l.stream_sha256 = crate::corpus::stream_sha256(&ids);
+    }
 }
 
 fn neuron_ap(layout: &NeuronLayout, segs: &[(usize, usize, usize, usize)], index: usize, ap: f64) -> NeuronAp {
@@ -1052,6 +1069,7 @@ pub fn analyze(p: &PooledActivations, table: &ApTable, opts: &AnalysisOptions) -
             code: code.clone(),
             texts: per_lang[c],
             tokens: p.tokens[c],
+            stream_sha256: String::new(),
             base_rate: table.base_rate[c],
             mean_ap: ap.iter().sum::<f64>() / n as f64,
             top: list(top),

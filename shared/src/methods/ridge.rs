@@ -66,6 +66,15 @@ impl RidgeStats {
         self.tokens.len()
     }
 
+    /// `tr(A) / p`, the mean diagonal of the Gram matrix: the scale `λ` is
+    /// measured against (it grows with the statistics tokens, so a fixed
+    /// `λ` regularises less the more tokens are collected; `route
+    /// --lambda-sweep-relative r` solves with `λ = r · tr(A) / p`).
+    pub fn mean_diagonal(&self) -> f64 {
+        let p = self.p();
+        (0..p).map(|i| self.a[i * p + i]).sum::<f64>() / p as f64
+    }
+
     /// Adds `n` tokens of expert `expert`: `x` is `[n, d]` row-major.
     ///
     /// # Errors

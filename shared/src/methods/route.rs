@@ -26,18 +26,35 @@ pub struct RouteOptions {
     pub top_k: usize,
     /// Router temperature `T` (reference 1.0 for evaluation).
     pub temperature: f64,
-    /// Cap on tokens per domain for the statistics (reference 10,000).
-    pub max_tokens: usize,
-    /// Tokens per sequence (`context_dim`).
+    /// An optional cap on the statistics tokens per domain (`None`: every
+    /// token of the domain's training text, as the reference code's
+    /// statistics pass over its whole training set).
+    pub max_tokens: Option<usize>,
+    /// Tokens per statistics sequence: the reference code's per-sequence
+    /// position cap (`context_dim`, 512: `X = x[:, :context_dim, :]`); the
+    /// domain's token stream is cut into sequences of this length and every
+    /// position of each counts.
     pub context: usize,
     /// Append the constant-1 column (router bias). Without it the result
     /// exports in a public layout (Mixtral, Qwen2-MoE).
     pub bias: bool,
+    /// How the domains' plain-text files are cut into documents
+    /// ([`crate::corpus::DocSplit`]).
+    #[serde(default)]
+    pub docs: crate::corpus::DocSplit,
 }
 
 impl Default for RouteOptions {
     fn default() -> Self {
-        RouteOptions { lambda: 1e-2, top_k: 1, temperature: 1.0, max_tokens: 10_000, context: 512, bias: true }
+        RouteOptions {
+            lambda: 1e-2,
+            top_k: 1,
+            temperature: 1.0,
+            max_tokens: None,
+            context: 512,
+            bias: true,
+            docs: crate::corpus::DocSplit::Blank,
+        }
     }
 }
 
@@ -52,8 +69,9 @@ pub fn pack_sequences(ids: &[u32], context: usize) -> Vec<Vec<u32>> {
 pub const SEQUENCES_PER_PASS: usize = 4;
 
 /// The prefixes of `sequences` that fit in `max_tokens` tokens in total
-/// (the last one cut short), skipping empty ones.
-fn within_budget(sequences: &[Vec<u32>], max_tokens: usize) -> Vec<&[u32]> {
+/// (the last one cut short; `None`: all of them), skipping empty ones.
+fn within_budget(sequences: &[Vec<u32>], max_tokens: Option<usize>) -> Vec<&[u32]> {
+    let max_tokens = max_tokens.unwrap_or(usize::MAX);
     let mut out = Vec::new();
     let mut used = 0usize;
     for seq in sequences {
@@ -129,7 +147,8 @@ pub fn forced_ffn_inputs<B: Backend>(
 
 /// Accumulates the statistics of domain `domain` (= expert index) from
 /// `sequences`, forcing every MoE layer to that expert; stops after
-/// `max_tokens` tokens. Returns the tokens used.
+/// `max_tokens` tokens when given (`None`: every sequence). Returns the
+/// tokens used.
 ///
 /// # Errors
 /// [`StudioError::Invalid`] when a layer has no expert `domain` or no
@@ -138,7 +157,7 @@ pub fn collect_stats<B: Backend>(
     model: &Transformer<B>,
     domain: usize,
     sequences: &[Vec<u32>],
-    max_tokens: usize,
+    max_tokens: Option<usize>,
     stats: &mut [Option<RidgeStats>],
 ) -> Result<usize> {
     for (l, s) in stats.iter().enumerate() {
@@ -176,6 +195,16 @@ pub fn solve_all(stats: &[Option<RidgeStats>], lambda: f64) -> Result<Vec<Option
     stats.iter().map(|s| s.as_ref().map(|s| s.solve(lambda)).transpose()).collect()
 }
 
+/// Solves every MoE layer's router with `λ_l = relative · tr(A_l) / p`
+/// ([`RidgeStats::mean_diagonal`]): a regularisation whose strength does
+/// not depend on how many statistics tokens were collected.
+///
+/// # Errors
+/// As [`RidgeStats::solve`].
+pub fn solve_all_relative(stats: &[Option<RidgeStats>], relative: f64) -> Result<Vec<Option<RouterWeights>>> {
+    stats.iter().map(|s| s.as_ref().map(|s| s.solve(relative * s.mean_diagonal())).transpose()).collect()
+}
+
 /// Puts solved routers into `model` (weight `[E, d]`, optional bias) with
 /// the given top-k and temperature.
 pub fn set_routers<B: Backend>(
@@ -194,36 +223,73 @@ pub fn set_routers<B: Backend>(
     }
 }
 
-/// Per-layer routing accuracy on held-out sequences of domain `domain`:
-/// the fraction of tokens whose highest-weighted chosen expert is
-/// `domain`, with the model routing by its routers (`None` for dense
-/// layers). Uses at most `max_tokens` tokens.
+/// Held-out routing accuracy of one domain ([`routing_accuracy_detail`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoutingAccuracy {
+    /// Per layer, the fraction of tokens whose top-1 expert is the
+    /// domain's (`None`: dense layer).
+    pub per_layer: Vec<Option<f64>>,
+    /// The fraction of tokens routed to the domain's expert as top-1 in
+    /// *every* MoE layer (what the per-layer mean cannot show: 95 % per
+    /// layer over 30 layers can be anything from 0 to 95 % of the tokens).
+    pub all_layers: f64,
+    /// Tokens scored.
+    pub tokens: usize,
+}
+
+/// Routing accuracy on held-out sequences of domain `domain`, with the
+/// model routing by its routers: per layer, the fraction of tokens whose
+/// highest-weighted chosen expert is `domain`, and the fraction of tokens
+/// routed to it in every MoE layer. Uses at most `max_tokens` tokens.
+pub fn routing_accuracy_detail<B: Backend>(
+    model: &Transformer<B>,
+    domain: usize,
+    sequences: &[Vec<u32>],
+    max_tokens: usize,
+) -> RoutingAccuracy {
+    let n_layers = model.layers.len();
+    let mut hits = vec![0usize; n_layers];
+    let mut total = 0usize;
+    let mut everywhere = 0usize;
+    for group in within_budget(sequences, Some(max_tokens)).chunks(SEQUENCES_PER_PASS) {
+        let Ok((trace, padding)) = forward_trace(model, group, ForwardOptions::default()) else { continue };
+        let n = padding.num_valid();
+        let mut all = vec![true; n];
+        for (l, r) in trace.routing.iter().enumerate() {
+            if let Some(r) = r {
+                // One entry per real token; chosen[t*k] is the top-1
+                // (largest logit) expert.
+                for (t, ok) in all.iter_mut().enumerate() {
+                    let hit = r.chosen[t * r.top_k] as usize == domain;
+                    hits[l] += usize::from(hit);
+                    *ok &= hit;
+                }
+            }
+        }
+        everywhere += all.iter().filter(|&&b| b).count();
+        total += n;
+    }
+    RoutingAccuracy {
+        per_layer: model
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(l, b)| matches!(b.mlp, Mlp::Moe(_)).then(|| hits[l] as f64 / total.max(1) as f64))
+            .collect(),
+        all_layers: everywhere as f64 / total.max(1) as f64,
+        tokens: total,
+    }
+}
+
+/// Per-layer routing accuracy on held-out sequences of domain `domain`
+/// (`None` for dense layers): [`routing_accuracy_detail`]'s `per_layer`.
 pub fn routing_accuracy<B: Backend>(
     model: &Transformer<B>,
     domain: usize,
     sequences: &[Vec<u32>],
     max_tokens: usize,
 ) -> Vec<Option<f64>> {
-    let n_layers = model.layers.len();
-    let mut hits = vec![0usize; n_layers];
-    let mut total = 0usize;
-    for group in within_budget(sequences, max_tokens).chunks(SEQUENCES_PER_PASS) {
-        let Ok((trace, padding)) = forward_trace(model, group, ForwardOptions::default()) else { continue };
-        for (l, r) in trace.routing.iter().enumerate() {
-            if let Some(r) = r {
-                // One entry per real token; chosen[t*k] is the top-1
-                // (largest logit) expert.
-                hits[l] += (0..padding.num_valid()).filter(|&t| r.chosen[t * r.top_k] as usize == domain).count();
-            }
-        }
-        total += padding.num_valid();
-    }
-    model
-        .layers
-        .iter()
-        .enumerate()
-        .map(|(l, b)| matches!(b.mlp, Mlp::Moe(_)).then(|| hits[l] as f64 / total.max(1) as f64))
-        .collect()
+    routing_accuracy_detail(model, domain, sequences, max_tokens).per_layer
 }
 
 /// One domain of a ridge-router run: its token sequences for the
@@ -236,6 +302,11 @@ pub struct DomainSequences {
     pub train: Vec<Vec<u32>>,
     /// Held-out sequences.
     pub heldout: Vec<Vec<u32>>,
+    /// [`crate::corpus::stream_sha256`] of the training text's whole
+    /// stream (before the held-out cut when there is no held-out text).
+    pub stream_sha256: String,
+    /// The held-out text's, when it is its own text.
+    pub heldout_sha256: Option<String>,
 }
 
 /// The route options' own rules, before any file is read: `λ > 0` and
@@ -255,8 +326,8 @@ pub fn check_route_options(opts: &RouteOptions, domains: usize) -> Result<()> {
     if opts.top_k == 0 || opts.top_k > domains {
         return bad("top-k", format!("{}: expected 1 to {domains} (the experts: one per domain)", opts.top_k));
     }
-    if opts.max_tokens == 0 {
-        return bad("max-tokens", "0: expected at least 1 statistics token per domain".into());
+    if opts.max_tokens == Some(0) {
+        return bad("max-tokens", "0: expected at least 1 statistics token per domain (or no cap)".into());
     }
     if opts.context < 2 {
         return bad("context", format!("{}: expected at least 2 tokens per sequence", opts.context));
@@ -284,11 +355,14 @@ pub fn check_domains(moe: &MoeConfig, domains: usize) -> Result<()> {
 }
 
 /// Tokenises one domain (`text`, and `heldout` when given; `what` /
-/// `heldout_what` name them in errors: a file, "the text") and packs it
-/// into sequences of `context` tokens ([`pack_sequences`]); without
-/// held-out text the last 10% of the tokens are held out (methods.md §2).
-/// The CLI's `route` (files) and the tab's router (pasted texts) both
-/// prepare their domains here, so they split and pack the same tokens.
+/// `heldout_what` name them in errors: a file, "the text") into its token
+/// stream ([`crate::corpus::text_stream`]: documents cut by `split`, each
+/// followed by the end-of-text token — the ids `train` and `eval` read)
+/// and packs it into sequences of `context` tokens ([`pack_sequences`]);
+/// without held-out text the last 10% of the tokens are held out
+/// (methods.md §2). The CLI's `route` (files) and the tab's router (pasted
+/// texts) both prepare their domains here, so they split and pack the same
+/// tokens.
 ///
 /// # Errors
 /// [`StudioError::Invalid`] for an empty text; the tokenizer's errors.
@@ -297,26 +371,34 @@ pub fn domain_sequences(
     name: &str,
     (text, what): (&str, &str),
     heldout: Option<(&str, &str)>,
+    split: crate::corpus::DocSplit,
     context: usize,
 ) -> Result<DomainSequences> {
     let encode = |t: &str, w: &str| -> Result<Vec<u32>> {
         if t.trim().is_empty() {
             return Err(StudioError::Invalid(format!("domain `{name}`: {w} is empty")));
         }
-        tok.encode(t, false)
+        crate::corpus::text_stream(t, w, split, tok)
     };
     let ids = encode(text, what)?;
-    let (train, held) = match heldout {
-        Some((h, hw)) => (ids, encode(h, hw)?),
+    let stream_sha256 = crate::corpus::stream_sha256(&ids);
+    let (train, held, heldout_sha256) = match heldout {
+        Some((h, hw)) => {
+            let held = encode(h, hw)?;
+            let sha = crate::corpus::stream_sha256(&held);
+            (ids, held, Some(sha))
+        }
         None => {
             let cut = ids.len() * 9 / 10;
-            (ids[..cut].to_vec(), ids[cut..].to_vec())
+            (ids[..cut].to_vec(), ids[cut..].to_vec(), None)
         }
     };
     Ok(DomainSequences {
         name: name.to_string(),
         train: pack_sequences(&train, context),
         heldout: pack_sequences(&held, context),
+        stream_sha256,
+        heldout_sha256,
     })
 }
 
@@ -336,6 +418,11 @@ pub struct RouteReport {
     pub domains: Vec<String>,
     /// Statistics tokens per domain.
     pub tokens_per_domain: Vec<usize>,
+    /// Per domain, the training text's [`crate::corpus::stream_sha256`]
+    /// (the same file gives the same value in `eval`, `train`, `neurons`).
+    pub stream_sha256_per_domain: Vec<String>,
+    /// Per domain, the held-out text's, when it is its own text.
+    pub heldout_sha256_per_domain: Vec<Option<String>>,
     /// The options solved with.
     pub options: RouteOptions,
     /// `1 / domains`, what random routing scores.
@@ -344,12 +431,22 @@ pub struct RouteReport {
     pub accuracy_per_domain_per_layer: Vec<Vec<Option<f64>>>,
     /// Mean over the MoE layers, per domain.
     pub mean_accuracy_per_domain: Vec<f64>,
+    /// Per domain, the fraction of held-out tokens routed to the domain's
+    /// expert in every MoE layer ([`RoutingAccuracy::all_layers`]).
+    pub all_layers_accuracy_per_domain: Vec<f64>,
     /// Condition number of each layer's ridge system, when computed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub condition_number_per_layer: Option<Vec<Option<f64>>>,
+    /// `tr(A) / p` of each MoE layer's statistics ([`RidgeStats::mean_diagonal`]),
+    /// the scale the chosen `λ` is small or large against.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_diagonal_per_layer: Option<Vec<Option<f64>>>,
     /// Held-out accuracy at other lambdas, when asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lambda_sweep: Option<Vec<serde_json::Value>>,
+    /// The statistics file reused instead of collecting (`route --stats`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reused_stats: Option<String>,
     /// The layout the routed model is written in (a
     /// [`crate::layout::REGISTRY`] name), when known.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -366,18 +463,23 @@ impl RouteReport {
         domains: &[DomainSequences],
         tokens_per_domain: Vec<usize>,
         options: RouteOptions,
-        accuracy: Vec<Vec<Option<f64>>>,
+        accuracy: Vec<RoutingAccuracy>,
     ) -> Self {
         RouteReport {
             model: model.to_string(),
             domains: domains.iter().map(|d| d.name.clone()).collect(),
             tokens_per_domain,
+            stream_sha256_per_domain: domains.iter().map(|d| d.stream_sha256.clone()).collect(),
+            heldout_sha256_per_domain: domains.iter().map(|d| d.heldout_sha256.clone()).collect(),
             options,
             random_routing_accuracy: 1.0 / domains.len().max(1) as f64,
-            mean_accuracy_per_domain: accuracy.iter().map(|a| mean_accuracy(a)).collect(),
-            accuracy_per_domain_per_layer: accuracy,
+            mean_accuracy_per_domain: accuracy.iter().map(|a| mean_accuracy(&a.per_layer)).collect(),
+            all_layers_accuracy_per_domain: accuracy.iter().map(|a| a.all_layers).collect(),
+            accuracy_per_domain_per_layer: accuracy.into_iter().map(|a| a.per_layer).collect(),
             condition_number_per_layer: None,
+            mean_diagonal_per_layer: None,
             lambda_sweep: None,
+            reused_stats: None,
             layout: None,
             warnings: None,
         }

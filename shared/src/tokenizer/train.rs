@@ -8,7 +8,7 @@
 //! split in front (each digit its own pre-token, so numbers are read digit
 //! by digit): every byte has a token, so any text encodes and decodes back
 //! unchanged; `<|endoftext|>` is id 0 and marks document ends in training
-//! ([`crate::train::data::document_separator`]); no BOS is added.
+//! ([`crate::corpus::document_separator`]); no BOS is added.
 
 use crate::error::{Result, StudioError};
 use crate::tokenizer::Tokenizer;

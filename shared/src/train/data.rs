@@ -7,11 +7,11 @@
 //! overlap so that every input position has a target): each source's
 //! documents are tokenized and concatenated into one stream; sequence `i`
 //! is `stream[i*L .. i*L + L + 1]` (`L` inputs, the `L` targets shifted by
-//! one). Documents are separated by the tokenizer's own marker: llama2.c
-//! vocabularies get BOS (id 1) before each document (as llama2.c's
-//! pre-tokenization does), Hugging Face tokenizers get their special tokens
-//! and then their end-of-text token (`<|endoftext|>`, `</s>`, ...) when
-//! they have one.
+//! one). The stream is [`crate::corpus::token_stream`]: documents as the
+//! file defines them (`--docs`, blank-line separated by default), each
+//! followed by the tokenizer's end-of-text token (llama2.c vocabularies: a
+//! BOS before each instead) — the same ids `eval`, `perplexity`, `route`
+//! and `neurons` read.
 //!
 //! Mixture: every sequence of a batch first draws its source with
 //! probability `weight_i / sum(weights)`, then takes that source's next
@@ -66,7 +66,8 @@ impl SplitMix64 {
 pub struct DataSpec {
     /// The source's name (language or domain), used in metrics and errors.
     pub name: String,
-    /// A `.txt` file (one document per non-empty line) or a `.jsonl` file
+    /// A `.txt` file (documents cut by the command's `--docs`, blank-line
+    /// separated by default: [`crate::corpus::DocSplit`]) or a `.jsonl` file
     /// (one JSON object per line with a string field `text`).
     pub path: String,
     /// Mixture weight (> 0); sources are drawn with probability
@@ -117,67 +118,6 @@ impl DataSpec {
         }
         Ok(DataSpec { name: name.to_string(), path, weight, original })
     }
-}
-
-/// Splits file contents into documents: JSON lines (field `text`) when
-/// `file_name` ends in `.jsonl`/`.json`, else one document per non-empty
-/// line.
-///
-/// # Errors
-/// [`StudioError::Format`] for a JSON line that does not parse or lacks a
-/// string `text`; [`StudioError::Invalid`] when there is no document.
-pub fn split_documents(contents: &str, file_name: &str) -> Result<Vec<String>> {
-    let jsonl = file_name.ends_with(".jsonl") || file_name.ends_with(".json");
-    let mut docs = Vec::new();
-    for (i, line) in contents.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        if jsonl {
-            let v: serde_json::Value = serde_json::from_str(line)
-                .map_err(|e| StudioError::format(file_name, "JSON lines", format!("line {}: {e}", i + 1)))?;
-            let text = v.get("text").and_then(|t| t.as_str()).ok_or_else(|| {
-                StudioError::format(file_name, "JSON lines", format!("line {}: no string field `text`", i + 1))
-            })?;
-            if !text.trim().is_empty() {
-                docs.push(text.to_string());
-            }
-        } else {
-            docs.push(line.trim_end().to_string());
-        }
-    }
-    if docs.is_empty() {
-        return Err(StudioError::Invalid(format!("{file_name}: the corpus is empty (no non-empty document)")));
-    }
-    Ok(docs)
-}
-
-/// The end-of-document token of a Hugging Face tokenizer, if it has one
-/// of the usual names (`None` for llama2.c vocabularies, which mark
-/// documents with BOS instead).
-pub fn document_separator(tok: &Tokenizer) -> Option<u32> {
-    match tok {
-        Tokenizer::Hf(t) => {
-            ["<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>"].iter().find_map(|s| t.token_to_id(s))
-        }
-        Tokenizer::Llama2c(_) => None,
-    }
-}
-
-/// Tokenizes `docs` into one stream (see the module docs for separators).
-///
-/// # Errors
-/// Tokenizer errors.
-pub fn tokenize_documents(docs: &[String], tok: &Tokenizer) -> Result<Vec<u32>> {
-    let sep = document_separator(tok);
-    let mut ids = Vec::new();
-    for d in docs {
-        ids.extend(tok.encode(d, true)?);
-        if let Some(s) = sep {
-            ids.push(s);
-        }
-    }
-    Ok(ids)
 }
 
 /// One source's token stream, cut into sequences of `seq_len + 1` tokens.
@@ -259,6 +199,11 @@ pub struct SourceFingerprint {
     pub weight: f64,
     /// Original-language tag.
     pub original: bool,
+    /// [`crate::corpus::stream_sha256`] of the token stream (empty in
+    /// checkpoints written before it was recorded, which then do not
+    /// resume: their stream was cut differently).
+    #[serde(default)]
+    pub sha256: String,
 }
 
 /// A batch of packed sequences, `[batch, L]` inputs and targets.
@@ -400,6 +345,7 @@ impl Mixture {
                 sequences: s.num_sequences(),
                 weight: s.spec.weight,
                 original: s.spec.original,
+                sha256: crate::corpus::stream_sha256(&s.ids),
             })
             .collect()
     }
@@ -464,17 +410,18 @@ impl Mixture {
     }
 }
 
-/// Reads, tokenizes and packs one `--data` entry (native only).
+/// Reads, tokenizes and packs one `--data` entry (native only): the file's
+/// token stream ([`crate::corpus::read_stream`], documents cut by `split`).
 ///
 /// # Errors
 /// [`StudioError::Io`] for a missing file, the errors of
-/// [`split_documents`] (empty corpus, bad JSON line) and
+/// [`crate::corpus::split_documents`] (empty corpus, bad JSON line) and
 /// [`PackedSource::new`] (fewer tokens than one sequence).
 #[cfg(not(target_arch = "wasm32"))]
-pub fn load_source(spec: &DataSpec, tok: &Tokenizer, seq_len: usize) -> Result<PackedSource> {
-    let text = std::fs::read_to_string(&spec.path).map_err(|e| StudioError::io(&spec.path, e))?;
-    let docs = split_documents(&text, &spec.path)?;
-    let ids = tokenize_documents(&docs, tok)?;
+pub fn load_source(
+    spec: &DataSpec,
+    split: crate::corpus::DocSplit, tok: &Tokenizer, seq_len: usize) -> Result<PackedSource> {
+    let ids = crate::corpus::read_stream(&spec.path, split, tok)?;
     PackedSource::new(spec.clone(), ids, seq_len)
 }
 
@@ -483,8 +430,14 @@ pub fn load_source(spec: &DataSpec, tok: &Tokenizer, seq_len: usize) -> Result<P
 /// # Errors
 /// Those of [`load_source`] and [`Mixture::new`].
 #[cfg(not(target_arch = "wasm32"))]
-pub fn load_mixture(specs: &[DataSpec], tok: &Tokenizer, seq_len: usize, seed: u64) -> Result<Mixture> {
-    let sources = specs.iter().map(|s| load_source(s, tok, seq_len)).collect::<Result<Vec<_>>>()?;
+pub fn load_mixture(
+    specs: &[DataSpec],
+    split: crate::corpus::DocSplit,
+    tok: &Tokenizer,
+    seq_len: usize,
+    seed: u64,
+) -> Result<Mixture> {
+    let sources = specs.iter().map(|s| load_source(s, split, tok, seq_len)).collect::<Result<Vec<_>>>()?;
     Mixture::new(sources, seed)
 }
 
@@ -508,14 +461,6 @@ mod tests {
         for bad in ["x.txt", "=x.txt", "a=", "a=x.txt:0", "a=x.txt:-1:orig"] {
             assert!(DataSpec::parse(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn documents_from_text_and_jsonl() {
-        assert_eq!(split_documents("a\n\n b \n", "f.txt").unwrap(), vec!["a", " b"]);
-        assert_eq!(split_documents("{\"text\":\"x\"}\n{\"text\":\"y\"}\n", "f.jsonl").unwrap(), vec!["x", "y"]);
-        assert!(split_documents("{\"t\":1}\n", "f.jsonl").unwrap_err().to_string().contains("line 1"));
-        assert!(split_documents("\n \n", "f.txt").unwrap_err().to_string().contains("empty"));
     }
 
     #[test]

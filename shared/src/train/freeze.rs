@@ -8,6 +8,14 @@
 //! - [`Stage::Router`] — MoE-LPR stage 2, DUME+, BTX: only the routers
 //!   (not the shared-expert gates: they belong to the shared experts).
 //! - [`Stage::Dense`] — ordinary fine-tuning of a dense model: everything.
+//! - [`Stage::Ffn`] — a dense model's FFNs only (gate/up/down of every
+//!   layer); attention, norms, embeddings and the LM head stay frozen. The
+//!   dense counterpart of [`Stage::Experts`] (DeltaMoE's "only the FFN is
+//!   extended" comparison) and DUME's domain experts whose shared weights
+//!   stay the base model's, so that MoErging averages nothing that moved.
+//! - [`Stage::All`] — an MoE model's every parameter except the frozen
+//!   experts (attention, norms, embeddings, LM head, routers, shared and
+//!   trainable experts): the MoE counterpart of [`Stage::Dense`].
 //!
 //! Freezing is Burn's `Module::no_grad`: a frozen parameter is not tracked
 //! by autodiff, gets no gradient, and the optimizer leaves it untouched
@@ -31,17 +39,32 @@ pub enum Stage {
     Router,
     /// Every parameter (dense models).
     Dense,
+    /// The FFNs only (dense models).
+    Ffn,
+    /// Every parameter but the frozen experts (MoE models).
+    All,
 }
 
 impl Stage {
-    /// Parses `experts`, `router` or `dense`.
+    /// Every stage, in the order `--stage` lists them.
+    pub const ALL: [Stage; 5] = [Stage::Experts, Stage::Router, Stage::All, Stage::Dense, Stage::Ffn];
+
+    /// Parses `experts`, `router`, `all`, `dense` or `ffn`.
     pub fn parse(s: &str) -> Option<Stage> {
         match s {
             "experts" => Some(Stage::Experts),
             "router" | "routers" => Some(Stage::Router),
+            "all" => Some(Stage::All),
             "dense" => Some(Stage::Dense),
+            "ffn" => Some(Stage::Ffn),
             _ => None,
         }
+    }
+
+    /// Whether the stage trains an MoE model (`experts`, `router`, `all`);
+    /// the others train a dense one.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Stage::Experts | Stage::Router | Stage::All)
     }
 
     /// The stage's name.
@@ -50,6 +73,8 @@ impl Stage {
             Stage::Experts => "experts",
             Stage::Router => "router",
             Stage::Dense => "dense",
+            Stage::Ffn => "ffn",
+            Stage::All => "all",
         }
     }
 
@@ -57,7 +82,7 @@ impl Stage {
     /// 1e-4 for routers (DUME+), 5e-5 for dense fine-tuning.
     pub fn default_lr(self) -> f64 {
         match self {
-            Stage::Experts | Stage::Dense => 5e-5,
+            Stage::Experts | Stage::Dense | Stage::Ffn | Stage::All => 5e-5,
             Stage::Router => 1e-4,
         }
     }
@@ -76,26 +101,31 @@ pub fn is_moe<B: Backend>(model: &Transformer<B>) -> bool {
 /// every MoE layer is frozen.
 pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str) -> Result<Transformer<B>> {
     let moe = is_moe(&model);
-    match (stage, moe) {
-        (Stage::Experts | Stage::Router, false) => {
+    match (stage.is_moe(), moe) {
+        (true, false) => {
             return Err(StudioError::config(
                 source,
                 format!(
                     "--stage {} needs an MoE model, this one is dense (upcycle it first: `moe-studio upcycle`), \
-                     or use --stage dense",
+                     or use --stage dense / ffn",
                     stage.name()
                 ),
             ))
         }
-        (Stage::Dense, true) => {
+        (false, true) => {
             return Err(StudioError::config(
                 source,
-                "--stage dense fine-tunes a dense model; this one is MoE: use --stage experts (new experts + \
-                 routers) or --stage router",
+                format!(
+                    "--stage {} fine-tunes a dense model; this one is MoE: use --stage experts (new experts + \
+                     routers), router or all",
+                    stage.name()
+                ),
             ))
         }
-        (Stage::Dense, false) => return Ok(model),
         _ => {}
+    }
+    if stage == Stage::Dense {
+        return Ok(model);
     }
     if stage == Stage::Experts {
         let trainable = model.layers.iter().any(|b| match &b.mlp {
@@ -113,17 +143,29 @@ pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str
             ));
         }
     }
+    // `all` keeps everything outside the experts trainable; the other
+    // stages freeze it.
+    let keep = stage == Stage::All;
+    fn freeze<B: Backend, M: Module<B>>(m: M, keep: bool) -> M {
+        if keep {
+            m
+        } else {
+            m.no_grad()
+        }
+    }
     let Transformer { embed_tokens, layers, norm, lm_head, rope, rope_local, config } = model;
     let layers = layers
         .into_iter()
         .map(|b| DecoderBlock {
-            input_layernorm: b.input_layernorm.no_grad(),
-            self_attn: b.self_attn.no_grad(),
-            post_attention_layernorm: b.post_attention_layernorm.no_grad(),
-            attn_out_norm: b.attn_out_norm.map(|n| n.no_grad()),
-            ffn_out_norm: b.ffn_out_norm.map(|n| n.no_grad()),
+            input_layernorm: freeze(b.input_layernorm, keep),
+            self_attn: freeze(b.self_attn, keep),
+            post_attention_layernorm: freeze(b.post_attention_layernorm, keep),
+            attn_out_norm: b.attn_out_norm.map(|n| freeze(n, keep)),
+            ffn_out_norm: b.ffn_out_norm.map(|n| freeze(n, keep)),
             mlp: match b.mlp {
-                Mlp::Dense(m) => Mlp::Dense(m.no_grad()),
+                // `ffn` trains the dense FFNs; in an MoE model a dense layer
+                // (a layer with one expert) trains only under `all`.
+                Mlp::Dense(m) => Mlp::Dense(freeze(m, keep || stage == Stage::Ffn)),
                 Mlp::Moe(m) => {
                     let mut m: MoeLayer<B> = m;
                     let frozen = m.frozen.clone();
@@ -145,10 +187,10 @@ pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str
         })
         .collect();
     Ok(Transformer {
-        embed_tokens: embed_tokens.no_grad(),
+        embed_tokens: freeze(embed_tokens, keep),
         layers,
-        norm: norm.no_grad(),
-        lm_head: lm_head.map(|h| h.no_grad()),
+        norm: freeze(norm, keep),
+        lm_head: lm_head.map(|h| freeze(h, keep)),
         rope,
         rope_local,
         config,

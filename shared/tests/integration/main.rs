@@ -7,6 +7,7 @@ mod common;
 mod train_util;
 
 mod bad_input;
+mod corpus;
 mod delta;
 mod eval_dataset;
 mod families;

@@ -343,7 +343,7 @@ fn report_round_trips_and_allocates() {
     assert_eq!(cmp.neuronmoe, neuronmoe_allocation(&s, ExpertRange::new(1, 6).unwrap()).unwrap());
     assert_eq!(cmp.original_languages, vec!["a".to_string()]);
     assert_eq!(cmp.layermoe.as_ref().unwrap().len(), 2);
-    for m in [AllocationMethod::NeuronMoe, AllocationMethod::Uniform, AllocationMethod::LayerMoe] {
+    for m in AllocationMethod::ALL {
         let f = cmp.file(m).unwrap();
         let text = serde_json::to_string(&f).unwrap();
         let counts = AllocationFile::parse(text.as_bytes(), "alloc.json").unwrap();
@@ -351,11 +351,19 @@ fn report_round_trips_and_allocates() {
         let new = cmp.get(m).unwrap();
         assert_eq!(totals, new.iter().map(|&e| Some(e + 1)).collect::<Vec<_>>(), "{m:?}");
     }
-    // Without an explicit count the uniform baseline has NeuronMoE's budget.
+    // Without an explicit count the uniform baseline has exactly NeuronMoE's
+    // total, and so do the placement controls.
     let cmp = compare_allocations(&report, None, ExpertRange::new(1, 6).unwrap(), None).unwrap();
     let total: usize = cmp.neuronmoe.iter().sum();
-    let per = ((2 * total + 2) / 4).clamp(1, 6);
-    assert_eq!(cmp.uniform, vec![per; 2], "neuronmoe {:?}", cmp.neuronmoe);
+    assert_eq!(cmp.uniform.iter().sum::<usize>(), total, "neuronmoe {:?} uniform {:?}", cmp.neuronmoe, cmp.uniform);
+    assert!(cmp.uniform.iter().max().unwrap() - cmp.uniform.iter().min().unwrap() <= 1, "{:?}", cmp.uniform);
+    for m in [AllocationMethod::Shuffled, AllocationMethod::Inverted, AllocationMethod::LayerMoePlaced] {
+        let mut a = cmp.get(m).unwrap().to_vec();
+        let mut b = cmp.neuronmoe.clone();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "{m:?} keeps NeuronMoE's counts");
+    }
     // Every language new: no LayerMoE baseline, a clear error.
     let all: Vec<String> = vec!["a".into(), "b".into(), "c".into()];
     let cmp = compare_allocations(&report, Some(&all), ExpertRange::new(1, 6).unwrap(), Some(3)).unwrap();

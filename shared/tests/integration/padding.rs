@@ -255,11 +255,11 @@ fn batched_neurons_and_ridge_statistics_equal_one_by_one() {
     let moe = train_util::upcycled(&dense, dir.path(), 0.02);
     let model = load_model::<B>(&moe, &device).unwrap();
     let mut batched = empty_stats(&model, true);
-    let n = collect_stats(&model, 1, &texts, 10_000, &mut batched).unwrap();
+    let n = collect_stats(&model, 1, &texts, Some(10_000), &mut batched).unwrap();
     assert_eq!(n, texts.iter().map(|t| t.len()).sum::<usize>());
     let mut single = empty_stats(&model, true);
     for t in &texts {
-        collect_stats(&model, 1, std::slice::from_ref(t), 10_000, &mut single).unwrap();
+        collect_stats(&model, 1, std::slice::from_ref(t), Some(10_000), &mut single).unwrap();
     }
     for (x, y) in batched.iter().flatten().zip(single.iter().flatten()) {
         assert_eq!(x.tokens, y.tokens);

@@ -68,7 +68,7 @@ fn ridge_router_on_real_hidden_states() {
     let moe_ckpt = open_model(&merged).unwrap();
     let mut model = load_model::<B>(&moe_ckpt, &Default::default()).unwrap();
     let (en_s, hu_s) = (pack_sequences(&en, 128), pack_sequences(&hu, 128));
-    let opts = RouteOptions { max_tokens: 3000, ..Default::default() };
+    let opts = RouteOptions { max_tokens: Some(3000), ..Default::default() };
     let mut stats = empty_stats(&model, true);
     assert_eq!(collect_stats(&model, 0, &en_s, opts.max_tokens, &mut stats).unwrap(), 3000);
     assert_eq!(collect_stats(&model, 1, &hu_s, opts.max_tokens, &mut stats).unwrap(), 3000);

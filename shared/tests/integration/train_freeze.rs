@@ -1,8 +1,9 @@
 //! Stage freezing (methods.md §1-2) on stories260K upcycled to 4 experts
 //! (top-2): after a few steps of stage `experts`, expert 0, attention,
 //! embeddings and norms are bit-identical and the routers and new experts
-//! changed; stage `router` changes only the routers; stages that do not fit
-//! the model are refused.
+//! changed; stage `router` changes only the routers; stage `all` changes
+//! everything but expert 0; on the dense model stage `ffn` changes only the
+//! FFNs and `dense` everything; stages that do not fit the model are refused.
 
 use crate::train_util;
 
@@ -25,10 +26,14 @@ fn snapshot(model: &Transformer<A>) -> Vec<(String, Vec<f32>)> {
 fn trainable_in(stage: Stage, name: &str) -> bool {
     let router = name.ends_with("block_sparse_moe.gate.weight");
     let new_expert = name.contains(".experts.") && !name.contains(".experts.0.");
+    let expert0 = name.contains(".experts.0.");
+    let dense_ffn = name.contains(".mlp.");
     match stage {
         Stage::Experts => router || new_expert,
         Stage::Router => router,
+        Stage::All => !expert0,
         Stage::Dense => true,
+        Stage::Ffn => dense_ffn,
     }
 }
 
@@ -36,9 +41,12 @@ fn train_and_compare(stage: Stage) {
     let Some(dense) = train_util::stories() else { return };
     let tok = dense.tokenizer.clone().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let moe = train_util::upcycled(&dense, dir.path(), 0.5);
     let device = Default::default();
-    let model = load_model::<A>(&moe, &device).unwrap();
+    let model = if stage.is_moe() {
+        load_model::<A>(&train_util::upcycled(&dense, dir.path(), 0.5), &device).unwrap()
+    } else {
+        load_model::<A>(&dense, &device).unwrap()
+    };
     let before = snapshot(&model);
     let data = train_util::hu_en(&tok, 64, true, 1).unwrap();
     let config = TrainConfig { steps: 3, seq_len: 64, batch_size: 4, lr: 1e-2, warmup: 0, ..TrainConfig::new(stage) };
@@ -80,6 +88,21 @@ fn router_stage_trains_only_routers() {
 }
 
 #[test]
+fn all_stage_trains_everything_but_the_frozen_expert() {
+    train_and_compare(Stage::All);
+}
+
+#[test]
+fn ffn_stage_trains_only_the_dense_ffns() {
+    train_and_compare(Stage::Ffn);
+}
+
+#[test]
+fn dense_stage_trains_everything() {
+    train_and_compare(Stage::Dense);
+}
+
+#[test]
 fn stages_must_fit_the_model() {
     let Some(dense) = train_util::stories() else { return };
     let device = Default::default();
@@ -91,6 +114,12 @@ fn stages_must_fit_the_model() {
     let model = load_model::<A>(&moe, &device).unwrap();
     let e = apply_stage(model, Stage::Dense, "moe").unwrap_err().to_string();
     assert!(e.contains("this one is MoE"), "{e}");
+    let model = load_model::<A>(&moe, &device).unwrap();
+    let e = apply_stage(model, Stage::Ffn, "moe").unwrap_err().to_string();
+    assert!(e.contains("--stage ffn") && e.contains("this one is MoE"), "{e}");
+    let model = load_model::<A>(&dense, &device).unwrap();
+    let e = apply_stage(model, Stage::All, "stories260K").unwrap_err().to_string();
+    assert!(e.contains("--stage all") && e.contains("needs an MoE model"), "{e}");
     // Router training under top-1 routing with nothing but the next-token loss.
     let top1 = train_util::upcycled_k(&dense, dir.path(), 0.02, 1);
     let tok = dense.tokenizer.clone().unwrap();

@@ -2,8 +2,38 @@
 # The test command (README): set-up when missing, then formatting, lints,
 # the wasm32 build of the portable crates, every Rust test, then the
 # Playwright end-to-end suite in headless Chromium.
+#
+#   scripts/test.sh                 every step (what .ci/run runs)
+#   scripts/test.sh --only STEP...  only the named steps, in the order below:
+#       setup fmt clippy wasm test bench experiments e2e e2e-backend
+#   scripts/test.sh --list          the step names
+# Steps after `test` run the moe-studio binary `cargo test` builds; with
+# --only they build it first when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+STEPS_ALL="setup fmt clippy wasm test bench experiments e2e e2e-backend"
+ONLY=""
+case "${1:-}" in
+--list)
+    echo "$STEPS_ALL"
+    exit 0
+    ;;
+--only)
+    shift
+    [ $# -gt 0 ] || { echo "--only needs step names: $STEPS_ALL" >&2; exit 2; }
+    for s in "$@"; do
+        [[ " $STEPS_ALL " == *" $s "* ]] || { echo "unknown step \`$s\` (steps: $STEPS_ALL)" >&2; exit 2; }
+    done
+    ONLY=" $* "
+    ;;
+"") ;;
+*)
+    echo "usage: scripts/test.sh [--only STEP... | --list]" >&2
+    exit 2
+    ;;
+esac
+# want STEP: whether this run includes STEP.
+want() { [ -z "$ONLY" ] || [[ "$ONLY" == *" $1 "* ]]; }
 # Each step header says when it starts and how long the previous one took;
 # the last line gives every step's time and the total.
 T0=$(date +%s); TS=$T0; LAST=""; TIMES=""
@@ -18,45 +48,67 @@ step() {
 }
 finish() { step "done"; echo -e "step times:$TIMES\n  total $(( $(date +%s) - T0 )) s"; }
 
-step "set-up (what is missing)"
-bash scripts/setup.sh
+if want setup; then
+    step "set-up (what is missing)"
+    bash scripts/setup.sh
+fi
 source scripts/env.sh
 
+if want fmt; then
+    step "cargo fmt --check"
+    cargo fmt --all -- --check
+fi
 
-step "cargo fmt --check"
-cargo fmt --all -- --check
+if want clippy; then
+    step "cargo clippy (deny warnings)"
+    cargo clippy --workspace --all-targets -- -D warnings
+    cargo clippy -p moe-studio-frontend -p moe-studio-kernels --target wasm32-unknown-unknown -- -D warnings
+fi
 
-step "cargo clippy (deny warnings)"
-cargo clippy --workspace --all-targets -- -D warnings
-cargo clippy -p moe-studio-frontend -p moe-studio-kernels --target wasm32-unknown-unknown -- -D warnings
+if want wasm; then
+    step "wasm32 build of the portable crates (the browser's profile, reused by trunk)"
+    cargo build --profile wasm-release --target wasm32-unknown-unknown -p moe-studio-shared -p moe-studio-kernels -p moe-studio-frontend
+fi
 
-step "wasm32 build of the portable crates (the browser's profile, reused by trunk)"
-cargo build --profile wasm-release --target wasm32-unknown-unknown -p moe-studio-shared -p moe-studio-kernels -p moe-studio-frontend
-
-step "cargo test"
-cargo test --workspace --no-fail-fast
-# The later steps run the moe-studio binary that cargo test has just built (the
+# The later steps run the moe-studio binary that cargo test builds (the
 # backend's integration tests run it, and cargo puts it here). A `cargo build -p moe-studio` of their
 # own would resolve a narrower feature set than the workspace's tests and
 # rebuild every dependency once more (~20 min on a fresh 2-core machine).
 CLI="$CARGO_TARGET_DIR/debug/moe-studio"
-[ -x "$CLI" ] || { echo "cargo test built no moe-studio binary" >&2; exit 1; }
-echo "moe-studio binary of the remaining steps: $CLI"
+if want test; then
+    step "cargo test"
+    cargo test --workspace --no-fail-fast
+    [ -x "$CLI" ] || { echo "cargo test built no moe-studio binary" >&2; exit 1; }
+elif want bench || want experiments || want e2e || want e2e-backend; then
+    step "the moe-studio binary of the later steps (cargo test --no-run)"
+    cargo test --workspace --no-run
+fi
+if want bench || want experiments || want e2e || want e2e-backend; then
+    echo "moe-studio binary of the remaining steps: $CLI"
+fi
 
-step "benchmarks, smoke mode (every workload of scripts/bench.sh runs, tiny sizes)"
-MOE_STUDIO_BIN="$CLI" bash scripts/bench.sh --smoke
+if want bench; then
+    step "benchmarks, smoke mode (every workload of scripts/bench.sh runs, tiny sizes)"
+    MOE_STUDIO_BIN="$CLI" bash scripts/bench.sh --smoke
+fi
 
-step "experiments, smoke mode (each paper script on stories260K, a few steps; fresh run directories)"
-for exp in upcycling dume deltamoe neuronmoe; do
-    work=$(mktemp -d)
-    MOE_STUDIO_BIN="$CLI" WORK="$work" bash "experiments/$exp.sh" --smoke >/dev/null
-    rm -rf "$work"
-done
+if want experiments; then
+    step "experiments, smoke mode (each paper script on stories260K, a few steps; fresh run directories)"
+    for exp in upcycling dume deltamoe neuronmoe; do
+        work=$(mktemp -d)
+        MOE_STUDIO_BIN="$CLI" WORK="$work" bash "experiments/$exp.sh" --smoke >/dev/null
+        rm -rf "$work"
+    done
+fi
 
-step "browser end-to-end (trunk build + playwright-core + chromium)"
-MOE_STUDIO_BIN="$CLI" bash tests/e2e/run.sh
+if want e2e; then
+    step "browser end-to-end (trunk build + playwright-core + chromium)"
+    MOE_STUDIO_BIN="$CLI" bash tests/e2e/run.sh
+fi
 
-step "server end-to-end (moe-studio serve + Jobs page: upload/resume, train over SSE, download)"
-MOE_STUDIO_BIN="$CLI" bash tests/e2e/run_backend.sh
+if want e2e-backend; then
+    step "server end-to-end (moe-studio serve + Jobs page: upload/resume, train over SSE, download)"
+    MOE_STUDIO_BIN="$CLI" bash tests/e2e/run_backend.sh
+fi
 
 finish

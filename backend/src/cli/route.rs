@@ -13,8 +13,7 @@ use moe_shared::layout::{self, LayoutRequest};
 use moe_shared::methods::route::{
     check_domains, check_route_options, collect_stats, domain_sequences, empty_stats, mean_accuracy, routed_config,
     routing_accuracy, routing_accuracy_detail, set_routers, solve_all, solve_all_relative, stats_to_safetensors,
-    write_routed,
-    DomainSequences, RouteOptions, RouteReport, RoutingAccuracy,
+    write_routed, DomainSequences, RouteOptions, RouteReport, RoutingAccuracy,
 };
 use moe_shared::model::load_model;
 
@@ -140,12 +139,8 @@ fn reuse_stats(
             if s.bias { "without" } else { "with" }
         );
     }
-    let tokens = stats
-        .iter()
-        .flatten()
-        .next()
-        .map(|s| s.tokens.iter().map(|&t| t as usize).collect())
-        .unwrap_or_default();
+    let tokens =
+        stats.iter().flatten().next().map(|s| s.tokens.iter().map(|&t| t as usize).collect()).unwrap_or_default();
     Ok((stats, tokens))
 }
 
@@ -405,11 +400,8 @@ impl WithBackend for Args {
             println!("routed {} -> {} ({:.1} s)", m.path, a.out.display(), t0.elapsed().as_secs_f64());
             println!("random routing accuracy: {:.3}", report["random_routing_accuracy"].as_f64().unwrap_or(0.0));
             for (i, d) in domains.iter().enumerate() {
-                let per: Vec<String> = accuracy[i]
-                    .per_layer
-                    .iter()
-                    .map(|x| x.map(|v| format!("{v:.2}")).unwrap_or("-".into()))
-                    .collect();
+                let per: Vec<String> =
+                    accuracy[i].per_layer.iter().map(|x| x.map(|v| format!("{v:.2}")).unwrap_or("-".into())).collect();
                 println!(
                     "{:>10}: mean {:.3}  in every layer {:.3}  per layer [{}]",
                     d.name,

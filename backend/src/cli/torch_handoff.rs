@@ -88,7 +88,10 @@ pub fn emit<B: AutodiffBackend>(
         bail!("--emit {}: the directory exists and is not empty (choose a new one)", dir.display());
     }
     if !matches!(config.stage, Stage::Experts | Stage::Router) {
-        bail!("--engine torch trains the MoE stages experts and router; --stage {} trains on burn", config.stage.name());
+        bail!(
+            "--engine torch trains the MoE stages experts and router; --stage {} trains on burn",
+            config.stage.name()
+        );
     }
     let trainer = Trainer::new(model, data, config.clone(), devices, source)?;
     for w in trainer.warnings() {

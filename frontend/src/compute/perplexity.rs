@@ -39,8 +39,8 @@ pub fn run(progress: &Progress, models: &[Picked], text: &str) -> Result<Vec<f64
             .ok_or_else(|| format!("{} has no tokenizer: load it with its tokenizer file", m.path))?;
         // The CLI's `perplexity`/`eval` token stream: documents separated by
         // blank lines, each followed by the end-of-text token.
-        let ids = moe_shared::corpus::text_stream(text, "the text", moe_shared::corpus::DocSplit::Blank, tok)
-            .map_err(msg)?;
+        let ids =
+            moe_shared::corpus::text_stream(text, "the text", moe_shared::corpus::DocSplit::Blank, tok).map_err(msg)?;
         if ids.len() < 2 {
             return Err(format!("the text has {} token(s) for {}: at least 2 are needed", ids.len(), p.name()));
         }

@@ -514,7 +514,10 @@ mod tests {
         a.sort();
         assert_eq!(a, vec![1, 1, 2, 4, 6]);
         assert_eq!(shuffled_allocation(&e, 3), sh, "seeded");
-        assert_ne!((0..8).map(|k| shuffled_allocation(&e, k)).collect::<Vec<_>>().iter().filter(|x| **x == e).count(), 8);
+        assert_ne!(
+            (0..8).map(|k| shuffled_allocation(&e, k)).collect::<Vec<_>>().iter().filter(|x| **x == e).count(),
+            8
+        );
         // Uniform with exactly the total: 14 over 5 layers = 2,3,3,3,3 spread.
         let u = uniform_with_total(5, 14, r(1, 6));
         assert_eq!(u.iter().sum::<usize>(), 14);

@@ -420,7 +420,10 @@ impl Mixture {
 #[cfg(not(target_arch = "wasm32"))]
 pub fn load_source(
     spec: &DataSpec,
-    split: crate::corpus::DocSplit, tok: &Tokenizer, seq_len: usize) -> Result<PackedSource> {
+    split: crate::corpus::DocSplit,
+    tok: &Tokenizer,
+    seq_len: usize,
+) -> Result<PackedSource> {
     let ids = crate::corpus::read_stream(&spec.path, split, tok)?;
     PackedSource::new(spec.clone(), ids, seq_len)
 }

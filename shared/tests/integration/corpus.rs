@@ -21,9 +21,10 @@ fn root() -> std::path::PathBuf {
 fn streams_equal_hugging_face_per_split() {
     let Some(tok_path) = common::data_file("models/smollm2-135m-instruct/tokenizer.json") else { return };
     let tok = Tokenizer::from_hf_json(&std::fs::read(&tok_path).unwrap(), "smollm2").unwrap();
-    let golden: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(root().join("tests/reference/golden/corpus_streams.json")).unwrap())
-            .unwrap();
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("tests/reference/golden/corpus_streams.json")).unwrap(),
+    )
+    .unwrap();
     let text = std::fs::read_to_string(root().join(FIXTURE)).unwrap();
     let eos = golden["eos"].as_u64().unwrap() as u32;
     let ids_of = |v: &serde_json::Value| -> Vec<u32> {

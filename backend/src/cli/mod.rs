@@ -211,7 +211,7 @@ mod job_spec_tests {
         let route = spec(serde_json::json!({"kind": "route", "model": A, "domains": [d("en"), d("hu")],
             "lambda": 0.5, "top_k": 2, "max_tokens": 99, "context": 32}));
         let Command::Route(r) = parse(&route) else { panic!("route") };
-        assert_eq!((r.lambda, r.top_k, r.max_tokens, r.context), (0.5, 2, 99, 32));
+        assert_eq!((r.lambda, r.top_k, r.max_tokens, r.context), (0.5, 2, Some(99), 32));
         assert_eq!(r.domains[1], "hu=data/hu.txt:data/hu.heldout.txt");
         let merge = spec(serde_json::json!({"kind": "merge", "method": "dare-ties", "models": [A, B],
             "weights": [0.5, -0.25], "base": A, "density": 0.3, "seed": 5, "dtype": "f16"}));

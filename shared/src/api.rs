@@ -862,10 +862,10 @@ impl JobSpec {
                 check_f("spec.weight_decay", s.weight_decay, 0.0, 10.0, false)?;
                 check_range("spec.save_every", s.save_every, 1, 1_000_000)?;
                 check_range("spec.devices", s.devices, 1, 64)?;
-                if s.engine == Some(TrainEngine::Torch) && s.stage == Stage::Dense {
+                if s.engine == Some(TrainEngine::Torch) && s.stage.is_dense() {
                     return Err(ApiError::field(
                         "spec.engine",
-                        "the PyTorch hand-off runs the MoE stages (experts, router); stage dense trains on burn",
+                        "the PyTorch hand-off runs the MoE stages (experts, router); stages dense and ffn train on burn",
                     ));
                 }
             }

@@ -65,7 +65,7 @@ impl WithAutodiff for TrainBenchArgs {
         let stage = Stage::parse(&a.stage).with_context(|| format!("--stage `{}`", a.stage))?;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let tmp = tempfile::tempdir().context("creating a temporary directory")?;
-        let moe_dir = if m.moe.is_none() && stage != Stage::Dense {
+        let moe_dir = if m.moe.is_none() && !stage.is_dense() {
             let out = a.keep_upcycled.clone().unwrap_or_else(|| tmp.path().join("moe"));
             let opts = UpcycleOptions {
                 experts: ExpertCounts::Uniform(a.experts),

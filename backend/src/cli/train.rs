@@ -1,4 +1,4 @@
-//! `moe-studio train MODEL --stage experts|router|dense --data NAME=FILE[:weight][:orig]... --steps N --out DIR`:
+//! `moe-studio train MODEL --stage experts|router|dense|ffn --data NAME=FILE[:weight][:orig]... --steps N --out DIR`:
 //! continued pre-training of upcycled experts (DeltaMoE phase 1 / MoE-LPR
 //! stage 1), router tuning (MoE-LPR stage 2, DUME+, BTX) and dense
 //! fine-tuning, on Burn's autodiff backend.
@@ -41,9 +41,10 @@ use moe_shared::train::{
 /// Arguments of `train`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// The model to train: an MoE checkpoint (stages experts, router) or a dense one (stage dense).
+    /// The model to train: an MoE checkpoint (stages experts, router) or a dense one (stages dense, ffn).
     pub model: PathBuf,
-    /// `experts` (new experts + routers), `router` (routers only) or `dense` (everything).
+    /// `experts` (new experts + routers), `router` (routers only), `dense` (everything) or `ffn` (a dense
+    /// model's FFNs only: attention, embeddings, norms and LM head stay the base's; DUME's domain experts).
     #[arg(long)]
     pub stage: String,
     /// `NAME=FILE[:weight][:orig]`: a .txt (one document per line) or .jsonl (field `text`) corpus;
@@ -269,7 +270,7 @@ impl Args {
 
     fn config(&self) -> anyhow::Result<TrainConfig> {
         let stage = Stage::parse(&self.stage)
-            .with_context(|| format!("--stage `{}`: expected experts, router or dense", self.stage))?;
+            .with_context(|| format!("--stage `{}`: expected experts, router, dense or ffn", self.stage))?;
         let lb_form = LbForm::parse(&self.lb_form)
             .with_context(|| format!("--lb-form `{}`: expected per-layer or hf-mixtral", self.lb_form))?;
         let balance = Balance::parse(&self.balance)

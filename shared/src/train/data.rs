@@ -180,6 +180,18 @@ pub fn tokenize_documents(docs: &[String], tok: &Tokenizer) -> Result<Vec<u32>> 
     Ok(ids)
 }
 
+/// Tokenizes and packs one source's text held in memory (`spec.path`
+/// names it in errors): what [`load_source`] does after reading the file,
+/// and what the browser's training stages call on the page's texts.
+///
+/// # Errors
+/// As [`split_documents`] and [`PackedSource::new`].
+pub fn source_from_text(spec: &DataSpec, text: &str, tok: &Tokenizer, seq_len: usize) -> Result<PackedSource> {
+    let docs = split_documents(text, &spec.path)?;
+    let ids = tokenize_documents(&docs, tok)?;
+    PackedSource::new(spec.clone(), ids, seq_len)
+}
+
 /// One source's token stream, cut into sequences of `seq_len + 1` tokens.
 #[derive(Debug, Clone)]
 pub struct PackedSource {

@@ -8,6 +8,14 @@
 //! - [`Stage::Router`] — MoE-LPR stage 2, DUME+, BTX: only the routers
 //!   (not the shared-expert gates: they belong to the shared experts).
 //! - [`Stage::Dense`] — ordinary fine-tuning of a dense model: everything.
+//! - [`Stage::Ffn`] — fine-tuning of a dense model's FFNs (`gate/up/down`)
+//!   only: attention, embeddings, norms and the LM head stay the base's.
+//!   Domain experts made this way differ from each other only where DUME's
+//!   MoErge keeps them apart (the FFNs become the experts; every other
+//!   tensor is averaged, §2.1), so the averaged shared tensors are exactly
+//!   each expert's own and the MoE with an oracle router reproduces every
+//!   expert bit for bit (BTX's "branch" step trains everything; this is
+//!   the setting in which DUME's averaging assumption holds exactly).
 //!
 //! Freezing is Burn's `Module::no_grad`: a frozen parameter is not tracked
 //! by autodiff, gets no gradient, and the optimizer leaves it untouched
@@ -31,17 +39,30 @@ pub enum Stage {
     Router,
     /// Every parameter (dense models).
     Dense,
+    /// The FFNs only (dense models): attention, embeddings, norms and the
+    /// LM head frozen.
+    Ffn,
 }
 
 impl Stage {
-    /// Parses `experts`, `router` or `dense`.
+    /// Every stage's name, in the order `--help` lists them.
+    pub const NAMES: [&'static str; 4] = ["experts", "router", "dense", "ffn"];
+
+    /// Parses `experts`, `router`, `dense` or `ffn`.
     pub fn parse(s: &str) -> Option<Stage> {
         match s {
             "experts" => Some(Stage::Experts),
             "router" | "routers" => Some(Stage::Router),
             "dense" => Some(Stage::Dense),
+            "ffn" => Some(Stage::Ffn),
             _ => None,
         }
+    }
+
+    /// Whether the stage trains a dense model (`dense`, `ffn`) rather than
+    /// an MoE (`experts`, `router`).
+    pub fn is_dense(self) -> bool {
+        matches!(self, Stage::Dense | Stage::Ffn)
     }
 
     /// The stage's name.
@@ -50,14 +71,15 @@ impl Stage {
             Stage::Experts => "experts",
             Stage::Router => "router",
             Stage::Dense => "dense",
+            Stage::Ffn => "ffn",
         }
     }
 
     /// The reference learning rate of the stage: 5e-5 for experts (DeltaMoE),
-    /// 1e-4 for routers (DUME+), 5e-5 for dense fine-tuning.
+    /// 1e-4 for routers (DUME+), 5e-5 for dense (and FFN-only) fine-tuning.
     pub fn default_lr(self) -> f64 {
         match self {
-            Stage::Experts | Stage::Dense => 5e-5,
+            Stage::Experts | Stage::Dense | Stage::Ffn => 5e-5,
             Stage::Router => 1e-4,
         }
     }
@@ -72,8 +94,8 @@ pub fn is_moe<B: Backend>(model: &Transformer<B>) -> bool {
 ///
 /// # Errors
 /// [`StudioError::Config`] naming `source`: `experts` or `router` on a
-/// dense model, `dense` on an MoE model, or `experts` when every expert of
-/// every MoE layer is frozen.
+/// dense model, `dense` or `ffn` on an MoE model, or `experts` when every
+/// expert of every MoE layer is frozen.
 pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str) -> Result<Transformer<B>> {
     let moe = is_moe(&model);
     match (stage, moe) {
@@ -87,14 +109,18 @@ pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str
                 ),
             ))
         }
-        (Stage::Dense, true) => {
+        (Stage::Dense | Stage::Ffn, true) => {
             return Err(StudioError::config(
                 source,
-                "--stage dense fine-tunes a dense model; this one is MoE: use --stage experts (new experts + \
-                 routers) or --stage router",
+                format!(
+                    "--stage {} fine-tunes a dense model; this one is MoE: use --stage experts (new experts + \
+                     routers) or --stage router",
+                    stage.name()
+                ),
             ))
         }
         (Stage::Dense, false) => return Ok(model),
+        (Stage::Ffn, false) => return Ok(freeze_all_but_ffns(model)),
         _ => {}
     }
     if stage == Stage::Experts {
@@ -153,6 +179,31 @@ pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str
         rope_local,
         config,
     })
+}
+
+/// Freezes every parameter of a dense model but its FFNs' (`Stage::Ffn`).
+fn freeze_all_but_ffns<B: Backend>(model: Transformer<B>) -> Transformer<B> {
+    let Transformer { embed_tokens, layers, norm, lm_head, rope, rope_local, config } = model;
+    let layers = layers
+        .into_iter()
+        .map(|b| DecoderBlock {
+            input_layernorm: b.input_layernorm.no_grad(),
+            self_attn: b.self_attn.no_grad(),
+            post_attention_layernorm: b.post_attention_layernorm.no_grad(),
+            attn_out_norm: b.attn_out_norm.map(|n| n.no_grad()),
+            ffn_out_norm: b.ffn_out_norm.map(|n| n.no_grad()),
+            mlp: b.mlp,
+        })
+        .collect();
+    Transformer {
+        embed_tokens: embed_tokens.no_grad(),
+        layers,
+        norm: norm.no_grad(),
+        lm_head: lm_head.map(|h| h.no_grad()),
+        rope,
+        rope_local,
+        config,
+    }
 }
 
 /// Trainable and frozen parameter counts (elements).

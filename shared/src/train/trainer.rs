@@ -603,7 +603,7 @@ fn top1_check<B: Backend>(model: &Transformer<B>, c: &TrainConfig, data: &Mixtur
             Mlp::Dense(_) => None,
         })
         .collect();
-    if ks.is_empty() || ks.iter().any(|&(k, norm)| k > 1 || !norm) || c.stage == Stage::Dense {
+    if ks.is_empty() || ks.iter().any(|&(k, norm)| k > 1 || !norm) || c.stage.is_dense() {
         return Ok(Vec::new());
     }
     let prior = c.prior > 0.0 && data.sources().iter().any(|s| s.spec.original);

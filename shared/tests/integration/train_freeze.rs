@@ -1,8 +1,9 @@
 //! Stage freezing (methods.md §1-2) on stories260K upcycled to 4 experts
 //! (top-2): after a few steps of stage `experts`, expert 0, attention,
 //! embeddings and norms are bit-identical and the routers and new experts
-//! changed; stage `router` changes only the routers; stages that do not fit
-//! the model are refused.
+//! changed; stage `router` changes only the routers; stage `ffn` on the
+//! dense model changes only its FFNs; stages that do not fit the model are
+//! refused.
 
 use crate::train_util;
 
@@ -29,6 +30,7 @@ fn trainable_in(stage: Stage, name: &str) -> bool {
         Stage::Experts => router || new_expert,
         Stage::Router => router,
         Stage::Dense => true,
+        Stage::Ffn => name.contains(".mlp."),
     }
 }
 
@@ -80,6 +82,37 @@ fn router_stage_trains_only_routers() {
 }
 
 #[test]
+fn ffn_stage_trains_only_the_dense_ffns() {
+    let Some(dense) = train_util::stories() else { return };
+    let tok = dense.tokenizer.clone().unwrap();
+    let device = Default::default();
+    let model = load_model::<A>(&dense, &device).unwrap();
+    let before = snapshot(&model);
+    let data = train_util::hu_en(&tok, 64, false, 1).unwrap();
+    let config =
+        TrainConfig { steps: 2, seq_len: 64, batch_size: 4, lr: 1e-2, warmup: 0, ..TrainConfig::new(Stage::Ffn) };
+    let mut t = Trainer::new(model, data, config, vec![device], "stories260K").unwrap();
+    let counts = t.param_counts();
+    for _ in 0..2 {
+        t.step().unwrap();
+    }
+    let after = snapshot(t.model());
+    let mut changed = 0;
+    for ((name, a), (_, b)) in before.iter().zip(&after) {
+        if trainable_in(Stage::Ffn, name) {
+            assert!(a != b, "FFN tensor {name} did not move");
+            changed += 1;
+        } else {
+            assert!(a == b, "ffn stage: {name} changed");
+        }
+    }
+    // stories260K: 5 layers x gate/up/down.
+    assert_eq!(changed, 15);
+    let ffn: usize = before.iter().filter(|(n, _)| trainable_in(Stage::Ffn, n)).map(|(_, v)| v.len()).sum();
+    assert_eq!((counts.trainable, counts.trainable_tensors), (ffn, 15));
+}
+
+#[test]
 fn stages_must_fit_the_model() {
     let Some(dense) = train_util::stories() else { return };
     let device = Default::default();
@@ -91,6 +124,9 @@ fn stages_must_fit_the_model() {
     let model = load_model::<A>(&moe, &device).unwrap();
     let e = apply_stage(model, Stage::Dense, "moe").unwrap_err().to_string();
     assert!(e.contains("this one is MoE"), "{e}");
+    let model = load_model::<A>(&moe, &device).unwrap();
+    let e = apply_stage(model, Stage::Ffn, "moe").unwrap_err().to_string();
+    assert!(e.contains("--stage ffn") && e.contains("this one is MoE"), "{e}");
     // Router training under top-1 routing with nothing but the next-token loss.
     let top1 = train_util::upcycled_k(&dense, dir.path(), 0.02, 1);
     let tok = dense.tokenizer.clone().unwrap();

@@ -150,7 +150,7 @@ async fn drain() {
         post(&Event::Started { id }, None);
         let progress = Progress::new(move |step| post(&Event::Progress { id, step }, None));
         let before = with_store(|s| s.infos());
-        let (result, blob) = match handle(&progress, q.request, q.files).await {
+        let (result, blob) = match handle(id, &progress, q.request, q.files).await {
             Ok((r, b)) => (Ok(r), b),
             Err(e) => (Err(e), None),
         };
@@ -176,7 +176,7 @@ fn attached_files(files: &JsValue) -> Vec<web_sys::File> {
     Array::from(files).iter().filter_map(|f| f.dyn_into::<web_sys::File>().ok()).collect()
 }
 
-async fn handle(progress: &Progress, request: Request, files: JsValue) -> Handled {
+async fn handle(id: u64, progress: &Progress, request: Request, files: JsValue) -> Handled {
     match request {
         Request::Restore => restore(progress).await,
         Request::LoadDemo => {
@@ -297,6 +297,19 @@ async fn handle(progress: &Progress, request: Request, files: JsValue) -> Handle
             let counts = (report.grafted, report.tensors, report.expert_tensors, report.routers);
             let (Reply::Model(info), _) = add_artifact(progress, a).await? else { unreachable!("a model") };
             reply(Reply::Graft(info, counts, rows))
+        }
+        Request::Train { model, job } => {
+            let p = need(&model)?;
+            let on_point = |point: &crate::compute::train::TrainPoint| {
+                post(&Event::TrainPoint { id, point: point.clone() }, None);
+            };
+            match crate::compute::train::run(progress, &p, &job, &on_point) {
+                Ok((a, summary)) => {
+                    let (Reply::Model(info), _) = add_artifact(progress, a).await? else { unreachable!("a model") };
+                    reply(Reply::Train(info, summary))
+                }
+                Err((field, why)) => reply(Reply::TrainRefused(field, why)),
+            }
         }
         Request::Inspect { model, text, layer } => {
             let p = need(&model)?;

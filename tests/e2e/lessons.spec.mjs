@@ -142,12 +142,12 @@ async function badInput({ url, check, label }) {
   return results;
 }
 
-export async function run({ url, shots, check, log, label = 'preset' }) {
+export async function run({ url, shots, check, log, label = 'preset', only = null }) {
   const results = {};
-  for (const l of LESSONS) {
+  for (const l of LESSONS.filter((x) => !only || x.slug === only)) {
     results[l.slug] = await walk({ url, ...l, shots, check, log, label });
     log(`${label} ${l.slug}: ${JSON.stringify(Object.fromEntries(Object.entries(results[l.slug].steps).map(([k, v]) => [k, v.wall_ms])))} ms`);
   }
-  results.bad_input = await badInput({ url, check, label });
+  if (!only || only === 'bad-input') results.bad_input = await badInput({ url, check, label });
   return results;
 }

@@ -2,7 +2,7 @@
 // tab, "Load the teaching demo", then every page with its defaults and one
 // click each — Upcycle -> MoErge + router -> Graft -> Neurons -> Inspect ->
 // Download. Each step must succeed on the first click within
-// E2E_STEP_LIMIT_MS (default 10 s), the DUME table must show oracle < DUME
+// E2E_STEP_LIMIT_MS (default 30 s), the DUME table must show oracle < DUME
 // < averaging in perplexity on every domain, and the graft
 // must lower the ability text's perplexity by at least 30% while every
 // domain's rises by at most 15% (the "Must show" of issues 19 and 40). The build's preset comes from scripts/demo_dist.sh
@@ -18,7 +18,10 @@ import { observeLongTasks, longestTask } from './studio.spec.mjs';
 const SHOTS = { load: 'preset-load', router: 'preset-moerge-router', graft: 'preset-graft', inspect: 'preset-inspect' };
 
 export async function run({ context, url, dist, shots, out, check, log, label = 'preset', names = SHOTS }) {
-  const limit = Number(process.env.E2E_STEP_LIMIT_MS || 10_000);
+  // 30 s: issue 40's bound per step (the router now scores 3,000 held-out
+  // tokens per domain, the preset's held-out documents, so that the tab's
+  // DUME table is what preset.json checked: 21 s in the run of 2026-12-03).
+  const limit = Number(process.env.E2E_STEP_LIMIT_MS || 30_000);
   const page = await context.newPage();
   await observeLongTasks(page);
   const pageErrors = [];

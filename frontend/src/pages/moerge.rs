@@ -19,11 +19,14 @@ use crate::worker::protocol::{Reply, Request};
 struct Domain {
     name: RwSignal<String>,
     text: RwSignal<String>,
+    /// The teaching preset's held-out documents of the domain (scored
+    /// instead of the text's last 10%, as the preset's CLI run scores them).
+    heldout: RwSignal<Option<String>>,
 }
 
 impl Domain {
     fn new(name: &str, text: &str) -> Self {
-        Domain { name: RwSignal::new(name.into()), text: RwSignal::new(text.into()) }
+        Domain { name: RwSignal::new(name.into()), text: RwSignal::new(text.into()), heldout: RwSignal::new(None) }
     }
 }
 
@@ -175,7 +178,10 @@ fn DomainRow(d: Domain, i: usize) -> impl IntoView {
             <label>{format!("expert {i}: ")}<input type="text" class="short" data-testid=format!("domain-name-{i}") prop:value=move || d.name.get()
                 on:input=move |ev| d.name.set(event_target_value(&ev))/></label>
             <input type="file" accept=".txt,text/plain" data-testid=format!("domain-file-{i}") on:change=on_file/>
-            <span class="small">{move || format!("{} characters", d.text.with(String::len))}</span>
+            <span class="small">{move || match d.heldout.with(|h| h.as_ref().map(String::len)) {
+                Some(h) => format!("{} characters; {h} held-out characters scored (the preset's held-out documents)", d.text.with(String::len)),
+                None => format!("{} characters (the last 10% held out)", d.text.with(String::len)),
+            }}</span>
             {move || collapsed().then(|| view! {
                 <p class="small preview" data-testid=format!("domain-preview-{i}")>{d.text.with(|t| {
                     let head: String = t.chars().take(240).collect();
@@ -206,7 +212,16 @@ fn RouterForm() -> impl IntoView {
     // step within seconds.
     Effect::new(move |_| {
         if let Some(p) = shared.preset.get() {
-            domains.set(p.texts.iter().map(|(n, t)| Domain::new(n, t)).collect());
+            domains.set(
+                p.splits
+                    .iter()
+                    .map(|t| {
+                        let d = Domain::new(&t.name, &t.train);
+                        d.heldout.set((!t.heldout.trim().is_empty()).then(|| t.heldout.clone()));
+                        d
+                    })
+                    .collect(),
+            );
             max_tokens.set(p.settings.route_tokens.to_string());
             top_k.set(p.settings.dume_top_k.to_string());
         }
@@ -251,7 +266,11 @@ fn RouterForm() -> impl IntoView {
         let texts: Vec<DomainText> = domains
             .get_untracked()
             .iter()
-            .map(|d| DomainText { name: d.name.get_untracked(), text: d.text.get_untracked() })
+            .map(|d| DomainText {
+                name: d.name.get_untracked(),
+                text: d.text.get_untracked(),
+                heldout: d.heldout.get_untracked(),
+            })
             .collect();
         msg.set(Message::None);
         result.set(None);

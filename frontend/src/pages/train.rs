@@ -168,17 +168,31 @@ fn LangEditor(l: LangSignals, #[prop(into)] role: String, #[prop(into)] id: Stri
             l.heldout.with(String::len)
         )
     };
+    // The textareas exist only while the details are open: tens of KB of
+    // text in a textarea cost the main thread ~100 ms each time it is set.
+    let open = RwSignal::new(false);
+    let id2 = id.clone();
+    let editors = move || {
+        open.get().then(|| {
+            view! {
+                <label>"name " <input type="text" class="short" data-testid=format!("{id2}-name") prop:value=move || l.name.get()
+                    on:input=move |ev| l.name.set(event_target_value(&ev))/></label>
+                <p class="small">"training text (documents separated by blank lines)"</p>
+                <textarea rows="3" data-testid=format!("{id2}-train") prop:value=move || l.train.get_untracked()
+                    on:input=move |ev| l.train.set(event_target_value(&ev))></textarea>
+                <p class="small">"held-out text (scored before, during and after the stage; never trained on)"</p>
+                <textarea rows="2" data-testid=format!("{id2}-heldout") prop:value=move || l.heldout.get_untracked()
+                    on:input=move |ev| l.heldout.set(event_target_value(&ev))></textarea>
+            }
+        })
+    };
     view! {
-        <details class="ability">
+        <details class="ability" on:toggle=move |ev| {
+            let d = event_target::<web_sys::HtmlElement>(&ev);
+            open.set(d.has_attribute("open"));
+        }>
             <summary data-testid=format!("{id}-summary")>{summary}</summary>
-            <label>"name " <input type="text" class="short" data-testid=format!("{id}-name") prop:value=move || l.name.get()
-                on:input=move |ev| l.name.set(event_target_value(&ev))/></label>
-            <p class="small">"training text (documents separated by blank lines)"</p>
-            <textarea rows="3" data-testid=format!("{id}-train") prop:value=move || l.train.get()
-                on:input=move |ev| l.train.set(event_target_value(&ev))></textarea>
-            <p class="small">"held-out text (scored before, during and after the stage; never trained on)"</p>
-            <textarea rows="2" data-testid=format!("{id}-heldout") prop:value=move || l.heldout.get()
-                on:input=move |ev| l.heldout.set(event_target_value(&ev))></textarea>
+            {editors}
         </details>
     }
 }

@@ -6,7 +6,7 @@
 
 use leptos::prelude::*;
 
-use super::{pct, LessonHeader, LessonStep, LoadStep};
+use super::{fall, pct, LessonHeader, LessonStep, LoadStep};
 use crate::app::Shared;
 use crate::components::message::{Message, MessageLine};
 use crate::components::progress::Progress;
@@ -115,20 +115,31 @@ pub fn DeltaMoeLesson() -> impl IntoView {
         let o = s1.get()?;
         let rows = before_after(&o);
         let (new, orig) = (rows.first()?, rows.get(1)?);
+        let worse = orig.2 > 1.05 * orig.1;
+        let orig_line = if worse {
+            format!(
+                "{o} got {} worse: the routers now send {o} tokens to the new experts too (share {:.2} → {:.2}) — stage 1 \
+                 sees only the new language, so nothing keeps {o} on expert 0; stage 2 is there to fix that",
+                pct(orig.1, orig.2),
+                orig.3,
+                orig.4,
+                o = orig.0
+            )
+        } else {
+            format!("{} changed by {} — expert 0 still holds the original FFN", orig.0, pct(orig.1, orig.2))
+        };
         Some(format!(
             "{n} perplexity fell {} ({:.1} → {:.1}) and the share of {n} tokens sent to the new experts went from {:.2} to \
-             {:.2}, while {o} changed by {} — expert 0 still holds the original FFN. The paper trains on billions of tokens \
-             at lr 5e-5; this stage is {} steps of a 260K model ({}), so the new language is only started, not learnt.",
-            pct(new.1, new.2),
+             {:.2}, while {orig_line}. The paper trains on billions of tokens at lr 5e-5; this stage is {} steps of a 260K \
+             model ({}), so the new language is only started, not learnt.",
+            fall(new.1, new.2),
             new.1,
             new.2,
             new.3,
             new.4,
-            pct(orig.1, orig.2),
             o.summary.points.len().saturating_sub(1),
             o.wall,
             n = new.0,
-            o = orig.0,
         ))
     });
     // Step 4: stage 2 on stage 1's output.
@@ -216,7 +227,7 @@ pub fn DeltaMoeLesson() -> impl IntoView {
              carries what its post-training taught — while {}. The paper grafts a real SFT/RL delta and measures \
              benchmark accuracy; here the \"ability\" is a text genre the instruct model was fine-tuned on.",
             ability.0,
-            pct(ability.1, ability.2),
+            fall(ability.1, ability.2),
             rest.iter().map(|(n, b, a)| format!("{n} changed by {}", pct(*b, *a))).collect::<Vec<_>>().join(" and "),
         ))
     });

@@ -66,8 +66,15 @@ pub fn DumeLesson() -> impl IntoView {
             return route_msg.set(Message::Error("MoErge the experts first (step 2)".into()));
         };
         route_msg.set(Message::None);
-        let domains: Vec<DomainText> =
-            p.texts.iter().map(|(n, t)| DomainText { name: n.clone(), text: t.clone() }).collect();
+        let domains: Vec<DomainText> = p
+            .splits
+            .iter()
+            .map(|t| DomainText {
+                name: t.name.clone(),
+                text: t.train.clone(),
+                heldout: (!t.heldout.trim().is_empty()).then(|| t.heldout.clone()),
+            })
+            .collect();
         let names: Vec<String> = domains.iter().map(|d| d.name.clone()).collect();
         let use_gpu =
             crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked()) == crate::compute::gpu::Engine::WebGpu;

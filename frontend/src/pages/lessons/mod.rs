@@ -120,6 +120,11 @@ pub fn LoadStep(#[prop(into)] slug: String) -> impl IntoView {
     }
 }
 
+/// How much `b` is below `a`, in percent (`61.2%`).
+pub fn fall(a: f64, b: f64) -> String {
+    format!("{:.1}%", 100.0 * (1.0 - b / a))
+}
+
 /// `a → b` as a signed percentage change (`+3.1%`).
 pub fn pct(a: f64, b: f64) -> String {
     format!("{:+.1}%", 100.0 * (b / a - 1.0))

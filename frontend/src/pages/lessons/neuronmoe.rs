@@ -87,17 +87,23 @@ pub fn NeuronMoeLesson() -> impl IntoView {
         let o = analysis.get()?;
         let a = &o.allocation;
         let l = a.len();
-        Some(format!(
-            "the Hungarian-specific neurons gather in the first and last layers, so the allocation ({a:?} new experts for \
-             layers 0-{}) {} — the paper's finding on Llama-3.2-3B (28 layers: 1 new expert in most middle layers, up to 6 \
-             near the ends). On {l} layers of a 260K model the profile is coarse, but the shape is the same.",
-            l.saturating_sub(1),
-            if ends_above_middle(a) {
-                "gives the first and the last layer more experts than the middle"
-            } else {
-                "does not favour both ends here (a different text sample can tip a 5-layer profile)"
-            },
-        ))
+        let top = o.union.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map_or(0, |(i, _)| i);
+        Some(if ends_above_middle(a) {
+            format!(
+                "the Hungarian-specific neurons gather in the first and last layers, so the allocation ({a:?} new experts \
+                 for layers 0-{}) gives both ends more experts than the middle — the paper's finding on Llama-3.2-3B \
+                 (28 layers: 1 new expert in most middle layers, up to 6 near the ends).",
+                l.saturating_sub(1)
+            )
+        } else {
+            format!(
+                "here the Hungarian-specific neurons gather in layer {top} (allocation {a:?}), not at both ends as in the \
+                 paper. The paper's base is multilingual: its last layers produce each language, so they are language-\
+                 specific too. This base learnt English stories only and spells Hungarian byte by byte, so only the layers \
+                 that read the tokens tell the languages apart. The method is the paper's; the base is too small and too \
+                 monolingual to show the second half of the finding."
+            )
+        })
     });
     let a_view = move || analysis.get().map(|o| view! { <NeuronResult o=o/> });
     // Step 3: upcycle with the allocation and with the uniform count.
@@ -145,7 +151,8 @@ pub fn NeuronMoeLesson() -> impl IntoView {
         let n: usize = alloc.iter().sum();
         Some(format!(
             "both MoEs add new experts beside the frozen original FFN: NeuronMoE {n} in all ({alloc:?}), uniform {} ({u} per \
-             layer). Equal budgets, different places — the next two steps train both the same way.",
+             layer, the nearest whole count). The same budget, up to rounding, in different places — the next two steps \
+             train both the same way.",
             u * alloc.len()
         ))
     });

@@ -30,7 +30,7 @@ step "cargo clippy (deny warnings)"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p moe-studio-frontend -p moe-studio-kernels --target wasm32-unknown-unknown -- -D warnings
 
-step "wasm32 build of the portable crates (the browser's profile, reused by trunk)"
+step "wasm32 build of the portable crates (the browser's profile, reused by scripts/build_web.sh)"
 cargo build --profile wasm-release --target wasm32-unknown-unknown -p moe-studio-shared -p moe-studio-kernels -p moe-studio-frontend
 
 step "cargo test"
@@ -53,7 +53,7 @@ for exp in upcycling dume deltamoe neuronmoe; do
     rm -rf "$work"
 done
 
-step "browser end-to-end (trunk build + playwright-core + chromium)"
+step "browser end-to-end (scripts/build_web.sh + playwright-core + chromium)"
 MOE_STUDIO_BIN="$CLI" bash tests/e2e/run.sh
 
 step "server end-to-end (moe-studio serve + Jobs page: upload/resume, train over SSE, download)"

@@ -58,7 +58,7 @@ thread_local! {
 }
 
 /// The script the worker starts from: the page's own wasm-bindgen glue
-/// (trunk's `modulepreload` link, an absolute URL) initialised with the
+/// (index.html's `modulepreload` link, made absolute) initialised with the
 /// page's compiled `WebAssembly.Module`, which the page posts as the
 /// worker's first message ([`spawn`]) — the worker runs the same module
 /// without compiling it a second time. Without that module (a page that
@@ -72,9 +72,9 @@ fn bootstrap_source() -> Result<String, String> {
         web_sys::Url::new_with_base(&h, &doc.base_uri().ok()??).ok().map(|u| u.href())
     };
     let js = href("link[rel=modulepreload][href$='.js']")
-        .ok_or("the page has no module link to its script (build it with trunk)")?;
+        .ok_or("the page has no module link to its script (build it with scripts/build_web.sh)")?;
     let wasm = href("link[rel=preload][href$='.wasm']")
-        .ok_or("the page has no preload link to its wasm (build it with trunk)")?;
+        .ok_or("the page has no preload link to its wasm (build it with scripts/build_web.sh)")?;
     let base = doc.base_uri().ok().flatten().unwrap_or_default();
     // No top-level `await`: the module's evaluation ends at once, so the
     // worker's message port is open before the page's first message (with

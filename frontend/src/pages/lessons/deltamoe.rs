@@ -156,8 +156,9 @@ pub fn DeltaMoeLesson() -> impl IntoView {
         let (new, orig) = (rows.first()?, rows.get(1)?);
         Some(format!(
             "only the routers moved: the language prior pulled {o} towards expert 0 (share to the new experts {:.2} → {:.2}; \
-             perplexity {}) while {n} kept its experts (share {:.2} → {:.2}; perplexity {}). That is MoE-LPR's recipe for \
-             keeping the original language while adding a new one.",
+             perplexity {}), while {n}'s share to the new experts went {:.2} → {:.2} (perplexity {}). That is MoE-LPR's \
+             recipe for keeping the original language while adding a new one; the paper's replay is ~0.15B tokens, here \
+             a few thousand, so the trade between the two languages is coarser.",
             orig.3,
             orig.4,
             pct(orig.1, orig.2),

@@ -334,7 +334,7 @@ pub fn TrainPanel(
     // the field.
     let newest_moe = StoredValue::new(None::<ModelRef>);
     Effect::new(move |_| {
-        let last = models.choices().into_iter().filter(|(_, _, moe)| *moe).map(|(r, _, _)| r).last();
+        let last = models.choices().into_iter().filter(|(_, _, moe)| *moe).map(|(r, _, _)| r).next_back();
         if !pinned && last.is_some() && last != newest_moe.get_value() {
             newest_moe.set_value(last.clone());
             model.set(last);

@@ -145,7 +145,7 @@ pub fn DumeLesson() -> impl IntoView {
         </LessonStep>
         <LessonStep slug=SLUG n=3 title="Solve the ridge router and compare" notice=route_notice
             does="Each domain's text is pushed through its own expert; every layer collects the FFN inputs and solves W = (XᵀX + λI)⁻¹XᵀY. \
-                Then the held-out 10% of each text is scored three ways: DUME (the solved router), averaging (all experts merged into one FFN) and the oracle (every token to its domain's expert).">
+                Then each domain's held-out documents (never trained on) are scored three ways: DUME (the solved router), averaging (all experts merged into one FFN) and the oracle (every token to its domain's expert).">
             <button data-testid=format!("{SLUG}-3-run") on:click=route disabled=move || route_task.running() || !merged_ready()>"Solve the router and score"</button>
             <Progress task=route_task/>
             <MessageLine msg=route_msg id=format!("{SLUG}-3")/>

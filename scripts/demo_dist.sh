@@ -57,15 +57,15 @@ elif [ ! -f "$S260K/stories260K.bin" ] || [ ! -f "$S260K/tok512.bin" ]; then
     if bash scripts/demo_texts.sh "$CACHE/texts.new" 2> "$CACHE/texts.log"; then
         rm -rf "$CACHE/texts"
         mv "$CACHE/texts.new" "$CACHE/texts"
-        inputs=(scripts/demo_preset.sh scripts/demo_texts.sh scripts/demo_texts.py "$CLI" "$CACHE"/texts/*.txt)
+        inputs=(scripts/demo_preset.sh scripts/demo_texts.sh scripts/demo_texts.py docs/teaching-preset.md "$CLI" "$CACHE"/texts/*.txt)
         stamp="$({ sha256sum "${inputs[@]}" | cut -d' ' -f1; echo "steps=$STEPS base_steps=$BASE_STEPS"; } | sha256sum | cut -d' ' -f1)"
     else
         cat "$CACHE/texts.log" >&2
         absent="stories260K is not at $MOE_STUDIO_DATA/models/stories260K and the fetched preset's texts could not be made (scripts/demo_texts.sh: $(grep '^\[texts\]' "$CACHE/texts.log" | tail -n 1))"
     fi
 else
-    inputs=(scripts/demo_preset.sh "$CLI" "$S260K/stories260K.bin" "$S260K/tok512.bin")
-    for d in lang/en domain/code lang/hu domain/math; do inputs+=("$C/$d/train.txt" "$C/$d/valid.txt"); done
+    inputs=(scripts/demo_preset.sh scripts/demo_texts.py docs/teaching-preset.md "$CLI" "$S260K/stories260K.bin" "$S260K/tok512.bin")
+    for d in lang/en domain/code lang/hu; do inputs+=("$C/$d/train.txt" "$C/$d/valid.txt"); done
     stamp="$({ sha256sum "${inputs[@]}" | cut -d' ' -f1; echo "steps=$STEPS"; } | sha256sum | cut -d' ' -f1)"
 fi
 if [ -z "$absent" ]; then

@@ -3,32 +3,37 @@
 stories260K; issue 19 item 3), from what a fresh machine can fetch or has.
 
     demo_texts.py HELP_DIR STDLIB_DIR OUT_DIR
+    demo_texts.py --math-only OUT_DIR      (math.txt and math.heldout.txt only)
 
 HELP_DIR    /usr/share/help of Debian's `gnome-user-docs` package (GNOME
             Help, Mallard XML pages in 40+ languages; `apt-get download
             gnome-user-docs` + `dpkg-deb -x`): C/ (English) and hu/.
 STDLIB_DIR  the local Python standard library (sysconfig's "stdlib").
 
-Writes into OUT_DIR, one document per line, NAME.txt (training) and
-NAME.heldout.txt (held out) for
-  en    English GNOME Help paragraphs (page titles, descriptions, <p>);
+Writes into OUT_DIR NAME.txt (training) and NAME.heldout.txt (held out),
+documents separated by a blank line (the shared corpora's convention, and
+what the CLI's `.txt` reader splits on), for
+  en    English GNOME Help: one document per page (its titles,
+        descriptions and paragraphs, one per line);
   hu    the Hungarian translation of the same pages;
-  code  Python standard-library source lines;
+  code  Python standard-library modules: one file per document group
+        (a `# ===== file: NAME =====` line, then the source; the file's own
+        blank lines separate its blocks, as in the corpora);
   math  arithmetic questions and answers in a fixed chat form ("User: What
-        is 27 plus 58? Assistant: 27 plus 58 is 85.") -- the "instruct"
-        ability of the graft, generated here (seeded, no input);
+        is 27 plus 58? Assistant: 27 plus 58 is 85."), one exchange per
+        document -- the "instruct" ability of the graft, generated here
+        (seeded, no input);
 and general.txt, the base model's pretraining text: the same GNOME Help
 pages in German, Spanish, French and Italian -- none of the experts'
 domains, so that each expert's text is new to the base (as news, code and
 Hungarian are to stories260K, trained on TinyStories only) and the experts
 really differ.
 Pages (and code files) are held out by a hash of their name, 1 in 10, so
-that held-out lines are never trained on and en/hu hold out the same pages.
-Paragraphs shorter than 40 characters (menu labels, headers) are skipped,
-as scripts/demo_preset.sh does with the shared corpora. The lines of each
-file are then shuffled (seeded), so that the first lines that
-scripts/demo_preset.sh takes sample every page and module rather than the
-first few. Python stdlib only; the output depends only on the inputs.
+that held-out documents are never trained on and en/hu hold out the same
+pages. Paragraphs shorter than 40 characters (menu labels, headers) are
+skipped. The documents of each file are then shuffled (seeded), so that the
+first ones scripts/demo_preset.sh takes sample many pages and modules.
+Python stdlib only; the output depends only on the inputs.
 """
 
 import hashlib
@@ -75,7 +80,8 @@ def mallard_paragraphs(path: Path) -> list[str]:
 
 
 def help_text(help_dir: Path, lang: str) -> tuple[list[str], list[str]]:
-    """(training, held-out) paragraphs of the GNOME Help pages in `lang`."""
+    """(training, held-out) pages of the GNOME Help in `lang`, each page one
+    document (its paragraphs of at least MIN_CHARS, one per line)."""
     pages = sorted((help_dir / lang).glob("*/*.page"))
     if not pages:
         sys.exit(f"demo_texts.py: no Mallard pages under {help_dir / lang} (expected gnome-user-docs' */*.page)")
@@ -83,23 +89,28 @@ def help_text(help_dir: Path, lang: str) -> tuple[list[str], list[str]]:
     held: list[str] = []
     for p in pages:
         ps = [t for t in mallard_paragraphs(p) if len(t) >= MIN_CHARS]
-        (held if held_out(f"{p.parent.name}/{p.name}") else train).extend(ps)
+        if ps:
+            (held if held_out(f"{p.parent.name}/{p.name}") else train).append("\n".join(ps))
     return train, held
 
 
 def code_text(stdlib: Path, max_files: int = 120) -> tuple[list[str], list[str]]:
-    """(training, held-out) lines of Python standard-library modules: the
-    top-level `*.py` files in name order (at most `max_files`), lines of at
-    least 40 characters, trailing blanks removed (indentation kept)."""
+    """(training, held-out) Python standard-library modules: the top-level
+    `*.py` files in name order (at most `max_files`), each a
+    `# ===== file: NAME =====` line and its source (trailing blanks
+    removed, runs of blank lines made one: the file's blocks are its
+    documents)."""
     files = sorted(f for f in stdlib.glob("*.py") if not f.name.startswith("_"))[:max_files]
     if not files:
         sys.exit(f"demo_texts.py: no *.py files in {stdlib} (expected the Python standard library)")
     train: list[str] = []
     held: list[str] = []
     for f in files:
-        lines = [l.rstrip() for l in f.read_text(encoding="utf-8", errors="replace").splitlines()]
-        lines = [l for l in lines if len(l.strip()) >= MIN_CHARS]
-        (held if held_out(f.name) else train).extend(lines)
+        src = f.read_text(encoding="utf-8", errors="replace")
+        lines = [l.rstrip() for l in src.splitlines()]
+        body = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip("\n")
+        if body:
+            (held if held_out(f.name) else train).append(f"# ===== file: {f.name} =====\n{body}")
     return train, held
 
 
@@ -127,6 +138,15 @@ def math_text(n_train: int = 3000, n_held: int = 300, seed: int = 19) -> tuple[l
 
 
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--math-only":
+        # The ability text alone (scripts/demo_preset.sh with the shared
+        # corpora: their LaTeX maths is no instruct-style ability).
+        out = Path(sys.argv[2])
+        out.mkdir(parents=True, exist_ok=True)
+        train, held = math_text()
+        (out / "math.txt").write_text("\n\n".join(train) + "\n", encoding="utf-8")
+        (out / "math.heldout.txt").write_text("\n\n".join(held) + "\n", encoding="utf-8")
+        return
     if len(sys.argv) != 4:
         sys.exit(__doc__)
     help_dir, stdlib, out = (Path(a) for a in sys.argv[1:])
@@ -143,15 +163,15 @@ def main() -> None:
         general.extend(train + held)
     rng = random.Random(SEED)
     rng.shuffle(general)
-    (out / "general.txt").write_text("\n".join(general) + "\n", encoding="utf-8")
-    print(f"[texts] general ({', '.join(GENERAL_LANGS)}): {len(general)} lines ({sum(map(len, general))} chars)", file=sys.stderr)
+    (out / "general.txt").write_text("\n\n".join(general) + "\n", encoding="utf-8")
+    print(f"[texts] general ({', '.join(GENERAL_LANGS)}): {len(general)} documents ({sum(map(len, general))} chars)", file=sys.stderr)
     for name, (train, held) in texts.items():
         rng.shuffle(train)
         rng.shuffle(held)
-        (out / f"{name}.txt").write_text("\n".join(train) + "\n", encoding="utf-8")
-        (out / f"{name}.heldout.txt").write_text("\n".join(held) + "\n", encoding="utf-8")
+        (out / f"{name}.txt").write_text("\n\n".join(train) + "\n", encoding="utf-8")
+        (out / f"{name}.heldout.txt").write_text("\n\n".join(held) + "\n", encoding="utf-8")
         print(
-            f"[texts] {name}: {len(train)} lines ({sum(map(len, train))} chars) + {len(held)} held out",
+            f"[texts] {name}: {len(train)} documents ({sum(map(len, train))} chars) + {len(held)} held out",
             file=sys.stderr,
         )
 

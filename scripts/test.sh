@@ -102,7 +102,7 @@ if want experiments; then
 fi
 
 if want e2e; then
-    step "browser end-to-end (trunk build + playwright-core + chromium)"
+    step "browser end-to-end (scripts/build_web.sh + playwright-core + chromium)"
     MOE_STUDIO_BIN="$CLI" bash tests/e2e/run.sh
 fi
 

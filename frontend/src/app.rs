@@ -19,6 +19,8 @@ use crate::worker::protocol::{Reply, Request};
 /// on the first click.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoadedPreset {
+    /// The base model's name (`stories260K`, `scratch260K`, ...).
+    pub base_name: String,
     /// The base model (stories260K or scratch260K): Upcycle's and Neurons' source, the
     /// graft's base.
     pub base: ModelRef,
@@ -31,8 +33,14 @@ pub struct LoadedPreset {
     /// slice followed by the held-out lines, so that the router page's
     /// last 10% (its held-out part) is text no expert was trained on.
     pub texts: Vec<(String, String)>,
+    /// The same texts with the training slice and the held-out lines
+    /// apart, in expert order (the training pages' inputs: a stage trains
+    /// on `train` and scores `heldout`).
+    pub splits: Vec<crate::compute::train::LangText>,
     /// The ability's held-out text `(name, text)`: the graft's check.
     pub ability: (String, String),
+    /// The settings of the preset's own CLI run (the pages' defaults).
+    pub settings: crate::load::PresetSettings,
 }
 
 /// State shared by the pages (provided as context).
@@ -207,11 +215,14 @@ pub fn App() -> impl IntoView {
             <div class="badges">{worker_badge}{gpu_badge}{backend_badge}</div>
         </header>
         <nav>
+            <span class="sep">"Learn:"</span>
             {Page::ALL
                 .iter()
                 .map(|&p| {
+                    let first_tool = p == Page::Load;
                     view! {
-                        <button class="tab" class:active=move || shared.page.get() == p data-testid=format!("tab-{}", p.slug())
+                        {first_tool.then(|| view! { <span class="sep">"Tools:"</span> })}
+                        <button class="tab" class:lesson=p.is_lesson() class:active=move || shared.page.get() == p data-testid=format!("tab-{}", p.slug())
                             on:click=move |_| shared.go(p)>{p.title()}</button>
                     }
                 })

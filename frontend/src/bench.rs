@@ -1,5 +1,5 @@
 //! The tab's forward throughput, for the end-to-end suites: exported to
-//! JavaScript (trunk puts the bindings on `window.wasmBindings`), so
+//! JavaScript (index.html puts the bindings on `window.wasmBindings`), so
 //! Playwright measures exactly the wasm the studio ships.
 //!
 //! `bench_forward(tokens, repeat)` takes the model loaded last on the Load

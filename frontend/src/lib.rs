@@ -1,4 +1,4 @@
-//! moe-studio browser studio (Leptos CSR, wasm32, built with trunk).
+//! moe-studio browser studio (Leptos CSR, wasm32, built by scripts/build_web.sh).
 //!
 //! Every method runs locally in the browser by calling the same `moe_shared`
 //! functions as the `moe-studio` CLI, so a download equals the CLI's output
@@ -33,7 +33,7 @@ pub mod zip;
 /// spends ~30 s autotuning on software WebGPU, so it is not used).
 pub type Cpu = moe_shared::CpuBackend;
 
-/// The trunk binary's `main`: on the page, mounts the studio on `<body>`;
+/// The wasm binary's `main`: on the page, mounts the studio on `<body>`;
 /// inside the studio's worker (the same module started again, see
 /// [`worker`]), runs the worker.
 pub fn start() {

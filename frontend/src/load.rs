@@ -284,6 +284,48 @@ pub struct PresetManifest {
     pub experts: Vec<PresetModel>,
     /// The "instruct" model (base + an ability) for the graft.
     pub instruct: PresetModel,
+    /// The settings the preset's own CLI run used (and its checks hold
+    /// with): the pages' defaults on it.
+    #[serde(default)]
+    pub settings: PresetSettings,
+}
+
+/// The settings `scripts/demo_preset.sh` ran the teaching pipeline with
+/// (`manifest.json`'s `settings`): the router page's and the lessons'
+/// defaults, so the tab shows what `preset.json` checked.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+pub struct PresetSettings {
+    /// top-k of the MoErged, ridge-routed MoE (`route --top-k`).
+    #[serde(default = "one")]
+    pub dume_top_k: usize,
+    /// Statistics tokens per domain (`route --max-tokens`).
+    #[serde(default = "two_thousand")]
+    pub route_tokens: usize,
+    /// N of NeuronMoE's top-N (`neurons --top-n`).
+    #[serde(default = "hundred")]
+    pub neurons_top_n: usize,
+    /// NeuronMoE's `E_max` (`allocate --max`; `E_min` is 1).
+    #[serde(default = "four")]
+    pub neurons_max: usize,
+}
+
+fn one() -> usize {
+    1
+}
+fn two_thousand() -> usize {
+    2000
+}
+fn hundred() -> usize {
+    100
+}
+fn four() -> usize {
+    4
+}
+
+impl Default for PresetSettings {
+    fn default() -> Self {
+        PresetSettings { dume_top_k: 1, route_tokens: 2000, neurons_top_n: 100, neurons_max: 4 }
+    }
 }
 
 /// Where the teaching preset is served from.

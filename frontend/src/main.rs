@@ -1,4 +1,4 @@
-//! Entry point of the browser studio (trunk builds this binary to wasm32).
+//! Entry point of the browser studio (scripts/build_web.sh builds this binary to wasm32).
 
 fn main() {
     moe_frontend::start();

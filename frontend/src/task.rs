@@ -47,12 +47,23 @@ impl Task {
     /// the first such call panics in the worker instead (the crash-path
     /// test).
     pub async fn call(&self, request: Request, files: Option<js_sys::Array>) -> Answer {
+        self.call_observed(request, files, None).await
+    }
+
+    /// [`Task::call`], with `on_point` for every training step the worker
+    /// reports.
+    pub async fn call_observed(
+        &self,
+        request: Request,
+        files: Option<js_sys::Array>,
+        on_point: Option<std::rc::Rc<dyn Fn(crate::compute::train::TrainPoint)>>,
+    ) -> Answer {
         let what = request.describe().to_string();
         let request = if client::take_injected_panic() { Request::Panic } else { request };
         let sent = crate::web::now_ms();
         self.progress.set(Some(Running { what, step: None, sent_ms: sent, started_ms: None }));
         let (p1, p2) = (self.progress, self.progress);
-        let answer = client::call_with(
+        let answer = client::call_observed(
             request,
             files,
             move || {
@@ -69,6 +80,7 @@ impl Task {
                     }
                 })
             },
+            on_point,
         )
         .await;
         self.last_ms.set(crate::web::now_ms() - sent);

@@ -13,7 +13,9 @@
 //! The spec's checkpoint and upload ids are placeholders: the tab holds its
 //! models itself, so only the parameters are checked.
 
-use moe_shared::api::{ApiError, DataRef, GraftSpec, JobSpec, MoergeSpec, NeuronsSpec, RouteSpec, UpcycleSpec};
+use moe_shared::api::{
+    ApiError, DataRef, GraftSpec, JobSpec, MoergeSpec, NeuronsSpec, RouteSpec, TrainSpec, UpcycleSpec,
+};
 
 /// A syntactically valid id for the spec fields that name checkpoints or
 /// uploads (the tab's models are not on a server).
@@ -152,6 +154,54 @@ pub fn upcycle(
     )
 }
 
+/// The training form (DeltaMoE's stages in the tab): stage, steps,
+/// sequence length, batch, learning rate and the two loss coefficients, as
+/// the server's `train` job.
+///
+/// # Errors
+/// As [`route`].
+pub fn train(
+    stage: moe_shared::train::Stage,
+    steps: usize,
+    seq_len: usize,
+    batch: usize,
+    lr: f64,
+    alpha: f64,
+    prior: f64,
+) -> Result<(), FieldError> {
+    let spec = JobSpec::Train(TrainSpec {
+        model: PLACEHOLDER_ID.into(),
+        stage,
+        data: vec![data("new")],
+        steps,
+        seq_len: Some(seq_len),
+        batch: Some(batch),
+        lr: Some(lr),
+        warmup: None,
+        min_lr: None,
+        grad_accum: None,
+        clip: None,
+        alpha: Some(alpha),
+        prior: Some(prior),
+        weight_decay: None,
+        save_every: None,
+        seed: None,
+        devices: None,
+        engine: None,
+    });
+    check(
+        &spec,
+        &[
+            ("steps", "steps"),
+            ("seq_len", "sequence length"),
+            ("batch", "batch"),
+            ("lr", "learning rate"),
+            ("alpha", "load-balancing coefficient α"),
+            ("prior", "language-prior coefficient β"),
+        ],
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,6 +238,15 @@ mod tests {
         assert!(upcycle(Some(2), None, 2, &[0], "zeros").is_ok());
         assert_eq!(upcycle(Some(2), None, 0, &[0], "zeros").unwrap_err().field, "top_k");
         assert_eq!(upcycle(None, Some(vec![Some(0)]), 1, &[], "zeros").unwrap_err().field, "experts_per_layer[0]");
+
+        use moe_shared::train::Stage;
+        assert!(train(Stage::Experts, 30, 64, 8, 3e-3, 0.01, 0.1).is_ok());
+        let e = train(Stage::Experts, 30, 64, 8, 0.0, 0.01, 0.1).unwrap_err();
+        assert_eq!(e.field, "lr");
+        assert!(e.message.starts_with("learning rate: 0 is out of range (exclusive) 0..=10"), "{}", e.message);
+        assert_eq!(train(Stage::Experts, 30, 64, 8, f64::NAN, 0.01, 0.1).unwrap_err().field, "lr");
+        assert_eq!(train(Stage::Router, 0, 64, 8, 1e-3, 0.01, 0.1).unwrap_err().field, "steps");
+        assert_eq!(train(Stage::Router, 10, 64, 8, 1e-3, -1.0, 0.1).unwrap_err().field, "alpha");
 
         assert!(moerge(2, 1).is_ok());
         assert_eq!(moerge(2, 3).unwrap_err().field, "top_k");

@@ -447,7 +447,7 @@ impl JobKind {
             ],
             JobKind::Train => vec![
                 req("model", "model", Input::Checkpoint, ""),
-                req("stage", "stage", Input::Choice(&["experts", "router", "all", "dense", "ffn"]), ""),
+                req("stage", "stage", Input::Choice(&crate::train::Stage::NAMES), ""),
                 req("data", "corpora", data(1, true, true, false), ""),
                 req("steps", "steps", Input::Int, "1-1000000"),
                 f("seq_len", "seq len", Input::Int, &dflt(&d.train_seq_len)),

@@ -2,10 +2,10 @@
 // tab, "Load the teaching demo", then every page with its defaults and one
 // click each — Upcycle -> MoErge + router -> Graft -> Neurons -> Inspect ->
 // Download. Each step must succeed on the first click within
-// E2E_STEP_LIMIT_MS (default 10 s), the DUME table must show the oracle's
-// perplexity at least 5% below averaging's on every domain, and the graft
-// must lower the ability text's perplexity by at least 10% (the "Must
-// show" of issue 19). The build's preset comes from scripts/demo_dist.sh
+// E2E_STEP_LIMIT_MS (default 30 s), the DUME table must show oracle < DUME
+// < averaging in perplexity on every domain, and the graft
+// must lower the ability text's perplexity by at least 30% while every
+// domain's rises by at most 15% (the "Must show" of issues 19 and 40). The build's preset comes from scripts/demo_dist.sh
 // (scripts/demo_preset.sh; DEMO_STEPS in run.sh); its preset.json (the
 // CLI's own numbers on the same models) is printed beside the tab's.
 // The same walk runs on the fetched preset of a machine without
@@ -18,7 +18,10 @@ import { observeLongTasks, longestTask } from './studio.spec.mjs';
 const SHOTS = { load: 'preset-load', router: 'preset-moerge-router', graft: 'preset-graft', inspect: 'preset-inspect' };
 
 export async function run({ context, url, dist, shots, out, check, log, label = 'preset', names = SHOTS }) {
-  const limit = Number(process.env.E2E_STEP_LIMIT_MS || 10_000);
+  // 30 s: issue 40's bound per step (the router now scores 3,000 held-out
+  // tokens per domain, the preset's held-out documents, so that the tab's
+  // DUME table is what preset.json checked: 21 s in the run of 2026-12-03).
+  const limit = Number(process.env.E2E_STEP_LIMIT_MS || 30_000);
   const page = await context.newPage();
   await observeLongTasks(page);
   const pageErrors = [];
@@ -83,8 +86,7 @@ export async function run({ context, url, dist, shots, out, check, log, label = 
   check(rows.length === 3, `${label}: the DUME table has one row per domain (${rows.length})`);
   for (const [domain, , dume, avg, oracle] of rows) {
     const [d, a, o] = [dume, avg, oracle].map(Number);
-    const gain = 1 - o / a;
-    check(gain >= 0.05, `${label}, DUME table, ${domain}: oracle ${o} is ${(100 * gain).toFixed(1)}% below averaging ${a} (>= 5%; DUME ${d})`);
+    check(o < d && d < a, `${label}, DUME table, ${domain}: oracle ${o} < DUME ${d} < averaging ${a}`);
   }
   await shot('router');
 
@@ -95,7 +97,17 @@ export async function run({ context, url, dist, shots, out, check, log, label = 
   const m = /: ([0-9.]+) before the graft -> ([0-9.]+) with it/.exec(pp);
   const drop = m ? 1 - Number(m[2]) / Number(m[1]) : NaN;
   results.graft_ppl = m ? { before: Number(m[1]), after: Number(m[2]), drop } : null;
-  check(drop >= 0.10, `${label}: the graft lowers the ability text's perplexity by ${(100 * drop).toFixed(1)}% (>= 10%): ${pp}`);
+  check(drop >= 0.30, `${label}: the graft lowers the ability text's perplexity by ${(100 * drop).toFixed(1)}% (>= 30%): ${pp}`);
+  // ... and every domain's held-out perplexity rises by at most 15%.
+  await tid('graft-domains-summary').waitFor({ timeout: 60_000 });
+  await page.waitForFunction(() => document.querySelectorAll('[data-testid="graft-domains"] tbody tr').length >= 3, null, { timeout: 60_000 });
+  const drows = await tid('graft-domains').locator('tbody tr').evaluateAll((trs) =>
+    trs.map((tr) => [...tr.querySelectorAll('td')].map((td) => td.innerText)));
+  results.graft_domains = drows;
+  for (const [domain, before, after] of drows) {
+    const rise = Number(after) / Number(before) - 1;
+    check(rise <= 0.15, `${label}, graft: ${domain} held-out perplexity ${before} -> ${after} (${(100 * rise).toFixed(1)}%, <= +15%)`);
+  }
   await shot('graft');
 
   await tab('neurons');

@@ -6,6 +6,7 @@ import { launch, WEBGPU_ARGS } from './browser.mjs';
 import { serve } from './server.mjs';
 import * as studio from './studio.spec.mjs';
 import * as preset from './preset.spec.mjs';
+import * as lessons from './lessons.spec.mjs';
 
 const env = (k) => { if (!process.env[k]) throw new Error(`${k} is not set (use run.sh)`); return process.env[k]; };
 const [dist, work, shots, out] = ['E2E_DIST', 'E2E_WORK', 'E2E_SHOTS', 'E2E_OUT'].map(env);
@@ -31,6 +32,9 @@ try {
     results.preset.total_ms = Date.now() - t1;
     log(`preset walk: ${JSON.stringify(Object.fromEntries(Object.entries(results.preset.steps).map(([k, v]) => [k, v.wall_ms])))} ms`);
   } finally { await fresh.close(); }
+  // The three lessons, each in a fresh browser (issue 40 item 4), and the
+  // training form's refusals.
+  results.lessons = await lessons.run({ url: srv.url, shots, check, log });
   // No ../shared/data (run.sh's second dist, MOE_STUDIO_DATA=/nonexistent):
   // the fetched preset (base scratch260K trained from scratch by the CLI on
   // fetched text) walked the same way in a fresh browser; the demo is its
@@ -46,6 +50,7 @@ try {
       });
       results.fetched_preset.total_ms = Date.now() - t2;
       log(`fetched preset walk: ${JSON.stringify(Object.fromEntries(Object.entries(results.fetched_preset.steps).map(([k, v]) => [k, v.wall_ms])))} ms`);
+      results.fetched_lessons = await lessons.run({ url: srv2.url, shots, check, log, label: 'fetched' });
       const page = await b2.context.newPage();
       await page.goto(srv2.url);
       await page.getByTestId('worker-ready').waitFor({ timeout: 60_000 });

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end test of the browser studio (issue 7):
-#  1. builds the frontend with trunk (offline; wasm-bindgen from PATH, no
-#     wasm-opt) and puts the demos into the build (a private dist under
+#  1. builds the frontend with scripts/build_web.sh (cargo + wasm-bindgen
+#     from PATH, no wasm-opt) and puts the demos into the build (a private dist under
 #     tests/e2e/work/; frontend/dist is left alone) with scripts/demo_dist.sh:
 #     stories260K (never committed), the teaching preset (issue 19 item 3;
 #     built by the CLI, cached), SmolLM2 as the "real model";

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end test of the Jobs page against `moe-studio serve` (issue 8):
-#  1. builds the frontend (trunk build --offline) and the CLI;
+#  1. builds the frontend (scripts/build_web.sh) and the CLI;
 #  2. makes a small Hungarian corpus (a few hundred lines of
 #     corpora/lang/hu/train.txt);
 #  3. starts `moe-studio serve` on a free loopback port with a fresh data
@@ -44,8 +44,8 @@ trap cleanup EXIT INT TERM
 source "$here/lib.sh"
 
 if [ -z "${E2E_SKIP_BUILD:-}" ]; then
-  step "frontend: trunk build --offline"
-  (cd "$root/frontend" && trunk build --offline)
+  step "frontend: scripts/build_web.sh"
+  bash "$root/scripts/build_web.sh" "$root/frontend/dist"
 fi
 dist="$root/frontend/dist"
 [ -f "$dist/index.html" ] || { echo "no $dist/index.html"; exit 1; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Opt-in end-to-end run of the studio on SmolLM2-135M (too slow for CI):
 #   E2E_SMOLLM2=/path/SmolLM2-135M-Instruct.Q4_1.gguf bash tests/e2e/run_smollm2.sh
-# 1. builds the frontend (trunk, private dist) unless E2E_DIST names a built
+# 1. builds the frontend (scripts/build_web.sh, private dist) unless E2E_DIST names a built
 #    one, and the CLI unless MOE_STUDIO_BIN names one;
 # 2. inputs: the first 200 lines of the en and hu corpora;
 # 3. the CLI on them, timed: upcycle --experts 2, route --max-tokens 1024

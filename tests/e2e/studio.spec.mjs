@@ -163,7 +163,7 @@ export async function run({ context, url, work, shots, out, check, log }) {
   await tid('load-demo').click();
   await page.getByText('loaded stories260K').waitFor({ timeout: 60_000 });
   // The tab's forward pass (the wasm the studio ships, window.wasmBindings
-  // from trunk) beside the native CLI on the same machine (run.sh wrote
+  // from index.html) beside the native CLI on the same machine (run.sh wrote
   // native_forward.json with `moe-studio bench prefill`, same ids).
   const benchFrom = await clock();
   const tabFwd = JSON.parse(await page.evaluate(() => window.wasmBindings.bench_forward(128, 5)));

@@ -98,7 +98,9 @@ pub fn emit<B: AutodiffBackend>(
         eprintln!("warning: {w}");
     }
     let (_, moe) = tensor_plan(trainer.model());
-    let moe = moe.context("--engine torch trains MoE stages (experts, router); --stage dense has no hand-off")?;
+    let moe = moe.context(
+        "--engine torch trains MoE stages (experts, router); --stage dense and --stage ffn have no hand-off",
+    )?;
     let base = &trainer.model().config;
     // The input's own layout when it is one of them, else the first that holds the model.
     let order = prefer.into_iter().map(|l| l.name()).chain(TORCH_LAYOUTS).filter(|n| TORCH_LAYOUTS.contains(n));

@@ -1,4 +1,4 @@
-//! `moe-studio train MODEL --stage experts|router|dense --data NAME=FILE[:weight][:orig]... --steps N --out DIR`:
+//! `moe-studio train MODEL --stage experts|router|dense|ffn --data NAME=FILE[:weight][:orig]... --steps N --out DIR`:
 //! continued pre-training of upcycled experts (DeltaMoE phase 1 / MoE-LPR
 //! stage 1), router tuning (MoE-LPR stage 2, DUME+, BTX) and dense
 //! fine-tuning, on Burn's autodiff backend.
@@ -41,7 +41,7 @@ use moe_shared::train::{
 /// Arguments of `train`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// The model to train: an MoE checkpoint (stages experts, router) or a dense one (stage dense).
+    /// The model to train: an MoE checkpoint (stages experts, router) or a dense one (stages dense, ffn).
     pub model: PathBuf,
     /// MoE models: `experts` (new experts + routers), `router` (routers only) or `all` (everything but the
     /// frozen experts); dense models: `dense` (everything) or `ffn` (the FFNs only).

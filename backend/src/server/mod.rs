@@ -574,7 +574,7 @@ async fn api_not_found(req: Request) -> AppError {
 }
 
 const NO_FRONTEND: &str = "<!doctype html><meta charset=utf-8><title>moe-studio</title>\
-<h1>moe-studio server</h1><p>The frontend is not built. Build it with <code>trunk build --release</code> \
+<h1>moe-studio server</h1><p>The frontend is not built. Build it with <code>bash scripts/build_web.sh</code> \
 in <code>frontend/</code> (or pass <code>--static-dir</code>). The JSON API is at <code>/api</code> \
 (<a href=/api/info>/api/info</a>).</p>";
 

@@ -1,4 +1,5 @@
-//! Small SVG bar charts (per-layer counts, accuracies, loads).
+//! Small SVG charts: grouped bars (per-layer counts, accuracies, loads) and
+//! lines over training steps (losses, routing shares).
 
 use leptos::prelude::*;
 
@@ -133,6 +134,98 @@ pub fn BarChart(
                 {yticks}
                 {bars}
                 {refline}
+                {xticks}
+                <text x=format!("{}", (w + left) / 2.0) y=format!("{}", h - 4.0) class="axis" text-anchor="middle">{x_label}</text>
+            </svg>
+            <div class="legends">{legend}</div>
+        </figure>
+    }
+}
+
+/// One line of a [`LineChart`]: `(x, y)` points in x order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Line {
+    /// Legend label.
+    pub label: String,
+    /// The points.
+    pub points: Vec<(f64, f64)>,
+    /// Dashed (e.g. the original language beside the new one).
+    pub dashed: bool,
+    /// Colour index ([`color`]).
+    pub color: usize,
+}
+
+/// Lines over a shared x axis (training steps). `max` fixes the y range
+/// (e.g. 1.0 for shares); `None` scales to the data (from 0).
+#[component]
+pub fn LineChart(
+    #[prop(into)] title: String,
+    #[prop(into)] x_label: String,
+    lines: Vec<Line>,
+    #[prop(optional)] max: Option<f64>,
+    #[prop(optional, into)] id: Option<String>,
+) -> impl IntoView {
+    let (w, h, left, bottom, top, right) = (640.0, 200.0, 44.0, 34.0, 12.0, 10.0);
+    let pts = || lines.iter().flat_map(|l| l.points.iter().copied());
+    let xmax = pts().map(|p| p.0).fold(1.0, f64::max);
+    let xmin = pts().map(|p| p.0).fold(xmax, f64::min).min(0.0);
+    let data_max = pts().map(|p| p.1).filter(|y| y.is_finite()).fold(0.0, f64::max);
+    let ymax = max.unwrap_or(if data_max > 0.0 { data_max * 1.08 } else { 1.0 });
+    let x = move |v: f64| left + (w - left - right) * (v - xmin) / (xmax - xmin).max(1e-9);
+    let y = move |v: f64| top + (h - top - bottom) * (1.0 - (v / ymax).clamp(0.0, 1.0));
+    let paths: Vec<_> = lines
+        .iter()
+        .map(|l| {
+            let d: String = l
+                .points
+                .iter()
+                .filter(|p| p.1.is_finite())
+                .enumerate()
+                .map(|(i, p)| format!("{}{:.1},{:.1}", if i == 0 { "M" } else { " L" }, x(p.0), y(p.1)))
+                .collect();
+            let last = l.points.last().map(|p| format!("{}: {:.3} at {}", l.label, p.1, p.0)).unwrap_or_default();
+            let dash = if l.dashed { "5 3" } else { "" };
+            view! {
+                <path d=d fill="none" stroke=color(l.color) stroke-width="1.8" stroke-dasharray=dash><title>{last}</title></path>
+            }
+        })
+        .collect();
+    let yticks: Vec<_> = (0..=4)
+        .map(|i| {
+            let v = ymax * i as f64 / 4.0;
+            let label = if ymax <= 1.5 { format!("{v:.2}") } else if ymax < 20.0 { format!("{v:.1}") } else { format!("{v:.0}") };
+            view! {
+                <line x1=format!("{left}") x2=format!("{}", w - right) y1=format!("{:.1}", y(v)) y2=format!("{:.1}", y(v)) class="grid"/>
+                <text x=format!("{}", left - 4.0) y=format!("{:.1}", y(v) + 4.0) class="tick" text-anchor="end">{label}</text>
+            }
+        })
+        .collect();
+    let xticks: Vec<_> = (0..=4)
+        .map(|i| {
+            let v = xmin + (xmax - xmin) * i as f64 / 4.0;
+            view! { <text x=format!("{:.1}", x(v)) y=format!("{}", h - bottom + 14.0) class="tick" text-anchor="middle">{format!("{v:.0}")}</text> }
+        })
+        .collect();
+    let legend: Vec<_> = lines
+        .iter()
+        .map(|l| {
+            let style = if l.dashed {
+                format!(
+                    "background: repeating-linear-gradient(90deg, {c} 0 4px, transparent 4px 6px)",
+                    c = color(l.color)
+                )
+            } else {
+                format!("background:{}", color(l.color))
+            };
+            view! { <span class="legend"><i style=style></i>{l.label.clone()}</span> }
+        })
+        .collect();
+    view! {
+        <figure class="chart" data-testid=id.unwrap_or_default()>
+            <figcaption>{title}</figcaption>
+            <svg viewBox=format!("0 0 {w} {h}") width="100%" role="img">
+                {yticks}
+                {paths}
                 {xticks}
                 <text x=format!("{}", (w + left) / 2.0) y=format!("{}", h - 4.0) class="axis" text-anchor="middle">{x_label}</text>
             </svg>

@@ -31,6 +31,11 @@ pub struct DomainText {
     pub name: String,
     /// Its text.
     pub text: String,
+    /// Held-out text scored for the accuracy and the perplexity table
+    /// (`route --domain NAME=TRAIN:HELDOUT`); `None`: the last 10% of
+    /// `text`, as `route --domain NAME=TEXT`.
+    #[serde(default)]
+    pub heldout: Option<String>,
 }
 
 /// Perplexities of one domain's held-out text.
@@ -206,7 +211,10 @@ pub async fn run(
     let gram_on = if use_gpu && super::gpu::gpu().is_some() { "WebGPU" } else { "CPU" }.to_string();
     let seqs: Vec<DomainSequences> = domains
         .iter()
-        .map(|d| domain_sequences(tok, &d.name, (&d.text, "the text"), None, opts.docs, opts.context))
+        .map(|d| {
+            let held = d.heldout.as_deref().map(|h| (h, "the held-out text"));
+            domain_sequences(tok, &d.name, (&d.text, "the text"), held, opts.docs, opts.context)
+        })
         .collect::<Result<_, _>>()
         .map_err(msg)?;
     let train: Vec<&Vec<Vec<u32>>> = seqs.iter().map(|d| &d.train).collect();

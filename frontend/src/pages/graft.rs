@@ -10,6 +10,11 @@ use crate::store::ModelRef;
 use crate::task::Task;
 use crate::worker::protocol::{DeltaRow, Reply, Request};
 
+/// The largest rise of a domain's perplexity the teaching preset allows
+/// the graft (`scripts/demo_preset.sh` checks it; DeltaMoE's claim that the
+/// delta adds the ability without erasing the domains).
+pub const GRAFT_DOMAIN_BOUND: f64 = 0.15;
+
 /// The Graft page.
 #[component]
 pub fn GraftPage() -> impl IntoView {
@@ -28,6 +33,11 @@ pub fn GraftPage() -> impl IntoView {
     let ability = RwSignal::new(String::new());
     let ppl = RwSignal::new(Message::None);
     let ppl_task = Task::new();
+    // What the graft costs the other domains: each domain's held-out text
+    // scored on the target and the grafted model (the teaching preset's
+    // domains; `(domain, before, after)`).
+    let domains = RwSignal::new(Vec::<(String, String)>::new());
+    let domain_rows = RwSignal::new(Vec::<(String, f64, f64)>::new());
     // The teaching preset: its base, its "instruct" model and its
     // ability's held-out text.
     Effect::new(move |_| {
@@ -36,12 +46,20 @@ pub fn GraftPage() -> impl IntoView {
             instruct.set(Some(p.instruct));
             ability_name.set(p.ability.0);
             ability.set(p.ability.1);
+            domains.set(
+                p.splits
+                    .iter()
+                    .filter(|t| !t.heldout.trim().is_empty())
+                    .map(|t| (t.name.clone(), t.heldout.clone()))
+                    .collect(),
+            );
         }
     });
     Effect::new(move |_| {
         let _ = (target.get(), base.get(), instruct.get(), scale.get(), ability.get());
         msg.set(Message::None);
         ppl.set(Message::None);
+        domain_rows.set(Vec::new());
     });
     // Perplexity of the ability text: the target vs the grafted model.
     let score = move |before: ModelRef, after: ModelRef, name: String| {
@@ -54,7 +72,7 @@ pub fn GraftPage() -> impl IntoView {
             n => format!("the ability text ({n})"),
         };
         leptos::task::spawn_local(async move {
-            match ppl_task.call(Request::Perplexity { models: vec![before, after], text }, None).await {
+            match ppl_task.call(Request::Perplexity { models: vec![before.clone(), after.clone()], text }, None).await {
                 Ok((Reply::Perplexity(v), _)) if v.len() == 2 => {
                     let drop = 100.0 * (1.0 - v[1] / v[0]);
                     ppl.set(Message::Ok(format!(
@@ -67,9 +85,43 @@ pub fn GraftPage() -> impl IntoView {
                     )));
                 }
                 Ok(_) => {}
-                Err(e) => ppl.set(Message::Error(format!("perplexity of {what}: {e}"))),
+                Err(e) => return ppl.set(Message::Error(format!("perplexity of {what}: {e}"))),
+            }
+            // Then each domain's held-out text, on the same two models.
+            for (d, t) in domains.get_untracked() {
+                let req = Request::Perplexity { models: vec![before.clone(), after.clone()], text: t };
+                match ppl_task.call(req, None).await {
+                    Ok((Reply::Perplexity(v), _)) if v.len() == 2 => domain_rows.update(|r| r.push((d, v[0], v[1]))),
+                    Ok(_) => {}
+                    Err(e) => return ppl.set(Message::Error(format!("perplexity of the {d} held-out text: {e}"))),
+                }
             }
         });
+    };
+    // Every domain's perplexity before and after the graft, and its rise
+    // against the bound the teaching preset checks (DeltaMoE: the delta
+    // brings the ability without erasing what the MoE knew).
+    let domain_table = move || {
+        let rows = domain_rows.get();
+        (!rows.is_empty()).then(|| {
+            let worst = rows.iter().map(|(_, b, a)| a / b - 1.0).fold(f64::NEG_INFINITY, f64::max);
+            view! {
+                <h3>"What the graft costs each domain"</h3>
+                <table class="grid" data-testid="graft-domains">
+                    <thead><tr><th>"domain (held-out text)"</th><th>"before the graft"</th><th>"with it"</th><th>"change"</th></tr></thead>
+                    <tbody>{rows.into_iter().map(|(d, b, a)| {
+                        let change = 100.0 * (a / b - 1.0);
+                        let class = if change > 100.0 * GRAFT_DOMAIN_BOUND { "bad" } else { "" };
+                        view! { <tr><td>{d}</td><td>{format!("{b:.3}")}</td><td>{format!("{a:.3}")}</td>
+                            <td class=class>{format!("{change:+.1}%")}</td></tr> }
+                    }).collect_view()}</tbody>
+                </table>
+                <p class="small" data-testid="graft-domains-summary">{format!(
+                    "largest rise {:+.1}% (the teaching preset is built so that every domain stays within +{:.0}%)",
+                    100.0 * worst, 100.0 * GRAFT_DOMAIN_BOUND
+                )}</p>
+            }
+        })
     };
     let run = move |_| {
         let get = |s: RwSignal<Option<ModelRef>>, what: &str| {
@@ -165,6 +217,7 @@ pub fn GraftPage() -> impl IntoView {
         <MessageLine msg=msg id="graft"/>
         <Progress task=ppl_task/>
         <MessageLine msg=ppl id="graft-ppl"/>
+        {domain_table}
         {table}
     }
 }

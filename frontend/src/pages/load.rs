@@ -7,6 +7,7 @@ use leptos::prelude::*;
 use crate::app::LoadedPreset;
 use crate::components::message::{Message, MessageLine};
 use crate::components::progress::Progress;
+use crate::compute::train::LangText;
 use crate::load::{demo_manifest, page_url, preset_manifest, real_manifest, DemoManifest, PresetManifest, PRESET_DIR};
 use crate::models::Models;
 use crate::store::ModelRef;
@@ -23,10 +24,11 @@ fn loaded_line(m: &crate::worker::protocol::ModelInfo, wall: &str) -> String {
 /// whole files are 64-125 KB).
 const TRAIN_CHARS: usize = 27_000;
 
-/// Characters of held-out lines appended after it: about the 10% the
-/// router page holds out (so its accuracy and perplexity are on lines no
-/// expert was trained on).
-const HELDOUT_CHARS: usize = 3_000;
+/// Characters of the preset's held-out documents kept: all of them
+/// (`scripts/demo_preset.sh` writes 12,000), so the router page's accuracy
+/// and perplexity table and the graft's domain check score the documents
+/// the preset's CLI checks scored.
+const HELDOUT_CHARS: usize = 12_000;
 
 /// The whole lines of `text` that fit in `max` bytes (at least one line).
 pub(crate) fn first_lines(text: &str, max: usize) -> String {
@@ -49,7 +51,7 @@ pub(crate) fn first_lines(text: &str, max: usize) -> String {
 ///
 /// # Errors
 /// The first model or text that could not be fetched or parsed, named.
-async fn load_preset_models(task: Task, p: &PresetManifest) -> Result<(LoadedPreset, Vec<String>), String> {
+pub(crate) async fn load_preset_models(task: Task, p: &PresetManifest) -> Result<(LoadedPreset, Vec<String>), String> {
     let mut infos = Vec::new();
     match task.call(Request::LoadDemo, None).await {
         Ok((Reply::Model(m), _)) => infos.push(m),
@@ -78,13 +80,18 @@ async fn load_preset_models(task: Task, p: &PresetManifest) -> Result<(LoadedPre
             .map_err(|e| format!("the preset's text {t}: {e}"))
     };
     let mut texts = Vec::new();
+    let mut splits = Vec::new();
     for m in &p.experts {
         let Some(t) = &m.text else { return Err(format!("the preset names no text for {}", m.name)) };
-        let mut text = first_lines(&fetch(t.clone()).await?, TRAIN_CHARS);
-        if let Some(h) = &m.heldout {
-            text = format!("{text}\n{}", first_lines(&fetch(h.clone()).await?, HELDOUT_CHARS));
-        }
-        texts.push((m.name.rsplit('-').next().unwrap_or(&m.name).to_string(), text));
+        let name = m.name.rsplit('-').next().unwrap_or(&m.name).to_string();
+        let train = first_lines(&fetch(t.clone()).await?, TRAIN_CHARS);
+        let heldout = match &m.heldout {
+            Some(h) => first_lines(&fetch(h.clone()).await?, HELDOUT_CHARS),
+            None => String::new(),
+        };
+        let text = if heldout.is_empty() { train.clone() } else { format!("{train}\n{heldout}") };
+        texts.push((name.clone(), text));
+        splits.push(LangText { name, train, heldout });
     }
     let ability_file =
         p.instruct.text.clone().ok_or_else(|| format!("the preset names no text for {}", p.instruct.name))?;
@@ -95,11 +102,14 @@ async fn load_preset_models(task: Task, p: &PresetManifest) -> Result<(LoadedPre
     let n = p.experts.len();
     Ok((
         LoadedPreset {
+            base_name: p.base.as_ref().map_or("stories260K".to_string(), |b| b.name.clone()),
             base: refs[0].clone(),
             experts: refs[1..=n].to_vec(),
             instruct: refs[n + 1].clone(),
             texts,
+            splits,
             ability,
+            settings: p.settings.clone(),
         },
         names,
     ))

@@ -1,13 +1,17 @@
-//! One module per page, in the order of the work: load -> upcycle /
-//! neurons / MoErge + router -> graft -> inspect -> download (+ jobs).
+//! One module per page: the three lessons (one per paper, walking its steps
+//! on the teaching preset), then the tools in the order of the work: load ->
+//! upcycle -> train / neurons / MoErge + router -> graft -> inspect ->
+//! download (+ jobs).
 
 pub mod download;
 pub mod graft;
 pub mod inspect;
 pub mod jobs;
+pub mod lessons;
 pub mod load;
 pub mod moerge;
 pub mod neurons;
+pub mod train;
 pub mod upcycle;
 
 use leptos::prelude::*;
@@ -15,10 +19,18 @@ use leptos::prelude::*;
 /// The studio's pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Page {
+    /// The DeltaMoE lesson.
+    LearnDeltaMoe,
+    /// The DUME lesson.
+    LearnDume,
+    /// The NeuronMoE lesson.
+    LearnNeuronMoe,
     /// Load models.
     Load,
     /// Dense -> MoE.
     Upcycle,
+    /// DeltaMoE's training stages.
+    Train,
     /// NeuronMoE analysis and allocation.
     Neurons,
     /// MoErge + ridge router.
@@ -35,9 +47,13 @@ pub enum Page {
 
 impl Page {
     /// Tab order.
-    pub const ALL: [Page; 8] = [
+    pub const ALL: [Page; 12] = [
+        Page::LearnDeltaMoe,
+        Page::LearnDume,
+        Page::LearnNeuronMoe,
         Page::Load,
         Page::Upcycle,
+        Page::Train,
         Page::Neurons,
         Page::Moerge,
         Page::Graft,
@@ -49,8 +65,12 @@ impl Page {
     /// URL hash / test id.
     pub fn slug(self) -> &'static str {
         match self {
+            Page::LearnDeltaMoe => "learn-deltamoe",
+            Page::LearnDume => "learn-dume",
+            Page::LearnNeuronMoe => "learn-neuronmoe",
             Page::Load => "load",
             Page::Upcycle => "upcycle",
+            Page::Train => "train",
             Page::Neurons => "neurons",
             Page::Moerge => "moerge",
             Page::Graft => "graft",
@@ -65,11 +85,21 @@ impl Page {
         Page::ALL.into_iter().find(|p| p.slug() == s)
     }
 
+    /// Whether it is a lesson (the header shows lessons apart from the
+    /// tools).
+    pub fn is_lesson(self) -> bool {
+        matches!(self, Page::LearnDeltaMoe | Page::LearnDume | Page::LearnNeuronMoe)
+    }
+
     /// Tab title.
     pub fn title(self) -> &'static str {
         match self {
+            Page::LearnDeltaMoe => "Lesson · DeltaMoE",
+            Page::LearnDume => "Lesson · DUME",
+            Page::LearnNeuronMoe => "Lesson · NeuronMoE",
             Page::Load => "1 · Load",
             Page::Upcycle => "2 · Upcycle",
+            Page::Train => "Train",
             Page::Neurons => "Neurons",
             Page::Moerge => "MoErge + router",
             Page::Graft => "Graft",
@@ -83,8 +113,12 @@ impl Page {
 /// The view of `page`.
 pub fn render(page: Page) -> AnyView {
     match page {
+        Page::LearnDeltaMoe => lessons::deltamoe::DeltaMoeLesson().into_any(),
+        Page::LearnDume => lessons::dume::DumeLesson().into_any(),
+        Page::LearnNeuronMoe => lessons::neuronmoe::NeuronMoeLesson().into_any(),
         Page::Load => load::LoadPage().into_any(),
         Page::Upcycle => upcycle::UpcyclePage().into_any(),
+        Page::Train => train::TrainPage().into_any(),
         Page::Neurons => neurons::NeuronsPage().into_any(),
         Page::Moerge => moerge::MoergePage().into_any(),
         Page::Graft => graft::GraftPage().into_any(),

@@ -19,21 +19,53 @@ use crate::worker::protocol::{Reply, Request};
 struct Domain {
     name: RwSignal<String>,
     text: RwSignal<String>,
+    /// The teaching preset's held-out documents of the domain (scored
+    /// instead of the text's last 10%, as the preset's CLI run scores them).
+    heldout: RwSignal<Option<String>>,
 }
 
 impl Domain {
     fn new(name: &str, text: &str) -> Self {
-        Domain { name: RwSignal::new(name.into()), text: RwSignal::new(text.into()) }
+        Domain { name: RwSignal::new(name.into()), text: RwSignal::new(text.into()), heldout: RwSignal::new(None) }
     }
 }
 
 /// Results shown under the router form.
-#[derive(Clone)]
-struct RouteView {
-    names: Vec<String>,
-    accuracy: Vec<Vec<Option<f64>>>,
-    tokens: Vec<usize>,
-    ppl: Vec<PplRow>,
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteView {
+    /// Domain names, expert order.
+    pub names: Vec<String>,
+    /// `[domain][layer]` held-out routing accuracy.
+    pub accuracy: Vec<Vec<Option<f64>>>,
+    /// Statistics tokens per domain.
+    pub tokens: Vec<usize>,
+    /// The perplexity table.
+    pub ppl: Vec<PplRow>,
+}
+
+/// The router's results: held-out routing accuracy per layer and the
+/// perplexity table (DUME, averaging, oracle, and DUME's retention).
+#[component]
+pub fn RouteResult(r: RouteView) -> impl IntoView {
+    let layers = r.accuracy.first().map(Vec::len).unwrap_or(0);
+    let series: Vec<Series> =
+        r.names.iter().zip(&r.accuracy).map(|(n, a)| Series { label: n.clone(), values: a.clone() }).collect();
+    let chance = 1.0 / r.names.len().max(1) as f64;
+    view! {
+        <BarChart title="Held-out routing accuracy per layer (fraction of a domain's tokens sent to its own expert)"
+            x_label="layer" groups=(0..layers).map(|l| l.to_string()).collect() series=series max=1.0
+            reference=(chance, format!("chance {chance:.2}"))/>
+        {(!r.ppl.is_empty()).then(|| view! { <h4>"Perplexity on each domain's held-out text (lower is better)"</h4> })}
+        <table class="grid" data-testid="ppl-table">
+            <thead><tr><th>"domain"</th><th>"tokens (stats / held-out)"</th><th>"DUME (ridge router)"</th><th>"averaging"</th><th>"oracle expert"</th><th>"DUME retention (oracle / DUME)"</th></tr></thead>
+            <tbody>{r.ppl.iter().zip(&r.tokens).map(|(p, t)| view! {
+                <tr><td>{p.domain.clone()}</td><td>{format!("{t} / {}", p.tokens)}</td><td>{format!("{:.3}", p.dume)}</td><td>{format!("{:.3}", p.averaging)}</td><td>{format!("{:.3}", p.oracle)}</td>
+                    <td>{format!("{:.1}%", 100.0 * p.oracle / p.dume)}</td></tr>
+            }).collect_view()}</tbody>
+        </table>
+        <p class="small">"DUME routes each token by the solved router; averaging merges all experts into one dense FFN; the oracle sends every token to its domain's own expert. \
+            For an upcycled MoE the experts are still identical copies, so the three agree until the experts are trained (or come from different models)."</p>
+    }
 }
 
 #[component]
@@ -117,9 +149,6 @@ fn MoergeForm() -> impl IntoView {
     }
 }
 
-/// Statistics tokens per domain with the teaching preset (its CLI run's).
-const PRESET_MAX_TOKENS: usize = 2000;
-
 /// Characters above which a domain's text is shown collapsed.
 const PREVIEW_AT: usize = 4000;
 
@@ -149,7 +178,10 @@ fn DomainRow(d: Domain, i: usize) -> impl IntoView {
             <label>{format!("expert {i}: ")}<input type="text" class="short" data-testid=format!("domain-name-{i}") prop:value=move || d.name.get()
                 on:input=move |ev| d.name.set(event_target_value(&ev))/></label>
             <input type="file" accept=".txt,text/plain" data-testid=format!("domain-file-{i}") on:change=on_file/>
-            <span class="small">{move || format!("{} characters", d.text.with(String::len))}</span>
+            <span class="small">{move || match d.heldout.with(|h| h.as_ref().map(String::len)) {
+                Some(h) => format!("{} characters; {h} held-out characters scored (the preset's held-out documents)", d.text.with(String::len)),
+                None => format!("{} characters (the last 10% held out)", d.text.with(String::len)),
+            }}</span>
             {move || collapsed().then(|| view! {
                 <p class="small preview" data-testid=format!("domain-preview-{i}")>{d.text.with(|t| {
                     let head: String = t.chars().take(240).collect();
@@ -180,8 +212,18 @@ fn RouterForm() -> impl IntoView {
     // step within seconds.
     Effect::new(move |_| {
         if let Some(p) = shared.preset.get() {
-            domains.set(p.texts.iter().map(|(n, t)| Domain::new(n, t)).collect());
-            max_tokens.set(PRESET_MAX_TOKENS.to_string());
+            domains.set(
+                p.splits
+                    .iter()
+                    .map(|t| {
+                        let d = Domain::new(&t.name, &t.train);
+                        d.heldout.set((!t.heldout.trim().is_empty()).then(|| t.heldout.clone()));
+                        d
+                    })
+                    .collect(),
+            );
+            max_tokens.set(p.settings.route_tokens.to_string());
+            top_k.set(p.settings.dume_top_k.to_string());
         }
     });
     let with_ppl = RwSignal::new(true);
@@ -224,7 +266,11 @@ fn RouterForm() -> impl IntoView {
         let texts: Vec<DomainText> = domains
             .get_untracked()
             .iter()
-            .map(|d| DomainText { name: d.name.get_untracked(), text: d.text.get_untracked() })
+            .map(|d| DomainText {
+                name: d.name.get_untracked(),
+                text: d.text.get_untracked(),
+                heldout: d.heldout.get_untracked(),
+            })
             .collect();
         msg.set(Message::None);
         result.set(None);
@@ -264,28 +310,7 @@ fn RouterForm() -> impl IntoView {
             }
         });
     };
-    let view_result = move || {
-        result.get().map(|r| {
-            let layers = r.accuracy.first().map(Vec::len).unwrap_or(0);
-            let series: Vec<Series> =
-                r.names.iter().zip(&r.accuracy).map(|(n, a)| Series { label: n.clone(), values: a.clone() }).collect();
-            let chance = 1.0 / r.names.len().max(1) as f64;
-            view! {
-                <BarChart title="Held-out routing accuracy per layer (fraction of a domain's tokens sent to its own expert)"
-                    x_label="layer" groups=(0..layers).map(|l| l.to_string()).collect() series=series max=1.0
-                    reference=(chance, format!("chance {chance:.2}"))/>
-                {(!r.ppl.is_empty()).then(|| view! { <h4>"Perplexity on each domain's held-out text (lower is better)"</h4> })}
-                <table class="grid" data-testid="ppl-table">
-                    <thead><tr><th>"domain"</th><th>"tokens (stats / held-out)"</th><th>"DUME (ridge router)"</th><th>"averaging"</th><th>"oracle expert"</th></tr></thead>
-                    <tbody>{r.ppl.iter().zip(&r.tokens).map(|(p, t)| view! {
-                        <tr><td>{p.domain.clone()}</td><td>{format!("{t} / {}", p.tokens)}</td><td>{format!("{:.3}", p.dume)}</td><td>{format!("{:.3}", p.averaging)}</td><td>{format!("{:.3}", p.oracle)}</td></tr>
-                    }).collect_view()}</tbody>
-                </table>
-                <p class="small">"DUME routes each token by the solved router; averaging merges all experts into one dense FFN; the oracle sends every token to its domain's own expert. \
-                    For an upcycled MoE the experts are still identical copies, so the three agree until the experts are trained (or come from different models)."</p>
-            }
-        })
-    };
+    let view_result = move || result.get().map(|r| view! { <RouteResult r=r/> });
     view! {
         <h3>"B · Ridge router"</h3>
         <p class="small">"One text per expert, in expert order. Each domain's tokens are pushed through its own expert, the router inputs are collected, and every layer's router is solved in closed form (ridge regression). The last 10% of each text is held out for the accuracy and perplexity."</p>

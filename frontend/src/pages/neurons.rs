@@ -23,6 +23,51 @@ use moe_shared::methods::neurons::WarningKind;
 const EN: &str = "The cat sat on the mat.\nTom likes to play with his red ball.\nThe sun is big and warm today.\nMom made a cake for the party.\nThe bird sang a happy song.\nLily found a shiny stone in the garden.\nThe dog ran to the park with Ben.\nWe ate apples under the old tree.\nThe little boat floated on the lake.\nGrandpa read a story before bed.";
 const HU: &str = "A macska a szőnyegen ült.\nTomi szeret a piros labdájával játszani.\nA nap ma nagy és meleg.\nAnya tortát sütött a bulira.\nA madár vidám dalt énekelt.\nLili egy fényes követ talált a kertben.\nA kutya Benivel a parkba futott.\nAlmát ettünk az öreg fa alatt.\nA kis csónak a tavon úszott.\nNagypapa esti mesét olvasott.";
 
+/// An analysis' warnings, its top-N cut-offs, the specific neurons per
+/// layer and the allocation (charts and the allocation line).
+#[component]
+pub fn NeuronResult(o: NeuronOutcome) -> impl IntoView {
+    let layers: Vec<String> = (0..o.union.len()).map(|l| l.to_string()).collect();
+    let mut series: Vec<Series> = o
+        .codes
+        .iter()
+        .zip(&o.per_lang)
+        .map(|(c, v)| Series { label: format!("{c}-specific"), values: v.iter().map(|&x| Some(x)).collect() })
+        .collect();
+    series.push(Series {
+        label: "union of new languages (S_l)".into(),
+        values: o.union.iter().map(|&x| Some(x)).collect(),
+    });
+    let marked = Marked {
+        series: series.len() - 1,
+        parts: o.union_tied.clone(),
+        label: "tie-weighted: neurons tied at the top-N cut-off, each counting places / tied".into(),
+    };
+    let alloc =
+        Series { label: "new experts E_l".into(), values: o.allocation.iter().map(|&x| Some(x as f64)).collect() };
+    let warnings = o.warnings.iter().map(|w| view! {
+        <p class="notice" data-testid=format!("neurons-warning-{}", match w.kind { WarningKind::Tie => "tie", WarningKind::FewTexts => "few-texts" })>
+            {if w.affects_allocation { "⚠ " } else { "" }}{w.message.clone()}</p>
+    }).collect_view();
+    let cut_rows = o.cuts.iter().map(|c| view! {
+        <tr><td>{c.code.clone()}</td><td class="num">{c.texts}</td><td class="num">{format!("{:.4}", c.cut_ap)}</td>
+            <td class="num">{if c.tied > 0 { format!("{} for {} places", c.tied, c.places) } else { "none".into() }}</td></tr>
+    }).collect_view();
+    view! {
+        {warnings}
+        <table class="grid cuts" data-testid="neurons-cuts">
+            <tr><th>"language"</th><th class="num">"texts"</th><th class="num">{format!("AP at the top-{} cut-off", o.top_n)}</th>
+                <th class="num">"neurons tied at the cut-off"</th></tr>
+            {cut_rows}
+        </table>
+        <BarChart title=format!("Language-specific neurons per layer (top-{} by Average Precision, of {} neurons)", o.top_n, o.neurons)
+            x_label="layer" groups=layers.clone() series=series marked=marked/>
+        <BarChart title="NeuronMoE allocation: new experts per layer (more specific neurons → more experts)"
+            x_label="layer" groups=layers series=vec![alloc]/>
+        <p data-testid="allocation">{format!("allocation (total per layer = 1 + new): {:?}", o.allocation)}</p>
+    }
+}
+
 /// The Neurons page.
 #[component]
 pub fn NeuronsPage() -> impl IntoView {
@@ -101,48 +146,13 @@ pub fn NeuronsPage() -> impl IntoView {
     };
     let charts = move || {
         out.get().map(|o| {
-            let layers: Vec<String> = (0..o.union.len()).map(|l| l.to_string()).collect();
-            let mut series: Vec<Series> = o
-                .codes
-                .iter()
-                .zip(&o.per_lang)
-                .map(|(c, v)| Series { label: format!("{c}-specific"), values: v.iter().map(|&x| Some(x)).collect() })
-                .collect();
-            series.push(Series { label: "union of new languages (S_l)".into(), values: o.union.iter().map(|&x| Some(x)).collect() });
-            let marked = Marked {
-                series: series.len() - 1,
-                parts: o.union_tied.clone(),
-                label: "tie-weighted: neurons tied at the top-N cut-off, each counting places / tied".into(),
-            };
-            let alloc = Series { label: "new experts E_l".into(), values: o.allocation.iter().map(|&x| Some(x as f64)).collect() };
-            let warnings = o.warnings.iter().map(|w| view! {
-                <p class="notice" data-testid=format!("neurons-warning-{}", match w.kind { WarningKind::Tie => "tie", WarningKind::FewTexts => "few-texts" })>
-                    {if w.affects_allocation { "⚠ " } else { "" }}{w.message.clone()}</p>
-            }).collect_view();
-            let cut_rows = o.cuts.iter().map(|c| view! {
-                <tr><td>{c.code.clone()}</td><td class="num">{c.texts}</td><td class="num">{format!("{:.4}", c.cut_ap)}</td>
-                    <td class="num">{if c.tied > 0 { format!("{} for {} places", c.tied, c.places) } else { "none".into() }}</td></tr>
-            }).collect_view();
-            let cuts = view! {
-                <table class="grid cuts" data-testid="neurons-cuts">
-                    <tr><th>"language"</th><th class="num">"texts"</th><th class="num">{format!("AP at the top-{} cut-off", o.top_n)}</th>
-                        <th class="num">"neurons tied at the cut-off"</th></tr>
-                    {cut_rows}
-                </table>
-            };
             let json = serde_json::json!({ "new_experts_per_layer": o.allocation }).to_string();
             let use_it = move |_| {
                 shared.allocation.set(Some(json.clone()));
                 shared.go(Page::Upcycle);
             };
             view! {
-                {warnings}
-                {cuts}
-                <BarChart title=format!("Language-specific neurons per layer (top-{} by Average Precision, of {} neurons)", o.top_n, o.neurons)
-                    x_label="layer" groups=layers.clone() series=series marked=marked/>
-                <BarChart title="NeuronMoE allocation: new experts per layer (more specific neurons → more experts)"
-                    x_label="layer" groups=layers series=vec![alloc]/>
-                <p data-testid="allocation">{format!("allocation (total per layer = 1 + new): {:?}", o.allocation)}</p>
+                <NeuronResult o=o/>
                 <button data-testid="use-allocation" on:click=use_it>"Use this allocation in Upcycle →"</button>
             }
         })

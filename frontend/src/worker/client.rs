@@ -14,6 +14,7 @@ use wasm_bindgen_futures::JsFuture;
 
 use super::protocol::{Event, ModelInfo, Reply, Request};
 use crate::compute::progress::Step;
+use crate::compute::train::TrainPoint;
 
 /// The answer of a call: the reply and the `Blob` beside it (downloads).
 pub type Answer = Result<(Reply, Option<web_sys::Blob>), String>;
@@ -29,6 +30,7 @@ struct Pending {
     resolve: js_sys::Function,
     on_progress: Rc<dyn Fn(Step)>,
     on_started: Rc<dyn Fn()>,
+    on_point: Option<Rc<dyn Fn(TrainPoint)>>,
 }
 
 #[derive(Default)]
@@ -56,7 +58,7 @@ thread_local! {
 }
 
 /// The script the worker starts from: the page's own wasm-bindgen glue
-/// (trunk's `modulepreload` link, an absolute URL) initialised with the
+/// (index.html's `modulepreload` link, made absolute) initialised with the
 /// page's compiled `WebAssembly.Module`, which the page posts as the
 /// worker's first message ([`spawn`]) — the worker runs the same module
 /// without compiling it a second time. Without that module (a page that
@@ -70,9 +72,9 @@ fn bootstrap_source() -> Result<String, String> {
         web_sys::Url::new_with_base(&h, &doc.base_uri().ok()??).ok().map(|u| u.href())
     };
     let js = href("link[rel=modulepreload][href$='.js']")
-        .ok_or("the page has no module link to its script (build it with trunk)")?;
+        .ok_or("the page has no module link to its script (build it with scripts/build_web.sh)")?;
     let wasm = href("link[rel=preload][href$='.wasm']")
-        .ok_or("the page has no preload link to its wasm (build it with trunk)")?;
+        .ok_or("the page has no preload link to its wasm (build it with scripts/build_web.sh)")?;
     let base = doc.base_uri().ok().flatten().unwrap_or_default();
     // No top-level `await`: the module's evaluation ends at once, so the
     // worker's message port is open before the page's first message (with
@@ -217,6 +219,12 @@ fn on_message(generation: u64, data: JsValue) {
                 cb(step);
             }
         }
+        Event::TrainPoint { id, point } => {
+            let cb = STATE.with(|s| s.borrow().pending.get(&id).and_then(|p| p.on_point.clone()));
+            if let Some(cb) = cb {
+                cb(point);
+            }
+        }
         Event::Done { id, result } => finish(id, result.map(|r| (r, blob))),
         Event::Models(m) => {
             let cb = STATE.with(|s| s.borrow().on_models.clone());
@@ -290,6 +298,18 @@ pub async fn call_with(
     on_started: impl Fn() + 'static,
     on_progress: impl Fn(Step) + 'static,
 ) -> Answer {
+    call_observed(request, files, on_started, on_progress, None).await
+}
+
+/// [`call_with`], and `on_point` for each training step the worker
+/// reports ([`Event::TrainPoint`]).
+pub async fn call_observed(
+    request: Request,
+    files: Option<Array>,
+    on_started: impl Fn() + 'static,
+    on_progress: impl Fn(Step) + 'static,
+    on_point: Option<Rc<dyn Fn(TrainPoint)>>,
+) -> Answer {
     let json = serde_json::to_string(&request).map_err(|e| e.to_string())?;
     let mut resolve: Option<js_sys::Function> = None;
     let promise = js_sys::Promise::new(&mut |res, _| resolve = Some(res));
@@ -304,6 +324,7 @@ pub async fn call_with(
                 resolve: resolve.take().expect("the Promise executor runs at once"),
                 on_progress: Rc::new(on_progress),
                 on_started: Rc::new(on_started),
+                on_point,
             },
         );
         id

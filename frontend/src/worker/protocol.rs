@@ -10,6 +10,7 @@ use crate::compute::inspect::Inspection;
 use crate::compute::neurons::{LanguageTexts, NeuronOutcome};
 use crate::compute::progress::Step;
 use crate::compute::route::{DomainText, PplRow};
+use crate::compute::train::{TrainField, TrainJob, TrainPoint, TrainSummary};
 use crate::store::ModelRef;
 
 /// One tensor of a model as the page sees it (for the Upcycle page's plan,
@@ -198,6 +199,14 @@ pub enum Request {
         /// On the WGSL kernel when a device is open.
         use_gpu: bool,
     },
+    /// A DeltaMoE training stage (experts or router) on an MoE; every
+    /// step is reported as [`Event::TrainPoint`].
+    Train {
+        /// The MoE.
+        model: ModelRef,
+        /// The stage, its texts and options.
+        job: TrainJob,
+    },
     /// Routing of a text at one layer.
     Inspect {
         /// The MoE.
@@ -259,6 +268,7 @@ impl Request {
             Request::Moerge { .. } => "MoErging",
             Request::Route { .. } => "ridge router",
             Request::Graft { .. } => "grafting",
+            Request::Train { .. } => "training",
             Request::Inspect { .. } => "routing the text",
             Request::Generate { .. } => "generating",
             Request::Perplexity { .. } => "scoring the text",
@@ -371,6 +381,11 @@ pub enum Reply {
     /// Graft: the model, the counts `(grafted, tensors, expert tensors,
     /// routers)`, and the delta table.
     Graft(ModelInfo, (usize, usize, usize, usize), Vec<DeltaRow>),
+    /// A trained checkpoint and its run.
+    Train(ModelInfo, TrainSummary),
+    /// A training stage refused before it changed anything: the field at
+    /// fault and why (the page shows it next to the field).
+    TrainRefused(TrainField, String),
     /// Inspect.
     Inspect(Inspection),
     /// Generation.
@@ -407,6 +422,14 @@ pub enum Event {
         id: u64,
         /// The step.
         step: Step,
+    },
+    /// One step of training request `id` (losses, and on evaluation
+    /// steps the held-out perplexity and routing shares).
+    TrainPoint {
+        /// The request.
+        id: u64,
+        /// The step.
+        point: TrainPoint,
     },
     /// Request `id` finished.
     Done {

@@ -30,6 +30,7 @@ pub use load::{load_model, load_transformer};
 pub use moe::{MoeLayer, Routing, RoutingTrace};
 pub use padding::Padding;
 pub use rope::{Rope, RopeTables};
+pub use save::model_to_bytes;
 #[cfg(not(target_arch = "wasm32"))]
 pub use save::save_model;
 pub use transformer::{DecoderBlock, ForwardOptions, LayerNeurons, Mlp, Pooling, Trace, Transformer};

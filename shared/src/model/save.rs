@@ -10,7 +10,6 @@ use super::transformer::Mlp;
 use super::Transformer;
 use crate::checkpoint::export::dense_tensor_plan;
 use crate::config::MoeConfig;
-#[cfg(not(target_arch = "wasm32"))]
 use crate::error::{Result, StudioError};
 use crate::layout::names::{self, Proj, TensorRole};
 use crate::methods::moe_plan::moe_tensor_plan;
@@ -118,6 +117,99 @@ pub fn tensor_values<B: Backend>(model: &Transformer<B>, name: &str) -> Option<V
     }
 }
 
+/// How `model` is written: the planned tensors on disk (canonical order,
+/// then the layout's zero tensors), the canonical names in write order,
+/// `config.json`, each layer's router scale and the chosen MoE layout.
+struct WritePlan {
+    dtype: crate::checkpoint::DType,
+    planned: Vec<crate::checkpoint::PlannedTensor>,
+    plan: Vec<(String, Vec<usize>)>,
+    config_json: serde_json::Value,
+    router_scale: Vec<f64>,
+    choice: Option<crate::layout::LayoutChoice>,
+}
+
+fn write_plan<B: Backend>(
+    model: &Transformer<B>,
+    dtype: crate::checkpoint::DType,
+    provenance: serde_json::Value,
+    layout: crate::layout::LayoutRequest,
+) -> Result<WritePlan> {
+    use crate::checkpoint::PlannedTensor;
+    if dtype.float_size().is_none() {
+        return Err(StudioError::Invalid(format!("cannot save weights as {dtype}")));
+    }
+    let (plan, moe) = tensor_plan(model);
+    let planned: Vec<PlannedTensor> =
+        plan.iter().map(|(n, s)| PlannedTensor { name: n.clone(), dtype, shape: s.clone() }).collect();
+    Ok(match moe.as_ref() {
+        Some(moe) => {
+            let choice = crate::layout::choose(&model.config, moe, layout)?;
+            let config_json = crate::methods::output::config_json(&model.config, &choice, dtype, provenance);
+            let planned = choice.disk_plan(&model.config, &planned);
+            WritePlan {
+                dtype,
+                planned,
+                plan,
+                config_json,
+                router_scale: choice.router_scale.clone(),
+                choice: Some(choice),
+            }
+        }
+        None => {
+            let mut v = model.config.to_config_json(Some(dtype));
+            if let Some(o) = v.as_object_mut() {
+                o.insert("moe_studio".into(), serde_json::json!({"version": 1, "provenance": provenance}));
+            }
+            WritePlan { dtype, planned, plan, config_json: v, router_scale: vec![], choice: None }
+        }
+    })
+}
+
+/// Streams `model`'s tensors into `inner` in the plan's order, renamed by
+/// the layout, router scales folded in, then the layout's zero tensors.
+fn write_tensors<B: Backend>(
+    model: &Transformer<B>,
+    wp: &WritePlan,
+    inner: &mut dyn crate::methods::sink::TensorSink,
+) -> Result<()> {
+    use crate::methods::sink::TensorSink;
+    let layout: &dyn crate::layout::MoeLayout = wp.choice.as_ref().map_or(&crate::layout::studio::Studio, |c| c.layout);
+    let mut sink = crate::layout::LayoutSink::new(inner, layout, &wp.planned[wp.plan.len()..]);
+    for (name, _) in &wp.plan {
+        let mut v = tensor_values(model, name)
+            .ok_or_else(|| StudioError::Invalid(format!("the model has no tensor `{name}`")))?;
+        if let TensorRole::Router { layer } = names::parse(name) {
+            let s = wp.router_scale.get(layer).copied().unwrap_or(1.0) as f32;
+            if s != 1.0 {
+                v.iter_mut().for_each(|x| *x *= s);
+            }
+        }
+        let bytes = crate::methods::sink::to_bytes(wp.dtype, &v)?;
+        sink.write_tensor(name, &bytes)?;
+    }
+    sink.finish()
+}
+
+/// `model` as the bytes [`save_model`] would write: `model.safetensors`
+/// and `config.json` (pretty JSON). The browser's trained checkpoints
+/// (`frontend/src/compute/train.rs`) are made this way, so a download has
+/// the CLI's files.
+///
+/// # Errors
+/// As [`save_model`], without the file-system ones.
+pub fn model_to_bytes<B: Backend>(
+    model: &Transformer<B>,
+    dtype: crate::checkpoint::DType,
+    provenance: serde_json::Value,
+    layout: crate::layout::LayoutRequest,
+) -> Result<(Vec<u8>, Vec<u8>)> {
+    let wp = write_plan(model, dtype, provenance, layout)?;
+    let mut mem = crate::methods::sink::MemorySink::new(wp.planned.clone());
+    write_tensors(model, &wp, &mut mem)?;
+    Ok((mem.into_safetensors()?, serde_json::to_vec_pretty(&wp.config_json).expect("json")))
+}
+
 /// Writes `model` into `out_dir` (atomic; refuses a non-empty directory):
 /// weights in `dtype`, `config.json` (dense HF, or the MoE layout `layout`
 /// picks, router temperatures folded into the weights where the layout
@@ -136,46 +228,11 @@ pub fn save_model<B: Backend>(
     provenance: serde_json::Value,
     layout: crate::layout::LayoutRequest,
 ) -> Result<()> {
-    use crate::checkpoint::{PlannedTensor, SafetensorsWriter, WriteOptions};
-    use crate::methods::sink::TensorSink;
-    if dtype.float_size().is_none() {
-        return Err(StudioError::Invalid(format!("cannot save weights as {dtype}")));
-    }
-    let (plan, moe) = tensor_plan(model);
-    let planned: Vec<PlannedTensor> =
-        plan.iter().map(|(n, s)| PlannedTensor { name: n.clone(), dtype, shape: s.clone() }).collect();
-    let (config_json, router_scale, planned, choice) = match moe.as_ref() {
-        Some(moe) => {
-            let choice = crate::layout::choose(&model.config, moe, layout)?;
-            let cfg = crate::methods::output::config_json(&model.config, &choice, dtype, provenance);
-            let disk = choice.disk_plan(&model.config, &planned);
-            (cfg, choice.router_scale.clone(), disk, Some(choice))
-        }
-        None => {
-            let mut v = model.config.to_config_json(Some(dtype));
-            if let Some(o) = v.as_object_mut() {
-                o.insert("moe_studio".into(), serde_json::json!({"version": 1, "provenance": provenance}));
-            }
-            (v, vec![], planned, None)
-        }
-    };
-    let mut w = SafetensorsWriter::create(out_dir, planned.clone(), WriteOptions::default())?;
-    let layout: &dyn crate::layout::MoeLayout = choice.as_ref().map_or(&crate::layout::studio::Studio, |c| c.layout);
-    let mut sink = crate::layout::LayoutSink::new(&mut w, layout, &planned[plan.len()..]);
-    for (name, _) in &plan {
-        let mut v = tensor_values(model, name)
-            .ok_or_else(|| StudioError::Invalid(format!("the model has no tensor `{name}`")))?;
-        if let TensorRole::Router { layer } = names::parse(name) {
-            let s = router_scale.get(layer).copied().unwrap_or(1.0) as f32;
-            if s != 1.0 {
-                v.iter_mut().for_each(|x| *x *= s);
-            }
-        }
-        let bytes = crate::methods::sink::to_bytes(dtype, &v)?;
-        sink.write_tensor(name, &bytes)?;
-    }
-    sink.finish()?;
-    extra_files.push(("config.json", serde_json::to_vec_pretty(&config_json).expect("json")));
+    use crate::checkpoint::{SafetensorsWriter, WriteOptions};
+    let wp = write_plan(model, dtype, provenance, layout)?;
+    let mut w = SafetensorsWriter::create(out_dir, wp.planned.clone(), WriteOptions::default())?;
+    write_tensors(model, &wp, &mut w)?;
+    extra_files.push(("config.json", serde_json::to_vec_pretty(&wp.config_json).expect("json")));
     w.finish(&extra_files)?;
     Ok(())
 }

@@ -120,6 +120,25 @@ impl DataSpec {
     }
 }
 
+/// Tokenizes and packs one source's text held in memory (`spec.path`
+/// names it in errors): [`crate::corpus::text_stream`] (documents cut by
+/// `split`) then [`PackedSource::new`] — what [`load_source`] does after
+/// reading the file, and what the browser's training stages call on the
+/// page's texts.
+///
+/// # Errors
+/// As [`crate::corpus::split_documents`] and [`PackedSource::new`].
+pub fn source_from_text(
+    spec: &DataSpec,
+    text: &str,
+    split: crate::corpus::DocSplit,
+    tok: &Tokenizer,
+    seq_len: usize,
+) -> Result<PackedSource> {
+    let ids = crate::corpus::text_stream(text, &spec.path, split, tok)?;
+    PackedSource::new(spec.clone(), ids, seq_len)
+}
+
 /// One source's token stream, cut into sequences of `seq_len + 1` tokens.
 #[derive(Debug, Clone)]
 pub struct PackedSource {

@@ -49,6 +49,9 @@ impl Stage {
     /// Every stage, in the order `--stage` lists them.
     pub const ALL: [Stage; 5] = [Stage::Experts, Stage::Router, Stage::All, Stage::Dense, Stage::Ffn];
 
+    /// Every stage's name, in the order of [`Stage::ALL`].
+    pub const NAMES: [&'static str; 5] = ["experts", "router", "all", "dense", "ffn"];
+
     /// Parses `experts`, `router`, `all`, `dense` or `ffn`.
     pub fn parse(s: &str) -> Option<Stage> {
         match s {
@@ -67,6 +70,11 @@ impl Stage {
         matches!(self, Stage::Experts | Stage::Router | Stage::All)
     }
 
+    /// Whether the stage trains a dense model (`dense`, `ffn`).
+    pub fn is_dense(self) -> bool {
+        !self.is_moe()
+    }
+
     /// The stage's name.
     pub fn name(self) -> &'static str {
         match self {
@@ -79,7 +87,7 @@ impl Stage {
     }
 
     /// The reference learning rate of the stage: 5e-5 for experts (DeltaMoE),
-    /// 1e-4 for routers (DUME+), 5e-5 for dense fine-tuning.
+    /// 1e-4 for routers (DUME+), 5e-5 for dense (and FFN-only) fine-tuning.
     pub fn default_lr(self) -> f64 {
         match self {
             Stage::Experts | Stage::Dense | Stage::Ffn | Stage::All => 5e-5,
@@ -97,8 +105,8 @@ pub fn is_moe<B: Backend>(model: &Transformer<B>) -> bool {
 ///
 /// # Errors
 /// [`StudioError::Config`] naming `source`: `experts` or `router` on a
-/// dense model, `dense` on an MoE model, or `experts` when every expert of
-/// every MoE layer is frozen.
+/// dense model, `dense` or `ffn` on an MoE model, or `experts` when every
+/// expert of every MoE layer is frozen.
 pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str) -> Result<Transformer<B>> {
     let moe = is_moe(&model);
     match (stage.is_moe(), moe) {

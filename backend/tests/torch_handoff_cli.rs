@@ -98,7 +98,7 @@ fn the_emitted_job_holds_the_trainers_model_data_and_config() {
     let bytes = std::fs::read(&tok).unwrap();
     let tk = Tokenizer::Llama2c(Llama2cTokenizer::parse(&bytes, 512, "tok512").unwrap());
     let specs = [DataSpec::parse(&en_spec).unwrap(), DataSpec::parse(&hu_spec).unwrap()];
-    let mut mix = load_mixture(&specs, &tk, 16, 5).unwrap();
+    let mut mix = load_mixture(&specs, moe_shared::corpus::DocSplit::Blank, &tk, 16, 5).unwrap();
     let tokens = std::fs::read(job.join("data/tokens.u32")).unwrap();
     let original = std::fs::read(job.join("data/original.u8")).unwrap();
     let source = std::fs::read(job.join("data/source.u16")).unwrap();

@@ -57,7 +57,7 @@ impl WithBackend for Args {
             }
         })?;
         if a.json {
-            let mut v = serde_json::to_value(&r)?;
+            let mut v = serde_json::to_value(r)?;
             v["docs"] = a.docs.docs.name().into();
             v["stream_sha256"] = moe_shared::corpus::stream_sha256(&ids).into();
             println!("{}", serde_json::to_string(&v)?);

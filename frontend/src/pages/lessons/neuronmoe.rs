@@ -11,7 +11,7 @@ use super::{LessonHeader, LessonStep, LoadStep};
 use crate::app::Shared;
 use crate::components::message::{Message, MessageLine};
 use crate::components::progress::Progress;
-use crate::compute::neurons::{lines, LanguageTexts, NeuronOutcome};
+use crate::compute::neurons::{texts, LanguageTexts, NeuronOutcome};
 use crate::pages::neurons::NeuronResult;
 use crate::pages::train::{TrainOutcome, TrainPanel};
 use crate::store::ModelRef;
@@ -54,15 +54,18 @@ pub fn NeuronMoeLesson() -> impl IntoView {
         let Some(p) = shared.preset.get_untracked() else {
             return a_msg.set(Message::Error("load the teaching demo first (step 1)".into()));
         };
-        let texts: Vec<LanguageTexts> = ["en", "hu"]
+        let langs: Vec<LanguageTexts> = ["en", "hu"]
             .iter()
             .filter_map(|c| p.splits.iter().find(|t| t.name == *c))
-            .map(|t| LanguageTexts { code: t.name.clone(), lines: lines(&t.train, TEXTS) })
+            .map(|t| LanguageTexts {
+                code: t.name.clone(),
+                lines: texts(&t.train, moe_shared::corpus::DocSplit::Line, TEXTS),
+            })
             .collect();
         a_msg.set(Message::None);
         let req = Request::Neurons {
             model: p.base,
-            langs: texts,
+            langs,
             top_n: p.settings.neurons_top_n,
             range: (1, p.settings.neurons_max),
         };

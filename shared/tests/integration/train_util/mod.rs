@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
 use moe_shared::methods::{upcycle, ExpertCounts, RouterInit, UpcycleOptions};
 use moe_shared::tokenizer::Tokenizer;
-use moe_shared::train::data::{split_documents, tokenize_documents};
+use moe_shared::corpus::{split_documents, token_stream, DocSplit};
 use moe_shared::train::{DataSpec, Mixture, PackedSource};
 
 use crate::common;
@@ -53,9 +53,10 @@ pub fn source(
 ) -> Option<PackedSource> {
     let path: PathBuf = common::data_file(rel)?;
     let text = std::fs::read_to_string(&path).unwrap();
-    let docs = split_documents(&text, &path.display().to_string()).unwrap();
+    // One line = one text here (`--docs line`): the tests' sizes are in lines.
+    let docs = split_documents(&text, &path.display().to_string(), DocSplit::Line).unwrap();
     let docs: Vec<String> = docs.into_iter().take(lines).collect();
-    let ids = tokenize_documents(&docs, tok).unwrap();
+    let ids = token_stream(&docs, tok).unwrap();
     let spec = DataSpec { name: name.into(), path: path.display().to_string(), weight: 1.0, original };
     Some(PackedSource::new(spec, ids, seq_len).unwrap())
 }

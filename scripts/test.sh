@@ -66,7 +66,7 @@ if want clippy; then
 fi
 
 if want wasm; then
-    step "wasm32 build of the portable crates (the browser's profile, reused by trunk)"
+    step "wasm32 build of the portable crates (the browser's profile, reused by scripts/build_web.sh)"
     cargo build --profile wasm-release --target wasm32-unknown-unknown -p moe-studio-shared -p moe-studio-kernels -p moe-studio-frontend
 fi
 

@@ -25,7 +25,7 @@ async function cells(loc) {
   return loc.locator('tbody tr').evaluateAll((trs) => trs.map((tr) => [...tr.querySelectorAll('td')].map((td) => td.innerText)));
 }
 
-async function walk({ url, slug, steps, shot, shots, check, log, label }) {
+async function walk({ url, slug, steps, shot, shots, check, log, label, recorded = new Set() }) {
   const limit = Number(process.env.E2E_LESSON_STEP_MS || 30_000);
   const browser = await launch(WEBGPU_ARGS);
   const results = { steps: {} };
@@ -66,7 +66,11 @@ async function walk({ url, slug, steps, shot, shots, check, log, label }) {
       results.ppl_table = rows;
       for (const [domain, , dume, avg, oracle] of rows) {
         const [d, a, o] = [dume, avg, oracle].map(Number);
-        check(o < d && d < a, `${label} DUME lesson, ${domain}: oracle ${o} < DUME ${d} < averaging ${a}`);
+        const what = `${label} DUME lesson, ${domain}: oracle ${o} < DUME ${d} < averaging ${a}`;
+        // A claim the preset records without requiring it (preset.json
+        // `recorded_only`, docs/teaching-preset.md) is logged, not asserted.
+        if (recorded.has(`oracle_dume_averaging_${domain}`)) log(`${what}: ${o < d && d < a ? 'holds' : 'does not hold'} (recorded only)`);
+        else check(o < d && d < a, what);
       }
     }
     if (slug === 'learn-deltamoe') {
@@ -142,10 +146,14 @@ async function badInput({ url, check, label }) {
   return results;
 }
 
-export async function run({ url, shots, check, log, label = 'preset', only = null }) {
+/**
+ * Walks every lesson; `recorded` names the preset.json checks the build
+ * records without requiring (its `recorded_only`).
+ */
+export async function run({ url, shots, check, log, label = 'preset', only = null, recorded = new Set() }) {
   const results = {};
   for (const l of LESSONS.filter((x) => !only || x.slug === only)) {
-    results[l.slug] = await walk({ url, ...l, shots, check, log, label });
+    results[l.slug] = await walk({ url, ...l, shots, check, log, label, recorded });
     log(`${label} ${l.slug}: ${JSON.stringify(Object.fromEntries(Object.entries(results[l.slug].steps).map(([k, v]) => [k, v.wall_ms])))} ms`);
   }
   if (!only || only === 'bad-input') results.bad_input = await badInput({ url, check, label });

@@ -36,6 +36,7 @@ export async function run({ context, url, dist, shots, out, check, log, label = 
   const results = { steps: {} };
   const cli = JSON.parse(fs.readFileSync(path.join(dist, 'demo', 'preset', 'preset.json'), 'utf8'));
   results.cli_preset = cli;
+  const recorded = new Set(cli.recorded_only || []);
   const base = cli.base || 'stories260K';
   log(`${label}: preset.json (the CLI, base ${base}${cli.base_steps ? ` trained ${cli.base_steps} steps from scratch` : ''}, DEMO_STEPS=${cli.steps}, built in ${cli.build_seconds} s): ${JSON.stringify(cli.checks)}`);
 
@@ -86,7 +87,11 @@ export async function run({ context, url, dist, shots, out, check, log, label = 
   check(rows.length === 3, `${label}: the DUME table has one row per domain (${rows.length})`);
   for (const [domain, , dume, avg, oracle] of rows) {
     const [d, a, o] = [dume, avg, oracle].map(Number);
-    check(o < d && d < a, `${label}, DUME table, ${domain}: oracle ${o} < DUME ${d} < averaging ${a}`);
+    const what = `${label}, DUME table, ${domain}: oracle ${o} < DUME ${d} < averaging ${a}`;
+    // preset.json `recorded_only`: claims the build records without
+    // requiring them (docs/teaching-preset.md, "Measured"): logged here.
+    if (recorded.has(`oracle_dume_averaging_${domain}`)) log(`${what}: ${o < d && d < a ? 'holds' : 'does not hold'} (recorded only)`);
+    else check(o < d && d < a, what);
   }
   await shot('router');
 

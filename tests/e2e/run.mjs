@@ -2,6 +2,7 @@
 // Env: E2E_DIST (frontend/dist with demo/ inside), E2E_WORK (inputs and CLI
 // outputs made by run.sh), E2E_SHOTS (screenshot folder), E2E_OUT.
 import fs from 'node:fs';
+import path from 'node:path';
 import { launch, WEBGPU_ARGS } from './browser.mjs';
 import { serve } from './server.mjs';
 import * as studio from './studio.spec.mjs';
@@ -50,7 +51,10 @@ try {
       });
       results.fetched_preset.total_ms = Date.now() - t2;
       log(`fetched preset walk: ${JSON.stringify(Object.fromEntries(Object.entries(results.fetched_preset.steps).map(([k, v]) => [k, v.wall_ms])))} ms`);
-      results.fetched_lessons = await lessons.run({ url: srv2.url, shots, check, log, label: 'fetched' });
+      const fetchedCli = JSON.parse(fs.readFileSync(path.join(process.env.E2E_DIST_NODATA, 'demo', 'preset', 'preset.json'), 'utf8'));
+      results.fetched_lessons = await lessons.run({
+        url: srv2.url, shots, check, log, label: 'fetched', recorded: new Set(fetchedCli.recorded_only || []),
+      });
       const page = await b2.context.newPage();
       await page.goto(srv2.url);
       await page.getByTestId('worker-ready').waitFor({ timeout: 60_000 });

@@ -152,14 +152,17 @@ fn every_command_reads_the_same_token_stream() {
     let c = cfg.to_str().unwrap();
     ok(&run(&["init-random", "--config", c, "--tokenizer", tok.to_str().unwrap(), "--out", d]));
     // eval and perplexity: the stream, all but its first token scored.
-    let e = json(&run(&["eval", d, "--data", &format!("code={text}"), "--json"]));
+    // Windows of the model's context (128; the stream is shorter), the same for both.
+    let w = ["--window", "128", "--stride", "128"];
+    let e = json(&run(&[&["eval", d, "--data", &format!("code={text}"), "--json"][..], &w].concat()));
     assert_eq!(e["datasets"][0]["stream_sha256"], sha, "{e}");
     assert_eq!(e["datasets"][0]["tokens"], n - 1, "{e}");
-    let p = json(&run(&["perplexity", d, "--text", text, "--json"]));
+    let p = json(&run(&[&["perplexity", d, "--text", text, "--json"][..], &w].concat()));
     assert_eq!((p["stream_sha256"].as_str(), p["tokens"].as_u64()), (Some(sha), Some(n as u64 - 1)), "{p}");
     assert_eq!(p["nll"], e["datasets"][0]["nll"], "eval and perplexity score the same windows");
     for split in ["line", "file"] {
-        let e = json(&run(&["eval", d, "--data", &format!("code={text}"), "--docs", split, "--json"]));
+        let e =
+            json(&run(&[&["eval", d, "--data", &format!("code={text}"), "--docs", split, "--json"][..], &w].concat()));
         assert_eq!(e["datasets"][0]["stream_sha256"], g[split]["sha256"], "--docs {split}: {e}");
     }
     // route on a MoErge of two copies: every statistics token (no cap).

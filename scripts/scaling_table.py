@@ -49,7 +49,7 @@ def counts(m, experts=EXPERTS):
     stage_experts = L * ((experts - 1) * ffn + router)
     stage_router = L * router
     active = L * (attn + norms + TOP_K * ffn + router) + embed
-    return dict(dense=dense, moe=moe, experts=stage_experts, router=stage_router,
+    return dict(dense=dense, moe=moe, experts=stage_experts, router=stage_router, ffn=L * ffn,
                 active=active, active_trainable=L * ((TOP_K - 0.5) * ffn + router))
 
 
@@ -67,7 +67,8 @@ PLAN = [
     ("NeuronMoE", "`train --stage experts` (stage 1)", "experts", NEURON_EXPERTS),
     ("NeuronMoE", "`train --stage router` (stage 2)", "router", NEURON_EXPERTS),
     ("NeuronMoE", "`neurons` on the MoE (analysis)", "forward-moe", NEURON_EXPERTS),
-    ("DUME", "`train --stage dense` (each domain expert)", "dense", DUME_EXPERTS),
+    ("DUME", "`train --stage ffn` (each domain expert, its FFNs)", "ffn", DUME_EXPERTS),
+    ("DUME", "`train --stage dense` (BTX's branches, every weight)", "dense", DUME_EXPERTS),
     ("DUME", "`moerge`", "stream", DUME_EXPERTS),
     ("DUME", "`route` (ridge statistics + solve)", "forward-moe", DUME_EXPERTS),
     ("DUME", "`train --stage router` (DUME+, BTX)", "router", DUME_EXPERTS),
@@ -85,8 +86,8 @@ def plan_engine(m, kind, experts):
         w = 4 * (c["dense"] if kind == "forward-dense" else c["moe"])
         n = "/".join(" 1 " if w <= USABLE * GPUS[g] else " 0 (CPU) " for g in ("80 GB", "141 GB")).strip()
         return f"Burn, one process, inference (f32 weights {w / GB:.0f} GB): one GPU if they fit, else the CPU | {n}"
-    total = c["dense"] if kind == "dense" else c["moe"]
-    trainable = c["dense"] if kind == "dense" else c[kind]
+    total = c["dense"] if kind in ("dense", "ffn") else c["moe"]
+    trainable = c[kind]
     b32 = state_bytes(total, trainable, "f32")
     b16 = state_bytes(total, trainable, "bf16+master")
     if b32 <= USABLE * GPUS["80 GB"]:

@@ -159,6 +159,10 @@ def trained_rule(cfg, stage, balance):
         return zero_shared or (l < len(shared_frozen) and bool(shared_frozen[l]))
 
     def rule(name):
+        if stage == "dense":
+            return True
+        if stage == "ffn":
+            return re.match(r"^model\.layers\.\d+\.mlp\.", name) is not None
         m = re.match(r"^model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.(.*)$", name)
         if not m:
             return False
@@ -293,8 +297,8 @@ def compare(a, binary, name, stage_kind, burn, job, eval_spec, tok, neurons=None
 
     final = os.path.join(job, "out", "final")
     info = json.loads(run([binary, "--backend", "cpu", "inspect", final, "--json"]))
-    if not info.get("moe"):
-        bad.append(f"moe-studio inspect sees no MoE in {final}")
+    if bool(info.get("moe")) != (stage_kind not in ("dense", "ffn")):
+        bad.append(f"moe-studio inspect of {final}: MoE {bool(info.get('moe'))}, stage {stage_kind}")
     with tempfile.TemporaryDirectory() as tmp:
         ours = logits_of(binary, final, os.path.join(tmp, "t.f32"))
         burn_l = logits_of(binary, os.path.join(burn, "final"), os.path.join(tmp, "b.f32"))

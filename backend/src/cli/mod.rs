@@ -195,11 +195,15 @@ mod job_spec_tests {
         let Command::Train(t) = parse(&torch) else { panic!("train") };
         assert_eq!((t.engine.as_str(), t.emit.clone(), t.out.clone()), ("torch", Some("out".into()), None));
         assert_eq!((t.batch, t.devices), (2, 4));
-        // Stage dense hands off too (DUME's domain experts past one machine).
+        // Stages dense and ffn hand off too (DUME's domain experts past one machine); all does not.
         let dense = spec(serde_json::json!({"kind": "train", "model": A, "stage": "dense",
             "data": [d("hu")], "steps": 4, "engine": "torch"}));
         let Command::Train(t) = parse(&dense) else { panic!("train") };
         assert_eq!((t.stage.as_str(), t.engine.as_str()), ("dense", "torch"));
+        let all: JobSpec = serde_json::from_value(serde_json::json!({"kind": "train", "model": A, "stage": "all",
+            "data": [d("hu")], "steps": 4, "engine": "torch"}))
+        .unwrap();
+        assert_eq!(all.validate().unwrap_err().field.as_deref(), Some("spec.engine"));
         let up = spec(serde_json::json!({"kind": "upcycle", "model": A, "experts": 4, "top_k": 1, "frozen": [0, 1],
             "router_init": "random", "noise": 0.01, "seed": 3, "dtype": "bf16"}));
         let Command::Upcycle(u) = parse(&up) else { panic!("upcycle") };

@@ -8,9 +8,10 @@
 //!
 //! - `model/` — the model prepared exactly as [`Trainer::new`] prepares it
 //!   (routing options applied, router temperatures folded where the layout
-//!   folds them, the stage checked), in f32, in one of two forms
-//!   (`job.json` `modeling`; the stages `experts` and `router` only: the
-//!   dense stages and `all` train on Burn):
+//!   folds them, the stage checked), in f32 (stages `experts`, `router`,
+//!   `dense` and `ffn`; `all` trains on Burn): a dense model (stages
+//!   `dense` and `ffn`, DUME's domain experts) in its family's own form,
+//!   an MoE in one of two (`job.json` `modeling`):
 //!   - `transformers`: a layout a transformers class loads exactly
 //!     (`mixtral` or `qwen2_moe`, [`moe_shared::layout`]; the input's own
 //!     when it is one of them);
@@ -72,6 +73,10 @@ pub const JOB_VERSION: u32 = 2;
 pub const REQUIREMENTS: &str = "# the versions scripts/torch_handoff_check.sh checked the hand-off with\n\
 torch==2.15.0\ntransformers==5.24.0\nsafetensors==0.8.0\nnumpy==2.4.6\n";
 
+/// The `job.json` `layout` of a dense model (stages `dense`, `ffn`: the family's
+/// own `config.json` and tensor names).
+pub const DENSE_LAYOUT: &str = "dense";
+
 /// Layouts a transformers 5 class trains as they are (fused experts
 /// `mlp.experts.gate_up_proj` / `down_proj`), tried before the studio
 /// modeling.
@@ -100,7 +105,7 @@ impl Modeling {
 /// What [`emit`] wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Emitted {
-    /// The layout of `model/`.
+    /// The layout of `model/` ([`DENSE_LAYOUT`] for a dense model).
     pub layout: &'static str,
     /// How `train.py` builds it.
     pub modeling: Modeling,
@@ -156,9 +161,10 @@ pub fn emit<B: AutodiffBackend>(
     if dir.exists() && std::fs::read_dir(dir).map(|mut d| d.next().is_some()).unwrap_or(true) {
         bail!("--emit {}: the directory exists and is not empty (choose a new one)", dir.display());
     }
-    if !matches!(config.stage, Stage::Experts | Stage::Router) {
+    if !matches!(config.stage, Stage::Experts | Stage::Router | Stage::Dense | Stage::Ffn) {
         bail!(
-            "--engine torch trains the MoE stages experts and router; --stage {} trains on burn",
+            "--engine torch trains the stages experts, router, dense and ffn; --stage {} trains on burn (--engine \
+             burn)",
             config.stage.name()
         );
     }
@@ -167,12 +173,16 @@ pub fn emit<B: AutodiffBackend>(
         eprintln!("warning: {w}");
     }
     let (_, moe) = tensor_plan(trainer.model());
-    let moe = moe.context(
-        "--engine torch trains MoE stages (experts, router); --stage dense and --stage ffn have no hand-off",
-    )?;
     let base = &trainer.model().config;
-    let (layout, modeling) = choose_layout(base, &moe, prefer);
-    let layout_name = layout.name();
+    // A dense model (stages dense, ffn) is its family's own transformers class.
+    let (layout, modeling) = match &moe {
+        Some(moe) => {
+            let (l, m) = choose_layout(base, moe, prefer);
+            (Some(l), m)
+        }
+        None => (None, Modeling::Transformers),
+    };
+    let layout_name = layout.map_or(DENSE_LAYOUT, |l| l.name());
     let parent = match dir.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -190,7 +200,7 @@ pub fn emit<B: AutodiffBackend>(
         "method": format!("train/{}/torch-handoff", config.stage.name()),
         "source": source,
     });
-    let request = LayoutRequest::Named(layout);
+    let request = layout.map_or(LayoutRequest::Auto, LayoutRequest::Named);
     save_model(trainer.model(), &tmp.join("model"), DType::F32, extra, provenance, request)?;
 
     // The data, in the trainer's order.

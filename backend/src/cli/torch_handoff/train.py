@@ -24,7 +24,8 @@ NeuronMoE, §5.2 load balancing):
   transformers form a layer's experts are one fused tensor
   (``mlp.experts.gate_up_proj [E, 2f, d]``, ``down_proj [E, d, f]``): the
   rows of frozen experts get a zero gradient and no weight decay, so they
-  stay bit-identical;
+  stay bit-identical. A dense model (``layout: dense``): stage ``dense``
+  trains every tensor, stage ``ffn`` every layer's FFN only;
 - data: ``data/tokens.u32``, the packed sequences moe-studio would train on,
   in its order (no re-tokenisation, no shuffling here);
 - losses (shared/src/train/losses.rs): next-token cross-entropy +
@@ -104,8 +105,8 @@ class Job:
         self.j = j
         self.root = root
         self.c = j["train"]
-        if self.c.get("stage") not in ("experts", "router"):
-            fail(f"{path}: stage {self.c.get('stage')!r}; this job trains the MoE stages experts and router")
+        if self.c.get("stage") not in ("experts", "router", "dense", "ffn"):
+            fail(f"{path}: stage {self.c.get('stage')!r}; this job trains the stages experts, router, dense and ffn")
         self.modeling = j.get("modeling", "transformers")
         self.model_dir = os.path.join(root, j["model"])
         d = j["data"]
@@ -178,12 +179,21 @@ class TransformersModel:
         cfg = self.model.config
         self.num_experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
         self.top_k = getattr(cfg, "num_experts_per_tok", None)
+        self.dense = job.c["stage"] in ("dense", "ffn")
 
     def select_trainable(self):
         """Sets requires_grad per shared/src/train/freeze.rs; returns the fused
         expert parameters with frozen experts as {name: frozen expert indices}."""
         job = self.job
         stage = job.c["stage"]
+        if self.dense:
+            # A dense model (DUME's domain experts): stage dense trains everything, stage ffn
+            # every layer's FFN (mlp.gate/up/down_proj) and nothing else.
+            if self.num_experts:
+                fail(f"stage {stage} on an MoE model: use stage experts or router")
+            for name, p in self.model.named_parameters():
+                p.requires_grad_(stage == "dense" or ".mlp." in name)
+            return {}
         studio = job.config_json.get("moe_studio", {})
         frozen = studio.get("frozen_experts", [])
         shared_frozen = studio.get("shared_frozen", [])
@@ -221,6 +231,8 @@ class TransformersModel:
         return masked
 
     def forward(self, inp):
+        if self.dense:
+            return self.model(input_ids=inp, use_cache=False).logits, []
         o = self.model(input_ids=inp, output_router_logits=True, use_cache=False)
         router = [r for r in o.router_logits if r is not None]
         return o.logits, [Route(i, r, None, self.top_k, self.num_experts) for i, r in enumerate(router)]

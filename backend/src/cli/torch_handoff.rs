@@ -306,10 +306,9 @@ fn write(p: &Path, bytes: &[u8]) -> anyhow::Result<()> {
 fn readme(c: &TrainConfig, e: Emitted, rows: usize, trainable: usize, command: &str) -> String {
     let global = c.batch_size * c.devices;
     let modeling = match e.modeling {
-        Modeling::Transformers => format!(
-            "transformers loads it with its own class (`AutoModelForCausalLM`, the {} layout)",
-            e.layout
-        ),
+        Modeling::Transformers => {
+            format!("transformers loads it with its own class (`AutoModelForCausalLM`, the {} layout)", e.layout)
+        }
         Modeling::Studio => "no transformers MoE class holds this model exactly, so it is in the studio \
 layout (`model_type: moe_studio`); `train.py` builds the base family's transformers class \
 (`job.json` `base_config`) and replaces each MoE layer's FFN by `studio_moe.StudioMoeBlock` \

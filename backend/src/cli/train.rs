@@ -341,11 +341,8 @@ fn nodes_commands(a: &Args, argv: &[String]) -> (String, Vec<String>) {
         Some(o) => format!("{}-torch-job", o.display().to_string().trim_end_matches('/')),
         None => a.emit.as_ref().map_or("torch-job".to_string(), |e| e.display().to_string()),
     };
-    let mut emit = without_options(
-        argv,
-        &["--nodes", "--out", "--engine", "--emit", "--devices"],
-        &["--resume", "--json"],
-    );
+    let mut emit =
+        without_options(argv, &["--nodes", "--out", "--engine", "--emit", "--devices"], &["--resume", "--json"]);
     emit.extend([
         "--devices".to_string(),
         (a.devices * a.nodes).to_string(),

@@ -96,21 +96,21 @@ impl<B: Backend> Cluster<B> {
     pub fn join(devices: Vec<B::Device>) -> Result<Self> {
         let local = devices.len().max(1);
         let slot = SlotGuard::acquire();
-        let config =
-            CollectiveConfig::default().with_num_devices(local).with_local_all_reduce_strategy(AllReduceStrategy::Tree(2));
+        let config = CollectiveConfig::default()
+            .with_num_devices(local)
+            .with_local_all_reduce_strategy(AllReduceStrategy::Tree(2));
         let peers: Vec<PeerId> = (0..local).map(|i| PeerId::from(i as u32)).collect();
-        let results: Vec<std::thread::Result<std::result::Result<(), bc::CollectiveError>>> =
-            std::thread::scope(|s| {
-                let hs: Vec<_> = peers
-                    .iter()
-                    .zip(&devices)
-                    .map(|(p, d)| {
-                        let (p, d, c) = (*p, d.clone(), config.clone());
-                        s.spawn(move || bc::register::<B>(p, d, c))
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join()).collect()
-            });
+        let results: Vec<std::thread::Result<std::result::Result<(), bc::CollectiveError>>> = std::thread::scope(|s| {
+            let hs: Vec<_> = peers
+                .iter()
+                .zip(&devices)
+                .map(|(p, d)| {
+                    let (p, d, c) = (*p, d.clone(), config.clone());
+                    s.spawn(move || bc::register::<B>(p, d, c))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join()).collect()
+        });
         for r in results {
             r.map_err(|_| StudioError::Invalid("a collective registration panicked".into()))?
                 .map_err(|e| collective_err("registering the replicas", e))?;

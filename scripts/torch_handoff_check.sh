@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Opt-in check of the PyTorch hand-off (issues 17 and 39; not in .ci/run: it
-# needs torch + transformers, ~15 min on 2 cores). For every method in
+# needs torch + transformers, ~8 min on 2 cores). For every method in
 # tests/reference/torch_handoff_cases.json (DeltaMoE in the Mixtral layout,
 # NeuronMoE's per-layer allocation stage 1 and 2, DUME+ router training,
 # aux-free balancing, two shared experts with granular experts), on the CPU:

@@ -33,7 +33,9 @@ GPUS = {"80 GB": 80 * GB, "141 GB": 141 * GB}
 USABLE = 0.75
 
 
-def counts(m):
+def counts(m, experts=EXPERTS):
+    """Parameter counts of model `m` upcycled to `experts` experts per layer
+    (a mean: NeuronMoE's counts differ per layer)."""
     h, i, L, nh, nkv, hd, v, tied, bias = m
     attn = h * nh * hd + 2 * h * nkv * hd + nh * hd * h
     if bias:
@@ -42,13 +44,58 @@ def counts(m):
     ffn = 3 * h * i
     embed = v * h * (1 if tied else 2) + h  # + final norm
     dense = L * (attn + norms + ffn) + embed
-    router = h * EXPERTS
-    moe = L * (attn + norms + EXPERTS * ffn + router) + embed
-    stage_experts = L * ((EXPERTS - 1) * ffn + router)
+    router = h * experts
+    moe = L * (attn + norms + experts * ffn + router) + embed
+    stage_experts = L * ((experts - 1) * ffn + router)
     stage_router = L * router
     active = L * (attn + norms + TOP_K * ffn + router) + embed
-    return dict(dense=dense, moe=moe, experts=stage_experts, router=stage_router,
+    return dict(dense=dense, moe=moe, experts=stage_experts, router=stage_router, ffn=L * ffn,
                 active=active, active_trainable=L * ((TOP_K - 0.5) * ffn + router))
+
+
+# (method, stage as the user runs it, what it needs, experts per MoE layer)
+NEURON_EXPERTS = 1 + 49 / 28
+DUME_EXPERTS = 4
+PLAN = [
+    ("DeltaMoE", "`upcycle`", "stream", EXPERTS),
+    ("DeltaMoE", "`train --stage experts` (phase 1)", "experts", EXPERTS),
+    ("DeltaMoE", "`train --stage router` (MoE-LPR stage 2)", "router", EXPERTS),
+    ("DeltaMoE", "`graft`", "stream", EXPERTS),
+    ("NeuronMoE", "`neurons` (dense forward passes)", "forward-dense", EXPERTS),
+    ("NeuronMoE", "`allocate`", "host", EXPERTS),
+    ("NeuronMoE", "`upcycle --allocation`", "stream", NEURON_EXPERTS),
+    ("NeuronMoE", "`train --stage experts` (stage 1)", "experts", NEURON_EXPERTS),
+    ("NeuronMoE", "`train --stage router` (stage 2)", "router", NEURON_EXPERTS),
+    ("NeuronMoE", "`neurons` on the MoE (analysis)", "forward-moe", NEURON_EXPERTS),
+    ("DUME", "`train --stage ffn` (each domain expert, its FFNs)", "ffn", DUME_EXPERTS),
+    ("DUME", "`train --stage dense` (BTX's branches, every weight)", "dense", DUME_EXPERTS),
+    ("DUME", "`moerge`", "stream", DUME_EXPERTS),
+    ("DUME", "`route` (ridge statistics + solve)", "forward-moe", DUME_EXPERTS),
+    ("DUME", "`train --stage router` (DUME+, BTX)", "router", DUME_EXPERTS),
+]
+
+
+def plan_engine(m, kind, experts):
+    """`engine | GPUs` of one row of the plan table."""
+    if kind == "stream":
+        return "moe-studio CLI, streaming (one tensor at a time in host memory; no GPU) | 0 / 0"
+    if kind == "host":
+        return "moe-studio CLI (arithmetic on `neurons` output) | 0 / 0"
+    c = counts(m, experts)
+    if kind.startswith("forward"):
+        w = 4 * (c["dense"] if kind == "forward-dense" else c["moe"])
+        n = "/".join(" 1 " if w <= USABLE * GPUS[g] else " 0 (CPU) " for g in ("80 GB", "141 GB")).strip()
+        return f"Burn, one process, inference (f32 weights {w / GB:.0f} GB): one GPU if they fit, else the CPU | {n}"
+    total = c["dense"] if kind in ("dense", "ffn") else c["moe"]
+    trainable = c[kind]
+    b32 = state_bytes(total, trainable, "f32")
+    b16 = state_bytes(total, trainable, "bf16+master")
+    if b32 <= USABLE * GPUS["80 GB"]:
+        return "Burn (`--devices N` for more GPUs of the machine) | 1+ / 1+"
+    fsdp = "PyTorch FSDP2 job (`--engine torch --emit`, torchrun)"
+    if b32 <= USABLE * GPUS["141 GB"]:
+        return f"Burn on one 141 GB GPU; on 80 GB GPUs the {fsdp} | {gpus_needed(b16, GPUS['80 GB'])}+ / 1+"
+    return f"{fsdp} | {gpus_needed(b16, GPUS['80 GB'])}+ / {gpus_needed(b16, GPUS['141 GB'])}+"
 
 
 def state_bytes(total, trainable, regime):
@@ -98,23 +145,17 @@ def main():
                 fits = b <= USABLE * GPUS["80 GB"]
                 print(f"| {name} | `{stage}` | {b / GB:.1f} | {'yes' if fits else 'no'} | "
                       f"{gpus_needed(b, GPUS['80 GB'])} | {gpus_needed(b, GPUS['141 GB'])} |")
-    print("\n### Plan: which engine runs each stage\n")
-    print("| model | stage | engine | GPUs (80 GB / 141 GB) |")
-    print("|---|---|---|---|")
-    for name, c in rows.items():
-        for stage in ("experts", "router"):
-            b32 = state_bytes(c["moe"], c[stage], "f32")
-            b16 = state_bytes(c["moe"], c[stage], "bf16+master")
-            if b32 <= USABLE * GPUS["80 GB"]:
-                engine = "Burn (one replica per GPU, data parallel; any number of GPUs)"
-                n = "1+ / 1+"
-            elif b32 <= USABLE * GPUS["141 GB"]:
-                engine = "Burn on 141 GB GPUs; on 80 GB GPUs the PyTorch hand-off"
-                n = f"{gpus_needed(b16, GPUS['80 GB'])}+ / 1+"
-            else:
-                engine = "PyTorch FSDP / DeepSpeed ZeRO-3 hand-off (`train --engine torch --emit DIR`)"
-                n = f"{gpus_needed(b16, GPUS['80 GB'])}+ / {gpus_needed(b16, GPUS['141 GB'])}+"
-            print(f"| {name} | `{stage}` | {engine} | {n} |")
+    print("\n### Plan: the engine of every stage of every method\n")
+    print("Training stages take Burn when one replica's f32 state fits 75 % of one GPU (more GPUs: `--devices`,")
+    print("data parallel in one process), else the PyTorch FSDP2 job (`train --engine torch --emit DIR`,")
+    print("bf16 + f32 master, fully sharded, any number of nodes with torchrun). NeuronMoE's rows use the")
+    print(f"paper's mean allocation ({NEURON_EXPERTS:.2f} experts per layer: 1 + 49 new over Llama-3.2-3B's 28 layers);")
+    print(f"DUME's MoErge has {DUME_EXPERTS} domain experts, top-{TOP_K}, a router bias.\n")
+    print("| model | method | stage | engine | GPUs (80 GB / 141 GB) |")
+    print("|---|---|---|---|---|")
+    for name, m in MODELS.items():
+        for method, stage, kind, experts in PLAN:
+            print(f"| {name} | {method} | {stage} | {plan_engine(m, kind, experts)} |")
     print("\n### Training FLOPs per token\n")
     print("| model | forward (2·active) | backward, stage `experts` | total | tokens/s per GPU at 10 % MFU, H100 bf16 (989 TFLOP/s dense) |")
     print("|---|---|---|---|---|")

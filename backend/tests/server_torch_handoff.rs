@@ -45,11 +45,11 @@ fn a_torch_train_job_emits_the_pytorch_job_as_its_artefacts() {
     assert_eq!((job["train"]["steps"].as_u64(), job["layout"].as_str()), (Some(3), Some("mixtral")));
     assert_eq!(job["data"]["rows"].as_u64(), Some(3 * 2));
 
-    // Stage dense has no hand-off: refused before a job exists.
+    // Stage all has no hand-off: refused before a job exists.
     let (code, e) = s.call(
         "POST",
         "/api/jobs",
-        Some(json!({"spec": {"kind": "train", "model": ckpt, "stage": "dense", "steps": 3, "engine": "torch",
+        Some(json!({"spec": {"kind": "train", "model": ckpt, "stage": "all", "steps": 3, "engine": "torch",
                               "data": [{"name": "hu", "upload": hu}]}})),
     );
     assert_eq!((code, e["field"].as_str()), (422, Some("spec.engine")), "{e}");

@@ -1,9 +1,12 @@
 //! `moe-studio train ... --engine torch --emit DIR` on stories260K, without
 //! torch: the job's files, its data equal to the sequences the Burn trainer
 //! draws (same order, inputs and shifted targets, original-language tags),
-//! its model equal to the input bit for bit, and refusals that leave nothing
-//! behind. The run of the job itself against the Burn trainer is the opt-in
-//! `scripts/torch_handoff_check.sh` (it needs torch).
+//! its model equal to the input bit for bit, the studio modeling for what
+//! no transformers class holds, refusals that leave nothing behind, the
+//! structure of every method's job equal to what the opt-in
+//! `scripts/torch_handoff_check.sh` ran under torch
+//! (tests/reference/golden/torch_handoff.json), and `train --nodes 2`
+//! answering with the torchrun commands.
 
 mod common;
 
@@ -126,16 +129,25 @@ fn the_emitted_job_holds_the_trainers_model_data_and_config() {
     ok(&run(&["logits", &arg(&job.join("model")), "--ids", "1,403,407,261", "--out", b.to_str().unwrap()]));
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
 
-    // Refusals leave nothing: a non-empty --emit directory, a model no torch layout holds, no --emit.
+    // A model only the studio layout holds (the aux-free selection bias) is emitted with the studio modeling.
+    let job2 = dir.join("job2");
+    let mut free = base.to_vec();
+    free.extend(["--emit", job2.to_str().unwrap(), "--balance", "aux-free", "--json"]);
+    let out = json(&run(&free));
+    assert_eq!((out["layout"].as_str(), out["modeling"].as_str()), (Some("moe_studio"), Some("studio")));
+    let j2: serde_json::Value = serde_json::from_slice(&std::fs::read(job2.join("job.json")).unwrap()).unwrap();
+    assert_eq!((j2["modeling"].as_str(), j2["activation"].as_str()), (Some("studio"), Some("silu")));
+    assert_eq!(j2["base_config"]["model_type"], "llama");
+    assert!(job2.join("studio_moe.py").is_file());
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(job2.join("model/config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["model_type"], "moe_studio");
+    assert!(cfg["moe_layers"].as_array().unwrap().iter().all(|l| l["selection_bias"] == true));
+
+    // Refusals leave nothing: a non-empty --emit directory, no --emit.
     let mut again = base.to_vec();
     again.extend(["--emit", job.to_str().unwrap()]);
     assert!(failure(&run(&again)).contains("not empty"));
-    let job2 = dir.join("job2");
-    let mut free = base.to_vec();
-    free.extend(["--emit", job2.to_str().unwrap(), "--balance", "aux-free"]);
-    let err = failure(&run(&free));
-    assert!(err.contains("selection_bias") && err.contains("--engine burn"), "{err}");
-    assert!(!job2.exists());
     let leftovers: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .filter_map(|e| e.ok())
@@ -144,4 +156,187 @@ fn the_emitted_job_holds_the_trainers_model_data_and_config() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
     let err = failure(&run(&base));
     assert!(err.contains("--out") || err.contains("--emit"), "{err}");
+}
+
+/// The repository root (tests/reference lives there).
+fn repo() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `$NAME` placeholders of tests/reference/torch_handoff_cases.json.
+fn substitute(x: &str, vars: &[(&str, String)]) -> String {
+    let mut v: Vec<&(&str, String)> = vars.iter().collect();
+    v.sort_by_key(|(k, _)| std::cmp::Reverse(k.len()));
+    v.iter().fold(x.to_string(), |acc, (k, val)| acc.replace(&format!("${k}"), val))
+}
+
+/// `{name: shape}` from the safetensors headers of model directory `d`.
+fn header_shapes(d: &std::path::Path) -> serde_json::Map<String, serde_json::Value> {
+    let mut out = serde_json::Map::new();
+    for e in std::fs::read_dir(d).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            let b = std::fs::read(&p).unwrap();
+            let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+            let h: serde_json::Value = serde_json::from_slice(&b[8..8 + n]).unwrap();
+            for (k, v) in h.as_object().unwrap() {
+                if k != "__metadata__" {
+                    out.insert(k.clone(), v["shape"].clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Job files relative to `job` (outside `out/`), sorted.
+fn job_files(job: &std::path::Path) -> Vec<String> {
+    fn walk(root: &std::path::Path, d: &std::path::Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else {
+                out.push(p.strip_prefix(root).unwrap().display().to_string());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(job, job, &mut out);
+    out.sort();
+    out
+}
+
+/// Every stage of every method the opt-in torch check ran
+/// (tests/reference/torch_handoff_cases.json) emits the job whose structure
+/// that run recorded (tests/reference/golden/torch_handoff.json): layout,
+/// modeling, `moe_layers`, files, data shape, training options, every
+/// tensor's name and shape, and the trainable element count, which the check
+/// asserted equal to what torch trains. A router stage that the check ran
+/// from torch's stage-1 output is emitted from stage 1's input here (the
+/// same structure).
+#[test]
+fn every_method_s_job_has_the_structure_the_torch_check_ran() {
+    let Some(data) = common::data_dir() else { return };
+    let dir = tmp("golden");
+    let cases: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo().join("tests/reference/torch_handoff_cases.json")).unwrap())
+            .unwrap();
+    let golden: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo().join("tests/reference/golden/torch_handoff.json")).unwrap())
+            .unwrap();
+    let m = data.join("models/stories260K");
+    let vars = [
+        ("STORIES", arg(&m.join("stories260K.bin"))),
+        ("TOK", arg(&m.join("tok512.bin"))),
+        ("D", arg(&data)),
+        ("W", arg(&dir)),
+        ("STEPS", golden["steps"].to_string()),
+    ];
+    let sub = |x: &serde_json::Value| substitute(x.as_str().unwrap(), &vars);
+    let mut checked = 0;
+    for case in cases["cases"].as_array().unwrap() {
+        if let Some(files) = case["files"].as_object() {
+            for (name, body) in files {
+                std::fs::write(dir.join(name), serde_json::to_vec(body).unwrap()).unwrap();
+            }
+        }
+        for cmd in case["prepare"].as_array().unwrap() {
+            let argv: Vec<String> = cmd.as_array().unwrap().iter().map(sub).collect();
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            ok(&run(&argv));
+        }
+        let stages = case["stages"].as_array().unwrap();
+        for st in stages {
+            let name = st["name"].as_str().unwrap();
+            let mut input = st["input"].as_str().unwrap().to_string();
+            while let Some(from) = input.strip_prefix('@') {
+                let s = stages.iter().find(|s| s["name"] == from).expect("the referenced stage");
+                input = s["input"].as_str().unwrap().to_string();
+            }
+            let job = dir.join(format!("torch-{name}"));
+            let mut argv = vec!["train".to_string(), substitute(&input, &vars), "--stage".into()];
+            argv.push(st["stage"].as_str().unwrap().into());
+            argv.extend(st["args"].as_array().unwrap().iter().map(sub));
+            argv.extend(st.get("train").unwrap_or(&cases["train"]).as_array().unwrap().iter().map(sub));
+            argv.extend(["--engine".into(), "torch".into(), "--emit".into(), arg(&job)]);
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            ok(&run(&argv));
+            let want = &golden["stages"][name];
+            assert!(want.is_object(), "{name}: not in the golden file (rerun the torch check with --update-golden)");
+            let j: serde_json::Value = serde_json::from_slice(&std::fs::read(job.join("job.json")).unwrap()).unwrap();
+            let cfg: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(job.join("model/config.json")).unwrap()).unwrap();
+            let train = want["train"].as_object().unwrap();
+            let got = serde_json::json!({
+                "layout": j["layout"],
+                "modeling": j["modeling"],
+                "model_type": cfg["model_type"],
+                "moe_layers": cfg.get("moe_layers").cloned().unwrap_or(serde_json::Value::Null),
+                "files": job_files(&job),
+                "global_batch": j["global_batch"],
+                "data": {"rows": j["data"]["rows"], "row_len": j["data"]["row_len"]},
+                "train": train.keys().map(|k| (k.clone(), j["train"][k].clone())).collect::<serde_json::Map<_, _>>(),
+                "parameters": j["parameters"],
+                "tensors": header_shapes(&job.join("model")),
+            });
+            for (k, v) in got.as_object().unwrap() {
+                assert_eq!(v, &want[k], "{name}: `{k}` differs from the golden file");
+            }
+            assert_eq!(
+                j["parameters"]["trainable"], want["torch_trainable_elements"],
+                "{name}: the elements torch trained in the check"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, golden["stages"].as_object().unwrap().len(), "every golden stage emitted");
+}
+
+/// `train --nodes 2`: the studio trains on one machine; it prints the
+/// command that emits the same run as a PyTorch job and each node's
+/// `torchrun --nnodes 2` line, and fails without reading anything (the
+/// model path does not exist).
+#[test]
+fn train_nodes_prints_the_torchrun_lines_and_starts_nothing() {
+    let dir = tmp("nodes");
+    let out = run(&[
+        "--backend",
+        "cpu",
+        "train",
+        "/nonexistent/moe",
+        "--stage",
+        "experts",
+        "--data",
+        "hu=/nonexistent/hu.txt",
+        "--steps",
+        "10",
+        "--batch",
+        "4",
+        "--devices",
+        "8",
+        "--nodes",
+        "2",
+        "--out",
+        &arg(&dir.join("run")),
+    ]);
+    let err = failure(&out);
+    assert!(err.contains("--nodes 2") && err.contains("torchrun") && err.contains("nothing was started"), "{err}");
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect();
+    let emit = lines.iter().find(|l| l.contains(" train ")).expect("the emit command");
+    let job = format!("{}-torch-job", arg(&dir.join("run")));
+    assert!(emit.contains(&format!("--devices 16 --engine torch --emit {job}")), "{emit}");
+    assert!(!emit.contains("--nodes") && !emit.contains("--out"), "{emit}");
+    for r in 0..2 {
+        let want = format!(
+            "torchrun --nnodes 2 --nproc-per-node 8 --node-rank {r} --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
+             --rdzv-id moe-job {job}/train.py"
+        );
+        assert!(lines.contains(&want), "{want} in {lines:?}");
+    }
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing written");
+    let help = common::ok(&run(&["--help"]));
+    assert!(!help.contains("coordinator"), "{help}");
+    let err = failure(&run(&["coordinator", "--port", "29500"]));
+    assert!(err.contains("unrecognized subcommand"), "{err}");
 }

@@ -862,11 +862,13 @@ impl JobSpec {
                 check_f("spec.weight_decay", s.weight_decay, 0.0, 10.0, false)?;
                 check_range("spec.save_every", s.save_every, 1, 1_000_000)?;
                 check_range("spec.devices", s.devices, 1, 64)?;
-                if s.engine == Some(TrainEngine::Torch) && !matches!(s.stage, Stage::Experts | Stage::Router) {
+                if s.engine == Some(TrainEngine::Torch)
+                    && !matches!(s.stage, Stage::Experts | Stage::Router | Stage::Dense | Stage::Ffn)
+                {
                     return Err(ApiError::field(
                         "spec.engine",
                         format!(
-                            "the PyTorch hand-off runs the MoE stages experts and router; stage {} trains on burn",
+                            "the PyTorch hand-off runs the stages experts, router, dense and ffn; stage {} trains on burn",
                             s.stage.name()
                         ),
                     ));

@@ -8,7 +8,6 @@ mod bench_capture;
 mod bench_kernels;
 mod bench_train;
 mod convert;
-mod coordinator;
 mod eval;
 mod figures;
 mod generate;
@@ -79,8 +78,6 @@ pub enum Command {
     Plot(plot::Args),
     /// Train an MoE's new experts or routers, or fine-tune a dense model (DeltaMoE / MoE-LPR / DUME+).
     Train(train::Args),
-    /// The meeting point of a multi-process `train --nodes N` run: sums the ranks' all-reduces.
-    Coordinator(coordinator::Args),
     /// Per-dataset perplexity and MoE routing load.
     Eval(eval::Args),
     /// A dense model of a Hugging Face config with random weights (benchmarks; with a tokenizer, a model to train from scratch).
@@ -134,7 +131,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(bench::Bench::Train(a)) => train::run_autodiff(&cli.backend, a),
         Command::Bench(bench::Bench::Kernels(a)) => bench_kernels::run(a),
         Command::Train(a) => train::run_autodiff(&cli.backend, a),
-        Command::Coordinator(a) => coordinator::run(a),
         Command::Eval(a) => backend::run(&cli.backend, a),
         Command::Serve(a) => crate::server::run(&cli.backend, a),
     }
@@ -199,10 +195,15 @@ mod job_spec_tests {
         let Command::Train(t) = parse(&torch) else { panic!("train") };
         assert_eq!((t.engine.as_str(), t.emit.clone(), t.out.clone()), ("torch", Some("out".into()), None));
         assert_eq!((t.batch, t.devices), (2, 4));
-        let dense: JobSpec = serde_json::from_value(serde_json::json!({"kind": "train", "model": A, "stage": "dense",
+        // Stages dense and ffn hand off too (DUME's domain experts past one machine); all does not.
+        let dense = spec(serde_json::json!({"kind": "train", "model": A, "stage": "dense",
+            "data": [d("hu")], "steps": 4, "engine": "torch"}));
+        let Command::Train(t) = parse(&dense) else { panic!("train") };
+        assert_eq!((t.stage.as_str(), t.engine.as_str()), ("dense", "torch"));
+        let all: JobSpec = serde_json::from_value(serde_json::json!({"kind": "train", "model": A, "stage": "all",
             "data": [d("hu")], "steps": 4, "engine": "torch"}))
         .unwrap();
-        assert_eq!(dense.validate().unwrap_err().field.as_deref(), Some("spec.engine"));
+        assert_eq!(all.validate().unwrap_err().field.as_deref(), Some("spec.engine"));
         let up = spec(serde_json::json!({"kind": "upcycle", "model": A, "experts": 4, "top_k": 1, "frozen": [0, 1],
             "router_init": "random", "noise": 0.01, "seed": 3, "dtype": "bf16"}));
         let Command::Upcycle(u) = parse(&up) else { panic!("upcycle") };

@@ -10,16 +10,13 @@
 //! newest one exactly. Ctrl-C finishes the current step, saves a
 //! checkpoint and exits (a second Ctrl-C exits at once).
 //!
-//! Data parallelism (shared/src/train/parallel.rs): `--devices N` runs N
-//! replicas as threads of this process (Burn's collective all-reduce);
-//! `--nodes N --node-rank R --coordinator HOST:PORT` runs one process per
-//! rank, which sum through `moe-studio coordinator --port PORT` (started
-//! first; it serves one run after another). N replicas with `--batch b`
-//! equal one with `--batch N*b`. Every rank reads the whole model and data
-//! and keeps its share of each batch; only rank 0 writes `metrics.jsonl`
-//! and checkpoints (`--resume` reads the checkpoint on every rank: a shared
-//! file system or a copy). Past what one replica holds, `--engine torch
-//! --emit` writes a torchrun job.
+//! One process, Burn: `--devices N` runs N data-parallel replicas as
+//! threads of this process (Burn's collective all-reduce,
+//! shared/src/train/parallel.rs); N replicas with `--batch b` equal one
+//! with `--batch N*b`. Several machines, or a model one replica cannot
+//! hold: `--engine torch --emit DIR` writes a PyTorch FSDP2 job for
+//! torchrun (backend/src/cli/torch_handoff.rs). `--nodes N` answers with
+//! that job's commands and exits without training ([`nodes_answer`]).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -34,9 +31,7 @@ use moe_shared::model::load_model;
 use moe_shared::tokenizer::{Llama2cTokenizer, Tokenizer};
 use moe_shared::train::checkpoint::latest_checkpoint;
 use moe_shared::train::data::load_mixture;
-use moe_shared::train::{
-    devices, Balance, DataSpec, LbForm, NodeSpec, RunOutcome, Stage, StepMetrics, TrainConfig, Trainer,
-};
+use moe_shared::train::{devices, Balance, DataSpec, LbForm, RunOutcome, Stage, StepMetrics, TrainConfig, Trainer};
 
 /// Arguments of `train`.
 #[derive(Debug, Clone, clap::Args)]
@@ -130,20 +125,11 @@ pub struct Args {
     /// Burn's collective all-reduce).
     #[arg(long, default_value_t = D::default().train_devices)]
     pub devices: usize,
-    /// Processes of a multi-process data-parallel run, one per node (each runs --devices replicas); they
-    /// meet at --coordinator.
+    /// Machines of a multi-node run. The studio trains on one machine (`--devices` for its devices);
+    /// with N > 1 it prints the `--engine torch --emit` and `torchrun --nnodes N` commands of the same
+    /// run and exits with an error, training nothing.
     #[arg(long, default_value_t = 1)]
     pub nodes: usize,
-    /// This process's rank in 0..--nodes (rank 0 writes metrics.jsonl and the checkpoints).
-    #[arg(long)]
-    pub node_rank: Option<usize>,
-    /// HOST:PORT of `moe-studio coordinator` (needed with --nodes > 1; with --nodes 1 it runs the
-    /// distributed path in one process).
-    #[arg(long)]
-    pub coordinator: Option<String>,
-    /// Seconds to wait for the coordinator to answer and for every rank to join.
-    #[arg(long, default_value_t = 120)]
-    pub join_timeout: u64,
     /// Tokenizer (tokenizer.json or a llama2.c tok*.bin) when the model has none beside it.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
@@ -238,38 +224,6 @@ pub fn parse_data(specs: &[String]) -> anyhow::Result<Vec<DataSpec>> {
 }
 
 impl Args {
-    /// The multi-process spec (`None` without `--coordinator`).
-    fn node_spec(&self) -> anyhow::Result<Option<NodeSpec>> {
-        let Some(coordinator) = self.coordinator.clone() else {
-            if self.nodes > 1 {
-                bail!(
-                    "--nodes {} needs --coordinator HOST:PORT (of `moe-studio coordinator`) and --node-rank",
-                    self.nodes
-                );
-            }
-            if self.node_rank.is_some() {
-                bail!("--node-rank needs --coordinator HOST:PORT");
-            }
-            return Ok(None);
-        };
-        if self.engine == "torch" || self.emit.is_some() {
-            bail!("--coordinator: the PyTorch job launches its own ranks (torchrun --nnodes, see its README.md)");
-        }
-        let rank = match (self.node_rank, self.nodes) {
-            (Some(r), _) => r,
-            (None, 1) => 0,
-            (None, n) => bail!("--nodes {n} needs --node-rank R (0..={})", n - 1),
-        };
-        let spec = NodeSpec {
-            nodes: self.nodes,
-            rank,
-            coordinator,
-            timeout: std::time::Duration::from_secs(self.join_timeout),
-        };
-        spec.validate()?;
-        Ok(Some(spec))
-    }
-
     fn config(&self) -> anyhow::Result<TrainConfig> {
         let stage = Stage::parse(&self.stage)
             .with_context(|| format!("--stage `{}`: expected experts, router, all, dense or ffn", self.stage))?;
@@ -295,7 +249,6 @@ impl Args {
             keep: self.keep,
             seed: self.seed,
             devices: self.devices,
-            nodes: self.nodes,
             balance,
             bias_update_rate: self.bias_update_rate,
             z_loss: self.z_loss,
@@ -330,15 +283,118 @@ fn emit_torch_job<B: AutodiffBackend>(
         command: std::env::args().collect::<Vec<_>>().join(" "),
         prefer: m.layout,
     };
-    let layout = super::torch_handoff::emit::<B>(model, data, config, devs, &to)?;
+    let e = super::torch_handoff::emit::<B>(model, data, config, devs, &to)?;
     eprintln!(
-        "wrote the PyTorch job ({layout} layout) to {}: see its README.md (torchrun --nproc_per_node N train.py)",
+        "wrote the PyTorch job ({} layout, {} modeling) to {}: see its README.md (torchrun --nproc-per-node N \
+         train.py; several nodes: torchrun --nnodes)",
+        e.layout,
+        e.modeling.name(),
         dir.display()
     );
     if a.json {
-        println!("{}", serde_json::json!({"engine": "torch", "job": dir, "layout": layout}));
+        println!(
+            "{}",
+            serde_json::json!({"engine": "torch", "job": dir, "layout": e.layout, "modeling": e.modeling.name()})
+        );
     }
     Ok(())
+}
+
+/// Quotes `s` for a POSIX shell when it holds anything but `[A-Za-z0-9_./=:,+@%-]`.
+fn shell_quote(s: &str) -> String {
+    let plain = !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "_./=:,+@%-".contains(c));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// `argv` without the options `drop` (each `--opt VALUE` or `--opt=VALUE`)
+/// and the flags `flags`.
+fn without_options(argv: &[String], drop: &[&str], flags: &[&str]) -> Vec<String> {
+    let mut out = Vec::with_capacity(argv.len());
+    let mut it = argv.iter();
+    while let Some(x) = it.next() {
+        if flags.contains(&x.as_str()) {
+            continue;
+        }
+        if drop.contains(&x.as_str()) {
+            it.next();
+            continue;
+        }
+        if drop.iter().any(|d| x.starts_with(&format!("{d}="))) {
+            continue;
+        }
+        out.push(x.clone());
+    }
+    out
+}
+
+/// The commands of a multi-node run of `a` (launched as `argv`): the
+/// `train ... --engine torch --emit JOB` line that writes the same run as a
+/// PyTorch FSDP2 job (`--devices` = every GPU of every node, so the global
+/// batch is the same `--batch` per device), and the `torchrun --nnodes`
+/// line of each node.
+fn nodes_commands(a: &Args, argv: &[String]) -> (String, Vec<String>) {
+    let job = match &a.out {
+        Some(o) => format!("{}-torch-job", o.display().to_string().trim_end_matches('/')),
+        None => a.emit.as_ref().map_or("torch-job".to_string(), |e| e.display().to_string()),
+    };
+    let mut emit =
+        without_options(argv, &["--nodes", "--out", "--engine", "--emit", "--devices"], &["--resume", "--json"]);
+    emit.extend([
+        "--devices".to_string(),
+        (a.devices * a.nodes).to_string(),
+        "--engine".into(),
+        "torch".into(),
+        "--emit".into(),
+        job.clone(),
+    ]);
+    let emit: Vec<String> = emit.iter().map(|x| shell_quote(x)).collect();
+    let script = shell_quote(&format!("{job}/train.py"));
+    let runs = (0..a.nodes)
+        .map(|r| {
+            format!(
+                "torchrun --nnodes {n} --nproc-per-node {d} --node-rank {r} --rdzv-backend c10d \
+                 --rdzv-endpoint HOST:29500 --rdzv-id moe-job {script}",
+                n = a.nodes,
+                d = a.devices,
+            )
+        })
+        .collect();
+    (emit.join(" "), runs)
+}
+
+/// `train --nodes N` with N > 1: the studio trains on one machine (Burn,
+/// `--devices` for its devices); several machines run the emitted PyTorch
+/// FSDP2 job under torchrun (docs/scaling.md). Prints that job's commands
+/// for this run on stdout and fails, starting nothing.
+///
+/// # Errors
+/// Always: `--nodes 0`, or the explanation after the commands.
+fn nodes_answer(a: &Args, argv: &[String]) -> anyhow::Result<()> {
+    if a.nodes == 0 {
+        bail!("--nodes must be at least 1");
+    }
+    let (emit, runs) = nodes_commands(a, argv);
+    println!("# 1. write this run as a PyTorch FSDP2 job (once, where the model and --data files are):");
+    println!("{emit}");
+    println!(
+        "# 2. on each of the {} nodes (HOST: node 0's address; the job directory at the same path on every node):",
+        a.nodes
+    );
+    for r in runs {
+        println!("{r}");
+    }
+    bail!(
+        "--nodes {}: moe-studio trains on one machine (Burn; --devices N for its devices) and hands runs over several \
+         machines to PyTorch FSDP2 under torchrun; the commands above run this one on {} nodes x {} device(s) (the \
+         job's README.md has the Slurm form); nothing was started",
+        a.nodes,
+        a.nodes,
+        a.devices
+    )
 }
 
 /// Keeps the lines of `metrics.jsonl` up to `step` (a resumed run rewrites
@@ -393,8 +449,10 @@ fn stop_flag() -> Arc<AtomicBool> {
 impl WithAutodiff for Args {
     fn run<B: AutodiffBackend>(self) -> anyhow::Result<()> {
         let a = self;
+        if a.nodes != 1 {
+            return nodes_answer(&a, &std::env::args().collect::<Vec<_>>());
+        }
         let config = a.config()?;
-        let node = a.node_spec()?;
         let specs = parse_data(&a.data)?;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let (tok, tok_files) = resolve_tokenizer(&m, a.tokenizer.as_deref())?;
@@ -425,9 +483,7 @@ impl WithAutodiff for Args {
             let (step, dir) = existing
                 .with_context(|| format!("--resume: no checkpoint (checkpoint-*/ or final/) in {}", out.display()))?;
             eprintln!("resuming from {} (step {step})", dir.display());
-            if node.as_ref().is_none_or(|n| n.rank == 0) {
-                truncate_metrics(&out.join("metrics.jsonl"), step)?;
-            }
+            truncate_metrics(&out.join("metrics.jsonl"), step)?;
             Trainer::<B>::resume(&dir, data, config.clone(), devs)?
         } else {
             if let Some((step, dir)) = existing {
@@ -442,26 +498,12 @@ impl WithAutodiff for Args {
         }
         .with_extra_files(tok_files);
         drop(m);
-        if let Some(n) = node.clone() {
-            eprintln!(
-                "rank {} of {}: joining the coordinator {} (up to {} s)",
-                n.rank,
-                n.nodes,
-                n.coordinator,
-                n.timeout.as_secs()
-            );
-            trainer.join_nodes(n)?;
-            eprintln!("all {} ranks joined; options, weights and data agree", config.nodes);
-        }
-        // Only rank 0 writes metrics.jsonl and checkpoints.
-        let writer = node.as_ref().is_none_or(|n| n.rank == 0);
         for w in trainer.warnings() {
             eprintln!("warning: {w}");
         }
         let counts = trainer.param_counts();
         eprintln!(
-            "stage {}: {} trainable parameters in {} tensors, {} frozen; {} tokens per step ({} x {} x {} device(s) x {} \
-             node(s) x {})",
+            "stage {}: {} trainable parameters in {} tensors, {} frozen; {} tokens per step ({} x {} x {} device(s) x {})",
             config.stage.name(),
             counts.trainable,
             counts.trainable_tensors,
@@ -470,22 +512,15 @@ impl WithAutodiff for Args {
             config.batch_size,
             config.seq_len,
             config.devices,
-            config.nodes,
             config.grad_accum,
         );
         let metrics_path = out.join("metrics.jsonl");
-        let mut metrics: Box<dyn Write> = if writer {
-            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-            Box::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&metrics_path)
-                    .with_context(|| format!("opening {}", metrics_path.display()))?,
-            )
-        } else {
-            Box::new(std::io::sink())
-        };
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+        let mut metrics = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&metrics_path)
+            .with_context(|| format!("opening {}", metrics_path.display()))?;
         let bar = if a.json {
             indicatif::ProgressBar::hidden()
         } else {

@@ -15,8 +15,9 @@
 //! - [`checkpoint`]: trainer state, optimizer record, stable parameter ids.
 //! - [`trainer`]: the loop (AdamW, global-norm clipping, accumulation,
 //!   checkpoints, stop flag, metrics).
-//! - `parallel` (native only): data parallelism over devices (threads) and
-//!   processes on Burn's collective all-reduce.
+//! - `parallel` (native only): data parallelism over the devices of one
+//!   process (threads) on Burn's collective all-reduce; several machines
+//!   run the emitted PyTorch FSDP2 job instead (docs/scaling.md).
 
 pub mod adamw;
 pub mod balance;
@@ -36,8 +37,6 @@ pub use losses::{
     expert_load, language_prior_loss, language_prior_loss_dp, load_balancing_loss, load_balancing_loss_dp,
     next_token_loss, router_z_loss, LbForm,
 };
-#[cfg(not(target_arch = "wasm32"))]
-pub use parallel::NodeSpec;
 pub use schedule::LrSchedule;
 #[cfg(not(target_arch = "wasm32"))]
 pub use trainer::RunOutcome;

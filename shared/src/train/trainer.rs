@@ -4,20 +4,17 @@
 //! (methods.md §1-2).
 //!
 //! One optimizer step:
-//! 1. for each of `grad_accum` micro-steps, draw `batch_size * world`
-//!    packed sequences from the [`Mixture`] (`world = devices * nodes`
-//!    replicas; every process draws the same global batch, a pure function
-//!    of the seed); with several replicas the batch is split, and each
-//!    replica of this process runs a fork of the model on its share in its
-//!    own thread;
+//! 1. for each of `grad_accum` micro-steps, draw `batch_size * devices`
+//!    packed sequences from the [`Mixture`] (a pure function of the seed);
+//!    with several devices the batch is split, and each replica runs a fork
+//!    of the model on its share in its own thread;
 //! 2. loss = next-token cross-entropy + `alpha` x load balancing (with
 //!    `--balance aux`) + `z_loss` x router z-loss + `prior` x language prior
 //!    (see [`super::losses`]), each micro-loss scaled by
 //!    `1 / (grad_accum * world)` so that the summed gradient is the mean;
 //!    with several replicas the routing counts and original-language rows
 //!    are all-reduced first, so the losses are those of the whole batch
-//!    ([`super::parallel`]: Burn's collective all-reduce between threads,
-//!    `moe-studio coordinator` between processes);
+//!    ([`super::parallel`]: Burn's collective all-reduce between threads);
 //! 3. gradients summed with Burn's `GradientsAccumulator` (and, with
 //!    several replicas, all-reduced once per step), clipped by their
 //!    GLOBAL L2 norm (as `torch.nn.utils.clip_grad_norm_`, not Burn's
@@ -96,13 +93,10 @@ pub struct TrainConfig {
     pub keep: usize,
     /// Seed of the data order (and of the backend generator).
     pub seed: u64,
-    /// Data-parallel replicas (devices) per process (1: no parallelism).
+    /// Data-parallel replicas (devices) of this process (1: no
+    /// parallelism); together they equal one replica with `devices` times
+    /// the batch.
     pub devices: usize,
-    /// Processes of a multi-process run (`--nodes`; 1: this process only).
-    /// Each runs `devices` replicas; together they equal one replica with
-    /// `devices * nodes` times the batch.
-    #[serde(default = "one")]
-    pub nodes: usize,
     /// How the load is balanced: the `alpha` loss, DeepSeek-V3's
     /// aux-loss-free selection bias, or nothing.
     #[serde(default)]
@@ -122,10 +116,6 @@ pub struct TrainConfig {
 
 fn default_bias_rate() -> f64 {
     1e-3
-}
-
-fn one() -> usize {
-    1
 }
 
 impl TrainConfig {
@@ -157,7 +147,6 @@ impl TrainConfig {
             keep: 2,
             seed: 0,
             devices: 1,
-            nodes: 1,
             balance: Balance::Aux,
             bias_update_rate: default_bias_rate(),
             z_loss: 0.0,
@@ -172,12 +161,7 @@ impl TrainConfig {
 
     /// Input tokens per optimizer step.
     pub fn tokens_per_step(&self) -> usize {
-        self.batch_size * self.replicas() * self.grad_accum * self.seq_len
-    }
-
-    /// Data-parallel replicas of the whole run (`devices * nodes`).
-    pub fn replicas(&self) -> usize {
-        self.devices * self.nodes
+        self.batch_size * self.devices * self.grad_accum * self.seq_len
     }
 
     /// Checks the values against each other and against `model`.
@@ -189,8 +173,8 @@ impl TrainConfig {
         if self.steps == 0 {
             return err("--steps", "must be at least 1".into());
         }
-        if self.batch_size == 0 || self.grad_accum == 0 || self.devices == 0 || self.nodes == 0 {
-            return err("--batch/--grad-accum/--devices/--nodes", "must be at least 1".into());
+        if self.batch_size == 0 || self.grad_accum == 0 || self.devices == 0 {
+            return err("--batch/--grad-accum/--devices", "must be at least 1".into());
         }
         if self.seq_len == 0 || self.seq_len > model.config.max_position_embeddings {
             return err(
@@ -378,10 +362,8 @@ fn micro_step<B: AutodiffBackend>(
 /// summed with Burn's `GradientsAccumulator`; with `comm`, then summed over
 /// all replicas (a trainable parameter without a gradient here is sent as
 /// zeros, and left without one when no replica had it) and the loss terms
-/// averaged over the replicas. Between threads that is Burn's
-/// `GradientsParams::all_reduce` plus two small all-reduces; across
-/// processes ONE all-reduce of `[gradients in module order | has-gradient
-/// flags | loss terms]` ([`super::parallel`]).
+/// averaged over the replicas: Burn's `GradientsParams::all_reduce` plus
+/// two small all-reduces ([`super::parallel`]).
 fn replica_grads<B: AutodiffBackend>(
     model: &Transformer<B>,
     micros: &[Batch],
@@ -408,24 +390,9 @@ fn replica_grads<B: AutodiffBackend>(
             terms.push(x.unwrap_or(0.0) as f32);
         }
     }
-    let (mut grads, any, sum) = if cluster.node().is_some() {
-        let mut pack = PackGrads::<B> { grads: &grads, values: Vec::new(), _b: std::marker::PhantomData };
-        model.visit(&mut pack);
-        let n = pack.values.len();
-        let mut v = pack.values;
-        v.extend_from_slice(&flags);
-        v.extend_from_slice(&terms);
-        let mut v = cluster.all_reduce_sum(i, &v)?;
-        let sum = v.split_off(n + flags.len());
-        let any = v.split_off(n);
-        let mut unpack = UnpackGrads::<B> { grads: &mut grads, values: &v, used: 0, _b: std::marker::PhantomData };
-        model.visit(&mut unpack);
-        (grads, any, sum)
-    } else {
-        let any = if flags.is_empty() { Vec::new() } else { cluster.all_reduce_sum(i, &flags)? };
-        let grads = cluster.all_reduce_grads(i, grads)?;
-        (grads, any, cluster.all_reduce_sum(i, &terms)?)
-    };
+    let any = if flags.is_empty() { Vec::new() } else { cluster.all_reduce_sum(i, &flags)? };
+    let mut grads = cluster.all_reduce_grads(i, grads)?;
+    let sum = cluster.all_reduce_sum(i, &terms)?;
     let absent: Vec<ParamId> = present.iter().zip(&any).filter(|(_, &n)| n == 0.0).map(|(&(id, _), _)| id).collect();
     if !absent.is_empty() {
         model.visit(&mut RemoveGrads { grads: &mut grads, ids: &absent });
@@ -439,47 +406,6 @@ fn replica_grads<B: AutodiffBackend>(
         st.prior = st.prior.map(|_| mean(3));
     }
     Ok((grads, stats))
-}
-
-/// The trainable parameters' gradients, flattened in module order (every
-/// one present: [`FillMissing`] ran first).
-struct PackGrads<'a, B: AutodiffBackend> {
-    grads: &'a GradientsParams,
-    values: Vec<f32>,
-    _b: std::marker::PhantomData<B>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for PackGrads<'_, B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if !param.is_require_grad() {
-            return;
-        }
-        let g = self.grads.get::<B::InnerBackend, D>(param.id).expect("FillMissing registered every gradient");
-        self.values.extend(g.into_data().convert::<f32>().to_vec::<f32>().expect("f32"));
-    }
-}
-
-/// Replaces the trainable parameters' gradients by consecutive slices of
-/// `values` (the layout of [`PackGrads`]), on each gradient's device.
-struct UnpackGrads<'a, B: AutodiffBackend> {
-    grads: &'a mut GradientsParams,
-    values: &'a [f32],
-    used: usize,
-    _b: std::marker::PhantomData<B>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for UnpackGrads<'_, B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if !param.is_require_grad() {
-            return;
-        }
-        let g = self.grads.get::<B::InnerBackend, D>(param.id).expect("FillMissing registered every gradient");
-        let n = g.shape().num_elements();
-        let part = self.values[self.used..self.used + n].to_vec();
-        self.used += n;
-        let t = Tensor::<B::InnerBackend, D>::from_data(TensorData::new(part, g.shape()), &g.device());
-        self.grads.register::<B::InnerBackend, D>(param.id, t);
-    }
 }
 
 /// Registers zeros for the trainable parameters without a gradient and
@@ -670,8 +596,7 @@ pub struct Trainer<B: AutodiffBackend> {
     source: String,
     extra_files: Vec<(String, Vec<u8>)>,
     warnings: Vec<String>,
-    /// The data-parallel replicas ([`super::parallel`]), when more than one
-    /// or joined across processes.
+    /// The data-parallel replicas ([`super::parallel`]), when more than one.
     cluster: Option<Cluster<B::InnerBackend>>,
 }
 
@@ -685,12 +610,6 @@ impl<B> Cluster<B> {
     fn world(&self) -> usize {
         match self.0 {}
     }
-    fn rank(&self) -> usize {
-        match self.0 {}
-    }
-    fn node(&self) -> Option<()> {
-        match self.0 {}
-    }
     fn all_reduce_sum(&self, _: usize, _: &[f32]) -> Result<Vec<f32>> {
         match self.0 {}
     }
@@ -702,7 +621,7 @@ impl<B> Cluster<B> {
 /// The local replicas of a single-process run with several devices.
 #[cfg(not(target_arch = "wasm32"))]
 fn join_local<B: Backend>(devices: &[B::Device]) -> Result<Option<Cluster<B>>> {
-    Ok(Some(Cluster::join(devices.to_vec(), None)?))
+    Ok(Some(Cluster::join(devices.to_vec())?))
 }
 
 /// wasm32: one replica only.
@@ -729,8 +648,7 @@ impl<B: AutodiffBackend> Trainer<B> {
     /// # Errors
     /// [`TrainConfig::validate`], [`apply_stage`]; [`StudioError::Config`]
     /// when `devices.len() != config.devices` or the data's sequence length
-    /// differs from `config.seq_len`. With several devices (and one node)
-    /// it registers them as Burn collective peers (waiting while another
+    /// differs from `config.seq_len`. With several devices it registers them as Burn collective peers (waiting while another
     /// data-parallel run of this process holds Burn's local server).
     pub fn new(
         model: Transformer<B>,
@@ -756,7 +674,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         let model = fold_router_temperatures(model);
         let model = apply_stage(model, config.stage, source)?;
         let model = assign_param_ids(model);
-        let cluster = if config.devices > 1 && config.nodes == 1 { join_local(&devices)? } else { None };
+        let cluster = if config.devices > 1 { join_local(&devices)? } else { None };
         Ok(Trainer {
             model: Some(model),
             optim: adamw::<B>(&config),
@@ -820,23 +738,15 @@ impl<B: AutodiffBackend> Trainer<B> {
     ///
     /// # Errors
     /// [`StudioError::Invalid`] when a replica thread panicked, a collective
-    /// all-reduce failed (a rank that left) or the loss is not finite (the
-    /// step is not applied then); [`StudioError::Config`] with `nodes > 1`
-    /// before [`Trainer::join_nodes`].
+    /// all-reduce failed or the loss is not finite (the step is not applied
+    /// then).
     pub fn step(&mut self) -> Result<StepMetrics> {
         // wasm32-unknown-unknown's std has no clock: timings read 0 there.
         #[cfg(not(target_arch = "wasm32"))]
         let t0 = std::time::Instant::now();
         let c = &self.config.clone();
-        if c.nodes > 1 && self.cluster.is_none() {
-            return Err(StudioError::config(
-                "--nodes",
-                format!("{} nodes: join them first (Trainer::join_nodes)", c.nodes),
-            ));
-        }
         let local = self.devices.len();
         let world = self.cluster.as_ref().map_or(1, |cl| cl.world());
-        let first = self.cluster.as_ref().map_or(0, |cl| cl.rank()) * local;
         let settings = LossSettings {
             alpha: if c.balance == Balance::Aux { c.alpha } else { 0.0 },
             lb_form: c.lb_form,
@@ -844,7 +754,7 @@ impl<B: AutodiffBackend> Trainer<B> {
             prior: c.prior,
             scale: 1.0 / (c.grad_accum * world) as f64,
         };
-        // Every process draws the whole batch and keeps its replicas' shares.
+        // The whole batch, split into the replicas' shares.
         let mut shares: Vec<Vec<Batch>> = (0..local).map(|_| Vec::with_capacity(c.grad_accum)).collect();
         let mut source_sequences = vec![0usize; self.data.sources().len()];
         for _ in 0..c.grad_accum {
@@ -855,7 +765,7 @@ impl<B: AutodiffBackend> Trainer<B> {
             if world == 1 {
                 shares[0].push(batch);
             } else {
-                for (i, part) in batch.split(world).into_iter().skip(first).take(local).enumerate() {
+                for (i, part) in batch.split(world).into_iter().enumerate() {
                     shares[i].push(part);
                 }
             }
@@ -1040,85 +950,6 @@ mod native {
     }
 
     impl<B: AutodiffBackend> Trainer<B> {
-        /// Joins the other processes of a multi-process run (through
-        /// `moe-studio coordinator` at `spec.coordinator`; this process's
-        /// `config.devices` replicas are Burn local peers) and checks, with
-        /// one all-reduce of checksums, that every rank has the same
-        /// options, weights, optimizer state and data position (rank 0's
-        /// weights are verified, not sent: every rank loads the same
-        /// checkpoint). Call it after [`Trainer::new`] / [`Trainer::resume`]
-        /// and before the first step. `spec.nodes` must equal
-        /// `config.nodes`; `nodes = 1` runs the distributed path with one
-        /// process.
-        ///
-        /// # Errors
-        /// [`StudioError::Config`] for a rank out of range or a node count
-        /// that differs from the options; [`StudioError::Invalid`] when the
-        /// coordinator does not answer or not all ranks join within
-        /// `spec.timeout`, when it refuses the rank, or when the ranks
-        /// disagree (naming what).
-        pub fn join_nodes(&mut self, spec: crate::train::parallel::NodeSpec) -> Result<()> {
-            spec.validate()?;
-            if spec.nodes != self.config.nodes {
-                return Err(StudioError::config(
-                    "--nodes",
-                    format!("the node spec has {} nodes, the options {}", spec.nodes, self.config.nodes),
-                ));
-            }
-            self.cluster = None; // a local-only cluster first leaves Burn's local server
-            self.cluster = Some(Cluster::join(self.devices.clone(), Some(spec))?);
-            let f = self.fingerprint();
-            f.verify(self.cluster.as_ref().expect("joined"))
-        }
-
-        /// This process's rank (0 unless joined to other processes): only
-        /// rank 0 writes checkpoints.
-        pub fn rank(&self) -> usize {
-            self.cluster.as_ref().map_or(0, |c| c.rank())
-        }
-
-        /// Checksums of the options, the weights + optimizer state, and the
-        /// data position ([`crate::train::parallel::Fingerprint`]).
-        pub fn fingerprint(&self) -> crate::train::parallel::Fingerprint {
-            use crate::train::parallel::{fnv, Fingerprint, FNV0};
-            struct Weights(u64);
-            impl<B: Backend> ModuleVisitor<B> for Weights {
-                fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-                    let v = param.val().into_data().convert::<f32>().to_vec::<f32>().expect("f32");
-                    self.0 = fnv(self.0, v.iter().map(|x| x.to_bits()));
-                }
-            }
-            let bytes = |b: &[u8]| fnv(FNV0, b.chunks(4).map(|c| c.iter().fold(0u32, |a, &x| (a << 8) | u32::from(x))));
-            let mut w = Weights(FNV0);
-            self.model().visit(&mut w);
-            // Burn's optimizer record is a HashMap keyed by parameter id,
-            // whose iteration (and so serialization) order differs between
-            // processes: hash it entry by entry in id order.
-            let mut entries: Vec<(u64, Vec<u8>)> =
-                self.optim.to_record().into_iter().map(|(id, r)| (id.val(), record_to_bytes::<B, _>(r))).collect();
-            entries.sort_by_key(|e| e.0);
-            let opt = entries.iter().fold(FNV0, |h, (id, b)| {
-                let hb = bytes(b);
-                fnv(h, [*id as u32, (*id >> 32) as u32, b.len() as u32, hb as u32, (hb >> 32) as u32])
-            });
-            let st = self.state();
-            let data = serde_json::to_vec(&(&st.data, &st.sources, st.step, st.tokens)).expect("json");
-            Fingerprint {
-                config: bytes(&serde_json::to_vec(&self.config).expect("json")),
-                weights: fnv(w.0, [opt as u32, (opt >> 32) as u32]),
-                data: bytes(&data),
-            }
-        }
-
-        /// Whether any rank's stop flag is set (all ranks must stop at the
-        /// same step, or the others would wait in the next all-reduce).
-        fn agree_stop(&self, mine: bool) -> Result<bool> {
-            match &self.cluster {
-                Some(c) if c.node().is_some() => Ok(c.all_reduce_process(&[if mine { 1.0 } else { 0.0 }])?[0] > 0.0),
-                _ => Ok(mine),
-            }
-        }
-
         /// Continues the run saved in checkpoint directory `dir`: loads its
         /// weights on `devices[0]`, the AdamW state, the step and the data
         /// position. `config` must equal the saved one except for `steps`,
@@ -1209,10 +1040,8 @@ mod native {
         /// Runs until `config.steps`, writing periodic checkpoints
         /// (`out/checkpoint-NNNNNN`, the newest `keep` kept) and the final
         /// one (`out/final`), calling `on_step` after each step. Checks
-        /// `stop` before each step: when set (on any rank of a
-        /// multi-process run), saves a checkpoint and returns
-        /// [`RunOutcome::Stopped`]. Only rank 0 writes into `out`; the other
-        /// ranks return the paths rank 0 writes.
+        /// `stop` before each step: when set, saves a checkpoint and returns
+        /// [`RunOutcome::Stopped`].
         ///
         /// # Errors
         /// Those of [`Trainer::step`] and [`Trainer::save_checkpoint`].
@@ -1222,25 +1051,19 @@ mod native {
             stop: &AtomicBool,
             mut on_step: impl FnMut(&StepMetrics),
         ) -> Result<RunOutcome> {
-            let writer = self.rank() == 0;
-            if writer {
-                std::fs::create_dir_all(out).map_err(|e| StudioError::io(out.display(), e))?;
-            }
+            std::fs::create_dir_all(out).map_err(|e| StudioError::io(out.display(), e))?;
             while self.step < self.config.steps {
-                if self.agree_stop(stop.load(Ordering::SeqCst))? {
+                if stop.load(Ordering::SeqCst) {
                     return self.stopped(out);
                 }
                 let m = self.step()?;
                 on_step(&m);
                 let every = self.config.save_every;
-                if writer && every > 0 && self.step.is_multiple_of(every) && self.step < self.config.steps {
+                if every > 0 && self.step.is_multiple_of(every) && self.step < self.config.steps {
                     self.save_periodic(out)?;
                 }
             }
             let fin = out.join(FINAL_DIR);
-            if !writer {
-                return Ok(RunOutcome::Finished(fin));
-            }
             let old = out.join(format!("{FINAL_DIR}.old"));
             if fin.exists() {
                 if old.exists() {
@@ -1280,10 +1103,6 @@ mod native {
         fn stopped(&self, out: &Path) -> Result<RunOutcome> {
             if self.step == 0 {
                 return Ok(RunOutcome::Stopped { step: 0, checkpoint: None });
-            }
-            if self.rank() != 0 {
-                // Rank 0 writes (or has written) this step's checkpoint.
-                return Ok(RunOutcome::Stopped { step: self.step, checkpoint: Some(self.periodic_dir(out)) });
             }
             if let Some((s, p)) = latest_checkpoint(out) {
                 if s == self.step {

@@ -1,41 +1,57 @@
 #!/usr/bin/env python3
-"""moe-studio's PyTorch hand-off: one training stage of an upcycled MoE on
-PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``: parameters, gradients
-and AdamW state sharded over every rank, i.e. FULL_SHARD / ZeRO-3), written
-by ``moe-studio train ... --engine torch --emit DIR`` beside this file.
+"""moe-studio's PyTorch hand-off: one training stage of an MoE on PyTorch
+FSDP2 (``torch.distributed.fsdp.fully_shard``: parameters, gradients and
+AdamW state sharded over every rank, i.e. FULL_SHARD / ZeRO-3), written by
+``moe-studio train ... --engine torch --emit DIR`` beside this file.
 
 It runs the same stage as moe-studio's Burn trainer (shared/src/train,
-docs/methods.md §1 "DeltaMoE" and "MoE-LPR stage 2"):
+docs/methods.md §1 "DeltaMoE" and "MoE-LPR stage 2", §2 DUME+/BTX, §3.6
+NeuronMoE, §5.2 load balancing):
 
-- model: ``model/``, the checkpoint moe-studio exported in a layout
-  transformers loads (Mixtral / Qwen2-MoE, shared/src/layout/);
+- model: ``model/``, the checkpoint moe-studio exported, in one of two forms
+  (``job.json`` ``modeling``):
+  - ``transformers``: a layout a transformers class loads exactly (Mixtral /
+    Qwen2-MoE, shared/src/layout/);
+  - ``studio``: the studio layout (``model_type: moe_studio``) for what no
+    transformers class holds (per-layer expert counts and dense layers,
+    router bias, selection bias, several shared experts, granular experts):
+    the base family's transformers class with each MoE layer's FFN replaced
+    by ``studio_moe.StudioMoeBlock`` (``studio_moe.py`` beside this file);
 - freezing (shared/src/train/freeze.rs): stage ``experts`` trains the
-  routers, every expert not listed in ``moe_studio.frozen_experts`` and the
-  shared experts unless ``moe_studio.shared_frozen`` (a zero stand-in shared
-  expert stays frozen); stage ``router`` trains the routers only. The
-  experts of one layer are one fused tensor in transformers 5
+  routers (weight and bias), every expert not in its layer's frozen list and
+  the shared experts with their gate unless frozen (a zero stand-in shared
+  expert stays frozen); stage ``router`` trains the routers only. In the
+  transformers form a layer's experts are one fused tensor
   (``mlp.experts.gate_up_proj [E, 2f, d]``, ``down_proj [E, d, f]``): the
   rows of frozen experts get a zero gradient and no weight decay, so they
-  stay bit-identical;
+  stay bit-identical. A dense model (``layout: dense``): stage ``dense``
+  trains every tensor, stage ``ffn`` every layer's FFN only;
 - data: ``data/tokens.u32``, the packed sequences moe-studio would train on,
   in its order (no re-tokenisation, no shuffling here);
 - losses (shared/src/train/losses.rs): next-token cross-entropy +
-  ``alpha`` x load balancing (per-layer ``E * sum_i f_i P_i`` or
+  ``alpha`` x load balancing (per-layer ``E_l * sum_i f_i P_i`` or
   transformers' pooled form) + ``z_loss`` x router z-loss + ``prior`` x the
   language prior (router cross-entropy against expert 0 on original-language
   sequences). The routing fractions ``f_i`` and the language-prior token
   count are taken over the whole micro-batch of all ranks (all-reduced), so
   the result does not depend on the number of ranks and equals moe-studio's
   single-device trainer with the same global batch;
+- ``balance: aux-free`` (DeepSeek-V3 §2.1.2, shared/src/train/balance.rs):
+  after every optimizer step each MoE layer's selection bias moves by
+  ``bias_update_rate * sign(mean load - load_i)`` over the step's routed
+  slots of all ranks;
 - optimiser: torch.optim.AdamW with Burn's hyper-parameters, global-norm
   clipping (``clip_grad_norm_``), warm-up + cosine schedule
-  (shared/src/train/schedule.rs), checkpoint cadence and ``keep``.
+  (shared/src/train/schedule.rs), checkpoint cadence and ``keep``. An
+  expert no token of the whole step chose gets no update (no gradient, as
+  in the Burn trainer).
 
 Launch with torchrun (README.md beside this file). Output: ``OUT/metrics.jsonl``
 (one JSON line per step, the fields of moe-studio's metrics), periodic
 ``OUT/checkpoint-NNNNNN/`` (a loadable model directory + ``dcp/`` for
-``--resume``) and ``OUT/final/`` — model directories in the exported layout
-that ``moe-studio graft|route|eval|inspect`` read unchanged.
+``--resume``, renamed into place only when complete) and ``OUT/final/`` —
+model directories in the exported layout that ``moe-studio
+graft|route|eval|inspect|neurons`` read unchanged.
 """
 
 import argparse
@@ -55,6 +71,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FORMAT = "moe-studio-torch-job"
+CHECKPOINT = re.compile(r"^checkpoint-(\d{6})$")
 
 
 def fail(msg):
@@ -83,11 +100,14 @@ class Job:
         path = os.path.join(root, "job.json")
         with open(path) as f:
             j = json.load(f)
-        if j.get("format") != FORMAT or j.get("version") != 1:
-            fail(f"{path}: not a {FORMAT} version 1 file")
+        if j.get("format") != FORMAT or j.get("version") not in (1, 2):
+            fail(f"{path}: not a {FORMAT} version 1 or 2 file")
         self.j = j
         self.root = root
         self.c = j["train"]
+        if self.c.get("stage") not in ("experts", "router", "dense", "ffn"):
+            fail(f"{path}: stage {self.c.get('stage')!r}; this job trains the stages experts, router, dense and ffn")
+        self.modeling = j.get("modeling", "transformers")
         self.model_dir = os.path.join(root, j["model"])
         d = j["data"]
         self.rows, self.row_len = d["rows"], d["row_len"]
@@ -121,97 +141,274 @@ def rank_batch(job, step, micro, rank, world):
     )
 
 
-LAYER = re.compile(r"^model\.layers\.(\d+)\.mlp\.(.*)$")
+class Route:
+    """One MoE layer's routing in one forward pass: router logits `[tokens, E]`
+    (differentiable), this rank's routed slots per expert (`None`: recount
+    from the logits), `k` and `E`."""
+
+    def __init__(self, layer, logits, counts, k, e):
+        self.layer, self.logits, self.counts, self.k, self.e = layer, logits, counts, k, e
 
 
-def select_trainable(model, job):
-    """Sets requires_grad per shared/src/train/freeze.rs; returns the fused
-    expert parameters with frozen experts as {name: frozen expert indices}."""
-    stage = job.c["stage"]
-    studio = job.config_json.get("moe_studio", {})
-    frozen = studio.get("frozen_experts", [])
-    shared_frozen = studio.get("shared_frozen", [])
-    zero_shared = bool(studio.get("zero_shared_expert", False))
-    masked = {}
-    seen_router = set()
-    for name, p in model.named_parameters():
-        p.requires_grad_(False)
-        m = LAYER.match(name)
-        if not m:
-            continue
-        layer, rest = int(m.group(1)), m.group(2)
-        if rest == "gate.weight":
-            p.requires_grad_(True)
-            seen_router.add(layer)
-        elif stage == "experts" and rest in ("experts.gate_up_proj", "experts.down_proj"):
-            fz = [e for e in (frozen[layer] if layer < len(frozen) else []) if e < p.shape[0]]
-            if len(fz) < p.shape[0]:
+def safetensors_files(d):
+    """{tensor name: file} of a model directory (one file or an index)."""
+    idx = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(idx):
+        with open(idx) as f:
+            return dict(json.load(f)["weight_map"])
+    from safetensors import safe_open
+
+    out = {}
+    for fn in sorted(x for x in os.listdir(d) if x.endswith(".safetensors")):
+        with safe_open(os.path.join(d, fn), "pt") as f:
+            out.update({k: fn for k in f.keys()})
+    return out
+
+
+class TransformersModel:
+    """``modeling: transformers``: a Mixtral / Qwen2-MoE checkpoint, the
+    transformers class with fused experts."""
+
+    LAYER = re.compile(r"^model\.layers\.(\d+)\.mlp\.(.*)$")
+
+    def __init__(self, job):
+        from transformers import AutoModelForCausalLM
+
+        self.job = job
+        self.model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=torch.float32)
+        cfg = self.model.config
+        self.num_experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+        self.top_k = getattr(cfg, "num_experts_per_tok", None)
+        self.dense = job.c["stage"] in ("dense", "ffn")
+
+    def select_trainable(self):
+        """Sets requires_grad per shared/src/train/freeze.rs; returns the fused
+        expert parameters with frozen experts as {name: frozen expert indices}."""
+        job = self.job
+        stage = job.c["stage"]
+        if self.dense:
+            # A dense model (DUME's domain experts): stage dense trains everything, stage ffn
+            # every layer's FFN (mlp.gate/up/down_proj) and nothing else.
+            if self.num_experts:
+                fail(f"stage {stage} on an MoE model: use stage experts or router")
+            for name, p in self.model.named_parameters():
+                p.requires_grad_(stage == "dense" or ".mlp." in name)
+            return {}
+        studio = job.config_json.get("moe_studio", {})
+        frozen = studio.get("frozen_experts", [])
+        shared_frozen = studio.get("shared_frozen", [])
+        zero_shared = bool(studio.get("zero_shared_expert", False))
+        masked = {}
+        seen_router = set()
+        for name, p in self.model.named_parameters():
+            p.requires_grad_(False)
+            m = self.LAYER.match(name)
+            if not m:
+                continue
+            layer, rest = int(m.group(1)), m.group(2)
+            if rest == "gate.weight":
                 p.requires_grad_(True)
-                if fz:
-                    masked[name] = fz
-        elif stage == "experts" and (rest.startswith("shared_expert.") or rest == "shared_expert_gate.weight"):
-            sf = layer < len(shared_frozen) and shared_frozen[layer]
-            if not (zero_shared or sf):
+                seen_router.add(layer)
+            elif stage == "experts" and rest in ("experts.gate_up_proj", "experts.down_proj"):
+                fz = [e for e in (frozen[layer] if layer < len(frozen) else []) if e < p.shape[0]]
+                if len(fz) < p.shape[0]:
+                    p.requires_grad_(True)
+                    if fz:
+                        masked[name] = fz
+            elif stage == "experts" and (rest.startswith("shared_expert.") or rest == "shared_expert_gate.weight"):
+                sf = layer < len(shared_frozen) and shared_frozen[layer]
+                if not (zero_shared or sf):
+                    p.requires_grad_(True)
+            elif stage == "experts" and rest.startswith("experts."):
+                fail(f"{name}: unknown expert tensor (this script knows transformers 5's fused "
+                     "experts.gate_up_proj / experts.down_proj)")
+        moe_layers = {i for i, f in enumerate(frozen) if f} | seen_router
+        if not seen_router:
+            fail("no router (model.layers.N.mlp.gate.weight) found: is model/ an MoE?")
+        missing = sorted(i for i in moe_layers if i not in seen_router)
+        if missing:
+            fail(f"layers {missing} have frozen experts but no router parameter")
+        return masked
+
+    def forward(self, inp):
+        if self.dense:
+            return self.model(input_ids=inp, use_cache=False).logits, []
+        o = self.model(input_ids=inp, output_router_logits=True, use_cache=False)
+        router = [r for r in o.router_logits if r is not None]
+        return o.logits, [Route(i, r, None, self.top_k, self.num_experts) for i, r in enumerate(router)]
+
+    def expert_params(self):
+        """{(layer, expert): [parameters]} of separately stored experts (none here)."""
+        return {}
+
+    def selection_biases(self):
+        return {}
+
+    def layers(self):
+        return None
+
+    def save(self, sd, tmp):
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            sd.pop("lm_head.weight", None)  # tied: the exported checkpoint has none
+        self.model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
+
+
+class StudioModel:
+    """``modeling: studio``: the studio layout on the base family's
+    transformers class with ``studio_moe.StudioMoeBlock`` FFNs."""
+
+    def __init__(self, job):
+        sys.path.insert(0, HERE)
+        import studio_moe
+        from safetensors.torch import load_file
+
+        self.job = job
+        self.sm = studio_moe
+        j = job.j
+        self.specs = studio_moe.moe_layers(job.config_json)
+        self.model = studio_moe.build(j["base_config"], job.config_json, j["activation"])
+        self.tied = bool(j["base_config"].get("tie_word_embeddings", False))
+        self.files = safetensors_files(job.model_dir)
+        tensors = {}
+        for fn in sorted(set(self.files.values())):
+            tensors.update(load_file(os.path.join(job.model_dir, fn)))
+        try:
+            studio_moe.load_state(self.model, tensors, self.tied)
+        except ValueError as e:
+            fail(f"{job.model_dir}: {e}")
+        self.blocks = studio_moe.moe_block_list(self.model)
+        self.moe_set = {l for l, _ in self.blocks}
+
+    def select_trainable(self):
+        """shared/src/train/freeze.rs on the per-expert modules."""
+        stage = self.job.c["stage"]
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        for l, blk in self.blocks:
+            spec = self.specs[l]
+            for p in blk.gate.parameters():
                 p.requires_grad_(True)
-        elif stage == "experts" and rest.startswith("experts."):
-            fail(f"{name}: unknown expert tensor (this script knows transformers 5's fused "
-                 "experts.gate_up_proj / experts.down_proj)")
-    moe_layers = {i for i, f in enumerate(frozen) if f} | seen_router
-    if not seen_router:
-        fail("no router (model.layers.N.mlp.gate.weight) found: is model/ an MoE?")
-    missing = sorted(i for i in moe_layers if i not in seen_router)
-    if missing:
-        fail(f"layers {missing} have frozen experts but no router parameter")
-    return masked
+            if stage != "experts":
+                continue
+            frozen = set(spec.get("frozen", []))
+            for e, ex in enumerate(blk.experts):
+                if e not in frozen:
+                    ex.requires_grad_(True)
+            if not spec.get("shared_frozen", False):
+                for ex in blk.shared_experts:
+                    ex.requires_grad_(True)
+                if blk.shared_expert_gate is not None:
+                    blk.shared_expert_gate.requires_grad_(True)
+        if not self.blocks:
+            fail("model/config.json has no MoE layer (moe_layers all null)")
+        return {}
+
+    def forward(self, inp):
+        o = self.model(input_ids=inp, use_cache=False)
+        return o.logits, [Route(l, b.logits, b.counts, b.top_k, b.num_experts) for l, b in self.blocks]
+
+    def expert_params(self):
+        return {(l, e): list(ex.parameters()) for l, b in self.blocks for e, ex in enumerate(b.experts)}
+
+    def selection_biases(self):
+        return {l: b.selection_bias() for l, b in self.blocks if b.selection_bias() is not None}
+
+    def layers(self):
+        return len(self.specs)
+
+    def save(self, sd, tmp):
+        from safetensors.torch import save_file
+
+        canon = {self.sm.canonical_name(k, self.moe_set): v for k, v in sd.items()}
+        if self.tied:
+            canon.pop("lm_head.weight", None)
+        if set(canon) != set(self.files):
+            fail(f"the trained state has other tensors than model/: {sorted(set(canon) ^ set(self.files))[:8]}")
+        os.makedirs(tmp, exist_ok=True)
+        by_file = {}
+        for k, fn in self.files.items():
+            by_file.setdefault(fn, {})[k] = canon[k].detach().to(torch.float32).contiguous()
+        for fn, ts in by_file.items():
+            save_file(ts, os.path.join(tmp, fn), metadata={"format": "pt"})
+        idx = os.path.join(self.job.model_dir, "model.safetensors.index.json")
+        if os.path.exists(idx):
+            shutil.copy2(idx, os.path.join(tmp, "model.safetensors.index.json"))
 
 
-def load_balancing(logits_per_layer, top_k, num_experts, form, group_sum):
+def load_balancing(routes, form, group_sum):
     """shared/src/train/losses.rs::load_balancing_loss with the routing
     fractions over the whole micro-batch of all ranks. Returns (the rank's
     differentiable term whose mean over ranks is the global loss, counts
     per layer over all ranks)."""
-    counts = []
-    for lg in logits_per_layer:
-        idx = torch.topk(lg.detach(), top_k, dim=-1).indices.reshape(-1)
-        counts.append(torch.bincount(idx, minlength=num_experts).to(torch.float64))
-    stacked = group_sum(torch.stack(counts))
-    rows_local = logits_per_layer[0].shape[0]
-    world_rows = group_sum(torch.tensor([float(rows_local)], dtype=torch.float64)).item()
+    local = []
+    for r in routes:
+        if r.counts is None:
+            idx = torch.topk(r.logits.detach(), r.k, dim=-1).indices.reshape(-1)
+            local.append(torch.bincount(idx, minlength=r.e).to(torch.float64).cpu())
+        else:
+            local.append(r.counts.to(torch.float64).cpu())
+    rows_local = routes[0].logits.shape[0]
+    sizes = [len(c) for c in local]
+    flat = group_sum(torch.cat(local + [torch.tensor([float(rows_local)], dtype=torch.float64)]))
+    world_rows = flat[-1].item()
+    stacked = list(torch.split(flat[:-1], sizes))
     if form == "per-layer":
         total = 0.0
-        for lg, c in zip(logits_per_layer, stacked):
-            p = torch.softmax(lg.float(), dim=-1).mean(dim=0)
-            f = (c / max(world_rows * top_k, 1.0)).to(torch.float32)
-            total = total + (p * f).sum() * num_experts
-        return total / len(logits_per_layer), stacked
-    # hf-mixtral: counts and probabilities pooled over layers first.
-    f = (stacked.sum(dim=0) / (world_rows * len(logits_per_layer))).to(torch.float32)
-    psum = sum(torch.softmax(lg.float(), dim=-1).sum(dim=0) for lg in logits_per_layer)
-    p = psum / (rows_local * len(logits_per_layer))
-    return (p * f).sum() * num_experts, stacked
+        for r, c in zip(routes, stacked):
+            p = torch.softmax(r.logits.float(), dim=-1).mean(dim=0)
+            f = (c / max(world_rows * r.k, 1.0)).to(torch.float32).to(p.device)
+            total = total + (p * f).sum() * r.e
+        return total / len(routes), stacked
+    # hf-mixtral: counts and probabilities pooled over layers first (equal E).
+    e = routes[0].e
+    f = (torch.stack(stacked).sum(dim=0) / (world_rows * len(routes))).to(torch.float32)
+    psum = sum(torch.softmax(r.logits.float(), dim=-1).sum(dim=0) for r in routes)
+    p = psum / (rows_local * len(routes))
+    return (p * f.to(p.device)).sum() * e, stacked
 
 
-def z_loss(logits_per_layer):
+def z_loss(routes):
     """ST-MoE Eq. 5 (losses.rs::router_z_loss): mean over rows of lse^2, mean over layers."""
-    return sum(torch.logsumexp(lg.float(), dim=-1).pow(2).mean() for lg in logits_per_layer) / len(logits_per_layer)
+    return sum(torch.logsumexp(r.logits.float(), dim=-1).pow(2).mean() for r in routes) / len(routes)
 
 
-def language_prior(logits_per_layer, row_mask, masked_global, world):
+def language_prior(routes, row_mask, masked_global, world):
     """losses.rs::language_prior_loss over the masked rows of all ranks:
     returns the rank's term whose mean over ranks is the global loss."""
     total = 0.0
     w = row_mask.to(torch.float32)
-    for lg in logits_per_layer:
-        logp0 = torch.log_softmax(lg.float(), dim=-1)[:, 0]
+    for r in routes:
+        logp0 = torch.log_softmax(r.logits.float(), dim=-1)[:, 0]
         total = total - (logp0 * w).sum() * world / masked_global
-    return total / len(logits_per_layer)
+    return total / len(routes)
+
+
+def update_selection_bias(bias, counts, rate):
+    """shared/src/train/balance.rs::update_selection_bias: `b_i += rate *
+    sign(mean - c_i)` in f64, stored as f32; a balanced expert keeps its bias."""
+    b = bias.detach().cpu().numpy().astype(np.float64)
+    c = np.asarray(counts, dtype=np.float64)
+    err = c.sum() / max(len(c), 1) - c
+    new = np.where(err != 0.0, b + rate * np.sign(err), b).astype(np.float32)
+    with torch.no_grad():
+        bias.copy_(torch.from_numpy(new).to(bias.device))
+
+
+def complete_checkpoints(out):
+    """[(step, dir)] of the finished checkpoints in `out`, oldest first."""
+    found = []
+    for d in os.listdir(out):
+        m = CHECKPOINT.match(d)
+        if m and os.path.exists(os.path.join(out, d, "trainer_state.json")):
+            found.append((int(m.group(1)), os.path.join(out, d)))
+    return sorted(found)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--job", default=HERE, help="the job directory (default: this file's)")
     ap.add_argument("--out", default=None, help="output directory (default: JOB/out)")
-    ap.add_argument("--resume", action="store_true", help="continue from the newest OUT/checkpoint-*")
+    ap.add_argument("--resume", action="store_true", help="continue from the newest complete OUT/checkpoint-*")
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
                     help="compute dtype (bf16: FSDP2 MixedPrecisionPolicy, f32 master weights and reductions)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -225,7 +422,6 @@ def main():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor, distribute_tensor
-    from transformers import AutoModelForCausalLM
 
     if "RANK" not in os.environ:
         fail("launch with torchrun (see README.md), e.g. torchrun --nproc_per_node 1 train.py")
@@ -247,10 +443,16 @@ def main():
     out = args.out or os.path.join(job.root, "out")
     os.makedirs(out, exist_ok=True)
 
-    model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=torch.float32)
+    if job.modeling == "studio":
+        wrapper = StudioModel(job)
+    elif job.modeling == "transformers":
+        wrapper = TransformersModel(job)
+    else:
+        fail(f"job.json: unknown modeling `{job.modeling}` (expected transformers or studio)")
+    model = wrapper.model
     model.config.use_cache = False
     model.train()
-    masked = select_trainable(model, job)
+    masked = wrapper.select_trainable()
     mesh = init_device_mesh(device.type, (world,))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32,
                               reduce_dtype=torch.float32)
@@ -267,6 +469,9 @@ def main():
         m[fz] = 0.0
         masks[name] = distribute_tensor(m, p.device_mesh, p.placements) if isinstance(p, DTensor) else m
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    # Separately stored experts (studio form) that train: dropped from a step no token routed to them.
+    expert_params = {key: [p for p in ps if p.requires_grad] for key, ps in wrapper.expert_params().items()}
+    expert_params = {key: ps for key, ps in expert_params.items() if ps}
     wd = c["weight_decay"]
     groups = [
         {"params": [p for n, p in trainable if n not in masks], "weight_decay": wd},
@@ -279,10 +484,9 @@ def main():
     n_train = sum(p.numel() * (1 - len(masked.get(n, [])) / p.shape[0]) for n, p in trainable)
     n_all = sum(p.numel() for p in model.parameters())
     sched = {"lr": c["lr"], "warmup": c["warmup"], "total": c["steps"], "min_ratio": c["min_lr_ratio"]}
-    moe_cfg = model.config
-    num_experts = getattr(moe_cfg, "num_local_experts", None) or moe_cfg.num_experts
-    top_k = moe_cfg.num_experts_per_tok
     alpha = c["alpha"] if c["balance"] == "aux" else 0.0
+    aux_free = c["balance"] == "aux-free"
+    biases = wrapper.selection_biases()
     ga, L = c["grad_accum"], c["seq_len"]
     steps = c["steps"] if args.max_steps is None else min(c["steps"], args.max_steps)
     needed = steps * ga * job.global_batch
@@ -301,10 +505,10 @@ def main():
     start = 0
     metrics_path = os.path.join(out, "metrics.jsonl")
     if args.resume:
-        ck = sorted(d for d in os.listdir(out) if d.startswith("checkpoint-"))
+        ck = complete_checkpoints(out)
         if not ck:
-            fail(f"--resume: no checkpoint-* in {out}")
-        d = os.path.join(out, ck[-1])
+            fail(f"--resume: no complete checkpoint-NNNNNN (with trainer_state.json) in {out}")
+        d = ck[-1][1]
         state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
         dcp.load(state, checkpoint_id=os.path.join(d, "dcp"))
         set_model_state_dict(model, state["model"])
@@ -317,20 +521,20 @@ def main():
                 kept = [l for l in f if l.strip() and json.loads(l)["step"] <= start]
             with open(metrics_path, "w") as f:
                 f.writelines(kept)
+        dist.barrier()
     elif rank == 0 and os.path.exists(metrics_path):
         os.remove(metrics_path)
-    log(f"stage {c['stage']}: {int(n_train)} trainable parameters of {n_all}; {world} rank(s) on {device.type}, "
-        f"{job.global_batch // world} sequences per rank per micro-step, {ga} micro-step(s), seq {L}")
+    log(f"stage {c['stage']} ({job.modeling} modeling): {int(n_train)} trainable parameters of {n_all}; "
+        f"{world} rank(s) on {device.type}, {job.global_batch // world} sequences per rank per micro-step, "
+        f"{ga} micro-step(s), seq {L}")
 
     def save_model_dir(dst):
         """Gathers the full state dict and writes a model directory in the exported layout (rank 0)."""
         sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if getattr(model.config, "tie_word_embeddings", False):
-            sd.pop("lm_head.weight", None)  # tied: the exported checkpoint has none
         if rank == 0:
             tmp = dst + ".tmp"
             shutil.rmtree(tmp, ignore_errors=True)
-            model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
+            wrapper.save(sd, tmp)
             for f in os.listdir(job.model_dir):
                 if not f.endswith((".safetensors", ".safetensors.index.json")):
                     shutil.copy2(os.path.join(job.model_dir, f), os.path.join(tmp, f))
@@ -340,7 +544,13 @@ def main():
         dist.barrier()
 
     def save_checkpoint(step):
-        d = os.path.join(out, f"checkpoint-{step:06d}")
+        """`checkpoint-NNNNNN/` written as `.checkpoint-NNNNNN.tmp/` and renamed when complete,
+        so a run killed while saving leaves the previous checkpoint as the newest."""
+        final = os.path.join(out, f"checkpoint-{step:06d}")
+        d = os.path.join(out, f".checkpoint-{step:06d}.tmp")
+        if rank == 0:
+            shutil.rmtree(d, ignore_errors=True)
+        dist.barrier()
         state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
         dcp.save(state, checkpoint_id=os.path.join(d, "dcp"))
         save_model_dir(os.path.join(d, "model.tmpdir"))
@@ -351,56 +561,71 @@ def main():
             os.rmdir(mdir)
             with open(os.path.join(d, "trainer_state.json"), "w") as f:
                 json.dump({"format": "moe-studio-torch-trainer-state", "step": step}, f)
-            ck = sorted(x for x in os.listdir(out) if x.startswith("checkpoint-"))
-            for old in ck[: max(len(ck) - max(c["keep"], 1), 0)]:
-                shutil.rmtree(os.path.join(out, old))
+            shutil.rmtree(final, ignore_errors=True)
+            os.rename(d, final)
+            ck = complete_checkpoints(out)
+            for _, old in ck[: max(len(ck) - max(c["keep"], 1), 0)]:
+                shutil.rmtree(old)
         dist.barrier()
 
+    n_layers = wrapper.layers()
     tokens_seen = start * ga * job.global_batch * L
     for step in range(start, steps):
         t0 = time.time()
         ces, lbs, zs, priors = [], [], [], []
         load = None
+        routed_layers = None
         src_seq = [0] * len(job.j["sources"])
         for micro in range(ga):
             inp, tgt, row_orig, orig_global, srcs = rank_batch(job, step, micro, rank, world)
             for s in srcs:
                 src_seq[int(s)] += 1
             inp, tgt = inp.to(device), tgt.to(device)
-            o = model(input_ids=inp, output_router_logits=True, use_cache=False)
-            logits = o.logits.float()
+            logits, routes = wrapper.forward(inp)
+            logits = logits.float()
             ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
-            router = [r for r in o.router_logits if r is not None]
-            lb, counts = load_balancing(router, top_k, num_experts, c["lb_form"], group_sum)
-            total = ce + alpha * lb if alpha > 0 else ce
-            zl = z_loss(router)
-            if c["z_loss"] > 0:
-                total = total + c["z_loss"] * zl
-            pr = None
-            if orig_global > 0:
+            total = ce
+            lb = zl = pr = None
+            counts = []
+            if routes:
+                lb, counts = load_balancing(routes, c["lb_form"], group_sum)
+                if alpha > 0:
+                    total = total + alpha * lb
+                zl = z_loss(routes)
+                if c["z_loss"] > 0:
+                    total = total + c["z_loss"] * zl
+            if routes and orig_global > 0:
                 token_mask = row_orig.repeat_interleave(L).to(device)
-                pr = language_prior(router, token_mask, orig_global * L, world)
+                pr = language_prior(routes, token_mask, orig_global * L, world)
                 if c["prior"] > 0:
                     total = total + c["prior"] * pr
             (total / ga).backward()
-            vals = torch.tensor([ce.item(), lb.item(), zl.item(), pr.item() if pr is not None else 0.0],
+            vals = torch.tensor([ce.item()] + [x.item() if x is not None else 0.0 for x in (lb, zl, pr)],
                                 dtype=torch.float64)
             vals = group_sum(vals) / world
             ces.append(vals[0].item())
-            lbs.append(vals[1].item())
-            zs.append(vals[2].item())
+            if lb is not None:
+                lbs.append(vals[1].item())
+                zs.append(vals[2].item())
             if pr is not None:
                 priors.append(vals[3].item())
-            load = counts if load is None else load + counts
+            load = counts if load is None else [a + b for a, b in zip(load, counts)]
+            routed_layers = [r.layer for r in routes]
         for name, m in masks.items():
             g = named[name].grad
             if g is not None:
                 g.mul_(m)
+        # As Burn: an expert that no token of the step chose (on any rank) has no gradient.
+        layer_load = dict(zip(routed_layers, load))
+        for (l, e), ps in expert_params.items():
+            if layer_load[l][e].item() == 0:
+                for p in ps:
+                    p.grad = None
         ce_m = sum(ces) / len(ces)
-        lb_m = sum(lbs) / len(lbs)
-        z_m = sum(zs) / len(zs)
+        lb_m = sum(lbs) / len(lbs) if lbs else None
+        z_m = sum(zs) / len(zs) if zs else None
         pr_m = sum(priors) / len(priors) if priors else None
-        loss = ce_m + alpha * lb_m + c["z_loss"] * z_m + c["prior"] * (pr_m or 0.0)
+        loss = ce_m + alpha * (lb_m or 0.0) + c["z_loss"] * (z_m or 0.0) + c["prior"] * (pr_m or 0.0)
         if not math.isfinite(loss):
             fail(f"step {step + 1}: the loss is {loss} (try a lower --lr or --clip); the step was not applied")
         params = [p for _, p in trainable]
@@ -416,20 +641,32 @@ def main():
                     named[name].mul_(1.0 - lr * wd * m)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if aux_free:
+            for l, b in biases.items():
+                update_selection_bias(b, layer_load[l].tolist(), c["bias_update_rate"])
         tokens = ga * job.global_batch * L
         tokens_seen += tokens
         secs = time.time() - t0
+        shares = [(row / max(row.sum().item(), 1.0)).tolist() for row in load]
+        if n_layers is None:
+            expert_load = shares
+        else:
+            by_layer = dict(zip(routed_layers, shares))
+            expert_load = [by_layer.get(l) for l in range(n_layers)]
         metrics = {
             "step": step + 1, "steps": c["steps"], "loss": loss, "ce_loss": ce_m, "lb_loss": lb_m,
             "prior_loss": pr_m, "z_loss": z_m, "lr": lr, "grad_norm": float(norm), "tokens": tokens,
             "tokens_seen": tokens_seen, "seconds": secs, "tokens_per_s": tokens / secs if secs > 0 else 0.0,
-            "expert_load": [(row / max(row.sum().item(), 1.0)).tolist() for row in load],
-            "source_sequences": src_seq, "engine": "torch", "world_size": world,
+            "expert_load": expert_load, "source_sequences": src_seq, "engine": "torch", "world_size": world,
         }
+        if biases:
+            metrics["selection_bias"] = [
+                biases[l].detach().cpu().double().tolist() if l in biases else None for l in range(n_layers)
+            ]
         if rank == 0:
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(metrics) + "\n")
-            print(f"step {step + 1}/{c['steps']} loss {loss:.6f} ce {ce_m:.6f} lb {lb_m:.4f} lr {lr:.3e} "
+            print(f"step {step + 1}/{c['steps']} loss {loss:.6f} ce {ce_m:.6f} lb {lb_m or 0.0:.4f} lr {lr:.3e} "
                   f"grad_norm {float(norm):.4f} {metrics['tokens_per_s']:.0f} tok/s", flush=True)
         every = c["save_every"]
         if every > 0 and (step + 1) % every == 0 and step + 1 < c["steps"]:

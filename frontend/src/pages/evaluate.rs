@@ -15,7 +15,7 @@ use crate::task::Task;
 use crate::worker::protocol::{Reply, Request};
 
 /// The task shown first: 12 hand-written story items (not from any
-/// corpus), the task of `tests/reference/golden/task_eval_stories260k.json`.
+/// corpus), the task of `tests/reference/golden/task_eval.json`.
 const SAMPLE: &str = include_str!("../../../tests/reference/tasks/tiny_stories_mc.jsonl");
 
 /// Items scored by default (the tab scores on one CPU thread).

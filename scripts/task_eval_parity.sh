@@ -46,7 +46,7 @@ TASKS=()
 for t in en hu el tr docs code math; do TASKS+=(--task "$t=$W/tasks/$t.jsonl"); done
 LIM=()
 [ -z "$LIMIT" ] || LIM=(--limit "$LIMIT")
-KEY=$( (sha256sum "$W/tasks/tasks.json"; printf '%s|%s' "$DELIMITER" "$LIMIT") | sha256sum | cut -c1-12)
+KEY=$( (sha256sum <"$W/tasks/tasks.json"; printf '%s|%s' "$DELIMITER" "$LIMIT") | sha256sum | cut -c1-12)
 status=0
 for m in $MODELS; do
   echo "== $m ($W/$m), target_delimiter $(printf %q "$DELIMITER"), $ITEMS items per task${LIMIT:+, first $LIMIT scored}"

@@ -276,7 +276,10 @@ fn eval_task_gives_lm_eval_s_predictions_and_refuses_bad_lines() {
     let spec = format!("tiny={}", task.display());
     let r = json(&run(&["--backend", "cpu", "eval", m, "--task", &spec, "--target-delimiter", "", "--json"]));
     let t = &r["tasks"][0];
-    assert_eq!((t["name"].as_str(), t["items"].as_u64(), t["target_delimiter"].as_str()), (Some("tiny"), Some(12), Some("")));
+    assert_eq!(
+        (t["name"].as_str(), t["items"].as_u64(), t["target_delimiter"].as_str()),
+        (Some("tiny"), Some(12), Some(""))
+    );
     // lm-eval 0.4.13 on the converted stories260K (tests/reference/make_task_golden.sh)
     let golden: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("tests/reference/golden/task_eval.json")).unwrap()).unwrap();
@@ -288,15 +291,24 @@ fn eval_task_gives_lm_eval_s_predictions_and_refuses_bad_lines() {
         assert_eq!((&a["pred"], &a["pred_norm"], &a["pred_bytes"]), (&b["pred"], &b["pred_norm"], &b["pred_bytes"]));
     }
     let text = ok(&run(&["--backend", "cpu", "eval", m, "--task", &spec, "--limit", "3"]));
-    assert!(text.contains("acc_norm") && text.lines().nth(1).unwrap().starts_with("tiny") && text.contains(" 3 "), "{text}");
+    assert!(
+        text.contains("acc_norm") && text.lines().nth(1).unwrap().starts_with("tiny") && text.contains(" 3 "),
+        "{text}"
+    );
 
     let dir = tmp("bad-tasks");
     let good = r#"{"context": "Tom had a ball.", "choices": ["He ran.", "It sang."], "gold": 0}"#;
     for (bad, want) in [
         (r#"{"context": "Tom had a ball.", "gold": 0}"#, "line 2: no `choices`"),
         (r#"{"context": "Tom had a ball.", "choices": ["a", "b"], "gold": 2}"#, "line 2: `gold` 2 is out of range"),
-        (r#"{"context": "Tom had a ball.", "choices": ["a", "b"], "gold": "1"}"#, "line 2: `gold` must be a non-negative integer"),
-        (r#"{"context": "Tom had a ball.", "choices": ["a", "b"], "gold": 0.5}"#, "line 2: `gold` must be a non-negative integer"),
+        (
+            r#"{"context": "Tom had a ball.", "choices": ["a", "b"], "gold": "1"}"#,
+            "line 2: `gold` must be a non-negative integer",
+        ),
+        (
+            r#"{"context": "Tom had a ball.", "choices": ["a", "b"], "gold": 0.5}"#,
+            "line 2: `gold` must be a non-negative integer",
+        ),
     ] {
         let f = dir.join("bad.jsonl");
         std::fs::write(&f, format!("{good}\n{bad}\n")).unwrap();

@@ -651,8 +651,9 @@ fn train_job_survives_kill9() {
         s.req("GET", &s.url(&format!("/api/jobs/{e}/artifacts/result.json"))).call().unwrap().into_json().unwrap();
     assert!(res.to_string().contains("hu"), "{res}");
     // a task job: multiple-choice accuracy of the same model (`eval --task`)
-    let tiny = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/reference/tasks/tiny_stories_mc.jsonl"))
-        .unwrap();
+    let tiny =
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/reference/tasks/tiny_stories_mc.jsonl"))
+            .unwrap();
     let tu = upload(&s, "tiny.jsonl", &tiny, 1 << 20);
     let (code, j) = s.call(
         "POST",

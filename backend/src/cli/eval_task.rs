@@ -10,8 +10,8 @@ use std::path::Path;
 
 use anyhow::{bail, Context};
 use burn::tensor::backend::Backend;
-use moe_shared::checkpoint::open_model;
 use moe_shared::api::{TaskEvalReport, TaskResult};
+use moe_shared::checkpoint::open_model;
 use moe_shared::eval::{evaluate_task, randomize_routers, McOptions, McTask, Metric};
 use moe_shared::model::load_model;
 use moe_shared::train::freeze::is_moe;
@@ -98,14 +98,7 @@ pub fn run<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     } else {
         println!("{:<12} {:>7} {:>17} {:>17} {:>17}", "task", "items", "acc", "acc_norm", "acc_bytes");
         for (n, _, r) in &rows {
-            println!(
-                "{:<12} {:>7} {:>17} {:>17} {:>17}",
-                n,
-                r.items,
-                pm(&r.acc),
-                pm(&r.acc_norm),
-                pm(&r.acc_bytes)
-            );
+            println!("{:<12} {:>7} {:>17} {:>17} {:>17}", n, r.items, pm(&r.acc), pm(&r.acc_norm), pm(&r.acc_bytes));
         }
     }
     Ok(())

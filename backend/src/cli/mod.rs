@@ -247,8 +247,11 @@ mod job_spec_tests {
                 (Command::Neurons(n), "neurons") => n.top_n == 10 && n.max_texts == 5 && n.new == ["hu"],
                 (Command::Eval(e), "eval") => e.window == 64 && e.stride == 32 && e.routing == "oracle",
                 (Command::Eval(e), "task") => {
-                    e.task == ["en=data/en.txt"] && e.data.is_empty() && e.target_delimiter.is_empty()
-                        && e.limit == Some(5) && e.batch == 2
+                    e.task == ["en=data/en.txt"]
+                        && e.data.is_empty()
+                        && e.target_delimiter.is_empty()
+                        && e.limit == Some(5)
+                        && e.batch == 2
                 }
                 _ => false,
             };

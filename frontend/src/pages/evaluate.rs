@@ -78,7 +78,11 @@ pub fn EvaluatePage() -> impl IntoView {
             match task.call(req, None).await {
                 Ok((Reply::Task(r), _)) => {
                     let items = r.first().map(|x| x.items).unwrap_or(0);
-                    msg.set(Message::Ok(format!("scored {items} item(s) with {} model(s) in {}", r.len(), task.wall())));
+                    msg.set(Message::Ok(format!(
+                        "scored {items} item(s) with {} model(s) in {}",
+                        r.len(),
+                        task.wall()
+                    )));
                     rows.set(r);
                 }
                 Ok(_) => {}

@@ -140,7 +140,8 @@ pub fn evaluate_task<B: Backend>(
     for item in &task.items {
         for (j, choice) in item.choices.iter().enumerate() {
             let at = || format!("{}: line {}, choice {j}", task.file, item.line);
-            let (ctx, cont) = encode_pair(tok, bos.as_deref(), &item.context, &format!("{}{choice}", opts.target_delimiter))?;
+            let (ctx, cont) =
+                encode_pair(tok, bos.as_deref(), &item.context, &format!("{}{choice}", opts.target_delimiter))?;
             if ctx.is_empty() {
                 return Err(StudioError::Invalid(format!(
                     "{}: the context encodes to no token (it is only whitespace?)",

@@ -100,18 +100,17 @@ fn parse_line(raw: &str, line: usize, file: &str) -> Result<McItem> {
     let v: serde_json::Value =
         serde_json::from_str(raw).map_err(|e| err(format!("not valid JSON ({e}); expected one object per line")))?;
     let obj = v.as_object().ok_or_else(|| err(format!("expected a JSON object, found {}", kind(&v))))?;
-    let context = match obj.get("context") {
-        None => return Err(err("no `context` (the text the choices continue)".into())),
-        Some(serde_json::Value::String(s)) if s.is_empty() => {
-            return Err(err(
+    let context =
+        match obj.get("context") {
+            None => return Err(err("no `context` (the text the choices continue)".into())),
+            Some(serde_json::Value::String(s)) if s.is_empty() => return Err(err(
                 "`context` is empty: lm-eval would condition on its tokenizer's BOS/EOS token, which the studio does \
                  not guess; put the text before the choices in `context`"
                     .into(),
-            ))
-        }
-        Some(serde_json::Value::String(s)) => s.clone(),
-        Some(other) => return Err(err(format!("`context` must be a string, found {}", kind(other)))),
-    };
+            )),
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(other) => return Err(err(format!("`context` must be a string, found {}", kind(other)))),
+        };
     let choices = match obj.get("choices") {
         None => return Err(err("no `choices` (a list of at least 2 strings)".into())),
         Some(serde_json::Value::Array(a)) => a,
@@ -192,11 +191,17 @@ mod tests {
         let ok = "{\"context\":\"a\",\"choices\":[\"x\",\"y\"],\"gold\":0}\n";
         let cases = [
             ("{\"context\":\"a\",\"gold\":0}", "no `choices`"),
-            ("{\"context\":\"a\",\"choices\":\"xy\",\"gold\":0}", "`choices` must be a list of strings, found a string"),
+            (
+                "{\"context\":\"a\",\"choices\":\"xy\",\"gold\":0}",
+                "`choices` must be a list of strings, found a string",
+            ),
             ("{\"context\":\"a\",\"choices\":[\"x\"],\"gold\":0}", "1 choice(s): expected 2"),
             ("{\"context\":\"a\",\"choices\":[\"x\",3],\"gold\":0}", "choice 1 must be a string, found a number"),
             ("{\"context\":\"a\",\"choices\":[\"x\",\"\"],\"gold\":0}", "choice 1 is empty"),
-            ("{\"context\":\"a\",\"choices\":[\"x\",\"y\"],\"gold\":2}", "`gold` 2 is out of range: the item has 2 choices (0-1)"),
+            (
+                "{\"context\":\"a\",\"choices\":[\"x\",\"y\"],\"gold\":2}",
+                "`gold` 2 is out of range: the item has 2 choices (0-1)",
+            ),
             ("{\"context\":\"a\",\"choices\":[\"x\",\"y\"],\"gold\":-1}", "non-negative integer index (0-1), found -1"),
             ("{\"context\":\"a\",\"choices\":[\"x\",\"y\"],\"gold\":1.0}", "found 1.0"),
             ("{\"context\":\"a\",\"choices\":[\"x\",\"y\"],\"gold\":\"1\"}", "found the string \"1\""),

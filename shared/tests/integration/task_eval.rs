@@ -130,7 +130,8 @@ fn stories260k_and_its_moe_match_lm_eval() {
     let moe = load_model::<B>(&open_model(&out).unwrap(), &Default::default()).unwrap();
     let r = score(&moe, &tok, " ", 4);
     assert_matches("moe_space", &golden, &r);
-    let moved = r.samples.iter().zip(&space.samples).any(|(a, b)| (a.loglikelihoods[0] - b.loglikelihoods[0]).abs() > 0.1);
+    let moved =
+        r.samples.iter().zip(&space.samples).any(|(a, b)| (a.loglikelihoods[0] - b.loglikelihoods[0]).abs() > 0.1);
     assert!(moved, "the noisy experts and the router should change the scores");
 }
 

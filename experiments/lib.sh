@@ -68,3 +68,20 @@ train_run() {
     # The checkpoint only serves resuming; a finished run keeps final/ (a MoE's is ~5 GB with AdamW).
     rm -rf "$dir"/checkpoint-*
 }
+
+# task_report FILE MODEL [LANG...]: multiple-choice accuracy (`eval --task`, lm-eval's acc / acc_norm)
+# of MODEL on the next-paragraph tasks of the given corpora (names of tests/reference/make_tasks.py:
+# en hu el tr docs code math; default all) into FILE, read by report_common.task_acc / acc_cell.
+# The tasks are made once per run under $WORK/tasks (TASK_ITEMS items each, default 100); skipped
+# when FILE exists.
+task_report() {
+    local file=$1 model=$2
+    shift 2
+    local names=("$@") args=() root
+    [ ${#names[@]} -gt 0 ] || names=(en hu el tr docs code math)
+    root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+    [ -f "$WORK/tasks/tasks.json" ] || run python3 "$root/tests/reference/make_tasks.py" \
+        --data "$MOE_STUDIO_DATA" --out "$WORK/tasks" --items "${TASK_ITEMS:-100}" >/dev/null
+    for n in "${names[@]}"; do args+=(--task "$n=$WORK/tasks/$n.jsonl"); done
+    report "$file" "$BIN" eval "$model" "${args[@]}" --target-delimiter '' "${TOK[@]}" --json
+}

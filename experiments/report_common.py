@@ -1,6 +1,6 @@
 """Helpers shared by the experiment reports (dume_report.py, deltamoe_report.py,
-neuronmoe_report.py): reading `moe-studio eval --json` output, mean ± std formatting and the
-commands footer. Standard library only."""
+neuronmoe_report.py): reading `moe-studio eval --json` output (perplexity, and task accuracy from
+`eval --task ... --json`), mean ± std formatting and the commands footer. Standard library only."""
 import json
 import os
 import statistics
@@ -20,6 +20,19 @@ def ppl(ev, name):
 def nll(ev, name):
     """Mean negative log-likelihood (nats/token) of dataset `name` in an `eval --json` report."""
     return next(d["nll"] for d in ev["datasets"] if d["name"] == name)
+
+
+def task_acc(ev, name, metric="acc_norm"):
+    """Accuracy (0-1) of task `name` in an `eval --task ... --json` report (lm-eval's metric names:
+    `acc`, `acc_norm` per character, `acc_bytes` per byte); None when the report has no such task,
+    so a report column can stay empty for runs made before the tasks were scored."""
+    return next((t[metric] for t in ev.get("tasks", []) if t["name"] == name), None)
+
+
+def acc_cell(evs, name, metric="acc_norm"):
+    """A report's accuracy column: `mean ± std` over the seeds' `eval --task` reports `evs`, in
+    percent (`-` when none has task `name`)."""
+    return fmt([task_acc(ev, name, metric) for ev in evs], digits=1, pct=True)
 
 
 def stream_hashes(evs):

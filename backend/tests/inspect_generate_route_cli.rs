@@ -1,7 +1,9 @@
-//! `moe-studio inspect`, `generate` and `route` end to end on stories260K:
-//! the MoE structure in `inspect` (text and `--json`), a model directory
-//! without config.json, the sampling flags checked before the model is
-//! read, and `route`'s studio-layout warning pointing to `--no-bias`.
+//! `moe-studio inspect`, `generate`, `route` and `eval --task` end to end on
+//! stories260K: the MoE structure in `inspect` (text and `--json`), a model
+//! directory without config.json, the sampling flags checked before the
+//! model is read, `route`'s studio-layout warning pointing to `--no-bias`,
+//! every command reading the same token stream, and task accuracy (lm-eval's
+//! predictions; bad task lines refused with file and line, nothing printed).
 
 mod common;
 
@@ -265,5 +267,62 @@ fn every_command_reads_the_same_token_stream() {
     for l in rep["languages"].as_array().unwrap() {
         assert_eq!((l["texts"].as_u64(), l["stream_sha256"].as_str()), (Some(2), Some(sha)), "{l}");
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn eval_task_gives_lm_eval_s_predictions_and_refuses_bad_lines() {
+    let Some(model) = stories() else { return };
+    let m = model.to_str().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let task = root.join("tests/reference/tasks/tiny_stories_mc.jsonl");
+    let spec = format!("tiny={}", task.display());
+    let r = json(&run(&["--backend", "cpu", "eval", m, "--task", &spec, "--target-delimiter", "", "--json"]));
+    let t = &r["tasks"][0];
+    assert_eq!(
+        (t["name"].as_str(), t["items"].as_u64(), t["target_delimiter"].as_str()),
+        (Some("tiny"), Some(12), Some(""))
+    );
+    // lm-eval 0.4.13 on the converted stories260K (tests/reference/make_task_golden.sh)
+    let golden: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("tests/reference/golden/task_eval.json")).unwrap()).unwrap();
+    let want = &golden["runs"]["dense_none"]["tasks"]["tiny"];
+    for k in ["acc", "acc_norm", "acc_bytes", "acc_stderr", "acc_norm_stderr"] {
+        assert!((t[k].as_f64().unwrap() - want[k].as_f64().unwrap()).abs() < 1e-12, "{k}: {t}");
+    }
+    for (a, b) in t["samples"].as_array().unwrap().iter().zip(want["samples"].as_array().unwrap()) {
+        assert_eq!((&a["pred"], &a["pred_norm"], &a["pred_bytes"]), (&b["pred"], &b["pred_norm"], &b["pred_bytes"]));
+    }
+    let text = ok(&run(&["--backend", "cpu", "eval", m, "--task", &spec, "--limit", "3"]));
+    assert!(
+        text.contains("acc_norm") && text.lines().nth(1).unwrap().starts_with("tiny") && text.contains(" 3 "),
+        "{text}"
+    );
+
+    let dir = tmp("bad-tasks");
+    let good = r#"{"context": "Tom had a ball.", "choices": ["He ran.", "It sang."], "gold": 0}"#;
+    for (bad, want) in [
+        (r#"{"context": "Tom had a ball.", "gold": 0}"#, "line 2: no `choices`"),
+        (r#"{"context": "Tom had a ball.", "choices": ["a", "b"], "gold": 2}"#, "line 2: `gold` 2 is out of range"),
+        (
+            r#"{"context": "Tom had a ball.", "choices": ["a", "b"], "gold": "1"}"#,
+            "line 2: `gold` must be a non-negative integer",
+        ),
+        (
+            r#"{"context": "Tom had a ball.", "choices": ["a", "b"], "gold": 0.5}"#,
+            "line 2: `gold` must be a non-negative integer",
+        ),
+    ] {
+        let f = dir.join("bad.jsonl");
+        std::fs::write(&f, format!("{good}\n{bad}\n")).unwrap();
+        let out = run(&["--backend", "cpu", "eval", m, "--task", &format!("bad={}", f.display()), "--json"]);
+        let e = failure(&out);
+        assert!(e.contains(&f.display().to_string()) && e.contains(want), "{want}: {e}");
+        assert!(out.stdout.is_empty(), "nothing printed: {}", String::from_utf8_lossy(&out.stdout));
+    }
+    let e = failure(&run(&["eval", m, "--task", &spec, "--data", &spec]));
+    assert!(e.contains("cannot be used with"), "{e}");
+    let e = failure(&run(&["--backend", "cpu", "eval", m, "--task", &spec, "--routing", "oracle"]));
+    assert!(e.contains("--routing oracle"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -24,7 +24,7 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -650,6 +650,26 @@ fn train_job_survives_kill9() {
     let res: Value =
         s.req("GET", &s.url(&format!("/api/jobs/{e}/artifacts/result.json"))).call().unwrap().into_json().unwrap();
     assert!(res.to_string().contains("hu"), "{res}");
+    // a task job: multiple-choice accuracy of the same model (`eval --task`)
+    let tiny =
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/reference/tasks/tiny_stories_mc.jsonl"))
+            .unwrap();
+    let tu = upload(&s, "tiny.jsonl", &tiny, 1 << 20);
+    let (code, j) = s.call(
+        "POST",
+        "/api/jobs",
+        Some(json!({"spec": {"kind": "task", "model": out, "tasks": [{"name": "tiny", "upload": tu}],
+                             "target_delimiter": "", "limit": 10}})),
+    );
+    assert_eq!(code, 201, "{j}");
+    let t = j["id"].as_str().unwrap().to_string();
+    let jt = wait_job(&s, &t, 300);
+    assert_eq!(jt["state"], "succeeded", "{jt}\n{}", job_log(&s, &t));
+    let res: moe_shared::api::TaskEvalReport =
+        s.req("GET", &s.url(&format!("/api/jobs/{t}/artifacts/result.json"))).call().unwrap().into_json().unwrap();
+    let r = &res.tasks[0];
+    assert_eq!((r.name.as_str(), r.items, r.samples.len(), r.target_delimiter.as_str()), ("tiny", 10, 10, ""));
+    assert!((0.0..=1.0).contains(&r.acc) && r.acc_stderr.is_some(), "{r:?}");
     // SSE of a finished job: its state, then the stream ends
     let (tx, rx) = std::sync::mpsc::channel();
     sse(s.url(&format!("/api/jobs/{a}/events")), &s.token, tx).join().unwrap();

@@ -715,6 +715,95 @@ pub struct EvalSpec {
     pub routing: Option<String>,
 }
 
+/// `task`: multiple-choice task accuracy with the lm-evaluation-harness
+/// semantics (`moe-studio eval --task`; [`crate::eval::multiple_choice`]).
+/// The result is `result.json` of the job's artefacts: per task `acc`,
+/// `acc_norm`, `acc_bytes`, their standard errors and the per-item samples.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// Checkpoint id.
+    pub model: String,
+    /// Task files (JSONL uploads, one item per line: `context`, `choices`,
+    /// `gold`), at least one; `name` labels each.
+    pub tasks: Vec<DataRef>,
+    /// Put between the context and each choice (lm-eval's
+    /// `target_delimiter`; default `" "`, at most 16 characters).
+    #[serde(default)]
+    pub target_delimiter: Option<String>,
+    /// Score only the first N items of each task.
+    #[serde(default)]
+    pub limit: Option<usize>,
+    /// Requests (one per choice) per forward pass.
+    #[serde(default)]
+    pub batch: Option<usize>,
+}
+
+/// One task's result in `moe-studio eval --task ... --json` (a task job's
+/// `result.json`), with lm-eval's metric names: `acc`, `acc_norm` (per
+/// character), `acc_bytes` (per UTF-8 byte) and their `_stderr` (`null`
+/// for a single item, lm-eval's "N/A").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskResult {
+    /// The task's name.
+    pub name: String,
+    /// Its file.
+    pub file: String,
+    /// Items scored.
+    pub items: usize,
+    /// Requests cut from the left to fit the model's context.
+    pub truncated: usize,
+    /// The delimiter between context and choice.
+    pub target_delimiter: String,
+    /// Accuracy of `argmax ll`.
+    pub acc: f64,
+    /// Its standard error.
+    pub acc_stderr: Option<f64>,
+    /// Accuracy of `argmax ll / characters`.
+    pub acc_norm: f64,
+    /// Its standard error.
+    pub acc_norm_stderr: Option<f64>,
+    /// Accuracy of `argmax ll / bytes`.
+    pub acc_bytes: f64,
+    /// Its standard error.
+    pub acc_bytes_stderr: Option<f64>,
+    /// Per item, in file order.
+    pub samples: Vec<crate::eval::McSample>,
+}
+
+impl TaskResult {
+    /// The result of task `name` read from `file`.
+    pub fn new(name: &str, file: &str, r: &crate::eval::McReport) -> Self {
+        TaskResult {
+            name: name.to_string(),
+            file: file.to_string(),
+            items: r.items,
+            truncated: r.truncated,
+            target_delimiter: r.target_delimiter.clone(),
+            acc: r.acc.value,
+            acc_stderr: r.acc.stderr,
+            acc_norm: r.acc_norm.value,
+            acc_norm_stderr: r.acc_norm.stderr,
+            acc_bytes: r.acc_bytes.value,
+            acc_bytes_stderr: r.acc_bytes.stderr,
+            samples: r.samples.clone(),
+        }
+    }
+}
+
+/// `moe-studio eval --task ... --json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskEvalReport {
+    /// The model's path.
+    pub model: String,
+    /// `learned` or `random`.
+    pub routing: String,
+    /// Whether the model is an MoE.
+    pub moe: bool,
+    /// One per `--task`, in order.
+    pub tasks: Vec<TaskResult>,
+}
+
 /// What a job does: `{"kind": "train", ...TrainSpec fields}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
@@ -735,6 +824,8 @@ pub enum JobSpec {
     Train(TrainSpec),
     /// Perplexity + routing load.
     Eval(EvalSpec),
+    /// Multiple-choice task accuracy.
+    Task(TaskSpec),
 }
 
 /// `POST /api/jobs` body.
@@ -836,6 +927,7 @@ impl JobSpec {
             JobSpec::Neurons(_) => "neurons",
             JobSpec::Train(_) => "train",
             JobSpec::Eval(_) => "eval",
+            JobSpec::Task(_) => "task",
         }
     }
 
@@ -974,6 +1066,20 @@ impl JobSpec {
                     }
                 }
             }
+            JobSpec::Task(s) => {
+                check_id("spec.model", &s.model)?;
+                check_data("spec.tasks", &s.tasks, 1)?;
+                if let Some(d) = &s.target_delimiter {
+                    if d.chars().count() > 16 || d.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+                        return Err(ApiError::field(
+                            "spec.target_delimiter",
+                            "expected at most 16 characters, no control characters but newline and tab",
+                        ));
+                    }
+                }
+                check_range("spec.limit", s.limit, 1, crate::eval::task::MAX_ITEMS)?;
+                check_range("spec.batch", s.batch, 1, 4096)?;
+            }
         }
         Ok(())
     }
@@ -1002,6 +1108,7 @@ impl JobSpec {
             }
             JobSpec::Neurons(s) => one("spec.model", &s.model),
             JobSpec::Eval(s) => one("spec.model", &s.model),
+            JobSpec::Task(s) => one("spec.model", &s.model),
         }
     }
 
@@ -1012,6 +1119,7 @@ impl JobSpec {
             JobSpec::Route(s) => s.domains.iter().map(|d| ("spec.domains", d)).collect(),
             JobSpec::Neurons(s) => s.langs.iter().map(|d| ("spec.langs", d)).collect(),
             JobSpec::Eval(s) => s.data.iter().map(|d| ("spec.data", d)).collect(),
+            JobSpec::Task(s) => s.tasks.iter().map(|d| ("spec.tasks", d)).collect(),
             _ => Vec::new(),
         }
     }

@@ -287,26 +287,36 @@ impl JobSpec {
                 opt(&mut a, "routing", s.routing.clone());
                 a.push("--json".into());
             }
+            JobSpec::Task(s) => {
+                a.extend(["eval".into(), m(&s.model)]);
+                for d in &s.tasks {
+                    a.push(format!("--task={}", data_arg(inputs, d, false)));
+                }
+                opt(&mut a, "target-delimiter", s.target_delimiter.clone());
+                opt(&mut a, "limit", s.limit);
+                opt(&mut a, "batch", s.batch);
+                a.push("--json".into());
+            }
         }
         a
     }
 
     /// Where the command writes its output model, relative to the working
     /// directory (`out`, train's `out/final`), or `None` when it writes no
-    /// model (neurons, eval).
+    /// model (neurons, eval, task).
     pub fn output_model(&self) -> Option<&'static str> {
         match self {
             JobSpec::Train(s) if s.engine == Some(crate::api::TrainEngine::Torch) => None,
             JobSpec::Train(_) => Some("out/final"),
-            JobSpec::Neurons(_) | JobSpec::Eval(_) => None,
+            JobSpec::Neurons(_) | JobSpec::Eval(_) | JobSpec::Task(_) => None,
             _ => Some("out"),
         }
     }
 
-    /// Whether the command's stdout is its result (eval's JSON report,
-    /// kept as `out/result.json`).
+    /// Whether the command's stdout is its result (eval's and task's JSON
+    /// report, kept as `out/result.json`).
     pub fn stdout_is_result(&self) -> bool {
-        matches!(self, JobSpec::Eval(_))
+        matches!(self, JobSpec::Eval(_) | JobSpec::Task(_))
     }
 }
 
@@ -332,14 +342,17 @@ pub enum JobKind {
     Train,
     /// [`crate::api::EvalSpec`].
     Eval,
+    /// [`crate::api::TaskSpec`].
+    Task,
 }
 
 impl JobKind {
     /// Every kind, in the order of the Jobs page's selector.
-    pub const ALL: [JobKind; 8] = [
+    pub const ALL: [JobKind; 9] = [
         JobKind::Upcycle,
         JobKind::Train,
         JobKind::Eval,
+        JobKind::Task,
         JobKind::Moerge,
         JobKind::Route,
         JobKind::Graft,
@@ -358,6 +371,7 @@ impl JobKind {
             JobKind::Neurons => "neurons",
             JobKind::Train => "train",
             JobKind::Eval => "eval",
+            JobKind::Task => "task",
         }
     }
 
@@ -377,6 +391,7 @@ impl JobKind {
             JobKind::Neurons => "neurons (language-specific neurons, NeuronMoE)",
             JobKind::Train => "train (experts / router / dense)",
             JobKind::Eval => "eval (perplexity, routing load)",
+            JobKind::Task => "task accuracy (multiple choice, lm-eval's acc / acc_norm)",
         }
     }
 
@@ -472,6 +487,18 @@ impl JobKind {
                 f("stride", "stride", Input::Int, &dflt(&d.eval_stride)),
                 f("max_tokens", "max tokens", Input::Int, "all"),
                 f("routing", "routing", Input::Choice(&["learned", "oracle", "random"]), "learned"),
+            ],
+            JobKind::Task => vec![
+                req("model", "model", Input::Checkpoint, ""),
+                req("tasks", "tasks (.jsonl: context, choices, gold per line)", data(1, false, false, false), ""),
+                f(
+                    "target_delimiter",
+                    "target delimiter",
+                    Input::Choice(&["space", "none"]),
+                    "space (lm-eval's default); none for contexts that end in a newline",
+                ),
+                f("limit", "items per task", Input::Int, "all"),
+                adv("batch", "batch (requests per pass)", Input::Int, &dflt(&crate::eval::McOptions::default().batch)),
             ],
         }
     }

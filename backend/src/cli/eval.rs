@@ -5,6 +5,9 @@
 //! `--routing oracle` forces dataset i to expert i (DUME's oracle: the
 //! i-th `--data` is expert i's domain); `--routing random` replaces the
 //! routers by seeded Gaussian ones (DUME's random-routing baseline).
+//!
+//! `--task NAME=FILE.jsonl` (instead of `--data`) measures multiple-choice
+//! accuracy instead: [`super::eval_task`].
 
 use std::path::PathBuf;
 
@@ -26,17 +29,28 @@ pub struct Args {
     pub model: PathBuf,
     /// `NAME=FILE` (.txt: documents cut by --docs; .jsonl: field `text`); repeat for several datasets.
     /// Each file is scored as its token stream (`moe_shared::corpus`), the ids `train` reads.
-    #[arg(long = "data", required = true)]
+    #[arg(long = "data", required_unless_present = "task")]
     pub data: Vec<String>,
     #[command(flatten)]
     pub docs: super::args::DocsArg,
+    /// `NAME=FILE.jsonl`: a multiple-choice task (one JSON object per line: `context`, `choices`, `gold`),
+    /// scored as lm-evaluation-harness does (acc, acc_norm); repeat for several. Instead of --data.
+    #[arg(long = "task", conflicts_with = "data")]
+    pub task: Vec<String>,
+    /// With --task: put between the context and each choice (lm-eval's `target_delimiter`).
+    #[arg(long, default_value = " ", allow_hyphen_values = true)]
+    pub target_delimiter: String,
+    /// With --task: score only the first N items of each task (lm-eval's --limit).
+    #[arg(long)]
+    pub limit: Option<usize>,
     /// Tokens per window.
     #[arg(long, default_value_t = D::default().eval_window)]
     pub window: usize,
     /// Advance between windows.
     #[arg(long, default_value_t = D::default().eval_stride)]
     pub stride: usize,
-    /// Windows per forward pass (a right-padded batch; more uses more memory).
+    /// Windows (with --task: requests, one per choice) per forward pass (a right-padded batch; more uses
+    /// more memory).
     #[arg(long, default_value_t = PerplexityOptions::DEFAULT_BATCH)]
     pub batch: usize,
     /// Score only the first N tokens of each dataset.
@@ -58,6 +72,9 @@ pub struct Args {
 
 impl WithBackend for Args {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
+        if !self.task.is_empty() {
+            return super::eval_task::run::<B>(self, device);
+        }
         let a = self;
         let specs = parse_data(&a.data)?;
         if specs.iter().any(|s| s.original || s.weight != 1.0) {

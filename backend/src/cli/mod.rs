@@ -9,6 +9,7 @@ mod bench_kernels;
 mod bench_train;
 mod convert;
 mod eval;
+mod eval_task;
 mod figures;
 mod generate;
 mod graft;
@@ -234,6 +235,11 @@ mod job_spec_tests {
                     "stride": 32, "max_tokens": 100, "routing": "oracle"}),
                 "eval",
             ),
+            (
+                serde_json::json!({"kind": "task", "model": A, "tasks": [{"name": "en", "upload": U}],
+                    "target_delimiter": "", "limit": 5, "batch": 2}),
+                "task",
+            ),
         ] {
             let s = spec(v);
             let ok = match (parse(&s), kind) {
@@ -241,6 +247,13 @@ mod job_spec_tests {
                 (Command::Graft(g), "graft") => g.scale == -0.5,
                 (Command::Neurons(n), "neurons") => n.top_n == 10 && n.max_texts == 5 && n.new == ["hu"],
                 (Command::Eval(e), "eval") => e.window == 64 && e.stride == 32 && e.routing == "oracle",
+                (Command::Eval(e), "task") => {
+                    e.task == ["en=data/en.txt"]
+                        && e.data.is_empty()
+                        && e.target_delimiter.is_empty()
+                        && e.limit == Some(5)
+                        && e.batch == 2
+                }
                 _ => false,
             };
             assert!(ok, "{kind}");

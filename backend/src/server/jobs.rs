@@ -375,7 +375,7 @@ fn check_against_models(spec: &JobSpec, models: &HashMap<String, ModelSummary>) 
                 }
             }
         }
-        JobSpec::Neurons(_) => {}
+        JobSpec::Neurons(_) | JobSpec::Task(_) => {}
     }
     Ok(())
 }

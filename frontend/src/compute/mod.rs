@@ -16,6 +16,7 @@ pub mod perplexity;
 pub mod progress;
 pub mod route;
 pub mod slices;
+pub mod task;
 pub mod train;
 pub mod upcycle;
 

@@ -1,9 +1,10 @@
 //! One module per page: the three lessons (one per paper, walking its steps
 //! on the teaching preset), then the tools in the order of the work: load ->
-//! upcycle -> train / neurons / MoErge + router -> graft -> inspect ->
+//! upcycle -> train / neurons / MoErge + router -> graft -> evaluate -> inspect ->
 //! download (+ jobs).
 
 pub mod download;
+pub mod evaluate;
 pub mod graft;
 pub mod inspect;
 pub mod jobs;
@@ -37,6 +38,8 @@ pub enum Page {
     Moerge,
     /// Delta grafting.
     Graft,
+    /// Task accuracy (multiple choice, lm-eval semantics).
+    Evaluate,
     /// Routing view.
     Inspect,
     /// Downloads.
@@ -47,7 +50,7 @@ pub enum Page {
 
 impl Page {
     /// Tab order.
-    pub const ALL: [Page; 12] = [
+    pub const ALL: [Page; 13] = [
         Page::LearnDeltaMoe,
         Page::LearnDume,
         Page::LearnNeuronMoe,
@@ -57,6 +60,7 @@ impl Page {
         Page::Neurons,
         Page::Moerge,
         Page::Graft,
+        Page::Evaluate,
         Page::Inspect,
         Page::Download,
         Page::Jobs,
@@ -74,6 +78,7 @@ impl Page {
             Page::Neurons => "neurons",
             Page::Moerge => "moerge",
             Page::Graft => "graft",
+            Page::Evaluate => "evaluate",
             Page::Inspect => "inspect",
             Page::Download => "download",
             Page::Jobs => "jobs",
@@ -103,6 +108,7 @@ impl Page {
             Page::Neurons => "Neurons",
             Page::Moerge => "MoErge + router",
             Page::Graft => "Graft",
+            Page::Evaluate => "Evaluate",
             Page::Inspect => "Inspect",
             Page::Download => "Download",
             Page::Jobs => "Jobs",
@@ -122,6 +128,7 @@ pub fn render(page: Page) -> AnyView {
         Page::Neurons => neurons::NeuronsPage().into_any(),
         Page::Moerge => moerge::MoergePage().into_any(),
         Page::Graft => graft::GraftPage().into_any(),
+        Page::Evaluate => evaluate::EvaluatePage().into_any(),
         Page::Inspect => inspect::InspectPage().into_any(),
         Page::Download => download::DownloadPage().into_any(),
         Page::Jobs => jobs::JobsPage().into_any(),

@@ -329,6 +329,11 @@ async fn handle(id: u64, progress: &Progress, request: Request, files: JsValue) 
             let picked: Vec<Picked> = models.iter().map(need).collect::<Result<_, _>>()?;
             reply(Reply::Perplexity(crate::compute::perplexity::run(progress, &picked, &text)?))
         }
+        Request::Task { models, name, task, target_delimiter, limit } => {
+            let picked: Vec<Picked> = models.iter().map(need).collect::<Result<_, _>>()?;
+            let rows = crate::compute::task::run(progress, &picked, &name, &task, &target_delimiter, limit)?;
+            reply(Reply::Task(rows))
+        }
         Request::Download { model, file } => {
             let Picked::Artifact(a) = need(&model)? else {
                 return Err("only checkpoints made in the studio can be downloaded".into());

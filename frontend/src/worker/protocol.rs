@@ -233,6 +233,20 @@ pub enum Request {
         /// The text.
         text: String,
     },
+    /// Multiple-choice task accuracy of each model on one JSONL task
+    /// (`moe-studio eval --task`).
+    Task {
+        /// The models, in the order of the answer.
+        models: Vec<ModelRef>,
+        /// The task's name (errors, the answer's rows).
+        name: String,
+        /// The JSONL text: one `{"context", "choices", "gold"}` per line.
+        task: String,
+        /// Between the context and each choice (lm-eval's `target_delimiter`).
+        target_delimiter: String,
+        /// Score only the first N items.
+        limit: Option<usize>,
+    },
     /// One file of a produced checkpoint, as a `Blob` named after it.
     Download {
         /// The checkpoint.
@@ -272,6 +286,7 @@ impl Request {
             Request::Inspect { .. } => "routing the text",
             Request::Generate { .. } => "generating",
             Request::Perplexity { .. } => "scoring the text",
+            Request::Task { .. } => "scoring the task",
             Request::Download { .. } | Request::Archive { .. } => "preparing the download",
             Request::Panic => "a task that panics",
         }
@@ -392,6 +407,8 @@ pub enum Reply {
     Generate(Vec<Continuation>),
     /// Perplexities, one per model asked.
     Perplexity(Vec<f64>),
+    /// Each model's task accuracy (rows named after the models).
+    Task(Vec<moe_shared::api::TaskResult>),
     /// A download: the `Blob` travels beside the reply; this is its name.
     File(String),
 }

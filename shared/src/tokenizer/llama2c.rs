@@ -85,6 +85,11 @@ impl Llama2cTokenizer {
         Ok(Llama2cTokenizer { pieces, scores, lookup })
     }
 
+    /// The raw bytes of token `id` (`None` beyond the vocabulary).
+    pub fn piece(&self, id: u32) -> Option<&[u8]> {
+        self.pieces.get(id as usize).map(Vec::as_slice)
+    }
+
     /// Number of tokens.
     pub fn vocab_size(&self) -> usize {
         self.pieces.len()

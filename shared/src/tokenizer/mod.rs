@@ -78,6 +78,17 @@ impl Tokenizer {
         }
     }
 
+    /// The text of token `id` as the vocabulary spells it (special tokens
+    /// included, e.g. `<s>`; `None` for an unknown id or a piece that is
+    /// not UTF-8): what transformers' `decode([id])` gives for a special
+    /// token.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        match self {
+            Tokenizer::Hf(t) => t.id_to_token(id),
+            Tokenizer::Llama2c(t) => t.piece(id).and_then(|p| String::from_utf8(p.to_vec()).ok()),
+        }
+    }
+
     /// Vocabulary size (with added tokens).
     pub fn vocab_size(&self) -> usize {
         match self {

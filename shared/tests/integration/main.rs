@@ -27,6 +27,7 @@ mod route;
 mod save;
 mod smollm2;
 mod stories260k;
+mod task_eval;
 mod train_freeze;
 mod train_lb_golden;
 mod train_parallel;

@@ -1,5 +1,5 @@
 //! The new-job form as plain data (no signals, so it is tested natively):
-//! the eight job kinds, one [`Field`] per field of the kind's spec type
+//! the nine job kinds, one [`Field`] per field of the kind's spec type
 //! (both from `shared::jobs`, with the CLI's defaults as hints), the values
 //! typed so far ([`FormState`]), the
 //! request built from them ([`FormState::build`]) and where an error of
@@ -13,8 +13,8 @@ use moe_shared::methods::merge::MergeMethod;
 use moe_shared::train::Stage;
 
 use moe_shared::api::{
-    CreateJob, DataRef, EvalSpec, GraftSpec, JobSpec, MergeSpec, MoergeSpec, NeuronsSpec, RouteSpec, TrainEngine,
-    TrainSpec, UpcycleSpec,
+    CreateJob, DataRef, EvalSpec, GraftSpec, JobSpec, MergeSpec, MoergeSpec, NeuronsSpec, RouteSpec, TaskSpec,
+    TrainEngine, TrainSpec, UpcycleSpec,
 };
 
 /// The kinds, their inputs and defaults are the spec's own (`shared::jobs`).
@@ -238,6 +238,17 @@ impl FormState {
                 stride: self.opt("stride")?,
                 max_tokens: self.opt("max_tokens")?,
                 routing: self.choice("routing"),
+            }),
+            Kind::Task => JobSpec::Task(TaskSpec {
+                model: self.ckpt("model")?,
+                tasks: self.data_refs("tasks")?,
+                target_delimiter: match self.value("target_delimiter") {
+                    "space" => Some(" ".into()),
+                    "none" => Some(String::new()),
+                    _ => None,
+                },
+                limit: self.opt("limit")?,
+                batch: self.opt("batch")?,
             }),
         };
         // An empty name is no name; any other goes through the server's check.
@@ -545,6 +556,24 @@ mod tests {
         s.kind = Kind::Eval;
         let JobSpec::Eval(e) = s.build().unwrap().spec else { panic!() };
         assert_eq!((e.data[0].weight, e.data[0].original), (None, false));
+    }
+
+    #[test]
+    fn task_jobs_carry_the_delimiter_they_name() {
+        let mut s = FormState { kind: Kind::Task, ..FormState::new() };
+        s.set("model", A);
+        *s.row_mut("tasks", 0) = DataRow { name: "en".into(), upload: U.into(), ..Default::default() };
+        let JobSpec::Task(t) = s.build().unwrap().spec else { panic!() };
+        assert_eq!((t.target_delimiter.clone(), t.limit, t.tasks[0].name.as_str()), (None, None, "en"));
+        s.set("target_delimiter", "none");
+        s.set("limit", "10");
+        let req = s.build().unwrap();
+        req.spec.validate().unwrap();
+        let JobSpec::Task(t) = req.spec else { panic!() };
+        assert_eq!((t.target_delimiter.as_deref(), t.limit), (Some(""), Some(10)));
+        s.set("target_delimiter", "space");
+        let JobSpec::Task(t) = s.build().unwrap().spec else { panic!() };
+        assert_eq!(t.target_delimiter.as_deref(), Some(" "));
     }
 
     #[test]

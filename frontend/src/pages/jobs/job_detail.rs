@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use leptos::prelude::*;
 use moe_shared::api::{CheckpointInfo, FileInfo, JobEvent, JobInfo, JobState};
 
-use super::state::{parse_eval, short, Ctx, Live};
+use super::state::{parse_eval, parse_tasks, short, Ctx, Live};
 use crate::components::message::Message;
 use crate::jobs::api;
 use crate::jobs::events::{follow, Follow};
@@ -31,7 +31,7 @@ pub fn fmt_eta(s: f64) -> String {
     }
 }
 
-/// Lists job `id`'s artefacts; an eval job's `result.json` is read too.
+/// Lists job `id`'s artefacts; an eval or task job's `result.json` is read too.
 fn load_artefacts(ctx: Ctx, id: String) {
     leptos::task::spawn_local(async move {
         let shown = || ctx.live.with_untracked(|l| l.job.as_deref() == Some(id.as_str()));
@@ -41,7 +41,10 @@ fn load_artefacts(ctx: Ctx, id: String) {
                 ctx.artefacts.set(v);
                 if result {
                     match api::get::<serde_json::Value>(&api::artifact_url(&id, "result.json")).await {
-                        Ok(r) if shown() => ctx.live.update(|l| l.eval = parse_eval(&r)),
+                        Ok(r) if shown() => ctx.live.update(|l| {
+                            l.eval = parse_eval(&r);
+                            l.tasks = parse_tasks(&r);
+                        }),
                         Ok(_) => {}
                         Err(e) => ctx.fail("reading result.json", e),
                     }
@@ -222,6 +225,11 @@ fn eval_view(ctx: Ctx) -> impl IntoView {
     }
 }
 
+/// The accuracies of a task job.
+fn tasks_view(ctx: Ctx) -> impl IntoView {
+    move || ctx.live.with(|l| l.tasks.clone()).map(|rows| crate::components::task_table::task_table("task", rows))
+}
+
 /// The followed job's card: rebuilt only when another job is shown; its
 /// fields follow the events one by one (so an open log stays open).
 pub fn job_detail(ctx: Ctx) -> impl IntoView {
@@ -285,6 +293,7 @@ pub fn job_detail(ctx: Ctx) -> impl IntoView {
                 {move || live.with(|l| l.stream.clone()).map(|s| view! { <p class="msg small">{s}</p> })}
                 {move || live.with(|l| l.error.clone()).map(|e| view! { <pre class="msg error small" data-testid="job-error">{e}</pre> })}
                 {eval_view(ctx)}
+                {tasks_view(ctx)}
                 <LossChart points=Signal::derive(move || live.with(|l| l.loss.clone()))/>
                 <p>
                     <button data-testid="job-cancel" on:click=move |_| act(ctx, "cancel") disabled=move || !running()>"Cancel"</button>

@@ -6,7 +6,10 @@
 use std::collections::BTreeMap;
 
 use leptos::prelude::*;
-use moe_shared::api::{CheckpointInfo, FileInfo, JobInfo, JobState, ModelSummary, Progress, UploadState, UploadStatus};
+use moe_shared::api::{
+    CheckpointInfo, FileInfo, JobInfo, JobState, ModelSummary, Progress, TaskEvalReport, TaskResult, UploadState,
+    UploadStatus,
+};
 
 use super::form::{FieldError, FormState};
 use crate::components::message::Message;
@@ -48,6 +51,13 @@ pub fn parse_eval(v: &serde_json::Value) -> Option<Vec<EvalRow>> {
         .collect()
 }
 
+/// Reads `moe-studio eval --task --json`'s output
+/// ([`moe_shared::api::TaskEvalReport`]); `None` when it is not one.
+pub fn parse_tasks(v: &serde_json::Value) -> Option<Vec<TaskResult>> {
+    v.get("tasks")?;
+    serde_json::from_value::<TaskEvalReport>(v.clone()).ok().map(|r| r.tasks)
+}
+
 /// What the page knows about the job it follows.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Live {
@@ -71,6 +81,8 @@ pub struct Live {
     pub stream: Option<String>,
     /// An eval job's result.
     pub eval: Option<Vec<EvalRow>>,
+    /// A task job's result.
+    pub tasks: Option<Vec<TaskResult>>,
     /// The job's memory (live while it runs, else its last attempt's peak).
     pub memory: Option<moe_shared::api::JobMemory>,
 }
@@ -216,6 +228,14 @@ mod tests {
         assert_eq!(rows[1].load_mean, None);
         assert_eq!(parse_eval(&serde_json::json!({"state": "x"})), None);
         assert!(is_text("hu.txt") && is_text("a.jsonl") && !is_text("model.bin"));
+        assert_eq!(parse_tasks(&v), None);
+        let t = serde_json::json!({"model": "m", "routing": "learned", "moe": false, "tasks": [
+            {"name": "en", "file": "data/en.jsonl", "items": 2, "truncated": 0, "target_delimiter": "",
+             "acc": 0.5, "acc_stderr": 0.5, "acc_norm": 1.0, "acc_norm_stderr": 0.0, "acc_bytes": 1.0,
+             "acc_bytes_stderr": 0.0, "samples": []}]});
+        let rows = parse_tasks(&t).unwrap();
+        assert_eq!((rows[0].name.as_str(), rows[0].items, rows[0].acc, rows[0].acc_stderr), ("en", 2, 0.5, Some(0.5)));
+        assert_eq!(parse_eval(&t), None);
         assert_eq!(short("123e4567-e89b"), "123e4567");
     }
 }

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::export::export_moe;
+use moe_shared::layout::ExpertsFormat;
 use moe_shared::checkpoint::gguf::GgufFile;
 use moe_shared::checkpoint::gguf_write::write_gguf;
 use moe_shared::checkpoint::load::from_gguf_bytes;
@@ -285,6 +286,7 @@ fn a_named_layout_that_cannot_hold_the_model_is_refused_before_anything_is_writt
         &r.config,
         r.moe.as_ref().unwrap(),
         mixtral,
+        ExpertsFormat::PerExpert,
         &out,
         None,
         None,
@@ -316,6 +318,7 @@ fn converting_between_layouts_round_trips_bit_for_bit() {
         &ma.config,
         ma.moe.as_ref().unwrap(),
         LayoutRequest::Named(studio),
+        ExpertsFormat::PerExpert,
         &b,
         None,
         None,
@@ -329,6 +332,7 @@ fn converting_between_layouts_round_trips_bit_for_bit() {
         &mb.config,
         mb.moe.as_ref().unwrap(),
         LayoutRequest::parse("qwen2_moe").unwrap(),
+        ExpertsFormat::PerExpert,
         &c,
         None,
         None,
@@ -446,6 +450,7 @@ fn gguf_deepseek_export_reads_back_to_the_same_model() {
             &m.config,
             &moe,
             LayoutRequest::parse("deepseek_moe").unwrap(),
+            ExpertsFormat::PerExpert,
             &dir.path().join("refused"),
             None,
             None,
@@ -597,6 +602,7 @@ fn the_studio_layout_round_trips_shared_experts_gate_selection_bias_granular_and
             &back.config,
             &want,
             LayoutRequest::parse(l).unwrap(),
+            ExpertsFormat::PerExpert,
             &dir.path().join(l),
             None,
             None,

@@ -347,14 +347,14 @@ mod native {
             });
             for (name, bytes) in extra_files {
                 // An input's own card is never the output's.
-                if card.is_some() && *name == super::card::CARD_FILE {
+                if card.is_some() && *name == crate::checkpoint::card::CARD_FILE {
                     continue;
                 }
                 let p = self.tmp().join(name);
                 std::fs::write(&p, bytes).map_err(|e| StudioError::io(p.display(), e))?;
             }
             if let Some(card) = card {
-                let p = self.tmp().join(super::card::CARD_FILE);
+                let p = self.tmp().join(crate::checkpoint::card::CARD_FILE);
                 std::fs::write(&p, card).map_err(|e| StudioError::io(p.display(), e))?;
             }
             let tmp = self.tmp_dir.take().expect("open");

@@ -125,7 +125,9 @@ fn mergekit_moe_output_is_read_by_every_command() {
     for d in domains(&dir) {
         args.extend(["--domain".into(), d]);
     }
-    args.extend(["--context", "32", "--max-tokens", "400", "--no-bias", "--out", &arg(&routed), "--json"].map(String::from));
+    args.extend(
+        ["--context", "32", "--max-tokens", "400", "--no-bias", "--out", &arg(&routed), "--json"].map(String::from),
+    );
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let r = json(&run(&argv));
     assert_eq!(r["mean_accuracy_per_domain"].as_array().unwrap().len(), 4, "{r}");
@@ -186,8 +188,23 @@ fn packed_outputs_equal_per_expert_ones_and_every_output_has_a_card() {
         let out = dir.join(format!("up-{fmt}"));
         let o = arg(&out);
         json(&run(&[
-            "upcycle", &m, "--experts", "4", "--top-k", "2", "--router-init", "random", "--noise", "0.2", "--seed", "3",
-            "--experts-format", fmt, "--out", &o, "--json",
+            "upcycle",
+            &m,
+            "--experts",
+            "4",
+            "--top-k",
+            "2",
+            "--router-init",
+            "random",
+            "--noise",
+            "0.2",
+            "--seed",
+            "3",
+            "--experts-format",
+            fmt,
+            "--out",
+            &o,
+            "--json",
         ]));
         let (fm, text) = card(&out, &[&mistral], &["moe", "mixture-of-experts", "upcycling"]);
         assert!(text.contains(&format!("--experts-format {fmt}")), "{text}");
@@ -252,7 +269,10 @@ fn packed_outputs_equal_per_expert_ones_and_every_output_has_a_card() {
         let want = format!("tests/fixtures/merge/f32/{i}");
         assert!(fm.base_model.iter().any(|b| b.ends_with(&want)), "{:?} lacks {want}", fm.base_model);
     }
-    assert!(text.contains("```yaml\n") && text.contains("gate_mode: random") && text.contains("recipe stage"), "{text}");
+    assert!(
+        text.contains("```yaml\n") && text.contains("gate_mode: random") && text.contains("recipe stage"),
+        "{text}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

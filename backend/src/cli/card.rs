@@ -10,8 +10,7 @@ use moe_shared::checkpoint::card::{cli_input, CardMethod, ModelCard};
 
 /// Quotes one argument for a POSIX shell when it needs it.
 fn quote(arg: &str) -> String {
-    let plain = !arg.is_empty()
-        && arg.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-./=:,@%+".contains(&b));
+    let plain = !arg.is_empty() && arg.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-./=:,@%+".contains(&b));
     if plain {
         arg.to_string()
     } else {

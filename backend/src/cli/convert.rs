@@ -9,9 +9,9 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::export::{export_dense, export_moe};
 use moe_shared::checkpoint::gguf_write::write_gguf;
-use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::{open_model, DType};
 use moe_shared::layout::ExpertsFormat;
 use moe_shared::tokenizer::gguf_export::gguf_tokenizer;
@@ -109,8 +109,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             None
         }
         Some(moe) => {
-            let choice =
-                export_moe(m.source.as_ref(), &m.config, moe, request, experts, &a.out, dtype, tok, opts)?;
+            let choice = export_moe(m.source.as_ref(), &m.config, moe, request, experts, &a.out, dtype, tok, opts)?;
             for w in &choice.warnings {
                 eprintln!("warning: {w}");
             }

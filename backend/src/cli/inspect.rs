@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use moe_shared::layout::ExpertsFormat;
 use moe_shared::api::{ModelSummary, MoeSummary};
 use moe_shared::checkpoint::open_model;
+use moe_shared::layout::ExpertsFormat;
 
 /// Arguments of `inspect`.
 #[derive(Debug, clap::Args)]

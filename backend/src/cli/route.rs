@@ -12,9 +12,9 @@ use moe_shared::config::MoeConfig;
 use moe_shared::jobs::Defaults as D;
 use moe_shared::layout::{self, LayoutRequest};
 use moe_shared::methods::route::{
-    accuracy_markdown, check_domains, check_route_options, collect_stats, domain_sequences, empty_stats, mean_accuracy, routed_config,
-    routing_accuracy, routing_accuracy_detail, set_routers, solve_all, solve_all_relative, stats_to_safetensors,
-    write_routed, DomainSequences, RouteOptions, RouteReport, RoutingAccuracy,
+    accuracy_markdown, check_domains, check_route_options, collect_stats, domain_sequences, empty_stats, mean_accuracy,
+    routed_config, routing_accuracy, routing_accuracy_detail, set_routers, solve_all, solve_all_relative,
+    stats_to_safetensors, write_routed, DomainSequences, RouteOptions, RouteReport, RoutingAccuracy,
 };
 use moe_shared::model::load_model;
 
@@ -221,7 +221,10 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     let provenance = serde_json::json!({"method": "dume-ridge-router-add-expert", "source": m.path, "added": dense_path.display().to_string()});
     let mut card = super::card::card(
         CardMethod::Dume,
-        [("routed MoE".to_string(), a.model.as_path()), (format!("added expert `{}`", domain.name), dense_path.as_path())],
+        [
+            ("routed MoE".to_string(), a.model.as_path()),
+            (format!("added expert `{}`", domain.name), dense_path.as_path()),
+        ],
     );
     let added = accuracy_markdown(&names[new_idx..], std::slice::from_ref(&acc.per_layer), &opts);
     card.section("Routing accuracy of the added expert", added);

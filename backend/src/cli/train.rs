@@ -461,7 +461,8 @@ impl WithAutodiff for Args {
         let mut card = super::card::card(method, [("model".to_string(), a.model.as_path())]);
         card.moe = m.moe.is_some();
         card.detail("data", a.data.join(", "));
-        let (name, bytes) = super::card::readme(card, a.out.as_deref().or(a.emit.as_deref()).unwrap_or(a.model.as_path()));
+        let (name, bytes) =
+            super::card::readme(card, a.out.as_deref().or(a.emit.as_deref()).unwrap_or(a.model.as_path()));
         tok_files.push((name.to_string(), bytes));
         if config.seq_len > m.config.max_position_embeddings {
             bail!("--seq-len {} exceeds the model's context {}", config.seq_len, m.config.max_position_embeddings);

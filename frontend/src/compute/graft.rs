@@ -10,11 +10,11 @@ use moe_shared::methods::delta::{
 use moe_shared::methods::sink::{to_bytes, MemorySink, TensorSink};
 
 use super::artifact::{card_file, into_artifact, pretty, Output};
-use moe_shared::checkpoint::card::{CardMethod, ModelCard};
-use moe_shared::methods::output::card_moe_details;
 use super::msg;
 use super::progress::Progress;
 use crate::store::{Artifact, Picked};
+use moe_shared::checkpoint::card::{CardMethod, ModelCard};
+use moe_shared::methods::output::card_moe_details;
 
 /// The `config.json` / `tokenizer.json` the CLI's `companion_files` copies
 /// for `target`: a produced checkpoint's own files, or (for a `.gguf` /

@@ -15,11 +15,11 @@ use moe_shared::methods::sink::{write_values, MemorySink};
 use moe_shared::methods::{plan_moerge, weighted_means, write_moerge, MoergeInput, MoergeOptions, MoergePlan};
 
 use super::artifact::{card_file, into_artifact, pretty, tokenizer_json, Output};
-use moe_shared::checkpoint::card::{CardMethod, ModelCard};
-use moe_shared::methods::output::card_moe_details;
 use super::msg;
 use super::progress::Progress;
 use crate::store::{Artifact, Picked};
+use moe_shared::checkpoint::card::{CardMethod, ModelCard};
+use moe_shared::methods::output::card_moe_details;
 
 /// Where a MoErge computed its averaged (shared, non-FFN) tensors.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -10,21 +10,21 @@ use moe_kernels::{Gpu, GramAccumulator};
 use moe_shared::eval::{evaluate, PerplexityOptions};
 use moe_shared::methods::ridge::RidgeStats;
 use moe_shared::methods::route::{
-    accuracy_markdown, check_domains, check_route_options, collect_stats, domain_sequences, empty_stats, forced_ffn_inputs, plan_routed,
-    routed_config, routing_accuracy_detail, set_routers, stats_to_safetensors, write_routed_tensors, DomainSequences,
-    RouteOptions, RouteReport, SEQUENCES_PER_PASS,
+    accuracy_markdown, check_domains, check_route_options, collect_stats, domain_sequences, empty_stats,
+    forced_ffn_inputs, plan_routed, routed_config, routing_accuracy_detail, set_routers, stats_to_safetensors,
+    write_routed_tensors, DomainSequences, RouteOptions, RouteReport, SEQUENCES_PER_PASS,
 };
 use moe_shared::methods::sink::MemorySink;
 use moe_shared::model::Transformer;
 use moe_shared::model::{load_transformer, Routing};
 
 use super::artifact::{card_file, into_artifact, pretty, tokenizer_json, Output};
-use moe_shared::checkpoint::card::{CardMethod, ModelCard};
-use moe_shared::methods::output::card_moe_details;
 use super::average::AveragedExperts;
 use super::progress::Progress;
 use super::{cpu_model, msg};
 use crate::store::{Artifact, Picked};
+use moe_shared::checkpoint::card::{CardMethod, ModelCard};
+use moe_shared::methods::output::card_moe_details;
 
 /// One domain: a name and its text (expert `i` = domain `i`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -12,12 +12,12 @@ use moe_shared::methods::{
 };
 
 use super::artifact::{card_file, into_artifact, pretty, tokenizer_json, Output};
-use moe_shared::checkpoint::card::{CardMethod, ModelCard};
-use moe_shared::methods::output::card_moe_details;
 use super::msg;
 use super::progress::Progress;
 use crate::store::{Artifact, Picked};
 use crate::worker::protocol::UpcycleForm;
+use moe_shared::checkpoint::card::{CardMethod, ModelCard};
+use moe_shared::methods::output::card_moe_details;
 
 /// Parses a number typed into the field `what`.
 ///

@@ -97,7 +97,10 @@ pub fn export_dense(
         .collect();
     let mut opts = opts;
     opts.card_detail("architecture", config.architecture.model_type());
-    opts.card_detail("dtype", dtype.map_or("as the input's tensors (f32 for quantised ones)".into(), |d| d.to_string()));
+    opts.card_detail(
+        "dtype",
+        dtype.map_or("as the input's tensors (f32 for quantised ones)".into(), |d| d.to_string()),
+    );
     let mut w = super::SafetensorsWriter::create(out_dir, plan, opts)?;
     for (name, _, parts) in &fused {
         let values = if parts.is_empty() {

@@ -106,7 +106,8 @@ pub fn wrap_source(
     moe: &MoeConfig,
 ) -> Result<(Box<dyn TensorSource + Send + Sync>, ExpertsFormat)> {
     let (inner, format) = super::packed::unpack_source(inner, layout, base, moe)?;
-    let renames = layout.renames() || inner.tensors().iter().any(|t| names::canonical(&layout.role_of(&t.name)) != t.name);
+    let renames =
+        layout.renames() || inner.tensors().iter().any(|t| names::canonical(&layout.role_of(&t.name)) != t.name);
     if !renames && layout.zero_tensors(base, moe).is_empty() {
         return Ok((inner, format));
     }

@@ -110,7 +110,10 @@ impl ExpertsFormat {
         match s {
             "per-expert" | "per_expert" => Ok(ExpertsFormat::PerExpert),
             "packed" => Ok(ExpertsFormat::Packed),
-            _ => Err(StudioError::config("--experts-format", format!("unknown format `{s}` (expected per-expert or packed)"))),
+            _ => Err(StudioError::config(
+                "--experts-format",
+                format!("unknown format `{s}` (expected per-expert or packed)"),
+            )),
         }
     }
 }
@@ -211,17 +214,15 @@ pub fn find_packed(
         };
         let (prefix, gu, dn) = match (per_expert.contains(&l), found) {
             (true, None) => continue,
-            (false, None) => {
-                return Err(StudioError::config(
-                    src.source_name(),
-                    format!(
-                        "layer {l} is an MoE layer of the {} layout ({e} experts) but the checkpoint has its experts in \
+            (false, None) => return Err(StudioError::config(
+                src.source_name(),
+                format!(
+                    "layer {l} is an MoE layer of the {} layout ({e} experts) but the checkpoint has its experts in \
                          neither expert layout; looked for {}",
-                        layout.name(),
-                        looked()
-                    ),
-                ))
-            }
+                    layout.name(),
+                    looked()
+                ),
+            )),
             (true, Some((p, _, _))) => {
                 return Err(StudioError::config(
                     src.source_name(),
@@ -234,8 +235,13 @@ pub fn find_packed(
             (false, Some(x)) => x,
         };
         let (gu_name, dn_name) = (gate_up_name(&prefix), down_name(&prefix));
-        let missing =
-            |name: &str, other: &str| StudioError::tensor(src.source_name(), name, format!("missing: `{other}` is there, and a packed layer needs both"));
+        let missing = |name: &str, other: &str| {
+            StudioError::tensor(
+                src.source_name(),
+                name,
+                format!("missing: `{other}` is there, and a packed layer needs both"),
+            )
+        };
         let gu = gu.ok_or_else(|| missing(&gu_name, &dn_name))?;
         let dn = dn.ok_or_else(|| missing(&dn_name, &gu_name))?;
         for (t, want, what) in [
@@ -323,7 +329,11 @@ impl PackedSource {
                 for &proj in projs.iter() {
                     let name = layout.disk_name(&TensorRole::Expert { layer: p.layer, expert: e, proj });
                     let (_, range) = p.slice(e, proj);
-                    tensors.push(TensorInfo { name: name.clone(), dtype: t.dtype, shape: proj.shape(p.hidden, p.width) });
+                    tensors.push(TensorInfo {
+                        name: name.clone(),
+                        dtype: t.dtype,
+                        shape: proj.shape(p.hidden, p.width),
+                    });
                     parts.insert(name, (t.name.clone(), range));
                 }
             }
@@ -446,20 +456,32 @@ impl Packing {
                 return Err(bad(l, "no gate or down projection".into()));
             };
             let (f, d) = (g.shape[0], g.shape[1]);
-            let prefix = layout.packed_prefixes(l).into_iter().next().ok_or_else(|| bad(l, "the layout has no packed form".into()))?;
+            let prefix = layout
+                .packed_prefixes(l)
+                .into_iter()
+                .next()
+                .ok_or_else(|| bad(l, "the layout has no packed form".into()))?;
             let group = groups.len();
             let (gu_slot, dn_slot) = (slots.len(), slots.len() + 1);
             let gu = PlannedTensor { name: gate_up_name(&prefix), dtype: g.dtype, shape: vec![e, 2 * f, d] };
             let down = PlannedTensor { name: down_name(&prefix), dtype: dn.dtype, shape: vec![e, d, f] };
             for p in [&gu, &down] {
-                slots.push(Slot { name: p.name.clone(), dtype: p.dtype, numel: p.shape.iter().product(), buf: Vec::new() });
+                slots.push(Slot {
+                    name: p.name.clone(),
+                    dtype: p.dtype,
+                    numel: p.shape.iter().product(),
+                    buf: Vec::new(),
+                });
             }
             let m = f * d;
             let mut seen = HashSet::new();
             for &(i, expert, proj) in &layer.tensors {
                 let p = &planned[i];
                 if p.shape != proj.shape(d, f) || !seen.insert((expert, proj)) {
-                    return Err(bad(l, format!("`{}` has shape {:?} or repeats (expected {:?})", p.name, p.shape, proj.shape(d, f))));
+                    return Err(bad(
+                        l,
+                        format!("`{}` has shape {:?} or repeats (expected {:?})", p.name, p.shape, proj.shape(d, f)),
+                    ));
                 }
                 let (slot, offset) = match proj {
                     Proj::Gate => (gu_slot, 2 * expert * m),
@@ -534,7 +556,11 @@ impl Packing {
         }
         let start = piece.offset * size;
         let Some(dst) = slot.buf.get_mut(start..start + bytes.len()) else {
-            return Err(StudioError::Invalid(format!("tensor `{name}`: {} bytes do not fit `{}`", bytes.len(), slot.name)));
+            return Err(StudioError::Invalid(format!(
+                "tensor `{name}`: {} bytes do not fit `{}`",
+                bytes.len(),
+                slot.name
+            )));
         };
         dst.copy_from_slice(bytes);
         let group = &mut self.groups[piece.group];

@@ -140,7 +140,10 @@ pub fn card_moe_details(
         }
     };
     card.detail("expert storage", storage);
-    card.detail("parameters", format!("{} ({} active per token)", moe.num_parameters(base), moe.num_active_parameters(base)));
+    card.detail(
+        "parameters",
+        format!("{} ({} active per token)", moe.num_parameters(base), moe.num_active_parameters(base)),
+    );
     if let Some(p) = planned.first() {
         card.detail("dtype", p.dtype.to_string());
     }

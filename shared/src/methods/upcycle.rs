@@ -37,13 +37,13 @@ use serde::Serialize;
 use super::allocation::ExpertCounts;
 use super::moe_plan::{MoeTensor, Origin};
 use super::output::{check_dense_source, config_json, layout_sink, planned_tensors, LayoutChoice, LayoutRequest};
-use crate::layout::ExpertsFormat;
 use super::rng::{sample_indices, NormalRng};
 use super::router_init::RouterInit;
 use super::sink::{to_bytes, write_values, TensorSink};
 use crate::checkpoint::{DType, PlannedTensor, TensorSource};
 use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
 use crate::error::{Result, StudioError};
+use crate::layout::ExpertsFormat;
 pub use crate::layout::Proj;
 
 /// How noise combines with an expert copy's weights.

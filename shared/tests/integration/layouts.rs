@@ -19,12 +19,12 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::export::export_moe;
-use moe_shared::layout::ExpertsFormat;
 use moe_shared::checkpoint::gguf::GgufFile;
 use moe_shared::checkpoint::gguf_write::write_gguf;
 use moe_shared::checkpoint::load::from_gguf_bytes;
 use moe_shared::checkpoint::{open_model, Bytes, DType, LoadedModel, PlannedTensor, SafetensorsWriter, TensorSource};
 use moe_shared::config::{MoeConfig, MoeLayerSpec};
+use moe_shared::layout::ExpertsFormat;
 use moe_shared::layout::{by_name, LayoutRequest};
 use moe_shared::methods::ridge::RouterWeights;
 use moe_shared::methods::route::write_routed;
@@ -272,13 +272,36 @@ fn a_named_layout_that_cannot_hold_the_model_is_refused_before_anything_is_writt
         .collect();
     let mixtral = LayoutRequest::parse("mixtral").unwrap();
     let json = serde_json::json!({});
-    let e = write_routed(m.source.as_ref(), &m.config, &biased, &routers, &out, vec![], json.clone(), mixtral)
-        .unwrap_err()
-        .to_string();
+    let e = write_routed(
+        m.source.as_ref(),
+        &m.config,
+        &biased,
+        &routers,
+        &out,
+        vec![],
+        json.clone(),
+        mixtral,
+        ExpertsFormat::PerExpert,
+        Default::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("`router_bias`") && e.contains("layouts that can: moe_studio"), "{e}");
     assert!(!out.exists());
     let routed = dir.path().join("routed");
-    write_routed(m.source.as_ref(), &m.config, &biased, &routers, &routed, vec![], json, LayoutRequest::Auto).unwrap();
+    write_routed(
+        m.source.as_ref(),
+        &m.config,
+        &biased,
+        &routers,
+        &routed,
+        vec![],
+        json,
+        LayoutRequest::Auto,
+        ExpertsFormat::PerExpert,
+        Default::default(),
+    )
+    .unwrap();
     let r = open_model(&routed).unwrap();
     assert_eq!(r.layout.map(|l| l.name()), Some("moe_studio"), "auto falls back to the studio layout");
     let e = export_moe(

@@ -22,7 +22,8 @@ fn packed_golden(name: &str) -> (Vec<u32>, Vec<Vec<f32>>) {
     let e = &g[name];
     let ids = e["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     let rows = e["logits"].as_array().unwrap();
-    let logits = rows.iter().map(|r| r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect()).collect();
+    let logits =
+        rows.iter().map(|r| r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect()).collect();
     (ids, logits)
 }
 
@@ -132,14 +133,26 @@ fn every_layout_writes_packed_experts_that_read_back_bit_for_bit() {
     round_trip(
         &mixtral,
         "mixtral",
-        &["model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"],
+        &[
+            "model.layers.0.mlp.gate.weight",
+            "model.layers.0.mlp.experts.gate_up_proj",
+            "model.layers.1.mlp.experts.down_proj",
+        ],
     );
     // Qwen2-MoE: a dense layer (mlp_only_layers) and its own shared expert
     // (never packed)
     let qwen2 = open(&fixture("tiny-qwen2-moe"));
-    round_trip(&qwen2, "qwen2_moe", &["model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.shared_expert.up_proj.weight"]);
+    round_trip(
+        &qwen2,
+        "qwen2_moe",
+        &["model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.shared_expert.up_proj.weight"],
+    );
     let qwen3 = open(&fixture("tiny-qwen3-moe"));
-    round_trip(&qwen3, "qwen3_moe", &["model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.down_proj.weight"]);
+    round_trip(
+        &qwen3,
+        "qwen3_moe",
+        &["model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.down_proj.weight"],
+    );
     // the studio layout packs under the canonical prefix, each layer with
     // its own expert count
     round_trip(&qwen3, "moe_studio", &["model.layers.0.block_sparse_moe.experts.gate_up_proj"]);
@@ -205,12 +218,16 @@ fn packed_tensors_that_disagree_with_the_config_are_refused_by_name() {
     assert!(e.contains("`model.layers.0.mlp.experts.down_proj`") && e.contains("[4, 32, 48]"), "{e}");
     // gate_up_proj without its down_proj
     std::fs::remove_dir_all(&bad).unwrap();
-    let bad = edited_mergekit(dir.path(), |n, s, d| (n != "model.layers.0.mlp.experts.down_proj").then(|| keep(n, s, d)).flatten());
+    let bad = edited_mergekit(dir.path(), |n, s, d| {
+        (n != "model.layers.0.mlp.experts.down_proj").then(|| keep(n, s, d)).flatten()
+    });
     let e = open_model(&bad).err().unwrap().to_string();
     assert!(e.contains("`model.layers.0.mlp.experts.down_proj`") && e.contains("missing"), "{e}");
     // neither layout in layer 0: both are named
     std::fs::remove_dir_all(&bad).unwrap();
-    let bad = edited_mergekit(dir.path(), |n, s, d| (!n.starts_with("model.layers.0.mlp.experts")).then(|| keep(n, s, d)).flatten());
+    let bad = edited_mergekit(dir.path(), |n, s, d| {
+        (!n.starts_with("model.layers.0.mlp.experts")).then(|| keep(n, s, d)).flatten()
+    });
     let e = open_model(&bad).err().unwrap().to_string();
     assert!(
         e.contains("layer 0")

@@ -234,6 +234,7 @@ pub fn options(form: &UpcycleForm, source: &dyn TensorSource) -> Result<UpcycleO
         granularity: num(&form.granularity, "granularity").map_err(at(Field::Granularity))?,
         norm_topk_prob: true,
         layout: moe_shared::layout::LayoutRequest::Auto,
+        experts_format: moe_shared::layout::ExpertsFormat::PerExpert,
     })
 }
 

@@ -214,15 +214,17 @@ pub fn find_packed(
         };
         let (prefix, gu, dn) = match (per_expert.contains(&l), found) {
             (true, None) => continue,
-            (false, None) => return Err(StudioError::config(
-                src.source_name(),
-                format!(
+            (false, None) => {
+                return Err(StudioError::config(
+                    src.source_name(),
+                    format!(
                     "layer {l} is an MoE layer of the {} layout ({e} experts) but the checkpoint has its experts in \
                          neither expert layout; looked for {}",
                     layout.name(),
                     looked()
                 ),
-            )),
+                ))
+            }
             (true, Some((p, _, _))) => {
                 return Err(StudioError::config(
                     src.source_name(),

@@ -87,6 +87,10 @@ pub struct MoeSummary {
     pub total_parameters: usize,
     /// Parameters used per token ([`MoeConfig::num_active_parameters`]).
     pub active_parameters_per_token: usize,
+    /// How the checkpoint stores its routed experts (`per-expert` or
+    /// `packed`, [`crate::layout::packed`]), when read from safetensors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts_format: Option<crate::layout::ExpertsFormat>,
 }
 
 impl MoeSummary {
@@ -131,6 +135,7 @@ impl MoeSummary {
             selection_bias_layers: layers_where(moe, |s| s.selection_bias),
             total_parameters: moe.num_parameters(base),
             active_parameters_per_token: moe.num_active_parameters(base),
+            experts_format: None,
         }
     }
 }
@@ -175,6 +180,14 @@ impl ModelSummary {
     /// `None`, a dense model).
     pub fn with_moe(mut self, moe: Option<&MoeConfig>, layout: Option<&dyn crate::layout::MoeLayout>) -> Self {
         self.moe = moe.map(|m| MoeSummary::new(&self.config, m, layout));
+        self
+    }
+
+    /// Records how the MoE's experts are stored (a no-op for a dense model).
+    pub fn with_experts_format(mut self, format: Option<crate::layout::ExpertsFormat>) -> Self {
+        if let Some(m) = self.moe.as_mut() {
+            m.experts_format = format;
+        }
         self
     }
 }

@@ -23,6 +23,10 @@ pub mod train;
 
 pub use error::{Result, StudioError};
 
+/// The studio's version (the workspace's `version`), as model cards and
+/// job records state it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// The CPU backend of every CPU path: the CLI's `--backend cpu` (alias
 /// `ndarray`, the name stored job rows carry), the browser tab's forward
 /// passes and every test. burn-flex (Burn's pure-Rust CPU backend, the

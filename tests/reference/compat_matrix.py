@@ -14,6 +14,16 @@ Loaders:
   GGUF of `moe-studio convert --to gguf` (F32, F16, Q8_0): logits and
   perplexity vs moe-studio on the same GGUF and token windows.
 
+Packed experts (transformers 5's `experts.gate_up_proj` / `experts.down_proj`,
+`--experts-format packed`): a section of its own, each public layout's
+packed upcycle loaded by transformers (logits vs moe-studio, and vs
+transformers' logits of the per-expert export of the same upcycle), the
+committed packed fixtures (transformers' packed Qwen3-MoE, mergekit-moe
+0.1.5's packed Mixtral) read by moe-studio, and with `--real` mergekit-moe
+0.1.5 on SmolLM2-135M (4 experts, `gate_mode: random`, Mixtral) read by
+every command (`--mergekit-python`). `--packed-only` runs only this section
+and rewrites only it in `--out` (between its markers), keeping the rest.
+
 Cases: the tiny fixtures (always; seconds) and, with `--real`, SmolLM2-135M
 (llama: Mixtral) and Qwen2.5-Coder-0.5B (qwen2: Qwen2-MoE) upcycled to 4
 experts top-2 — the Qwen2.5 one with a zero router and no noise, so that
@@ -21,7 +31,7 @@ transformers' logits of the Qwen2-MoE export must equal those of the dense
 model (the upcycled == dense invariant through the export).
 
     python tests/reference/compat_matrix.py --bin BIN [--real] [--llamacpp-python PY]
-        [--candle-rows FILE] [--work DIR] [--out docs/compatibility.md]
+        [--candle-rows FILE] [--mergekit-python PY] [--packed-only] [--work DIR] [--out docs/compatibility.md]
 """
 
 import argparse
@@ -245,6 +255,203 @@ def real_rows(binary, py, work, rows, text):
                       text, work, rows, max_tokens=512)
 
 
+PACKED_BEGIN = "<!-- packed experts: begin (compat_matrix.py --packed-only rewrites this section) -->"
+PACKED_END = "<!-- packed experts: end -->"
+PACKED_CASES = [
+    ("mixtral", "tiny-llama3 4x top-2", "tiny-llama3", ["--experts", "4", "--top-k", "2", *ROUTED, "--layout", "mixtral"],
+     None),
+    ("qwen2_moe", "tiny-qwen2 (q/k/v bias) 4x top-2, zero shared expert", "tiny-qwen2",
+     ["--experts", "4", "--top-k", "2", *ROUTED, "--layout", "qwen2_moe"], None),
+    ("qwen2_moe", "tiny-llama3, layer 1 dense", "tiny-llama3", ["--top-k", "2", *ROUTED], {"experts_per_layer": [4, None]}),
+    ("qwen2_moe", "tiny-qwen2 4x top-2 + its own gated shared expert", "tiny-qwen2",
+     ["--experts", "4", "--top-k", "2", *ROUTED, "--shared-experts", "1", "--shared-gate", "--shared-init", "copy",
+      "--layout", "qwen2_moe"], None),
+    ("qwen3_moe", "tiny-qwen3 (q/k norm) 4x top-2", "tiny-qwen3",
+     ["--experts", "4", "--top-k", "2", *ROUTED, "--layout", "qwen3_moe"], None),
+]
+
+
+def safetensors_names(d):
+    from safetensors import safe_open
+    names = []
+    for f in sorted(Path(d).glob("*.safetensors")):
+        with safe_open(f, "pt") as st:
+            names += list(st.keys())
+    return names
+
+
+def packed_rows(binary, work, rows):
+    """Each public layout's packed upcycle in transformers, and the packed fixtures in moe-studio."""
+    for layout, case, fixture, args, alloc in PACKED_CASES:
+        outs = {}
+        for fmt_ in ("per-expert", "packed"):
+            out = work / f"packed-{fixture}-{layout}-{fmt_}-{len(rows)}"
+            shutil.rmtree(out, ignore_errors=True)
+            rep = upcycle(binary, REPO / "tests" / "fixtures" / fixture, out, [*args, "--experts-format", fmt_], alloc)
+            assert rep["layout"] == layout, (case, rep["layout"])
+            outs[fmt_] = out
+        names = safetensors_names(outs["packed"])
+        assert any(n.endswith("experts.gate_up_proj") for n in names), names
+        assert not any(".experts.0." in n for n in names), names
+        _, ours = ours_logits(binary, outs["packed"], ids=IDS)
+        theirs, cls, why = hf_logits(outs["packed"], IDS)
+        per_expert, _, _ = hf_logits(outs["per-expert"], IDS)
+        row = {"layout": layout, "loader": "transformers", "case": case, "class": cls, "loads": why is None,
+               "written_by": "moe-studio upcycle --experts-format packed"}
+        if theirs is not None:
+            row["max_abs_diff"] = float(np.abs(theirs - ours).max())
+            row["vs_per_expert"] = float(np.abs(theirs - per_expert).max())
+        if why:
+            row["why"] = why
+        rows.append(row)
+        log(row)
+    # files the studio did not write: transformers' own packed save, mergekit-moe's output
+    golden = json.loads((HERE / "golden" / "packed_experts.json").read_text())
+    for name, layout, case in [
+        ("tiny-qwen3-moe-packed", "qwen3_moe", "tiny-qwen3-moe saved by transformers with save_original_format=False"),
+        ("tiny-mergekit-moe", "mixtral", "mergekit-moe 0.1.5 output (tiny Llama x 4 experts, gate_mode random)"),
+    ]:
+        d = REPO / "tests" / "fixtures" / name
+        _, ours = ours_logits(binary, d, ids=IDS)
+        theirs, cls, why = hf_logits(d, IDS)
+        g = np.array(golden[name]["logits"], dtype=np.float32)
+        row = {"layout": layout, "loader": "moe-studio", "case": case, "class": cls, "loads": True,
+               "written_by": "transformers" if "qwen3" in name else "mergekit-moe 0.1.5",
+               "max_abs_diff": float(np.abs(theirs - ours).max()), "vs_golden": float(np.abs(g - ours).max())}
+        rows.append(row)
+        log(row)
+
+
+def mergekit_smollm2_rows(binary, mergekit_py, work, rows, text):
+    """mergekit-moe 0.1.5 on SmolLM2-135M (Mixtral, 4 experts, gate_mode random): every command reads it;
+    logits vs transformers on the same directory."""
+    gguf = sh(["bash", REPO / "tests/reference/fetch_smollm2.sh"]).strip()
+    dense = work / "smollm2-f32"
+    if not dense.exists():
+        sh([binary, "convert", gguf, "--out", dense, "--dtype", "f32"])
+    moe = work / "smollm2-mergekit-moe"
+    if not moe.exists():
+        cfg = work / "smollm2-mergekit-moe.yml"
+        cfg.write_text("\n".join([f"base_model: {dense}", "gate_mode: random", "dtype: float32",
+                                   "experts_per_token: 2", "experts:",
+                                   *[f"  - source_model: {dense}\n    noise_scale: 0.01" for _ in range(4)], ""]))
+        sh([mergekit_py, "-m", "mergekit.scripts.moe", cfg, moe, "--i-understand-this-is-not-useful-without-training"])
+    names = safetensors_names(moe)
+    assert "model.layers.0.mlp.experts.gate_up_proj" in names, names[:20]
+    ids, ours = ours_logits(binary, moe, text=text, max_tokens=64)
+    theirs, cls, why = hf_logits(moe, ids)
+    row = {"layout": "mixtral", "loader": "moe-studio", "case": "mergekit-moe 0.1.5 output: SmolLM2-135M x 4 "
+           "(noise_scale 0.01 each), gate_mode random, f32", "class": cls, "loads": why is None,
+           "written_by": "mergekit-moe 0.1.5", "max_abs_diff": float(np.abs(theirs - ours).max()),
+           "logit_scale": float(np.abs(theirs).max()), "tokens": len(ids)}
+    # every command on it: inspect, perplexity, generate, eval, convert (both formats, GGUF), route, graft
+    b = [binary, "--backend", "ndarray"]
+    insp = json.loads(sh([*b, "inspect", moe, "--json"]))
+    assert insp["moe"]["experts_format"] == "packed" and insp["moe"]["layout"] == "mixtral", insp["moe"]
+    sh([*b, "generate", moe, "--prompt", "The capital of France is", "--max-new-tokens", "8"])
+    ppl = json.loads(sh([*b, "perplexity", moe, "--text", text, "--max-tokens", "512", "--json"]))
+    row["perplexity"] = ppl.get("perplexity", ppl.get("ppl"))
+    held = work / "mk-heldout.txt"
+    data = Path(text).read_text()
+    held.write_text(data[:20000])
+    sh([*b, "eval", moe, "--data", f"en={held}", "--json"])
+    done = ["inspect", "generate", "perplexity", "eval"]
+    for fmt_ in ("per-expert", "packed"):
+        out = work / f"mk-convert-{fmt_}"
+        shutil.rmtree(out, ignore_errors=True)
+        sh([*b, "convert", moe, "--out", out, "--experts-format", fmt_])
+        _, conv = ours_logits(binary, out, ids=ids)
+        row[f"convert_{fmt_}_vs_input"] = float(np.abs(conv - ours).max())
+    g = work / "mk.gguf"
+    g.unlink(missing_ok=True)
+    sh([*b, "convert", moe, "--to", "gguf", "--dtype", "f32", "--out", g])
+    done.append("convert (per-expert, packed, gguf)")
+    corpora = Path(text).parents[2]
+    domains = [corpora / "lang" / l / "train.txt" for l in ("en", "hu", "el", "tr")]
+    routed = work / "mk-routed"
+    shutil.rmtree(routed, ignore_errors=True)
+    r = json.loads(sh([*b, "route", moe, *sum([["--domain", f"{d.parent.name}={d}"] for d in domains], []),
+                       "--max-tokens", "2000", "--context", "128", "--no-bias", "--out", routed, "--json"]))
+    row["route_mean_accuracy"] = r["mean_accuracy_per_domain"]
+    done.append("route")
+    grafted = work / "mk-grafted"
+    shutil.rmtree(grafted, ignore_errors=True)
+    sh([*b, "graft", moe, "--base", dense, "--instruct", dense, "--out", grafted])
+    _, gl = ours_logits(binary, grafted, ids=ids)
+    row["graft_zero_delta_vs_input"] = float(np.abs(gl - ours).max())
+    done.append("graft")
+    row["commands"] = done
+    rows.append(row)
+    log(row)
+    # an upcycle of the same model written packed loads in transformers with the per-expert export's logits
+    outs = {}
+    for fmt_ in ("per-expert", "packed"):
+        out = work / f"smollm2-upcycle-{fmt_}"
+        if not out.exists():
+            upcycle(binary, dense, out, ["--experts", "4", "--top-k", "2", "--router-init", "random", "--router-std",
+                                         "0.5", "--noise", "0.05", "--seed", "7", "--experts-format", fmt_])
+        outs[fmt_] = out
+    _, ours_p = ours_logits(binary, outs["packed"], ids=ids)
+    tp, cls, why = hf_logits(outs["packed"], ids)
+    te, _, _ = hf_logits(outs["per-expert"], ids)
+    rows.append({"layout": "mixtral", "loader": "transformers", "case": "SmolLM2-135M 4x top-2 (random router, noise)",
+                 "class": cls, "loads": why is None, "written_by": "moe-studio upcycle --experts-format packed",
+                 "max_abs_diff": float(np.abs(tp - ours_p).max()), "vs_per_expert": float(np.abs(tp - te).max()),
+                 "logit_scale": float(np.abs(tp).max())})
+    log(rows[-1])
+
+
+def packed_md(rows, meta):
+    lines = [
+        PACKED_BEGIN,
+        "## Packed experts (transformers 5's layout)",
+        "",
+        f"Run: {meta['date']} — moe-studio {meta['moe_studio']}, transformers {meta['transformers']}, torch "
+        f"{meta['torch']}{', mergekit ' + meta['mergekit'] if meta.get('mergekit') else ''}"
+        f"{' (REAL=1)' if meta.get('real') else ''}.",
+        "",
+        "`--experts-format packed` (upcycle, moerge, route, graft, convert) writes each MoE layer's routed experts as",
+        "`experts.gate_up_proj [E, 2f, d]` (gate rows, then up rows) and `experts.down_proj [E, d, f]`, the layout",
+        "transformers 5 holds in memory (`save_pretrained(save_original_format=False)`, mergekit-moe 0.1.5); every",
+        "reader of the studio reads both forms (docs/methods.md §4.2). *vs per-expert* is transformers' logits of",
+        "the packed export against its logits of the per-expert export of the same upcycle; for files the studio",
+        "read but did not write, *max |Δlogit|* is moe-studio against transformers on the same directory.",
+        "",
+        "| layout | read by | written by | case | loads | max \\|Δlogit\\| | notes |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        notes = []
+        if r.get("class"):
+            notes.append(f"`{r['class']}`")
+        if r.get("vs_per_expert") is not None:
+            notes.append(f"vs per-expert: {fmt(r['vs_per_expert'])}")
+        if r.get("vs_golden") is not None:
+            notes.append(f"vs the committed golden: {fmt(r['vs_golden'])}")
+        if r.get("logit_scale") is not None:
+            notes.append(f"logit scale {r['logit_scale']:.1f} over {r.get('tokens', len(IDS))} tokens")
+        if r.get("commands"):
+            notes.append("ran: " + ", ".join(r["commands"]))
+        for k, what in [("convert_per-expert_vs_input", "convert per-expert vs input"),
+                        ("convert_packed_vs_input", "convert packed vs input"),
+                        ("graft_zero_delta_vs_input", "graft with a zero delta vs input")]:
+            if r.get(k) is not None:
+                notes.append(f"{what}: {fmt(r[k])}")
+        if r.get("route_mean_accuracy") is not None:
+            notes.append("route mean held-out accuracy " + "/".join(f"{x:.2f}" for x in r["route_mean_accuracy"]))
+        if r.get("why"):
+            notes.append(r["why"].replace("|", "\\|"))
+        lines.append(f"| {r['layout']} | {r['loader']} | {r['written_by']} | {r['case']} | "
+                     f"{'yes' if r.get('loads') else 'no'} | {fmt(r.get('max_abs_diff'))} | " + "; ".join(notes) + " |")
+    lines += ["", "Checked on every CI run: `shared/tests/integration/packed.rs` (the packed Qwen3-MoE fixture equals",
+              "its per-expert twin bit for bit, tensors and logits; mergekit's packed Mixtral against transformers'",
+              "golden logits; every layout written packed and per expert reads back bit for bit; packed tensors",
+              "that disagree with `config.json` refused by name) and `backend/tests/interop_cli.rs` (every command",
+              "on the mergekit output, `--experts-format packed` outputs equal to the per-expert ones, model cards).",
+              PACKED_END, ""]
+    return lines
+
+
 def fmt(x, digits=2):
     return "—" if x is None else f"{x:.{digits}e}"
 
@@ -291,7 +498,8 @@ def write_md(rows, meta, out):
                  ("see below" if r.get("loads", False) is None else "no")))
         lines.append(f"| {r['layout']} | {r['loader']} | {r['case']} | {loads} | {fmt(r.get('max_abs_diff'))} | {ppl} | "
                      + "; ".join(notes) + " |")
-    lines += ["", "## Known limits of the loaders", "",
+    lines += [""] + packed_md(meta["packed_rows"], meta)
+    lines += ["## Known limits of the loaders", "",
               "- candle-transformers 0.11.1: `mixtral::Config` needs `use_flash_attn` and a numeric `sliding_window`",
               "  (the test adds them); `mixtral` and `qwen2_moe` read `lm_head.weight` (no tied embeddings: the",
               "  candle test unties the tiny Qwen2 first, exactly), use `head_dim = hidden / heads` and the default",
@@ -335,7 +543,7 @@ def write_md(rows, meta, out):
               "- `shared/src/layout/*.rs` unit tests: each layout's blockers by field.",
               ""]
     Path(out).write_text("\n".join(lines))
-    Path(out).with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    Path(out).with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str) + "\n")
     log(f"wrote {out}")
 
 
@@ -365,6 +573,10 @@ def main():
     data = Path(os.environ.get("MOE_STUDIO_DATA", REPO.parent / "shared/data"))
     ap.add_argument("--text", default=str(data / "corpora/lang/en"),
                     help="text file (or directory: its first .txt) for perplexity; default $MOE_STUDIO_DATA/corpora/lang/en")
+    ap.add_argument("--mergekit-python", default=str(Path.home() / ".cache/moe-studio/mergekit-venv/bin/python"),
+                    help="python with mergekit 0.1.5 (tests/reference/requirements-mergekit.txt), for --real")
+    ap.add_argument("--packed-only", action="store_true",
+                    help="run only the packed-experts section and rewrite only it in --out")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=str(REPO / "docs" / "compatibility.md"))
     a = ap.parse_args()
@@ -379,6 +591,24 @@ def main():
     meta = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "text": "/".join(Path(text).parts[-4:]), "real": a.real,
             "machine": machine(), "moe_studio": studio_version(a.bin)}
+    packed = []
+    packed_rows(a.bin, work, packed)
+    if a.real:
+        meta["mergekit"] = sh([a.mergekit_python, "-c", "import importlib.metadata as m; print(m.version('mergekit'))"]
+                              ).strip()
+        mergekit_smollm2_rows(a.bin, a.mergekit_python, work, packed, text)
+    meta["packed_rows"] = packed
+    if a.packed_only:
+        doc = Path(a.out).read_text()
+        section = "\n".join(packed_md(packed, meta))
+        if PACKED_BEGIN in doc:
+            head, rest = doc.split(PACKED_BEGIN, 1)
+            doc = head + section + rest.split(PACKED_END + "\n", 1)[1]
+        else:
+            doc = doc.replace("## Known limits of the loaders", section + "\n## Known limits of the loaders", 1)
+        Path(a.out).write_text(doc)
+        log(f"rewrote the packed-experts section of {a.out}")
+        return
     transformers_rows(a.bin, work, rows)
     if a.candle_rows and Path(a.candle_rows).exists():
         rows += [json.loads(l) for l in Path(a.candle_rows).read_text().splitlines() if l.strip()]

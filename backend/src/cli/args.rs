@@ -78,9 +78,24 @@ pub struct LayoutArg {
     /// is written.
     #[arg(long)]
     pub layout: Option<String>,
+    /// How the routed experts are stored: `per-expert` (one tensor per
+    /// expert and projection; what transformers 4, llama.cpp's converter,
+    /// vLLM and candle read) or `packed` (`experts.gate_up_proj [E, 2f, d]`
+    /// and `experts.down_proj [E, d, f]` per layer: transformers 5's own
+    /// layout, as mergekit-moe 0.1.5 writes it).
+    #[arg(long, value_name = "per-expert|packed", default_value = "per-expert")]
+    pub experts_format: String,
 }
 
 impl LayoutArg {
+    /// The parsed `--experts-format`.
+    ///
+    /// # Errors
+    /// A name other than `per-expert` / `packed`.
+    pub fn experts_format(&self) -> anyhow::Result<moe_shared::layout::ExpertsFormat> {
+        Ok(moe_shared::layout::ExpertsFormat::parse(&self.experts_format)?)
+    }
+
     /// The parsed `--layout` (`auto` when absent).
     ///
     /// # Errors

@@ -1,16 +1,19 @@
 //! `moe-studio convert MODEL --out PATH [--to safetensors|gguf] [--dtype ...]
-//! [--layout auto|NAME]`: any supported input to a Hugging Face safetensors
-//! directory (GGUF tensors dequantised; an MoE written in the layout
-//! `--layout` picks) or to a llama.cpp GGUF file (`--to gguf`: dense or MoE in
+//! [--layout auto|NAME] [--experts-format per-expert|packed]`: any supported
+//! input to a Hugging Face safetensors directory (GGUF tensors dequantised;
+//! an MoE written in the layout `--layout` picks, its experts per expert or
+//! packed; a model card as `README.md`) or to a llama.cpp GGUF file (`--to gguf`: dense or MoE in
 //! llama.cpp's `llama` or `deepseek` architecture, whichever computes the
 //! model exactly, F32/F16/BF16/Q8_0, the tokenizer as `tokenizer.ggml.*`).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
+use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::export::{export_dense, export_moe};
 use moe_shared::checkpoint::gguf_write::write_gguf;
 use moe_shared::checkpoint::{open_model, DType};
+use moe_shared::layout::ExpertsFormat;
 use moe_shared::tokenizer::gguf_export::gguf_tokenizer;
 
 /// Output formats of `convert`.
@@ -56,8 +59,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
     let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json());
     if a.to == Target::Gguf {
-        if a.layout.layout.is_some() {
-            anyhow::bail!("--layout applies to safetensors output; a GGUF MoE has llama.cpp's own layout");
+        if a.layout.layout.is_some() || a.layout.experts_format()? != ExpertsFormat::PerExpert {
+            anyhow::bail!(
+                "--layout and --experts-format apply to safetensors output; a GGUF MoE has llama.cpp's own layout"
+            );
         }
         let dtype = match a.dtype.as_deref() {
             None => DType::F16,
@@ -92,17 +97,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if tok.is_none() {
         eprintln!("note: no Hugging Face tokenizer to write beside the weights");
     }
-    let opts = super::args::write_options(a.max_shard_bytes);
+    let experts = a.layout.experts_format()?;
+    let card = super::card::card(CardMethod::Conversion, [("input".to_string(), a.model.as_path())]);
+    let opts = super::args::write_options(a.max_shard_bytes).with_card(Some(card));
     let layout = match &m.moe {
         None => {
-            if a.layout.layout.is_some() {
-                anyhow::bail!("{}: a dense model; --layout applies to MoE checkpoints", m.path);
+            if a.layout.layout.is_some() || experts != ExpertsFormat::PerExpert {
+                anyhow::bail!("{}: a dense model; --layout and --experts-format apply to MoE checkpoints", m.path);
             }
             export_dense(m.source.as_ref(), &m.config, &a.out, dtype, tok, opts)?;
             None
         }
         Some(moe) => {
-            let choice = export_moe(m.source.as_ref(), &m.config, moe, request, &a.out, dtype, tok, opts)?;
+            let choice = export_moe(m.source.as_ref(), &m.config, moe, request, experts, &a.out, dtype, tok, opts)?;
             for w in &choice.warnings {
                 eprintln!("warning: {w}");
             }

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::delta::{companion_files, graft, GraftOptions};
@@ -57,14 +58,22 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let layout = a.layout.request_or(keep)?;
     let extra = companion_files(&a.target, &target)?;
-    let write_opts = a.output.write_options();
+    let card = super::card::card(
+        CardMethod::DeltaMoe,
+        [
+            ("target".to_string(), a.target.as_path()),
+            ("delta base".to_string(), a.base.as_path()),
+            ("delta instruct".to_string(), a.instruct.as_path()),
+        ],
+    );
+    let write_opts = a.output.write_options().with_card(Some(card));
     let report = graft(
         target.source.as_ref(),
         &target.config,
         target.moe.as_ref(),
         base.source.as_ref(),
         instruct.source.as_ref(),
-        &GraftOptions { scale: a.scale, layout },
+        &GraftOptions { scale: a.scale, layout, experts_format: a.layout.experts_format()? },
         &a.output.out,
         &extra,
         write_opts,

@@ -19,6 +19,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
+use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::DType;
 use moe_shared::config::HfConfig;
 use moe_shared::model::init::DEFAULT_INITIALIZER_RANGE;
@@ -104,7 +105,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let device = Default::default();
     let model = random_dense_model::<moe_shared::CpuBackend>(&config, std, a.seed, &device)?;
     let provenance = serde_json::json!({"init": "random", "std": std, "seed": a.seed});
-    let extra: Vec<(&str, Vec<u8>)> = tokenizer.into_iter().map(|t| ("tokenizer.json", t)).collect();
+    let mut extra: Vec<(&str, Vec<u8>)> = tokenizer.into_iter().map(|t| ("tokenizer.json", t)).collect();
+    let mut card = super::card::card(CardMethod::RandomInit, [("configuration".to_string(), a.config.as_path())]);
+    card.detail("initialisation", format!("N(0, {std}^2), seed {}", a.seed));
+    extra.push(super::card::readme(card, &a.out));
     save_model(&model, &a.out, DType::F32, extra, provenance, Default::default())?;
     eprintln!("wrote {} ({} parameters, random N(0, {std}^2))", a.out.display(), config.num_parameters());
     Ok(())

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use moe_shared::api::{ModelSummary, MoeSummary};
 use moe_shared::checkpoint::open_model;
+use moe_shared::layout::ExpertsFormat;
 
 /// Arguments of `inspect`.
 #[derive(Debug, clap::Args)]
@@ -29,7 +30,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         m.source.as_ref(),
         m.tokenizer.as_ref().map(|t| t.vocab_size()),
     )
-    .with_moe(m.moe.as_ref(), m.layout);
+    .with_moe(m.moe.as_ref(), m.layout)
+    .with_experts_format(m.experts_format);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());
@@ -97,6 +99,13 @@ fn print_moe(m: &MoeSummary) {
     }
     if !m.public_layouts.is_empty() {
         println!("public       {} (convert --layout NAME)", m.public_layouts.join(", "));
+    }
+    match m.experts_format {
+        Some(ExpertsFormat::Packed) => {
+            println!("stored       packed experts (experts.gate_up_proj / experts.down_proj, transformers 5)")
+        }
+        Some(ExpertsFormat::PerExpert) => println!("stored       per expert"),
+        None => {}
     }
     let moe_layers = m.experts_per_layer.iter().filter(|e| e.is_some()).count();
     println!(

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::delta::companion_files;
@@ -91,7 +92,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         seed: a.seed,
         dtype,
     };
-    let write_opts = a.output.write_options();
+    let roles = a
+        .base
+        .iter()
+        .map(|p| ("base".to_string(), p.as_path()))
+        .chain(a.models.iter().enumerate().map(|(i, p)| (format!("model {i}"), p.as_path())));
+    let mut card = super::card::card(CardMethod::Merge, roles);
+    card.detail("merge method", a.method.name());
+    let write_opts = a.output.write_options().with_card(Some(card));
     let sources: Vec<&dyn moe_shared::checkpoint::TensorSource> =
         models.iter().map(|m| m.source.as_ref() as &dyn moe_shared::checkpoint::TensorSource).collect();
     let base_src = base.as_ref().map(|b| b.source.as_ref() as &dyn moe_shared::checkpoint::TensorSource);

@@ -7,6 +7,7 @@ mod bench;
 mod bench_capture;
 mod bench_kernels;
 mod bench_train;
+mod card;
 mod convert;
 mod eval;
 mod eval_task;

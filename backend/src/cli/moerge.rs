@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use burn::tensor::backend::Backend;
+use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::open_model;
 use moe_shared::checkpoint::LoadedModel;
 use moe_shared::jobs::Defaults as D;
@@ -173,12 +174,20 @@ impl WithBackend for Args {
             frozen: if a.no_frozen { vec![] } else { a.frozen.clone() },
             dtype,
             layout,
+            experts_format: a.layout.experts_format()?,
             shared_gate,
             ..Default::default()
         };
         let first = base.as_ref().unwrap_or(&models[0]);
         let tok = first.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
-        let write_opts = a.output.write_options();
+        let roles = a
+            .base
+            .iter()
+            .map(|p| ("base".to_string(), p.as_path()))
+            .chain(a.models.iter().enumerate().map(|(i, p)| (format!("expert {i}"), p.as_path())))
+            .chain(a.shared_expert.iter().enumerate().map(|(i, p)| (format!("shared expert {i}"), p.as_path())));
+        let card = super::card::card(CardMethod::Dume, roles);
+        let write_opts = a.output.write_options().with_card(Some(card));
         let report = moerge_with_base(
             &inputs,
             base.as_ref().map(MoergeInput::from),

@@ -107,7 +107,15 @@ pub fn run(backend: &str, a: Args) -> anyhow::Result<()> {
         argv.extend(s.argv.iter().cloned());
         let cli = super::Cli::try_parse_from(&argv)
             .with_context(|| format!("{source}: stage {} ({}) did not parse", i + 1, s.command))?;
-        super::run(cli).with_context(|| format!("{source}: stage {} ({}) failed", i + 1, s.command))?;
+        // The stage's model card names the recipe, its inputs and the stage.
+        super::card::set_recipe(Some(super::card::RecipeContext {
+            yaml: text.clone(),
+            inputs: p.inputs.clone(),
+            stage: format!("moe-studio {}", s.argv.join(" ")),
+        }));
+        let done = super::run(cli).with_context(|| format!("{source}: stage {} ({}) failed", i + 1, s.command));
+        super::card::set_recipe(None);
+        done?;
     }
     drop(work);
     println!("{} recipe {source}: {n} stage(s) -> {}", recipe.kind(), a.out.display());

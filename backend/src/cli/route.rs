@@ -6,14 +6,15 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use burn::tensor::backend::Backend;
+use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::open_model;
 use moe_shared::config::MoeConfig;
 use moe_shared::jobs::Defaults as D;
 use moe_shared::layout::{self, LayoutRequest};
 use moe_shared::methods::route::{
-    check_domains, check_route_options, collect_stats, domain_sequences, empty_stats, mean_accuracy, routed_config,
-    routing_accuracy, routing_accuracy_detail, set_routers, solve_all, solve_all_relative, stats_to_safetensors,
-    write_routed, DomainSequences, RouteOptions, RouteReport, RoutingAccuracy,
+    accuracy_markdown, check_domains, check_route_options, collect_stats, domain_sequences, empty_stats, mean_accuracy,
+    routed_config, routing_accuracy, routing_accuracy_detail, set_routers, solve_all, solve_all_relative,
+    stats_to_safetensors, write_routed, DomainSequences, RouteOptions, RouteReport, RoutingAccuracy,
 };
 use moe_shared::model::load_model;
 
@@ -218,7 +219,29 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
         extra.push(("tokenizer.json", t.into_bytes()));
     }
     let provenance = serde_json::json!({"method": "dume-ridge-router-add-expert", "source": m.path, "added": dense_path.display().to_string()});
-    write_routed(grown.source.as_ref(), &m.config, &routed, &routers, &a.out, extra, provenance, request)?;
+    let mut card = super::card::card(
+        CardMethod::Dume,
+        [
+            ("routed MoE".to_string(), a.model.as_path()),
+            (format!("added expert `{}`", domain.name), dense_path.as_path()),
+        ],
+    );
+    let added = accuracy_markdown(&names[new_idx..], std::slice::from_ref(&acc.per_layer), &opts);
+    card.section("Routing accuracy of the added expert", added);
+    let write_opts = WriteOptions::default().with_card(Some(card));
+    let experts = a.layout.experts_format()?;
+    write_routed(
+        grown.source.as_ref(),
+        &m.config,
+        &routed,
+        &routers,
+        &a.out,
+        extra,
+        provenance,
+        request,
+        experts,
+        write_opts,
+    )?;
     for w in &warnings {
         eprintln!("warning: {w}");
     }
@@ -387,7 +410,24 @@ impl WithBackend for Args {
         if let Some(t) = tok.to_hf_json() {
             extra.push(("tokenizer.json", t.into_bytes()));
         }
-        write_routed(m.source.as_ref(), &m.config, &routed, &routers, &a.out, extra, provenance, request)?;
+        let mut card = super::card::card(CardMethod::Dume, [("MoE".to_string(), a.model.as_path())]);
+        card.detail("domains (expert order)", names.join(", "));
+        let per_layer: Vec<Vec<Option<f64>>> = accuracy.iter().map(|x| x.per_layer.clone()).collect();
+        card.section("Routing accuracy", accuracy_markdown(&names, &per_layer, &opts));
+        let write_opts = moe_shared::checkpoint::WriteOptions::default().with_card(Some(card));
+        let experts = a.layout.experts_format()?;
+        write_routed(
+            m.source.as_ref(),
+            &m.config,
+            &routed,
+            &routers,
+            &a.out,
+            extra,
+            provenance,
+            request,
+            experts,
+            write_opts,
+        )?;
         let mut report = report;
         report["seconds"] = t0.elapsed().as_secs_f64().into();
         report["out"] = a.out.display().to_string().into();

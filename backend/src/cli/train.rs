@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use burn::tensor::backend::AutodiffBackend;
+use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::jobs::Defaults as D;
 use moe_shared::model::load_model;
@@ -455,7 +456,14 @@ impl WithAutodiff for Args {
         let config = a.config()?;
         let specs = parse_data(&a.data)?;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
-        let (tok, tok_files) = resolve_tokenizer(&m, a.tokenizer.as_deref())?;
+        let (tok, mut tok_files) = resolve_tokenizer(&m, a.tokenizer.as_deref())?;
+        let method = if m.moe.is_some() { CardMethod::DeltaMoe } else { CardMethod::Training };
+        let mut card = super::card::card(method, [("model".to_string(), a.model.as_path())]);
+        card.moe = m.moe.is_some();
+        card.detail("data", a.data.join(", "));
+        let (name, bytes) =
+            super::card::readme(card, a.out.as_deref().or(a.emit.as_deref()).unwrap_or(a.model.as_path()));
+        tok_files.push((name.to_string(), bytes));
         if config.seq_len > m.config.max_position_embeddings {
             bail!("--seq-len {} exceeds the model's context {}", config.seq_len, m.config.max_position_embeddings);
         }

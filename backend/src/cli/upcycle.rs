@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use burn::tensor::backend::Backend;
+use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::{
@@ -268,9 +269,11 @@ impl WithBackend for Args {
             granularity: a.granularity,
             norm_topk_prob: a.norm_topk,
             layout,
+            experts_format: a.layout.experts_format()?,
         };
         let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
-        let write_opts = a.output.write_options();
+        let card = super::card::card(CardMethod::Upcycling, [("dense base".to_string(), a.model.as_path())]);
+        let write_opts = a.output.write_options().with_card(Some(card));
         let report = upcycle(m.source.as_ref(), &m.config, &opts, &a.output.out, tok, write_opts)?;
         super::moe_summary::print(&report, &a.output.out, started, a.output.json)
     }

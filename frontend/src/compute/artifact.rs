@@ -1,6 +1,7 @@
 //! Turning a method's in-memory output into an [`Artifact`]: the download's
 //! bytes, parsed back as a model for the next step.
 
+use moe_shared::checkpoint::card::{ModelCard, CARD_FILE};
 use moe_shared::checkpoint::load::from_hf_parts;
 use moe_shared::checkpoint::safetensors_io::SafetensorsFile;
 use moe_shared::checkpoint::Bytes;
@@ -59,4 +60,18 @@ pub fn pretty(v: &serde_json::Value) -> Vec<u8> {
 /// The `tokenizer.json` the CLI writes beside an output.
 pub fn tokenizer_json(t: Option<&Tokenizer>) -> Option<Vec<u8>> {
     t.and_then(|t| t.to_hf_json()).map(String::into_bytes)
+}
+
+/// The model card (`README.md`) of a tab output, as the CLI writes one
+/// beside the weights (`moe_shared::checkpoint::card`): `card`, titled
+/// `name`, with the options the output's `config.json` records
+/// (`moe_studio.provenance`) as its recipe. The tab has no command line and
+/// does not read the inputs' own cards, so no license is carried over.
+pub fn card_file(mut card: ModelCard, name: &str, config_json: &serde_json::Value) -> (String, Vec<u8>) {
+    card.title = name.to_string();
+    if let Some(p) = config_json.pointer("/moe_studio/provenance").filter(|p| !p.is_null()) {
+        card.recipe = Some(("json".into(), serde_json::to_string_pretty(p).expect("JSON values serialise")));
+    }
+    card.detail("made in", "the moe-studio browser tab");
+    (CARD_FILE.to_string(), card.render().into_bytes())
 }

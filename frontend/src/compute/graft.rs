@@ -9,10 +9,12 @@ use moe_shared::methods::delta::{
 };
 use moe_shared::methods::sink::{to_bytes, MemorySink, TensorSink};
 
-use super::artifact::{into_artifact, pretty, Output};
+use super::artifact::{card_file, into_artifact, pretty, Output};
 use super::msg;
 use super::progress::Progress;
 use crate::store::{Artifact, Picked};
+use moe_shared::checkpoint::card::{CardMethod, ModelCard};
+use moe_shared::methods::output::card_moe_details;
 
 /// The `config.json` / `tokenizer.json` the CLI's `companion_files` copies
 /// for `target`: a produced checkpoint's own files, or (for a `.gguf` /
@@ -158,14 +160,24 @@ pub async fn run(
     let report = graft_report(t.source.as_ref(), b.source.as_ref(), i.source.as_ref(), &plan, stats);
     let (config_json, tokenizer_json) = companion(target);
     let config_json = moe_shared::methods::delta::graft_config_json(&plan, &t.config, &config_json);
+    let name = format!("{}-grafted", target.name());
+    let mut card = ModelCard::new(CardMethod::DeltaMoe)
+        .input("target", target.name(), None)
+        .input("delta base", base.name(), None)
+        .input("delta instruct", instruct.name(), None);
+    card.detail("scale", format!("{scale} (θ + scale · (instruct − base))"));
+    if let Some(choice) = &plan.choice {
+        card_moe_details(&mut card, &t.config, choice, &plan.planned);
+    }
+    let readme = card_file(card, &name, &serde_json::from_slice(&config_json).unwrap_or_default());
     let out = Output {
-        name: format!("{}-grafted", target.name()),
+        name,
         method: "graft",
         safetensors: sink.into_safetensors().map_err(msg)?,
         config_json,
         tokenizer: t.tokenizer.clone(),
         tokenizer_json,
-        extra: vec![("graft_report.json".into(), serde_json::to_vec_pretty(&report).expect("json"))],
+        extra: vec![("graft_report.json".into(), serde_json::to_vec_pretty(&report).expect("json")), readme],
         millis: crate::web::now_ms() - t0,
     };
     Ok((into_artifact(out)?, report))

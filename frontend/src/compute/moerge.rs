@@ -14,10 +14,12 @@ use moe_shared::methods::moe_plan::MoeTensor;
 use moe_shared::methods::sink::{write_values, MemorySink};
 use moe_shared::methods::{plan_moerge, weighted_means, write_moerge, MoergeInput, MoergeOptions, MoergePlan};
 
-use super::artifact::{into_artifact, pretty, tokenizer_json, Output};
+use super::artifact::{card_file, into_artifact, pretty, tokenizer_json, Output};
 use super::msg;
 use super::progress::Progress;
 use crate::store::{Artifact, Picked};
+use moe_shared::checkpoint::card::{CardMethod, ModelCard};
+use moe_shared::methods::output::card_moe_details;
 
 /// Where a MoErge computed its averaged (shared, non-FFN) tensors.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -148,14 +150,22 @@ pub async fn run(
         .map_err(msg)?;
     progress.step("serialising safetensors", 0, 1, "files");
     let first = models[0].model();
+    let name = format!("moerge-{}", models.iter().map(|p| p.name().to_string()).collect::<Vec<_>>().join("+"));
+    let mut card = ModelCard::new(CardMethod::Dume);
+    for (i, p) in models.iter().enumerate() {
+        card = card.input(format!("expert {i}"), p.name(), None);
+    }
+    card_moe_details(&mut card, &first.config, &plan.choice, &plan.planned);
+    card.detail("non-expert tensors", "averaged over the experts");
+    let readme = card_file(card, &name, &plan.config_json);
     let out = Output {
-        name: format!("moerge-{}", models.iter().map(|p| p.name().to_string()).collect::<Vec<_>>().join("+")),
+        name,
         method: "moerge",
         safetensors: sink.into_safetensors().map_err(msg)?,
         config_json: pretty(&plan.config_json),
         tokenizer: first.tokenizer.clone(),
         tokenizer_json: tokenizer_json(first.tokenizer.as_ref()),
-        extra: Vec::new(),
+        extra: vec![readme],
         millis: crate::web::now_ms() - t0,
     };
     Ok((into_artifact(out)?, summary))

@@ -11,11 +11,13 @@ use moe_shared::methods::{
     UpcycleOptions, UpcyclePlan,
 };
 
-use super::artifact::{into_artifact, pretty, tokenizer_json, Output};
+use super::artifact::{card_file, into_artifact, pretty, tokenizer_json, Output};
 use super::msg;
 use super::progress::Progress;
 use crate::store::{Artifact, Picked};
 use crate::worker::protocol::UpcycleForm;
+use moe_shared::checkpoint::card::{CardMethod, ModelCard};
+use moe_shared::methods::output::card_moe_details;
 
 /// Parses a number typed into the field `what`.
 ///
@@ -232,6 +234,7 @@ pub fn options(form: &UpcycleForm, source: &dyn TensorSource) -> Result<UpcycleO
         granularity: num(&form.granularity, "granularity").map_err(at(Field::Granularity))?,
         norm_topk_prob: true,
         layout: moe_shared::layout::LayoutRequest::Auto,
+        experts_format: moe_shared::layout::ExpertsFormat::PerExpert,
     })
 }
 
@@ -297,14 +300,18 @@ pub fn run(progress: &Progress, src: &Picked, opts: &UpcycleOptions) -> Result<A
     progress.step("serialising safetensors", 0, 1, "files");
     let safetensors = sink.into_safetensors().map_err(msg)?;
     let experts = plan.moe.layers.iter().flatten().map(|s| s.num_experts).max().unwrap_or(0);
+    let name = format!("{}-upcycled-{}x", src.name().trim_end_matches(".bin").trim_end_matches(".gguf"), experts);
+    let mut card = ModelCard::new(CardMethod::Upcycling).input("dense base", src.name(), None);
+    card_moe_details(&mut card, &m.config, &plan.choice, &plan.planned);
+    let readme = card_file(card, &name, &plan.config_json);
     let out = Output {
-        name: format!("{}-upcycled-{}x", src.name().trim_end_matches(".bin").trim_end_matches(".gguf"), experts),
+        name,
         method: "upcycle",
         safetensors,
         config_json: pretty(&plan.config_json),
         tokenizer: m.tokenizer.clone(),
         tokenizer_json: tokenizer_json(m.tokenizer.as_ref()),
-        extra: Vec::new(),
+        extra: vec![readme],
         millis: crate::web::now_ms() - t0,
     };
     into_artifact(out)

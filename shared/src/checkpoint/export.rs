@@ -95,6 +95,12 @@ pub fn export_dense(
             PlannedTensor { name: name.clone(), dtype: dt, shape: shape.clone() }
         })
         .collect();
+    let mut opts = opts;
+    opts.card_detail("architecture", config.architecture.model_type());
+    opts.card_detail(
+        "dtype",
+        dtype.map_or("as the input's tensors (f32 for quantised ones)".into(), |d| d.to_string()),
+    );
     let mut w = super::SafetensorsWriter::create(out_dir, plan, opts)?;
     for (name, _, parts) in &fused {
         let values = if parts.is_empty() {
@@ -118,11 +124,14 @@ pub fn export_dense(
 }
 
 /// Writes the MoE `src` (canonical names; structure `moe` on `config`) in
-/// the layout `request` picks into `out_dir` (atomically): every tensor
+/// the layout `request` picks, its routed experts stored as `experts` (per
+/// expert or packed, [`crate::layout::packed`]), into `out_dir`
+/// (atomically): every tensor
 /// converted to `dtype` (or kept in its float dtype), router weights scaled
 /// by `1 / T` where the layout folds temperatures, the layout's zero
-/// tensors, `config.json` (with `moe_studio.provenance`) and, when given,
-/// `tokenizer.json`. Returns the layout choice.
+/// tensors, `config.json` (with `moe_studio.provenance`), when given
+/// `tokenizer.json`, and the card of `opts` with the layout's facts.
+/// Returns the layout choice.
 ///
 /// # Errors
 /// [`StudioError::Config`] when a named layout cannot hold the model
@@ -136,6 +145,7 @@ pub fn export_moe(
     config: &ModelConfig,
     moe: &crate::config::MoeConfig,
     request: crate::layout::LayoutRequest,
+    experts: crate::layout::ExpertsFormat,
     out_dir: &std::path::Path,
     dtype: Option<DType>,
     tokenizer_json: Option<Vec<u8>>,
@@ -143,7 +153,7 @@ pub fn export_moe(
 ) -> Result<crate::layout::LayoutChoice> {
     use crate::layout::names::{self, TensorRole};
     use crate::methods::sink::{write_values, TensorSink};
-    let choice = crate::layout::choose(config, moe, request)?;
+    let choice = crate::layout::choose(config, moe, request)?.with_experts(experts);
     let plan = crate::methods::moe_plan::moe_tensor_plan(config, moe);
     let mut canonical = Vec::with_capacity(plan.len());
     for t in &plan {
@@ -162,8 +172,13 @@ pub fn export_moe(
         });
     }
     let planned = choice.disk_plan(config, &canonical);
-    let mut w = super::SafetensorsWriter::create(out_dir, planned.clone(), opts)?;
-    let mut sink = crate::layout::LayoutSink::new(&mut w, choice.layout, &planned[canonical.len()..]);
+    let mut opts = opts;
+    if let Some(c) = opts.card.as_mut() {
+        crate::methods::output::card_moe_details(c, config, &choice, &planned);
+    }
+    let mut w = super::SafetensorsWriter::create(out_dir, choice.file_plan(&planned)?, opts)?;
+    let mut packing = choice.packing_sink(&mut w, &planned)?;
+    let mut sink = crate::layout::LayoutSink::new(&mut packing, choice.layout, &planned[canonical.len()..]);
     for p in &canonical {
         let mut values = src.read_f32(&p.name)?;
         if let TensorRole::Router { layer } = names::parse(&p.name) {

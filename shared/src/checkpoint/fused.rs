@@ -153,11 +153,18 @@ impl TensorSource for FusedSource {
 
     fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
         match self.parts.iter().find(|p| p.0 == name) {
-            Some((_, fused, row, rows, cols)) => {
-                let v = self.inner.read_f32(fused)?;
-                Ok(v[row * cols..(row + rows) * cols].to_vec())
-            }
+            Some((_, fused, row, rows, cols)) => self.inner.read_f32_range(fused, row * cols..(row + rows) * cols),
             None => self.inner.read_f32(name),
+        }
+    }
+
+    fn read_f32_range(&self, name: &str, range: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        match self.parts.iter().find(|p| p.0 == name) {
+            Some((_, fused, row, rows, cols)) => {
+                super::check_range(self.source_name(), name, rows * cols, &range)?;
+                self.inner.read_f32_range(fused, row * cols + range.start..row * cols + range.end)
+            }
+            None => self.inner.read_f32_range(name, range),
         }
     }
 }

@@ -8,7 +8,7 @@ use super::llama2c::Llama2cModel;
 use super::{Bytes, TensorSource};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::Result;
-use crate::layout::MoeLayout;
+use crate::layout::{ExpertsFormat, MoeLayout};
 use crate::tokenizer::{Llama2cTokenizer, Tokenizer};
 #[cfg(not(target_arch = "wasm32"))]
 use {super::safetensors_io::SafetensorsModel, crate::error::StudioError};
@@ -37,6 +37,11 @@ pub struct LoadedModel {
     pub moe: Option<MoeConfig>,
     /// The on-disk layout of an MoE checkpoint ([`crate::layout::REGISTRY`]).
     pub layout: Option<&'static dyn crate::layout::MoeLayout>,
+    /// How an MoE checkpoint stores its routed experts (per expert, or
+    /// packed `gate_up_proj` / `down_proj`: [`crate::layout::packed`]);
+    /// `None` for a dense model and for GGUF (llama.cpp's own stacked
+    /// `ffn_*_exps`, shown per expert by the reader).
+    pub experts_format: Option<ExpertsFormat>,
     /// Its tensors, by Hugging Face name (canonical MoE names,
     /// [`crate::layout::names`], whatever the on-disk layout).
     pub source: Box<dyn TensorSource + Send + Sync>,
@@ -51,8 +56,9 @@ impl std::fmt::Debug for LoadedModel {
 }
 
 /// The canonical view of an on-disk source: `src` itself for a dense model,
-/// else [`crate::layout::wrap_source`] for its layout (which checks and
-/// drops a Qwen2-MoE zero shared expert).
+/// else [`crate::layout::wrap_source`] for its layout (which shows packed
+/// experts per expert, and checks and drops a Qwen2-MoE zero shared
+/// expert); with how the experts are stored (`None`: dense).
 ///
 /// # Errors
 /// Those of [`crate::layout::LayoutSource::new`].
@@ -61,10 +67,10 @@ pub fn layout_view(
     layout: Option<&'static dyn MoeLayout>,
     config: &ModelConfig,
     moe: Option<&MoeConfig>,
-) -> Result<Box<dyn TensorSource + Send + Sync>> {
+) -> Result<(Box<dyn TensorSource + Send + Sync>, Option<ExpertsFormat>)> {
     match (layout, moe) {
-        (Some(l), Some(m)) => crate::layout::wrap_source(src, l, config, m),
-        _ => Ok(src),
+        (Some(l), Some(m)) => crate::layout::wrap_source(src, l, config, m).map(|(s, f)| (s, Some(f))),
+        _ => Ok((src, None)),
     }
 }
 
@@ -90,9 +96,18 @@ pub fn from_hf_parts(
         None => (crate::config::HfConfig::from_json(config_json, cfg_name)?.to_model_config(cfg_name)?, None, None),
     };
     let source = super::fused::FusedSource::wrap(source, &config)?;
-    let source = layout_view(source, layout, &config, moe.as_ref())?;
+    let (source, experts_format) = layout_view(source, layout, &config, moe.as_ref())?;
     check_tensors(source.as_ref(), &config, moe.as_ref())?;
-    Ok(LoadedModel { path: path.into(), format: ModelFormat::Safetensors, config, moe, layout, source, tokenizer })
+    Ok(LoadedModel {
+        path: path.into(),
+        format: ModelFormat::Safetensors,
+        config,
+        moe,
+        layout,
+        experts_format,
+        source,
+        tokenizer,
+    })
 }
 
 /// Builds a [`LoadedModel`] from a GGUF buffer (any platform).
@@ -120,7 +135,17 @@ pub fn from_gguf_bytes(bytes: Bytes, file_name: &str) -> Result<LoadedModel> {
     // Phi-3's fused `attn_qkv` / `ffn_up` are shown as their parts.
     let source = super::fused::FusedSource::wrap(Box::new(model), &config)?;
     check_tensors(source.as_ref(), &config, moe.as_ref())?;
-    Ok(LoadedModel { path: file_name.into(), format: ModelFormat::Gguf, config, moe, layout, source, tokenizer })
+    Ok(LoadedModel {
+        path: file_name.into(),
+        format: ModelFormat::Gguf,
+        config,
+        moe,
+        layout,
+        // llama.cpp's own stacking (`ffn_*_exps`), shown per expert.
+        experts_format: None,
+        source,
+        tokenizer,
+    })
 }
 
 /// Builds a [`LoadedModel`] from llama2.c checkpoint and tokenizer buffers
@@ -141,6 +166,7 @@ pub fn from_llama2c_bytes(bytes: Bytes, file_name: &str, tokenizer: Option<(&[u8
         config,
         moe: None,
         layout: None,
+        experts_format: None,
         source: Box::new(model),
         tokenizer,
     })

@@ -8,6 +8,7 @@
 //! the methods never care where a tensor came from.
 
 pub mod bytes;
+pub mod card;
 pub mod check;
 pub mod dtype;
 pub mod export;
@@ -72,4 +73,35 @@ pub trait TensorSource {
     /// [`crate::StudioError::Tensor`] when the tensor is missing,
     /// [`crate::StudioError::UnsupportedDType`] when it cannot be converted.
     fn read_f32(&self, name: &str) -> Result<Vec<f32>>;
+
+    /// Reads the flat element range `range` of one tensor (row-major) as
+    /// f32: the same values as `read_f32(name)?[range]`. Safetensors
+    /// sources convert only those bytes, so a packed expert tensor
+    /// (`layout::packed`) is read one expert at a time without converting
+    /// or copying the rest; the default reads the whole tensor and slices it.
+    ///
+    /// # Errors
+    /// Those of [`TensorSource::read_f32`]; [`crate::StudioError::Tensor`]
+    /// when `range` runs past the tensor.
+    fn read_f32_range(&self, name: &str, range: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        let v = self.read_f32(name)?;
+        check_range(self.source_name(), name, v.len(), &range)?;
+        Ok(v[range].to_vec())
+    }
+}
+
+/// Checks that the element range `range` lies within a tensor of `numel`
+/// elements.
+///
+/// # Errors
+/// [`crate::StudioError::Tensor`] naming `source` and the tensor.
+pub fn check_range(source: &str, name: &str, numel: usize, range: &std::ops::Range<usize>) -> Result<()> {
+    if range.start <= range.end && range.end <= numel {
+        return Ok(());
+    }
+    Err(crate::StudioError::tensor(
+        source,
+        name,
+        format!("elements {}..{} requested of a tensor of {numel} elements", range.start, range.end),
+    ))
 }

@@ -253,6 +253,20 @@ impl TensorSource for SafetensorsFile {
             hint: "model weights must be F32, F16 or BF16".into(),
         })
     }
+    fn read_f32_range(&self, name: &str, range: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        let (info, raw) =
+            self.raw(name).ok_or_else(|| StudioError::tensor(&self.name, name, "not present in this file"))?;
+        let unsupported = || StudioError::UnsupportedDType {
+            file: self.name.clone(),
+            tensor: name.to_string(),
+            dtype: info.dtype.to_string(),
+            hint: "model weights must be F32, F16 or BF16".into(),
+        };
+        let size = info.dtype.float_size().ok_or_else(unsupported)?;
+        super::check_range(&self.name, name, raw.len() / size, &range)?;
+        let bytes = &raw[range.start * size..range.end * size];
+        floats_to_f32(info.dtype, bytes).ok_or_else(unsupported)
+    }
 }
 
 /// A checkpoint made of one or more safetensors files (a Hugging Face
@@ -385,6 +399,12 @@ impl TensorSource for SafetensorsModel {
     fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
         match self.owner.get(name) {
             Some(&i) => self.files[i].read_f32(name),
+            None => Err(StudioError::tensor(&self.name, name, "not present in any shard")),
+        }
+    }
+    fn read_f32_range(&self, name: &str, range: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        match self.owner.get(name) {
+            Some(&i) => self.files[i].read_f32_range(name, range),
             None => Err(StudioError::tensor(&self.name, name, "not present in any shard")),
         }
     }

@@ -42,13 +42,33 @@ pub struct WriteOptions {
     pub max_shard_bytes: u64,
     /// `__metadata__` written into every shard (e.g. `format: pt`).
     pub metadata: BTreeMap<String, String>,
+    /// The model card, written as `README.md` by
+    /// [`SafetensorsWriter::finish`] with the other files (its title the
+    /// output directory's name when empty); the methods add their facts to
+    /// it before writing.
+    pub card: Option<super::card::ModelCard>,
 }
 
 impl Default for WriteOptions {
     fn default() -> Self {
         let mut metadata = BTreeMap::new();
         metadata.insert("format".to_string(), "pt".to_string());
-        WriteOptions { max_shard_bytes: 5_000_000_000, metadata }
+        WriteOptions { max_shard_bytes: 5_000_000_000, metadata, card: None }
+    }
+}
+
+impl WriteOptions {
+    /// These options with `card` as the model card.
+    pub fn with_card(mut self, card: Option<super::card::ModelCard>) -> Self {
+        self.card = card;
+        self
+    }
+
+    /// Adds a fact to the card, when there is one.
+    pub fn card_detail(&mut self, key: &str, value: impl Into<String>) {
+        if let Some(c) = self.card.as_mut() {
+            c.detail(key, value);
+        }
     }
 }
 
@@ -285,8 +305,11 @@ mod native {
         }
 
         /// Finishes: checks every planned tensor was written, writes the
-        /// index (several shards) and `extra_files` (e.g. `config.json`,
-        /// `tokenizer.json`), then renames the directory into place.
+        /// index (several shards), `extra_files` (e.g. `config.json`,
+        /// `tokenizer.json`) and the model card of [`WriteOptions::card`]
+        /// as `README.md` (an extra file of that name is then dropped: an
+        /// input's card is not the output's), then renames the directory
+        /// into place, so nothing half-written is ever visible.
         ///
         /// # Errors
         /// [`StudioError::Invalid`] when tensors are missing; I/O errors. On
@@ -316,9 +339,23 @@ mod native {
                 std::fs::write(&p, serde_json::to_vec_pretty(&idx).expect("json"))
                     .map_err(|e| StudioError::io(p.display(), e))?;
             }
+            let card = self.opts.card.take().map(|mut c| {
+                if c.title.is_empty() {
+                    c.title = self.out_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                }
+                c.render().into_bytes()
+            });
             for (name, bytes) in extra_files {
+                // An input's own card is never the output's.
+                if card.is_some() && *name == crate::checkpoint::card::CARD_FILE {
+                    continue;
+                }
                 let p = self.tmp().join(name);
                 std::fs::write(&p, bytes).map_err(|e| StudioError::io(p.display(), e))?;
+            }
+            if let Some(card) = card {
+                let p = self.tmp().join(crate::checkpoint::card::CARD_FILE);
+                std::fs::write(&p, card).map_err(|e| StudioError::io(p.display(), e))?;
             }
             let tmp = self.tmp_dir.take().expect("open");
             if self.out_dir.exists() {

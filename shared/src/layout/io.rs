@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::names::{self, TensorRole};
-use super::MoeLayout;
+use super::{ExpertsFormat, MoeLayout};
 use crate::checkpoint::{PlannedTensor, TensorInfo, TensorSource};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
@@ -80,23 +80,38 @@ impl TensorSource for LayoutSource {
             None => Err(StudioError::tensor(self.inner.source_name(), name, "not found")),
         }
     }
+
+    fn read_f32_range(&self, name: &str, range: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        match self.disk.get(name) {
+            Some(disk) => self.inner.read_f32_range(disk, range),
+            None => Err(StudioError::tensor(self.inner.source_name(), name, "not found")),
+        }
+    }
 }
 
-/// The canonical view of an on-disk source of `layout`: `inner` itself when
-/// the layout does not rename (Mixtral, studio), else a [`LayoutSource`].
+/// The canonical view of an on-disk source of `layout`, and how it stores
+/// its experts: packed experts are first shown per expert
+/// ([`super::packed::unpack_source`]); then `inner` itself when no name
+/// changes (Mixtral, studio, as written by the studio), else a
+/// [`LayoutSource`].
 ///
 /// # Errors
-/// Those of [`LayoutSource::new`].
+/// Those of [`super::packed::find_packed`] (a layer in neither expert
+/// layout, a packed tensor that disagrees with the configuration) and
+/// [`LayoutSource::new`].
 pub fn wrap_source(
     inner: Box<dyn TensorSource + Send + Sync>,
     layout: &dyn MoeLayout,
     base: &ModelConfig,
     moe: &MoeConfig,
-) -> Result<Box<dyn TensorSource + Send + Sync>> {
-    if !layout.renames() && layout.zero_tensors(base, moe).is_empty() {
-        return Ok(inner);
+) -> Result<(Box<dyn TensorSource + Send + Sync>, ExpertsFormat)> {
+    let (inner, format) = super::packed::unpack_source(inner, layout, base, moe)?;
+    let renames =
+        layout.renames() || inner.tensors().iter().any(|t| names::canonical(&layout.role_of(&t.name)) != t.name);
+    if !renames && layout.zero_tensors(base, moe).is_empty() {
+        return Ok((inner, format));
     }
-    Ok(Box::new(LayoutSource::new(inner, layout, base, moe)?))
+    Ok((Box::new(LayoutSource::new(inner, layout, base, moe)?), format))
 }
 
 /// A sink that takes canonical names, writes them under the layout's

@@ -7,7 +7,11 @@
 //! null`, plus the dense Llama keys and the `moe_studio` object (frozen
 //! experts). Tensors: the canonical names of [`super::names`] (they are
 //! Mixtral's): `model.layers.{l}.block_sparse_moe.gate.weight [E, d]` and
-//! `...experts.{e}.{w1,w3,w2}.weight`.
+//! `...experts.{e}.{w1,w3,w2}.weight`. Read also under transformers 5's
+//! `mlp.` prefix, and with packed experts (`mlp.experts.gate_up_proj
+//! [E, 2f, d]`, `mlp.experts.down_proj [E, d, f]`; [`super::packed`]), as
+//! mergekit-moe 0.1.5 writes them; `--experts-format packed` writes that
+//! form (router `mlp.gate.weight`).
 //!
 //! Routing: softmax over the `E` router logits, top-k, renormalised over
 //! the `k` — the studio's softmax over the top-k logits (Mixtral has no
@@ -21,6 +25,7 @@
 //! dense `f` is kept in `moe_studio.dense_intermediate_size` (transformers
 //! ignores it) so that the studio reads back the same configuration.
 
+use super::names::{self, split_layer, TensorRole};
 use super::{
     base_config, get_usize, no_qk_norm, plain_moe, read_base, recorded_base_type, recorded_frozen, Blocker, MoeLayout,
     SharedExperts,
@@ -120,6 +125,31 @@ impl MoeLayout for Mixtral {
             .collect();
         let coef = v.get("router_aux_loss_coef").and_then(|x| x.as_f64()).unwrap_or(0.01);
         Ok((base, MoeConfig { layers, router_aux_loss_coef: coef }))
+    }
+
+    /// The canonical role of an on-disk name; transformers 5's module names
+    /// are accepted too: it renames `.block_sparse_moe.` to `.mlp.` before
+    /// loading a Mixtral checkpoint (`conversion_mapping.py`, `"mixtral"`),
+    /// so `model.layers.{l}.mlp.gate.weight` is the router and
+    /// `mlp.experts.{e}.{w1,w3,w2}.weight` are experts (mergekit-moe 0.1.5
+    /// writes the router there).
+    fn role_of(&self, disk: &str) -> TensorRole {
+        if let Some((l, rest)) = split_layer(disk) {
+            if let Some(r) = rest.strip_prefix("mlp.") {
+                let role = names::parse(&format!("model.layers.{l}.block_sparse_moe.{r}"));
+                if !matches!(role, TensorRole::Other(_)) {
+                    return role;
+                }
+            }
+        }
+        names::parse(disk)
+    }
+
+    /// transformers 5's `mlp.` first (what it and mergekit-moe 0.1.5 write;
+    /// the router moves there too), then `block_sparse_moe.` (which
+    /// transformers also loads).
+    fn packed_prefixes(&self, layer: usize) -> Vec<String> {
+        vec![format!("model.layers.{layer}.mlp"), format!("model.layers.{layer}.block_sparse_moe")]
     }
 }
 

@@ -36,12 +36,14 @@ pub mod deepseek_moe;
 mod io;
 pub mod mixtral;
 pub mod names;
+pub mod packed;
 pub mod qwen2_moe;
 pub mod qwen3_moe;
 pub mod studio;
 
 pub use io::{wrap_source, LayoutSink, LayoutSource};
 pub use names::{Proj, TensorRole};
+pub use packed::ExpertsFormat;
 
 use crate::checkpoint::{DType, PlannedTensor, TensorSource};
 use crate::config::{HfConfig, ModelConfig, MoeConfig, MoeLayerSpec};
@@ -158,6 +160,16 @@ pub trait MoeLayout: Sync + Send {
         false
     }
 
+    /// The module prefixes under which layer `layer`'s routed experts may be
+    /// packed (`{prefix}.experts.gate_up_proj [E, 2f, d]`,
+    /// `{prefix}.experts.down_proj [E, d, f]`, [`packed`]), the one written
+    /// first; when writing packed experts the router is
+    /// `{prefix}.gate.weight`. Default: the canonical
+    /// `model.layers.{layer}.block_sparse_moe` (the studio layout).
+    fn packed_prefixes(&self, layer: usize) -> Vec<String> {
+        vec![format!("model.layers.{layer}.block_sparse_moe")]
+    }
+
     /// Tensors the layout requires that `moe` does not have, written as
     /// zeros (canonical roles with shapes; default none).
     fn zero_tensors(&self, _base: &ModelConfig, _moe: &MoeConfig) -> Vec<(TensorRole, Vec<usize>)> {
@@ -250,6 +262,9 @@ pub struct LayoutChoice {
     pub router_scale: Vec<f64>,
     /// Notes for the user (loader caveats; the reason of a fallback).
     pub warnings: Vec<String>,
+    /// How the routed experts are stored (`--experts-format`; default per
+    /// expert). Set with [`LayoutChoice::with_experts`].
+    pub experts: ExpertsFormat,
 }
 
 impl LayoutChoice {
@@ -285,6 +300,46 @@ impl LayoutChoice {
             out.push(PlannedTensor { name: self.layout.disk_name(&role), dtype, shape });
         }
         out
+    }
+
+    /// This choice with the routed experts stored as `experts`.
+    pub fn with_experts(mut self, experts: ExpertsFormat) -> Self {
+        self.experts = experts;
+        self
+    }
+
+    /// The tensors as the file holds them: `planned` (a [`Self::disk_plan`])
+    /// itself for per-expert storage, else with each MoE layer's experts
+    /// packed ([`packed::Packing`]). This is the plan to create the writer
+    /// with; the methods keep streaming `planned`'s tensors through
+    /// [`Self::sink`].
+    ///
+    /// # Errors
+    /// Those of [`packed::Packing::new`].
+    pub fn file_plan(&self, planned: &[PlannedTensor]) -> Result<Vec<PlannedTensor>> {
+        match self.experts {
+            ExpertsFormat::PerExpert => Ok(planned.to_vec()),
+            ExpertsFormat::Packed => Ok(packed::Packing::new(self.layout, planned)?.file_plan().to_vec()),
+        }
+    }
+
+    /// The sink to put between the methods' output (a [`LayoutSink`],
+    /// which writes `planned`'s names) and `inner` (a writer created with
+    /// [`Self::file_plan`]): it packs the routed experts when
+    /// [`Self::experts`] says so, else passes everything through.
+    ///
+    /// # Errors
+    /// Those of [`packed::Packing::new`].
+    pub fn packing_sink<'a>(
+        &self,
+        inner: &'a mut dyn crate::methods::sink::TensorSink,
+        planned: &[PlannedTensor],
+    ) -> Result<packed::PackingSink<'a>> {
+        let packing = match self.experts {
+            ExpertsFormat::PerExpert => None,
+            ExpertsFormat::Packed => Some(packed::Packing::new(self.layout, planned)?),
+        };
+        Ok(packed::PackingSink::new(inner, packing))
     }
 }
 
@@ -355,7 +410,7 @@ pub fn choose(base: &ModelConfig, moe: &MoeConfig, request: LayoutRequest) -> Re
         // mergekit warns the same for its Mixtral output.
         warnings.extend(llama_cpp_expert_count_warnings(moe));
     }
-    Ok(LayoutChoice { layout, reason, written, router_scale, warnings })
+    Ok(LayoutChoice { layout, reason, written, router_scale, warnings, experts: ExpertsFormat::PerExpert })
 }
 
 /// The largest expert count llama.cpp's CUDA fused top-k MoE kernel is

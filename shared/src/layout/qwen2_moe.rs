@@ -18,7 +18,9 @@
 //!
 //! Tensors, per MoE layer `l` (`model.layers.{l}.mlp.` prefix):
 //! - `gate.weight [E, d]` — the router;
-//! - `experts.{e}.{gate_proj,up_proj,down_proj}.weight` — the experts;
+//! - `experts.{e}.{gate_proj,up_proj,down_proj}.weight` — the experts (or
+//!   packed, transformers 5's `experts.gate_up_proj [E, 2f, d]` and
+//!   `experts.down_proj [E, d, f]`, [`super::packed`]);
 //! - `shared_expert.{gate_proj,up_proj,down_proj}.weight` and
 //!   `shared_expert_gate.weight [1, d]` — the shared expert, whose output
 //!   `sigmoid(g · x) * down(silu(gate(x)) * up(x))` is added to the routed
@@ -267,6 +269,12 @@ impl MoeLayout for Qwen2Moe {
 
     fn renames(&self) -> bool {
         true
+    }
+
+    /// `model.layers.{l}.mlp` (transformers 5: `mlp.experts.gate_up_proj`,
+    /// `mlp.experts.down_proj`, [`super::packed`]).
+    fn packed_prefixes(&self, layer: usize) -> Vec<String> {
+        vec![format!("model.layers.{layer}.mlp")]
     }
 
     fn zero_tensors(&self, base: &ModelConfig, moe: &MoeConfig) -> Vec<(TensorRole, Vec<usize>)> {

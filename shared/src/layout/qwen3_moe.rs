@@ -17,7 +17,10 @@
 //! 1`, `mlp_only_layers`, plus the dense keys and `moe_studio`. Tensors:
 //! `model.layers.{l}.mlp.gate.weight [E, d]`,
 //! `model.layers.{l}.mlp.experts.{e}.{gate_proj,up_proj,down_proj}.weight`
-//! (Qwen2-MoE's names without the shared expert, which Qwen3-MoE has not).
+//! (Qwen2-MoE's names without the shared expert, which Qwen3-MoE has not),
+//! or packed: `mlp.experts.gate_up_proj [E, 2f, d]` and
+//! `mlp.experts.down_proj [E, d, f]` (transformers 5's own layout,
+//! [`super::packed`]).
 
 use super::names::TensorRole;
 use super::qwen2_moe::Qwen2Moe;
@@ -143,6 +146,10 @@ impl MoeLayout for Qwen3Moe {
 
     fn renames(&self) -> bool {
         true
+    }
+
+    fn packed_prefixes(&self, layer: usize) -> Vec<String> {
+        Qwen2Moe.packed_prefixes(layer)
     }
 }
 

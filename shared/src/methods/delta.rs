@@ -138,12 +138,16 @@ pub struct GraftOptions {
     /// the target's own layout when none is given).
     #[serde(skip)]
     pub layout: LayoutRequest,
+    /// How an MoE output stores its routed experts (`--experts-format`;
+    /// default per expert).
+    #[serde(skip)]
+    pub experts_format: crate::layout::ExpertsFormat,
 }
 
 impl Default for GraftOptions {
-    /// `scale = 1.0` (DeltaMoE), layout `auto`.
+    /// `scale = 1.0` (DeltaMoE), layout `auto`, experts per expert.
     fn default() -> Self {
-        GraftOptions { scale: 1.0, layout: LayoutRequest::Auto }
+        GraftOptions { scale: 1.0, layout: LayoutRequest::Auto, experts_format: Default::default() }
     }
 }
 
@@ -463,7 +467,9 @@ pub fn plan_graft(
         .iter()
         .map(|t| PlannedTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone() })
         .collect();
-    let choice = target_moe.map(|m| crate::layout::choose(target_config, m, opts.layout)).transpose()?;
+    let choice = target_moe
+        .map(|m| crate::layout::choose(target_config, m, opts.layout).map(|c| c.with_experts(opts.experts_format)))
+        .transpose()?;
     let planned = match &choice {
         Some(c) => {
             warnings.extend(c.warnings.iter().cloned());
@@ -661,8 +667,24 @@ pub fn graft(
 ) -> Result<GraftReport> {
     let start = std::time::Instant::now();
     let plan = plan_graft(target, target_config, target_moe, base, instruct, opts)?;
-    let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, plan.planned.clone(), write_opts)?;
-    let stats = write_graft(target, base, instruct, &plan, &mut w)?;
+    let mut write_opts = write_opts;
+    write_opts.card_detail("scale", format!("{} (θ + scale · (instruct − base))", opts.scale));
+    let (w, stats) = match &plan.choice {
+        Some(choice) => {
+            if let Some(c) = write_opts.card.as_mut() {
+                super::output::card_moe_details(c, target_config, choice, &plan.planned);
+            }
+            let file_plan = choice.file_plan(&plan.planned)?;
+            let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, file_plan, write_opts)?;
+            let stats = write_graft(target, base, instruct, &plan, &mut choice.packing_sink(&mut w, &plan.planned)?)?;
+            (w, stats)
+        }
+        None => {
+            let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, plan.planned.clone(), write_opts)?;
+            let stats = write_graft(target, base, instruct, &plan, &mut w)?;
+            (w, stats)
+        }
+    };
     let extra: Vec<(&str, Vec<u8>)> = extra_files
         .iter()
         .map(|(n, b)| (*n, if *n == "config.json" { graft_config_json(&plan, target_config, b) } else { b.clone() }))

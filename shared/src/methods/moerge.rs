@@ -90,6 +90,9 @@ pub struct MoergeOptions {
     pub router_aux_loss_coef: f64,
     /// On-disk layout (`--layout`; default `auto`).
     pub layout: LayoutRequest,
+    /// How the routed experts are stored (`--experts-format`; default per
+    /// expert).
+    pub experts_format: crate::layout::ExpertsFormat,
     /// How the shared experts (mergekit-moe's `shared_experts`, given to
     /// [`plan_moerge_with_base`]) are weighed; ignored without them
     /// (default ungated).
@@ -107,6 +110,7 @@ impl Default for MoergeOptions {
             dtype: None,
             router_aux_loss_coef: 0.01,
             layout: LayoutRequest::Auto,
+            experts_format: crate::layout::ExpertsFormat::PerExpert,
             shared_gate: SharedGate::Ungated,
         }
     }
@@ -216,7 +220,7 @@ pub fn plan_moerge_with_base(
     if let Some(d) = opts.dtype.filter(|d| d.float_size().is_none()) {
         return Err(StudioError::Invalid(format!("cannot write dtype {d} (use f32, f16 or bf16)")));
     }
-    let choice = crate::layout::choose(base, &moe, opts.layout)?;
+    let choice = crate::layout::choose(base, &moe, opts.layout)?.with_experts(opts.experts_format);
     let (tensors, planned) = planned_tensors(first.source, base, &choice.written, opts.dtype);
     let planned = choice.disk_plan(base, &planned);
     // Shared tensors are averaged over the experts (DUME) or copied from
@@ -393,8 +397,17 @@ pub fn moerge_with_base(
     write_opts: crate::checkpoint::WriteOptions,
 ) -> Result<super::output::MoeReport> {
     let plan = plan_moerge_with_base(inputs, base, shared, opts)?;
-    let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, plan.planned.clone(), write_opts)?;
-    write_moerge_with_base(inputs, base, shared, &plan, opts, &mut w)?;
+    let mut write_opts = write_opts;
+    let dense = base.unwrap_or(inputs[0]).config;
+    if let Some(c) = write_opts.card.as_mut() {
+        super::output::card_moe_details(c, dense, &plan.choice, &plan.planned);
+        let shared_tensors = if base.is_some() { "taken from the base model" } else { "averaged over the experts" };
+        c.detail("non-expert tensors", shared_tensors);
+        c.detail("router", format!("{} initialisation, seed {}", opts.router_init.kind(), opts.seed));
+    }
+    let file_plan = plan.choice.file_plan(&plan.planned)?;
+    let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, file_plan, write_opts)?;
+    write_moerge_with_base(inputs, base, shared, &plan, opts, &mut plan.choice.packing_sink(&mut w, &plan.planned)?)?;
     let mut extra = vec![("config.json", serde_json::to_vec_pretty(&plan.config_json).expect("json"))];
     if let Some(t) = tokenizer_json {
         extra.push(("tokenizer.json", t));

@@ -90,6 +90,65 @@ pub fn config_json(
     v
 }
 
+/// Adds an MoE output's facts to `card`: the layout and its loaders (or why no public layout holds it), the
+/// experts per layer, top-k, shared experts and frozen experts, how the
+/// experts are stored, the dtype and the parameter counts; marks the card
+/// as an MoE's (`moe`, `mixture-of-experts` tags).
+pub fn card_moe_details(
+    card: &mut crate::checkpoint::card::ModelCard,
+    base: &ModelConfig,
+    choice: &LayoutChoice,
+    planned: &[PlannedTensor],
+) {
+    card.moe = true;
+    let layout = match &choice.reason {
+        Some(why) => format!("`{}` (transformers cannot load it: {why})", choice.name()),
+        None => format!("`{}` ({})", choice.name(), choice.layout.loaders()),
+    };
+    card.detail("layout", layout);
+    let moe = &choice.written;
+    // Runs of layers with the same description: (first, last, text).
+    let mut runs: Vec<(usize, usize, String)> = Vec::new();
+    for (l, s) in moe.layers.iter().enumerate() {
+        let text = match s {
+            None => "dense".to_string(),
+            Some(s) => {
+                let mut t = format!("{} experts, top-{}", s.num_experts, s.top_k);
+                if s.shared_experts > 0 {
+                    t.push_str(&format!(", {} shared", s.shared_experts));
+                }
+                if !s.frozen.is_empty() {
+                    t.push_str(&format!(", frozen {:?}", s.frozen));
+                }
+                t
+            }
+        };
+        match runs.last_mut() {
+            Some(run) if run.2 == text => run.1 = l,
+            _ => runs.push((l, l, text)),
+        }
+    }
+    let counts: Vec<String> = runs
+        .iter()
+        .map(|(a, b, t)| if a == b { format!("layer {a}: {t}") } else { format!("layers {a}-{b}: {t}") })
+        .collect();
+    card.detail("experts", counts.join("; "));
+    let storage = match choice.experts {
+        crate::layout::ExpertsFormat::PerExpert => "per expert (one tensor per expert and projection)",
+        crate::layout::ExpertsFormat::Packed => {
+            "packed (`experts.gate_up_proj [E, 2f, d]`, `experts.down_proj [E, d, f]`: transformers 5's layout)"
+        }
+    };
+    card.detail("expert storage", storage);
+    card.detail(
+        "parameters",
+        format!("{} ({} active per token)", moe.num_parameters(base), moe.num_active_parameters(base)),
+    );
+    if let Some(p) = planned.first() {
+        card.detail("dtype", p.dtype.to_string());
+    }
+}
+
 /// A sink writing canonical names into `sink` under `choice`'s layout;
 /// `planned` is the writer's plan ([`LayoutChoice::disk_plan`]) and
 /// `canonical` the number of canonical tensors at its head (the rest are the

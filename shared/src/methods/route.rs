@@ -486,6 +486,35 @@ impl RouteReport {
     }
 }
 
+/// The routing accuracy of a routed model as a model-card section
+/// (Markdown): per domain (the expert it should reach) the mean held-out
+/// accuracy over the MoE layers and per layer, with random routing's
+/// `1 / domains` for scale. `accuracy` is `[domain][layer]` (`None`: a
+/// dense layer), as [`RouteReport::accuracy_per_domain_per_layer`].
+pub fn accuracy_markdown(domains: &[String], accuracy: &[Vec<Option<f64>>], opts: &RouteOptions) -> String {
+    let layers: Vec<usize> =
+        (0..accuracy.first().map_or(0, Vec::len)).filter(|&l| accuracy.iter().any(|a| a[l].is_some())).collect();
+    let mut out = format!(
+        "Held-out routing accuracy (the share of a domain's held-out tokens whose top-1 expert is that domain's \
+         expert; random routing scores {:.3}), ridge router with lambda {}, top-{}:\n\n| domain | mean |",
+        1.0 / domains.len().max(1) as f64,
+        opts.lambda,
+        opts.top_k
+    );
+    for l in &layers {
+        out.push_str(&format!(" layer {l} |"));
+    }
+    out.push_str(&format!("\n|---|---|{}\n", "---|".repeat(layers.len())));
+    for (d, acc) in domains.iter().zip(accuracy) {
+        out.push_str(&format!("| {} | {:.3} |", d.replace('|', "\\|"), mean_accuracy(acc)));
+        for &l in &layers {
+            out.push_str(&acc[l].map_or(" – |".to_string(), |a| format!(" {a:.3} |")));
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// The MoE layout after routing: each MoE layer gets the router bias flag,
 /// top-k and temperature of `opts`.
 pub fn routed_config(moe: &MoeConfig, opts: &RouteOptions) -> MoeConfig {
@@ -720,8 +749,9 @@ pub fn write_routed_tensors(
 }
 
 /// Streams the routed checkpoint ([`plan_routed`] + [`write_routed_tensors`])
-/// into the directory `out_dir`, with `extra` files (e.g. the statistics)
-/// beside it.
+/// into the directory `out_dir`, its experts stored as `experts`, with
+/// `extra` files (e.g. the statistics) beside it and the model card of
+/// `write_opts` (given the layout's facts).
 ///
 /// # Errors
 /// Missing tensors, I/O, an existing non-empty `out_dir`.
@@ -736,11 +766,19 @@ pub fn write_routed(
     mut extra: Vec<(&str, Vec<u8>)>,
     provenance: serde_json::Value,
     layout: crate::layout::LayoutRequest,
+    experts: crate::layout::ExpertsFormat,
+    write_opts: crate::checkpoint::WriteOptions,
 ) -> Result<()> {
-    use crate::checkpoint::{SafetensorsWriter, WriteOptions};
-    let plan = plan_routed(src, base, routed, provenance, layout)?;
-    let mut w = SafetensorsWriter::create(out_dir, plan.planned.clone(), WriteOptions::default())?;
-    write_routed_tensors(src, &plan, routers, 0..plan.tensors.len(), &mut w)?;
+    use crate::checkpoint::SafetensorsWriter;
+    let mut plan = plan_routed(src, base, routed, provenance, layout)?;
+    plan.choice = plan.choice.with_experts(experts);
+    let mut write_opts = write_opts;
+    if let Some(c) = write_opts.card.as_mut() {
+        super::output::card_moe_details(c, base, &plan.choice, &plan.planned);
+    }
+    let mut w = SafetensorsWriter::create(out_dir, plan.choice.file_plan(&plan.planned)?, write_opts)?;
+    let mut packing = plan.choice.packing_sink(&mut w, &plan.planned)?;
+    write_routed_tensors(src, &plan, routers, 0..plan.tensors.len(), &mut packing)?;
     extra.push(("config.json", serde_json::to_vec_pretty(&plan.config_json).expect("json")));
     w.finish(&extra)?;
     Ok(())

@@ -79,7 +79,25 @@ impl TensorSource for PreadSafetensors {
         self.index.get(name).map(|t| t.3.clone())
     }
     fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
-        let (fi, offset, len, info) =
+        let n = self.index.get(name).map_or(0, |t| t.2);
+        self.read_bytes_as_f32(name, 0, n)
+    }
+    /// Reads only the range's bytes (a packed expert tensor is read one
+    /// expert at a time).
+    fn read_f32_range(&self, name: &str, range: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        let (_, _, len, info) =
+            self.index.get(name).ok_or_else(|| StudioError::tensor(&self.name, name, "not present in any shard"))?;
+        let size = info.dtype.float_size().unwrap_or(1);
+        crate::checkpoint::check_range(&self.name, name, len / size, &range)?;
+        self.read_bytes_as_f32(name, range.start * size, (range.end - range.start) * size)
+    }
+}
+
+impl PreadSafetensors {
+    /// Reads `len` bytes of tensor `name` from byte `start` of its data and
+    /// converts them to f32, in chunks of [`CHUNK`] bytes.
+    fn read_bytes_as_f32(&self, name: &str, start: usize, len: usize) -> Result<Vec<f32>> {
+        let (fi, offset, _, info) =
             self.index.get(name).ok_or_else(|| StudioError::tensor(&self.name, name, "not present in any shard"))?;
         let (path, file) = &self.files[*fi];
         let size = info.dtype.float_size().ok_or_else(|| StudioError::UnsupportedDType {
@@ -89,9 +107,10 @@ impl TensorSource for PreadSafetensors {
             hint: "model weights must be F32, F16 or BF16".into(),
         })?;
         let mut out = Vec::with_capacity(len / size);
-        let mut buf = vec![0u8; (*len).min(CHUNK)];
+        let mut buf = vec![0u8; len.min(CHUNK)];
         let mut done = 0usize;
-        while done < *len {
+        let offset = offset + start as u64;
+        while done < len {
             let n = (len - done).min(buf.len());
             file.read_exact_at(&mut buf[..n], offset + done as u64).map_err(|e| StudioError::io(path, e))?;
             out.extend(floats_to_f32(info.dtype, &buf[..n]).expect("float dtype"));
@@ -115,7 +134,8 @@ pub fn use_positioned_reads(path: &std::path::Path, model: &mut LoadedModel) -> 
             model.layout,
             &model.config,
             model.moe.as_ref(),
-        )?;
+        )?
+        .0;
     }
     Ok(())
 }

@@ -43,6 +43,7 @@ use super::sink::{to_bytes, write_values, TensorSink};
 use crate::checkpoint::{DType, PlannedTensor, TensorSource};
 use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
 use crate::error::{Result, StudioError};
+use crate::layout::ExpertsFormat;
 pub use crate::layout::Proj;
 
 /// How noise combines with an expert copy's weights.
@@ -152,6 +153,9 @@ pub struct UpcycleOptions {
     pub norm_topk_prob: bool,
     /// On-disk layout (`--layout`; default `auto`).
     pub layout: LayoutRequest,
+    /// How the routed experts are stored (`--experts-format`; default per
+    /// expert).
+    pub experts_format: ExpertsFormat,
 }
 
 impl Default for UpcycleOptions {
@@ -175,6 +179,7 @@ impl Default for UpcycleOptions {
             granularity: 1,
             norm_topk_prob: true,
             layout: LayoutRequest::Auto,
+            experts_format: ExpertsFormat::PerExpert,
         }
     }
 }
@@ -306,7 +311,7 @@ pub fn plan_upcycle(src: &dyn TensorSource, base: &ModelConfig, opts: &UpcycleOp
         return Err(StudioError::Invalid(format!("cannot write dtype {d} (use f32, f16 or bf16)")));
     }
     check_dense_source(src, base)?;
-    let choice = crate::layout::choose(base, &moe, opts.layout)?;
+    let choice = crate::layout::choose(base, &moe, opts.layout)?.with_experts(opts.experts_format);
     let (tensors, planned) = planned_tensors(src, base, &choice.written, opts.dtype);
     let planned = choice.disk_plan(base, &planned);
     let mut warnings = choice.warnings.clone();
@@ -620,8 +625,14 @@ pub fn upcycle(
     write_opts: crate::checkpoint::WriteOptions,
 ) -> Result<super::output::MoeReport> {
     let plan = plan_upcycle(src, base, opts)?;
-    let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, plan.planned.clone(), write_opts)?;
-    write_upcycle(src, &plan, opts, &mut w)?;
+    let mut write_opts = write_opts;
+    if let Some(c) = write_opts.card.as_mut() {
+        super::output::card_moe_details(c, base, &plan.choice, &plan.planned);
+        c.detail("router", format!("{} initialisation, seed {}", opts.router_init.kind(), opts.seed));
+    }
+    let file_plan = plan.choice.file_plan(&plan.planned)?;
+    let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, file_plan, write_opts)?;
+    write_upcycle(src, &plan, opts, &mut plan.choice.packing_sink(&mut w, &plan.planned)?)?;
     let mut extra = vec![("config.json", serde_json::to_vec_pretty(&plan.config_json).expect("json"))];
     if let Some(t) = tokenizer_json {
         extra.push(("tokenizer.json", t));

@@ -24,6 +24,7 @@ use moe_shared::checkpoint::gguf_write::write_gguf;
 use moe_shared::checkpoint::load::from_gguf_bytes;
 use moe_shared::checkpoint::{open_model, Bytes, DType, LoadedModel, PlannedTensor, SafetensorsWriter, TensorSource};
 use moe_shared::config::{MoeConfig, MoeLayerSpec};
+use moe_shared::layout::ExpertsFormat;
 use moe_shared::layout::{by_name, LayoutRequest};
 use moe_shared::methods::ridge::RouterWeights;
 use moe_shared::methods::route::write_routed;
@@ -271,13 +272,36 @@ fn a_named_layout_that_cannot_hold_the_model_is_refused_before_anything_is_writt
         .collect();
     let mixtral = LayoutRequest::parse("mixtral").unwrap();
     let json = serde_json::json!({});
-    let e = write_routed(m.source.as_ref(), &m.config, &biased, &routers, &out, vec![], json.clone(), mixtral)
-        .unwrap_err()
-        .to_string();
+    let e = write_routed(
+        m.source.as_ref(),
+        &m.config,
+        &biased,
+        &routers,
+        &out,
+        vec![],
+        json.clone(),
+        mixtral,
+        ExpertsFormat::PerExpert,
+        Default::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("`router_bias`") && e.contains("layouts that can: moe_studio"), "{e}");
     assert!(!out.exists());
     let routed = dir.path().join("routed");
-    write_routed(m.source.as_ref(), &m.config, &biased, &routers, &routed, vec![], json, LayoutRequest::Auto).unwrap();
+    write_routed(
+        m.source.as_ref(),
+        &m.config,
+        &biased,
+        &routers,
+        &routed,
+        vec![],
+        json,
+        LayoutRequest::Auto,
+        ExpertsFormat::PerExpert,
+        Default::default(),
+    )
+    .unwrap();
     let r = open_model(&routed).unwrap();
     assert_eq!(r.layout.map(|l| l.name()), Some("moe_studio"), "auto falls back to the studio layout");
     let e = export_moe(
@@ -285,6 +309,7 @@ fn a_named_layout_that_cannot_hold_the_model_is_refused_before_anything_is_writt
         &r.config,
         r.moe.as_ref().unwrap(),
         mixtral,
+        ExpertsFormat::PerExpert,
         &out,
         None,
         None,
@@ -316,6 +341,7 @@ fn converting_between_layouts_round_trips_bit_for_bit() {
         &ma.config,
         ma.moe.as_ref().unwrap(),
         LayoutRequest::Named(studio),
+        ExpertsFormat::PerExpert,
         &b,
         None,
         None,
@@ -329,6 +355,7 @@ fn converting_between_layouts_round_trips_bit_for_bit() {
         &mb.config,
         mb.moe.as_ref().unwrap(),
         LayoutRequest::parse("qwen2_moe").unwrap(),
+        ExpertsFormat::PerExpert,
         &c,
         None,
         None,
@@ -446,6 +473,7 @@ fn gguf_deepseek_export_reads_back_to_the_same_model() {
             &m.config,
             &moe,
             LayoutRequest::parse("deepseek_moe").unwrap(),
+            ExpertsFormat::PerExpert,
             &dir.path().join("refused"),
             None,
             None,
@@ -597,6 +625,7 @@ fn the_studio_layout_round_trips_shared_experts_gate_selection_bias_granular_and
             &back.config,
             &want,
             LayoutRequest::parse(l).unwrap(),
+            ExpertsFormat::PerExpert,
             &dir.path().join(l),
             None,
             None,

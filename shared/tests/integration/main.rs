@@ -22,6 +22,7 @@ mod moerge;
 mod neuron_ties;
 mod neurons;
 mod neurons_moe;
+mod packed;
 mod padding;
 mod route;
 mod save;

@@ -135,6 +135,8 @@ fn ridge_router_on_real_hidden_states() {
         vec![],
         serde_json::json!({}),
         moe_shared::layout::LayoutRequest::Auto,
+        moe_shared::layout::ExpertsFormat::PerExpert,
+        WriteOptions::default(),
     )
     .unwrap();
     let reloaded = load_model::<B>(&open_model(&out).unwrap(), &Default::default()).unwrap();

@@ -1,0 +1,91 @@
+//! The model card of a command's output (`moe_shared::checkpoint::card`):
+//! the command line exactly as it ran (a server job runs the same command
+//! in a child process, so its card says what the job ran) and the inputs as
+//! the user named them, with the license each states.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use moe_shared::checkpoint::card::{cli_input, CardMethod, ModelCard};
+
+/// Quotes one argument for a POSIX shell when it needs it.
+fn quote(arg: &str) -> String {
+    let plain = !arg.is_empty() && arg.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-./=:,@%+".contains(&b));
+    if plain {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', "'\\''"))
+    }
+}
+
+/// This process's command line as `moe-studio ARGS...`, each argument
+/// quoted for a shell where needed (the binary's own path is replaced by
+/// its name).
+pub fn command_line() -> String {
+    let args: Vec<String> = std::env::args_os().skip(1).map(|a| quote(&a.to_string_lossy())).collect();
+    let mut out = "moe-studio".to_string();
+    for a in args {
+        out.push(' ');
+        out.push_str(&a);
+    }
+    out
+}
+
+/// The recipe a `moe-studio recipe` run is executing (its stages run in this
+/// process, so their cards describe the recipe: its YAML, its inputs and
+/// the stage).
+#[derive(Debug, Clone)]
+pub struct RecipeContext {
+    /// The recipe file's text.
+    pub yaml: String,
+    /// The recipe's inputs `(key, path)`.
+    pub inputs: Vec<(String, std::path::PathBuf)>,
+    /// The stage running now (`moe-studio ...`).
+    pub stage: String,
+}
+
+static RECIPE: Mutex<Option<RecipeContext>> = Mutex::new(None);
+
+/// Sets (or clears) the recipe the following cards belong to.
+pub fn set_recipe(ctx: Option<RecipeContext>) {
+    *RECIPE.lock().unwrap_or_else(|e| e.into_inner()) = ctx;
+}
+
+/// A card for `method` with this process's command line and `inputs`
+/// (`(role, path)`, each with the license it states). Inside a recipe the
+/// inputs are the recipe's (a later stage reads the work directory) and the
+/// card carries the recipe and the stage.
+pub fn card<'a>(method: CardMethod, inputs: impl IntoIterator<Item = (String, &'a Path)>) -> ModelCard {
+    let mut c = ModelCard::new(method).command(command_line());
+    c.inputs = inputs.into_iter().map(|(role, path)| cli_input(role, path)).collect();
+    if let Some(r) = RECIPE.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        c.inputs = r.inputs.iter().map(|(key, path)| cli_input(key.clone(), path)).collect();
+        c.recipe = Some(("yaml".into(), r.yaml.clone()));
+        c.detail("recipe stage", format!("`{}`", r.stage));
+    }
+    c
+}
+
+/// `card` as the `README.md` extra file of an output written to `out`
+/// (for writers that take ready files: `save_model`), titled with the
+/// directory's name.
+pub fn readme(mut card: ModelCard, out: &Path) -> (&'static str, Vec<u8>) {
+    if card.title.is_empty() {
+        card.title = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    }
+    (moe_shared::checkpoint::card::CARD_FILE, card.render().into_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_are_quoted_only_when_needed() {
+        assert_eq!(quote("--experts"), "--experts");
+        assert_eq!(quote("en=data/en.txt:held.txt"), "en=data/en.txt:held.txt");
+        assert_eq!(quote("a b"), "'a b'");
+        assert_eq!(quote("it's"), "'it'\\''s'");
+        assert_eq!(quote(""), "''");
+    }
+}

@@ -60,8 +60,9 @@ fn adapter() -> bool {
 }
 
 /// stories260K upcycled to 4 noisy copies (so the experts differ), top-2,
-/// with a far-from-uniform router (so routing changes the output).
-fn upcycled(dir: &Path) -> Option<LoadedModel> {
+/// with a far-from-uniform router (so routing changes the output), and
+/// stories260K's tokenizer.
+fn upcycled(dir: &Path) -> Option<(LoadedModel, Tokenizer)> {
     let dense = open_model(&common::stories()?).unwrap();
     let out = dir.join("moe");
     let opts = UpcycleOptions {
@@ -74,7 +75,7 @@ fn upcycled(dir: &Path) -> Option<LoadedModel> {
         ..Default::default()
     };
     upcycle(dense.source.as_ref(), &dense.config, &opts, &out, None, WriteOptions::default()).unwrap();
-    Some(open_model(&out).unwrap())
+    Some((open_model(&out).unwrap(), dense.tokenizer.expect("tok512.bin beside stories260K")))
 }
 
 /// The first `lines` lines of a shared corpus, packed into `seq_len`.
@@ -165,8 +166,7 @@ fn wgpu_matches_cpu_on_an_upcycled_moe() {
     }
     let Some(data) = common::data_dir() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let moe = upcycled(dir.path()).unwrap();
-    let tok = moe.tokenizer.clone().expect("tok512.bin beside stories260K");
+    let (moe, tok) = upcycled(dir.path()).unwrap();
     let text = std::fs::read_to_string(data.join("corpora/lang/en/valid.txt")).unwrap();
     let texts: Vec<Vec<u32>> = text
         .lines()
@@ -194,10 +194,11 @@ fn wgpu_matches_cpu_on_an_upcycled_moe() {
     assert_eq!(c.routing.len(), g.routing.len(), "MoE layers");
     let (mut flips, mut min_margin_flipped, mut slots) = (0usize, f32::INFINITY, 0usize);
     for (layer, ((cl, cc, k), (gl, gc, _))) in c.routing.iter().zip(&g.routing).enumerate() {
+        let k = *k;
         let e = cl.len() / (cc.len() / k);
         let ld = cl.iter().zip(gl).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         eprintln!("layer {layer}: router logits max |wgpu - cpu| {ld:e}");
-        for (t, (crow, grow)) in cc.chunks(*k).zip(gc.chunks(*k)).enumerate() {
+        for (t, (crow, grow)) in cc.chunks(k).zip(gc.chunks(k)).enumerate() {
             slots += k;
             let mut a = crow.to_vec();
             let mut b = grow.to_vec();

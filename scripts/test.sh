@@ -5,13 +5,13 @@
 #
 #   scripts/test.sh                 every step (what .ci/run runs)
 #   scripts/test.sh --only STEP...  only the named steps, in the order below:
-#       setup fmt clippy wasm test bench experiments e2e e2e-backend
+#       setup fmt clippy wasm test bench experiments e2e e2e-backend wgpu
 #   scripts/test.sh --list          the step names
 # Steps after `test` run the moe-studio binary `cargo test` builds; with
 # --only they build it first when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS_ALL="setup fmt clippy wasm test bench experiments e2e e2e-backend"
+STEPS_ALL="setup fmt clippy wasm test bench experiments e2e e2e-backend wgpu"
 ONLY=""
 case "${1:-}" in
 --list)
@@ -109,6 +109,16 @@ fi
 if want e2e-backend; then
     step "server end-to-end (moe-studio serve + Jobs page: upload/resume, train over SSE, download)"
     MOE_STUDIO_BIN="$CLI" bash tests/e2e/run_backend.sh
+fi
+
+# The generic Burn path (what a GPU runs) against the CPU path, on wgpu over
+# lavapipe (backend/tests/wgpu_parity.rs). `--workspace` keeps the feature
+# set of `cargo test` above plus `wgpu`, so cubecl/wgpu and the crates that
+# depend on burn are built once more and nothing else. Last, because it
+# replaces $CLI with a wgpu-enabled build.
+if want wgpu; then
+    step "wgpu parity: the generic Burn path on lavapipe vs the CPU path"
+    cargo test --workspace --features moe-studio/wgpu --test wgpu_parity -- --nocapture
 fi
 
 finish

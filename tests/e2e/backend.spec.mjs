@@ -214,7 +214,13 @@ try {
   const trJob = await apiJson(`jobs/${tr.id}`);
   const metrics = await apiJson(`jobs/${tr.id}/metrics`);
   const distinct = [...new Set(tr.steps.map((s) => s.step).filter((s) => s > 0))];
-  const pts = Number(await tid('loss-curve').getAttribute('data-points'));
+  // The job's final state can arrive before the page draws the last step's point: give the
+  // curve up to 5 s to catch up (it still fails when a point never arrives).
+  const curvePoints = async () => Number(await tid('loss-curve').getAttribute('data-points'));
+  let pts = await curvePoints();
+  for (const until = Date.now() + 5_000; pts < TRAIN_STEPS && Date.now() < until; pts = await curvePoints()) {
+    await new Promise((r) => setTimeout(r, 100));
+  }
   const events = Number(await tid('job-events').innerText());
   const pageLoss = Number(await tid('job-loss').innerText());
   const finalLoss = metrics.at(-1)?.loss;

@@ -64,6 +64,7 @@ if [ "$SMOKE" = 1 ]; then
     STEPS=${STEPS:-2} SEQ=${SEQ:-32} BATCH=${BATCH:-2} LR=${LR:-1e-3}
     BASE_STEPS=${BASE_STEPS:-2} POST_STEPS=${POST_STEPS:-2}
     ROUTER_STEPS=${ROUTER_STEPS:-2} ROUTER_LR=${ROUTER_LR:-1e-2} EVAL_TOKENS=${EVAL_TOKENS:-256} WINDOW=64
+    export TASK_ITEMS=${TASK_ITEMS:-5}
     SEEDS=${SEEDS:-1} PARTS=${PARTS-"2x2 lr tokens ablation"} TOKEN_STEPS=${TOKEN_STEPS:-3}
     WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/deltamoe-smoke}
     OUT=${OUT:-$WORK/report}
@@ -92,14 +93,20 @@ MIX2=(--data "hu=$HU_TRAIN" --data "en=$EN_TRAIN:1:orig")
 P="$WORK/pair"
 mkdir -p "$P"
 report "$WORK/instruct.eval.json" "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL[@]}"
+# Task accuracy (issue 36): next-paragraph multiple choice on held-out en, hu and math text
+# (tests/reference/make_tasks.py, TASK_ITEMS items each; lm-eval's acc / acc_norm).
+TASKS=(en hu math)
+task_report "$WORK/instruct.tasks.json" "$MODEL" "${TASKS[@]}"
 train_run "$P/base" "$MODEL" --stage dense --data "en=$EN_TRAIN" --steps "$BASE_STEPS" --lr "$LR" \
     --seq-len "$SEQ" --batch "$BATCH" --warmup $((BASE_STEPS / 10)) --seed 0
 BASE="$P/base/final"
 report "$WORK/base.eval.json" "$BIN" eval "$BASE" "${TOK[@]}" "${EVAL[@]}"
+task_report "$WORK/base.tasks.json" "$BASE" "${TASKS[@]}"
 train_run "$P/post" "$BASE" --stage dense --data "math=$MATH_TRAIN" --steps "$POST_STEPS" --lr "$LR" \
     --seq-len "$SEQ" --batch "$BATCH" --warmup $((POST_STEPS / 10)) --seed 0
 POST="$P/post/final"
 report "$WORK/post.eval.json" "$BIN" eval "$POST" "${TOK[@]}" "${EVAL[@]}"
+task_report "$WORK/post.tasks.json" "$POST" "${TASKS[@]}"
 
 # Training FLOPs per token (experiments/flops.py), and the matched dense step count.
 RATIO=$(python3 experiments/flops.py "$BASE/config.json" ratio "$SEQ" 4 2 1)
@@ -111,12 +118,14 @@ FLOPS_STEPS=$(python3 -c "print(max(1, round($STEPS * $RATIO)))")
     echo "flops_steps $FLOPS_STEPS"
 } >"$WORK/flops.txt"
 
-# graft_eval X: X+delta from X (a model directory) and both evaluations.
+# graft_eval X: X+delta from X (a model directory), both perplexity evaluations and the grafted
+# model's task accuracy.
 graft_eval() {
     local name=$1 dir=$2
     make_dir "$S/$name+delta" "$BIN" graft "$dir" --base "$BASE" --instruct "$POST" --out "$S/$name+delta"
     report "$S/$name.eval.json" "$BIN" eval "$dir" "${TOK[@]}" "${EVAL[@]}"
     report "$S/$name+delta.eval.json" "$BIN" eval "$S/$name+delta" "${TOK[@]}" "${EVAL[@]}"
+    task_report "$S/$name+delta.tasks.json" "$S/$name+delta" "${TASKS[@]}"
 }
 dense_run() { # dense_run NAME STAGE STEPS [LR]
     train_run "$S/$1" "$BASE" --stage "$2" --data "hu=$HU_TRAIN" --steps "$3" --lr "${4:-$LR}" \

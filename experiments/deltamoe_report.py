@@ -11,7 +11,7 @@ import os
 import statistics
 import sys
 
-from report_common import (curve, figure, fmt, load, mean_or_none, nll, open_report, ppl, seeds_with,
+from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, nll, open_report, ppl, seeds_with,
                            stream_hashes, unfinished_note, write_commands)
 
 work, out, smoke, model, seeds, parts_seeds, budget = sys.argv[1:]
@@ -146,6 +146,19 @@ if ran("moe-4-s2+delta", "cpt-replay+delta"):
                    all(x < 0 for x in d_en), f"en {fmt(d_en, 1, True)}, hu {fmt(d_hu, 1, True)} (MoE relative to dense)"))
 results["claims"] = [{"claim": c, "holds": ok, "numbers": n} for c, ok, n in claims]
 
+# Task accuracy (issue 36): `eval --task` reports of the pair and of every grafted model, when run.
+def tasks_at(path):
+    return [load(path)] if os.path.exists(path) else []
+
+
+task_rows = [(m, tasks_at(os.path.join(work, f"{m}.tasks.json"))) for m in ("instruct", "base", "post")]
+task_rows += [(m, [load(os.path.join(work, f"s{s}", f"{m}.tasks.json"))
+                   for s in seeds_with(work, seeds, f"{m}.tasks.json")])
+              for m, _ in HEADLINE if m.endswith("+delta")]
+task_rows = [(m, evs) for m, evs in task_rows if evs]
+results["task_accuracy"] = {m: [{t["name"]: {k: t[k] for k in ("acc", "acc_norm", "items") if k in t}
+                                 for t in ev.get("tasks", [])} for ev in evs] for m, evs in task_rows}
+
 # Share of the top-k assignments served by the frozen expert 0 (`load_mean[0]`).
 expert0 = {}
 for m in [m for m, _ in HEADLINE + PARTS if m.startswith("moe-") and "+delta" not in m]:
@@ -208,6 +221,21 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
     for r in fixed + head_rows:
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_ppl)
+    if task_rows:
+        items = sorted({t.get("items") for _, evs in task_rows for ev in evs for t in ev.get("tasks", [])} - {None})
+        f.write("\n## Task accuracy\n\n"
+                "Next-paragraph multiple choice on the held-out text of each corpus (`tests/reference/make_tasks.py`,"
+                f" {', '.join(map(str, items))} items per task, 4 choices: chance 25 %), scored by `eval --task` as"
+                " lm-evaluation-harness scores a `multiple_choice` task (acc_norm: log-likelihood per character;"
+                " parity with lm-eval 0.4.13 in docs/methods.md §8). The paper's metric is benchmark accuracy on the"
+                " new language and on the aligned abilities; this is its small-scale stand-in beside the"
+                " perplexities above. Mean ± std over the runs (the seeds that ran; the pair is trained once).\n\n"
+                "| model | runs | acc_norm en | acc_norm hu | acc_norm math | acc en | acc hu | acc math |\n"
+                "|---|---|---|---|---|---|---|---|\n")
+        for m, evs in task_rows:
+            n = len(evs)
+            f.write(f"| `{m}` | {n} | " + " | ".join(acc_cell(evs, t) for t in TEXTS) + " | "
+                    + " | ".join(acc_cell(evs, t, "acc") for t in TEXTS) + " |\n")
     if part_rows:
         f.write(f"\n## Analyses (seed {', '.join(parts_seeds)})\n\n" + HEAD)
         for r in part_rows:

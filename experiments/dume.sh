@@ -84,6 +84,7 @@ if [ "$SMOKE" = 1 ]; then
     ROUTER_STEPS=${ROUTER_STEPS:-2} ROUTER_LR=${ROUTER_LR:-1e-2}
     STAT_TOKENS=${STAT_TOKENS:-512} EVAL_TOKENS=${EVAL_TOKENS:-256} CONTEXT=64 WINDOW=64
     SEEDS=${SEEDS:-1} PARTS=${PARTS-"ffn ood incremental"}
+    export TASK_ITEMS=${TASK_ITEMS:-5}
     WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/dume-smoke}
     OUT=${OUT:-$WORK/report}
 else
@@ -122,6 +123,10 @@ ROUTE=(--context "$CONTEXT" --eval-tokens "$EVAL_TOKENS" --json)
 SWEEP=(--lambda-sweep "$LAMBDAS" --lambda-sweep-relative "$REL_LAMBDAS")
 
 report "$WORK/base.eval.json" "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL4[@]}"
+# Task accuracy (issue 36): next-paragraph multiple choice on each domain's held-out text
+# (tests/reference/make_tasks.py; lm-eval's acc / acc_norm) for the headline models.
+read -r -a TASKS <<<"$DOMAINS"
+task_report "$WORK/base.tasks.json" "$MODEL" "${TASKS[@]}"
 
 # moerged_set PREFIX STAGE: dense experts (`train --stage STAGE`) of every domain, their average,
 # the MoErge, random and oracle routing, and DUME top-1 (all statistics; the relative lambda sweep)
@@ -132,10 +137,12 @@ moerged_set() {
         train_run "$S/${p}expert-$dom" "$MODEL" --stage "$stage" --data "$dom=$D/corpora/domain/$dom/train.txt" \
             --steps "$STEPS" --seq-len "$SEQ" --batch "$BATCH" --lr "$LR" --warmup $((STEPS / 10)) --seed "$seed"
         report "$S/${p}expert-$dom.eval.json" "$BIN" eval "$S/${p}expert-$dom/final" "${TOK[@]}" "${EVAL4[@]}"
+        [ -n "$p" ] || task_report "$S/expert-$dom.tasks.json" "$S/expert-$dom/final" "${TASKS[@]}"
         experts+=("$S/${p}expert-$dom/final")
     done
     make_dir "$S/${p}average" "$BIN" merge linear "${experts[@]}" --out "$S/${p}average"
     report "$S/${p}average.eval.json" "$BIN" eval "$S/${p}average" "${TOK[@]}" "${EVAL[@]}"
+    [ -n "$p" ] || task_report "$S/average.tasks.json" "$S/average" "${TASKS[@]}"
     make_dir "$S/${p}moe" "$BIN" moerge "${experts[@]}" --out "$S/${p}moe"
     report "$S/${p}random.eval.json" "$BIN" eval "$S/${p}moe" "${TOK[@]}" "${EVAL[@]}" --routing random --seed "$seed"
     report "$S/${p}oracle.eval.json" "$BIN" eval "$S/${p}moe" "${TOK[@]}" "${EVAL[@]}" --routing oracle
@@ -151,6 +158,7 @@ moerged_set() {
     fi
     for k in 1 2; do
         report "$S/${p}dume-top$k.eval.json" "$BIN" eval "$S/${p}dume-top$k" "${TOK[@]}" "${EVAL[@]}"
+        [ -n "$p" ] || task_report "$S/dume-top$k.tasks.json" "$S/dume-top$k" "${TASKS[@]}"
     done
 }
 
@@ -164,12 +172,14 @@ for seed in $SEEDS; do
     train_run "$S/dume-plus" "$S/dume-top2" --stage router "${MIX[@]}" --steps "$ROUTER_STEPS" --seq-len "$SEQ" \
         --batch "$BATCH" --lr "$ROUTER_LR" --warmup $((ROUTER_STEPS / 10)) --alpha "$ALPHA" --seed "$seed"
     report "$S/dume-plus.eval.json" "$BIN" eval "$S/dume-plus/final" "${TOK[@]}" "${EVAL[@]}"
+    task_report "$S/dume-plus.tasks.json" "$S/dume-plus/final" "${TASKS[@]}"
     EXPERTS=()
     for dom in $DOMAINS; do EXPERTS+=("$S/expert-$dom/final"); done
     make_dir "$S/btx-init" "$BIN" moerge "${EXPERTS[@]}" --top-k 2 --router-std 0.02 --seed "$seed" --out "$S/btx-init"
     train_run "$S/btx" "$S/btx-init" --stage router "${MIX[@]}" --steps "$ROUTER_STEPS" --seq-len "$SEQ" \
         --batch "$BATCH" --lr "$ROUTER_LR" --warmup $((ROUTER_STEPS / 10)) --alpha "$ALPHA" --seed "$seed"
     report "$S/btx.eval.json" "$BIN" eval "$S/btx/final" "${TOK[@]}" "${EVAL[@]}"
+    task_report "$S/btx.tasks.json" "$S/btx/final" "${TASKS[@]}"
 done
 
 for seed in $PARTS_SEEDS; do

@@ -15,7 +15,7 @@ import statistics
 import struct
 import sys
 
-from report_common import (curve, figure, fmt, load, mean_or_none, nll, open_report, ppl, seeds_with, stream_hashes,
+from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, nll, open_report, ppl, seeds_with, stream_hashes,
                            write_commands)
 
 work, out, smoke, model, seeds, parts_seeds, budget = sys.argv[1:]
@@ -270,6 +270,21 @@ attempt = [(s, m, load(os.path.join(work, f"s{s}", "attempt-top1-unnormalised", 
            if os.path.exists(os.path.join(work, f"s{s}", "attempt-top1-unnormalised", f"{m}.eval.json"))]
 results["superseded_top1_unnormalised"] = [{"seed": s, "method": m, "ppl": {d: ppl(ev, d) for d in DOMAINS}}
                                           for s, m, ev in attempt]
+# Task accuracy (issue 36): `eval --task` reports of the headline models, when run.
+TASK_MODELS = [("expert-" + d, f"the {d} expert (dense)") for d in DOMAINS] + [
+    ("average", "linear average of the experts"), ("dume-top1", "DUME, ridge router, top-1"),
+    ("dume-top2", "DUME, ridge router, top-2"), ("dume-plus", "DUME+ (the ridge router trained)"),
+    ("btx", "BTX (a random router trained)")]
+task_rows = []
+if os.path.exists(os.path.join(work, "base.tasks.json")):
+    task_rows.append(("base", "the dense base", [load(os.path.join(work, "base.tasks.json"))]))
+for m, label in TASK_MODELS:
+    evs = [load(os.path.join(work, f"s{s}", f"{m}.tasks.json")) for s in seeds_with(work, seeds, f"{m}.tasks.json")]
+    if evs:
+        task_rows.append((m, label, evs))
+results["task_accuracy"] = {m: [{t["name"]: {k: t[k] for k in ("acc", "acc_norm", "items") if k in t}
+                                 for t in ev.get("tasks", [])} for ev in evs] for m, _, evs in task_rows}
+
 with open_report(out, results, "DUME on a real model: MoErging dense domain experts with a ridge router", smoke) as f:
     f.write(f"Model `{os.path.basename(model)}`; seeds {', '.join(seeds)} (mean ± std over seeds); {budget}.\n"
             "Perplexity on `domain/{code,math,docs}/valid.txt`; retention on domain D = ppl(dense expert D on D) /"
@@ -292,6 +307,20 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
     for r in rows:
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_retention)
+    if task_rows:
+        items = sorted({t.get("items") for _, _, evs in task_rows for ev in evs for t in ev.get("tasks", [])} - {None})
+        f.write("\n## Task accuracy\n\n"
+                "Next-paragraph multiple choice on each domain's held-out text (`tests/reference/make_tasks.py`,"
+                f" {', '.join(map(str, items))} items per task, 4 choices: chance 25 %), scored by `eval --task` as"
+                " lm-evaluation-harness scores a `multiple_choice` task (acc_norm: log-likelihood per character;"
+                " parity with lm-eval 0.4.13 in docs/methods.md §8). The paper reports downstream accuracy beside"
+                " perplexity; this is the small-scale stand-in. Mean ± std over the runs (the seeds that ran; the"
+                " base is evaluated once).\n\n"
+                "| model | what | runs | " + " | ".join(f"acc_norm {d}" for d in DOMAINS) + " | "
+                + " | ".join(f"acc {d}" for d in DOMAINS) + " |\n|---|---|---|" + "---|" * (2 * len(DOMAINS)) + "\n")
+        for m, label, evs in task_rows:
+            f.write(f"| `{m}` | {label} | {len(evs)} | " + " | ".join(acc_cell(evs, d) for d in DOMAINS) + " | "
+                    + " | ".join(acc_cell(evs, d, "acc") for d in DOMAINS) + " |\n")
     f.write("\nThe paper's ordering on mean retention (oracle ≥ DUME+ ≥ DUME > averaging > random), over seeds "
             f"{', '.join(order_seeds) or '(none has all five yet)'}"
             + "".join(f"; seed {s}: {'holds' if ok else 'does not hold'} in full" for s, ok in per_seed_order.items())

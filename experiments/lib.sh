@@ -73,7 +73,8 @@ train_run() {
 # of MODEL on the next-paragraph tasks of the given corpora (names of tests/reference/make_tasks.py:
 # en hu el tr docs code math; default all) into FILE, read by report_common.task_acc / acc_cell.
 # The tasks are made once per run under $WORK/tasks (TASK_ITEMS items each, default 100); skipped
-# when FILE exists.
+# when FILE exists. TASK_BIN (default $BIN): the binary that scores them, so a run trained by an
+# older binary without `eval --task` can be scored afterwards by a newer one.
 task_report() {
     local file=$1 model=$2
     shift 2
@@ -83,5 +84,5 @@ task_report() {
     [ -f "$WORK/tasks/tasks.json" ] || run python3 "$root/tests/reference/make_tasks.py" \
         --data "$MOE_STUDIO_DATA" --out "$WORK/tasks" --items "${TASK_ITEMS:-100}" >/dev/null
     for n in "${names[@]}"; do args+=(--task "$n=$WORK/tasks/$n.jsonl"); done
-    report "$file" "$BIN" eval "$model" "${args[@]}" --target-delimiter '' "${TOK[@]}" --json
+    report "$file" "${TASK_BIN:-$BIN}" eval "$model" "${args[@]}" --target-delimiter '' "${TOK[@]}" --json
 }

@@ -61,6 +61,7 @@ if [ "$SMOKE" = 1 ]; then
     STEPS=${STEPS:-2} SEQ=${SEQ:-32} BATCH=${BATCH:-2} LR=${LR:-1e-3}
     ROUTER_STEPS=${ROUTER_STEPS:-2} ROUTER_LR=${ROUTER_LR:-1e-2} EVAL_TOKENS=${EVAL_TOKENS:-256} WINDOW=64
     SEEDS=${SEEDS:-1}
+    export TASK_ITEMS=${TASK_ITEMS:-5}
     WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/neuronmoe-smoke}
     OUT=${OUT:-$WORK/report}
 else
@@ -102,6 +103,10 @@ for l in $NEW; do
     MIX+=(--data "$l=$D/corpora/lang/$l/train.txt")
 done
 report "$WORK/base.eval.json" "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL[@]}"
+# Task accuracy (issue 36): next-paragraph multiple choice on the held-out text of English (docs,
+# the text the perplexities use) and each new language (tests/reference/make_tasks.py).
+TASKS=(docs $NEW)
+task_report "$WORK/base.tasks.json" "$MODEL" "${TASKS[@]}"
 report "$WORK/base.inspect.json" "$BIN" inspect "$MODEL" --json
 
 for seed in $SEEDS; do
@@ -119,6 +124,7 @@ for seed in $SEEDS; do
             --warmup $((ROUTER_STEPS / 10)) --seed "$seed"
         report "$M-s1.eval.json" "$BIN" eval "$M-s1/final" "${TOK[@]}" "${EVAL[@]}"
         report "$M-s2.eval.json" "$BIN" eval "$M-s2/final" "${TOK[@]}" "${EVAL[@]}"
+        task_report "$M-s2.tasks.json" "$M-s2/final" "${TASKS[@]}"
     done
 done
 

@@ -17,7 +17,7 @@ import shutil
 import statistics
 import sys
 
-from report_common import (figure, fmt, load, mean_or_none, ppl, seeds_with, stream_hashes, unfinished_note,
+from report_common import (acc_cell, figure, fmt, load, mean_or_none, ppl, seeds_with, stream_hashes, unfinished_note,
                            write_commands)
 
 work, out, smoke, model, seeds, allocs, analyse, budget = sys.argv[1:]
@@ -184,6 +184,14 @@ if analysis:
     results["post_training"] = analysis
 
 os.makedirs(out, exist_ok=True)
+# Task accuracy (issue 36): `eval --task` reports of the base and of every allocation after stage 2.
+task_rows = [("base", [load(os.path.join(work, "base.tasks.json"))] if os.path.exists(os.path.join(work, "base.tasks.json")) else [])]
+task_rows += [(a, [load(os.path.join(work, f"s{s}", f"{a}-s2.tasks.json")) for s in seeds_with(work, seeds, f"{a}-s2.tasks.json")])
+              for a in allocs]
+task_rows = [(a, evs) for a, evs in task_rows if evs]
+results["task_accuracy"] = {a: [{t["name"]: {k: t[k] for k in ("acc", "acc_norm", "items") if k in t}
+                                 for t in ev.get("tasks", [])} for ev in evs] for a, evs in task_rows}
+
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
 fig_ppl = figure(out, "ppl", {
@@ -219,6 +227,21 @@ with open(os.path.join(out, "README.md"), "w") as f:
     for r in rows:
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_ppl)
+    if task_rows:
+        TASKS = ["docs"] + LANGS[1:]
+        items = sorted({t.get("items") for _, evs in task_rows for ev in evs for t in ev.get("tasks", [])} - {None})
+        f.write("\n## Task accuracy after stage 2\n\n"
+                "Next-paragraph multiple choice on the held-out text (`tests/reference/make_tasks.py`,"
+                f" {', '.join(map(str, items))} items per task, 4 choices: chance 25 %; English = `domain/docs`, the"
+                " text of the English perplexity), scored by `eval --task` as lm-evaluation-harness scores a"
+                " `multiple_choice` task (acc_norm: log-likelihood per character; parity with lm-eval 0.4.13 in"
+                " docs/methods.md §8). The paper reports benchmark accuracy per language; this is its small-scale"
+                " stand-in. Mean ± std over the runs (the seeds that ran).\n\n"
+                "| allocation | runs | acc_norm en | acc_norm hu | acc_norm el | acc_norm tr | acc en | acc hu | acc el |"
+                " acc tr |\n|---|---|---|---|---|---|---|---|---|---|\n")
+        for a, evs in task_rows:
+            f.write(f"| `{a}` | {len(evs)} | " + " | ".join(acc_cell(evs, t) for t in TASKS) + " | "
+                    + " | ".join(acc_cell(evs, t, "acc") for t in TASKS) + " |\n")
     if paired:
         f.write("\n## Placement at equal budget: each allocation against NeuronMoE, paired by seed\n\n"
                 "Geometric-mean perplexity over hu, el, tr after stage 2, relative to NeuronMoE's on the same seed"

@@ -6,18 +6,18 @@
 #   scripts/test.sh                 every step but wgpu (what .ci/run runs);
 #                                   MOE_STUDIO_WGPU=1 adds wgpu
 #   scripts/test.sh --only STEP...  only the named steps, in the order below:
-#       setup fmt clippy wasm test bench experiments e2e e2e-backend wgpu
+#       setup fmt rooms clippy wasm test bench experiments e2e e2e-backend wgpu
 #   scripts/test.sh --list          the step names
 # Steps after `test` run the moe-studio binary `cargo test` builds; with
 # --only they build it first when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS_ALL="setup fmt clippy wasm test bench experiments e2e e2e-backend wgpu"
+STEPS_ALL="setup fmt rooms clippy wasm test bench experiments e2e e2e-backend wgpu"
 # wgpu is opt-in for now: `--features moe-studio/wgpu` builds a second
 # dependency tree (~35 min cold on this 2-core machine, measured 2026-12-04),
 # which a cold CI run cannot afford inside its budget; once warm it costs the
 # workspace crates' rebuild and an 82 s run.
-STEPS_DEFAULT="setup fmt clippy wasm test bench experiments e2e e2e-backend"
+STEPS_DEFAULT="setup fmt rooms clippy wasm test bench experiments e2e e2e-backend"
 [ "${MOE_STUDIO_WGPU:-0}" = 1 ] && STEPS_DEFAULT="$STEPS_DEFAULT wgpu"
 ONLY=""
 case "${1:-}" in
@@ -64,6 +64,12 @@ source scripts/env.sh
 if want fmt; then
     step "cargo fmt --check"
     cargo fmt --all -- --check
+fi
+
+if want rooms; then
+    step "no import circle between shared's rooms (scripts/check_rooms.py, with its self-test)"
+    python3 scripts/check_rooms.py --self-test
+    python3 scripts/check_rooms.py
 fi
 
 if want clippy; then

@@ -14,7 +14,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{arg, failure, json, ok, run, tmp};
-use moe_shared::checkpoint::card::{parse_front_matter, read_front_matter, FrontMatter};
+use moe_shared::tensor_io::card::{parse_front_matter, read_front_matter, FrontMatter};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
@@ -43,8 +43,8 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn safetensors_names(dir: &Path) -> Vec<String> {
-    let m = moe_shared::checkpoint::safetensors_io::SafetensorsModel::open_dir(dir).unwrap();
-    moe_shared::checkpoint::TensorSource::tensors(&m).into_iter().map(|t| t.name).collect()
+    let m = moe_shared::tensor_io::safetensors_io::SafetensorsModel::open_dir(dir).unwrap();
+    moe_shared::tensor_io::TensorSource::tensors(&m).into_iter().map(|t| t.name).collect()
 }
 
 /// The front matter of `dir/README.md`, checked: it parses as YAML, names
@@ -137,6 +137,15 @@ fn mergekit_moe_output_is_read_by_every_command() {
     assert_eq!(r["mean_accuracy_per_domain"].as_array().unwrap().len(), 4, "{r}");
     let (_, text_card) = card(&routed, &[&mk], &["dume", "moe"]);
     assert!(text_card.contains("## Routing accuracy") && text_card.contains("| caps |"), "{text_card}");
+    // Each domain's card row gives the report's all-layers and mean accuracy.
+    let names: Vec<&str> = r["domains"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
+    for (i, d) in names.iter().enumerate() {
+        let all = r["all_layers_accuracy_per_domain"][i].as_f64().unwrap();
+        let mean = r["mean_accuracy_per_domain"][i].as_f64().unwrap();
+        let row = format!("| {d} | {all:.3} | {mean:.3} |");
+        assert!(text_card.contains(&row), "`{row}` missing from the card:\n{text_card}");
+    }
+    assert!(text_card.contains("| domain | all layers | mean |"), "{text_card}");
     // graft: base and instruct of the experts' dense shape (init-random)
     let cfg = dir.join("dense.json");
     std::fs::write(

@@ -14,8 +14,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{arg, failure, ok, run};
-use moe_shared::checkpoint::safetensors_io::SafetensorsModel;
-use moe_shared::checkpoint::TensorSource;
+use moe_shared::tensor_io::safetensors_io::SafetensorsModel;
+use moe_shared::tensor_io::TensorSource;
 use serde_json::Value;
 
 fn root() -> PathBuf {

@@ -110,8 +110,8 @@ fn moerge_merges_copies_and_refuses_a_single_model() {
 /// follows `--router-init`; the output runs (`logits`).
 #[test]
 fn moerge_shared_experts_copy_their_model_s_ffn_and_need_a_base() {
-    use moe_shared::checkpoint::safetensors_io::SafetensorsModel;
-    use moe_shared::checkpoint::TensorSource;
+    use moe_shared::tensor_io::safetensors_io::SafetensorsModel;
+    use moe_shared::tensor_io::TensorSource;
     let fix = |n: &str| {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../tests/fixtures/merge/f32")

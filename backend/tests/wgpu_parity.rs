@@ -25,11 +25,12 @@ use std::path::Path;
 
 use burn::backend::{Autodiff, Wgpu};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
+use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::corpus::{split_documents, token_stream, DocSplit};
 use moe_shared::generate::{generate, Sampling};
 use moe_shared::methods::{upcycle, CopyNoise, ExpertCounts, NoiseKind, RouterInit, UpcycleOptions};
 use moe_shared::model::{load_model, ForwardOptions, Padding, Trace};
+use moe_shared::tensor_io::{DType, WriteOptions};
 use moe_shared::tokenizer::Tokenizer;
 use moe_shared::train::{DataSpec, Mixture, PackedSource, Stage, StepMetrics, TrainConfig, Trainer};
 use moe_shared::CpuBackend;

@@ -4,9 +4,10 @@
 //! tokenizer `.bin`. The same readers as the CLI (`moe_shared::checkpoint`).
 
 use moe_shared::checkpoint::load::{from_gguf_bytes, from_hf_parts, from_llama2c_bytes};
-use moe_shared::checkpoint::safetensors_io::{parse_index, SafetensorsFile, SafetensorsModel};
-use moe_shared::checkpoint::{Bytes, LoadedModel};
+use moe_shared::checkpoint::LoadedModel;
 use moe_shared::config::{HfConfig, ModelConfig, MoeConfig};
+use moe_shared::tensor_io::safetensors_io::{parse_index, SafetensorsFile, SafetensorsModel};
+use moe_shared::tensor_io::Bytes;
 use moe_shared::tokenizer::Tokenizer;
 
 use crate::web::PickedFile;

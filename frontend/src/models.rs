@@ -3,7 +3,7 @@
 //! the model pickers and a tensor list to plan an upcycle on the page.
 
 use leptos::prelude::*;
-use moe_shared::checkpoint::{DType, TensorInfo, TensorSource};
+use moe_shared::tensor_io::{DType, TensorInfo, TensorSource};
 
 use crate::store::ModelRef;
 use crate::worker::protocol::ModelInfo;

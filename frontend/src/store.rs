@@ -9,7 +9,8 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use moe_shared::checkpoint::{Bytes, LoadedModel};
+use moe_shared::checkpoint::LoadedModel;
+use moe_shared::tensor_io::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::worker::protocol::{ModelInfo, TensorMeta};

@@ -8,7 +8,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use moe_shared::checkpoint::{gguf, Bytes, TensorSource};
+use moe_shared::checkpoint::gguf;
+use moe_shared::tensor_io::{Bytes, TensorSource};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(model) = gguf::open(Bytes::from_vec(data.to_vec()), "fuzz") {

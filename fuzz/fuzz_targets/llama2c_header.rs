@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use moe_shared::checkpoint::llama2c::Llama2cModel;
-use moe_shared::checkpoint::Bytes;
+use moe_shared::tensor_io::Bytes;
 use moe_shared::tokenizer::Llama2cTokenizer;
 
 fuzz_target!(|data: &[u8]| {

@@ -5,8 +5,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use moe_shared::checkpoint::safetensors_io::SafetensorsFile;
-use moe_shared::checkpoint::Bytes;
+use moe_shared::tensor_io::safetensors_io::SafetensorsFile;
+use moe_shared::tensor_io::Bytes;
 
 fuzz_target!(|data: &[u8]| {
     let _ = SafetensorsFile::parse(Bytes::from_vec(data.to_vec()), "fuzz");

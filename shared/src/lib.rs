@@ -3,7 +3,7 @@
 //! API types shared by the browser app and the server.
 //!
 //! This crate compiles for native targets and for `wasm32-unknown-unknown`:
-//! file access is behind [`checkpoint::Bytes`] (a memory map natively, owned
+//! file access is behind [`tensor_io::Bytes`] (a memory map natively, owned
 //! bytes in the browser) and native-only code is gated with `cfg`.
 
 pub mod api;
@@ -18,6 +18,8 @@ pub mod layout;
 pub mod methods;
 pub mod model;
 pub mod recipe;
+pub mod rng;
+pub mod tensor_io;
 pub mod tokenizer;
 pub mod train;
 

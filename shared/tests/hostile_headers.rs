@@ -17,10 +17,11 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use moe_shared::checkpoint::gguf::{self, GgufFile, GgufModel};
+use moe_shared::checkpoint::gguf::{self, GgufModel};
 use moe_shared::checkpoint::llama2c::Llama2cModel;
-use moe_shared::checkpoint::safetensors_io::SafetensorsFile;
-use moe_shared::checkpoint::{Bytes, TensorSource};
+use moe_shared::tensor_io::gguf::GgufFile;
+use moe_shared::tensor_io::safetensors_io::SafetensorsFile;
+use moe_shared::tensor_io::{Bytes, TensorSource};
 use moe_shared::tokenizer::Llama2cTokenizer;
 
 /// Largest live heap this test binary allows, bytes.

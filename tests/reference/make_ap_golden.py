@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Golden Average Precision values from scikit-learn for the NeuronMoE
-neuron analysis (shared/src/methods/neurons.rs).
+neuron analysis (shared/src/methods/neurons/ap.rs).
 
 Writes tests/reference/golden/average_precision.json with
 

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use moe_shared::checkpoint::{DType, WriteOptions};
+use moe_shared::tensor_io::{DType, WriteOptions};
 
 /// Where a command writes its checkpoint and how it reports
 /// (`--max-shard-bytes`, `--out`, `--json`), flattened into the arguments of

@@ -18,11 +18,12 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use burn::tensor::backend::Backend;
-use moe_shared::checkpoint::{open_model, DType, WriteOptions};
+use moe_shared::checkpoint::open_model;
 use moe_shared::methods::neurons::{CollectOptions, NeuronCollector};
 use moe_shared::methods::route::{collect_stats, empty_stats, pack_sequences};
 use moe_shared::methods::{upcycle, ExpertCounts, RouterInit, UpcycleOptions};
 use moe_shared::model::load_model;
+use moe_shared::tensor_io::{DType, WriteOptions};
 
 use super::backend::WithBackend;
 use super::bench::{

@@ -13,9 +13,10 @@ use std::time::Instant;
 
 use anyhow::Context;
 use burn::tensor::backend::AutodiffBackend;
-use moe_shared::checkpoint::{open_model, DType, WriteOptions};
+use moe_shared::checkpoint::open_model;
 use moe_shared::methods::{upcycle, ExpertCounts, RouterInit, UpcycleOptions};
 use moe_shared::model::load_model;
+use moe_shared::tensor_io::{DType, WriteOptions};
 use moe_shared::train::{devices, DataSpec, Mixture, PackedSource, Stage, TrainConfig, Trainer};
 
 use super::bench::{backend_name, finish, peak_rss_mib, reference_name, reference_throughput, run_reference};

@@ -1,4 +1,4 @@
-//! The model card of a command's output (`moe_shared::checkpoint::card`):
+//! The model card of a command's output (`moe_shared::tensor_io::card`):
 //! the command line exactly as it ran (a server job runs the same command
 //! in a child process, so its card says what the job ran) and the inputs as
 //! the user named them, with the license each states.
@@ -6,7 +6,44 @@
 use std::path::Path;
 use std::sync::Mutex;
 
-use moe_shared::checkpoint::card::{cli_input, CardMethod, ModelCard};
+use moe_shared::tensor_io::card::{CardMethod, ModelCard};
+
+/// The license an input model states (native only): a directory's own
+/// `README.md` front matter `license`, or a GGUF file's `general.license`
+/// (also a directory's single `.gguf`); `None` when it states none.
+fn input_license(path: &std::path::Path) -> Option<String> {
+    if path.is_dir() {
+        if let Ok(text) = std::fs::read_to_string(path.join(moe_shared::tensor_io::card::CARD_FILE)) {
+            if let Some(l) = moe_shared::tensor_io::card::card_license(&text) {
+                return Some(l);
+            }
+        }
+        let ggufs: Vec<std::path::PathBuf> = std::fs::read_dir(path)
+            .ok()?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+            .collect();
+        return match ggufs.as_slice() {
+            [one] if !path.join("config.json").exists() => input_license(one),
+            _ => None,
+        };
+    }
+    if path.extension().is_some_and(|e| e == "gguf") {
+        let bytes = moe_shared::tensor_io::Bytes::map_file(path).ok()?;
+        let model = moe_shared::checkpoint::gguf::open(bytes, &path.display().to_string()).ok()?;
+        return model.file.get_str("general.license").map(str::to_string);
+    }
+    None
+}
+
+/// An input of a CLI command: `role`, the path as given, its license.
+fn cli_input(role: impl Into<String>, path: &std::path::Path) -> moe_shared::tensor_io::card::CardInput {
+    moe_shared::tensor_io::card::CardInput {
+        role: role.into(),
+        name: path.display().to_string(),
+        license: input_license(path),
+    }
+}
 
 /// Quotes one argument for a POSIX shell when it needs it.
 fn quote(arg: &str) -> String {
@@ -73,7 +110,7 @@ pub fn readme(mut card: ModelCard, out: &Path) -> (&'static str, Vec<u8>) {
     if card.title.is_empty() {
         card.title = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     }
-    (moe_shared::checkpoint::card::CARD_FILE, card.render().into_bytes())
+    (moe_shared::tensor_io::card::CARD_FILE, card.render().into_bytes())
 }
 
 #[cfg(test)]

@@ -9,11 +9,12 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::export::{export_dense, export_moe};
 use moe_shared::checkpoint::gguf_write::write_gguf;
-use moe_shared::checkpoint::{open_model, DType};
+use moe_shared::checkpoint::open_model;
 use moe_shared::layout::ExpertsFormat;
+use moe_shared::tensor_io::card::CardMethod;
+use moe_shared::tensor_io::DType;
 use moe_shared::tokenizer::gguf_export::gguf_tokenizer;
 
 /// Output formats of `convert`.

@@ -7,11 +7,11 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::delta::{companion_files, graft, GraftOptions};
 use moe_shared::methods::stream_read::use_positioned_reads;
+use moe_shared::tensor_io::card::CardMethod;
 
 /// Arguments of `graft`.
 #[derive(Debug, Clone, clap::Args)]

@@ -19,11 +19,11 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use moe_shared::checkpoint::card::CardMethod;
-use moe_shared::checkpoint::DType;
 use moe_shared::config::HfConfig;
 use moe_shared::model::init::DEFAULT_INITIALIZER_RANGE;
 use moe_shared::model::{random_dense_model, save_model};
+use moe_shared::tensor_io::card::CardMethod;
+use moe_shared::tensor_io::DType;
 use moe_shared::tokenizer::train::train_byte_level_bpe;
 use moe_shared::tokenizer::Tokenizer;
 

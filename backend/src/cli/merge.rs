@@ -5,12 +5,12 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::delta::companion_files;
 use moe_shared::methods::merge::{merge, set_config_dtype, MergeMethod, MergeOptions, Rescale};
 use moe_shared::methods::stream_read::use_positioned_reads;
+use moe_shared::tensor_io::card::CardMethod;
 
 /// Arguments of `merge`.
 #[derive(Debug, Clone, clap::Args)]
@@ -100,9 +100,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut card = super::card::card(CardMethod::Merge, roles);
     card.detail("merge method", a.method.name());
     let write_opts = a.output.write_options().with_card(Some(card));
-    let sources: Vec<&dyn moe_shared::checkpoint::TensorSource> =
-        models.iter().map(|m| m.source.as_ref() as &dyn moe_shared::checkpoint::TensorSource).collect();
-    let base_src = base.as_ref().map(|b| b.source.as_ref() as &dyn moe_shared::checkpoint::TensorSource);
+    let sources: Vec<&dyn moe_shared::tensor_io::TensorSource> =
+        models.iter().map(|m| m.source.as_ref() as &dyn moe_shared::tensor_io::TensorSource).collect();
+    let base_src = base.as_ref().map(|b| b.source.as_ref() as &dyn moe_shared::tensor_io::TensorSource);
     let report = merge(&sources, base_src, &opts, &a.output.out, &extra, write_opts)?;
     for w in &report.warnings {
         eprintln!("warning: {w}");

@@ -19,12 +19,12 @@ use std::time::Instant;
 
 use anyhow::Context;
 use burn::tensor::backend::Backend;
-use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::open_model;
 use moe_shared::checkpoint::LoadedModel;
 use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::{hidden_router_rows, moerge_with_base, MoergeInput, MoergeOptions, RouterInit, SharedGate};
 use moe_shared::model::load_model;
+use moe_shared::tensor_io::card::CardMethod;
 
 use super::backend::WithBackend;
 use super::upcycle::RouterInitArg;

@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use burn::tensor::backend::Backend;
-use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::open_model;
 use moe_shared::config::MoeConfig;
 use moe_shared::jobs::Defaults as D;
@@ -17,6 +16,7 @@ use moe_shared::methods::route::{
     stats_to_safetensors, write_routed, DomainSequences, RouteOptions, RouteReport, RoutingAccuracy,
 };
 use moe_shared::model::load_model;
+use moe_shared::tensor_io::card::CardMethod;
 
 use super::backend::WithBackend;
 
@@ -147,9 +147,9 @@ fn reuse_stats(
 
 /// `route MOE --add-expert NAME=DENSE:TRAIN[:HELDOUT] --out DIR`.
 fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
-    use moe_shared::checkpoint::{SafetensorsWriter, WriteOptions};
     use moe_shared::methods::add_expert::{plan_add_expert, write_add_expert};
     use moe_shared::methods::route::stats_from_safetensors;
+    use moe_shared::tensor_io::{SafetensorsWriter, WriteOptions};
     let t0 = Instant::now();
     let request = a.layout.request()?;
     let spec = a.add_expert.clone().expect("checked");
@@ -226,7 +226,7 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
             (format!("added expert `{}`", domain.name), dense_path.as_path()),
         ],
     );
-    let added = accuracy_markdown(&names[new_idx..], std::slice::from_ref(&acc.per_layer), &opts);
+    let added = accuracy_markdown(&names[new_idx..], std::slice::from_ref(&acc), &opts);
     card.section("Routing accuracy of the added expert", added);
     let write_opts = WriteOptions::default().with_card(Some(card));
     let experts = a.layout.experts_format()?;
@@ -412,9 +412,8 @@ impl WithBackend for Args {
         }
         let mut card = super::card::card(CardMethod::Dume, [("MoE".to_string(), a.model.as_path())]);
         card.detail("domains (expert order)", names.join(", "));
-        let per_layer: Vec<Vec<Option<f64>>> = accuracy.iter().map(|x| x.per_layer.clone()).collect();
-        card.section("Routing accuracy", accuracy_markdown(&names, &per_layer, &opts));
-        let write_opts = moe_shared::checkpoint::WriteOptions::default().with_card(Some(card));
+        card.section("Routing accuracy", accuracy_markdown(&names, &accuracy, &opts));
+        let write_opts = moe_shared::tensor_io::WriteOptions::default().with_card(Some(card));
         let experts = a.layout.experts_format()?;
         write_routed(
             m.source.as_ref(),

@@ -48,10 +48,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use burn::tensor::backend::AutodiffBackend;
-use moe_shared::checkpoint::DType;
 use moe_shared::layout::{self, LayoutRequest};
 use moe_shared::model::save::tensor_plan;
 use moe_shared::model::{save_model, Transformer};
+use moe_shared::tensor_io::DType;
 use moe_shared::train::{Mixture, Stage, TrainConfig, Trainer};
 
 /// The training script (`train.py` in the job directory).
@@ -414,11 +414,15 @@ are.
   the Burn trainer computes them over its batch on one device: the result
   does not depend on the number of ranks (Burn's `--devices` replicas
   all-reduce them the same way).
-- AdamW: the same update (decoupled weight decay `p (1 - lr wd)`, bias
-  correction of both moments, epsilon added to `sqrt(v_hat)`); the betas
-  are Burn's f32 values. They differ in rounding only: Burn forms
-  `sqrt(v / (1 - b2^t))` with the bias corrections in f32, torch
-  `sqrt(v) / sqrt(1 - b2^t)` in f64.
+- AdamW: Burn's own update. `train.py`'s `BurnAdamW` is Burn 0.21's
+  `AdamW` re-implemented operation by operation in f32 (bias corrections
+  `1 - b^t` in f32, `sqrt(v / (1 - b2^t))`, weight decay `p (1 - lr wd)`
+  before subtracting `lr u`, a correctly rounded square root), because
+  torch.optim.AdamW rounds differently (f64 bias corrections, a fused
+  `addcdiv`) and Adam carries those bits from step to step: the same
+  gradient gives bit-identical weights in both engines. The gradients
+  themselves differ in rounding (another summation order over ranks and
+  kernels).
 "#,
         stage = c.stage.name(),
         layout = e.layout,

@@ -25,10 +25,10 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use burn::tensor::backend::AutodiffBackend;
-use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::jobs::Defaults as D;
 use moe_shared::model::load_model;
+use moe_shared::tensor_io::card::CardMethod;
 use moe_shared::tokenizer::{Llama2cTokenizer, Tokenizer};
 use moe_shared::train::checkpoint::latest_checkpoint;
 use moe_shared::train::data::load_mixture;

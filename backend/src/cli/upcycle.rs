@@ -20,7 +20,6 @@ use std::time::Instant;
 
 use anyhow::Context;
 use burn::tensor::backend::Backend;
-use moe_shared::checkpoint::card::CardMethod;
 use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::{
@@ -28,6 +27,7 @@ use moe_shared::methods::{
     RouterInit, SharedExperts, SharedInit, UpcycleOptions,
 };
 use moe_shared::model::load_model;
+use moe_shared::tensor_io::card::CardMethod;
 use serde::Deserialize;
 
 use super::backend::WithBackend;

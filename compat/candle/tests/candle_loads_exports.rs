@@ -23,7 +23,8 @@ use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor as BTensor, TensorData};
 use candle_core::{DType as CDType, Device, Tensor};
 use candle_nn::VarBuilder;
-use moe_shared::checkpoint::{open_model, DType, PlannedTensor, SafetensorsWriter};
+use moe_shared::checkpoint::open_model;
+use moe_shared::tensor_io::{DType, PlannedTensor, SafetensorsWriter};
 use moe_shared::layout::LayoutRequest;
 use moe_shared::methods::{upcycle, CopyNoise, ExpertCounts, NoiseKind, RouterInit, UpcycleOptions};
 

@@ -1,10 +1,10 @@
 //! Turning a method's in-memory output into an [`Artifact`]: the download's
 //! bytes, parsed back as a model for the next step.
 
-use moe_shared::checkpoint::card::{ModelCard, CARD_FILE};
 use moe_shared::checkpoint::load::from_hf_parts;
-use moe_shared::checkpoint::safetensors_io::SafetensorsFile;
-use moe_shared::checkpoint::Bytes;
+use moe_shared::tensor_io::card::{ModelCard, CARD_FILE};
+use moe_shared::tensor_io::safetensors_io::SafetensorsFile;
+use moe_shared::tensor_io::Bytes;
 use moe_shared::tokenizer::Tokenizer;
 
 use super::msg;
@@ -63,7 +63,7 @@ pub fn tokenizer_json(t: Option<&Tokenizer>) -> Option<Vec<u8>> {
 }
 
 /// The model card (`README.md`) of a tab output, as the CLI writes one
-/// beside the weights (`moe_shared::checkpoint::card`): `card`, titled
+/// beside the weights (`moe_shared::tensor_io::card`): `card`, titled
 /// `name`, with the options the output's `config.json` records
 /// (`moe_studio.provenance`) as its recipe. The tab has no command line and
 /// does not read the inputs' own cards, so no license is carried over.

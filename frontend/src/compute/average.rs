@@ -9,9 +9,9 @@
 //! perplexity table, and for three or more experts the kernel's f32 sum is
 //! not the f64 mean used here (see `moe_shared::methods::average::weighted_mean`).
 
-use moe_shared::checkpoint::{TensorInfo, TensorSource};
 use moe_shared::config::{ModelConfig, MoeConfig};
 use moe_shared::layout::names::{self, expert_weight_name, Proj, TensorRole};
+use moe_shared::tensor_io::{TensorInfo, TensorSource};
 use moe_shared::Result;
 
 /// A dense [`TensorSource`] over an MoE source.
@@ -24,9 +24,9 @@ pub struct AveragedExperts<'a> {
 impl<'a> AveragedExperts<'a> {
     /// The dense view of `src` (layout `moe` on `base`).
     pub fn new(src: &'a dyn TensorSource, base: &ModelConfig, moe: &MoeConfig) -> Self {
-        let tensors = moe_shared::checkpoint::export::dense_tensor_plan(base)
+        let tensors = moe_shared::checkpoint::plan::dense_tensor_plan(base)
             .into_iter()
-            .map(|(name, shape)| TensorInfo { name, dtype: moe_shared::checkpoint::DType::F32, shape })
+            .map(|(name, shape)| TensorInfo { name, dtype: moe_shared::tensor_io::DType::F32, shape })
             .collect();
         AveragedExperts { src, moe: moe.clone(), tensors }
     }

@@ -7,14 +7,14 @@ use moe_shared::checkpoint::LoadedModel;
 use moe_shared::methods::delta::{
     generated_config_json, graft_report, plan_graft, write_graft, DeltaStat, GraftOptions, GraftPlan, GraftReport,
 };
-use moe_shared::methods::sink::{to_bytes, MemorySink, TensorSink};
+use moe_shared::tensor_io::sink::{to_bytes, MemorySink, TensorSink};
 
 use super::artifact::{card_file, into_artifact, pretty, Output};
 use super::msg;
 use super::progress::Progress;
 use crate::store::{Artifact, Picked};
-use moe_shared::checkpoint::card::{CardMethod, ModelCard};
-use moe_shared::methods::output::card_moe_details;
+use moe_shared::checkpoint::output::card_moe_details;
+use moe_shared::tensor_io::card::{CardMethod, ModelCard};
 
 /// The `config.json` / `tokenizer.json` the CLI's `companion_files` copies
 /// for `target`: a produced checkpoint's own files, or (for a `.gguf` /
@@ -152,7 +152,7 @@ pub async fn run(
     }
     if let Some(choice) = &plan.choice {
         // The layout's zero tensors (a Qwen2-MoE zero shared expert) end the plan.
-        moe_shared::methods::output::layout_sink(&mut sink, choice, &plan.planned, plan.tensors.len())
+        moe_shared::checkpoint::output::layout_sink(&mut sink, choice, &plan.planned, plan.tensors.len())
             .finish()
             .map_err(msg)?;
     }

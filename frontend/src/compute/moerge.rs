@@ -9,17 +9,17 @@
 //! shared CPU code. Both paths write the CLI's bytes.
 
 use moe_kernels::{ElemDtype, Gpu};
+use moe_shared::checkpoint::plan::MoeTensor;
 use moe_shared::methods::average::WeightedMean;
-use moe_shared::methods::moe_plan::MoeTensor;
-use moe_shared::methods::sink::{write_values, MemorySink};
 use moe_shared::methods::{plan_moerge, weighted_means, write_moerge, MoergeInput, MoergeOptions, MoergePlan};
+use moe_shared::tensor_io::sink::{write_values, MemorySink};
 
 use super::artifact::{card_file, into_artifact, pretty, tokenizer_json, Output};
 use super::msg;
 use super::progress::Progress;
 use crate::store::{Artifact, Picked};
-use moe_shared::checkpoint::card::{CardMethod, ModelCard};
-use moe_shared::methods::output::card_moe_details;
+use moe_shared::checkpoint::output::card_moe_details;
+use moe_shared::tensor_io::card::{CardMethod, ModelCard};
 
 /// Where a MoErge computed its averaged (shared, non-FFN) tensors.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -59,7 +59,7 @@ async fn gpu_tensor(
     gpu: &Gpu,
     inputs: &[MoergeInput<'_>],
     t: &MoeTensor,
-    dtype: moe_shared::checkpoint::DType,
+    dtype: moe_shared::tensor_io::DType,
     mean: &WeightedMean,
     sink: &mut MemorySink,
 ) -> Result<bool, String> {
@@ -125,7 +125,7 @@ pub async fn run(
     let mut summary = MoergeSummary { tensors: n, ..Default::default() };
     let what = if gpu.is_some() { "merging tensors (averages on WebGPU)" } else { "merging tensors" };
     for (i, (t, p)) in plan.tensors.iter().zip(&plan.planned).enumerate() {
-        let averaged = matches!(t.origin, moe_shared::methods::moe_plan::Origin::Dense { .. });
+        let averaged = matches!(t.origin, moe_shared::checkpoint::plan::Origin::Dense { .. });
         let on_gpu = match (&gpu, &means[i]) {
             (Some(g), Some(mean)) => gpu_tensor(g, &inputs, t, p.dtype, mean, &mut sink).await?,
             _ => false,
@@ -145,7 +145,7 @@ pub async fn run(
         progress.step(what, (i + 1) as u64, n as u64, "tensors");
     }
     // The layout's zero tensors (a Qwen2-MoE zero shared expert) end the plan.
-    moe_shared::methods::output::layout_sink(&mut sink, &plan.choice, &plan.planned, plan.tensors.len())
+    moe_shared::checkpoint::output::layout_sink(&mut sink, &plan.choice, &plan.planned, plan.tensors.len())
         .finish()
         .map_err(msg)?;
     progress.step("serialising safetensors", 0, 1, "files");

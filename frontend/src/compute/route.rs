@@ -14,17 +14,17 @@ use moe_shared::methods::route::{
     forced_ffn_inputs, plan_routed, routed_config, routing_accuracy_detail, set_routers, stats_to_safetensors,
     write_routed_tensors, DomainSequences, RouteOptions, RouteReport, SEQUENCES_PER_PASS,
 };
-use moe_shared::methods::sink::MemorySink;
 use moe_shared::model::Transformer;
 use moe_shared::model::{load_transformer, Routing};
+use moe_shared::tensor_io::sink::MemorySink;
 
 use super::artifact::{card_file, into_artifact, pretty, tokenizer_json, Output};
 use super::average::AveragedExperts;
 use super::progress::Progress;
 use super::{cpu_model, msg};
 use crate::store::{Artifact, Picked};
-use moe_shared::checkpoint::card::{CardMethod, ModelCard};
-use moe_shared::methods::output::card_moe_details;
+use moe_shared::checkpoint::output::card_moe_details;
+use moe_shared::tensor_io::card::{CardMethod, ModelCard};
 
 /// One domain: a name and its text (expert `i` = domain `i`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -333,13 +333,13 @@ pub async fn run(
     progress.step("writing the routed checkpoint", 0, 1, "files");
     let mut sink = MemorySink::new(plan.planned.clone());
     write_routed_tensors(m.source.as_ref(), &plan, &routers, 0..plan.tensors.len(), &mut sink).map_err(msg)?;
-    let accuracy: Vec<Vec<Option<f64>>> = details.iter().map(|d| d.per_layer.clone()).collect();
-    let report = RouteReport::new(&m.path, &seqs, tokens.clone(), opts, details);
+    let report = RouteReport::new(&m.path, &seqs, tokens.clone(), opts, details.clone());
     let name = format!("{}-routed", src.name());
     let mut card = ModelCard::new(CardMethod::Dume).input("MoE", src.name(), None);
     card_moe_details(&mut card, &m.config, &plan.choice, &plan.planned);
     card.detail("domains (expert order)", names.join(", "));
-    card.section("Routing accuracy", accuracy_markdown(&names, &accuracy, &report.options));
+    card.section("Routing accuracy", accuracy_markdown(&names, &details, &report.options));
+    let accuracy: Vec<Vec<Option<f64>>> = details.into_iter().map(|d| d.per_layer).collect();
     let extra = vec![
         ("ridge_stats.safetensors".to_string(), stats_to_safetensors(&stats, &names).map_err(msg)?),
         ("ridge_report.json".to_string(), pretty(&serde_json::to_value(&report).unwrap_or_default())),

@@ -19,11 +19,11 @@
 //! in `final/`), with the run's `metrics.jsonl` beside it.
 
 use burn::backend::Autodiff;
-use moe_shared::checkpoint::DType;
 use moe_shared::eval::{evaluate, PerplexityOptions};
 use moe_shared::layout::LayoutRequest;
 use moe_shared::model::transformer::Mlp;
 use moe_shared::model::{load_model, model_to_bytes, Routing, Transformer};
+use moe_shared::tensor_io::DType;
 use moe_shared::train::data::source_from_text;
 use moe_shared::train::{DataSpec, Mixture, Stage, StepMetrics, TrainConfig, Trainer};
 use serde::{Deserialize, Serialize};

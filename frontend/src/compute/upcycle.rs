@@ -2,22 +2,22 @@
 //! `MemorySink`, exactly as `moe-studio upcycle` (which streams the same
 //! plan into its directory writer), in runs of tensors with yields between.
 
-use moe_shared::checkpoint::{DType, TensorSource};
+use moe_shared::checkpoint::plan::Origin;
 use moe_shared::config::ModelConfig;
-use moe_shared::methods::moe_plan::Origin;
-use moe_shared::methods::sink::MemorySink;
 use moe_shared::methods::{
     plan_upcycle, write_upcycle, AllocationFile, CopyNoise, ExpertCounts, RouterInit, SharedExperts, SharedInit,
     UpcycleOptions, UpcyclePlan,
 };
+use moe_shared::tensor_io::sink::MemorySink;
+use moe_shared::tensor_io::{DType, TensorSource};
 
 use super::artifact::{card_file, into_artifact, pretty, tokenizer_json, Output};
 use super::msg;
 use super::progress::Progress;
 use crate::store::{Artifact, Picked};
 use crate::worker::protocol::UpcycleForm;
-use moe_shared::checkpoint::card::{CardMethod, ModelCard};
-use moe_shared::methods::output::card_moe_details;
+use moe_shared::checkpoint::output::card_moe_details;
+use moe_shared::tensor_io::card::{CardMethod, ModelCard};
 
 /// Parses a number typed into the field `what`.
 ///
@@ -294,7 +294,7 @@ pub fn run(progress: &Progress, src: &Picked, opts: &UpcycleOptions) -> Result<A
         progress.step("copying FFNs into experts", r.end as u64, n, "tensors");
     }
     // The layout's zero tensors (a Qwen2-MoE zero shared expert) end the plan.
-    moe_shared::methods::output::layout_sink(&mut sink, &plan.choice, &plan.planned, plan.tensors.len())
+    moe_shared::checkpoint::output::layout_sink(&mut sink, &plan.choice, &plan.planned, plan.tensors.len())
         .finish()
         .map_err(msg)?;
     progress.step("serialising safetensors", 0, 1, "files");

@@ -7,23 +7,21 @@
 //! [`check_tensors`] on every model they open, so `inspect`, the server's
 //! registration and the tab's Load page report the same problems.
 
-use super::TensorSource;
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
+use crate::tensor_io::TensorSource;
 
 /// Most problems of each kind listed in a [`check_tensors`] message.
 const SHOWN: usize = 8;
 
 /// The tensors `config` (and the MoE layout `moe`) describe, by Hugging
 /// Face name, with their PyTorch shapes: the dense plan of
-/// [`super::export::dense_tensor_plan`], whose FFNs become the routers and
-/// experts of [`crate::methods::moe_plan::moe_tensor_plan`] in an MoE.
+/// [`super::plan::dense_tensor_plan`], whose FFNs become the routers and
+/// experts of [`crate::checkpoint::plan::moe_tensor_plan`] in an MoE.
 pub fn expected_tensors(config: &ModelConfig, moe: Option<&MoeConfig>) -> Vec<(String, Vec<usize>)> {
     match moe {
-        Some(m) => {
-            crate::methods::moe_plan::moe_tensor_plan(config, m).into_iter().map(|t| (t.name, t.shape)).collect()
-        }
-        None => super::export::dense_tensor_plan(config),
+        Some(m) => crate::checkpoint::plan::moe_tensor_plan(config, m).into_iter().map(|t| (t.name, t.shape)).collect(),
+        None => super::plan::dense_tensor_plan(config),
     }
 }
 
@@ -77,52 +75,4 @@ pub fn check_tensors(src: &dyn TensorSource, config: &ModelConfig, moe: Option<&
             parts.join("; ")
         ),
     ))
-}
-
-/// The first line of every Git LFS pointer file.
-const LFS_PREFIX: &[u8] = b"version https://git-lfs.github.com/spec/";
-
-/// When `bytes` is a Git LFS pointer file (a small text file naming an
-/// object that `git lfs pull` would download), the size of the object it
-/// points to (`size N`; 0 when the line is absent).
-pub fn lfs_pointer_size(bytes: &[u8]) -> Option<u64> {
-    if bytes.len() > 1024 || !bytes.starts_with(LFS_PREFIX) {
-        return None;
-    }
-    let text = std::str::from_utf8(bytes).ok()?;
-    Some(text.lines().find_map(|l| l.strip_prefix("size ")).and_then(|n| n.trim().parse().ok()).unwrap_or(0))
-}
-
-/// A [`StudioError::Format`] naming `file` as a Git LFS pointer (with the
-/// fix) when `bytes` is one.
-///
-/// # Errors
-/// That error; `Ok` for any other bytes.
-pub fn refuse_lfs_pointer(bytes: &[u8], file: &str, format: &'static str) -> Result<()> {
-    match lfs_pointer_size(bytes) {
-        Some(size) => Err(StudioError::format(
-            file,
-            format,
-            format!(
-                "this is a Git LFS pointer file ({} bytes) standing for a {size}-byte object, not the model itself: \
-                 run `git lfs pull` in the repository it came from (or download the real file)",
-                bytes.len()
-            ),
-        )),
-        None => Ok(()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lfs_pointers_are_recognised() {
-        let p = b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 538970456\n";
-        assert_eq!(lfs_pointer_size(p), Some(538_970_456));
-        assert_eq!(lfs_pointer_size(b"GGUF\x03\0\0\0"), None);
-        let e = refuse_lfs_pointer(p, "model.safetensors", "safetensors").unwrap_err().to_string();
-        assert!(e.contains("git lfs pull") && e.contains("538970456-byte") && e.contains("model.safetensors"), "{e}");
-    }
 }

@@ -3,51 +3,14 @@
 //! time: a dense model ([`export_dense`]) or an MoE in any layout of
 //! [`crate::layout`] ([`export_moe`], `convert --layout`).
 
-use super::DType;
-use crate::config::ModelConfig;
+use crate::tensor_io::DType;
 #[cfg(not(target_arch = "wasm32"))]
 use {
-    super::{PlannedTensor, TensorSource},
+    crate::checkpoint::plan::dense_tensor_plan,
+    crate::config::ModelConfig,
     crate::error::{Result, StudioError},
+    crate::tensor_io::{PlannedTensor, TensorSource},
 };
-
-/// The Hugging Face tensor names and shapes of a dense model, in the order
-/// transformers writes them.
-pub fn dense_tensor_plan(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    let (d, f, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
-    let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, d])];
-    for l in 0..c.num_layers {
-        let p = format!("model.layers.{l}");
-        out.push((format!("{p}.input_layernorm.weight"), vec![d]));
-        out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, d]));
-        out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, d]));
-        out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, d]));
-        if c.attention_bias {
-            out.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
-            out.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
-            out.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
-        }
-        out.push((format!("{p}.self_attn.o_proj.weight"), vec![d, q]));
-        if c.architecture.family().qk_norm {
-            out.push((format!("{p}.self_attn.q_norm.weight"), vec![c.head_dim]));
-            out.push((format!("{p}.self_attn.k_norm.weight"), vec![c.head_dim]));
-        }
-        out.push((format!("{p}.post_attention_layernorm.weight"), vec![d]));
-        if c.architecture.family().sandwich_norms {
-            out.push((format!("{p}.pre_feedforward_layernorm.weight"), vec![d]));
-            out.push((format!("{p}.post_feedforward_layernorm.weight"), vec![d]));
-        }
-        out.push((format!("{p}.mlp.gate_proj.weight"), vec![f, d]));
-        out.push((format!("{p}.mlp.up_proj.weight"), vec![f, d]));
-        out.push((format!("{p}.mlp.down_proj.weight"), vec![d, f]));
-    }
-    out.push(("model.norm.weight".to_string(), vec![d]));
-    if !c.tie_word_embeddings {
-        out.push(("lm_head.weight".to_string(), vec![v, d]));
-    }
-    out
-}
 
 /// Output dtype of a tensor: `dtype` when given, else the source's float
 /// dtype, else F32 (quantised GGUF tensors are written dequantised).
@@ -70,7 +33,7 @@ pub fn export_dense(
     out_dir: &std::path::Path,
     dtype: Option<DType>,
     tokenizer_json: Option<Vec<u8>>,
-    opts: super::WriteOptions,
+    opts: crate::tensor_io::WriteOptions,
 ) -> Result<()> {
     let plan_shapes = dense_tensor_plan(config);
     let mut plan = Vec::with_capacity(plan_shapes.len());
@@ -101,7 +64,7 @@ pub fn export_dense(
         "dtype",
         dtype.map_or("as the input's tensors (f32 for quantised ones)".into(), |d| d.to_string()),
     );
-    let mut w = super::SafetensorsWriter::create(out_dir, plan, opts)?;
+    let mut w = crate::tensor_io::SafetensorsWriter::create(out_dir, plan, opts)?;
     for (name, _, parts) in &fused {
         let values = if parts.is_empty() {
             src.read_f32(name)?
@@ -149,12 +112,12 @@ pub fn export_moe(
     out_dir: &std::path::Path,
     dtype: Option<DType>,
     tokenizer_json: Option<Vec<u8>>,
-    opts: super::WriteOptions,
+    opts: crate::tensor_io::WriteOptions,
 ) -> Result<crate::layout::LayoutChoice> {
     use crate::layout::names::{self, TensorRole};
-    use crate::methods::sink::{write_values, TensorSink};
+    use crate::tensor_io::sink::{write_values, TensorSink};
     let choice = crate::layout::choose(config, moe, request)?.with_experts(experts);
-    let plan = crate::methods::moe_plan::moe_tensor_plan(config, moe);
+    let plan = crate::checkpoint::plan::moe_tensor_plan(config, moe);
     let mut canonical = Vec::with_capacity(plan.len());
     for t in &plan {
         let info = src.info(&t.name).ok_or_else(|| StudioError::tensor(src.source_name(), &t.name, "missing"))?;
@@ -174,9 +137,9 @@ pub fn export_moe(
     let planned = choice.disk_plan(config, &canonical);
     let mut opts = opts;
     if let Some(c) = opts.card.as_mut() {
-        crate::methods::output::card_moe_details(c, config, &choice, &planned);
+        crate::checkpoint::output::card_moe_details(c, config, &choice, &planned);
     }
-    let mut w = super::SafetensorsWriter::create(out_dir, choice.file_plan(&planned)?, opts)?;
+    let mut w = crate::tensor_io::SafetensorsWriter::create(out_dir, choice.file_plan(&planned)?, opts)?;
     let mut packing = choice.packing_sink(&mut w, &planned)?;
     let mut sink = crate::layout::LayoutSink::new(&mut packing, choice.layout, &planned[canonical.len()..]);
     for p in &canonical {
@@ -192,7 +155,7 @@ pub fn export_moe(
     sink.finish()?;
     let out_type = canonical.first().map(|p| p.dtype).unwrap_or(DType::F32);
     let provenance = serde_json::json!({"method": "convert", "source": src.source_name()});
-    let cfg = crate::methods::output::config_json(config, &choice, out_type, provenance);
+    let cfg = crate::checkpoint::output::config_json(config, &choice, out_type, provenance);
     let mut extra = vec![("config.json", serde_json::to_vec_pretty(&cfg).expect("json"))];
     if let Some(t) = tokenizer_json {
         extra.push(("tokenizer.json", t));

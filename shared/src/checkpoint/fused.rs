@@ -7,9 +7,9 @@
 //! `[0, h·hd)`, key rows `[h·hd, (h + kv)·hd)`, value rows after;
 //! `gate, up = gate_up_proj(x).chunk(2, dim=-1)` (gate the first `f` rows).
 
-use super::{TensorInfo, TensorSource};
 use crate::config::ModelConfig;
 use crate::error::{Result, StudioError};
+use crate::tensor_io::{TensorInfo, TensorSource};
 
 /// One fused tensor: its name and the canonical tensors stacked in its rows
 /// (each `(name, rows)`), in order.
@@ -161,7 +161,7 @@ impl TensorSource for FusedSource {
     fn read_f32_range(&self, name: &str, range: std::ops::Range<usize>) -> Result<Vec<f32>> {
         match self.parts.iter().find(|p| p.0 == name) {
             Some((_, fused, row, rows, cols)) => {
-                super::check_range(self.source_name(), name, rows * cols, &range)?;
+                crate::tensor_io::check_range(self.source_name(), name, rows * cols, &range)?;
                 self.inner.read_f32_range(fused, row * cols + range.start..row * cols + range.end)
             }
             None => self.inner.read_f32_range(name, range),

@@ -32,7 +32,7 @@
 //!   refuses the vocabulary;
 //! - a Llama 3.1 RoPE scaling (or any per-frequency divisors) as the F32
 //!   tensor `rope_freqs.weight` (`[head_dim / 2]`,
-//!   [`crate::model::rope::llama3_freq_factors`]), as
+//!   [`crate::config::rope::llama3_freq_factors`]), as
 //!   `LlamaModel.generate_extra_tensors` writes it, with no
 //!   `rope.scaling.*` keys (architectures that read it:
 //!   [`GgufArch::reads_rope_freqs`]); a linear scaling as
@@ -56,13 +56,13 @@
 //! implementing [`GgufArch`]), one line of [`GGUF_ARCHS`], and the reader
 //! ([`super::gguf`]) for its MoE keys.
 
-use super::dtype::f32_to_bytes;
-use super::gguf::GgufValue;
-use super::{DType, TensorSource};
 use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec, RopeScaling};
 use crate::error::{Result, StudioError};
 use crate::layout::names::{self, Proj};
 use crate::layout::Blocker;
+use crate::tensor_io::dtype::f32_to_bytes;
+use crate::tensor_io::gguf::GgufValue;
+use crate::tensor_io::{DType, TensorSource};
 
 pub mod deepseek;
 pub mod llama;
@@ -229,7 +229,7 @@ pub enum From {
 fn rope_freqs(config: &ModelConfig) -> Option<Vec<f32>> {
     let v = match &config.rope_scaling {
         RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
-            crate::model::rope::llama3_freq_factors(
+            crate::config::rope::llama3_freq_factors(
                 config.head_dim,
                 config.rope_theta,
                 *factor,
@@ -500,14 +500,14 @@ fn plan(
         offset += align(byte_len(t.dtype, t.ne.iter().product::<u64>() as usize) as u64);
         *types.entry(t.dtype.to_string()).or_insert(0) += 1;
     }
-    while header.len() % super::gguf::DEFAULT_ALIGNMENT != 0 {
+    while header.len() % crate::tensor_io::gguf::DEFAULT_ALIGNMENT != 0 {
         header.push(0);
     }
     Ok(Plan { architecture: a, header, tensors, types, warnings })
 }
 
 fn align(x: u64) -> u64 {
-    let a = super::gguf::DEFAULT_ALIGNMENT as u64;
+    let a = crate::tensor_io::gguf::DEFAULT_ALIGNMENT as u64;
     x.div_ceil(a) * a
 }
 
@@ -623,7 +623,7 @@ mod tests {
         let v: Vec<f32> = (0..64).map(|i| ((i as f32) * 0.37).sin() * 3.0).collect();
         let q = quantize_q8_0(&v);
         assert_eq!(q.len(), 68);
-        let back = super::super::quant::dequantize(DType::Q8_0, &q, 64).unwrap();
+        let back = crate::tensor_io::quant::dequantize(DType::Q8_0, &q, 64).unwrap();
         for (block, bb) in v.chunks(32).zip(back.chunks(32)) {
             let d = block.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
             for (a, b) in block.iter().zip(bb) {

@@ -15,9 +15,9 @@
 
 use std::collections::HashMap;
 
-use super::{Bytes, DType, TensorInfo, TensorSource};
 use crate::config::{Architecture, ModelConfig, RopeScaling};
 use crate::error::{Result, StudioError};
+use crate::tensor_io::{Bytes, DType, TensorInfo, TensorSource};
 
 /// A parsed llama2.c checkpoint exposed with Hugging Face tensor names.
 #[derive(Debug, Clone)]
@@ -57,7 +57,7 @@ impl Llama2cModel {
     /// or the size does not match the header.
     pub fn parse(bytes: Bytes, file_name: &str) -> Result<Self> {
         let buf = bytes.as_slice();
-        super::check::refuse_lfs_pointer(buf, file_name, "llama2.c")?;
+        crate::tensor_io::bytes::refuse_lfs_pointer(buf, file_name, "llama2.c")?;
         let fmt = |what: String| StudioError::format(file_name, "llama2.c", what);
         if buf.len() < 28 {
             return Err(fmt(format!("file is {} bytes, shorter than the 28-byte header", buf.len())));

@@ -5,13 +5,13 @@
 use super::check::check_tensors;
 use super::gguf::GgufModel;
 use super::llama2c::Llama2cModel;
-use super::{Bytes, TensorSource};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::Result;
 use crate::layout::{ExpertsFormat, MoeLayout};
+use crate::tensor_io::{Bytes, TensorSource};
 use crate::tokenizer::{Llama2cTokenizer, Tokenizer};
 #[cfg(not(target_arch = "wasm32"))]
-use {super::safetensors_io::SafetensorsModel, crate::error::StudioError};
+use {crate::error::StudioError, crate::tensor_io::safetensors_io::SafetensorsModel};
 
 /// The on-disk format a model was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -245,7 +245,7 @@ pub fn open_model(path: &std::path::Path) -> Result<LoadedModel> {
         }
         let raw = std::fs::read(&cfg_path).map_err(|e| StudioError::io(cfg_path.display(), e))?;
         let cfg_name = cfg_path.display().to_string();
-        super::check::refuse_lfs_pointer(&raw, &cfg_name, "config.json")?;
+        crate::tensor_io::bytes::refuse_lfs_pointer(&raw, &cfg_name, "config.json")?;
         // Parse the configuration before mapping the weights: a bad
         // config.json is reported first.
         crate::layout::read_config_json(&raw, &cfg_name)?;
@@ -253,7 +253,7 @@ pub fn open_model(path: &std::path::Path) -> Result<LoadedModel> {
         let tok_path = path.join("tokenizer.json");
         let tokenizer = if tok_path.exists() {
             let b = std::fs::read(&tok_path).map_err(|e| StudioError::io(tok_path.display(), e))?;
-            super::check::refuse_lfs_pointer(&b, &tok_path.display().to_string(), "tokenizer.json")?;
+            crate::tensor_io::bytes::refuse_lfs_pointer(&b, &tok_path.display().to_string(), "tokenizer.json")?;
             Some(Tokenizer::from_hf_json(&b, &tok_path.display().to_string())?)
         } else {
             None
@@ -261,7 +261,7 @@ pub fn open_model(path: &std::path::Path) -> Result<LoadedModel> {
         return from_hf_parts(&name, &raw, &cfg_name, Box::new(source), tokenizer);
     }
     let bytes = Bytes::map_file(path)?;
-    super::check::refuse_lfs_pointer(bytes.as_slice(), &name, "model file")?;
+    crate::tensor_io::bytes::refuse_lfs_pointer(bytes.as_slice(), &name, "model file")?;
     let magic = bytes.as_slice().get(..4);
     if magic == Some(b"GGUF".as_slice()) {
         return from_gguf_bytes(bytes, &name);

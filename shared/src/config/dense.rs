@@ -36,7 +36,7 @@ pub enum RopeScaling {
     /// `inv_freq[i] / factors[i]` (llama.cpp's `rope_freqs.weight` tensor,
     /// ggml `rope` with `freq_factors`). The GGUF reader gives this only when
     /// the factors are not those of a [`RopeScaling::Llama3`] setting
-    /// ([`crate::model::rope::llama3_from_freq_factors`]); transformers has no
+    /// ([`crate::config::rope::llama3_from_freq_factors`]); transformers has no
     /// equivalent, so a `config.json` holding it is read by the studio only.
     /// Phi-3's LongRoPE (`rope_type: "longrope"`, alias `"su"`):
     /// `inv_freq[i] = 1 / (ext[i] · theta^(2i/hd))` with `ext = short_factor`
@@ -446,7 +446,7 @@ impl HfConfig {
                     "unknown architecture `model_type: \"{}\"` (supported dense types: {}; MoE checkpoints: {})",
                     self.model_type,
                     super::family::supported_model_types(),
-                    crate::layout::readable_model_types(),
+                    super::moe::MOE_MODEL_TYPES.join(", "),
                 ),
             ));
         };
@@ -579,8 +579,8 @@ impl ModelConfig {
     /// The Hugging Face `config.json` of this dense model (the one builder
     /// every dense output uses): [`HfConfig::from_model_config`] with null
     /// fields left out, `architectures` = [`Architecture::hf_class`] and,
-    /// when `dtype` is given, `torch_dtype` ([`crate::checkpoint::DType::torch_name`]).
-    pub fn to_config_json(&self, dtype: Option<crate::checkpoint::DType>) -> serde_json::Value {
+    /// when `dtype` is given, `torch_dtype` ([`crate::tensor_io::DType::torch_name`]).
+    pub fn to_config_json(&self, dtype: Option<crate::tensor_io::DType>) -> serde_json::Value {
         let mut hf = HfConfig::from_model_config(self);
         hf.torch_dtype = dtype.map(|d| d.torch_name().to_string());
         let mut v = serde_json::to_value(hf).expect("config serialises");
@@ -609,7 +609,7 @@ mod tests {
         // SmolLM2-135M has 134,515,008 parameters (tied embeddings).
         assert_eq!(c.num_parameters(), 134_515_008);
         // the config.json we write for it reads back to the same config
-        let out = c.to_config_json(Some(crate::checkpoint::DType::BF16));
+        let out = c.to_config_json(Some(crate::tensor_io::DType::BF16));
         assert_eq!(out["architectures"], serde_json::json!(["LlamaForCausalLM"]));
         assert_eq!(out["torch_dtype"], "bfloat16");
         assert!(out.as_object().unwrap().values().all(|v| !v.is_null()), "{out}");

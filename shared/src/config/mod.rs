@@ -5,6 +5,7 @@
 mod dense;
 pub mod family;
 pub mod moe;
+pub mod rope;
 
 pub use dense::{Architecture, HfConfig, ModelConfig, RopeScaling};
 pub use moe::{MoeConfig, MoeLayerSpec};

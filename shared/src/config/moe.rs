@@ -16,6 +16,13 @@ use serde::{Deserialize, Serialize};
 use super::ModelConfig;
 use crate::error::{Result, StudioError};
 
+/// The `config.json` `model_type`s of the MoE layouts the studio reads, in
+/// the order of [`crate::layout::REGISTRY`] (for the error that refuses an
+/// unknown `model_type`). The registry is the authority; a test in
+/// `layout` fails when the two disagree, so a new layout adds its name
+/// here too.
+pub const MOE_MODEL_TYPES: &[&str] = &["mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "moe_studio"];
+
 /// One MoE layer's routing and experts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MoeLayerSpec {

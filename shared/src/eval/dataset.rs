@@ -157,7 +157,7 @@ pub fn randomize_routers<B: Backend>(mut model: Transformer<B>, seed: u64) -> Tr
     for (l, block) in model.layers.iter_mut().enumerate() {
         if let Mlp::Moe(m) = &mut block.mlp {
             let [d, e] = m.gate.weight.val().dims();
-            let mut rng = crate::methods::rng::NormalRng::for_tensor(seed, &format!("random-router-{l}"));
+            let mut rng = crate::rng::NormalRng::for_tensor(seed, &format!("random-router-{l}"));
             let std = 1.0 / (d as f64).sqrt();
             let w: Vec<f32> = (0..d * e).map(|_| (rng.next_normal() * std) as f32).collect();
             let device = m.gate.weight.val().device();

@@ -6,10 +6,10 @@ use std::collections::{HashMap, HashSet};
 
 use super::names::{self, TensorRole};
 use super::{ExpertsFormat, MoeLayout};
-use crate::checkpoint::{PlannedTensor, TensorInfo, TensorSource};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
-use crate::methods::sink::{to_bytes, TensorSink};
+use crate::tensor_io::sink::{to_bytes, TensorSink};
+use crate::tensor_io::{PlannedTensor, TensorInfo, TensorSource};
 
 /// An on-disk MoE checkpoint seen with canonical names: each tensor is
 /// renamed by [`MoeLayout::role_of`] + [`names::canonical`], and the

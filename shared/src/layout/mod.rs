@@ -45,9 +45,9 @@ pub use io::{wrap_source, LayoutSink, LayoutSource};
 pub use names::{Proj, TensorRole};
 pub use packed::ExpertsFormat;
 
-use crate::checkpoint::{DType, PlannedTensor, TensorSource};
 use crate::config::{HfConfig, ModelConfig, MoeConfig, MoeLayerSpec};
 use crate::error::{Result, StudioError};
+use crate::tensor_io::{DType, PlannedTensor, TensorSource};
 
 /// The layouts, in the order `auto` tries them (the studio layout last: it
 /// holds everything).
@@ -332,7 +332,7 @@ impl LayoutChoice {
     /// Those of [`packed::Packing::new`].
     pub fn packing_sink<'a>(
         &self,
-        inner: &'a mut dyn crate::methods::sink::TensorSink,
+        inner: &'a mut dyn crate::tensor_io::sink::TensorSink,
         planned: &[PlannedTensor],
     ) -> Result<packed::PackingSink<'a>> {
         let packing = match self.experts {
@@ -690,6 +690,11 @@ pub fn plain_moe(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_names_the_registry_model_types() {
+        assert_eq!(readable_model_types(), crate::config::moe::MOE_MODEL_TYPES.join(", "));
+    }
 
     pub(crate) fn base(arch: &str) -> ModelConfig {
         let json = format!(

@@ -73,11 +73,11 @@ use std::ops::Range;
 
 use super::names::{Proj, TensorRole};
 use super::MoeLayout;
-use crate::checkpoint::dtype::{f32_to_bytes, floats_to_f32};
-use crate::checkpoint::{DType, PlannedTensor, TensorInfo, TensorSource};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
-use crate::methods::sink::TensorSink;
+use crate::tensor_io::dtype::{f32_to_bytes, floats_to_f32};
+use crate::tensor_io::sink::TensorSink;
+use crate::tensor_io::{DType, PlannedTensor, TensorInfo, TensorSource};
 
 /// How an MoE's routed experts are stored (`--experts-format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -624,11 +624,11 @@ pub fn unpack_source(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::safetensors_io::SafetensorsFile;
-    use crate::checkpoint::Bytes;
     use crate::layout::names::{expert_weight_name, router_weight_name, shared_expert_weight_name};
     use crate::layout::studio::Studio;
-    use crate::methods::sink::{to_bytes, MemorySink};
+    use crate::tensor_io::safetensors_io::SafetensorsFile;
+    use crate::tensor_io::sink::{to_bytes, MemorySink};
+    use crate::tensor_io::Bytes;
 
     /// Two experts of width 2 on d = 3, gate in f32 and up in bf16 (mixed:
     /// converted to the gate's dtype), a shared expert between them.

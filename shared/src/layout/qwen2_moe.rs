@@ -45,9 +45,9 @@ use super::{
     base_config, get_usize, no_qk_norm, no_selection_bias, one_expert_width, one_norm_topk, read_base,
     recorded_base_type, recorded_frozen, recorded_shared_frozen, uniform, Blocker, MoeLayout, SharedExperts,
 };
-use crate::checkpoint::TensorSource;
 use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
 use crate::error::{Result, StudioError};
+use crate::tensor_io::TensorSource;
 
 /// Intermediate size of the zero shared expert written when the model has
 /// none (the smallest the layout allows: one unit, `d` + `d` + `d` + `d`

@@ -9,12 +9,12 @@
 //! ridge router is re-solved afterwards from the saved statistics plus the
 //! new domain's, see `route`).
 
-use super::moe_plan::{moe_tensor_plan, MoeTensor, Origin};
-use super::sink::{write_values, TensorSink};
-use crate::checkpoint::{DType, PlannedTensor, TensorSource};
+use crate::checkpoint::plan::{moe_tensor_plan, MoeTensor, Origin};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
 use crate::layout::names::{self, router_bias_name, router_weight_name, TensorRole};
+use crate::tensor_io::sink::{write_values, TensorSink};
+use crate::tensor_io::{DType, PlannedTensor, TensorSource};
 
 /// A validated plan: the grown MoE layout and its tensors.
 #[derive(Debug, Clone)]
@@ -53,7 +53,7 @@ pub fn plan_add_expert(
             ),
         ));
     }
-    super::output::check_dense_source(dense_src, dense)?;
+    crate::checkpoint::output::check_dense_source(dense_src, dense)?;
     let mut grown = moe.clone();
     for (l, s) in grown.layers.iter_mut().enumerate() {
         if let Some(s) = s {
@@ -97,7 +97,7 @@ pub fn plan_add_expert(
         };
         planned.push(PlannedTensor {
             name: t.name.clone(),
-            dtype: super::output::out_dtype(dtype, None),
+            dtype: crate::checkpoint::output::out_dtype(dtype, None),
             shape: t.shape.clone(),
         });
     }

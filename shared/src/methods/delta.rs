@@ -59,18 +59,18 @@
 //! delta of its shape, every delta tensor must land somewhere in the target,
 //! the target must hold the tensors its configuration describes, and `scale`
 //! must be finite. The output directory is written atomically
-//! ([`crate::checkpoint::SafetensorsWriter`]).
+//! ([`crate::tensor_io::SafetensorsWriter`]).
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::sink::{to_bytes, TensorSink};
-use crate::checkpoint::{DType, PlannedTensor, TensorInfo, TensorSource};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
 use crate::layout::names::{self, TensorRole};
 use crate::layout::{LayoutChoice, LayoutRequest};
+use crate::tensor_io::sink::{to_bytes, TensorSink};
+use crate::tensor_io::{DType, PlannedTensor, TensorInfo, TensorSource};
 
 /// Where the delta of one output tensor comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -663,7 +663,7 @@ pub fn graft(
     opts: &GraftOptions,
     out_dir: &std::path::Path,
     extra_files: &[(&str, Vec<u8>)],
-    write_opts: crate::checkpoint::WriteOptions,
+    write_opts: crate::tensor_io::WriteOptions,
 ) -> Result<GraftReport> {
     let start = std::time::Instant::now();
     let plan = plan_graft(target, target_config, target_moe, base, instruct, opts)?;
@@ -672,15 +672,15 @@ pub fn graft(
     let (w, stats) = match &plan.choice {
         Some(choice) => {
             if let Some(c) = write_opts.card.as_mut() {
-                super::output::card_moe_details(c, target_config, choice, &plan.planned);
+                crate::checkpoint::output::card_moe_details(c, target_config, choice, &plan.planned);
             }
             let file_plan = choice.file_plan(&plan.planned)?;
-            let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, file_plan, write_opts)?;
+            let mut w = crate::tensor_io::SafetensorsWriter::create(out_dir, file_plan, write_opts)?;
             let stats = write_graft(target, base, instruct, &plan, &mut choice.packing_sink(&mut w, &plan.planned)?)?;
             (w, stats)
         }
         None => {
-            let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, plan.planned.clone(), write_opts)?;
+            let mut w = crate::tensor_io::SafetensorsWriter::create(out_dir, plan.planned.clone(), write_opts)?;
             let stats = write_graft(target, base, instruct, &plan, &mut w)?;
             (w, stats)
         }
@@ -709,7 +709,7 @@ pub fn graft_config_json(plan: &GraftPlan, target_config: &ModelConfig, old: &[u
     }
     let dtype = plan.planned.first().map(|p| p.dtype).unwrap_or(DType::F32);
     let provenance = old_v.pointer("/moe_studio/provenance").cloned().unwrap_or(serde_json::Value::Null);
-    let v = super::output::config_json(target_config, choice, dtype, provenance);
+    let v = crate::checkpoint::output::config_json(target_config, choice, dtype, provenance);
     serde_json::to_vec_pretty(&v).expect("json")
 }
 

@@ -58,10 +58,10 @@
 use serde::Serialize;
 
 use super::delta::check_same_tensors;
-use super::rng::fnv1a;
-use super::sink::{to_bytes, TensorSink};
-use crate::checkpoint::{DType, PlannedTensor, TensorSource};
 use crate::error::{Result, StudioError};
+use crate::rng::fnv1a;
+use crate::tensor_io::sink::{to_bytes, TensorSink};
+use crate::tensor_io::{DType, PlannedTensor, TensorSource};
 
 /// A merge method (see the module docs); also the `method` of the server's
 /// merge job spec (`crate::api::MergeSpec`), in the same kebab-case spelling.
@@ -707,11 +707,11 @@ pub fn merge(
     opts: &MergeOptions,
     out_dir: &std::path::Path,
     extra_files: &[(&str, Vec<u8>)],
-    write_opts: crate::checkpoint::WriteOptions,
+    write_opts: crate::tensor_io::WriteOptions,
 ) -> Result<MergeReport> {
     let start = std::time::Instant::now();
     let plan = plan_merge(models, base, opts)?;
-    let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, plan.planned.clone(), write_opts)?;
+    let mut w = crate::tensor_io::SafetensorsWriter::create(out_dir, plan.planned.clone(), write_opts)?;
     let stats = write_merge(models, base, &plan, &mut w)?;
     w.finish(extra_files)?;
     let mut report = merge_report(models, base, &plan, stats);

@@ -9,14 +9,15 @@
 //!   [`moerge_shared`]).
 //!
 //! Both validate everything before any output exists, stream one source
-//! tensor at a time into a [`sink::TensorSink`] (the atomic safetensors
+//! tensor at a time into a [`crate::tensor_io::sink::TensorSink`] (the atomic safetensors
 //! writer natively) in the layout [`crate::layout::choose`] picks (`auto`:
 //! the first public layout that holds the MoE exactly, else the studio
-//! layout; see [`output`]).
+//! layout; see [`crate::checkpoint::output`]).
 //!
-//! Helpers: [`moe_plan`] (output tensor names and origins), [`router_init`]
+//! Helpers: [`router_init`]
 //! and [`hidden`] (initial routers), [`average`] (aligned means),
-//! [`compat`] (architecture/tokenizer checks), [`rng`] (seeded normals).
+//! [`compat`] (architecture/tokenizer checks). Output tensor names and origins
+//! are [`crate::checkpoint::plan`]; seeded normals are [`crate::rng`].
 
 pub mod add_expert;
 pub mod allocate;
@@ -24,18 +25,15 @@ pub mod allocation;
 pub mod average;
 pub mod compat;
 pub mod hidden;
-pub mod moe_plan;
 pub mod moerge;
 pub mod moerge_shared;
 pub mod neurons;
-pub mod output;
 pub mod ridge;
-pub mod rng;
 pub mod route;
 pub mod router_init;
-pub mod sink;
 pub mod upcycle;
 
+pub use crate::checkpoint::output::MoeReport;
 pub use allocation::{AllocationFile, ExpertCounts};
 pub use hidden::{hidden_router_rows, ExpertPrompts};
 #[cfg(not(target_arch = "wasm32"))]
@@ -45,7 +43,6 @@ pub use moerge::{
     MoergeOptions, MoergePlan,
 };
 pub use moerge_shared::{mergekit_shared_expert_tensor, SharedGate};
-pub use output::MoeReport;
 pub use router_init::{cheap_embed_row, RouterInit};
 #[cfg(not(target_arch = "wasm32"))]
 pub use upcycle::upcycle;

@@ -34,14 +34,16 @@
 
 use super::average::{weighted_mean, MeanAccumulator, WeightedMean};
 use super::compat::{check_architecture, check_tokenizer};
-use super::moe_plan::{MoeTensor, Origin};
 use super::moerge_shared::{mergekit_shared_expert_tensor, SharedGate};
-use super::output::{check_dense_source, config_json, layout_sink, planned_tensors, LayoutChoice, LayoutRequest};
 use super::router_init::RouterInit;
-use super::sink::{write_values, TensorSink};
-use crate::checkpoint::{DType, PlannedTensor, TensorSource};
+use crate::checkpoint::output::{
+    check_dense_source, config_json, layout_sink, planned_tensors, LayoutChoice, LayoutRequest,
+};
+use crate::checkpoint::plan::{MoeTensor, Origin};
 use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
 use crate::error::{Result, StudioError};
+use crate::tensor_io::sink::{write_values, TensorSink};
+use crate::tensor_io::{DType, PlannedTensor, TensorSource};
 use crate::tokenizer::Tokenizer;
 
 /// One input model of [`moerge`].
@@ -376,8 +378,8 @@ pub fn moerge(
     opts: &MoergeOptions,
     out_dir: &std::path::Path,
     tokenizer_json: Option<Vec<u8>>,
-    write_opts: crate::checkpoint::WriteOptions,
-) -> Result<super::output::MoeReport> {
+    write_opts: crate::tensor_io::WriteOptions,
+) -> Result<crate::checkpoint::output::MoeReport> {
     moerge_with_base(inputs, None, &[], opts, out_dir, tokenizer_json, write_opts)
 }
 
@@ -394,26 +396,26 @@ pub fn moerge_with_base(
     opts: &MoergeOptions,
     out_dir: &std::path::Path,
     tokenizer_json: Option<Vec<u8>>,
-    write_opts: crate::checkpoint::WriteOptions,
-) -> Result<super::output::MoeReport> {
+    write_opts: crate::tensor_io::WriteOptions,
+) -> Result<crate::checkpoint::output::MoeReport> {
     let plan = plan_moerge_with_base(inputs, base, shared, opts)?;
     let mut write_opts = write_opts;
     let dense = base.unwrap_or(inputs[0]).config;
     if let Some(c) = write_opts.card.as_mut() {
-        super::output::card_moe_details(c, dense, &plan.choice, &plan.planned);
+        crate::checkpoint::output::card_moe_details(c, dense, &plan.choice, &plan.planned);
         let shared_tensors = if base.is_some() { "taken from the base model" } else { "averaged over the experts" };
         c.detail("non-expert tensors", shared_tensors);
         c.detail("router", format!("{} initialisation, seed {}", opts.router_init.kind(), opts.seed));
     }
     let file_plan = plan.choice.file_plan(&plan.planned)?;
-    let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, file_plan, write_opts)?;
+    let mut w = crate::tensor_io::SafetensorsWriter::create(out_dir, file_plan, write_opts)?;
     write_moerge_with_base(inputs, base, shared, &plan, opts, &mut plan.choice.packing_sink(&mut w, &plan.planned)?)?;
     let mut extra = vec![("config.json", serde_json::to_vec_pretty(&plan.config_json).expect("json"))];
     if let Some(t) = tokenizer_json {
         extra.push(("tokenizer.json", t));
     }
     w.finish(&extra)?;
-    let mut report = super::output::MoeReport::new(
+    let mut report = crate::checkpoint::output::MoeReport::new(
         "moerge",
         base.iter().chain(inputs).chain(shared).map(|m| m.name.to_string()).collect(),
         base.unwrap_or(inputs[0]).config,

@@ -36,9 +36,9 @@
 //! Without a base model (DUME's MoErge) there are no shared experts: see
 //! [`super::moerge`] for why the arithmetic loses its meaning there.
 
-use super::moe_plan::Origin;
 use super::moerge::MoergeInput;
 use super::router_init::RouterInit;
+use crate::checkpoint::plan::Origin;
 use crate::config::MoeConfig;
 use crate::error::{Result, StudioError};
 

@@ -487,16 +487,20 @@ impl RouteReport {
 }
 
 /// The routing accuracy of a routed model as a model-card section
-/// (Markdown): per domain (the expert it should reach) the mean held-out
-/// accuracy over the MoE layers and per layer, with random routing's
-/// `1 / domains` for scale. `accuracy` is `[domain][layer]` (`None`: a
-/// dense layer), as [`RouteReport::accuracy_per_domain_per_layer`].
-pub fn accuracy_markdown(domains: &[String], accuracy: &[Vec<Option<f64>>], opts: &RouteOptions) -> String {
-    let layers: Vec<usize> =
-        (0..accuracy.first().map_or(0, Vec::len)).filter(|&l| accuracy.iter().any(|a| a[l].is_some())).collect();
+/// (Markdown): per domain (the expert it should reach) the share of its
+/// held-out tokens routed there as top-1 in *every* MoE layer
+/// ([`RoutingAccuracy::all_layers`], DUME §2.5's "fraction of tokens routed
+/// to their domain's expert"), the mean over the MoE layers and each layer,
+/// with random routing's `1 / domains` for scale. `accuracy` is one entry
+/// per domain, in `domains`' order.
+pub fn accuracy_markdown(domains: &[String], accuracy: &[RoutingAccuracy], opts: &RouteOptions) -> String {
+    let layers: Vec<usize> = (0..accuracy.first().map_or(0, |a| a.per_layer.len()))
+        .filter(|&l| accuracy.iter().any(|a| a.per_layer[l].is_some()))
+        .collect();
     let mut out = format!(
         "Held-out routing accuracy (the share of a domain's held-out tokens whose top-1 expert is that domain's \
-         expert; random routing scores {:.3}), ridge router with lambda {}, top-{}:\n\n| domain | mean |",
+         expert: in every MoE layer at once, on average over the layers, and per layer; random routing scores \
+         {:.3} per layer), ridge router with lambda {}, top-{}:\n\n| domain | all layers | mean |",
         1.0 / domains.len().max(1) as f64,
         opts.lambda,
         opts.top_k
@@ -504,11 +508,16 @@ pub fn accuracy_markdown(domains: &[String], accuracy: &[Vec<Option<f64>>], opts
     for l in &layers {
         out.push_str(&format!(" layer {l} |"));
     }
-    out.push_str(&format!("\n|---|---|{}\n", "---|".repeat(layers.len())));
+    out.push_str(&format!("\n|---|---|---|{}\n", "---|".repeat(layers.len())));
     for (d, acc) in domains.iter().zip(accuracy) {
-        out.push_str(&format!("| {} | {:.3} |", d.replace('|', "\\|"), mean_accuracy(acc)));
+        out.push_str(&format!(
+            "| {} | {:.3} | {:.3} |",
+            d.replace('|', "\\|"),
+            acc.all_layers,
+            mean_accuracy(&acc.per_layer)
+        ));
         for &l in &layers {
-            out.push_str(&acc[l].map_or(" – |".to_string(), |a| format!(" {a:.3} |")));
+            out.push_str(&acc.per_layer[l].map_or(" – |".to_string(), |a| format!(" {a:.3} |")));
         }
         out.push('\n');
     }
@@ -643,12 +652,12 @@ pub fn stats_from_safetensors(
 #[derive(Debug, Clone)]
 pub struct RoutedPlan {
     /// Layout choice (router scales `1/T` where the layout folds them).
-    pub choice: super::output::LayoutChoice,
+    pub choice: crate::checkpoint::output::LayoutChoice,
     /// Output tensors and their origins, in write order.
-    pub tensors: Vec<super::moe_plan::MoeTensor>,
+    pub tensors: Vec<crate::checkpoint::plan::MoeTensor>,
     /// The writer's plan: `tensors` with output dtypes under the layout's
     /// names, then the layout's zero tensors.
-    pub planned: Vec<crate::checkpoint::PlannedTensor>,
+    pub planned: Vec<crate::tensor_io::PlannedTensor>,
     /// `config.json` (with `provenance`).
     pub config_json: serde_json::Value,
 }
@@ -662,14 +671,14 @@ pub struct RoutedPlan {
 /// in another shape; [`StudioError::Config`] when a named `layout` cannot
 /// hold `routed` (e.g. a router bias in Mixtral).
 pub fn plan_routed(
-    src: &dyn crate::checkpoint::TensorSource,
+    src: &dyn crate::tensor_io::TensorSource,
     base: &crate::config::ModelConfig,
     routed: &MoeConfig,
     provenance: serde_json::Value,
     layout: crate::layout::LayoutRequest,
 ) -> Result<RoutedPlan> {
-    use super::moe_plan::{moe_tensor_plan, Origin};
-    use crate::checkpoint::{DType, PlannedTensor};
+    use crate::checkpoint::plan::{moe_tensor_plan, Origin};
+    use crate::tensor_io::{DType, PlannedTensor};
     let choice = crate::layout::choose(base, routed, layout)?;
     let plan = moe_tensor_plan(base, routed);
     let dtype_of = |name: &str| src.info(name).map(|i| i.dtype).filter(|d| d.float_size().is_some());
@@ -691,14 +700,14 @@ pub fn plan_routed(
                         format!("shape {:?}, expected {:?}", info.shape, t.shape),
                     ));
                 }
-                super::output::out_dtype(info.dtype, None)
+                crate::checkpoint::output::out_dtype(info.dtype, None)
             }
         };
         planned.push(PlannedTensor { name: t.name.clone(), dtype, shape: t.shape.clone() });
     }
     let planned = choice.disk_plan(base, &planned);
     let dtype = planned.first().map(|p| p.dtype).unwrap_or(DType::F32);
-    let config_json = super::output::config_json(base, &choice, dtype, provenance);
+    let config_json = crate::checkpoint::output::config_json(base, &choice, dtype, provenance);
     Ok(RoutedPlan { choice, tensors: plan, planned, config_json })
 }
 
@@ -712,17 +721,17 @@ pub fn plan_routed(
 /// # Errors
 /// Missing routers, read errors of `src`, write errors of `sink`.
 pub fn write_routed_tensors(
-    src: &dyn crate::checkpoint::TensorSource,
+    src: &dyn crate::tensor_io::TensorSource,
     plan: &RoutedPlan,
     routers: &[Option<RouterWeights>],
     range: std::ops::Range<usize>,
-    sink: &mut dyn super::sink::TensorSink,
+    sink: &mut dyn crate::tensor_io::sink::TensorSink,
 ) -> Result<()> {
-    use super::moe_plan::Origin;
-    use super::sink::write_values;
+    use crate::checkpoint::plan::Origin;
+    use crate::tensor_io::sink::write_values;
     let last = range.end == plan.tensors.len();
-    let mut out = super::output::layout_sink(sink, &plan.choice, &plan.planned, plan.tensors.len());
-    let sink: &mut dyn super::sink::TensorSink = &mut out;
+    let mut out = crate::checkpoint::output::layout_sink(sink, &plan.choice, &plan.planned, plan.tensors.len());
+    let sink: &mut dyn crate::tensor_io::sink::TensorSink = &mut out;
     for (t, p) in plan.tensors[range.clone()].iter().zip(&plan.planned[range]) {
         match &t.origin {
             Origin::RouterWeight { layer } => {
@@ -758,7 +767,7 @@ pub fn write_routed_tensors(
 #[cfg(not(target_arch = "wasm32"))]
 #[allow(clippy::too_many_arguments)]
 pub fn write_routed(
-    src: &dyn crate::checkpoint::TensorSource,
+    src: &dyn crate::tensor_io::TensorSource,
     base: &crate::config::ModelConfig,
     routed: &MoeConfig,
     routers: &[Option<RouterWeights>],
@@ -767,14 +776,14 @@ pub fn write_routed(
     provenance: serde_json::Value,
     layout: crate::layout::LayoutRequest,
     experts: crate::layout::ExpertsFormat,
-    write_opts: crate::checkpoint::WriteOptions,
+    write_opts: crate::tensor_io::WriteOptions,
 ) -> Result<()> {
-    use crate::checkpoint::SafetensorsWriter;
+    use crate::tensor_io::SafetensorsWriter;
     let mut plan = plan_routed(src, base, routed, provenance, layout)?;
     plan.choice = plan.choice.with_experts(experts);
     let mut write_opts = write_opts;
     if let Some(c) = write_opts.card.as_mut() {
-        super::output::card_moe_details(c, base, &plan.choice, &plan.planned);
+        crate::checkpoint::output::card_moe_details(c, base, &plan.choice, &plan.planned);
     }
     let mut w = SafetensorsWriter::create(out_dir, plan.choice.file_plan(&plan.planned)?, write_opts)?;
     let mut packing = plan.choice.packing_sink(&mut w, &plan.planned)?;

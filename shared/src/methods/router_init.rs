@@ -19,9 +19,9 @@
 
 use serde::Serialize;
 
-use super::rng::NormalRng;
 use crate::config::MoeConfig;
 use crate::error::{Result, StudioError};
+use crate::rng::NormalRng;
 
 /// How router weights are initialised.
 #[derive(Debug, Clone, PartialEq, Serialize)]

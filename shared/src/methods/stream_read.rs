@@ -18,10 +18,11 @@
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 
-use crate::checkpoint::dtype::floats_to_f32;
-use crate::checkpoint::safetensors_io::SafetensorsModel;
-use crate::checkpoint::{LoadedModel, ModelFormat, TensorInfo, TensorSource};
+use crate::checkpoint::{LoadedModel, ModelFormat};
 use crate::error::{Result, StudioError};
+use crate::tensor_io::dtype::floats_to_f32;
+use crate::tensor_io::safetensors_io::SafetensorsModel;
+use crate::tensor_io::{TensorInfo, TensorSource};
 
 /// Bytes read per `pread` call (converted to f32 chunk by chunk).
 const CHUNK: usize = 8 << 20;
@@ -88,7 +89,7 @@ impl TensorSource for PreadSafetensors {
         let (_, _, len, info) =
             self.index.get(name).ok_or_else(|| StudioError::tensor(&self.name, name, "not present in any shard"))?;
         let size = info.dtype.float_size().unwrap_or(1);
-        crate::checkpoint::check_range(&self.name, name, len / size, &range)?;
+        crate::tensor_io::check_range(&self.name, name, len / size, &range)?;
         self.read_bytes_as_f32(name, range.start * size, (range.end - range.start) * size)
     }
 }
@@ -143,7 +144,7 @@ pub fn use_positioned_reads(path: &std::path::Path, model: &mut LoadedModel) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{DType, PlannedTensor, SafetensorsWriter, WriteOptions};
+    use crate::tensor_io::{DType, PlannedTensor, SafetensorsWriter, WriteOptions};
 
     #[test]
     fn reads_the_same_values_as_the_memory_map_across_shards() {

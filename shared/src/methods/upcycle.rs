@@ -35,16 +35,18 @@
 use serde::Serialize;
 
 use super::allocation::ExpertCounts;
-use super::moe_plan::{MoeTensor, Origin};
-use super::output::{check_dense_source, config_json, layout_sink, planned_tensors, LayoutChoice, LayoutRequest};
-use super::rng::{sample_indices, NormalRng};
 use super::router_init::RouterInit;
-use super::sink::{to_bytes, write_values, TensorSink};
-use crate::checkpoint::{DType, PlannedTensor, TensorSource};
+use crate::checkpoint::output::{
+    check_dense_source, config_json, layout_sink, planned_tensors, LayoutChoice, LayoutRequest,
+};
+use crate::checkpoint::plan::{MoeTensor, Origin};
 use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
 use crate::error::{Result, StudioError};
 use crate::layout::ExpertsFormat;
 pub use crate::layout::Proj;
+use crate::rng::{sample_indices, NormalRng};
+use crate::tensor_io::sink::{to_bytes, write_values, TensorSink};
+use crate::tensor_io::{DType, PlannedTensor, TensorSource};
 
 /// How noise combines with an expert copy's weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -622,23 +624,23 @@ pub fn upcycle(
     opts: &UpcycleOptions,
     out_dir: &std::path::Path,
     tokenizer_json: Option<Vec<u8>>,
-    write_opts: crate::checkpoint::WriteOptions,
-) -> Result<super::output::MoeReport> {
+    write_opts: crate::tensor_io::WriteOptions,
+) -> Result<crate::checkpoint::output::MoeReport> {
     let plan = plan_upcycle(src, base, opts)?;
     let mut write_opts = write_opts;
     if let Some(c) = write_opts.card.as_mut() {
-        super::output::card_moe_details(c, base, &plan.choice, &plan.planned);
+        crate::checkpoint::output::card_moe_details(c, base, &plan.choice, &plan.planned);
         c.detail("router", format!("{} initialisation, seed {}", opts.router_init.kind(), opts.seed));
     }
     let file_plan = plan.choice.file_plan(&plan.planned)?;
-    let mut w = crate::checkpoint::SafetensorsWriter::create(out_dir, file_plan, write_opts)?;
+    let mut w = crate::tensor_io::SafetensorsWriter::create(out_dir, file_plan, write_opts)?;
     write_upcycle(src, &plan, opts, &mut plan.choice.packing_sink(&mut w, &plan.planned)?)?;
     let mut extra = vec![("config.json", serde_json::to_vec_pretty(&plan.config_json).expect("json"))];
     if let Some(t) = tokenizer_json {
         extra.push(("tokenizer.json", t));
     }
     w.finish(&extra)?;
-    let mut report = super::output::MoeReport::new(
+    let mut report = crate::checkpoint::output::MoeReport::new(
         "upcycle",
         vec![src.source_name().to_string()],
         base,
@@ -654,12 +656,12 @@ pub fn upcycle(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::export::dense_tensor_plan;
-    use crate::checkpoint::safetensors_io::SafetensorsFile;
-    use crate::checkpoint::writer::serialize_to_vec;
-    use crate::checkpoint::Bytes;
+    use crate::checkpoint::plan::dense_tensor_plan;
     use crate::config::HfConfig;
-    use crate::methods::sink::MemorySink;
+    use crate::tensor_io::safetensors_io::SafetensorsFile;
+    use crate::tensor_io::sink::MemorySink;
+    use crate::tensor_io::writer::serialize_to_vec;
+    use crate::tensor_io::Bytes;
 
     fn tiny() -> (ModelConfig, SafetensorsFile) {
         let json =

@@ -1,9 +1,12 @@
-//! Random initialisation of a dense model from its configuration alone, as
-//! transformers' `PreTrainedModel.from_config` does for Llama-style models
-//! (`LlamaPreTrainedModel._init_weights`, transformers 4.x/5.x
-//! `modeling_llama.py`): every linear and embedding weight drawn from
-//! `N(0, std^2)` with `std = config.initializer_range` (0.02 by default),
-//! RMSNorm gains 1, biases 0.
+//! Random initialisation of a dense model of any family the studio reads
+//! from its configuration alone, as transformers'
+//! `PreTrainedModel.from_config` does (`_init_weights` of
+//! `modeling_llama.py`, `modeling_gemma2.py`, ..., transformers 4.x/5.x):
+//! every linear and embedding weight drawn from `N(0, std^2)` with
+//! `std = config.initializer_range` (0.02 by default), RMSNorm gains 1 —
+//! stored as 0 in the families whose norms scale by `(1 + w)` (Gemma) —,
+//! biases 0. The tensors are the dense plan
+//! ([`crate::checkpoint::plan::dense_tensor_plan`]).
 //!
 //! The values come from [`NormalRng`]: each tensor's generator is seeded
 //! from `(seed, tensor name)`, so a tensor does not depend on the order the
@@ -12,52 +15,15 @@
 //! machines without model files; the fetched teaching preset's base model,
 //! trained from scratch).
 
-use crate::checkpoint::{DType, TensorInfo, TensorSource};
-use crate::config::{Architecture, ModelConfig};
+use crate::checkpoint::plan::dense_tensor_plan;
+use crate::config::ModelConfig;
 use crate::error::{Result, StudioError};
-use crate::methods::rng::NormalRng;
 use crate::model::{load_transformer, Transformer};
+use crate::rng::NormalRng;
+use crate::tensor_io::{DType, TensorInfo, TensorSource};
 
 /// transformers' `initializer_range` default for Llama (`LlamaConfig`).
 pub const DEFAULT_INITIALIZER_RANGE: f64 = 0.02;
-
-/// The architectures [`RandomInit`] makes weights for: Llama's blocks
-/// (Mistral: the same tensors; Qwen2: plus q/k/v biases).
-pub const INIT_ARCHITECTURES: [Architecture; 3] = [Architecture::Llama, Architecture::Mistral, Architecture::Qwen2];
-
-/// The tensors of a dense Llama-style model of `c` ([`INIT_ARCHITECTURES`]):
-/// Hugging Face names and shapes (`[out, in]` for linear weights: q
-/// `[heads * head_dim, hidden]`, k/v `[kv_heads * head_dim, hidden]`, o
-/// `[hidden, heads * head_dim]`, gate/up `[ffn, hidden]`, down `[hidden,
-/// ffn]`; `[vocab, hidden]` for the embedding and an untied `lm_head`;
-/// `[hidden]` for the RMSNorm gains; `[out]` for q/k/v biases when
-/// `attention_bias`), all f32, in checkpoint order. Their element count is
-/// [`ModelConfig::num_parameters`].
-pub fn dense_tensor_infos(c: &ModelConfig) -> Vec<TensorInfo> {
-    let (d, f, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
-    let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-    let mut out: Vec<(String, Vec<usize>)> = vec![("model.embed_tokens.weight".into(), vec![v, d])];
-    for l in 0..c.num_layers {
-        let p = format!("model.layers.{l}");
-        out.push((format!("{p}.input_layernorm.weight"), vec![d]));
-        out.push((format!("{p}.post_attention_layernorm.weight"), vec![d]));
-        for (n, o) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
-            out.push((format!("{p}.self_attn.{n}.weight"), vec![o, d]));
-            if c.attention_bias {
-                out.push((format!("{p}.self_attn.{n}.bias"), vec![o]));
-            }
-        }
-        out.push((format!("{p}.self_attn.o_proj.weight"), vec![d, q]));
-        out.push((format!("{p}.mlp.gate_proj.weight"), vec![f, d]));
-        out.push((format!("{p}.mlp.up_proj.weight"), vec![f, d]));
-        out.push((format!("{p}.mlp.down_proj.weight"), vec![d, f]));
-    }
-    out.push(("model.norm.weight".into(), vec![d]));
-    if !c.tie_word_embeddings {
-        out.push(("lm_head.weight".into(), vec![v, d]));
-    }
-    out.into_iter().map(|(name, shape)| TensorInfo { name, dtype: DType::F32, shape }).collect()
-}
 
 /// A [`TensorSource`] of randomly initialised weights for a dense model
 /// (see the module docs for the distribution).
@@ -65,6 +31,9 @@ pub struct RandomInit {
     tensors: Vec<TensorInfo>,
     std: f64,
     seed: u64,
+    /// The stored RMSNorm weight of a unit gain: 1, or 0 where the norm
+    /// multiplies by `(1 + w)` ([`crate::config::family::Family::norm_plus_one`]).
+    unit_norm: f32,
 }
 
 impl RandomInit {
@@ -72,25 +41,19 @@ impl RandomInit {
     /// weights `N(0, std^2)` under `seed`, RMSNorm gains 1, biases 0.
     ///
     /// # Errors
-    /// [`StudioError::Invalid`] when `std` is not finite and positive, or
-    /// the architecture is not one of [`INIT_ARCHITECTURES`] (the others
-    /// have tensors [`dense_tensor_infos`] does not list: q/k norms,
-    /// sandwich norms with `(1 + w)` gains, fused projections).
+    /// [`StudioError::Invalid`] when `std` is not finite and positive.
     pub fn new(config: &ModelConfig, std: f64, seed: u64) -> Result<Self> {
         if !(std.is_finite() && std > 0.0) {
             return Err(StudioError::Invalid(format!(
                 "random initialisation: the standard deviation must be finite and > 0, got {std}"
             )));
         }
-        if !INIT_ARCHITECTURES.contains(&config.architecture) {
-            let ok: Vec<&str> = INIT_ARCHITECTURES.iter().map(|a| a.model_type()).collect();
-            return Err(StudioError::Invalid(format!(
-                "random initialisation: model_type `{}` is not supported (expected one of {})",
-                config.architecture.model_type(),
-                ok.join(", ")
-            )));
-        }
-        Ok(RandomInit { tensors: dense_tensor_infos(config), std, seed })
+        let tensors = dense_tensor_plan(config)
+            .into_iter()
+            .map(|(name, shape)| TensorInfo { name, dtype: DType::F32, shape })
+            .collect();
+        let unit_norm = if config.architecture.family().norm_plus_one { 0.0 } else { 1.0 };
+        Ok(RandomInit { tensors, std, seed, unit_norm })
     }
 }
 
@@ -111,7 +74,7 @@ impl TensorSource for RandomInit {
             .ok_or_else(|| StudioError::tensor("random initialisation", name, "not a tensor of this model"))?;
         let n = info.numel();
         if name.ends_with("norm.weight") {
-            return Ok(vec![1.0; n]);
+            return Ok(vec![self.unit_norm; n]);
         }
         if name.ends_with(".bias") {
             return Ok(vec![0.0; n]);
@@ -190,7 +153,7 @@ mod tests {
     #[test]
     fn tensors_have_the_configs_shapes() {
         let c = s260k(false);
-        let infos = dense_tensor_infos(&c);
+        let infos = RandomInit::new(&c, 0.02, 0).unwrap().tensors();
         let shape = |n: &str| infos.iter().find(|t| t.name == n).unwrap_or_else(|| panic!("{n}")).shape.clone();
         assert_eq!(shape("model.embed_tokens.weight"), [512, 64]);
         assert_eq!(shape("model.layers.4.self_attn.q_proj.weight"), [64, 64]); // 8 heads x 8
@@ -210,7 +173,7 @@ mod tests {
         assert_eq!(total, c.num_parameters());
         // Untied Qwen2: an lm_head and q/k/v biases (zeros) too.
         let q = s260k(true);
-        let infos = dense_tensor_infos(&q);
+        let infos = RandomInit::new(&q, 0.02, 0).unwrap().tensors();
         let shape = |n: &str| infos.iter().find(|t| t.name == n).unwrap_or_else(|| panic!("{n}")).shape.clone();
         assert_eq!(shape("lm_head.weight"), [512, 64]);
         assert_eq!(shape("model.layers.1.self_attn.q_proj.bias"), [64]);
@@ -250,17 +213,6 @@ mod tests {
             src.read_f32("model.layers.0.self_attn.q_proj.weight").unwrap(),
             src.read_f32("model.layers.1.self_attn.q_proj.weight").unwrap()
         );
-    }
-
-    #[test]
-    fn architectures_with_other_tensors_are_refused() {
-        let json = br#"{"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 172,
-            "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8,
-            "vocab_size": 512, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
-            "rope_theta": 10000.0, "tie_word_embeddings": true}"#;
-        let c = HfConfig::from_json(json, "qwen3 config.json").unwrap().to_model_config("qwen3 config.json").unwrap();
-        let e = RandomInit::new(&c, 0.02, 0).err().expect("refused").to_string();
-        assert!(e.contains("qwen3") && e.contains("llama, mistral, qwen2"), "{e}");
     }
 
     #[test]

@@ -9,13 +9,13 @@ use super::linear::linear_from_hf;
 use super::moe::MoeLayer;
 use super::transformer::Mlp;
 use super::{Attention, DecoderBlock, Rope, SwiGlu, Transformer};
-use crate::checkpoint::TensorSource;
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
 use crate::layout::names::{
     expert_weight_name, router_bias_name, router_weight_name, selection_bias_name, shared_expert_gate_name,
     shared_expert_weight_name, Proj,
 };
+use crate::tensor_io::TensorSource;
 
 /// Reads tensor `name`, checking that its shape is `shape`.
 ///

@@ -8,11 +8,11 @@ use burn::tensor::backend::Backend;
 use super::linear::linear_to_hf;
 use super::transformer::Mlp;
 use super::Transformer;
-use crate::checkpoint::export::dense_tensor_plan;
+use crate::checkpoint::plan::dense_tensor_plan;
+use crate::checkpoint::plan::moe_tensor_plan;
 use crate::config::MoeConfig;
 use crate::error::{Result, StudioError};
 use crate::layout::names::{self, Proj, TensorRole};
-use crate::methods::moe_plan::moe_tensor_plan;
 
 /// The checkpoint tensor names and shapes of `model`, in write order, and
 /// its MoE layout (if any).
@@ -121,8 +121,8 @@ pub fn tensor_values<B: Backend>(model: &Transformer<B>, name: &str) -> Option<V
 /// then the layout's zero tensors), the canonical names in write order,
 /// `config.json`, each layer's router scale and the chosen MoE layout.
 struct WritePlan {
-    dtype: crate::checkpoint::DType,
-    planned: Vec<crate::checkpoint::PlannedTensor>,
+    dtype: crate::tensor_io::DType,
+    planned: Vec<crate::tensor_io::PlannedTensor>,
     plan: Vec<(String, Vec<usize>)>,
     config_json: serde_json::Value,
     router_scale: Vec<f64>,
@@ -131,11 +131,11 @@ struct WritePlan {
 
 fn write_plan<B: Backend>(
     model: &Transformer<B>,
-    dtype: crate::checkpoint::DType,
+    dtype: crate::tensor_io::DType,
     provenance: serde_json::Value,
     layout: crate::layout::LayoutRequest,
 ) -> Result<WritePlan> {
-    use crate::checkpoint::PlannedTensor;
+    use crate::tensor_io::PlannedTensor;
     if dtype.float_size().is_none() {
         return Err(StudioError::Invalid(format!("cannot save weights as {dtype}")));
     }
@@ -145,7 +145,7 @@ fn write_plan<B: Backend>(
     Ok(match moe.as_ref() {
         Some(moe) => {
             let choice = crate::layout::choose(&model.config, moe, layout)?;
-            let config_json = crate::methods::output::config_json(&model.config, &choice, dtype, provenance);
+            let config_json = crate::checkpoint::output::config_json(&model.config, &choice, dtype, provenance);
             let planned = choice.disk_plan(&model.config, &planned);
             WritePlan {
                 dtype,
@@ -171,9 +171,9 @@ fn write_plan<B: Backend>(
 fn write_tensors<B: Backend>(
     model: &Transformer<B>,
     wp: &WritePlan,
-    inner: &mut dyn crate::methods::sink::TensorSink,
+    inner: &mut dyn crate::tensor_io::sink::TensorSink,
 ) -> Result<()> {
-    use crate::methods::sink::TensorSink;
+    use crate::tensor_io::sink::TensorSink;
     let layout: &dyn crate::layout::MoeLayout = wp.choice.as_ref().map_or(&crate::layout::studio::Studio, |c| c.layout);
     let mut sink = crate::layout::LayoutSink::new(inner, layout, &wp.planned[wp.plan.len()..]);
     for (name, _) in &wp.plan {
@@ -185,7 +185,7 @@ fn write_tensors<B: Backend>(
                 v.iter_mut().for_each(|x| *x *= s);
             }
         }
-        let bytes = crate::methods::sink::to_bytes(wp.dtype, &v)?;
+        let bytes = crate::tensor_io::sink::to_bytes(wp.dtype, &v)?;
         sink.write_tensor(name, &bytes)?;
     }
     sink.finish()
@@ -200,12 +200,12 @@ fn write_tensors<B: Backend>(
 /// As [`save_model`], without the file-system ones.
 pub fn model_to_bytes<B: Backend>(
     model: &Transformer<B>,
-    dtype: crate::checkpoint::DType,
+    dtype: crate::tensor_io::DType,
     provenance: serde_json::Value,
     layout: crate::layout::LayoutRequest,
 ) -> Result<(Vec<u8>, Vec<u8>)> {
     let wp = write_plan(model, dtype, provenance, layout)?;
-    let mut mem = crate::methods::sink::MemorySink::new(wp.planned.clone());
+    let mut mem = crate::tensor_io::sink::MemorySink::new(wp.planned.clone());
     write_tensors(model, &wp, &mut mem)?;
     Ok((mem.into_safetensors()?, serde_json::to_vec_pretty(&wp.config_json).expect("json")))
 }
@@ -223,12 +223,12 @@ pub fn model_to_bytes<B: Backend>(
 pub fn save_model<B: Backend>(
     model: &Transformer<B>,
     out_dir: &std::path::Path,
-    dtype: crate::checkpoint::DType,
+    dtype: crate::tensor_io::DType,
     mut extra_files: Vec<(&str, Vec<u8>)>,
     provenance: serde_json::Value,
     layout: crate::layout::LayoutRequest,
 ) -> Result<()> {
-    use crate::checkpoint::{SafetensorsWriter, WriteOptions};
+    use crate::tensor_io::{SafetensorsWriter, WriteOptions};
     let wp = write_plan(model, dtype, provenance, layout)?;
     let mut w = SafetensorsWriter::create(out_dir, wp.planned.clone(), WriteOptions::default())?;
     write_tensors(model, &wp, &mut w)?;

@@ -18,9 +18,9 @@ use serde::Deserialize;
 use serde_yaml_ng::{Mapping, Value};
 
 use super::keys::{boolean, check_keys, fields_of, get, nearest, number, string, Refused};
-use crate::checkpoint::DType;
 use crate::error::{Result, StudioError};
 use crate::methods::merge::{MergeMethod, MergeOptions, Rescale};
+use crate::tensor_io::DType;
 
 /// The top-level keys of a merge recipe (field names: the keys; the
 /// values are read by [`MergeRecipe::from_yaml`]).

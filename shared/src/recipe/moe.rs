@@ -34,8 +34,8 @@ use serde_yaml_ng::{Mapping, Value};
 use super::keys::{check_keys, fields_of, get, kind, nearest, number, string, strings, Refused};
 use super::shared::{shared_experts, SharedExperts};
 use crate::api::{GraftSpec, RouteSpec, UpcycleSpec};
-use crate::checkpoint::DType;
 use crate::error::{Result, StudioError};
+use crate::tensor_io::DType;
 
 /// The top-level keys of an MoE recipe: mergekit-moe's, then the
 /// studio's.

@@ -65,8 +65,8 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
-use crate::checkpoint::gguf::{GgufModel, GgufValue};
 use crate::error::{Result, StudioError};
+use crate::tensor_io::gguf::{GgufFile, GgufValue};
 
 /// GGUF `token_type` of control tokens (`<|endoftext|>`, `<s>`, ...).
 pub const TOKEN_TYPE_CONTROL: i64 = 3;
@@ -140,9 +140,9 @@ pub const MAX_VOCAB: usize = 1 << 21;
 /// Most BPE merges read from GGUF metadata.
 pub const MAX_MERGES: usize = 1 << 22;
 
-fn string_array<'a>(model: &'a GgufModel, key: &str, max: usize) -> Result<Option<Vec<&'a str>>> {
-    let src = model.file.file_name();
-    match model.file.get(key) {
+fn string_array<'a>(file: &'a GgufFile, key: &str, max: usize) -> Result<Option<Vec<&'a str>>> {
+    let src = file.file_name();
+    match file.get(key) {
         None => Ok(None),
         Some(GgufValue::Array(a)) => {
             if a.len() > max {
@@ -157,9 +157,9 @@ fn string_array<'a>(model: &'a GgufModel, key: &str, max: usize) -> Result<Optio
     }
 }
 
-fn number_array(model: &GgufModel, key: &str, n: usize) -> Result<Option<Vec<f64>>> {
-    let src = model.file.file_name();
-    match model.file.get(key) {
+fn number_array(file: &GgufFile, key: &str, n: usize) -> Result<Option<Vec<f64>>> {
+    let src = file.file_name();
+    match file.get(key) {
         None => Ok(None),
         Some(GgufValue::Array(items)) => {
             if items.len() != n {
@@ -178,17 +178,17 @@ fn number_array(model: &GgufModel, key: &str, n: usize) -> Result<Option<Vec<f64
     }
 }
 
-fn meta_bool(model: &GgufModel, key: &str) -> Option<bool> {
-    model.file.get(key).and_then(GgufValue::as_bool)
+fn meta_bool(file: &GgufFile, key: &str) -> Option<bool> {
+    file.get(key).and_then(GgufValue::as_bool)
 }
 
-fn meta_token_id(model: &GgufModel, key: &str, n: usize) -> Result<Option<u32>> {
-    match model.file.get(key) {
+fn meta_token_id(file: &GgufFile, key: &str, n: usize) -> Result<Option<u32>> {
+    match file.get(key) {
         None => Ok(None),
         Some(v) => match v.as_u64() {
             Some(id) if id < n as u64 => Ok(Some(id as u32)),
             _ => Err(tok_err(
-                model.file.file_name(),
+                file.file_name(),
                 format!("`{key}` = {v:?} is not a token id below the vocabulary size {n}"),
             )),
         },
@@ -204,8 +204,9 @@ fn meta_token_id(model: &GgufModel, key: &str, n: usize) -> Result<Option<u32>> 
 /// or malformed (no `tokenizer.ggml.tokens`, merges or scores of the wrong
 /// type or length, out-of-range special token ids) or the tokenizer model is
 /// not `gpt2` or `llama`.
-pub fn tokenizer_from_gguf(model: &GgufModel) -> Result<Tokenizer> {
-    let (tok, warnings) = build_tokenizer(model)?;
+pub fn tokenizer_from_gguf(model: &impl AsRef<GgufFile>) -> Result<Tokenizer> {
+    let file = model.as_ref();
+    let (tok, warnings) = build_tokenizer(file)?;
     #[cfg(not(target_arch = "wasm32"))]
     for w in &warnings {
         eprintln!("warning: {w}");
@@ -220,24 +221,25 @@ pub fn tokenizer_from_gguf(model: &GgufModel) -> Result<Tokenizer> {
 ///
 /// # Errors
 /// As [`tokenizer_from_gguf`].
-pub fn build_tokenizer(model: &GgufModel) -> Result<(Tokenizer, Vec<String>)> {
-    let src = model.file.file_name();
+pub fn build_tokenizer(model: &impl AsRef<GgufFile>) -> Result<(Tokenizer, Vec<String>)> {
+    let file = model.as_ref();
+    let src = file.file_name();
     let mut warnings = Vec::new();
-    let kind = model.file.get_str("tokenizer.ggml.model").ok_or_else(|| {
+    let kind = file.get_str("tokenizer.ggml.model").ok_or_else(|| {
         tok_err(src, "GGUF metadata `tokenizer.ggml.model` is missing (the file carries no tokenizer)")
     })?;
-    let tokens = string_array(model, "tokenizer.ggml.tokens", MAX_VOCAB)?
+    let tokens = string_array(file, "tokenizer.ggml.tokens", MAX_VOCAB)?
         .ok_or_else(|| tok_err(src, "GGUF metadata `tokenizer.ggml.tokens` is missing"))?;
     if tokens.is_empty() {
         return Err(tok_err(src, "`tokenizer.ggml.tokens` is empty"));
     }
     let n = tokens.len();
-    let token_types = number_array(model, "tokenizer.ggml.token_type", n)?
+    let token_types = number_array(file, "tokenizer.ggml.token_type", n)?
         .map(|v| v.into_iter().map(|x| x as i64).collect::<Vec<_>>());
     let meta = Meta { src, tokens, token_types };
     let (mut tok, byte_level, default_bos) = match kind {
-        "gpt2" => (gpt2_tokenizer(model, &meta, &mut warnings)?, true, false),
-        "llama" => (llama_tokenizer(model, &meta)?, false, true),
+        "gpt2" => (gpt2_tokenizer(file, &meta, &mut warnings)?, true, false),
+        "llama" => (llama_tokenizer(file, &meta)?, false, true),
         other => {
             return Err(tok_err(
                 src,
@@ -249,10 +251,10 @@ pub fn build_tokenizer(model: &GgufModel) -> Result<(Tokenizer, Vec<String>)> {
     };
     add_special_tokens(&mut tok, &meta, byte_level);
     // BOS/EOS post-processing, as transformers' `update_post_processor`.
-    let add_bos = meta_bool(model, "tokenizer.ggml.add_bos_token").unwrap_or(default_bos);
-    let add_eos = meta_bool(model, "tokenizer.ggml.add_eos_token").unwrap_or(false);
-    let bos = meta_token_id(model, "tokenizer.ggml.bos_token_id", n)?;
-    let eos = meta_token_id(model, "tokenizer.ggml.eos_token_id", n)?;
+    let add_bos = meta_bool(file, "tokenizer.ggml.add_bos_token").unwrap_or(default_bos);
+    let add_eos = meta_bool(file, "tokenizer.ggml.add_eos_token").unwrap_or(false);
+    let bos = meta_token_id(file, "tokenizer.ggml.bos_token_id", n)?;
+    let eos = meta_token_id(file, "tokenizer.ggml.eos_token_id", n)?;
     let bos = if add_bos { bos } else { None };
     let eos = if add_eos { eos } else { None };
     if add_bos && bos.is_none() {
@@ -300,7 +302,7 @@ pub fn build_tokenizer(model: &GgufModel) -> Result<(Tokenizer, Vec<String>)> {
 }
 
 /// Byte-level BPE (`tokenizer.ggml.model = "gpt2"`).
-fn gpt2_tokenizer(model: &GgufModel, meta: &Meta, warnings: &mut Vec<String>) -> Result<Tokenizer> {
+fn gpt2_tokenizer(file: &GgufFile, meta: &Meta, warnings: &mut Vec<String>) -> Result<Tokenizer> {
     let src = meta.src;
     let spelling = bytes_to_unicode();
     let alphabet: std::collections::HashSet<char> = spelling.iter().copied().collect();
@@ -317,7 +319,7 @@ fn gpt2_tokenizer(model: &GgufModel, meta: &Meta, warnings: &mut Vec<String>) ->
             (tok, i as u32)
         })
         .collect();
-    let merges = string_array(model, "tokenizer.ggml.merges", MAX_MERGES)?.ok_or_else(|| {
+    let merges = string_array(file, "tokenizer.ggml.merges", MAX_MERGES)?.ok_or_else(|| {
         tok_err(src, "GGUF metadata `tokenizer.ggml.merges` is missing (needed for a gpt2 tokenizer)")
     })?;
     let merges = parse_merges(src, &merges)?;
@@ -326,7 +328,7 @@ fn gpt2_tokenizer(model: &GgufModel, meta: &Meta, warnings: &mut Vec<String>) ->
         .build()
         .map_err(|e| tok_err(src, format!("building the BPE model: {e}")))?;
     let mut tok = Tokenizer::new(bpe);
-    let pre = model.file.get_str("tokenizer.ggml.pre").unwrap_or("default");
+    let pre = file.get_str("tokenizer.ggml.pre").unwrap_or("default");
     let pre_tok: PreTokenizerWrapper = match pre {
         "smollm" => PreSequence::new(vec![Digits::new(true).into(), ByteLevel::new(false, true, true).into()]).into(),
         "default" | "gpt2" => ByteLevel::new(false, true, true).into(),
@@ -436,33 +438,33 @@ fn gemma_spelling(t: &str) -> String {
 }
 
 /// SentencePiece-style BPE (`tokenizer.ggml.model = "llama"`).
-fn llama_tokenizer(model: &GgufModel, meta: &Meta) -> Result<Tokenizer> {
+fn llama_tokenizer(file: &GgufFile, meta: &Meta) -> Result<Tokenizer> {
     let src = meta.src;
     let n = meta.tokens.len();
-    let flavor = SpmFlavor::of(&model.architecture);
+    let flavor = SpmFlavor::of(file.get_str("general.architecture").unwrap_or(""));
     let spelled: Vec<String> = match flavor {
         SpmFlavor::Gemma => meta.tokens.iter().map(|t| gemma_spelling(t)).collect(),
         _ => meta.tokens.iter().map(|t| t.to_string()).collect(),
     };
     let refs: Vec<&str> = spelled.iter().map(String::as_str).collect();
     let vocab: Vocab = spelled.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-    let merges = match string_array(model, "tokenizer.ggml.merges", MAX_MERGES)? {
+    let merges = match string_array(file, "tokenizer.ggml.merges", MAX_MERGES)? {
         Some(m) => parse_merges(src, &m)?,
         // Gemma's merge order is its token order (first = best).
         None if flavor == SpmFlavor::Gemma => {
             merges_from_scores(&refs, &(0..n).map(|i| -(i as f64)).collect::<Vec<_>>())
         }
         None => {
-            let scores = number_array(model, "tokenizer.ggml.scores", n)?.ok_or_else(|| {
+            let scores = number_array(file, "tokenizer.ggml.scores", n)?.ok_or_else(|| {
                 tok_err(src, "a llama tokenizer needs `tokenizer.ggml.merges` or `tokenizer.ggml.scores`")
             })?;
             merges_from_scores(&refs, &scores)
         }
     };
-    let unk = meta_token_id(model, "tokenizer.ggml.unknown_token_id", n)?.map(|u| meta.tokens[u as usize]);
+    let unk = meta_token_id(file, "tokenizer.ggml.unknown_token_id", n)?.map(|u| meta.tokens[u as usize]);
     match flavor {
         SpmFlavor::Llama => {
-            let add_prefix_space = meta_bool(model, "tokenizer.ggml.add_space_prefix").unwrap_or(true);
+            let add_prefix_space = meta_bool(file, "tokenizer.ggml.add_space_prefix").unwrap_or(true);
             spm_tokenizer(vocab, merges, unk, add_prefix_space, src)
         }
         SpmFlavor::Phi3 => {

@@ -15,9 +15,9 @@
 //! ([`pre_name`]) and an unknown one is refused.
 
 use super::gguf::{LLAMA3_SPLIT, QWEN2_SPLIT};
-use crate::checkpoint::gguf::{GgufArray, GgufValue};
 use crate::config::ModelConfig;
 use crate::error::{Result, StudioError};
+use crate::tensor_io::gguf::{GgufArray, GgufValue};
 
 /// GGUF token types (llama.cpp's `llama_token_type`).
 const NORMAL: i32 = 1;

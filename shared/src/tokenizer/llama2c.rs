@@ -53,7 +53,7 @@ impl Llama2cTokenizer {
     /// [`StudioError::Format`] naming `file_name` when the file is
     /// truncated or a token length is invalid.
     pub fn parse(bytes: &[u8], vocab_size: usize, file_name: &str) -> Result<Self> {
-        crate::checkpoint::check::refuse_lfs_pointer(bytes, file_name, "llama2.c tokenizer")?;
+        crate::tensor_io::bytes::refuse_lfs_pointer(bytes, file_name, "llama2.c tokenizer")?;
         let err = |what: String| StudioError::format(file_name, "llama2.c tokenizer", what);
         let mut pos = 4usize;
         if bytes.len() < 4 {

@@ -1,9 +1,10 @@
 //! Bad input gives errors that name the file, the tensor and the problem,
 //! never a panic.
 
-use moe_shared::checkpoint::safetensors_io::SafetensorsFile;
-use moe_shared::checkpoint::writer::{serialize_to_vec, PlannedTensor};
-use moe_shared::checkpoint::{open_model, Bytes, DType};
+use moe_shared::checkpoint::open_model;
+use moe_shared::tensor_io::safetensors_io::SafetensorsFile;
+use moe_shared::tensor_io::writer::{serialize_to_vec, PlannedTensor};
+use moe_shared::tensor_io::{Bytes, DType};
 
 fn header_file(header: &str, data_len: usize) -> Vec<u8> {
     let mut h = header.as_bytes().to_vec();

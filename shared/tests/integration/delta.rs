@@ -14,14 +14,13 @@ use crate::common;
 use std::path::{Path, PathBuf};
 
 use moe_shared::checkpoint::export::export_dense;
-use moe_shared::checkpoint::safetensors_io::SafetensorsModel;
-use moe_shared::checkpoint::{
-    open_model, DType, LoadedModel, PlannedTensor, SafetensorsWriter, TensorSource, WriteOptions,
-};
+use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::methods::delta::{
     companion_files, delta_origin, graft, plan_graft, DeltaOrigin, GraftOptions, GraftReport,
 };
 use moe_shared::methods::{upcycle, CopyNoise, ExpertCounts, NoiseKind, RouterInit, UpcycleOptions};
+use moe_shared::tensor_io::safetensors_io::SafetensorsModel;
+use moe_shared::tensor_io::{DType, PlannedTensor, SafetensorsWriter, TensorSource, WriteOptions};
 
 fn stories() -> Option<LoadedModel> {
     let p = common::data_file("models/stories260K/stories260K.bin")?;

@@ -4,11 +4,12 @@
 //! prompt, also through the KV cache (< 1e-4, f32); the MoE layouts that hold
 //! each family; unsupported families refused with the supported list.
 
-use moe_shared::checkpoint::{open_model, DType};
+use moe_shared::checkpoint::open_model;
 use moe_shared::config::{Architecture, HfConfig, RopeScaling};
 use moe_shared::layout::LayoutRequest;
 use moe_shared::methods::{upcycle, CopyNoise, ExpertCounts, RouterInit, UpcycleOptions};
 use moe_shared::model::load_model;
+use moe_shared::tensor_io::DType;
 
 use crate::hf_tiny::{check_logits, fixture, load, tokens, B};
 
@@ -212,8 +213,8 @@ fn gemma_upcycles_to_the_studio_layout_with_geglu_experts() {
 #[test]
 fn tiny_phi3_fused_longrope_matches_transformers_and_fuses_on_write() {
     use moe_shared::checkpoint::export::export_dense;
-    use moe_shared::checkpoint::safetensors_io::SafetensorsModel;
-    use moe_shared::checkpoint::TensorSource;
+    use moe_shared::tensor_io::safetensors_io::SafetensorsModel;
+    use moe_shared::tensor_io::TensorSource;
     let (m, model) = load("tiny-phi3");
     let c = &m.config;
     assert_eq!(c.architecture, Architecture::Phi3);
@@ -247,4 +248,42 @@ fn tiny_phi3_fused_longrope_matches_transformers_and_fuses_on_write() {
     }
     let back = open_model(&out).unwrap();
     assert_eq!(back.config, m.config);
+}
+
+/// `init-random` for every family the studio reads (issue 37): the random
+/// model's tensors are exactly the names and shapes of the tiny fixture
+/// transformers wrote for that family (Phi-3's fused tensors split as the
+/// reader splits them), their count is `num_parameters`, the model builds
+/// and gives finite logits, and a unit RMSNorm gain is stored as the family
+/// needs it (0 under Gemma's `(1 + w)`, else 1). Every family of the
+/// registry is covered.
+#[test]
+fn random_init_builds_every_family_with_the_fixture_tensors() {
+    use moe_shared::model::init::{random_dense_model, RandomInit};
+    use moe_shared::tensor_io::TensorSource;
+    let mut seen = std::collections::BTreeSet::new();
+    for name in ["tiny-llama3", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-phi3"] {
+        let m = open_model(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let c = &m.config;
+        seen.insert(c.architecture.model_type());
+        let src = RandomInit::new(c, 0.02, 1).unwrap();
+        let tied = |n: &str| c.tie_word_embeddings && n == "lm_head.weight";
+        let mut want: Vec<(String, Vec<usize>)> =
+            m.source.tensors().into_iter().filter(|t| !tied(&t.name)).map(|t| (t.name, t.shape)).collect();
+        let mut got: Vec<(String, Vec<usize>)> = src.tensors().into_iter().map(|t| (t.name, t.shape)).collect();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "{name}: the random model's tensors against transformers' fixture");
+        let n: usize = src.tensors().iter().map(|t| t.numel()).sum();
+        assert_eq!(n, c.num_parameters(), "{name}");
+        let unit = if c.architecture.family().norm_plus_one { 0.0 } else { 1.0 };
+        assert!(src.read_f32("model.norm.weight").unwrap().iter().all(|&x| x == unit), "{name}");
+        let model = random_dense_model::<B>(c, 0.02, 1, &Default::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let logits = model.forward(tokens(&IDS), None).into_data().to_vec::<f32>().unwrap();
+        assert_eq!(logits.len(), IDS.len() * c.vocab_size, "{name}");
+        assert!(logits.iter().all(|x| x.is_finite()), "{name}: non-finite logits");
+    }
+    let all: std::collections::BTreeSet<&str> =
+        moe_shared::config::family::FAMILIES.iter().map(|f| f.model_type).collect();
+    assert_eq!(seen, all, "a family without a random-init check");
 }

@@ -153,7 +153,7 @@ fn phi3_gguf_fused_longrope_matches_safetensors() {
 #[test]
 fn llama3_scaled_model_round_trips_through_the_gguf_writer() {
     use moe_shared::checkpoint::gguf_write::write_gguf;
-    use moe_shared::checkpoint::DType;
+    use moe_shared::tensor_io::DType;
     let dir = tempfile::tempdir().unwrap();
     let (st, st_model) = load("tiny-llama3");
     let out = dir.path().join("llama3.gguf");
@@ -167,7 +167,7 @@ fn llama3_scaled_model_round_trips_through_the_gguf_writer() {
         assert!((a - b).abs() <= 1e-6 * b, "rope_freqs {ours:?} vs llama.cpp's converter's {converter:?}");
     }
     let raw = moe_shared::checkpoint::gguf::open(
-        moe_shared::checkpoint::Bytes::map_file(&out).unwrap(),
+        moe_shared::tensor_io::Bytes::map_file(&out).unwrap(),
         &out.display().to_string(),
     )
     .unwrap();

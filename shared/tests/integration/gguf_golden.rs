@@ -6,10 +6,11 @@
 use crate::common;
 
 use base64::Engine as _;
-use moe_shared::checkpoint::gguf::{self, GgufValue};
-use moe_shared::checkpoint::quant::{dequantize, ggml_dtype};
-use moe_shared::checkpoint::{Bytes, DType, TensorSource};
+use moe_shared::checkpoint::gguf;
 use moe_shared::config::Architecture;
+use moe_shared::tensor_io::gguf::GgufValue;
+use moe_shared::tensor_io::quant::{dequantize, ggml_dtype};
+use moe_shared::tensor_io::{Bytes, DType, TensorSource};
 use serde_json::Value;
 
 fn f32s(v: &Value) -> Vec<f32> {

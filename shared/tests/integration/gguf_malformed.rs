@@ -8,8 +8,8 @@
 use crate::common;
 
 use moe_shared::checkpoint::gguf::{self, GgufModel};
-use moe_shared::checkpoint::{Bytes, TensorSource};
 use moe_shared::config::Architecture;
+use moe_shared::tensor_io::{Bytes, TensorSource};
 use moe_shared::StudioError;
 
 use common::{GgufWriter, V};

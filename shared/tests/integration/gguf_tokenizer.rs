@@ -7,7 +7,7 @@
 use crate::common;
 
 use moe_shared::checkpoint::gguf;
-use moe_shared::checkpoint::Bytes;
+use moe_shared::tensor_io::Bytes;
 use moe_shared::tokenizer::gguf::{build_tokenizer, tokenizer_from_gguf};
 use tokenizers::Tokenizer;
 

@@ -12,9 +12,10 @@
 //! files so the bf16/f16 rounding is included) and are committed.
 
 use burn::tensor::{Int, Tensor, TensorData};
-use moe_shared::checkpoint::{open_model, DType, LoadedModel, ModelFormat};
+use moe_shared::checkpoint::{open_model, LoadedModel, ModelFormat};
 use moe_shared::config::{Architecture, RopeScaling};
 use moe_shared::model::{load_model, Transformer};
+use moe_shared::tensor_io::DType;
 use moe_shared::CpuBackend;
 
 pub(crate) type B = CpuBackend;

@@ -19,10 +19,9 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::export::export_moe;
-use moe_shared::checkpoint::gguf::GgufFile;
 use moe_shared::checkpoint::gguf_write::write_gguf;
 use moe_shared::checkpoint::load::from_gguf_bytes;
-use moe_shared::checkpoint::{open_model, Bytes, DType, LoadedModel, PlannedTensor, SafetensorsWriter, TensorSource};
+use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::config::{MoeConfig, MoeLayerSpec};
 use moe_shared::layout::ExpertsFormat;
 use moe_shared::layout::{by_name, LayoutRequest};
@@ -32,6 +31,8 @@ use moe_shared::methods::{
     upcycle, AllocationFile, CopyNoise, ExpertCounts, NoiseKind, RouterInit, SharedInit, UpcycleOptions,
 };
 use moe_shared::model::load_model;
+use moe_shared::tensor_io::gguf::GgufFile;
+use moe_shared::tensor_io::{Bytes, DType, PlannedTensor, SafetensorsWriter, TensorSource};
 use moe_shared::CpuBackend;
 
 use super::common;
@@ -176,7 +177,7 @@ fn transformers_written_mixtral_and_qwen2_moe_read_exactly() {
 /// A copy of `src_dir`'s single safetensors file with tensor `name`
 /// replaced by `values`, plus its config.json.
 fn with_tensor(src_dir: &Path, out: &Path, name: &str, values: Vec<f32>) {
-    let m = moe_shared::checkpoint::safetensors_io::SafetensorsModel::open_dir(src_dir).unwrap();
+    let m = moe_shared::tensor_io::safetensors_io::SafetensorsModel::open_dir(src_dir).unwrap();
     let plan: Vec<PlannedTensor> =
         m.tensors().into_iter().map(|t| PlannedTensor { name: t.name, dtype: DType::F32, shape: t.shape }).collect();
     let mut w = SafetensorsWriter::create(out, plan.clone(), Default::default()).unwrap();
@@ -368,7 +369,7 @@ fn converting_between_layouts_round_trips_bit_for_bit() {
         let (x, y) = (ma.source.read_f32(&t.name).unwrap(), mc.source.read_f32(&t.name).unwrap());
         assert!(x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()), "{}", t.name);
     }
-    let on_disk = moe_shared::checkpoint::safetensors_io::SafetensorsModel::open_dir(&c).unwrap();
+    let on_disk = moe_shared::tensor_io::safetensors_io::SafetensorsModel::open_dir(&c).unwrap();
     let shared: Vec<String> =
         on_disk.tensors().into_iter().map(|t| t.name).filter(|n| n.contains("shared_expert")).collect();
     assert_eq!(shared.len(), 4, "one zero shared expert in the one MoE layer: {shared:?}");
@@ -650,7 +651,7 @@ fn the_studio_layout_round_trips_shared_experts_gate_selection_bias_granular_and
     };
     let report = upcycle(llama.source.as_ref(), &llama.config, &opts, &q, None, Default::default()).unwrap();
     assert_eq!((report.layout, report.layout_reason.as_deref()), ("qwen2_moe", None));
-    let on_disk = moe_shared::checkpoint::safetensors_io::SafetensorsModel::open_dir(&q).unwrap();
+    let on_disk = moe_shared::tensor_io::safetensors_io::SafetensorsModel::open_dir(&q).unwrap();
     let down = on_disk.read_f32("model.layers.0.mlp.shared_expert.down_proj.weight").unwrap();
     assert_eq!(on_disk.info("model.layers.0.mlp.shared_expert.down_proj.weight").unwrap().shape, vec![32, 48]);
     assert!(down.iter().any(|&x| x != 0.0), "the model's own shared expert, not the zero stand-in");

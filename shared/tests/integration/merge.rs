@@ -9,10 +9,11 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
-use moe_shared::checkpoint::safetensors_io::{SafetensorsFile, SafetensorsModel};
-use moe_shared::checkpoint::{open_model, Bytes, DType, TensorInfo, TensorSource};
+use moe_shared::checkpoint::open_model;
 use moe_shared::methods::merge::{merge, plan_merge, write_merge, MergeMethod, MergeOptions, MergeReport, Rescale};
-use moe_shared::methods::sink::MemorySink;
+use moe_shared::tensor_io::safetensors_io::{SafetensorsFile, SafetensorsModel};
+use moe_shared::tensor_io::sink::MemorySink;
+use moe_shared::tensor_io::{Bytes, DType, TensorInfo, TensorSource};
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -9,12 +9,14 @@ use crate::common;
 use std::path::Path;
 
 use burn::tensor::{Int, Tensor, TensorData};
-use moe_shared::checkpoint::export::{dense_tensor_plan, export_dense};
-use moe_shared::checkpoint::{open_model, DType, LoadedModel, TensorInfo, TensorSource, WriteOptions};
+use moe_shared::checkpoint::export::export_dense;
+use moe_shared::checkpoint::plan::dense_tensor_plan;
+use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::config::ModelConfig;
 use moe_shared::layout::names::{expert_weight_name, router_weight_name, Proj};
 use moe_shared::methods::{moerge, plan_moerge, weighted_means, MoergeInput, MoergeOptions};
 use moe_shared::model::load_model;
+use moe_shared::tensor_io::{DType, TensorInfo, TensorSource, WriteOptions};
 use moe_shared::tokenizer::Tokenizer;
 use moe_shared::CpuBackend;
 

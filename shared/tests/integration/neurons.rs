@@ -11,7 +11,6 @@
 
 use crate::common;
 
-use moe_shared::checkpoint::{DType, TensorInfo, TensorSource};
 use moe_shared::config::{Architecture, ModelConfig, RopeScaling};
 use moe_shared::methods::allocate::{compare_allocations, neuronmoe_allocation, AllocationMethod, ExpertRange};
 use moe_shared::methods::neurons::{
@@ -20,6 +19,7 @@ use moe_shared::methods::neurons::{
 };
 use moe_shared::methods::AllocationFile;
 use moe_shared::model::{load_transformer, Pooling, Transformer};
+use moe_shared::tensor_io::{DType, TensorInfo, TensorSource};
 use moe_shared::CpuBackend;
 
 type B = CpuBackend;

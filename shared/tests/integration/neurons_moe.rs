@@ -16,7 +16,7 @@
 //!   attention, adds up to the layer's count; NeuronMoE's allocation
 //!   refuses such a report (it wants the dense model's counts).
 
-use moe_shared::checkpoint::{open_model, DType, WriteOptions};
+use moe_shared::checkpoint::open_model;
 use moe_shared::methods::allocate::{compare_allocations, ExpertRange};
 use moe_shared::methods::neurons::{
     analyze, average_precision_table, expert_counts, expert_layer_means, AnalysisOptions, CollectOptions, ExpertRef,
@@ -26,6 +26,7 @@ use moe_shared::methods::{
     upcycle, CopyNoise, ExpertCounts, NoiseKind, RouterInit, SharedExperts, SharedInit, UpcycleOptions,
 };
 use moe_shared::model::{load_model, Mlp, Pooling, Transformer};
+use moe_shared::tensor_io::{DType, WriteOptions};
 use moe_shared::CpuBackend;
 
 use crate::train_util;

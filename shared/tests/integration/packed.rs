@@ -9,10 +9,11 @@
 
 use burn::tensor::Tensor;
 use moe_shared::checkpoint::export::export_moe;
-use moe_shared::checkpoint::safetensors_io::SafetensorsModel;
-use moe_shared::checkpoint::{open_model, LoadedModel, TensorSource, WriteOptions};
+use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::layout::{ExpertsFormat, LayoutRequest};
 use moe_shared::model::load_model;
+use moe_shared::tensor_io::safetensors_io::SafetensorsModel;
+use moe_shared::tensor_io::{TensorSource, WriteOptions};
 
 use super::hf_tiny::{fixture, max_diff, tokens, B, TOL};
 
@@ -166,8 +167,8 @@ fn edited_mergekit(
     dir: &std::path::Path,
     edit: impl Fn(&str, &[usize], &[u8]) -> Option<(String, Vec<usize>, Vec<u8>)>,
 ) -> std::path::PathBuf {
-    use moe_shared::checkpoint::writer::serialize_to_vec;
-    use moe_shared::checkpoint::PlannedTensor;
+    use moe_shared::tensor_io::writer::serialize_to_vec;
+    use moe_shared::tensor_io::PlannedTensor;
     let src = fixture("tiny-mergekit-moe");
     let out = dir.join("edited");
     std::fs::create_dir_all(&out).unwrap();

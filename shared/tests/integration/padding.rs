@@ -7,12 +7,13 @@
 use std::path::Path;
 
 use burn::tensor::{activation::log_softmax, Int, Tensor, TensorData};
-use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
+use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::eval::{evaluate, PerplexityOptions};
 use moe_shared::methods::neurons::{CollectOptions, NeuronCollector};
 use moe_shared::methods::route::{collect_stats, empty_stats};
 use moe_shared::methods::{upcycle, CopyNoise, ExpertCounts, NoiseKind, RouterInit, UpcycleOptions};
 use moe_shared::model::{load_model, ForwardOptions, Padding, Pooling, Routing, Trace, Transformer};
+use moe_shared::tensor_io::{DType, WriteOptions};
 use moe_shared::train::{load_balancing_loss, LbForm};
 use moe_shared::CpuBackend;
 

@@ -5,7 +5,7 @@
 use crate::common;
 
 use burn::tensor::{Int, Tensor, TensorData};
-use moe_shared::checkpoint::{open_model, WriteOptions};
+use moe_shared::checkpoint::open_model;
 use moe_shared::methods::moerge::{moerge, MoergeInput, MoergeOptions};
 use moe_shared::methods::ridge::RidgeStats;
 use moe_shared::methods::route::{
@@ -13,6 +13,7 @@ use moe_shared::methods::route::{
     stats_from_safetensors, stats_to_safetensors, write_routed, RouteOptions,
 };
 use moe_shared::model::{load_model, ForwardOptions, Routing, Trace, Transformer};
+use moe_shared::tensor_io::WriteOptions;
 use moe_shared::tokenizer::Tokenizer;
 use moe_shared::CpuBackend;
 

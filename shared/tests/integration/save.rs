@@ -4,9 +4,10 @@
 use crate::common;
 
 use burn::tensor::{Int, Tensor, TensorData};
-use moe_shared::checkpoint::{open_model, DType};
+use moe_shared::checkpoint::open_model;
 use moe_shared::layout::LayoutRequest;
 use moe_shared::model::{load_model, save_model, Mlp, Transformer};
+use moe_shared::tensor_io::DType;
 use moe_shared::CpuBackend;
 
 type B = CpuBackend;

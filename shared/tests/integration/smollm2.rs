@@ -6,10 +6,11 @@ use crate::common;
 
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::export::export_dense;
-use moe_shared::checkpoint::{open_model, LoadedModel, ModelFormat, WriteOptions};
+use moe_shared::checkpoint::{open_model, LoadedModel, ModelFormat};
 use moe_shared::eval::{perplexity, PerplexityOptions};
 use moe_shared::generate::{generate, Sampling};
 use moe_shared::model::{load_model, Transformer};
+use moe_shared::tensor_io::WriteOptions;
 use moe_shared::CpuBackend;
 
 type B = CpuBackend;

@@ -16,11 +16,12 @@
 
 use crate::common;
 
-use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
+use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::config::HfConfig;
 use moe_shared::eval::{evaluate_task, McOptions, McReport, McTask};
 use moe_shared::methods::{upcycle, CopyNoise, ExpertCounts, NoiseKind, RouterInit, UpcycleOptions};
 use moe_shared::model::{load_model, random_dense_model, Transformer};
+use moe_shared::tensor_io::{DType, WriteOptions};
 use moe_shared::tokenizer::Tokenizer;
 use moe_shared::CpuBackend;
 use serde_json::Value;

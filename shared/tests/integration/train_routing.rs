@@ -11,12 +11,13 @@ use std::path::Path;
 
 use burn::backend::Autodiff;
 use burn::tensor::{Int, Tensor, TensorData};
-use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
+use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::layout::names::{selection_bias_name, shared_expert_weight_name, Proj};
 use moe_shared::methods::{upcycle, CopyNoise, ExpertCounts, NoiseKind, RouterInit, SharedExperts, UpcycleOptions};
 use moe_shared::model::save::tensor_values;
 use moe_shared::model::transformer::Mlp;
 use moe_shared::model::{load_model, Transformer};
+use moe_shared::tensor_io::{DType, WriteOptions};
 use moe_shared::train::{next_token_loss, Balance, Stage, TrainConfig, Trainer};
 use moe_shared::CpuBackend;
 

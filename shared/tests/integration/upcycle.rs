@@ -9,12 +9,13 @@ use crate::common;
 use std::path::Path;
 
 use burn::tensor::{Int, Tensor, TensorData};
-use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
+use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::methods::{
     hidden_router_rows, upcycle, AllocationFile, CopyNoise, ExpertCounts, ExpertPrompts, NoiseKind, RouterInit,
     UpcycleOptions,
 };
 use moe_shared::model::load_model;
+use moe_shared::tensor_io::{DType, WriteOptions};
 use moe_shared::CpuBackend;
 
 type B = CpuBackend;

@@ -9,13 +9,14 @@ use crate::common;
 use std::path::Path;
 
 use burn::tensor::{Int, Tensor, TensorData};
-use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
+use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::layout::names::{expert_weight_name, shared_expert_weight_name, Proj};
 use moe_shared::methods::upcycle::drop_columns;
 use moe_shared::methods::{
     upcycle, AllocationFile, ExpertCounts, MoeReport, RouterInit, SharedExperts, SharedInit, UpcycleOptions,
 };
 use moe_shared::model::load_model;
+use moe_shared::tensor_io::{DType, WriteOptions};
 use moe_shared::CpuBackend;
 
 type B = CpuBackend;

@@ -40,8 +40,13 @@ NeuronMoE, §5.2 load balancing):
   after every optimizer step each MoE layer's selection bias moves by
   ``bias_update_rate * sign(mean load - load_i)`` over the step's routed
   slots of all ranks;
-- optimiser: torch.optim.AdamW with Burn's hyper-parameters, global-norm
-  clipping (``clip_grad_norm_``), warm-up + cosine schedule
+- optimiser: :class:`BurnAdamW`, Burn 0.21's AdamW (the Burn trainer's
+  shared/src/train/adamw.rs) re-implemented operation by operation in f32,
+  because torch.optim.AdamW rounds differently (f64 bias corrections,
+  ``sqrt(v) / sqrt(1 - b2^t)``, a fused ``addcdiv``) and Adam carries those
+  last bits from step to step: given the same gradient both engines now
+  write bit-identical weights. Clipping by the global gradient norm as the
+  Burn trainer (:func:`clip_global_norm`), warm-up + cosine schedule
   (shared/src/train/schedule.rs), checkpoint cadence and ``keep``. An
   expert no token of the whole step chose gets no update (no gradient, as
   in the Burn trainer).
@@ -91,8 +96,175 @@ def lr_at(sched, step):
 
 
 def f32(x):
-    """Burn keeps AdamW's betas as f32: use the same values."""
+    """`x as f32` in Rust (round to nearest), as a Python float."""
     return float(np.float32(x))
+
+
+def powi_f32(x, n):
+    """Rust's `f32::powi(x, n)` for n >= 0 (compiler-rt's `__powisf2`: square
+    and multiply, every product rounded to f32)."""
+    x, r = np.float32(x), np.float32(1.0)
+    while True:
+        if n & 1:
+            r = np.float32(r * x)
+        n >>= 1
+        if n == 0:
+            return float(r)
+        x = np.float32(x * x)
+
+
+def local(t):
+    """The local shard of an FSDP2 (DTensor) parameter, gradient or state
+    tensor (a view: in-place updates reach the DTensor), else `t`."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class BurnAdamW(torch.optim.Optimizer):
+    """AdamW (Loshchilov & Hutter 2019, Algorithm 2) rounded exactly as
+    moe-studio's Burn trainer computes it (Burn 0.21's ``AdamW``; the
+    trainer's fused copy is shared/src/train/adamw.rs), so both engines
+    apply the same update to the same gradient. Per parameter with gradient
+    ``g`` at its step ``t`` (1-based, counted per parameter: a parameter
+    without a gradient in a step is skipped and its ``t`` does not advance),
+    every operation in float32, each result rounded (no fused multiply-add):
+
+        m = m * b1 + g * (1 - b1)
+        v = v * b2 + (g * g) * (1 - b2)
+        u = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+        p = p * f32(1 - lr * wd) - u * f32(lr)      (p - u * f32(lr) when lr * wd = 0)
+
+    ``sqrt`` is the correctly rounded one (through f64: torch's own
+    vectorised f32 ``sqrt`` on the CPU is not, in ~17 % of elements).
+    ``b1, b2, eps, wd`` are f32 (Burn's config), ``1 - b1`` and
+    ``1 - b1^t`` are f32 (``powi``: square and multiply), ``lr * wd`` is f64
+    (``lr`` f64, ``wd`` the f32 value widened). torch.optim.AdamW differs
+    in the last bits (f64 bias corrections, ``sqrt(v) / sqrt(1 - b2^t)``, a
+    fused ``addcdiv``); with it the check measured loss differences up to
+    20x larger against the Burn trainer (docs/scaling.md, "Measured").
+
+    Works on FSDP2's DTensor parameters by updating the local shards; the
+    state (``step``, ``exp_avg``, ``exp_avg_sq``) has torch.optim.AdamW's
+    names and layout, so ``torch.distributed.checkpoint`` saves and loads it
+    as it does AdamW's.
+
+    transformers' fused expert tensors (``[E, ...]``, one row block per
+    expert) hold what Burn keeps as ``E`` separate tensors; two maps make
+    them behave as those:
+
+    - ``expert_rows``: {parameter: ``[E, 1, ...]`` float tensor of row
+      indices ``0 .. E-1``, sharded like it}: its ``step`` is then counted
+      per expert (a tensor of that shape), and only the experts in
+      ``expert_active[parameter]`` (a bool ``[E]``, set before each step;
+      absent: all) are updated, as Burn updates only the experts that got a
+      gradient (a token);
+    - ``row_masks``: {parameter: ``[E, 1, ...]`` float mask, sharded like
+      it}: rows with mask 0 are frozen experts; they get no weight decay
+      (their gradient is zero, so their update is exactly 0 and they stay
+      bit-identical)."""
+
+    def __init__(self, params, lr, betas, eps, weight_decay):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        self.row_masks = {}
+        self.expert_rows = {}
+        self.expert_active = {}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        assert closure is None, "BurnAdamW.step takes no closure"
+        for group in self.param_groups:
+            lr = float(group["lr"])
+            b1, b2 = np.float32(group["betas"][0]), np.float32(group["betas"][1])
+            f1, f2 = float(np.float32(1.0) - b1), float(np.float32(1.0) - b2)
+            eps = f32(group["eps"])
+            decay = lr * float(np.float32(group["weight_decay"]))
+            keep = f32(1.0 - decay) if decay != 0.0 else None
+            lr32 = f32(lr)
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                rows = self.expert_rows.get(p)
+                st = self.state[p]
+                if not st:
+                    st["step"] = (torch.tensor(0.0, dtype=torch.float32) if rows is None
+                                  else torch.zeros_like(rows, dtype=torch.float32))
+                    st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                pl, g, m, v = local(p), local(p.grad), local(st["exp_avg"]), local(st["exp_avg_sq"])
+                if g.dtype != torch.float32 or pl.dtype != torch.float32:
+                    raise TypeError(f"BurnAdamW: float32 parameters and gradients, not {pl.dtype} / {g.dtype}")
+
+                # Divisors as device tensors: CUDA turns a division by a host scalar into a
+                # multiplication by its reciprocal, which rounds differently.
+                def corrections(ts):
+                    c = [[1.0 - powi_f32(b, max(int(t), 1)) for t in ts] for b in (b1, b2)]
+                    return (torch.tensor(x, dtype=torch.float32, device=g.device) for x in c)
+
+                if rows is None:
+                    st["step"] += 1.0
+                    c1, c2 = corrections([st["step"].item()])
+                    c1, c2 = c1.reshape(()), c2.reshape(())
+                    act = None
+                else:
+                    idx = local(rows).long()
+                    full = self.expert_active.get(p)
+                    act = (full.to(idx.device)[idx] if full is not None else torch.ones_like(idx, dtype=torch.bool))
+                    ts = local(st["step"])
+                    ts.add_(act.to(ts.dtype))
+                    c1, c2 = corrections(ts.flatten().tolist())
+                    c1, c2 = c1.view(ts.shape), c2.view(ts.shape)
+                m_new = m * float(b1) + g * f1
+                v_new = v * float(b2) + (g * g) * f2
+                # The correctly rounded f32 square root (Rust's f32::sqrt), taken through f64:
+                # torch's vectorised f32 sqrt on the CPU (AVX2) is off by one ulp in ~17 % of elements.
+                u = (m_new / c1) / ((v_new / c2).double().sqrt().float() + eps)
+                p_new = pl
+                if keep is not None:
+                    mask = self.row_masks.get(p)
+                    p_new = pl * (keep if mask is None else torch.where(local(mask) > 0, keep, 1.0))
+                p_new = p_new - u * lr32
+                if act is None:
+                    m.copy_(m_new)
+                    v.copy_(v_new)
+                    pl.copy_(p_new)
+                else:
+                    m.copy_(torch.where(act, m_new, m))
+                    v.copy_(torch.where(act, v_new, v))
+                    pl.copy_(torch.where(act, p_new, pl))
+        return None
+
+
+def clip_global_norm(params, max_norm, rank):
+    """shared/src/train/trainer/replica.rs::clip_global_norm: the L2 norm of every
+    gradient together (f64 over the shards of all ranks); when it exceeds
+    `max_norm`, every gradient is scaled by the f32 value of
+    `max_norm / (norm + 1e-6)` (as torch's ``clip_grad_norm_``). Returns the
+    norm before clipping."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    total, dev = 0.0, None
+    for p in params:
+        if p.grad is None:
+            continue
+        g = p.grad
+        replicated = not isinstance(g, DTensor) or all(isinstance(x, Replicate) for x in g.placements)
+        s = local(g).double().square().sum()
+        dev = s.device
+        total = total + (s if not replicated or rank == 0 else 0.0 * s)
+    if dev is None:
+        return 0.0
+    total = torch.as_tensor(total, dtype=torch.float64, device=dev).reshape(1)
+    if dist.is_initialized():
+        dist.all_reduce(total)
+    norm = math.sqrt(total.item())
+    if max_norm is not None and norm > max_norm:
+        factor = f32(max_norm / (norm + 1e-6))
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    local(p.grad).mul_(factor)
+    return norm
 
 
 class Job:
@@ -241,6 +413,19 @@ class TransformersModel:
         """{(layer, expert): [parameters]} of separately stored experts (none here)."""
         return {}
 
+    def fused_experts(self):
+        """{name: routed-layer ordinal} of the fused expert tensors (``[E, ...]``)
+        that train; the ordinal is the layer's index among the layers with a
+        router, as in :meth:`forward`'s routes."""
+        names = dict(self.model.named_parameters())
+        routers = sorted(int(m.group(1)) for n in names if (m := self.LAYER.match(n)) and m.group(2) == "gate.weight")
+        out = {}
+        for n, p in names.items():
+            m = self.LAYER.match(n)
+            if m and m.group(2) in ("experts.gate_up_proj", "experts.down_proj") and p.requires_grad:
+                out[n] = routers.index(int(m.group(1)))
+        return out
+
     def selection_biases(self):
         return {}
 
@@ -309,6 +494,9 @@ class StudioModel:
 
     def expert_params(self):
         return {(l, e): list(ex.parameters()) for l, b in self.blocks for e, ex in enumerate(b.experts)}
+
+    def fused_experts(self):
+        return {}
 
     def selection_biases(self):
         return {l: b.selection_bias() for l, b in self.blocks if b.selection_bias() is not None}
@@ -473,13 +661,17 @@ def main():
     expert_params = {key: [p for p in ps if p.requires_grad] for key, ps in wrapper.expert_params().items()}
     expert_params = {key: ps for key, ps in expert_params.items() if ps}
     wd = c["weight_decay"]
-    groups = [
-        {"params": [p for n, p in trainable if n not in masks], "weight_decay": wd},
-        # Frozen rows must not decay: these get their decay below, row-masked.
-        {"params": [p for n, p in trainable if n in masks], "weight_decay": 0.0},
-    ]
-    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=c["lr"], betas=(f32(c["beta1"]), f32(c["beta2"])),
-                            eps=c["eps"], weight_decay=wd)
+    opt = BurnAdamW([p for _, p in trainable], lr=c["lr"], betas=(f32(c["beta1"]), f32(c["beta2"])),
+                    eps=c["eps"], weight_decay=wd)
+    # Frozen rows of fused expert tensors must not decay.
+    opt.row_masks = {named[n]: m for n, m in masks.items()}
+    # Fused expert tensors: a step count per expert, and only the experts that got a token update.
+    fused = {}
+    for name, ordinal in wrapper.fused_experts().items():
+        p = named[name]
+        idx = torch.arange(p.shape[0], dtype=torch.float32, device=device).view(-1, *([1] * (p.dim() - 1)))
+        opt.expert_rows[p] = distribute_tensor(idx, p.device_mesh, p.placements) if isinstance(p, DTensor) else idx
+        fused[p] = ordinal
     # Elements that train: the rows of frozen experts inside fused tensors do not.
     n_train = sum(p.numel() * (1 - len(masked.get(n, [])) / p.shape[0]) for n, p in trainable)
     n_all = sum(p.numel() for p in model.parameters())
@@ -621,6 +813,7 @@ def main():
             if layer_load[l][e].item() == 0:
                 for p in ps:
                     p.grad = None
+        opt.expert_active = {p: layer_load[o] > 0 for p, o in fused.items()}
         ce_m = sum(ces) / len(ces)
         lb_m = sum(lbs) / len(lbs) if lbs else None
         z_m = sum(zs) / len(zs) if zs else None
@@ -628,17 +821,10 @@ def main():
         loss = ce_m + alpha * (lb_m or 0.0) + c["z_loss"] * (z_m or 0.0) + c["prior"] * (pr_m or 0.0)
         if not math.isfinite(loss):
             fail(f"step {step + 1}: the loss is {loss} (try a lower --lr or --clip); the step was not applied")
-        params = [p for _, p in trainable]
-        norm = torch.nn.utils.clip_grad_norm_(params, c["clip"] if c["clip"] is not None else float("inf"))
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
+        norm = clip_global_norm([p for _, p in trainable], c["clip"], rank)
         lr = lr_at(sched, step)
         for g in opt.param_groups:
             g["lr"] = lr
-        if wd > 0:
-            with torch.no_grad():
-                for name, m in masks.items():
-                    named[name].mul_(1.0 - lr * wd * m)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if aux_free:

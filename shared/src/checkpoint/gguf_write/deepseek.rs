@@ -18,12 +18,12 @@
 //! experts concatenated along their intermediate units, or zeros.
 
 use super::{llama_blocks, From, GgufArch};
-use crate::checkpoint::gguf::GgufValue;
-use crate::checkpoint::DType;
 use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
 use crate::layout::deepseek_moe::deepseek_form;
 use crate::layout::names::Proj;
 use crate::layout::Blocker;
+use crate::tensor_io::gguf::GgufValue;
+use crate::tensor_io::DType;
 
 /// llama.cpp's `deepseek` architecture.
 pub struct Deepseek;

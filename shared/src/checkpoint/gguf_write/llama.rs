@@ -15,11 +15,11 @@
 //! scaling).
 
 use super::{llama_blocks, From, GgufArch};
-use crate::checkpoint::gguf::GgufValue;
-use crate::checkpoint::DType;
 use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
 use crate::layout::names::{self, Proj};
 use crate::layout::Blocker;
+use crate::tensor_io::gguf::GgufValue;
+use crate::tensor_io::DType;
 
 /// llama.cpp's `llama` architecture.
 pub struct Llama;

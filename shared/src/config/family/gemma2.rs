@@ -13,9 +13,8 @@
 //! `modeling_gemma2.py` / `configuration_gemma2.py` (defaults are theirs);
 //! llama.cpp `src/llama-model.cpp` (`LLM_ARCH_GEMMA2`).
 
-use super::{layer_types, read_gemma_gguf, write_gemma_params, Family, FamilyParams, GateActivation, GEMMA_GGUF_NAMES};
-use crate::checkpoint::gguf::GgufModel;
-use crate::config::{Architecture, HfConfig, ModelConfig};
+use super::{layer_types, write_gemma_params, Family, FamilyParams, GateActivation, GEMMA_GGUF_NAMES};
+use crate::config::{Architecture, HfConfig};
 use crate::error::Result;
 
 /// The Gemma 2 family.
@@ -35,14 +34,7 @@ pub const FAMILY: Family = Family {
     read_params,
     write_params: write_gemma_params,
     gguf_block_names: GEMMA_GGUF_NAMES,
-    read_gguf,
 };
-
-/// llama.cpp: every other layer sliding (`set_swa_pattern(2)`), the window
-/// required, soft-caps default 50 / 30, 46 layers = the 27B model.
-fn read_gguf(g: &GgufModel, c: &mut ModelConfig) -> Result<()> {
-    read_gemma_gguf(g, c, 2, true, (Some(50.0), Some(30.0)), 46)
-}
 
 fn read_params(hf: &HfConfig, src: &str) -> Result<FamilyParams> {
     Ok(FamilyParams {

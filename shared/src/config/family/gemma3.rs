@@ -16,8 +16,7 @@
 //! `modeling_gemma3.py` / `configuration_gemma3.py` (defaults are theirs);
 //! llama.cpp `src/llama-model.cpp` (`LLM_ARCH_GEMMA3`).
 
-use super::{layer_types, read_gemma_gguf, write_gemma_params, Family, FamilyParams, GateActivation, GEMMA_GGUF_NAMES};
-use crate::checkpoint::gguf::GgufModel;
+use super::{layer_types, write_gemma_params, Family, FamilyParams, GateActivation, GEMMA_GGUF_NAMES};
 use crate::config::{Architecture, HfConfig, ModelConfig};
 use crate::error::Result;
 
@@ -38,18 +37,7 @@ pub const FAMILY: Family = Family {
     read_params,
     write_params,
     gguf_block_names: GEMMA_GGUF_NAMES,
-    read_gguf,
 };
-
-/// llama.cpp: five sliding layers to one global (`set_swa_pattern(6)`), no
-/// attention soft-cap, a final soft-cap only when the file has one, 62
-/// layers = the 27B model; the sliding layers' RoPE base.
-fn read_gguf(g: &GgufModel, c: &mut ModelConfig) -> Result<()> {
-    read_gemma_gguf(g, c, 6, false, (None, None), 62)?;
-    c.family_params.attn_logit_softcapping = None;
-    c.family_params.rope_local_theta = Some(g.meta_f64("rope.freq_base_swa")?.unwrap_or(10000.0));
-    Ok(())
-}
 
 fn read_params(hf: &HfConfig, src: &str) -> Result<FamilyParams> {
     let nested_local = hf

@@ -1,7 +1,7 @@
 //! Llama (and llama2.c checkpoints); llama.cpp `llama` (q/k rows permuted by
 //! its converter). Source: transformers `modeling_llama.py`.
 
-use super::{no_gguf_params, no_params, write_no_params, Family, GateActivation};
+use super::{no_params, write_no_params, Family, GateActivation};
 use crate::config::Architecture;
 
 /// The Llama family.
@@ -21,5 +21,4 @@ pub const FAMILY: Family = Family {
     read_params: no_params,
     write_params: write_no_params,
     gguf_block_names: &[],
-    read_gguf: no_gguf_params,
 };

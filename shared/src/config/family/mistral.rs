@@ -2,7 +2,7 @@
 //! shorter than it). llama.cpp converts Mistral to `llama`, so its GGUF files
 //! read as llama. Source: transformers `modeling_mistral.py`.
 
-use super::{no_gguf_params, no_params, write_no_params, Family, GateActivation};
+use super::{no_params, write_no_params, Family, GateActivation};
 use crate::config::Architecture;
 
 /// The Mistral family.
@@ -22,5 +22,4 @@ pub const FAMILY: Family = Family {
     read_params: no_params,
     write_params: write_no_params,
     gguf_block_names: &[],
-    read_gguf: no_gguf_params,
 };

@@ -21,7 +21,6 @@ mod qwen3;
 use serde::{Deserialize, Serialize};
 
 use super::{Architecture, HfConfig, ModelConfig};
-use crate::checkpoint::gguf::GgufModel;
 use crate::error::{Result, StudioError};
 
 /// The gate activation of the FFN (and of every expert of an MoE made from
@@ -154,11 +153,6 @@ pub struct Family {
     /// `pre_feedforward_layernorm`, Phi-3's `attn_qkv` is `self_attn.qkv_proj`
     /// (gguf-py `constants.py` `MODEL_TENSORS`, `tensor_mapping.py`).
     pub gguf_block_names: &'static [(&'static str, &'static str)],
-    /// Completes the configuration read from the common GGUF keys
-    /// ([`crate::checkpoint::gguf::GgufModel::model_config`]) with the
-    /// family's own keys and tensors (soft-caps, sliding windows, LongRoPE
-    /// factors), as llama.cpp's `llama-model.cpp` reads them.
-    pub read_gguf: fn(&GgufModel, &mut ModelConfig) -> Result<()>,
 }
 
 impl Family {
@@ -194,11 +188,6 @@ pub(crate) fn no_params(_: &HfConfig, _: &str) -> Result<FamilyParams> {
 /// [`Family::write_params`] of the Llama-style families.
 pub(crate) fn write_no_params(_: &ModelConfig, _: &mut serde_json::Map<String, serde_json::Value>) {}
 
-/// [`Family::read_gguf`] of the families whose GGUF has only the common keys.
-pub(crate) fn no_gguf_params(_: &GgufModel, _: &mut ModelConfig) -> Result<()> {
-    Ok(())
-}
-
 /// Gemma's llama.cpp block names: the sandwich norms (`post_attention_norm`,
 /// `ffn_norm` before the FFN, `post_ffw_norm`).
 pub(crate) const GEMMA_GGUF_NAMES: &[(&str, &str)] = &[
@@ -206,73 +195,6 @@ pub(crate) const GEMMA_GGUF_NAMES: &[(&str, &str)] = &[
     ("ffn_norm", "pre_feedforward_layernorm"),
     ("post_ffw_norm", "post_feedforward_layernorm"),
 ];
-
-/// The Gemma 2/3 values a llama.cpp GGUF carries, or that llama.cpp
-/// derives (`llama-model.cpp`, `LLM_ARCH_GEMMA2` / `LLM_ARCH_GEMMA3`):
-/// `{arch}.attention.sliding_window` (the window; required when
-/// `window_required`), the layer pattern `{arch}.attention.sliding_window_pattern`
-/// (a period `p`: layer `l` slides unless `(l + 1) % p == 0`, or one bool per
-/// layer, `true` = sliding) defaulting to `pattern` (llama.cpp's
-/// `set_swa_pattern`), `{arch}.attn_logit_softcapping` /
-/// `{arch}.final_logit_softcapping` (defaults `softcaps`), and
-/// `query_pre_attn_scalar`, which GGUF does not store: `head_dim`, or
-/// `hidden_size / heads` for the 27B models (`big_layers` layers), as
-/// llama.cpp sets `f_attention_scale`.
-///
-/// # Errors
-/// [`StudioError::Config`] naming the file for a missing required or
-/// mistyped key, or a pattern array of the wrong length.
-pub(crate) fn read_gemma_gguf(
-    g: &GgufModel,
-    c: &mut ModelConfig,
-    pattern: usize,
-    window_required: bool,
-    softcaps: (Option<f64>, Option<f64>),
-    big_layers: usize,
-) -> Result<()> {
-    let src = g.file.file_name().to_string();
-    let window = g.meta_usize("attention.sliding_window", window_required)?.filter(|&w| w > 0);
-    let key = g.meta_key("attention.sliding_window_pattern");
-    let n = c.num_layers;
-    let by_period = |p: usize| -> Vec<LayerType> {
-        (0..n)
-            .map(|l| if (l + 1) % p.max(1) == 0 { LayerType::FullAttention } else { LayerType::SlidingAttention })
-            .collect()
-    };
-    let layer_types = match (window, g.file.get(&key)) {
-        (None, _) => Vec::new(),
-        (Some(_), None) => by_period(pattern),
-        (Some(_), Some(v)) => match (v.as_u64(), v.as_array()) {
-            (Some(p), _) => by_period(p as usize),
-            (None, Some(a)) if a.len() == n => a
-                .iter()
-                .map(|b| match b.as_bool() {
-                    Some(true) => Ok(LayerType::SlidingAttention),
-                    Some(false) => Ok(LayerType::FullAttention),
-                    None => Err(StudioError::config(&src, format!("GGUF metadata `{key}` must hold bools"))),
-                })
-                .collect::<Result<_>>()?,
-            _ => {
-                return Err(StudioError::config(
-                    &src,
-                    format!("GGUF metadata `{key}` must be a period or one bool per layer ({n}), found {v:?}"),
-                ))
-            }
-        },
-    };
-    let cap =
-        |k: &str, default: Option<f64>| -> Result<Option<f64>> { Ok(g.meta_f64(k)?.or(default).filter(|&x| x > 0.0)) };
-    let q = if n == big_layers { c.hidden_size / c.num_heads } else { c.head_dim };
-    c.family_params = FamilyParams {
-        query_pre_attn_scalar: Some(q as f64),
-        attn_logit_softcapping: cap("attn_logit_softcapping", softcaps.0)?,
-        final_logit_softcapping: cap("final_logit_softcapping", softcaps.1)?,
-        sliding_window: window,
-        layer_types,
-        rope_local_theta: None,
-    };
-    Ok(())
-}
 
 /// Gemma's `layer_types`: the given list (checked against the layer count
 /// and the known names), else every `pattern`-th layer full and the others

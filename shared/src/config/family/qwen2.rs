@@ -1,7 +1,7 @@
 //! Qwen2: Llama with biases on the q/k/v projections; llama.cpp `qwen2` (no q/k
 //! permutation). Source: transformers `modeling_qwen2.py`.
 
-use super::{no_gguf_params, no_params, write_no_params, Family, GateActivation};
+use super::{no_params, write_no_params, Family, GateActivation};
 use crate::config::Architecture;
 
 /// The Qwen2 family.
@@ -21,5 +21,4 @@ pub const FAMILY: Family = Family {
     read_params: no_params,
     write_params: write_no_params,
     gguf_block_names: &[],
-    read_gguf: no_gguf_params,
 };

@@ -5,7 +5,7 @@
 //! permutation). Source: transformers `modeling_qwen3.py` (`Qwen3Attention`),
 //! llama.cpp `src/models/qwen3.cpp`.
 
-use super::{no_gguf_params, no_params, write_no_params, Family, GateActivation};
+use super::{no_params, write_no_params, Family, GateActivation};
 use crate::config::Architecture;
 
 /// The Qwen3 family.
@@ -25,5 +25,4 @@ pub const FAMILY: Family = Family {
     read_params: no_params,
     write_params: write_no_params,
     gguf_block_names: &[],
-    read_gguf: no_gguf_params,
 };

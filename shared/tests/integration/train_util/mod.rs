@@ -6,9 +6,10 @@
 
 use std::path::{Path, PathBuf};
 
-use moe_shared::checkpoint::{open_model, DType, LoadedModel, WriteOptions};
+use moe_shared::checkpoint::{open_model, LoadedModel};
 use moe_shared::corpus::{split_documents, token_stream, DocSplit};
 use moe_shared::methods::{upcycle, ExpertCounts, RouterInit, UpcycleOptions};
+use moe_shared::tensor_io::{DType, WriteOptions};
 use moe_shared::tokenizer::Tokenizer;
 use moe_shared::train::{DataSpec, Mixture, PackedSource};
 

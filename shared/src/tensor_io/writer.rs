@@ -46,7 +46,7 @@ pub struct WriteOptions {
     /// [`SafetensorsWriter::finish`] with the other files (its title the
     /// output directory's name when empty); the methods add their facts to
     /// it before writing.
-    pub card: Option<super::card::ModelCard>,
+    pub card: Option<crate::tensor_io::card::ModelCard>,
 }
 
 impl Default for WriteOptions {
@@ -59,7 +59,7 @@ impl Default for WriteOptions {
 
 impl WriteOptions {
     /// These options with `card` as the model card.
-    pub fn with_card(mut self, card: Option<super::card::ModelCard>) -> Self {
+    pub fn with_card(mut self, card: Option<crate::tensor_io::card::ModelCard>) -> Self {
         self.card = card;
         self
     }
@@ -347,14 +347,14 @@ mod native {
             });
             for (name, bytes) in extra_files {
                 // An input's own card is never the output's.
-                if card.is_some() && *name == crate::checkpoint::card::CARD_FILE {
+                if card.is_some() && *name == crate::tensor_io::card::CARD_FILE {
                     continue;
                 }
                 let p = self.tmp().join(name);
                 std::fs::write(&p, bytes).map_err(|e| StudioError::io(p.display(), e))?;
             }
             if let Some(card) = card {
-                let p = self.tmp().join(crate::checkpoint::card::CARD_FILE);
+                let p = self.tmp().join(crate::tensor_io::card::CARD_FILE);
                 std::fs::write(&p, card).map_err(|e| StudioError::io(p.display(), e))?;
             }
             let tmp = self.tmp_dir.take().expect("open");
@@ -407,8 +407,8 @@ mod native {
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod tests {
     use super::*;
-    use crate::checkpoint::safetensors_io::{SafetensorsFile, SafetensorsModel};
-    use crate::checkpoint::{Bytes, TensorSource};
+    use crate::tensor_io::safetensors_io::{SafetensorsFile, SafetensorsModel};
+    use crate::tensor_io::{Bytes, TensorSource};
 
     fn plan() -> Vec<PlannedTensor> {
         vec![

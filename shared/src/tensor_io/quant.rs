@@ -30,7 +30,7 @@
 //! known by name and layout, so a GGUF file holding them can be parsed, but
 //! they cannot be dequantized.
 
-use super::dtype::DType;
+use crate::tensor_io::dtype::DType;
 
 /// Maps a `ggml_type` id (as stored in a GGUF tensor info) to a [`DType`].
 ///

@@ -21,7 +21,7 @@
 //! went in; and an input's license is carried over only when all inputs
 //! agree. An input's own card is never copied: the writer writes this card
 //! as `README.md` and drops any other file of that name
-//! ([`crate::checkpoint::SafetensorsWriter::finish`]).
+//! ([`crate::tensor_io::SafetensorsWriter::finish`]).
 //!
 //! Format: <https://huggingface.co/docs/hub/model-cards> (the metadata keys
 //! of `modelcard.md` / `huggingface_hub.ModelCardData`).
@@ -318,41 +318,6 @@ pub fn card_license(text: &str) -> Option<String> {
         serde_yaml_ng::Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
         _ => None,
     }
-}
-
-/// The license an input model states (native only): a directory's own
-/// `README.md` front matter `license`, or a GGUF file's `general.license`
-/// (also a directory's single `.gguf`); `None` when it states none.
-#[cfg(not(target_arch = "wasm32"))]
-pub fn input_license(path: &std::path::Path) -> Option<String> {
-    if path.is_dir() {
-        if let Ok(text) = std::fs::read_to_string(path.join(CARD_FILE)) {
-            if let Some(l) = card_license(&text) {
-                return Some(l);
-            }
-        }
-        let ggufs: Vec<std::path::PathBuf> = std::fs::read_dir(path)
-            .ok()?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
-            .collect();
-        return match ggufs.as_slice() {
-            [one] if !path.join("config.json").exists() => input_license(one),
-            _ => None,
-        };
-    }
-    if path.extension().is_some_and(|e| e == "gguf") {
-        let bytes = super::Bytes::map_file(path).ok()?;
-        let model = super::gguf::open(bytes, &path.display().to_string()).ok()?;
-        return model.file.get_str("general.license").map(str::to_string);
-    }
-    None
-}
-
-/// An input of a CLI command: `role`, the path as given, its license.
-#[cfg(not(target_arch = "wasm32"))]
-pub fn cli_input(role: impl Into<String>, path: &std::path::Path) -> CardInput {
-    CardInput { role: role.into(), name: path.display().to_string(), license: input_license(path) }
 }
 
 #[cfg(test)]

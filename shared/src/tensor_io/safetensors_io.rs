@@ -183,7 +183,7 @@ impl SafetensorsFile {
     /// tensor whose offsets overlap, leave gaps or run past the file.
     pub fn parse(bytes: Bytes, file_name: &str) -> Result<Self> {
         let buf = bytes.as_slice();
-        super::check::refuse_lfs_pointer(buf, file_name, "safetensors")?;
+        crate::tensor_io::bytes::refuse_lfs_pointer(buf, file_name, "safetensors")?;
         check_header(buf, file_name)?;
         let (n, meta) = safetensors::SafeTensors::read_metadata(buf)
             .map_err(|e| StudioError::format(file_name, "safetensors", diagnose(buf, &e)))?;

@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::checkpoint::dtype::f32_to_bytes;
-use crate::checkpoint::writer::serialize_to_vec;
-use crate::checkpoint::{DType, PlannedTensor};
 use crate::error::{Result, StudioError};
+use crate::tensor_io::dtype::f32_to_bytes;
+use crate::tensor_io::writer::serialize_to_vec;
+use crate::tensor_io::{DType, PlannedTensor};
 
 /// A consumer of tensors in plan order.
 pub trait TensorSink {
@@ -20,7 +20,7 @@ pub trait TensorSink {
 }
 
 #[cfg(not(target_arch = "wasm32"))]
-impl TensorSink for crate::checkpoint::SafetensorsWriter {
+impl TensorSink for crate::tensor_io::SafetensorsWriter {
     fn write_tensor(&mut self, name: &str, data: &[u8]) -> Result<()> {
         self.write(name, data)
     }

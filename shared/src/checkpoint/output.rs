@@ -4,12 +4,12 @@
 
 use serde::Serialize;
 
-use super::moe_plan::{moe_tensor_plan, MoeTensor, Origin};
-use crate::checkpoint::{DType, PlannedTensor, TensorSource};
+use super::plan::{moe_tensor_plan, MoeTensor, Origin};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
 use crate::layout::LayoutSink;
-use crate::methods::sink::TensorSink;
+use crate::tensor_io::sink::TensorSink;
+use crate::tensor_io::{DType, PlannedTensor, TensorSource};
 
 pub use crate::layout::{LayoutChoice, LayoutRequest};
 
@@ -25,7 +25,7 @@ pub fn out_dtype(src: DType, explicit: Option<DType>) -> DType {
 /// # Errors
 /// [`StudioError::Tensor`] naming the source and tensor.
 pub fn check_dense_source(src: &dyn TensorSource, base: &ModelConfig) -> Result<()> {
-    for (name, shape) in crate::checkpoint::export::dense_tensor_plan(base) {
+    for (name, shape) in crate::checkpoint::plan::dense_tensor_plan(base) {
         let info = src.info(&name).ok_or_else(|| {
             StudioError::tensor(src.source_name(), &name, format!("missing (expected shape {shape:?})"))
         })?;
@@ -95,7 +95,7 @@ pub fn config_json(
 /// experts are stored, the dtype and the parameter counts; marks the card
 /// as an MoE's (`moe`, `mixture-of-experts` tags).
 pub fn card_moe_details(
-    card: &mut crate::checkpoint::card::ModelCard,
+    card: &mut crate::tensor_io::card::ModelCard,
     base: &ModelConfig,
     choice: &LayoutChoice,
     planned: &[PlannedTensor],

@@ -1,5 +1,8 @@
-//! The tensor plan of an MoE checkpoint built on a dense base: every output
-//! tensor's name, shape and where its values come from.
+//! The tensor plan: the one list of a checkpoint's tensor names and shapes,
+//! dense ([`dense_tensor_plan`], family-aware) and MoE ([`moe_tensor_plan`],
+//! built on it: every output tensor's name, shape and where its values come
+//! from). Loading checks, saving, export and random initialisation all read
+//! it.
 //!
 //! The order is the dense order of [`dense_tensor_plan`] with each MoE
 //! layer's `mlp.{gate,up,down}_proj.weight` replaced, in place, by the router
@@ -16,12 +19,58 @@
 //! is invisible to them. Names are the canonical ones of
 //! [`crate::layout::names`]; a layout renames them on the way out.
 
-use crate::checkpoint::export::dense_tensor_plan;
 use crate::config::{ModelConfig, MoeConfig};
 use crate::layout::names::{
     self, expert_weight_name, router_bias_name, router_weight_name, selection_bias_name, shared_expert_gate_name,
     shared_expert_weight_name, Proj, TensorRole,
 };
+
+/// The Hugging Face tensor names and shapes of a dense model of `c`, in the
+/// order transformers writes them: `[out, in]` for linear weights (q
+/// `[heads * head_dim, hidden]`, k/v `[kv_heads * head_dim, hidden]`, o
+/// `[hidden, heads * head_dim]`, gate/up `[ffn, hidden]`, down `[hidden,
+/// ffn]`), `[vocab, hidden]` for the embedding and an untied `lm_head`,
+/// `[hidden]` for the RMSNorm gains, `[out]` for q/k/v biases
+/// (`attention_bias`), `[head_dim]` for the q/k norms of the families that
+/// have them (Qwen3, Gemma 3), and Gemma's sandwich norms. Fused storage
+/// (Phi-3's `qkv_proj`, `gate_up_proj`) is a file form
+/// ([`crate::checkpoint::fused`]): the plan lists the split tensors the
+/// model holds. The element count is [`ModelConfig::num_parameters`].
+pub fn dense_tensor_plan(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (d, f, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+    let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, d])];
+    for l in 0..c.num_layers {
+        let p = format!("model.layers.{l}");
+        out.push((format!("{p}.input_layernorm.weight"), vec![d]));
+        out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, d]));
+        out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, d]));
+        out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, d]));
+        if c.attention_bias {
+            out.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
+            out.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
+            out.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
+        }
+        out.push((format!("{p}.self_attn.o_proj.weight"), vec![d, q]));
+        if c.architecture.family().qk_norm {
+            out.push((format!("{p}.self_attn.q_norm.weight"), vec![c.head_dim]));
+            out.push((format!("{p}.self_attn.k_norm.weight"), vec![c.head_dim]));
+        }
+        out.push((format!("{p}.post_attention_layernorm.weight"), vec![d]));
+        if c.architecture.family().sandwich_norms {
+            out.push((format!("{p}.pre_feedforward_layernorm.weight"), vec![d]));
+            out.push((format!("{p}.post_feedforward_layernorm.weight"), vec![d]));
+        }
+        out.push((format!("{p}.mlp.gate_proj.weight"), vec![f, d]));
+        out.push((format!("{p}.mlp.up_proj.weight"), vec![f, d]));
+        out.push((format!("{p}.mlp.down_proj.weight"), vec![d, f]));
+    }
+    out.push(("model.norm.weight".to_string(), vec![d]));
+    if !c.tie_word_embeddings {
+        out.push(("lm_head.weight".to_string(), vec![v, d]));
+    }
+    out
+}
 
 /// Where the values of one output tensor come from.
 #[derive(Debug, Clone, PartialEq, Eq)]

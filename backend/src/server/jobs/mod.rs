@@ -1,0 +1,171 @@
+//! Jobs: validated specs stored in SQLite, run as child processes of the
+//! same binary (`moe-studio <kind> ...`) by a bounded pool, with progress
+//! parsed from the child's output and broadcast as server-sent events.
+//!
+//! Why a child process per job rather than a thread: each job gets its own
+//! log (the CLI's stderr), its own Ctrl-C handling (a SIGINT makes `train`
+//! save a checkpoint), and a job that runs out of memory or panics takes
+//! down only itself, never the server. The code run is the CLI's, so a job
+//! and the same command typed by hand give the same numbers.
+//!
+//! `handlers`: the HTTP routes; `supervisor`: the queue and each job's child
+//! process; `progress`: reading a train job's progress from its stdout.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use moe_shared::api::{DataRef, JobEvent, JobInfo, JobMemory};
+use tokio::sync::{broadcast, watch, Semaphore};
+
+use super::db::get_job;
+use super::error::{AppError, AppResult};
+use super::AppStateRef;
+
+mod handlers;
+mod progress;
+mod supervisor;
+
+pub use handlers::{artifact, artifacts, cancel, create, events, get_one, list, log, metrics, resume};
+pub use supervisor::{begin_shutdown, recover, shutdown};
+
+/// Set in a job's environment: the child exits when its stdin (a pipe from
+/// the server) closes, so no job outlives a killed server.
+pub const EXIT_WITH_PARENT_ENV: &str = "MOE_STUDIO_EXIT_WITH_PARENT";
+
+/// Why the server killed a job (SIGKILL).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Killed {
+    /// It did not stop within this long after the SIGINT of a cancel.
+    Grace(Duration),
+    /// Its memory went over its limit.
+    Memory { peak: u64, limit: u64 },
+}
+
+struct Live {
+    tx: broadcast::Sender<JobEvent>,
+    pid: Option<u32>,
+    cancel: bool,
+    /// Which start of a job this is (a cancel's SIGKILL timer kills only the start it cancelled).
+    run: u64,
+    /// Why the server killed it, if it did.
+    killed: Option<Killed>,
+    /// The memory watch of the running child.
+    memory: Option<Arc<super::limits::Watch>>,
+}
+
+/// The worker pool and the live state of running jobs.
+pub struct Runner {
+    sem: Arc<Semaphore>,
+    live: Mutex<HashMap<String, Live>>,
+    shutdown: watch::Sender<bool>,
+    exe: PathBuf,
+    runs: std::sync::atomic::AtomicU64,
+}
+
+impl Runner {
+    /// A pool of `workers` slots running this executable.
+    ///
+    /// # Errors
+    /// When the executable's path cannot be found.
+    pub fn new(workers: usize) -> anyhow::Result<Runner> {
+        Ok(Runner {
+            sem: Arc::new(Semaphore::new(workers)),
+            live: Mutex::new(HashMap::new()),
+            shutdown: watch::channel(false).0,
+            exe: std::env::current_exe()?,
+            runs: std::sync::atomic::AtomicU64::new(1),
+        })
+    }
+
+    /// The executable jobs run (this binary).
+    pub fn exe(&self) -> &Path {
+        &self.exe
+    }
+
+    fn with_live<R>(&self, id: &str, f: impl FnOnce(&mut Live) -> R) -> R {
+        let mut m = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let l = m.entry(id.to_string()).or_insert_with(|| Live {
+            tx: broadcast::channel(256).0,
+            pid: None,
+            cancel: false,
+            run: 0,
+            killed: None,
+            memory: None,
+        });
+        f(l)
+    }
+
+    /// `f` on the live state of `id` when there is one (never creates it).
+    fn if_live<R>(&self, id: &str, f: impl FnOnce(&mut Live) -> R) -> Option<R> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).get_mut(id).map(f)
+    }
+
+    fn emit(&self, id: &str, ev: JobEvent) {
+        self.with_live(id, |l| {
+            let _ = l.tx.send(ev);
+        });
+    }
+
+    fn finish(&self, id: &str) {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+    }
+
+    fn live_pids(&self) -> Vec<u32> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).values().filter_map(|l| l.pid).collect()
+    }
+
+    /// The memory of running job `id` now.
+    fn memory(&self, id: &str) -> Option<JobMemory> {
+        self.if_live(id, |l| {
+            l.memory.as_ref().map(|w| JobMemory {
+                current_bytes: w.current(),
+                peak_bytes: w.peak(),
+                limit_bytes: w.limit,
+            })
+        })
+        .flatten()
+    }
+}
+
+/// Sends `sig` to the process group led by `pid` (jobs run in their own group).
+pub fn signal_group(pid: u32, sig: i32) {
+    // SAFETY: kill(2) has no memory effects; a stale pid only yields ESRCH.
+    unsafe {
+        libc::kill(-(pid as i32), sig);
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+/// `jobs/{id}` of a validated id.
+fn job_dir(st: &AppStateRef, id: &str) -> PathBuf {
+    st.data.join("jobs").join(id)
+}
+
+async fn load(st: &AppStateRef, id: &str) -> AppResult<JobInfo> {
+    let idc = id.to_string();
+    st.db
+        .call(move |c| get_job(c, &idc).map_err(AppError::from))
+        .await?
+        .ok_or_else(|| AppError::not_found("id", format!("job {id}")))
+}
+
+fn data_ext(file_name: &str) -> &'static str {
+    if file_name.ends_with(".jsonl") {
+        ".jsonl"
+    } else if file_name.ends_with(".json") {
+        ".json"
+    } else {
+        ".txt"
+    }
+}
+
+/// Relative path (from the job directory) of a dataset's file.
+fn data_rel(d: &DataRef, heldout: bool, ext: &str) -> String {
+    format!("data/{}{}{ext}", d.name, if heldout { ".heldout" } else { "" })
+}

@@ -1,0 +1,640 @@
+//! What a job does (`POST /api/jobs`): [`JobSpec`], one spec per kind, and
+//! the checks that need no files.
+
+use serde::{Deserialize, Serialize};
+
+use super::server::check_id;
+use super::ApiError;
+use crate::methods::merge::MergeMethod;
+use crate::train::Stage;
+
+/// A text corpus for a job: a completed upload (`.txt`: one document per
+/// line; `.jsonl`: field `text`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataRef {
+    /// Name (`[A-Za-z0-9_-]`, 1-64): the dataset / language / domain label.
+    pub name: String,
+    /// Completed upload id.
+    pub upload: String,
+    /// Mixture weight (train), default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<f64>,
+    /// An original language of the model (train's language prior).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub original: bool,
+    /// Held-out upload (route only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heldout: Option<String>,
+}
+
+/// `train` (see `moe-studio train --help`); unset options take the CLI's
+/// defaults. The output model is `final/` of the job's artefacts and is
+/// registered as a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSpec {
+    /// Checkpoint id of the model to train.
+    pub model: String,
+    /// Stage (`experts`, `router`, `dense`): [`Stage`], the trainer's own.
+    pub stage: Stage,
+    /// Corpora (at least one).
+    pub data: Vec<DataRef>,
+    /// Optimizer steps (1-1,000,000).
+    pub steps: usize,
+    /// Tokens per sequence (2-65,536).
+    #[serde(default)]
+    pub seq_len: Option<usize>,
+    /// Sequences per micro-step (1-4,096).
+    #[serde(default)]
+    pub batch: Option<usize>,
+    /// Peak learning rate (> 0).
+    #[serde(default)]
+    pub lr: Option<f64>,
+    /// Warm-up steps.
+    #[serde(default)]
+    pub warmup: Option<usize>,
+    /// Final learning rate as a fraction of `lr` (0-1).
+    #[serde(default)]
+    pub min_lr: Option<f64>,
+    /// Micro-steps per optimizer step (1-1,024).
+    #[serde(default)]
+    pub grad_accum: Option<usize>,
+    /// Global gradient-norm clip (0: none).
+    #[serde(default)]
+    pub clip: Option<f64>,
+    /// Load-balancing coefficient (>= 0).
+    #[serde(default)]
+    pub alpha: Option<f64>,
+    /// Language-prior coefficient (>= 0).
+    #[serde(default)]
+    pub prior: Option<f64>,
+    /// AdamW weight decay (>= 0).
+    #[serde(default)]
+    pub weight_decay: Option<f64>,
+    /// Checkpoint every N steps (default: steps / 10, at least 1): what a
+    /// resumed job continues from.
+    #[serde(default)]
+    pub save_every: Option<usize>,
+    /// Seed of the data order.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Devices for data parallelism (1-64).
+    #[serde(default)]
+    pub devices: Option<usize>,
+    /// Where the stage runs (default [`TrainEngine::Burn`]).
+    #[serde(default)]
+    pub engine: Option<TrainEngine>,
+}
+
+/// The engine of a train job: `moe-studio train --engine`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainEngine {
+    /// The studio's Burn trainer runs the stage; the output model is
+    /// registered as a checkpoint.
+    #[default]
+    Burn,
+    /// The stage is written as a PyTorch FSDP job (`--engine torch --emit`:
+    /// model, packed data, `train.py`, README) for a cluster; the job's
+    /// artefacts are that directory and nothing is trained here
+    /// (backend/src/cli/torch_handoff.rs).
+    Torch,
+}
+
+impl TrainEngine {
+    /// The CLI name (`burn`, `torch`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TrainEngine::Burn => "burn",
+            TrainEngine::Torch => "torch",
+        }
+    }
+
+    /// What a job on this engine produces, for the Jobs page.
+    pub fn describe(self) -> &'static str {
+        match self {
+            TrainEngine::Burn => "Burn: trained on this server",
+            TrainEngine::Torch => "PyTorch FSDP job: emitted for torchrun, not trained here",
+        }
+    }
+}
+
+/// `upcycle`: dense -> MoE by copying every FFN into experts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpcycleSpec {
+    /// Checkpoint id of the dense model.
+    pub model: String,
+    /// Experts per MoE layer (2-256), or use `experts_per_layer`.
+    #[serde(default)]
+    pub experts: Option<usize>,
+    /// Experts per layer (`null`: keep the layer dense); NeuronMoE's allocation.
+    #[serde(default)]
+    pub experts_per_layer: Option<Vec<Option<usize>>>,
+    /// Experts chosen per token (default 2).
+    #[serde(default)]
+    pub top_k: Option<usize>,
+    /// Frozen experts (default `[0]`, the original FFN).
+    #[serde(default)]
+    pub frozen: Option<Vec<usize>>,
+    /// Router initialisation: `zeros` (default) or `random`.
+    #[serde(default)]
+    pub router_init: Option<String>,
+    /// Multiplicative noise on the copies (>= 0).
+    #[serde(default)]
+    pub noise: Option<f64>,
+    /// Seed.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Output dtype `f32`, `f16` or `bf16` (default: the source's).
+    #[serde(default)]
+    pub dtype: Option<String>,
+}
+
+/// `moerge`: N dense models -> one MoE (DUME).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoergeSpec {
+    /// Checkpoint ids (2-64), expert i = model i.
+    pub models: Vec<String>,
+    /// Experts per token (default 1).
+    #[serde(default)]
+    pub top_k: Option<usize>,
+    /// Seed.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Output dtype.
+    #[serde(default)]
+    pub dtype: Option<String>,
+}
+
+/// `route`: DUME's ridge router (domain i = expert i).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSpec {
+    /// Checkpoint id of the MoErged model.
+    pub model: String,
+    /// One corpus per expert, in expert order (`heldout` optional).
+    pub domains: Vec<DataRef>,
+    /// Ridge lambda (> 0).
+    #[serde(default)]
+    pub lambda: Option<f64>,
+    /// Experts per token.
+    #[serde(default)]
+    pub top_k: Option<usize>,
+    /// Training tokens per domain.
+    #[serde(default)]
+    pub max_tokens: Option<usize>,
+    /// Context length of the statistics pass.
+    #[serde(default)]
+    pub context: Option<usize>,
+}
+
+/// `graft`: add `scale * (instruct - base)` to a model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GraftSpec {
+    /// Checkpoint id of the target (MoE or dense).
+    pub target: String,
+    /// Checkpoint id of the dense base.
+    pub base: String,
+    /// Checkpoint id of the dense instruct model.
+    pub instruct: String,
+    /// Scale (finite, default 1).
+    #[serde(default)]
+    pub scale: Option<f64>,
+}
+
+/// `merge`: the weight-merging baselines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MergeSpec {
+    /// Method (`linear`, `task-arithmetic`, `ties`, `dare`, `dare-ties`):
+    /// [`MergeMethod`], the merge's own.
+    pub method: MergeMethod,
+    /// Checkpoint ids (1-64).
+    pub models: Vec<String>,
+    /// One weight per model (finite).
+    #[serde(default)]
+    pub weights: Option<Vec<f64>>,
+    /// Checkpoint id of the base (all but `linear`).
+    #[serde(default)]
+    pub base: Option<String>,
+    /// Density for ties / dare (0 < d <= 1).
+    #[serde(default)]
+    pub density: Option<f64>,
+    /// Seed.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Output dtype.
+    #[serde(default)]
+    pub dtype: Option<String>,
+}
+
+/// `neurons`: NeuronMoE language-specific neurons.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NeuronsSpec {
+    /// Checkpoint id.
+    pub model: String,
+    /// One corpus per language (name = language code), at least two.
+    pub langs: Vec<DataRef>,
+    /// The new languages (names among `langs`).
+    #[serde(default)]
+    pub new: Vec<String>,
+    /// Neurons kept per language (1-1,000,000).
+    #[serde(default)]
+    pub top_n: Option<usize>,
+    /// Texts per language.
+    #[serde(default)]
+    pub max_texts: Option<usize>,
+    /// Tokens per text.
+    #[serde(default)]
+    pub max_tokens: Option<usize>,
+}
+
+/// `eval`: per-dataset perplexity and routing load (the result is
+/// `result.json` of the job's artefacts).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSpec {
+    /// Checkpoint id.
+    pub model: String,
+    /// Datasets (at least one).
+    pub data: Vec<DataRef>,
+    /// Window (tokens).
+    #[serde(default)]
+    pub window: Option<usize>,
+    /// Stride (tokens).
+    #[serde(default)]
+    pub stride: Option<usize>,
+    /// Tokens per dataset.
+    #[serde(default)]
+    pub max_tokens: Option<usize>,
+    /// `learned` (default), `oracle` or `random`.
+    #[serde(default)]
+    pub routing: Option<String>,
+}
+
+/// `task`: multiple-choice task accuracy with the lm-evaluation-harness
+/// semantics (`moe-studio eval --task`; [`crate::eval::multiple_choice`]).
+/// The result is `result.json` of the job's artefacts: per task `acc`,
+/// `acc_norm`, `acc_bytes`, their standard errors and the per-item samples.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// Checkpoint id.
+    pub model: String,
+    /// Task files (JSONL uploads, one item per line: `context`, `choices`,
+    /// `gold`), at least one; `name` labels each.
+    pub tasks: Vec<DataRef>,
+    /// Put between the context and each choice (lm-eval's
+    /// `target_delimiter`; default `" "`, at most 16 characters).
+    #[serde(default)]
+    pub target_delimiter: Option<String>,
+    /// Score only the first N items of each task.
+    #[serde(default)]
+    pub limit: Option<usize>,
+    /// Requests (one per choice) per forward pass.
+    #[serde(default)]
+    pub batch: Option<usize>,
+}
+
+/// What a job does: `{"kind": "train", ...TrainSpec fields}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum JobSpec {
+    /// Dense -> MoE.
+    Upcycle(UpcycleSpec),
+    /// Dense models -> MoE.
+    Moerge(MoergeSpec),
+    /// Ridge router.
+    Route(RouteSpec),
+    /// Delta graft.
+    Graft(GraftSpec),
+    /// Merge baselines.
+    Merge(MergeSpec),
+    /// Language-specific neurons.
+    Neurons(NeuronsSpec),
+    /// Training (stages experts / router / dense).
+    Train(TrainSpec),
+    /// Perplexity + routing load.
+    Eval(EvalSpec),
+    /// Multiple-choice task accuracy.
+    Task(TaskSpec),
+}
+
+/// `POST /api/jobs` body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateJob {
+    /// What to run.
+    pub spec: JobSpec,
+    /// Burn backend (`cpu` (alias `ndarray`), `wgpu`, `cuda`, or `auto`; default: the
+    /// server's, which `moe-studio serve --backend auto` chose at start).
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// Display name.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+fn check_range<T: PartialOrd + std::fmt::Display + Copy>(
+    field: &str,
+    v: Option<T>,
+    lo: T,
+    hi: T,
+) -> Result<(), ApiError> {
+    match v {
+        Some(x) if !(lo <= x && x <= hi) => Err(ApiError::field(field, format!("{x} is out of range {lo}..={hi}"))),
+        _ => Ok(()),
+    }
+}
+
+fn check_f(field: &str, v: Option<f64>, lo: f64, hi: f64, lo_open: bool) -> Result<(), ApiError> {
+    match v {
+        Some(x) if !x.is_finite() || x > hi || x < lo || (lo_open && x == lo) => Err(ApiError::field(
+            field,
+            format!("{x} is out of range {}{lo}..={hi}", if lo_open { "(exclusive) " } else { "" }),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn check_dtype(field: &str, v: &Option<String>) -> Result<(), ApiError> {
+    match v.as_deref() {
+        None | Some("f32" | "f16" | "bf16") => Ok(()),
+        Some(x) => Err(ApiError::field(field, format!("`{x}`: expected f32, f16 or bf16"))),
+    }
+}
+
+fn check_data(field: &str, data: &[DataRef], min: usize) -> Result<(), ApiError> {
+    if data.len() < min || data.len() > 64 {
+        return Err(ApiError::field(field, format!("{} entries: expected {min} to 64", data.len())));
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for (i, d) in data.iter().enumerate() {
+        let f = format!("{field}[{i}]");
+        let ok = !d.name.is_empty()
+            && d.name.len() <= 64
+            && d.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !ok {
+            return Err(ApiError::field(&format!("{f}.name"), format!("`{}`: expected 1-64 of [A-Za-z0-9_-]", d.name)));
+        }
+        if !names.insert(d.name.as_str()) {
+            return Err(ApiError::field(&format!("{f}.name"), format!("`{}` appears twice", d.name)));
+        }
+        check_id(&format!("{f}.upload"), &d.upload)?;
+        if let Some(h) = &d.heldout {
+            check_id(&format!("{f}.heldout"), h)?;
+        }
+        check_f(&format!("{f}.weight"), d.weight, 0.0, 1e6, true)?;
+    }
+    Ok(())
+}
+
+fn check_models(field: &str, ids: &[String], min: usize) -> Result<(), ApiError> {
+    if ids.len() < min || ids.len() > 64 {
+        return Err(ApiError::field(field, format!("{} models: expected {min} to 64", ids.len())));
+    }
+    for (i, id) in ids.iter().enumerate() {
+        check_id(&format!("{field}[{i}]"), id)?;
+    }
+    Ok(())
+}
+
+impl JobSpec {
+    /// The engine of a train job (`None` for the other kinds).
+    pub fn engine(&self) -> Option<TrainEngine> {
+        match self {
+            JobSpec::Train(s) => Some(s.engine.unwrap_or_default()),
+            _ => None,
+        }
+    }
+
+    /// The kind's name (`train`, `upcycle`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            JobSpec::Upcycle(_) => "upcycle",
+            JobSpec::Moerge(_) => "moerge",
+            JobSpec::Route(_) => "route",
+            JobSpec::Graft(_) => "graft",
+            JobSpec::Merge(_) => "merge",
+            JobSpec::Neurons(_) => "neurons",
+            JobSpec::Train(_) => "train",
+            JobSpec::Eval(_) => "eval",
+            JobSpec::Task(_) => "task",
+        }
+    }
+
+    /// Checks every parameter that can be checked without the files; the
+    /// error names the field (`spec.steps`, `spec.data[0].upload`, ...).
+    ///
+    /// # Errors
+    /// The first invalid field.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        match self {
+            JobSpec::Train(s) => {
+                check_id("spec.model", &s.model)?;
+                check_data("spec.data", &s.data, 1)?;
+                check_range("spec.steps", Some(s.steps), 1, 1_000_000)?;
+                check_range("spec.seq_len", s.seq_len, 2, 65_536)?;
+                check_range("spec.batch", s.batch, 1, 4096)?;
+                check_f("spec.lr", s.lr, 0.0, 10.0, true)?;
+                check_range("spec.warmup", s.warmup, 0, 1_000_000)?;
+                check_f("spec.min_lr", s.min_lr, 0.0, 1.0, false)?;
+                check_range("spec.grad_accum", s.grad_accum, 1, 1024)?;
+                check_f("spec.clip", s.clip, 0.0, 1e6, false)?;
+                check_f("spec.alpha", s.alpha, 0.0, 1e3, false)?;
+                check_f("spec.prior", s.prior, 0.0, 1e3, false)?;
+                check_f("spec.weight_decay", s.weight_decay, 0.0, 10.0, false)?;
+                check_range("spec.save_every", s.save_every, 1, 1_000_000)?;
+                check_range("spec.devices", s.devices, 1, 64)?;
+                if s.engine == Some(TrainEngine::Torch)
+                    && !matches!(s.stage, Stage::Experts | Stage::Router | Stage::Dense | Stage::Ffn)
+                {
+                    return Err(ApiError::field(
+                        "spec.engine",
+                        format!(
+                            "the PyTorch hand-off runs the stages experts, router, dense and ffn; stage {} trains on burn",
+                            s.stage.name()
+                        ),
+                    ));
+                }
+            }
+            JobSpec::Upcycle(s) => {
+                check_id("spec.model", &s.model)?;
+                match (&s.experts, &s.experts_per_layer) {
+                    (Some(_), Some(_)) | (None, None) => {
+                        return Err(ApiError::field(
+                            "spec.experts",
+                            "give exactly one of experts and experts_per_layer",
+                        ))
+                    }
+                    (Some(e), None) => check_range("spec.experts", Some(*e), 2, 256)?,
+                    (None, Some(l)) => {
+                        if l.is_empty() || l.len() > 1024 {
+                            return Err(ApiError::field("spec.experts_per_layer", "expected 1-1024 layers"));
+                        }
+                        for (i, e) in l.iter().enumerate() {
+                            check_range(&format!("spec.experts_per_layer[{i}]"), *e, 1, 256)?;
+                        }
+                    }
+                }
+                check_range("spec.top_k", s.top_k, 1, 256)?;
+                if let Some(f) = &s.frozen {
+                    for (i, e) in f.iter().enumerate() {
+                        check_range(&format!("spec.frozen[{i}]"), Some(*e), 0, 255)?;
+                    }
+                }
+                if let Some(r) = s.router_init.as_deref() {
+                    if !matches!(r, "zeros" | "random") {
+                        return Err(ApiError::field("spec.router_init", format!("`{r}`: expected zeros or random")));
+                    }
+                }
+                check_f("spec.noise", s.noise, 0.0, 10.0, false)?;
+                check_dtype("spec.dtype", &s.dtype)?;
+            }
+            JobSpec::Moerge(s) => {
+                check_models("spec.models", &s.models, 2)?;
+                check_range("spec.top_k", s.top_k, 1, 64)?;
+                check_dtype("spec.dtype", &s.dtype)?;
+            }
+            JobSpec::Route(s) => {
+                check_id("spec.model", &s.model)?;
+                check_data("spec.domains", &s.domains, 2)?;
+                check_f("spec.lambda", s.lambda, 0.0, 1e9, true)?;
+                check_range("spec.top_k", s.top_k, 1, 64)?;
+                check_range("spec.max_tokens", s.max_tokens, 1, 100_000_000)?;
+                check_range("spec.context", s.context, 2, 65_536)?;
+            }
+            JobSpec::Graft(s) => {
+                check_id("spec.target", &s.target)?;
+                check_id("spec.base", &s.base)?;
+                check_id("spec.instruct", &s.instruct)?;
+                check_f("spec.scale", s.scale, -1e3, 1e3, false)?;
+            }
+            JobSpec::Merge(s) => {
+                check_models("spec.models", &s.models, 1)?;
+                if let Some(w) = &s.weights {
+                    if w.len() != s.models.len() {
+                        return Err(ApiError::field(
+                            "spec.weights",
+                            format!("{} weights for {} models", w.len(), s.models.len()),
+                        ));
+                    }
+                    for (i, x) in w.iter().enumerate() {
+                        check_f(&format!("spec.weights[{i}]"), Some(*x), -1e3, 1e3, false)?;
+                    }
+                }
+                match (&s.base, s.method) {
+                    (Some(b), _) => check_id("spec.base", b)?,
+                    (None, MergeMethod::Linear) => {}
+                    (None, m) => return Err(ApiError::field("spec.base", format!("{} needs a base model", m.name()))),
+                }
+                check_f("spec.density", s.density, 0.0, 1.0, true)?;
+                check_dtype("spec.dtype", &s.dtype)?;
+            }
+            JobSpec::Neurons(s) => {
+                check_id("spec.model", &s.model)?;
+                check_data("spec.langs", &s.langs, 2)?;
+                for (i, n) in s.new.iter().enumerate() {
+                    if !s.langs.iter().any(|d| &d.name == n) {
+                        return Err(ApiError::field(&format!("spec.new[{i}]"), format!("`{n}` is not among langs")));
+                    }
+                }
+                check_range("spec.top_n", s.top_n, 1, 1_000_000)?;
+                check_range("spec.max_texts", s.max_texts, 1, 1_000_000)?;
+                check_range("spec.max_tokens", s.max_tokens, 1, 65_536)?;
+            }
+            JobSpec::Eval(s) => {
+                check_id("spec.model", &s.model)?;
+                check_data("spec.data", &s.data, 1)?;
+                check_range("spec.window", s.window, 2, 65_536)?;
+                check_range("spec.stride", s.stride, 1, 65_536)?;
+                check_range("spec.max_tokens", s.max_tokens, 1, 1_000_000_000)?;
+                if let Some(r) = s.routing.as_deref() {
+                    if !matches!(r, "learned" | "oracle" | "random") {
+                        return Err(ApiError::field(
+                            "spec.routing",
+                            format!("`{r}`: expected learned, oracle or random"),
+                        ));
+                    }
+                }
+            }
+            JobSpec::Task(s) => {
+                check_id("spec.model", &s.model)?;
+                check_data("spec.tasks", &s.tasks, 1)?;
+                if let Some(d) = &s.target_delimiter {
+                    if d.chars().count() > 16 || d.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+                        return Err(ApiError::field(
+                            "spec.target_delimiter",
+                            "expected at most 16 characters, no control characters but newline and tab",
+                        ));
+                    }
+                }
+                check_range("spec.limit", s.limit, 1, crate::eval::task::MAX_ITEMS)?;
+                check_range("spec.batch", s.batch, 1, 4096)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checkpoint ids the job reads, with the field naming each.
+    pub fn checkpoints(&self) -> Vec<(String, String)> {
+        let one = |f: &str, id: &String| vec![(f.to_string(), id.clone())];
+        let many =
+            |f: &str, ids: &[String]| ids.iter().enumerate().map(|(i, id)| (format!("{f}[{i}]"), id.clone())).collect();
+        match self {
+            JobSpec::Train(s) => one("spec.model", &s.model),
+            JobSpec::Upcycle(s) => one("spec.model", &s.model),
+            JobSpec::Moerge(s) => many("spec.models", &s.models),
+            JobSpec::Route(s) => one("spec.model", &s.model),
+            JobSpec::Graft(s) => vec![
+                ("spec.target".into(), s.target.clone()),
+                ("spec.base".into(), s.base.clone()),
+                ("spec.instruct".into(), s.instruct.clone()),
+            ],
+            JobSpec::Merge(s) => {
+                let mut v: Vec<(String, String)> = many("spec.models", &s.models);
+                if let Some(b) = &s.base {
+                    v.push(("spec.base".into(), b.clone()));
+                }
+                v
+            }
+            JobSpec::Neurons(s) => one("spec.model", &s.model),
+            JobSpec::Eval(s) => one("spec.model", &s.model),
+            JobSpec::Task(s) => one("spec.model", &s.model),
+        }
+    }
+
+    /// Datasets the job reads, with the field naming each list.
+    pub fn datasets(&self) -> Vec<(&'static str, &DataRef)> {
+        match self {
+            JobSpec::Train(s) => s.data.iter().map(|d| ("spec.data", d)).collect(),
+            JobSpec::Route(s) => s.domains.iter().map(|d| ("spec.domains", d)).collect(),
+            JobSpec::Neurons(s) => s.langs.iter().map(|d| ("spec.langs", d)).collect(),
+            JobSpec::Eval(s) => s.data.iter().map(|d| ("spec.data", d)).collect(),
+            JobSpec::Task(s) => s.tasks.iter().map(|d| ("spec.tasks", d)).collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_spec_round_trip_and_validation() {
+        let j: JobSpec = serde_json::from_str(
+            r#"{"kind":"train","model":"123e4567-e89b-42d3-a456-426614174000","stage":"experts","steps":0,
+                "data":[{"name":"hu","upload":"123e4567-e89b-42d3-a456-426614174001"}]}"#,
+        )
+        .unwrap();
+        let e = j.validate().unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("spec.steps"));
+        assert!(serde_json::from_str::<JobSpec>(r#"{"kind":"train","stage":"bogus"}"#).is_err());
+    }
+}

@@ -38,12 +38,19 @@ if [ ${#apt_missing[@]} -gt 0 ]; then
 fi
 
 # wasm-bindgen-cli must equal the wasm-bindgen version in Cargo.lock; it is
-# built from crates.io (`--locked`: its own lock file, no resolution) in a
-# temporary directory cargo removes afterwards.
+# built from crates.io in a temporary directory cargo removes afterwards.
+# First with `--locked` (its own lock file, no resolution); when the registry
+# no longer holds a version that lock file names (seen 2026-12-04:
+# wasm-bindgen-cli 0.2.130 locks webpki-roots 1.0.11, which the registry
+# lacks), once more letting cargo resolve its dependencies — the CLI's own
+# version is pinned either way.
 WASM_BINDGEN_VERSION="$(awk '/^name = "wasm-bindgen"$/{getline; gsub(/version = |"/, ""); print; exit}' Cargo.lock)"
 if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$WASM_BINDGEN_VERSION" ]; then
     log "installing wasm-bindgen-cli $WASM_BINDGEN_VERSION"
-    env -u CARGO_TARGET_DIR cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION" --locked --force
+    if ! env -u CARGO_TARGET_DIR cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION" --locked --force; then
+        log "wasm-bindgen-cli's lock file names a crate version the registry lacks; installing with resolved dependencies"
+        env -u CARGO_TARGET_DIR cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION" --force
+    fi
 fi
 
 # playwright-core (pinned in tests/e2e/package-lock.json).

@@ -34,6 +34,9 @@
 #   ALLOCS         allocations to train (default "neuronmoe uniform shuffled inverted layermoe
 #                  layermoe-placed": the headline pair first; a short sitting can run "neuronmoe
 #                  uniform" and add the rest later)
+#   PUBLISHED_SEEDS  seeds an earlier sitting published in OUT/results.json (its run directories
+#                  gone with its machine): the report keeps their numbers beside this run's SEEDS,
+#                  after checking the allocations, budget and evaluation streams are the same
 #   ANALYSE        seeds whose trained models (every allocation) get the post-training analysis
 #                  (default: the first of SEEDS; "" skips it; ≈ 20–30 min per model here)
 # Resumable like the other scripts.

@@ -17,12 +17,28 @@ import shutil
 import statistics
 import sys
 
-from report_common import (acc_cell, figure, fmt, load, mean_or_none, ppl, seeds_with, stream_hashes, unfinished_note,
-                           write_commands)
+from report_common import (acc_cell, figure, fmt, load, mean_or_none, ppl, published_note, published_results, seeds_with,
+                           stream_hashes, unfinished_note, write_commands)
 
 work, out, smoke, model, seeds, allocs, analyse, budget = sys.argv[1:]
 seeds, allocs, analyse = seeds.split(), allocs.split(), analyse.split()
 LANGS = ["en", "hu", "el", "tr"]
+
+# Seeds published by an earlier sitting on another machine (report_common.published_results).
+published, prior = published_results(out, budget, seeds)
+
+
+def published_entries(a, per_layer):
+    """(seeds, {stage: [per-language ppl]}) of allocation `a` from the published results.json."""
+    if prior is None or a not in prior["allocations"]:
+        return [], {"s1": [], "s2": []}
+    p = prior["allocations"][a]
+    if p["new_experts_per_layer"] != per_layer:
+        sys.exit(f"PUBLISHED_SEEDS: allocation `{a}` was {p['new_experts_per_layer']} in the published results,"
+                 f" {per_layer} in this run: not the same experiment")
+    idx = [i for i, s in enumerate(p["seeds"]) if s in published]
+    return [p["seeds"][i] for i in idx], {st: [p[st][i] for i in idx] for st in ("s1", "s2")}
+
 
 base = load(os.path.join(work, "base.eval.json"))
 base_params = load(os.path.join(work, "base.inspect.json"))["parameters"]
@@ -40,6 +56,11 @@ for a in allocs:
     stages = {}
     for st in ("s1", "s2"):
         stages[st] = [{l: ppl(load(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json")), l) for l in LANGS} for s in have]
+    old_seeds, old_stages = published_entries(a, per_layer)
+    have = old_seeds + have
+    stages = {st: old_stages[st] + stages[st] for st in stages}
+    if params is None and prior is not None and a in prior["allocations"]:
+        params = prior["allocations"][a]["parameters"]
     results["allocations"][a] = {"new_experts_per_layer": per_layer, "parameters": params, "seeds": have, **stages}
     new_langs = [math.exp(statistics.mean(math.log(x[l]) for l in LANGS[1:])) for x in stages["s2"]]
     added = f"{(params - base_params) / 1e6:.2f} M" if params is not None else "-"
@@ -71,6 +92,12 @@ if os.path.exists(hu_only):
 evs = [load(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json")) for a in allocs for s in seeds for st in ("s1", "s2")
        if os.path.exists(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json"))]
 results["eval_streams"] = stream_hashes(evs + [base])
+if prior is not None:
+    if prior.get("eval_streams") != results["eval_streams"]:
+        sys.exit(f"PUBLISHED_SEEDS: the published results scored token streams {prior.get('eval_streams')},"
+                 f" this run {results['eval_streams']}: not the same evaluation text")
+    results["seeds"] = published + seeds
+    results["published_seeds"] = published
 
 # The dense model's analysis: specific neurons per layer (union over the new languages), and the
 # share that falls in the first and last quarter of the layers (the paper's "early and late
@@ -209,7 +236,7 @@ with open(os.path.join(out, "README.md"), "w") as f:
     f.write("# NeuronMoE on a real model: experts per layer from language-specific neurons\n\n")
     if smoke == "1":
         f.write("**Smoke run** (stories260K, a few steps): checks the pipeline; the numbers mean nothing.\n\n")
-    f.write(f"Model `{os.path.basename(model)}`; new languages hu, el, tr (en original); seeds {', '.join(seeds)}"
+    f.write(f"Model `{os.path.basename(model)}`; new languages hu, el, tr (en original); seeds {', '.join(results['seeds'])}"
             f" (mean ± std); {budget}. Perplexity after stage 2 on `lang/<code>/valid.txt` and, for English,"
             " `domain/docs/valid.txt`.\n\n"
             "**Protocol (issue 35, 2026-12-03).** English is GNOME help text (`domain/docs`), the same kind of text"
@@ -221,6 +248,7 @@ with open(os.path.join(out, "README.md"), "w") as f:
             " exactly as many experts as NeuronMoE (the earlier uniform baseline added 60 against 51), so they"
             " differ from it only in where the experts go: NeuronMoE's claim is about placement. LayerMoE-style"
             " (`layermoe`) keeps its own total.\n\n")
+    f.write(published_note(published))
     f.write(unfinished_note(missing))
     f.write("| allocation | new experts per layer | experts added | parameters added | seeds | ppl en | ppl hu |"
             " ppl el | ppl tr | geometric mean ppl, new languages |\n|---|---|---|---|---|---|---|---|---|---|\n")

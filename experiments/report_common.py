@@ -4,12 +4,45 @@ neuronmoe_report.py): reading `moe-studio eval --json` output (perplexity, and t
 import json
 import os
 import statistics
+import sys
 
 
 def load(path):
     """The JSON document at `path`."""
     with open(path) as f:
         return json.load(f)
+
+
+def published_results(out, budget, seeds):
+    """The results.json an earlier sitting published in `out`, when the environment names seeds it
+    ran (`PUBLISHED_SEEDS`, e.g. "1": that sitting's machine and run directories are gone), so that
+    a report keeps their numbers beside this run's `seeds`; None when PUBLISHED_SEEDS is unset.
+    Exits with a message naming the file when it is missing, was made with another `budget` string
+    (another experiment), lacks one of the published seeds, or when a published seed is also one of
+    this run's. Returns (published seed list, results dict)."""
+    published = os.environ.get("PUBLISHED_SEEDS", "").split()
+    if not published:
+        return [], None
+    path = os.path.join(out, "results.json")
+    if not os.path.exists(path):
+        sys.exit(f"PUBLISHED_SEEDS={' '.join(published)}: {path} does not exist")
+    prior = load(path)
+    if prior.get("budget") != budget:
+        sys.exit(f"PUBLISHED_SEEDS: {path} was made with budget `{prior.get('budget')}`, this run's is `{budget}`")
+    if any(s not in prior.get("seeds", []) for s in published) or set(published) & set(seeds):
+        sys.exit(f"PUBLISHED_SEEDS={' '.join(published)}: {path} holds seeds {prior.get('seeds')}; the published"
+                 f" seeds must be among them and not among this run's SEEDS ({' '.join(seeds)})")
+    return published, prior
+
+
+def published_note(published):
+    """The README paragraph saying which seeds come from an earlier sitting's results.json."""
+    if not published:
+        return ""
+    return (f"Seed(s) {', '.join(published)} ran in an earlier sitting on another machine: their numbers come from"
+            " the results.json that sitting published (checked here to be the same budget, rows and evaluation"
+            " token streams, `eval_streams`), their commands and wall times from that version of this README in"
+            " the git history; the command log below is this sitting's.\n\n")
 
 
 def ppl(ev, name):

@@ -50,6 +50,9 @@
 #   WORK=...     run directory (default $MOE_STUDIO_CACHE/experiments/dume[-smoke]); kept between sittings
 #   OUT=...      where the tables go (default docs/experiments/dume, smoke: $WORK/report)
 #   SEEDS="1 2 3"  seeds (dense fine-tune data order, random routers, router training)
+#   PUBLISHED_SEEDS  seeds an earlier sitting published in OUT/results.json (its run directories
+#                  gone with its machine): the report keeps their records beside this run's SEEDS,
+#                  after checking the budget and the evaluation streams are the same
 #   STEPS/SEQ/BATCH/LR             the dense fine-tune budget (full: 100 x 4 x 256 = 102,400 tokens, 1e-4)
 #   ROUTER_STEPS/ROUTER_LR         DUME+ / BTX router training (full: 50 x 4 x 256 = 51,200 tokens, 1e-3)
 #   STAT_TOKENS/EVAL_TOKENS        a cap on the ridge statistics per domain (default: none, every

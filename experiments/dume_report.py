@@ -15,11 +15,23 @@ import statistics
 import struct
 import sys
 
-from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, nll, open_report, ppl, seeds_with, stream_hashes,
-                           write_commands)
+from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, nll, open_report, ppl, published_note,
+                           published_results, seeds_with, stream_hashes, write_commands)
 
 work, out, smoke, model, seeds, parts_seeds, budget = sys.argv[1:]
 seeds, parts_seeds = seeds.split(), parts_seeds.split()
+# Seeds published by an earlier sitting on another machine (report_common.published_results): their
+# per-seed records (perplexity, retention, routing reports, incremental step) are kept from
+# OUT/results.json beside this run's seeds.
+published, prior = published_results(out, budget, seeds)
+
+
+def published_records(key):
+    """The published seeds' records of results["methods"][key] (or of a top-level list `key`)."""
+    if prior is None:
+        return []
+    recs = prior["methods"].get(key, prior.get(key) if isinstance(prior.get(key), list) else [])
+    return [x for x in recs if isinstance(x, dict) and x.get("seed") in published]
 # The files one seed's tables read. A run spanning several sittings may have finished only some of
 # them for a seed: each table uses the seeds that have its results (a `seeds` column says which),
 # and the README names what each unfinished seed still lacks.
@@ -149,6 +161,7 @@ def table(methods, prefix, its_seeds):
             per_seed.append({"seed": s, "ppl": p, "retention": r, "mean_retention": statistics.mean(r.values()),
                              "loss_retention": lr, "mean_loss_retention": statistics.mean(lr.values()),
                              "best_retention": max(r.values())})
+        per_seed = published_records(method) + per_seed
         results["methods"][method] = per_seed
         rows.append(
             [f"`{method}`", label, ", ".join(x["seed"] for x in per_seed) or "-"]
@@ -166,7 +179,9 @@ ffn_rows = [r for r in table(FFN_METHODS, "ffn-", parts_seeds) if r[2] != "-"]
 # DUME+ starts from the top-2 ridge router, so "DUME+ ≥ DUME" compares it with that router; the
 # top-1 ridge router is checked against averaging separately below.
 order = ["oracle", "dume-plus", "dume-top2", "average", "random"]
-order_seeds = [s for s in seeds if all(have(s, f"{m}.eval.json") for m in order)]
+order_seeds = [s for s in published
+               if all(any(x["seed"] == s for x in results["methods"][m]) for m in order)]
+order_seeds += [s for s in seeds if all(have(s, f"{m}.eval.json") for m in order)]
 
 
 def mean_ret_of(method, on_seeds):
@@ -189,7 +204,15 @@ acc_rows = []
 for method in ("dume-top1", "dume-top2", "dume-ood", "ffn-dume-top1"):
     rseeds = [s for s in (parts_seeds if method in ("dume-ood", "ffn-dume-top1") else seeds)
               if have(s, f"{method}.route.json")]
-    reps = [load(os.path.join(work, f"s{s}", f"{method}.route.json")) for s in rseeds]
+    # Each report keeps its seed, so that a later sitting can carry it (PUBLISHED_SEEDS).
+    reps = [dict(load(os.path.join(work, f"s{s}", f"{method}.route.json")), seed=s) for s in rseeds]
+    old = published_records(method + ".route")
+    if prior is not None and len(prior["seeds"]) == 1 and not old:
+        # Reports published before they carried their seed: one published seed, so they are its.
+        old = [dict(r, seed=prior["seeds"][0]) for r in prior["methods"].get(method + ".route", [])
+               if prior["seeds"][0] in published]
+    reps = old + reps
+    rseeds = [r["seed"] for r in reps]
     if not reps:
         continue
     acc = [[r["mean_accuracy_per_domain"][i] for r in reps] for i in range(len(DOMAINS))]
@@ -202,9 +225,17 @@ sweep = (load(os.path.join(work, f"s{seeds[0]}", "dume-top1.route.json")).get("l
          if have(seeds[0], "dume-top1.route.json") else [])
 results["eval_streams"] = stream_hashes([load(p) for p in glob.glob(os.path.join(work, "s*", "*.eval.json"))]
                                         + [load(os.path.join(work, "base.eval.json"))])
+if prior is not None:
+    for name, hashes in prior.get("eval_streams", {}).items():
+        if name in results["eval_streams"] and results["eval_streams"][name] != hashes:
+            sys.exit(f"PUBLISHED_SEEDS: the published results scored `{name}` as token stream(s) {hashes}, this run"
+                     f" as {results['eval_streams'][name]}: not the same evaluation text")
+        results["eval_streams"].setdefault(name, hashes)
+    results["seeds"] = published + seeds
+    results["published_seeds"] = published
 
 # Incremental DUME: added onto the saved statistics vs solved from scratch on all four domains.
-inc = []
+inc = published_records("incremental")
 INC_FILES = ("dume-add.eval.json", "dume-scratch4.eval.json", "dume-top1.eval.json", "expert-hu.eval.json",
              "dume-add.route.json", "dume-scratch4.route.json")
 for s in [s for s in seeds if all(have(s, f) for f in INC_FILES)]:
@@ -286,7 +317,7 @@ results["task_accuracy"] = {m: [{t["name"]: {k: t[k] for k in ("acc", "acc_norm"
                                  for t in ev.get("tasks", [])} for ev in evs] for m, _, evs in task_rows}
 
 with open_report(out, results, "DUME on a real model: MoErging dense domain experts with a ridge router", smoke) as f:
-    f.write(f"Model `{os.path.basename(model)}`; seeds {', '.join(seeds)} (mean ± std over seeds); {budget}.\n"
+    f.write(f"Model `{os.path.basename(model)}`; seeds {', '.join(results['seeds'])} (mean ± std over seeds); {budget}.\n"
             "Perplexity on `domain/{code,math,docs}/valid.txt`; retention on domain D = ppl(dense expert D on D) /"
             " ppl(model on D) (docs/methods.md §2.6: the paper's form), its mean over the domains and its best domain;"
             " loss retention = NLL(expert D on D) / NLL(model on D), mean over domains.\n\n"
@@ -297,6 +328,7 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
             " pass does (methods.md §2.2); DUME+ and BTX train with the same load-balancing coefficient. The tables"
             " published before (one document per line, 10,000 statistics tokens, DUME+ without the balancing loss)"
             " are replaced; the git history has them.\n\n")
+    f.write(published_note(published))
     for s, missing in unfinished.items():
         f.write(f"**Seed {s} has not finished**: it lacks {len(missing)} of its {len(SEED_FILES)} results"
                 f" ({', '.join(f'`{m}`' for m in missing)}); each table uses the seeds that have its results"

@@ -15,8 +15,8 @@ import statistics
 import struct
 import sys
 
-from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, nll, open_report, ppl, published_note,
-                           published_results, seeds_with, stream_hashes, write_commands)
+from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, merge_published, nll, open_report, ppl,
+                           published_note, published_results, seeds_with, stream_hashes, write_commands)
 
 work, out, smoke, model, seeds, parts_seeds, budget = sys.argv[1:]
 seeds, parts_seeds = seeds.split(), parts_seeds.split()
@@ -225,14 +225,7 @@ sweep = (load(os.path.join(work, f"s{seeds[0]}", "dume-top1.route.json")).get("l
          if have(seeds[0], "dume-top1.route.json") else [])
 results["eval_streams"] = stream_hashes([load(p) for p in glob.glob(os.path.join(work, "s*", "*.eval.json"))]
                                         + [load(os.path.join(work, "base.eval.json"))])
-if prior is not None:
-    for name, hashes in prior.get("eval_streams", {}).items():
-        if name in results["eval_streams"] and results["eval_streams"][name] != hashes:
-            sys.exit(f"PUBLISHED_SEEDS: the published results scored `{name}` as token stream(s) {hashes}, this run"
-                     f" as {results['eval_streams'][name]}: not the same evaluation text")
-        results["eval_streams"].setdefault(name, hashes)
-    results["seeds"] = published + seeds
-    results["published_seeds"] = published
+merge_published(results, prior, published, seeds)
 
 # Incremental DUME: added onto the saved statistics vs solved from scratch on all four domains.
 inc = published_records("incremental")

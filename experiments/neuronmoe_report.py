@@ -17,8 +17,8 @@ import shutil
 import statistics
 import sys
 
-from report_common import (acc_cell, figure, fmt, load, mean_or_none, ppl, published_note, published_results, seeds_with,
-                           stream_hashes, unfinished_note, write_commands)
+from report_common import (acc_cell, figure, fmt, load, mean_or_none, merge_published, ppl, published_note,
+                           published_results, seeds_with, stream_hashes, unfinished_note, write_commands)
 
 work, out, smoke, model, seeds, allocs, analyse, budget = sys.argv[1:]
 seeds, allocs, analyse = seeds.split(), allocs.split(), analyse.split()
@@ -92,12 +92,7 @@ if os.path.exists(hu_only):
 evs = [load(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json")) for a in allocs for s in seeds for st in ("s1", "s2")
        if os.path.exists(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json"))]
 results["eval_streams"] = stream_hashes(evs + [base])
-if prior is not None:
-    if prior.get("eval_streams") != results["eval_streams"]:
-        sys.exit(f"PUBLISHED_SEEDS: the published results scored token streams {prior.get('eval_streams')},"
-                 f" this run {results['eval_streams']}: not the same evaluation text")
-    results["seeds"] = published + seeds
-    results["published_seeds"] = published
+merge_published(results, prior, published, seeds)
 
 # The dense model's analysis: specific neurons per layer (union over the new languages), and the
 # share that falls in the first and last quarter of the layers (the paper's "early and late

@@ -35,6 +35,22 @@ def published_results(out, budget, seeds):
     return published, prior
 
 
+def merge_published(results, prior, published, seeds):
+    """Adds an earlier sitting's seeds to `results` (its `seeds`, `published_seeds`) and its
+    evaluation streams to `results["eval_streams"]`, after checking that every dataset both runs
+    scored is the same token stream; exits naming the dataset when one differs. No-op without
+    `prior`."""
+    if prior is None:
+        return
+    for name, hashes in prior.get("eval_streams", {}).items():
+        if name in results["eval_streams"] and results["eval_streams"][name] != hashes:
+            sys.exit(f"PUBLISHED_SEEDS: the published results scored `{name}` as token stream(s) {hashes}, this run"
+                     f" as {results['eval_streams'][name]}: not the same evaluation text")
+        results["eval_streams"].setdefault(name, hashes)
+    results["seeds"] = published + seeds
+    results["published_seeds"] = published
+
+
 def published_note(published):
     """The README paragraph saying which seeds come from an earlier sitting's results.json."""
     if not published:

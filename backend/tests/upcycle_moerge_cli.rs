@@ -298,6 +298,22 @@ fn upcycle_variants_then_train_with_routing_options() {
     let l0 = &cfg["moe_layers"][0];
     assert_eq!((l0["selection_bias"].as_bool(), l0["norm_topk_prob"].as_bool()), (Some(true), Some(false)), "{cfg}");
 
+    // A run stopped before its first checkpoint leaves metrics.jsonl alone: the next run into that
+    // --out starts at step 1 and its rows replace the stale ones (they used to be appended after).
+    let again = dir.join("again");
+    std::fs::create_dir_all(&again).unwrap();
+    let stale: String = (1..=3).map(|s| format!("{{\"step\":{s},\"ce_loss\":99.0}}\n")).collect();
+    std::fs::write(again.join("metrics.jsonl"), stale).unwrap();
+    ok(&run(&[&base[..], &[again.to_str().unwrap()]].concat()));
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(again.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let steps: Vec<u64> = rows.iter().map(|m| m["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, [1, 2], "{rows:?}");
+    assert!(rows.iter().all(|m| m["ce_loss"].as_f64().unwrap() < 99.0), "{rows:?}");
+
     for (args, want) in [
         (&["--drop-ratio", "1.5"][..], "--drop-ratio"),
         (&["--granularity", "3"][..], "divisors of 172: 2, 4, 43"),

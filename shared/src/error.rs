@@ -77,9 +77,52 @@ pub enum StudioError {
         /// What went wrong.
         what: String,
     },
+    /// A parameter of an operation outside what it accepts (top-k above
+    /// the expert count, a drop ratio outside `[0, 1]`, ...). `param` says
+    /// which one, so a caller (the tab's form) puts the message next to
+    /// that parameter without reading the text; the message is as
+    /// [`StudioError::Config`]'s.
+    #[error("{source_name}: {what}")]
+    Param {
+        /// Where the value came from (the CLI flag, the allocation file, the
+        /// form's field label).
+        source_name: String,
+        /// Which parameter is wrong.
+        param: Param,
+        /// What is wrong and what is accepted.
+        what: String,
+    },
     /// Invalid arguments to an operation (e.g. an empty prompt).
     #[error("invalid argument: {0}")]
     Invalid(String),
+}
+
+/// The MoE layout and upcycling parameters a [`StudioError::Param`] can
+/// name (docs/methods.md §1.1 upcycling, §1.3 variants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Param {
+    /// Experts per layer (the uniform count or an allocation: its length,
+    /// a layer with 0 experts).
+    Experts,
+    /// Experts each token is routed to (`top_k`).
+    TopK,
+    /// The frozen experts (indices into a layer's experts).
+    Frozen,
+    /// The router's softmax temperature.
+    Temperature,
+    /// The router's initialisation (random std, hidden-state or
+    /// embedding prompts).
+    Router,
+    /// The routed experts' FFN width.
+    ExpertWidth,
+    /// Shared experts (count, gate, initialisation, frozen).
+    SharedExperts,
+    /// The Drop-Upcycling re-initialisation ratio.
+    DropRatio,
+    /// Fine-grained expert granularity `G`.
+    Granularity,
+    /// The noise added to expert copies.
+    Noise,
 }
 
 impl StudioError {
@@ -94,6 +137,10 @@ impl StudioError {
     /// Builds a [`StudioError::Config`].
     pub fn config(source_name: impl fmt::Display, what: impl Into<String>) -> Self {
         StudioError::Config { source_name: source_name.to_string(), what: what.into() }
+    }
+    /// Builds a [`StudioError::Param`].
+    pub fn param(source_name: impl fmt::Display, param: Param, what: impl Into<String>) -> Self {
+        StudioError::Param { source_name: source_name.to_string(), param, what: what.into() }
     }
     /// Builds a [`StudioError::Io`].
     pub fn io(path: impl fmt::Display, source: std::io::Error) -> Self {

@@ -23,7 +23,7 @@ pub mod tensor_io;
 pub mod tokenizer;
 pub mod train;
 
-pub use error::{Result, StudioError};
+pub use error::{Param, Result, StudioError};
 
 /// The studio's version (the workspace's `version`), as model cards and
 /// job records state it.

@@ -501,6 +501,16 @@ impl WithAutodiff for Args {
                     dir.display()
                 );
             }
+            // A run that stopped before its first checkpoint leaves only its metrics: this run
+            // starts at step 1 again, so its rows replace those (they were appended after them).
+            let stale = out.join("metrics.jsonl");
+            if stale.exists() {
+                eprintln!(
+                    "note: {} is from a run that saved no checkpoint; starting it anew",
+                    stale.display()
+                );
+                truncate_metrics(&stale, 0)?;
+            }
             let model = load_model::<B>(&m, &devs[0])?;
             Trainer::new(model, data, config.clone(), devs, &m.path)?
         }

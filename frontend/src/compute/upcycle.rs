@@ -120,31 +120,33 @@ pub fn check_counts(counts: &ExpertCounts, field: Field) -> Result<(), (Field, S
     }
 }
 
-/// A shared planning error in the page's words: the field it is about,
-/// named by its label instead of the CLI's flag (`--experts: layer 0:
-/// top-k 3 must be ...` -> `top-k: layer 0: top-k 3 must be ...`).
+/// A shared planning error in the page's words: the field it is about
+/// (from the error's typed [`moe_shared::Param`]), named by its label
+/// instead of the CLI's flag (`--experts: layer 0: top-k 3 must be ...` ->
+/// `top-k: layer 0: top-k 3 must be ...`). Other configuration errors (an
+/// allocation of the wrong length) belong to `experts`, the field that
+/// gave the counts; anything else to the model.
 pub fn plan_error(e: &moe_shared::StudioError, experts: Field) -> (Field, String) {
-    match e {
-        moe_shared::StudioError::Config { what, source_name } => {
-            let field = if source_name == "--drop-ratio" {
-                Field::DropRatio
-            } else if source_name == "--granularity" {
-                Field::Granularity
-            } else if source_name == "--shared-experts" || what.contains("shared expert") {
-                Field::Shared
-            } else if what.contains("top-k") {
-                Field::TopK
-            } else if what.contains("frozen expert") {
-                Field::Frozen
-            } else if what.contains("router") {
-                Field::Router
-            } else {
-                experts
-            };
-            (field, format!("{}: {what}", field.label()))
-        }
-        e => (Field::Model, e.to_string()),
-    }
+    use moe_shared::{Param, StudioError};
+    let (field, what) = match e {
+        StudioError::Param { param, what, .. } => (
+            match param {
+                Param::DropRatio => Field::DropRatio,
+                Param::Granularity => Field::Granularity,
+                Param::SharedExperts => Field::Shared,
+                Param::TopK => Field::TopK,
+                Param::Frozen => Field::Frozen,
+                Param::Router | Param::Temperature => Field::Router,
+                Param::Experts | Param::ExpertWidth => experts,
+                // The tab adds no noise to its copies: no field of its own.
+                Param::Noise => Field::Model,
+            },
+            what,
+        ),
+        StudioError::Config { what, .. } => (experts, what),
+        e => return (Field::Model, e.to_string()),
+    };
+    (field, format!("{}: {what}", field.label()))
 }
 
 /// The dtype of the upcycled checkpoint for the form's `dtype`: `auto`

@@ -14,7 +14,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::ModelConfig;
-use crate::error::{Result, StudioError};
+use crate::error::{Param, Result, StudioError};
 
 /// The `config.json` `model_type`s of the MoE layouts the studio reads, in
 /// the order of [`crate::layout::REGISTRY`] (for the error that refuses an
@@ -160,43 +160,56 @@ impl MoeConfig {
     /// Checks the layout against the dense base.
     ///
     /// # Errors
-    /// [`StudioError::Config`] naming the layer: wrong layer count, zero
-    /// experts, `top_k` outside `1..=E`, a frozen index out of range, a
-    /// non-positive temperature.
+    /// [`StudioError::Param`] naming the layer and the parameter: wrong
+    /// layer count or zero experts ([`Param::Experts`]), `top_k` outside
+    /// `1..=E`, a frozen index out of range, a non-positive temperature, a
+    /// zero expert width, shared-expert options without shared experts.
     pub fn validate(&self, base: &ModelConfig, source_name: &str) -> Result<()> {
-        let err = |what: String| Err(StudioError::config(source_name, what));
+        let err = |param: Param, what: String| Err(StudioError::param(source_name, param, what));
         if self.layers.len() != base.num_layers {
-            return err(format!(
-                "the MoE layout has {} layers but the model has {} (give one entry per layer)",
-                self.layers.len(),
-                base.num_layers
-            ));
+            return err(
+                Param::Experts,
+                format!(
+                    "the MoE layout has {} layers but the model has {} (give one entry per layer)",
+                    self.layers.len(),
+                    base.num_layers
+                ),
+            );
         }
         for (l, spec) in self.layers.iter().enumerate() {
             let Some(s) = spec else { continue };
             if s.num_experts == 0 {
-                return err(format!("layer {l}: an MoE layer needs at least 1 expert (got 0)"));
+                return err(Param::Experts, format!("layer {l}: an MoE layer needs at least 1 expert (got 0)"));
             }
             if s.top_k == 0 || s.top_k > s.num_experts {
-                return err(format!(
-                    "layer {l}: top-k {} must be between 1 and the expert count {}",
-                    s.top_k, s.num_experts
-                ));
+                return err(
+                    Param::TopK,
+                    format!("layer {l}: top-k {} must be between 1 and the expert count {}", s.top_k, s.num_experts),
+                );
             }
             if let Some(f) = s.frozen.iter().find(|&&f| f >= s.num_experts) {
-                return err(format!("layer {l}: frozen expert {f} does not exist ({} experts)", s.num_experts));
+                return err(
+                    Param::Frozen,
+                    format!("layer {l}: frozen expert {f} does not exist ({} experts)", s.num_experts),
+                );
             }
             if !(s.temperature > 0.0 && s.temperature.is_finite()) {
-                return err(format!("layer {l}: router temperature must be > 0 (got {})", s.temperature));
+                return err(
+                    Param::Temperature,
+                    format!("layer {l}: router temperature must be > 0 (got {})", s.temperature),
+                );
             }
             if s.expert_intermediate_size == Some(0) {
-                return err(format!("layer {l}: the expert intermediate size must be at least 1"));
+                return err(Param::ExpertWidth, format!("layer {l}: the expert intermediate size must be at least 1"));
             }
             if s.shared_experts == 0 && (s.shared_expert_gate || s.shared_frozen) {
-                return err(format!(
-                    "layer {l}: a shared-expert gate or frozen shared experts without shared experts \
+                return err(
+                    Param::SharedExperts,
+                    format!(
+                        "layer {l}: a shared-expert gate or frozen shared experts without shared experts \
                      (give the number of shared experts)"
-                ));
+                    ),
+                );
             }
         }
         Ok(())
@@ -267,8 +280,13 @@ mod tests {
         let b = base();
         let e = MoeConfig::uniform(3, spec(4, 2)).validate(&b, "alloc.json").unwrap_err().to_string();
         assert!(e.contains("alloc.json") && e.contains("3 layers") && e.contains("has 2"), "{e}");
-        let e = MoeConfig::uniform(2, spec(2, 3)).validate(&b, "x").unwrap_err().to_string();
+        let e = MoeConfig::uniform(2, spec(2, 3)).validate(&b, "x").unwrap_err();
+        assert!(matches!(e, StudioError::Param { param: Param::TopK, .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("top-k 3"), "{e}");
+        let frozen = MoeLayerSpec { frozen: vec![7], ..spec(2, 1) };
+        let e = MoeConfig::uniform(2, frozen).validate(&b, "x").unwrap_err();
+        assert!(matches!(e, StudioError::Param { param: Param::Frozen, .. }), "{e:?}");
         let e = MoeConfig::uniform(2, MoeLayerSpec { num_experts: 0, ..Default::default() })
             .validate(&b, "x")
             .unwrap_err()

@@ -20,7 +20,7 @@
 use serde::Serialize;
 
 use crate::config::MoeConfig;
-use crate::error::{Result, StudioError};
+use crate::error::{Param, Result, StudioError};
 use crate::rng::NormalRng;
 
 /// How router weights are initialised.
@@ -68,11 +68,11 @@ impl RouterInit {
     /// Checks the options against the layout before anything is written.
     ///
     /// # Errors
-    /// [`StudioError::Config`] naming `source_name`: a negative or
+    /// [`StudioError::Param`] ([`Param::Router`]) naming `source_name`: a negative or
     /// non-finite `std`; hidden rows of the wrong layer count, too few
     /// experts for a layer, or a row whose length is not `d`.
     pub fn validate(&self, moe: &MoeConfig, d: usize, source_name: &str) -> Result<()> {
-        let err = |what: String| Err(StudioError::config(source_name, what));
+        let err = |what: String| Err(StudioError::param(source_name, Param::Router, what));
         match self {
             RouterInit::Zeros => Ok(()),
             RouterInit::Random { std } if !(std.is_finite() && *std >= 0.0) => {

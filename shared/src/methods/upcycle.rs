@@ -41,7 +41,7 @@ use crate::checkpoint::output::{
 };
 use crate::checkpoint::plan::{MoeTensor, Origin};
 use crate::config::{ModelConfig, MoeConfig, MoeLayerSpec};
-use crate::error::{Result, StudioError};
+use crate::error::{Param, Result, StudioError};
 use crate::layout::ExpertsFormat;
 pub use crate::layout::Proj;
 use crate::rng::{sample_indices, NormalRng};
@@ -257,13 +257,14 @@ fn granular_config(base: &ModelConfig, copies: &MoeConfig, opts: &UpcycleOptions
 /// Checks the variant options before anything is read or written.
 ///
 /// # Errors
-/// [`StudioError::Config`] naming the option: a drop ratio outside
+/// [`StudioError::Param`] naming the option: a drop ratio outside
 /// `[0, 1]`, a granularity of 0 or one that does not divide the FFN width
 /// (the divisors are listed), shared-expert options without shared experts.
 fn validate_variants(base: &ModelConfig, opts: &UpcycleOptions) -> Result<()> {
     if !(opts.drop_ratio.is_finite() && (0.0..=1.0).contains(&opts.drop_ratio)) {
-        return Err(StudioError::config(
+        return Err(StudioError::param(
             "--drop-ratio",
+            Param::DropRatio,
             format!(
                 "the Drop-Upcycling ratio must be in [0, 1] (the fraction of intermediate units re-initialised; got {})",
                 opts.drop_ratio
@@ -273,8 +274,9 @@ fn validate_variants(base: &ModelConfig, opts: &UpcycleOptions) -> Result<()> {
     let (g, f) = (opts.granularity, base.intermediate_size);
     if g == 0 || !f.is_multiple_of(g) {
         let divisors: Vec<String> = (2..=f.min(64)).filter(|x| f.is_multiple_of(*x)).map(|x| x.to_string()).collect();
-        return Err(StudioError::config(
+        return Err(StudioError::param(
             "--granularity",
+            Param::Granularity,
             format!(
                 "G = {g} must divide the FFN width (intermediate_size {f}) so that every expert is a slice of f/G units; \
                  divisors of {f}: {}",
@@ -284,8 +286,9 @@ fn validate_variants(base: &ModelConfig, opts: &UpcycleOptions) -> Result<()> {
     }
     let sh = &opts.shared;
     if sh.count == 0 && (sh.gate || sh.frozen || sh.init != SharedInit::Zero) {
-        return Err(StudioError::config(
+        return Err(StudioError::param(
             "--shared-experts",
+            Param::SharedExperts,
             "--shared-gate, --shared-init and --shared-frozen need --shared-experts N (N >= 1)",
         ));
     }
@@ -295,9 +298,10 @@ fn validate_variants(base: &ModelConfig, opts: &UpcycleOptions) -> Result<()> {
 /// Validates everything and plans the output (reads tensor headers only).
 ///
 /// # Errors
-/// [`StudioError::Config`]: an allocation list of the wrong length, a
-/// zero-expert layer, top-k outside `1..=E_l`, a frozen expert that does not
-/// exist, a non-positive temperature, bad router or noise options;
+/// [`StudioError::Config`]: an allocation list of the wrong length;
+/// [`StudioError::Param`] naming the parameter: a zero-expert layer, top-k
+/// outside `1..=E_l`, a frozen expert that does not exist, a non-positive
+/// temperature, bad router, noise or variant options;
 /// [`StudioError::Tensor`] when `src` lacks a dense tensor or its shape
 /// disagrees with `base`; [`StudioError::Invalid`] for a non-float dtype.
 pub fn plan_upcycle(src: &dyn TensorSource, base: &ModelConfig, opts: &UpcycleOptions) -> Result<UpcyclePlan> {
@@ -307,7 +311,11 @@ pub fn plan_upcycle(src: &dyn TensorSource, base: &ModelConfig, opts: &UpcycleOp
     let moe = granular_config(base, &copies, opts);
     moe.validate(base, &opts.experts_source)?;
     if !(opts.noise.std.is_finite() && opts.noise.std >= 0.0) {
-        return Err(StudioError::config("--noise", format!("noise std must be >= 0 (got {})", opts.noise.std)));
+        return Err(StudioError::param(
+            "--noise",
+            Param::Noise,
+            format!("noise std must be >= 0 (got {})", opts.noise.std),
+        ));
     }
     if let Some(d) = opts.dtype.filter(|d| d.float_size().is_none()) {
         return Err(StudioError::Invalid(format!("cannot write dtype {d} (use f32, f16 or bf16)")));

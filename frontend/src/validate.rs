@@ -21,14 +21,71 @@ use moe_shared::api::{
 /// uploads (the tab's models are not on a server).
 pub const PLACEHOLDER_ID: &str = "00000000-0000-4000-8000-000000000000";
 
-/// A refusal: the spec field at fault without its `spec.` prefix (`top_k`,
-/// `domains[1].name`) and the message in the page's words.
+/// The tab's one refusal type: the form field at fault and the message in
+/// the page's words. The tab's tool pages and the Jobs page's form both
+/// use it (a spec field path `domains[1].name` is `key` `domains`, `index`
+/// 1, `sub` `.name`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldError {
-    /// The spec field (`top_k`, `lambda`, `domains[0].name`, ...).
-    pub field: String,
+    /// The form field (a spec field name such as `top_k`, or `name`); empty
+    /// when the error belongs to no input of the form shown.
+    pub key: String,
+    /// The entry of a list field (row of a data field), when one.
+    pub index: Option<usize>,
+    /// The rest of the spec field's path (`.upload`, `.name`), when any.
+    pub sub: String,
     /// What was wrong and what was expected.
     pub message: String,
+}
+
+impl FieldError {
+    /// An error about form field `key` as a whole.
+    pub fn form(key: &str, message: impl Into<String>) -> Self {
+        FieldError { key: key.to_string(), index: None, sub: String::new(), message: message.into() }
+    }
+
+    /// An error about the spec field at `path` (`top_k`, `domains[1].name`,
+    /// `experts_per_layer[0]`), split into key, entry and sub-field.
+    pub fn at_path(path: &str, message: impl Into<String>) -> Self {
+        let end = path.find(['[', '.']).unwrap_or(path.len());
+        let (key, mut rest) = path.split_at(end);
+        let mut index = None;
+        if let Some(r) = rest.strip_prefix('[') {
+            if let Some((n, tail)) = r.split_once(']') {
+                index = n.parse().ok();
+                rest = tail;
+            }
+        }
+        FieldError { key: key.to_string(), index, sub: rest.to_string(), message: message.into() }
+    }
+
+    /// The spec field path again (`domains[1].name`).
+    pub fn path(&self) -> String {
+        match self.index {
+            Some(i) => format!("{}[{i}]{}", self.key, self.sub),
+            None => format!("{}{}", self.key, self.sub),
+        }
+    }
+
+    /// The text shown next to the input: the message, preceded by the
+    /// entry (`#2`) and sub-field it is about.
+    pub fn text(&self) -> String {
+        let mut at = String::new();
+        if let Some(i) = self.index {
+            at.push_str(&format!("#{}", i + 1));
+        }
+        if let Some(s) = self.sub.strip_prefix('.').filter(|s| !s.is_empty()) {
+            if !at.is_empty() {
+                at.push(' ');
+            }
+            at.push_str(s);
+        }
+        if at.is_empty() {
+            self.message.clone()
+        } else {
+            format!("{at}: {}", self.message)
+        }
+    }
 }
 
 /// `spec.validate()` as a [`FieldError`] whose message names the page's
@@ -36,10 +93,10 @@ pub struct FieldError {
 /// fields keep their spec name).
 fn check(spec: &JobSpec, labels: &[(&str, &str)]) -> Result<(), FieldError> {
     spec.validate().map_err(|e: ApiError| {
-        let field = e.field.as_deref().unwrap_or("").trim_start_matches("spec.").to_string();
+        let field = e.field.as_deref().unwrap_or("").trim_start_matches("spec.");
         let base = field.split(['[', '.']).next().unwrap_or("");
-        let label = labels.iter().find(|(f, _)| *f == field || *f == base).map_or(field.as_str(), |(_, l)| l);
-        FieldError { message: format!("{label}: {} (the server and the CLI refuse it too)", e.error), field }
+        let label = labels.iter().find(|(f, _)| *f == field || *f == base).map_or(field, |(_, l)| l);
+        FieldError::at_path(field, format!("{label}: {} (the server and the CLI refuse it too)", e.error))
     })
 }
 
@@ -81,10 +138,10 @@ pub fn moerge(models: usize, top_k: usize) -> Result<(), FieldError> {
     check(&spec, &[("models", "models"), ("top_k", "top-k")])?;
     // The CLI's own rule: one expert per model, top-k among them.
     if top_k > models {
-        return Err(FieldError {
-            field: "top_k".into(),
-            message: format!("top-k: {top_k}: expected 1 to {models} (one expert per ticked model)"),
-        });
+        return Err(FieldError::form(
+            "top_k",
+            format!("top-k: {top_k}: expected 1 to {models} (one expert per ticked model)"),
+        ));
     }
     Ok(())
 }
@@ -213,43 +270,43 @@ mod tests {
         let names = vec!["en".to_string(), "hu".to_string()];
         assert!(route(&names, 0.01, 1, 10_000).is_ok());
         let e = route(&names, 0.01, 0, 10_000).unwrap_err();
-        assert_eq!(e.field, "top_k");
+        assert_eq!(e.path(), "top_k");
         assert!(e.message.starts_with("top-k: 0 is out of range 1..=64"), "{}", e.message);
         let e = route(&names, 1e10, 1, 10_000).unwrap_err();
-        assert_eq!(e.field, "lambda");
+        assert_eq!(e.path(), "lambda");
         let e = route(&["en".into(), "en".into()], 0.01, 1, 10_000).unwrap_err();
-        assert_eq!(e.field, "domains[1].name");
+        assert_eq!(e.path(), "domains[1].name");
         assert!(e.message.contains("appears twice"), "{}", e.message);
         let e = route(&["e n".into(), "hu".into()], 0.01, 1, 10_000).unwrap_err();
-        assert_eq!(e.field, "domains[0].name");
+        assert_eq!(e.path(), "domains[0].name");
         assert!(route(&names, 0.01, 1, 0).is_err());
 
-        assert_eq!(neurons(&names, 0).unwrap_err().field, "top_n");
+        assert_eq!(neurons(&names, 0).unwrap_err().path(), "top_n");
         assert!(neurons(&names, 100).is_ok());
-        assert_eq!(neurons(&names[..1], 100).unwrap_err().field, "langs");
+        assert_eq!(neurons(&names[..1], 100).unwrap_err().path(), "langs");
 
         assert!(graft(1.0).is_ok());
         let e = graft(1e30).unwrap_err();
         assert!(e.message.starts_with("scale λ: "), "{}", e.message);
 
         let e = upcycle(Some(1), None, 1, &[0], "zeros").unwrap_err();
-        assert_eq!(e.field, "experts");
+        assert_eq!(e.path(), "experts");
         assert!(e.message.starts_with("experts per layer: 1 is out of range 2..=256"), "{}", e.message);
         assert!(upcycle(Some(2), None, 2, &[0], "zeros").is_ok());
-        assert_eq!(upcycle(Some(2), None, 0, &[0], "zeros").unwrap_err().field, "top_k");
-        assert_eq!(upcycle(None, Some(vec![Some(0)]), 1, &[], "zeros").unwrap_err().field, "experts_per_layer[0]");
+        assert_eq!(upcycle(Some(2), None, 0, &[0], "zeros").unwrap_err().path(), "top_k");
+        assert_eq!(upcycle(None, Some(vec![Some(0)]), 1, &[], "zeros").unwrap_err().path(), "experts_per_layer[0]");
 
         use moe_shared::train::Stage;
         assert!(train(Stage::Experts, 30, 64, 8, 3e-3, 0.01, 0.1).is_ok());
         let e = train(Stage::Experts, 30, 64, 8, 0.0, 0.01, 0.1).unwrap_err();
-        assert_eq!(e.field, "lr");
+        assert_eq!(e.path(), "lr");
         assert!(e.message.starts_with("learning rate: 0 is out of range (exclusive) 0..=10"), "{}", e.message);
-        assert_eq!(train(Stage::Experts, 30, 64, 8, f64::NAN, 0.01, 0.1).unwrap_err().field, "lr");
-        assert_eq!(train(Stage::Router, 0, 64, 8, 1e-3, 0.01, 0.1).unwrap_err().field, "steps");
-        assert_eq!(train(Stage::Router, 10, 64, 8, 1e-3, -1.0, 0.1).unwrap_err().field, "alpha");
+        assert_eq!(train(Stage::Experts, 30, 64, 8, f64::NAN, 0.01, 0.1).unwrap_err().path(), "lr");
+        assert_eq!(train(Stage::Router, 0, 64, 8, 1e-3, 0.01, 0.1).unwrap_err().path(), "steps");
+        assert_eq!(train(Stage::Router, 10, 64, 8, 1e-3, -1.0, 0.1).unwrap_err().path(), "alpha");
 
         assert!(moerge(2, 1).is_ok());
-        assert_eq!(moerge(2, 3).unwrap_err().field, "top_k");
-        assert_eq!(moerge(2, 0).unwrap_err().field, "top_k");
+        assert_eq!(moerge(2, 3).unwrap_err().path(), "top_k");
+        assert_eq!(moerge(2, 0).unwrap_err().path(), "top_k");
     }
 }

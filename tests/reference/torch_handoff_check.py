@@ -305,6 +305,43 @@ def check_optimizer():
     return None
 
 
+def check_bf16(torchrun_bin, job, input_dir, loss_rtol=1e-2):
+    """Runs the emitted job again with ``--dtype bf16`` (FSDP2 MixedPrecisionPolicy: bf16
+    compute, f32 master weights and gradient reduction) and compares it with the f32 run in
+    JOB/out: per-step losses within ``loss_rtol`` relative, every tensor the f32 run left
+    unchanged bit-identical to the input here too, the saved weights f32, and the relative
+    size of the weight-update difference (reported, not bounded: bf16 rounding of the
+    gradients moves Adam's small-gradient elements anywhere in 0..lr)."""
+    out = os.path.join(job, "out-bf16")
+    shutil.rmtree(out, ignore_errors=True)
+    torchrun(torchrun_bin, job, ["--dtype", "bf16", "--out", out])
+    f32, bf = metrics(os.path.join(job, "out", "metrics.jsonl")), metrics(os.path.join(out, "metrics.jsonl"))
+    bad = []
+    if len(bf) != len(f32):
+        bad.append(f"bf16: {len(bf)} steps logged, f32 {len(f32)}")
+    rel = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(f32, bf))
+    if rel > loss_rtol:
+        bad.append(f"bf16: loss {rel:.1e} relative from the f32 run (bound {loss_rtol})")
+    w0, wf, wb = tensors(input_dir), tensors(os.path.join(job, "out", "final")), tensors(os.path.join(out, "final"))
+    frozen = [k for k in w0 if k in wf and torch.equal(w0[k], wf[k])]
+    same = sum(torch.equal(w0[k], wb[k]) for k in frozen)
+    if same != len(frozen):
+        bad.append(f"bf16: {len(frozen) - same} of {len(frozen)} frozen tensors changed")
+    not_f32 = sorted(k for k, v in wb.items() if v.dtype != torch.float32)
+    if not_f32:
+        bad.append(f"bf16: saved weights not f32 (master weights): {not_f32[:3]}")
+    num = den = 0.0
+    for k in wf:
+        if k in w0 and k not in frozen:
+            uf, ub = wf[k].double() - w0[k].double(), wb[k].double() - w0[k].double()
+            num += float(((uf - ub) ** 2).sum())
+            den += float((uf ** 2).sum())
+    info = {"max_rel_loss_diff": rel, "frozen_bit_identical": f"{same}/{len(frozen)}",
+            "rel_update_diff": (num / den) ** 0.5 if den else 0.0,
+            "loss_first_last_f32": [f32[0]["loss"], f32[-1]["loss"]], "loss_first_last_bf16": [bf[0]["loss"], bf[-1]["loss"]]}
+    return info, bad
+
+
 def check_resume(torchrun_bin, job, kill_after=12):
     """Kill a second run after step `kill_after`, resume it, compare with out/."""
     out = os.path.join(job, "out-resume")
@@ -541,6 +578,10 @@ def main():
     if bad:
         failures.append(bad)
     wanted = a.cases.split(",") if a.cases else None
+    unknown = sorted(set(wanted or []) - {c["name"] for c in spec["cases"]})
+    if unknown:
+        sys.exit(f"--cases: no case {', '.join(unknown)} in {CASES} "
+                 f"(cases: {', '.join(c['name'] for c in spec['cases'])})")
     for case in spec["cases"]:
         if wanted and case["name"] not in wanted:
             continue
@@ -585,6 +626,11 @@ def main():
             for d in os.listdir(burn):  # Burn's per-step checkpoints served first_steps only (~10 MB each)
                 if re.match(r"^checkpoint-\d{6}$", d):
                     shutil.rmtree(os.path.join(burn, d))
+            if st.get("bf16"):
+                info, bbad = check_bf16(a.torchrun, job, inp)
+                print(f"bf16: {json.dumps(info)}")
+                nums["bf16"] = info
+                bad += bbad
             if st.get("resume"):
                 info, rbad = check_resume(a.torchrun, job)
                 print(f"resume: {json.dumps(info)}")

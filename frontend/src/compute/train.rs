@@ -185,7 +185,7 @@ pub fn config(form: &TrainForm) -> Result<TrainConfig, Refusal> {
     let alpha: f64 = num(&form.alpha, TrainField::Alpha, "load-balancing coefficient α")?;
     let prior: f64 = num(&form.prior, TrainField::Prior, "language-prior coefficient β")?;
     crate::validate::train(stage, steps, seq_len, batch, lr, alpha, prior)
-        .map_err(|e| (TrainField::of_option(&e.field), e.message))?;
+        .map_err(|e| (TrainField::of_option(&e.key), e.message))?;
     if steps > MAX_STEPS {
         return Err((
             TrainField::Steps,

@@ -203,7 +203,7 @@ pub fn options(form: &UpcycleForm, source: &dyn TensorSource) -> Result<UpcycleO
     };
     let top_k: usize = num(&form.top_k, "top-k").map_err(at(Field::TopK))?;
     crate::validate::upcycle(uniform, per_layer, top_k, &frozen, &form.router).map_err(|e| {
-        let f = match e.field.split(['[', '.']).next().unwrap_or("") {
+        let f = match e.key.as_str() {
             "experts" => Field::Experts,
             "experts_per_layer" => Field::Allocation,
             "top_k" => Field::TopK,

@@ -343,11 +343,19 @@ class TransformersModel:
 
     LAYER = re.compile(r"^model\.layers\.(\d+)\.mlp\.(.*)$")
 
-    def __init__(self, job):
-        from transformers import AutoModelForCausalLM
+    def __init__(self, job, compute_dtype="f32"):
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         self.job = job
-        self.model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=torch.float32)
+        kw = {}
+        cfg = AutoConfig.from_pretrained(job.model_dir)
+        width = getattr(cfg, "moe_intermediate_size", None) or getattr(cfg, "intermediate_size", 0)
+        if compute_dtype == "bf16" and (width * 2) % 16:
+            # transformers' default fused-expert kernel (torch grouped_mm) needs every row of the
+            # expert weights to be a multiple of 16 bytes, i.e. a width divisible by 8 in bf16
+            # ("strides should be multiple of 16 bytes"); the per-expert loop computes the same.
+            kw["experts_implementation"] = "eager"
+        self.model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=torch.float32, **kw)
         cfg = self.model.config
         self.num_experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
         self.top_k = getattr(cfg, "num_experts_per_tok", None)
@@ -634,7 +642,7 @@ def main():
     if job.modeling == "studio":
         wrapper = StudioModel(job)
     elif job.modeling == "transformers":
-        wrapper = TransformersModel(job)
+        wrapper = TransformersModel(job, args.dtype)
     else:
         fail(f"job.json: unknown modeling `{job.modeling}` (expected transformers or studio)")
     model = wrapper.model

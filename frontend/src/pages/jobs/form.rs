@@ -360,26 +360,11 @@ pub fn parse_num<T: FromStr>(s: &str) -> Result<Option<T>, String> {
     t.parse().map(Some).map_err(|_| format!("`{}` is not a valid number here", s.trim()))
 }
 
-/// An error that belongs next to one input of the form.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldError {
-    /// The form field (a spec field name, or `name`); empty when the error
-    /// belongs to no input of the kind shown.
-    pub key: String,
-    /// The entry of a list field (row of a data field), when one.
-    pub index: Option<usize>,
-    /// The rest of the server's field path (`.upload`), when any.
-    pub sub: String,
-    /// What is wrong.
-    pub message: String,
-}
+/// Where an error of the form or of the server belongs: the tab's one
+/// refusal type.
+pub use crate::validate::FieldError;
 
 impl FieldError {
-    /// An error of the form itself about field `key`.
-    pub fn form(key: &str, message: impl Into<String>) -> Self {
-        FieldError { key: key.to_string(), index: None, sub: String::new(), message: message.into() }
-    }
-
     /// Places the server's error `field` / `message` on the form of `kind`
     /// (`spec.top_k` -> `top_k`; `spec.data[0].upload` -> `data`, row 0,
     /// `.upload`; `name` -> the job name). A field the form has no input for
@@ -391,36 +376,10 @@ impl FieldError {
             return FieldError::form("name", message);
         }
         let Some(path) = field.strip_prefix("spec.") else { return general };
-        let end = path.find(['[', '.']).unwrap_or(path.len());
-        let (key, mut rest) = path.split_at(end);
-        let Some(fd) = kind.field(key) else { return general };
-        let mut index = None;
-        if let Some(r) = rest.strip_prefix('[') {
-            if let Some((n, tail)) = r.split_once(']') {
-                index = n.parse().ok();
-                rest = tail;
-            }
-        }
-        FieldError { key: fd.key.to_string(), index, sub: rest.to_string(), message: message.into() }
-    }
-
-    /// The text shown next to the input: the message, preceded by the
-    /// entry (`#2`) and sub-field it is about.
-    pub fn text(&self) -> String {
-        let mut at = String::new();
-        if let Some(i) = self.index {
-            at.push_str(&format!("#{}", i + 1));
-        }
-        if let Some(s) = self.sub.strip_prefix('.').filter(|s| !s.is_empty()) {
-            if !at.is_empty() {
-                at.push(' ');
-            }
-            at.push_str(s);
-        }
-        if at.is_empty() {
-            self.message.clone()
-        } else {
-            format!("{at}: {}", self.message)
+        let e = FieldError::at_path(path, message);
+        match kind.field(&e.key) {
+            Some(fd) => FieldError { key: fd.key.to_string(), ..e },
+            None => general,
         }
     }
 }

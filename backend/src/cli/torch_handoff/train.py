@@ -350,10 +350,11 @@ class TransformersModel:
         kw = {}
         cfg = AutoConfig.from_pretrained(job.model_dir)
         width = getattr(cfg, "moe_intermediate_size", None) or getattr(cfg, "intermediate_size", 0)
-        if compute_dtype == "bf16" and (width * 2) % 16:
+        if compute_dtype == "bf16" and any(n % 8 for n in (width, cfg.hidden_size)):
             # transformers' default fused-expert kernel (torch grouped_mm) needs every row of the
-            # expert weights to be a multiple of 16 bytes, i.e. a width divisible by 8 in bf16
-            # ("strides should be multiple of 16 bytes"); the per-expert loop computes the same.
+            # expert weights ([E, 2f, d] and [E, d, f]) to be a multiple of 16 bytes, i.e. f and d
+            # divisible by 8 in bf16 ("strides should be multiple of 16 bytes"); the per-expert
+            # loop computes the same.
             kw["experts_implementation"] = "eager"
         self.model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=torch.float32, **kw)
         cfg = self.model.config

@@ -121,6 +121,21 @@ export async function run({ context, url, work, shots, out, check, log }) {
   results.webgpu = gpu;
   log(`worker ready after ${results.worker_ready_ms} ms; WebGPU badge after ${results.webgpu_ms} ms: ${gpu}`);
   if (!gpu.includes('WebGPU:')) log(`WebGPU reason: ${await text('webgpu-reason', 1_000).catch(() => '?')}`);
+  // The tabs are history entries: Back and Forward show the page the URL
+  // names, and Back to the entry the studio opened on (no hash) is Load.
+  {
+    await tab('upcycle');
+    await tab('moerge');
+    await page.goBack();
+    const back1 = await tid('page-upcycle').waitFor({ timeout: 5_000 }).then(() => true, () => false);
+    await page.goBack();
+    const back2 = await tid('page-load').waitFor({ timeout: 5_000 }).then(() => true, () => false);
+    await page.goForward();
+    const fwd = await tid('page-upcycle').waitFor({ timeout: 5_000 }).then(() => true, () => false);
+    check(back1 && back2 && fwd && page.url().endsWith('#upcycle'),
+      `Back, Back, Forward over the tabs show Upcycle, Load, Upcycle (${back1}, ${back2}, ${fwd}; ${page.url()})`);
+    await tab('load');
+  }
   // Issue 19 item 1: from here on (the studio is up) no main-thread task
   // may last 100 ms, except the forward benchmark, which runs on the page
   // on purpose. Each step's wall time and longest task go to `results.steps`.

@@ -16,7 +16,6 @@
 use crate::api::{DataRef, JobSpec};
 use crate::methods::moerge::MoergeOptions;
 use crate::methods::route::RouteOptions;
-use crate::methods::upcycle::UpcycleOptions;
 
 /// The file the server writes an upcycle's `experts_per_layer` into (in
 /// the job's directory), passed as `--allocation`.
@@ -34,7 +33,7 @@ pub trait JobInputs {
 /// The defaults of the options a job spec leaves unset: the CLI's
 /// defaults (its `clap` attributes read these) and the form's hints.
 /// Each comes from the method's own options where it has them
-/// ([`UpcycleOptions::default`], [`MoergeOptions::default`],
+/// ([`crate::ops::upcycle::UpcycleParams::default`], [`MoergeOptions::default`],
 /// [`RouteOptions::default`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Defaults {
@@ -100,14 +99,14 @@ pub struct Defaults {
 
 impl Default for Defaults {
     fn default() -> Self {
-        let up = UpcycleOptions::default();
+        let up = crate::ops::upcycle::UpcycleParams::default();
         let mo = MoergeOptions::default();
         let ro = RouteOptions::default();
         Defaults {
             upcycle_top_k: up.top_k,
             upcycle_frozen: up.frozen.clone(),
-            upcycle_router_std: 0.02,
-            upcycle_noise: 0.0,
+            upcycle_router_std: up.router_std,
+            upcycle_noise: up.noise,
             seed: up.seed,
             temperature: up.temperature,
             moerge_top_k: mo.top_k,

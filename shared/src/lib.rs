@@ -17,6 +17,7 @@ pub mod jobs;
 pub mod layout;
 pub mod methods;
 pub mod model;
+pub mod ops;
 pub mod recipe;
 pub mod rng;
 pub mod tensor_io;

@@ -147,6 +147,7 @@ mod job_spec_tests {
     use super::*;
     use moe_shared::api::{DataRef, JobSpec};
     use moe_shared::jobs::{Defaults, JobInputs};
+    use moe_shared::ops::upcycle::RouterInitArg;
 
     struct Paths;
     impl JobInputs for Paths {
@@ -209,7 +210,11 @@ mod job_spec_tests {
         let up = spec(serde_json::json!({"kind": "upcycle", "model": A, "experts": 4, "top_k": 1, "frozen": [0, 1],
             "router_init": "random", "noise": 0.01, "seed": 3, "dtype": "bf16"}));
         let Command::Upcycle(u) = parse(&up) else { panic!("upcycle") };
-        assert_eq!((u.experts, u.top_k, u.frozen.clone(), u.noise, u.seed), (Some(4), 1, vec![0, 1], 0.01, 3));
+        assert_eq!(
+            (u.experts, u.params.top_k, u.params.frozen.clone(), u.params.noise, u.params.seed),
+            (Some(4), 1, vec![0, 1], 0.01, 3)
+        );
+        assert_eq!(u.params.router_init, RouterInitArg::Random);
         assert_eq!(u.dtype.dtype.as_deref(), Some("bf16"));
         let route = spec(serde_json::json!({"kind": "route", "model": A, "domains": [d("en"), d("hu")],
             "lambda": 0.5, "top_k": 2, "max_tokens": 99, "context": 32}));
@@ -279,8 +284,10 @@ mod job_spec_tests {
             (d.train_min_lr, d.train_clip, d.train_alpha, d.train_prior, d.train_weight_decay)
         );
         let Command::Upcycle(u) = bare(&["m", "upcycle", "x", "--experts", "2", "--out", "o"]) else { panic!() };
+        // Every upcycle parameter: the CLI's defaults are the operation's.
+        assert_eq!(u.params, moe_shared::ops::upcycle::UpcycleParams::default());
         assert_eq!(
-            (u.top_k, u.frozen.clone(), u.noise, u.router_std),
+            (u.params.top_k, u.params.frozen.clone(), u.params.noise, u.params.router_std),
             (d.upcycle_top_k, d.upcycle_frozen.clone(), d.upcycle_noise, d.upcycle_router_std)
         );
         let Command::Route(r) = bare(&["m", "route", "x", "--domain", "a=b", "--out", "o"]) else { panic!() };

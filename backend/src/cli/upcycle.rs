@@ -21,48 +21,20 @@ use std::time::Instant;
 use anyhow::Context;
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::{open_model, LoadedModel};
-use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::{
-    cheap_embed_row, hidden_router_rows, upcycle, AllocationFile, CopyNoise, ExpertCounts, ExpertPrompts, NoiseKind,
-    RouterInit, SharedExperts, SharedInit, UpcycleOptions,
+    cheap_embed_row, hidden_router_rows, upcycle, AllocationFile, ExpertCounts, ExpertPrompts, RouterInit,
+    UpcycleOptions,
 };
 use moe_shared::model::load_model;
+use moe_shared::ops::upcycle::UpcycleParams;
 use moe_shared::tensor_io::card::CardMethod;
 use serde::Deserialize;
 
 use super::backend::WithBackend;
 
-/// Router initialisations offered on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum RouterInitArg {
-    /// All zeros.
-    Zeros,
-    /// `N(0, router_std^2)`, seeded.
-    Random,
-    /// Normalised mean FFN input of each expert's prompts.
-    Hidden,
-    /// Normalised sum of the token embeddings of each expert's prompts, the
-    /// same in every layer (mergekit-moe's `cheap_embed`; no forward pass).
-    CheapEmbed,
-}
-
-/// Noise kinds offered on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum NoiseArg {
-    /// `w * (1 + noise * n)`.
-    Mul,
-    /// `w + noise * n`.
-    Add,
-}
-
-/// Shared-expert initialisations offered on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum SharedInitArg {
-    /// Down projection zero: the shared experts output 0 at first.
-    Zero,
-    /// Scaled copies of the FFN.
-    Copy,
-}
+// The router choices are the operation's
+// (moe_shared::ops::upcycle), used by `moerge` too.
+pub use moe_shared::ops::upcycle::RouterInitArg;
 
 /// Arguments of `upcycle`.
 #[derive(Debug, Clone, clap::Args)]
@@ -76,62 +48,17 @@ pub struct Args {
     /// JSON allocation file with a per-layer list (see the command's docs).
     #[arg(long)]
     pub allocation: Option<PathBuf>,
-    /// Experts per token.
-    #[arg(long, default_value_t = D::default().upcycle_top_k)]
-    pub top_k: usize,
-    /// Frozen experts of every layer, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = D::default().upcycle_frozen)]
-    pub frozen: Vec<usize>,
     /// Freeze no expert (overrides --frozen).
     #[arg(long)]
     pub no_frozen: bool,
-    /// Router initialisation.
-    #[arg(long, value_enum, default_value_t = RouterInitArg::Zeros)]
-    pub router_init: RouterInitArg,
-    /// Standard deviation of the random router.
-    #[arg(long, default_value_t = D::default().upcycle_router_std)]
-    pub router_std: f64,
     /// Prompts per expert for `--router-init hidden` / `cheap-embed` (JSON).
     #[arg(long)]
     pub expert_prompts: Option<PathBuf>,
-    /// Standard deviation of the noise on the non-frozen copies (0 = none).
-    #[arg(long, default_value_t = D::default().upcycle_noise)]
-    pub noise: f64,
-    /// How the noise combines with the weights.
-    #[arg(long, value_enum, default_value_t = NoiseArg::Mul)]
-    pub noise_kind: NoiseArg,
-    /// Seed of the random router and the noise.
-    #[arg(long, default_value_t = D::default().seed)]
-    pub seed: u64,
-    /// Router temperature (folded into the router weight in every public layout).
-    #[arg(long, default_value_t = D::default().temperature)]
-    pub temperature: f64,
-    /// Always-active shared experts per MoE layer (DeepSeekMoE, Qwen1.5/2-MoE); one gated shared expert fits
-    /// the qwen2_moe layout, anything else the studio layout.
-    #[arg(long, default_value_t = 0)]
-    pub shared_experts: usize,
-    /// Gate each shared expert by sigmoid(w·x) (Qwen2-MoE) instead of adding it as is (DeepSeekMoE).
-    #[arg(long)]
-    pub shared_gate: bool,
-    /// Shared-expert init: `zero` (down projection 0: the model still equals the dense one) or `copy`
-    /// (copies of the FFN, every shared and the routed part scaled to 1/(N+1) of the output; Qwen1.5-MoE).
-    #[arg(long, value_enum, default_value_t = SharedInitArg::Zero)]
-    pub shared_init: SharedInitArg,
-    /// Keep the shared experts (and their gate) frozen in training.
-    #[arg(long)]
-    pub shared_frozen: bool,
-    /// Drop-Upcycling: fraction r in [0, 1] of each non-frozen copy's intermediate units re-initialised
-    /// (Nakamura et al. 2025; the paper's default 0.5), seeded by --seed.
-    #[arg(long, default_value_t = 0.0)]
-    pub drop_ratio: f64,
-    /// Granular upcycling: split every copy into G experts of f/G units; --experts E and --top-k k
-    /// become E·G experts and top-(k·G) (Megatron-Core --moe-upcycling-granularity). G must divide f.
-    #[arg(long, default_value_t = 1)]
-    pub granularity: usize,
-    /// Renormalise the top-k weights (`true`, Mixtral) or weigh each chosen expert by its softmax over all
-    /// experts (`false`, Switch / Qwen2-MoE; routed experts scaled so that the zero router keeps the function).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub norm_topk: bool,
+    /// What the upcycle does (top-k, frozen experts, router, noise, shared
+    /// experts, Drop-Upcycling, granularity, ...): the operation's own
+    /// parameters, shared with the tab.
+    #[command(flatten)]
+    pub params: UpcycleParams,
     #[command(flatten)]
     pub layout: super::args::LayoutArg,
     #[command(flatten)]
@@ -212,10 +139,13 @@ impl WithBackend for Args {
         let started = Instant::now();
         let dtype = a.dtype.parse()?;
         let layout = a.layout.request()?;
-        if !(a.temperature > 0.0 && a.temperature.is_finite()) {
+        if !(a.params.temperature > 0.0 && a.params.temperature.is_finite()) {
             // Checked here: the MoE config would report it under the
             // --experts/--allocation source, naming the wrong option.
-            anyhow::bail!("--temperature: the router temperature must be a finite number > 0 (got {})", a.temperature);
+            anyhow::bail!(
+                "--temperature: the router temperature must be a finite number > 0 (got {})",
+                a.params.temperature
+            );
         }
         let (experts, experts_source) = match (&a.experts, &a.allocation) {
             (Some(n), _) => (ExpertCounts::Uniform(*n), "--experts".to_string()),
@@ -229,47 +159,26 @@ impl WithBackend for Args {
         if m.moe.is_some() {
             anyhow::bail!("{}: the model is already an MoE; upcycle takes a dense model", m.path);
         }
-        let router_init = match a.router_init {
-            RouterInitArg::Zeros => RouterInit::Zeros,
-            RouterInitArg::Random => RouterInit::Random { std: a.router_std },
+        let prompt_router = match a.params.router_init {
+            RouterInitArg::Zeros | RouterInitArg::Random => None,
             RouterInitArg::Hidden => {
                 let p = a.expert_prompts.as_ref().context("--router-init hidden needs --expert-prompts FILE")?;
-                hidden_rows::<B>(&m, p, &device)?
+                Some(hidden_rows::<B>(&m, p, &device)?)
             }
             RouterInitArg::CheapEmbed => {
                 let p = a.expert_prompts.as_ref().context("--router-init cheap-embed needs --expert-prompts FILE")?;
-                cheap_embed_init(&m, p)?
+                Some(cheap_embed_init(&m, p)?)
             }
         };
-        let kind = match a.noise_kind {
-            NoiseArg::Mul => NoiseKind::Multiplicative,
-            NoiseArg::Add => NoiseKind::Additive,
-        };
+        let mut params = a.params.clone();
+        if a.no_frozen {
+            params.frozen.clear();
+        }
         let opts = UpcycleOptions {
-            experts,
-            experts_source,
-            top_k: a.top_k,
-            frozen: if a.no_frozen { vec![] } else { a.frozen.clone() },
-            router_init,
-            noise: CopyNoise { kind, std: a.noise },
-            seed: a.seed,
-            temperature: a.temperature,
             dtype,
-            router_aux_loss_coef: 0.01,
-            shared: SharedExperts {
-                count: a.shared_experts,
-                gate: a.shared_gate,
-                init: match a.shared_init {
-                    SharedInitArg::Zero => SharedInit::Zero,
-                    SharedInitArg::Copy => SharedInit::Copy,
-                },
-                frozen: a.shared_frozen,
-            },
-            drop_ratio: a.drop_ratio,
-            granularity: a.granularity,
-            norm_topk_prob: a.norm_topk,
             layout,
             experts_format: a.layout.experts_format()?,
+            ..params.options(experts, &experts_source, prompt_router)?
         };
         let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
         let card = super::card::card(CardMethod::Upcycling, [("dense base".to_string(), a.model.as_path())]);

@@ -4,10 +4,7 @@
 
 use moe_shared::checkpoint::plan::Origin;
 use moe_shared::config::ModelConfig;
-use moe_shared::methods::{
-    plan_upcycle, write_upcycle, AllocationFile, CopyNoise, ExpertCounts, RouterInit, SharedExperts, SharedInit,
-    UpcycleOptions, UpcyclePlan,
-};
+use moe_shared::methods::{plan_upcycle, write_upcycle, AllocationFile, ExpertCounts, UpcycleOptions, UpcyclePlan};
 use moe_shared::tensor_io::sink::MemorySink;
 use moe_shared::tensor_io::{DType, TensorSource};
 
@@ -184,25 +181,13 @@ pub fn options(form: &UpcycleForm, source: &dyn TensorSource) -> Result<UpcycleO
         }
     };
     check_counts(&experts, field)?;
-    let frozen = form
-        .frozen
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| num::<usize>(s, "frozen experts"))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(at(Field::Frozen))?;
-    let router_init = match form.router.as_str() {
-        "random" => RouterInit::Random { std: 0.02 },
-        _ => RouterInit::Zeros,
-    };
+    let p = &form.params;
     // The server's upcycle rules (shared `JobSpec::validate`), next to the field.
     let (uniform, per_layer) = match &experts {
         ExpertCounts::Uniform(e) => (Some(*e), None),
         ExpertCounts::PerLayer(v) => (None, Some(v.clone())),
     };
-    let top_k: usize = num(&form.top_k, "top-k").map_err(at(Field::TopK))?;
-    crate::validate::upcycle(uniform, per_layer, top_k, &frozen, &form.router).map_err(|e| {
+    crate::validate::upcycle(uniform, per_layer, p.top_k, &p.frozen, p.router_init.name()).map_err(|e| {
         let f = match e.key.as_str() {
             "experts" => Field::Experts,
             "experts_per_layer" => Field::Allocation,
@@ -213,31 +198,9 @@ pub fn options(form: &UpcycleForm, source: &dyn TensorSource) -> Result<UpcycleO
         };
         (f, e.message)
     })?;
-    let count: usize = num(&form.shared, "shared experts").map_err(at(Field::Shared))?;
-    let shared = SharedExperts {
-        count,
-        gate: count > 0 && form.shared_gate,
-        init: if count > 0 && form.shared_init == "copy" { SharedInit::Copy } else { SharedInit::Zero },
-        frozen: false,
-    };
-    Ok(UpcycleOptions {
-        experts,
-        experts_source,
-        top_k,
-        frozen,
-        router_init,
-        noise: CopyNoise::NONE,
-        seed: num(&form.seed, "seed").map_err(at(Field::Seed))?,
-        temperature: 1.0,
-        dtype: output_dtype(&form.dtype, source)?,
-        router_aux_loss_coef: 0.01,
-        shared,
-        drop_ratio: num(&form.drop_ratio, "drop ratio").map_err(at(Field::DropRatio))?,
-        granularity: num(&form.granularity, "granularity").map_err(at(Field::Granularity))?,
-        norm_topk_prob: true,
-        layout: moe_shared::layout::LayoutRequest::Auto,
-        experts_format: moe_shared::layout::ExpertsFormat::PerExpert,
-    })
+    // The tab offers the zero and the random router (no prompts).
+    let o = p.options(experts, &experts_source, None).map_err(|e| (Field::Router, e.to_string()))?;
+    Ok(UpcycleOptions { dtype: output_dtype(&form.dtype, source)?, ..o })
 }
 
 /// The options and the plan of the form for a model (`source`, `config`),
@@ -363,5 +326,44 @@ mod tests {
         let (f, m) = check(MoeLayerSpec { num_experts: 0, ..spec(1, vec![]) });
         assert_eq!(f, Field::Experts);
         assert!(!m.contains("--"), "{m}");
+    }
+
+    /// The request's typed parameters reach the options as the CLI's do
+    /// (`UpcycleParams::options`), and what the tab cannot do or the rules
+    /// refuse lands next to its field.
+    #[test]
+    fn the_requests_parameters_are_the_operations() {
+        use moe_shared::ops::upcycle::{RouterInitArg, UpcycleParams};
+        use moe_shared::tensor_io::sink::MemorySink;
+        use moe_shared::tensor_io::PlannedTensor;
+        let cfg = br#"{"model_type":"llama","vocab_size":32,"hidden_size":8,"intermediate_size":12,
+            "num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":2,"tie_word_embeddings":true}"#;
+        let base = moe_shared::config::HfConfig::from_json(cfg, "c").unwrap().to_model_config("c").unwrap();
+        let plan: Vec<PlannedTensor> = moe_shared::checkpoint::plan::dense_tensor_plan(&base)
+            .into_iter()
+            .map(|(name, shape)| PlannedTensor { name, dtype: DType::BF16, shape })
+            .collect();
+        let mut sink = MemorySink::new(plan.clone());
+        for p in &plan {
+            let n: usize = p.shape.iter().product();
+            moe_shared::tensor_io::sink::write_values(&mut sink, &p.name, DType::BF16, &vec![0.5; n]).unwrap();
+        }
+        let src = moe_shared::tensor_io::safetensors_io::SafetensorsFile::parse(
+            moe_shared::tensor_io::Bytes::from_vec(sink.into_safetensors().unwrap()),
+            "tiny",
+        )
+        .unwrap();
+        let form =
+            |params: UpcycleParams| UpcycleForm { allocation: None, experts: "3".into(), dtype: "f16".into(), params };
+        let o = options(&form(UpcycleParams { drop_ratio: 0.5, seed: 7, ..Default::default() }), &src).unwrap();
+        assert!(matches!(o.experts, ExpertCounts::Uniform(3)));
+        assert_eq!((o.top_k, o.frozen.as_slice(), o.seed, o.drop_ratio), (2, &[0][..], 7, 0.5));
+        assert_eq!(o.dtype, Some(DType::F16));
+        let (f, _) = options(&form(UpcycleParams { top_k: 0, ..Default::default() }), &src).unwrap_err();
+        assert_eq!(f, Field::TopK);
+        let (f, m) =
+            options(&form(UpcycleParams { router_init: RouterInitArg::CheapEmbed, ..Default::default() }), &src)
+                .unwrap_err();
+        assert_eq!(f, Field::Router, "{m}");
     }
 }

@@ -9,11 +9,12 @@ use crate::components::message::{Message, MessageLine};
 use crate::components::model_select::{Filter, ModelSelect};
 use crate::components::progress::Progress;
 use crate::compute::logits::TOLERANCE;
-use crate::compute::upcycle::{plan, Field, MAX_EXPERTS};
+use crate::compute::upcycle::{num, plan, Field, MAX_EXPERTS};
 use crate::models::{InfoSource, Models};
 use crate::store::ModelRef;
 use crate::task::Task;
 use crate::worker::protocol::{Reply, Request, UpcycleForm};
+use moe_shared::ops::upcycle::{RouterInitArg, SharedInitArg, UpcycleParams};
 
 /// The form's values.
 #[derive(Clone, Copy)]
@@ -34,22 +35,42 @@ struct Form {
 }
 
 impl Form {
-    /// The plain form (tracked: a change re-plans).
-    fn values(&self) -> UpcycleForm {
-        UpcycleForm {
+    /// The request the form describes (tracked: a change re-plans), or the
+    /// first value that does not parse and its field. Every field is read
+    /// before any is parsed, so that the page tracks them all.
+    fn values(&self) -> Result<UpcycleForm, (Field, String)> {
+        let (top_k, frozen, router, seed) = (self.top_k.get(), self.frozen.get(), self.router.get(), self.seed.get());
+        let (shared, gate, init) = (self.shared.get(), self.shared_gate.get(), self.shared_init.get());
+        let (drop_ratio, granularity) = (self.drop_ratio.get(), self.granularity.get());
+        let form = UpcycleForm {
             allocation: self.mode_alloc.get().then(|| self.allocation.get()),
             experts: self.experts.get(),
-            top_k: self.top_k.get(),
-            frozen: self.frozen.get(),
-            router: self.router.get(),
-            seed: self.seed.get(),
             dtype: self.dtype.get(),
-            shared: self.shared.get(),
-            shared_gate: self.shared_gate.get(),
-            shared_init: self.shared_init.get(),
-            drop_ratio: self.drop_ratio.get(),
-            granularity: self.granularity.get(),
-        }
+            params: UpcycleParams::default(),
+        };
+        let at = |f: Field| move |e: String| (f, e);
+        let shared: usize = num(&shared, "shared experts").map_err(at(Field::Shared))?;
+        let params = UpcycleParams {
+            top_k: num(&top_k, "top-k").map_err(at(Field::TopK))?,
+            frozen: frozen
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| num::<usize>(s, "frozen experts"))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(at(Field::Frozen))?,
+            router_init: if router == "random" { RouterInitArg::Random } else { RouterInitArg::Zeros },
+            seed: num(&seed, "seed").map_err(at(Field::Seed))?,
+            shared_experts: shared,
+            // The gate and the init only mean something with shared experts
+            // (their inputs are disabled at 0).
+            shared_gate: shared > 0 && gate,
+            shared_init: if shared > 0 && init == "copy" { SharedInitArg::Copy } else { SharedInitArg::Zero },
+            drop_ratio: num(&drop_ratio, "drop ratio").map_err(at(Field::DropRatio))?,
+            granularity: num(&granularity, "granularity").map_err(at(Field::Granularity))?,
+            ..UpcycleParams::default()
+        };
+        Ok(UpcycleForm { params, ..form })
     }
 }
 
@@ -136,8 +157,8 @@ pub fn UpcyclePage() -> impl IntoView {
     // page): its parameter counts, or the error and the field it is about.
     let planned = Memo::new(move |_| {
         let m = models.find(&model.get()?)?;
-        let form = f.values();
-        Some(plan(&form, &InfoSource::of(&m), &m.config).map(|(_, p)| PlanStats::of(&m.config, &p)))
+        let stats = f.values().and_then(|form| plan(&form, &InfoSource::of(&m), &m.config));
+        Some(stats.map(|(_, p)| PlanStats::of(&m.config, &p)))
     });
     // A result or an error is about the inputs it came from: clear it when
     // they change.
@@ -193,7 +214,10 @@ pub fn UpcyclePage() -> impl IntoView {
             msg.set(Message::Error(e));
             return;
         }
-        let form = f.values();
+        let form = match f.values() {
+            Ok(form) => form,
+            Err((_, e)) => return msg.set(Message::Error(e)),
+        };
         msg.set(Message::None);
         leptos::task::spawn_local(async move {
             match task.call(Request::Upcycle { model: r, form }, None).await {

@@ -69,35 +69,22 @@ impl ModelInfo {
     }
 }
 
-/// The Upcycle form as plain values (the page validates and previews the
-/// plan from it, the worker builds the same `UpcycleOptions` from it).
+/// The Upcycle request: the expert counts and the output dtype as the page
+/// has them (the page previews the plan from it, the worker builds the same
+/// `UpcycleOptions` from it), and the operation's typed parameters
+/// (`moe_shared::ops::upcycle`, the CLI's too).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UpcycleForm {
     /// `Some(json)`: experts from an allocation file; `None`: `experts`.
     pub allocation: Option<String>,
     /// Experts per layer (uniform mode), as typed.
     pub experts: String,
-    /// top-k, as typed.
-    pub top_k: String,
-    /// Frozen experts, comma-separated.
-    pub frozen: String,
-    /// `zeros` or `random`.
-    pub router: String,
-    /// Seed, as typed.
-    pub seed: String,
     /// `auto` (the source's float dtype; bf16 for a quantized source),
     /// `source`, `f32`, `bf16` or `f16`.
     pub dtype: String,
-    /// Shared experts, as typed.
-    pub shared: String,
-    /// The shared experts' sigmoid gate.
-    pub shared_gate: bool,
-    /// Shared experts' init: `zero` or `copy`.
-    pub shared_init: String,
-    /// Drop-Upcycling ratio, as typed.
-    pub drop_ratio: String,
-    /// Granularity, as typed.
-    pub granularity: String,
+    /// What the upcycle does (top-k, frozen, router, seed, shared experts,
+    /// Drop-Upcycling, granularity, ...).
+    pub params: moe_shared::ops::upcycle::UpcycleParams,
 }
 
 /// What the page asks the worker to do.

@@ -24,16 +24,8 @@ pub fn upcycle_form(experts: usize, allocation: Option<String>) -> UpcycleForm {
     UpcycleForm {
         allocation,
         experts: experts.to_string(),
-        top_k: "2".into(),
-        frozen: "0".into(),
-        router: "zeros".into(),
-        seed: "0".into(),
         dtype: "auto".into(),
-        shared: "0".into(),
-        shared_gate: false,
-        shared_init: "zero".into(),
-        drop_ratio: "0".into(),
-        granularity: "1".into(),
+        params: moe_shared::ops::upcycle::UpcycleParams::default(),
     }
 }
 

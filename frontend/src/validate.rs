@@ -5,7 +5,7 @@
 //! would refuse is refused here too, next to its field, before any work.
 //! Nothing is clamped. The rules that need the model (top-k against the
 //! experts, frozen experts that exist) come from the same `shared` plan or
-//! option checks the CLI runs (`plan_upcycle`, `check_route_options`).
+//! option checks the CLI runs (`plan_upcycle`, `RouteParams::check`).
 //! The tab's own limits (at most [`crate::compute::upcycle::MAX_EXPERTS`]
 //! experts per layer, the wasm memory) stay separate refusals that say
 //! they are the tab's.
@@ -104,19 +104,16 @@ fn data(name: &str) -> DataRef {
     DataRef { name: name.to_string(), upload: PLACEHOLDER_ID.into(), weight: None, original: false, heldout: None }
 }
 
-/// The router form (DUME's ridge router): domain names, λ, top-k and
-/// tokens per domain, as the server's `route` job.
+/// The router form (DUME's ridge router): domain names and the route
+/// parameters (λ, top-k, tokens per domain), as the server's `route` job.
 ///
 /// # Errors
 /// The first field the server would refuse.
-pub fn route(names: &[String], lambda: f64, top_k: usize, max_tokens: usize) -> Result<(), FieldError> {
+pub fn route(names: &[String], params: &moe_shared::ops::route::RouteParams) -> Result<(), FieldError> {
     let spec = JobSpec::Route(RouteSpec {
         model: PLACEHOLDER_ID.into(),
         domains: names.iter().map(|n| data(n)).collect(),
-        lambda: Some(lambda),
-        top_k: Some(top_k),
-        max_tokens: Some(max_tokens),
-        context: None,
+        params: params.clone(),
     });
     check(
         &spec,
@@ -262,24 +259,33 @@ pub fn train(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use moe_shared::ops::route::RouteParams;
 
     /// The values the issue found accepted or clamped are refused, with
     /// the page's label, the same way the server refuses them.
     #[test]
     fn the_servers_rules_refuse_what_the_tab_used_to_accept() {
         let names = vec!["en".to_string(), "hu".to_string()];
-        assert!(route(&names, 0.01, 1, 10_000).is_ok());
-        let e = route(&names, 0.01, 0, 10_000).unwrap_err();
+        let p = |lambda: f64, top_k: usize, max_tokens: usize| RouteParams {
+            lambda,
+            top_k,
+            max_tokens: Some(max_tokens),
+            ..RouteParams::default()
+        };
+        assert!(route(&names, &p(0.01, 1, 10_000)).is_ok());
+        let e = route(&names, &p(0.01, 0, 10_000)).unwrap_err();
         assert_eq!(e.path(), "top_k");
         assert!(e.message.starts_with("top-k: 0 is out of range 1..=64"), "{}", e.message);
-        let e = route(&names, 1e10, 1, 10_000).unwrap_err();
+        let e = route(&names, &p(1e10, 1, 10_000)).unwrap_err();
         assert_eq!(e.path(), "lambda");
-        let e = route(&["en".into(), "en".into()], 0.01, 1, 10_000).unwrap_err();
+        let e = route(&["en".into(), "en".into()], &p(0.01, 1, 10_000)).unwrap_err();
         assert_eq!(e.path(), "domains[1].name");
         assert!(e.message.contains("appears twice"), "{}", e.message);
-        let e = route(&["e n".into(), "hu".into()], 0.01, 1, 10_000).unwrap_err();
+        let e = route(&["e n".into(), "hu".into()], &p(0.01, 1, 10_000)).unwrap_err();
         assert_eq!(e.path(), "domains[0].name");
-        assert!(route(&names, 0.01, 1, 0).is_err());
+        assert!(route(&names, &p(0.01, 1, 0)).is_err());
+        // top-k above the domains (one expert each) is the server's refusal too now
+        assert_eq!(route(&names, &p(0.01, 3, 10_000)).unwrap_err().path(), "top_k");
 
         assert_eq!(neurons(&names, 0).unwrap_err().path(), "top_n");
         assert!(neurons(&names, 100).is_ok());

@@ -15,7 +15,7 @@
 
 use crate::api::{DataRef, JobSpec};
 use crate::methods::moerge::MoergeOptions;
-use crate::methods::route::RouteOptions;
+pub use crate::ops::form::{Field, Input};
 
 /// The file the server writes an upcycle's `experts_per_layer` into (in
 /// the job's directory), passed as `--allocation`.
@@ -33,8 +33,9 @@ pub trait JobInputs {
 /// The defaults of the options a job spec leaves unset: the CLI's
 /// defaults (its `clap` attributes read these) and the form's hints.
 /// Each comes from the method's own options where it has them
-/// ([`crate::ops::upcycle::UpcycleParams::default`], [`MoergeOptions::default`],
-/// [`RouteOptions::default`]).
+/// ([`crate::ops::upcycle::UpcycleParams::default`], [`MoergeOptions::default`]).
+/// The operations already in `ops/` with their own form fields
+/// ([`crate::ops::route::RouteParams`]) are not repeated here.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Defaults {
     /// upcycle `--top-k`.
@@ -51,16 +52,6 @@ pub struct Defaults {
     pub temperature: f64,
     /// moerge `--top-k`.
     pub moerge_top_k: usize,
-    /// route `--lambda`.
-    pub route_lambda: f64,
-    /// route `--top-k`.
-    pub route_top_k: usize,
-    /// route `--max-tokens` (`None`: every statistics token).
-    pub route_max_tokens: Option<usize>,
-    /// route `--context`.
-    pub route_context: usize,
-    /// route `--eval-tokens`.
-    pub route_eval_tokens: usize,
     /// graft / merge `--scale`.
     pub scale: f64,
     /// merge `--density`.
@@ -101,7 +92,6 @@ impl Default for Defaults {
     fn default() -> Self {
         let up = crate::ops::upcycle::UpcycleParams::default();
         let mo = MoergeOptions::default();
-        let ro = RouteOptions::default();
         Defaults {
             upcycle_top_k: up.top_k,
             upcycle_frozen: up.frozen.clone(),
@@ -110,11 +100,6 @@ impl Default for Defaults {
             seed: up.seed,
             temperature: up.temperature,
             moerge_top_k: mo.top_k,
-            route_lambda: ro.lambda,
-            route_top_k: ro.top_k,
-            route_max_tokens: ro.max_tokens,
-            route_context: ro.context,
-            route_eval_tokens: 2_000,
             scale: 1.0,
             merge_density: 0.5,
             neurons_top_n: 1000,
@@ -236,10 +221,7 @@ impl JobSpec {
                 for d in &s.domains {
                     a.push(format!("--domain={}", data_arg(inputs, d, true)));
                 }
-                opt(&mut a, "lambda", s.lambda);
-                opt(&mut a, "top-k", s.top_k);
-                opt(&mut a, "max-tokens", s.max_tokens);
-                opt(&mut a, "context", s.context);
+                a.extend(crate::ops::flags(&s.params));
                 json_out(&mut a);
             }
             JobSpec::Graft(s) => {
@@ -428,14 +410,13 @@ impl JobKind {
                 adv("seed", "seed", Input::Int, &dflt(&d.seed)),
                 adv("dtype", "dtype", Input::Choice(DTYPES), "source's"),
             ],
-            JobKind::Route => vec![
+            JobKind::Route => [
                 req("model", "MoErged model", Input::Checkpoint, ""),
                 req("domains", "domains (one per expert, in expert order)", data(2, false, false, true), ""),
-                f("lambda", "lambda", Input::Float, &dflt(&d.route_lambda)),
-                f("top_k", "top-k", Input::Int, &dflt(&d.route_top_k)),
-                f("max_tokens", "max tokens", Input::Int, "all"),
-                f("context", "context", Input::Int, &dflt(&d.route_context)),
-            ],
+            ]
+            .into_iter()
+            .chain(crate::ops::route::RouteParams::form_fields())
+            .collect(),
             JobKind::Graft => vec![
                 req("target", "target (MoE or dense)", Input::Checkpoint, ""),
                 req("base", "base (dense)", Input::Checkpoint, ""),
@@ -510,68 +491,14 @@ impl JobSpec {
     }
 }
 
-/// How a field is entered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Input {
-    /// One registered checkpoint (a select).
-    Checkpoint,
-    /// A checkpoint or none (a select with an empty choice).
-    OptCheckpoint,
-    /// Several checkpoints, in the order they are ticked.
-    Checkpoints,
-    /// Uploaded text files as [`DataRef`]s: one row each, with the
-    /// sub-fields the spec reads.
-    Data {
-        /// Rows shown at first (the spec's minimum).
-        rows: usize,
-        /// `weight` (train's mixture weight).
-        weight: bool,
-        /// `original` (train's language prior).
-        original: bool,
-        /// `heldout` (route).
-        heldout: bool,
-    },
-    /// A whole number.
-    Int,
-    /// A number.
-    Float,
-    /// One of a few words; empty = the server's default unless required.
-    Choice(&'static [&'static str]),
-    /// Whole numbers separated by commas (`none` = an empty list).
-    IntList,
-    /// Experts per layer separated by commas, `-` for a dense layer.
-    LayerList,
-    /// Numbers separated by commas.
-    FloatList,
-    /// Names separated by commas.
-    Names,
-}
-
-/// One input of the form: a field of a spec type.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Field {
-    /// The spec's field name (`top_k`); also the input's test id `job-top_k`.
-    pub key: &'static str,
-    /// Label.
-    pub label: &'static str,
-    /// How it is entered.
-    pub input: Input,
-    /// Placeholder: the CLI's default ([`Defaults`]), or an example.
-    pub hint: String,
-    /// Whether the spec needs a value (else empty = the CLI's default).
-    pub required: bool,
-    /// Shown under "more options".
-    pub advanced: bool,
-}
-
 fn f(key: &'static str, label: &'static str, input: Input, hint: &str) -> Field {
-    Field { key, label, input, hint: hint.to_string(), required: false, advanced: false }
+    Field::new(key, label, input, hint)
 }
 fn req(key: &'static str, label: &'static str, input: Input, hint: &str) -> Field {
-    Field { key, label, input, hint: hint.to_string(), required: true, advanced: false }
+    Field::new(key, label, input, hint).required()
 }
 fn adv(key: &'static str, label: &'static str, input: Input, hint: &str) -> Field {
-    Field { key, label, input, hint: hint.to_string(), required: false, advanced: true }
+    Field::new(key, label, input, hint).advanced()
 }
 const fn data(rows: usize, weight: bool, original: bool, heldout: bool) -> Input {
     Input::Data { rows, weight, original, heldout }
@@ -585,8 +512,8 @@ mod tests {
 
     #[test]
     fn hints_show_the_defaults() {
-        let d = Defaults::default();
-        assert_eq!(JobKind::Route.field("lambda").unwrap().hint, format!("default {}", d.route_lambda));
+        let r = crate::ops::route::RouteParams::default();
+        assert_eq!(JobKind::Route.field("lambda").unwrap().hint, format!("default {}", r.lambda));
         assert_eq!(JobKind::Upcycle.field("top_k").unwrap().hint, "default 2");
         assert_eq!(JobKind::Upcycle.field("frozen").unwrap().hint, "default 0; none");
         assert_eq!(JobKind::Train.field("seq_len").unwrap().hint, "default 256");

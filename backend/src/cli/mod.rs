@@ -219,8 +219,23 @@ mod job_spec_tests {
         let route = spec(serde_json::json!({"kind": "route", "model": A, "domains": [d("en"), d("hu")],
             "lambda": 0.5, "top_k": 2, "max_tokens": 99, "context": 32}));
         let Command::Route(r) = parse(&route) else { panic!("route") };
-        assert_eq!((r.lambda, r.top_k, r.max_tokens, r.context), (0.5, 2, Some(99), 32));
+        assert_eq!((r.params.lambda, r.params.top_k, r.params.max_tokens, r.params.context), (0.5, 2, Some(99), 32));
         assert_eq!(r.domains[1], "hu=data/hu.txt:data/hu.heldout.txt");
+        // Every route parameter, each away from its default, reaches the CLI
+        // through the derived flags (ops::flags) unchanged.
+        let all = moe_shared::ops::route::RouteParams {
+            lambda: 1e-9,
+            top_k: 2,
+            temperature: 0.25,
+            max_tokens: Some(7),
+            context: 33,
+            no_bias: true,
+            eval_tokens: 5,
+        };
+        let JobSpec::Route(mut s) = route.clone() else { unreachable!() };
+        s.params = all.clone();
+        let Command::Route(r) = parse(&JobSpec::Route(s)) else { panic!("route") };
+        assert_eq!(r.params, all);
         let merge = spec(serde_json::json!({"kind": "merge", "method": "dare-ties", "models": [A, B],
             "weights": [0.5, -0.25], "base": A, "density": 0.3, "seed": 5, "dtype": "f16"}));
         let Command::Merge(m) = parse(&merge) else { panic!("merge") };
@@ -291,10 +306,7 @@ mod job_spec_tests {
             (d.upcycle_top_k, d.upcycle_frozen.clone(), d.upcycle_noise, d.upcycle_router_std)
         );
         let Command::Route(r) = bare(&["m", "route", "x", "--domain", "a=b", "--out", "o"]) else { panic!() };
-        assert_eq!(
-            (r.lambda, r.top_k, r.max_tokens, r.context, r.eval_tokens),
-            (d.route_lambda, d.route_top_k, d.route_max_tokens, d.route_context, d.route_eval_tokens)
-        );
+        assert_eq!(r.params, moe_shared::ops::route::RouteParams::default());
         let Command::Eval(e) = bare(&["m", "eval", "x", "--data", "a=b"]) else { panic!() };
         assert_eq!((e.window, e.stride), (d.eval_window, d.eval_stride));
         let Command::Neurons(n) = bare(&["m", "neurons", "x", "--lang", "a=b", "--lang", "c=d", "--out", "o"]) else {

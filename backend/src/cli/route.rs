@@ -8,14 +8,14 @@ use anyhow::{bail, Context};
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
 use moe_shared::config::MoeConfig;
-use moe_shared::jobs::Defaults as D;
 use moe_shared::layout::{self, LayoutRequest};
 use moe_shared::methods::route::{
-    accuracy_markdown, check_domains, check_route_options, collect_stats, domain_sequences, empty_stats, mean_accuracy,
-    routed_config, routing_accuracy, routing_accuracy_detail, set_routers, solve_all, solve_all_relative,
-    stats_to_safetensors, write_routed, DomainSequences, RouteOptions, RouteReport, RoutingAccuracy,
+    accuracy_markdown, check_domains, collect_stats, domain_sequences, empty_stats, mean_accuracy, routed_config,
+    routing_accuracy, routing_accuracy_detail, set_routers, solve_all, solve_all_relative, stats_to_safetensors,
+    write_routed, DomainSequences, RouteReport, RoutingAccuracy,
 };
 use moe_shared::model::load_model;
+use moe_shared::ops::route::RouteParams;
 use moe_shared::tensor_io::card::CardMethod;
 
 use super::backend::WithBackend;
@@ -35,28 +35,12 @@ pub struct Args {
     /// in MODEL) and re-solves; the old data is not revisited.
     #[arg(long, conflicts_with = "domains")]
     pub add_expert: Option<String>,
-    /// Ridge strength lambda (> 0).
-    #[arg(long, default_value_t = D::default().route_lambda)]
-    pub lambda: f64,
-    /// Experts per token at inference.
-    #[arg(long, default_value_t = D::default().route_top_k)]
-    pub top_k: usize,
-    /// Router temperature.
-    #[arg(long, default_value_t = D::default().temperature)]
-    pub temperature: f64,
-    /// A cap on the statistics tokens per domain (default: every token of the training text, as the
-    /// reference code's statistics pass).
-    #[arg(long)]
-    pub max_tokens: Option<usize>,
-    /// Tokens per statistics sequence (the reference code's per-sequence position cap, `context_dim`).
-    #[arg(long, default_value_t = D::default().route_context)]
-    pub context: usize,
+    /// What the fit does (shared/src/ops/route.rs: lambda, top-k, temperature, statistics and
+    /// held-out tokens, context, bias column).
+    #[command(flatten)]
+    pub params: RouteParams,
     #[command(flatten)]
     pub docs: super::args::DocsArg,
-    /// Solve without the bias column (the result then exports in a public
-    /// layout: Mixtral, Qwen2-MoE).
-    #[arg(long)]
-    pub no_bias: bool,
     #[command(flatten)]
     pub layout: super::args::LayoutArg,
     /// Extra lambdas to report held-out accuracy for (comma-separated).
@@ -71,9 +55,6 @@ pub struct Args {
     /// must be the same, in the same order (their held-out text is still read for the accuracy).
     #[arg(long, conflicts_with = "add_expert")]
     pub stats: Option<PathBuf>,
-    /// Held-out tokens per domain for the accuracy report.
-    #[arg(long, default_value_t = D::default().route_eval_tokens)]
-    pub eval_tokens: usize,
     /// Output directory.
     #[arg(long)]
     pub out: PathBuf,
@@ -183,25 +164,19 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     w.finish(&[("config.json", serde_json::to_vec(&cfg)?)])?;
     let grown = open_model(&stage_dir)?;
     let mut model = load_model::<B>(&grown, &device)?;
-    let domain = read_domain(tok, name.to_string(), &train, held.as_ref(), a.docs.docs, a.context)?;
+    let p = &a.params;
+    let domain = read_domain(tok, name.to_string(), &train, held.as_ref(), a.docs.docs, p.context)?;
     let new_idx = names.len();
     for s in stats.iter_mut().flatten() {
         s.add_expert();
     }
-    let n = collect_stats(&model, new_idx, &domain.train, a.max_tokens, &mut stats)?;
+    let n = collect_stats(&model, new_idx, &domain.train, p.max_tokens, &mut stats)?;
     names.push(domain.name.clone());
-    let opts = RouteOptions {
-        lambda: a.lambda,
-        top_k: a.top_k,
-        temperature: a.temperature,
-        max_tokens: a.max_tokens,
-        context: a.context,
-        bias,
-        docs: a.docs.docs,
-    };
+    // The bias column is the saved statistics' (not --no-bias).
+    let opts = moe_shared::methods::route::RouteOptions { bias, ..p.options(a.docs.docs) };
     let routers = solve_all(&stats, opts.lambda)?;
     set_routers(&mut model, &routers, opts.top_k, opts.temperature);
-    let acc = routing_accuracy_detail(&model, new_idx, &domain.heldout, a.eval_tokens);
+    let acc = routing_accuracy_detail(&model, new_idx, &domain.heldout, p.eval_tokens);
     let routed = routed_config(&plan.moe, &opts);
     let (layout, warnings) = layout_warnings(&m.config, &routed, request)?;
     let report = serde_json::json!({
@@ -297,20 +272,10 @@ impl WithBackend for Args {
         }
         let a = self;
         let t0 = Instant::now();
-        let opts = RouteOptions {
-            lambda: a.lambda,
-            top_k: a.top_k,
-            temperature: a.temperature,
-            max_tokens: a.max_tokens,
-            context: a.context,
-            bias: !a.no_bias,
-            docs: a.docs.docs,
-        };
-        // The rules the tab's router checks too (shared), in the CLI's flags.
-        match check_route_options(&opts, a.domains.len()) {
-            Err(moe_shared::StudioError::Config { source_name, what }) => bail!("--{source_name} {what}"),
-            Err(e) => return Err(e.into()),
-            Ok(()) => {}
+        let opts = a.params.options(a.docs.docs);
+        // The rules the server and the tab check too (shared), in the CLI's flags.
+        if let Err(e) = a.params.check(a.domains.len()) {
+            bail!("{} {}", e.flag(), e.message);
         }
         let positive = |l: f64| l.is_finite() && l > 0.0;
         if !a.lambda_sweep.iter().all(|&l| positive(l)) {
@@ -329,7 +294,7 @@ impl WithBackend for Args {
         let mut domains = Vec::new();
         for spec in &a.domains {
             let (name, train, held) = parse_domain(spec)?;
-            domains.push(read_domain(tok, name, &train, held.as_ref(), a.docs.docs, a.context)?);
+            domains.push(read_domain(tok, name, &train, held.as_ref(), a.docs.docs, opts.context)?);
         }
         let mut model = load_model::<B>(&m, &device)?;
         let (stats, tokens) = match &a.stats {
@@ -366,7 +331,7 @@ impl WithBackend for Args {
         let accuracy: Vec<RoutingAccuracy> = domains
             .iter()
             .enumerate()
-            .map(|(i, d)| routing_accuracy_detail(&model, i, &d.heldout, a.eval_tokens))
+            .map(|(i, d)| routing_accuracy_detail(&model, i, &d.heldout, a.params.eval_tokens))
             .collect();
         let mut sweep = Vec::new();
         for &lambda in &a.lambda_sweep {
@@ -375,7 +340,7 @@ impl WithBackend for Args {
             let acc: Vec<f64> = domains
                 .iter()
                 .enumerate()
-                .map(|(i, d)| mean_accuracy(&routing_accuracy(&model, i, &d.heldout, a.eval_tokens)))
+                .map(|(i, d)| mean_accuracy(&routing_accuracy(&model, i, &d.heldout, a.params.eval_tokens)))
                 .collect();
             sweep.push(serde_json::json!({"lambda": lambda, "mean_accuracy_per_domain": acc}));
         }
@@ -385,7 +350,7 @@ impl WithBackend for Args {
             let acc: Vec<RoutingAccuracy> = domains
                 .iter()
                 .enumerate()
-                .map(|(i, d)| routing_accuracy_detail(&model, i, &d.heldout, a.eval_tokens))
+                .map(|(i, d)| routing_accuracy_detail(&model, i, &d.heldout, a.params.eval_tokens))
                 .collect();
             sweep.push(serde_json::json!({
                 "lambda_relative": relative,

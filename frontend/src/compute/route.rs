@@ -10,12 +10,13 @@ use moe_kernels::{Gpu, GramAccumulator};
 use moe_shared::eval::{evaluate, PerplexityOptions};
 use moe_shared::methods::ridge::RidgeStats;
 use moe_shared::methods::route::{
-    accuracy_markdown, check_domains, check_route_options, collect_stats, domain_sequences, empty_stats,
-    forced_ffn_inputs, plan_routed, routed_config, routing_accuracy_detail, set_routers, stats_to_safetensors,
-    write_routed_tensors, DomainSequences, RouteOptions, RouteReport, SEQUENCES_PER_PASS,
+    accuracy_markdown, check_domains, collect_stats, domain_sequences, empty_stats, forced_ffn_inputs, plan_routed,
+    routed_config, routing_accuracy_detail, set_routers, stats_to_safetensors, write_routed_tensors, DomainSequences,
+    RouteReport, SEQUENCES_PER_PASS,
 };
 use moe_shared::model::Transformer;
 use moe_shared::model::{load_transformer, Routing};
+use moe_shared::ops::route::RouteParams;
 use moe_shared::tensor_io::sink::MemorySink;
 
 use super::artifact::{card_file, into_artifact, pretty, tokenizer_json, Output};
@@ -183,6 +184,26 @@ pub async fn gpu_collect_stats(
     Ok(used)
 }
 
+/// Held-out tokens per domain behind the router page's routing accuracy and
+/// its perplexity table (DUME / averaging / oracle: three passes), which
+/// the pages ask for ([`RouteParams::eval_tokens`]). 3,000 covers most of
+/// the teaching preset's held-out documents (12,000 characters: the CLI's
+/// checks score all of them), so the tab's table shows what `preset.json`
+/// checked; the CLI's `route` evaluates as many as it is given.
+pub const TAB_EVAL_TOKENS: usize = 3000;
+
+/// The router page's statistics tokens per domain before a preset sets its
+/// own (the CLI's default is every token; a tab keeps the step within
+/// seconds on the demo models).
+pub const TAB_MAX_TOKENS: usize = 10_000;
+
+/// The route parameters the tab's pages send: `λ`, top-k and statistics
+/// tokens per domain from the page, the tab's held-out budget
+/// ([`TAB_EVAL_TOKENS`]), the rest at the operation's defaults.
+pub fn tab_params(lambda: f64, top_k: usize, max_tokens: usize) -> RouteParams {
+    RouteParams { lambda, top_k, max_tokens: Some(max_tokens), eval_tokens: TAB_EVAL_TOKENS, ..RouteParams::default() }
+}
+
 /// Mean over the MoE layers (shared with the CLI's report).
 pub use moe_shared::methods::route::mean_accuracy as mean;
 
@@ -196,8 +217,7 @@ pub async fn run(
     progress: &Progress,
     src: &Picked,
     domains: &[DomainText],
-    opts: RouteOptions,
-    eval_tokens: usize,
+    params: &RouteParams,
     with_ppl: bool,
     use_gpu: bool,
 ) -> Result<RouteResult, String> {
@@ -209,7 +229,8 @@ pub async fn run(
     check_domains(&moe, domains.len()).map_err(msg)?;
     // The CLI's option rules (shared), before any work: top-k 0 used to
     // panic inside the forward pass and kill the tab.
-    check_route_options(&opts, domains.len()).map_err(msg)?;
+    params.check(domains.len()).map_err(|e| e.to_string())?;
+    let (opts, eval_tokens) = (params.options(moe_shared::corpus::DocSplit::Blank), params.eval_tokens);
     let gram_on = if use_gpu && super::gpu::gpu().is_some() { "WebGPU" } else { "CPU" }.to_string();
     let seqs: Vec<DomainSequences> = domains
         .iter()

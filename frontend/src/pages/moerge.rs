@@ -14,6 +14,7 @@ use crate::models::Models;
 use crate::store::ModelRef;
 use crate::task::Task;
 use crate::worker::protocol::{Reply, Request};
+use moe_shared::ops::route::RouteParams;
 
 #[derive(Clone, Copy)]
 struct Domain {
@@ -204,9 +205,10 @@ fn RouterForm() -> impl IntoView {
         Domain::new("hu", "Egyszer volt egy kis kutya. A kutya szeretett a parkban futni a barátaival.\nA nap meleg volt, és a gyerekek egész nap egy piros labdával játszottak."),
     ]);
     // The teaching preset, once loaded, gives one text per expert.
-    let lambda = RwSignal::new("0.01".to_string());
-    let top_k = RwSignal::new("1".to_string());
-    let max_tokens = RwSignal::new("10000".to_string());
+    let defaults = RouteParams::default();
+    let lambda = RwSignal::new(defaults.lambda.to_string());
+    let top_k = RwSignal::new(defaults.top_k.to_string());
+    let max_tokens = RwSignal::new(crate::compute::route::TAB_MAX_TOKENS.to_string());
     // ... and the statistics budget of the preset's own CLI run
     // (scripts/demo_preset.sh: `route --max-tokens 2000`), which keeps the
     // step within seconds.
@@ -233,13 +235,17 @@ fn RouterForm() -> impl IntoView {
     let result = RwSignal::new(None::<RouteView>);
     // The server's route rules (shared), on every change: shown next to the
     // fields, and the button stays disabled while they refuse.
-    let invalid = Memo::new(move |_| {
-        let names: Vec<String> = domains.get().iter().map(|d| d.name.get()).collect();
+    // The inputs as the route parameters (the rest at the tab's values).
+    let params = move || -> Result<RouteParams, String> {
         let l: f64 = lambda.get().trim().parse().map_err(|_| "lambda: not a number".to_string())?;
         let k: usize = top_k.get().trim().parse().map_err(|_| "top-k: not a whole number".to_string())?;
         let mt: usize =
             max_tokens.get().trim().parse().map_err(|_| "tokens per domain: not a whole number".to_string())?;
-        crate::validate::route(&names, l, k, mt).map_err(|e| e.message)
+        Ok(crate::compute::route::tab_params(l, k, mt))
+    };
+    let invalid = Memo::new(move |_| {
+        let names: Vec<String> = domains.get().iter().map(|d| d.name.get()).collect();
+        crate::validate::route(&names, &params()?).map_err(|e| e.message)
     });
     let run = move |_| {
         if let Err(e) = invalid.get_untracked() {
@@ -248,19 +254,8 @@ fn RouterForm() -> impl IntoView {
         let Some(r) = model.get_untracked() else {
             return msg.set(Message::Error("choose an MoE (upcycle or MoErge first)".into()));
         };
-        let parsed = (|| {
-            let l: f64 = lambda.get_untracked().trim().parse().map_err(|_| "lambda must be a number".to_string())?;
-            let k: usize =
-                top_k.get_untracked().trim().parse().map_err(|_| "top-k must be a whole number".to_string())?;
-            let mt: usize = max_tokens
-                .get_untracked()
-                .trim()
-                .parse()
-                .map_err(|_| "max tokens must be a whole number".to_string())?;
-            Ok::<_, String>((l, k, mt))
-        })();
-        let (lambda, top_k, max_tokens) = match parsed {
-            Ok(o) => o,
+        let params = match untrack(params) {
+            Ok(p) => p,
             Err(e) => return msg.set(Message::Error(e)),
         };
         let texts: Vec<DomainText> = domains
@@ -277,15 +272,8 @@ fn RouterForm() -> impl IntoView {
         let names: Vec<String> = texts.iter().map(|t| t.name.clone()).collect();
         let engine = crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked());
         let use_gpu = engine == crate::compute::gpu::Engine::WebGpu && gram_gpu.get_untracked();
-        let req = Request::Route {
-            model: r.clone(),
-            domains: texts,
-            lambda,
-            top_k,
-            max_tokens,
-            with_ppl: with_ppl.get_untracked(),
-            use_gpu,
-        };
+        let req =
+            Request::Route { model: r.clone(), domains: texts, params, with_ppl: with_ppl.get_untracked(), use_gpu };
         leptos::task::spawn_local(async move {
             match task.call(req, None).await {
                 Ok((Reply::Route(routed), _)) => {

@@ -19,14 +19,6 @@ use crate::load::{demo_model, model_from_files_named};
 use crate::store::{info, need, pick, update_store, with_store, Artifact, InputModel, ModelRef, Origin, Picked, Slot};
 use crate::web::{read_blob, PickedFile};
 
-/// Held-out tokens per domain behind the router page's routing accuracy and
-/// its perplexity table (DUME / averaging / oracle: three passes). 3,000
-/// covers most of the teaching preset's held-out documents (12,000
-/// characters: the CLI's checks score all of them), so the tab's table shows
-/// what `preset.json` checked; the CLI's `route` evaluates as many as it is
-/// given.
-const ROUTE_EVAL_TOKENS: usize = 3000;
-
 struct Queued {
     id: u64,
     request: Request,
@@ -271,16 +263,9 @@ async fn handle(id: u64, progress: &Progress, request: Request, files: JsValue) 
             let (Reply::Model(info), _) = add_artifact(progress, a).await? else { unreachable!("a model") };
             reply(Reply::Moerge(info, (s.tensors, s.averaged_gpu, s.averaged_cpu)))
         }
-        Request::Route { model, domains, lambda, top_k, max_tokens, with_ppl, use_gpu } => {
+        Request::Route { model, domains, params, with_ppl, use_gpu } => {
             let p = need(&model)?;
-            let opts = moe_shared::methods::route::RouteOptions {
-                lambda,
-                top_k,
-                max_tokens: Some(max_tokens),
-                ..Default::default()
-            };
-            let r =
-                crate::compute::route::run(progress, &p, &domains, opts, ROUTE_EVAL_TOKENS, with_ppl, use_gpu).await?;
+            let r = crate::compute::route::run(progress, &p, &domains, &params, with_ppl, use_gpu).await?;
             let gram_on = r.gram_on.clone();
             let (Reply::Model(info), _) = add_artifact(progress, r.artifact).await? else { unreachable!("a model") };
             reply(Reply::Route(RouteReply { model: info, accuracy: r.accuracy, tokens: r.tokens, ppl: r.ppl, gram_on }))

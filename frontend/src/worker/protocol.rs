@@ -161,12 +161,8 @@ pub enum Request {
         model: ModelRef,
         /// One text per expert.
         domains: Vec<DomainText>,
-        /// λ.
-        lambda: f64,
-        /// top-k of the routed MoE.
-        top_k: usize,
-        /// Statistics tokens per domain.
-        max_tokens: usize,
+        /// What the fit does (λ, top-k, statistics and held-out tokens).
+        params: moe_shared::ops::route::RouteParams,
         /// Also the perplexity table.
         with_ppl: bool,
         /// Accumulate the Gram statistics on the WGSL kernel when a device

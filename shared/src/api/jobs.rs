@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::server::check_id;
 use super::ApiError;
 use crate::methods::merge::MergeMethod;
+use crate::ops::route::RouteParams;
 use crate::train::Stage;
 
 /// A text corpus for a job: a completed upload (`.txt`: one document per
@@ -169,26 +170,34 @@ pub struct MoergeSpec {
     pub dtype: Option<String>,
 }
 
-/// `route`: DUME's ridge router (domain i = expert i).
+/// `route`: DUME's ridge router (domain i = expert i). The parameters are
+/// [`RouteParams`]'s fields, flattened (`{"kind": "route", "model": ...,
+/// "domains": [...], "lambda": 0.05}`); unset ones take its defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "serde_json::Value")]
 pub struct RouteSpec {
     /// Checkpoint id of the MoErged model.
     pub model: String,
     /// One corpus per expert, in expert order (`heldout` optional).
     pub domains: Vec<DataRef>,
-    /// Ridge lambda (> 0).
-    #[serde(default)]
-    pub lambda: Option<f64>,
-    /// Experts per token.
-    #[serde(default)]
-    pub top_k: Option<usize>,
-    /// Training tokens per domain.
-    #[serde(default)]
-    pub max_tokens: Option<usize>,
-    /// Context length of the statistics pass.
-    #[serde(default)]
-    pub context: Option<usize>,
+    /// What the fit does (ops/route.rs).
+    #[serde(flatten)]
+    pub params: RouteParams,
+}
+
+impl TryFrom<serde_json::Value> for RouteSpec {
+    type Error = String;
+    fn try_from(v: serde_json::Value) -> Result<Self, String> {
+        /// The spec's inputs (the rest of its keys are [`RouteParams`]).
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Inputs {
+            model: String,
+            domains: Vec<DataRef>,
+        }
+        let (i, params): (Inputs, RouteParams) = crate::ops::split_params(v)?;
+        Ok(RouteSpec { model: i.model, domains: i.domains, params })
+    }
 }
 
 /// `graft`: add `scale * (instruct - base)` to a model.
@@ -504,10 +513,9 @@ impl JobSpec {
             JobSpec::Route(s) => {
                 check_id("spec.model", &s.model)?;
                 check_data("spec.domains", &s.domains, 2)?;
-                check_f("spec.lambda", s.lambda, 0.0, 1e9, true)?;
-                check_range("spec.top_k", s.top_k, 1, 64)?;
-                check_range("spec.max_tokens", s.max_tokens, 1, 100_000_000)?;
-                check_range("spec.context", s.context, 2, 65_536)?;
+                s.params
+                    .check(s.domains.len())
+                    .map_err(|e| ApiError::field(&format!("spec.{}", e.field), e.message))?;
             }
             JobSpec::Graft(s) => {
                 check_id("spec.target", &s.target)?;

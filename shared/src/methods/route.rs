@@ -309,32 +309,6 @@ pub struct DomainSequences {
     pub heldout_sha256: Option<String>,
 }
 
-/// The route options' own rules, before any file is read: `λ > 0` and
-/// finite, top-k in `1..=domains` (one expert per domain, methods.md §2;
-/// never clamped), at least one statistics token, a context of at least
-/// two tokens. The CLI's `route`, the server's route job (through the CLI)
-/// and the tab's router check the same rules here.
-///
-/// # Errors
-/// [`StudioError::Config`] naming the option (`lambda`, `top-k`,
-/// `max-tokens`, `context`) and what was expected.
-pub fn check_route_options(opts: &RouteOptions, domains: usize) -> Result<()> {
-    let bad = |what: &str, msg: String| Err(StudioError::config(what, msg));
-    if !(opts.lambda.is_finite() && opts.lambda > 0.0) {
-        return bad("lambda", format!("{}: expected a finite number > 0", opts.lambda));
-    }
-    if opts.top_k == 0 || opts.top_k > domains {
-        return bad("top-k", format!("{}: expected 1 to {domains} (the experts: one per domain)", opts.top_k));
-    }
-    if opts.max_tokens == Some(0) {
-        return bad("max-tokens", "0: expected at least 1 statistics token per domain (or no cap)".into());
-    }
-    if opts.context < 2 {
-        return bad("context", format!("{}: expected at least 2 tokens per sequence", opts.context));
-    }
-    Ok(())
-}
-
 /// Checks that every MoE layer of `moe` has one expert per domain (DUME:
 /// domain `i` routes to expert `i`).
 ///

@@ -5,46 +5,11 @@
 //! and an unknown key gets the nearest supported one (Levenshtein distance,
 //! `strsim`) as a suggestion. docs/methods.md §6.1 "mergekit recipes".
 
-use serde::de::{self, Deserialize, Visitor};
 use serde_yaml_ng::{Mapping, Value};
 
 use crate::error::{Result, StudioError};
 
-/// The field names of a `#[derive(Deserialize)]` struct, as serde's derive
-/// declares them (the names a YAML/JSON mapping may use).
-///
-/// Works by handing the type a deserializer that records the `fields` of
-/// `deserialize_struct` and stops; a type that is not a struct gives `&[]`.
-pub fn fields_of<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
-    let mut out: &'static [&'static str] = &[];
-    let _ = T::deserialize(FieldGrabber(&mut out));
-    out
-}
-
-struct FieldGrabber<'a>(&'a mut &'static [&'static str]);
-
-impl<'de> de::Deserializer<'de> for FieldGrabber<'_> {
-    type Error = de::value::Error;
-
-    fn deserialize_any<V: Visitor<'de>>(self, _visitor: V) -> std::result::Result<V::Value, Self::Error> {
-        Err(de::Error::custom("not a struct"))
-    }
-
-    fn deserialize_struct<V: Visitor<'de>>(
-        self,
-        _name: &'static str,
-        fields: &'static [&'static str],
-        _visitor: V,
-    ) -> std::result::Result<V::Value, Self::Error> {
-        *self.0 = fields;
-        Err(de::Error::custom("fields recorded"))
-    }
-
-    serde::forward_to_deserialize_any! {
-        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
-        unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
-    }
-}
+pub use crate::ops::fields_of;
 
 /// The candidate nearest to `word` by Levenshtein distance, when it is
 /// close enough to be a likely misspelling (distance at most 3 and less

@@ -394,13 +394,13 @@ fn plan_moe(
             });
             domains.push(d);
         }
-        let spec = crate::api::RouteSpec { model: s(&prev), domains, ..ridge.clone() };
+        // The recipe's `temperature` is the routed MoE's too.
+        let params =
+            crate::ops::route::RouteParams { temperature: r.temperature.unwrap_or(ridge.temperature), ..ridge.clone() };
+        let spec = crate::api::RouteSpec { model: s(&prev), domains, params: params.clone() };
         let placeholder =
-            JobSpec::Route(crate::api::RouteSpec { model: ID.into(), domains: placeholder_domains, ..ridge.clone() });
+            JobSpec::Route(crate::api::RouteSpec { model: ID.into(), domains: placeholder_domains, params });
         let mut argv = job_stage(&JobSpec::Route(spec), placeholder, "ridge", &out).map_err(rename_experts)?;
-        if let Some(t) = r.temperature {
-            argv.push(format!("--temperature={t}"));
-        }
         if let Some(l) = &r.layout {
             argv.push(format!("--layout={l}"));
         }

@@ -16,8 +16,8 @@
 //!
 //! Studio keys, so that a whole pipeline is one file:
 //! - `gate_mode: ridge` (DUME's ridge router: every expert gives `data`,
-//!   optionally `heldout` text; `ridge:` takes the `route` job's options,
-//!   [`crate::api::RouteSpec`]) and `gate_mode: zeros`;
+//!   optionally `heldout` text; `ridge:` takes the `route` operation's
+//!   parameters, [`crate::ops::route::RouteParams`]) and `gate_mode: zeros`;
 //! - no `base_model` with `gate_mode: ridge`: the shared tensors are the
 //!   experts' mean (DUME's MoErge);
 //! - `upcycle:` instead of `experts`: upcycle `base_model` (DeltaMoE /
@@ -33,8 +33,9 @@ use serde_yaml_ng::{Mapping, Value};
 
 use super::keys::{check_keys, fields_of, get, kind, nearest, number, string, strings, Refused};
 use super::shared::{shared_experts, SharedExperts};
-use crate::api::{GraftSpec, RouteSpec, UpcycleSpec};
+use crate::api::{GraftSpec, UpcycleSpec};
 use crate::error::{Result, StudioError};
+use crate::ops::route::RouteParams;
 use crate::tensor_io::DType;
 
 /// The top-level keys of an MoE recipe: mergekit-moe's, then the
@@ -184,7 +185,7 @@ pub struct MoeRecipe {
     pub seed: Option<u64>,
     /// The ridge router's options (`ridge:`; `model` / `domains` are
     /// filled by the runner).
-    pub ridge: Option<RouteSpec>,
+    pub ridge: Option<RouteParams>,
     /// The graft stage (`graft:`; `target` is filled by the runner).
     pub graft: Option<GraftSpec>,
     /// Whether any studio key is used (else a plain mergekit-moe recipe).
@@ -339,9 +340,9 @@ impl MoeRecipe {
         }
         let ridge = match get(map, "ridge") {
             Some(_) if gate != Gate::Ridge => return Err(cfg("`ridge` options need `gate_mode: ridge`".into())),
-            Some(v) => Some(job_section::<RouteSpec>(source, "ridge", v, &["model", "domains"])?),
+            Some(v) => Some(job_section::<RouteParams>(source, "ridge", v, &[])?),
             None if gate == Gate::Ridge => {
-                Some(job_section::<RouteSpec>(source, "ridge", &Value::Mapping(Mapping::new()), &["model", "domains"])?)
+                Some(job_section::<RouteParams>(source, "ridge", &Value::Mapping(Mapping::new()), &[])?)
             }
             None => None,
         };

@@ -171,7 +171,6 @@ fn check_against_models(spec: &JobSpec, models: &HashMap<String, ModelSummary>) 
             }
         }
         JobSpec::Route(s) => {
-            over_ctx("spec.context", s.context, &s.model)?;
             if let Some(m) = models.get(&s.model) {
                 let experts = moe_experts(m);
                 if experts.is_empty() {
@@ -190,13 +189,14 @@ fn check_against_models(spec: &JobSpec, models: &HashMap<String, ModelSummary>) 
                     ));
                 }
                 let fewest = experts.iter().min().copied().unwrap_or(0);
-                if let Some(k) = s.top_k.filter(|&k| k > fewest) {
+                if s.params.top_k > fewest {
                     return Err(ApiError::field(
                         "spec.top_k",
-                        format!("{k} is more than the {fewest} experts of a layer"),
+                        format!("{} is more than the {fewest} experts of a layer", s.params.top_k),
                     ));
                 }
             }
+            over_ctx("spec.context", Some(s.params.context), &s.model)?;
         }
         JobSpec::Graft(s) => {
             for (field, id) in [("spec.base", &s.base), ("spec.instruct", &s.instruct)] {

@@ -1,5 +1,5 @@
 //! The few input components every job form is made of, driven by a
-//! [`Field`]: a text/number box, a choice, a checkpoint picker (one, one or
+//! [`Field`]: a text/number box, a checkbox, a choice, a checkpoint picker (one, one or
 //! none, several in order), rows of uploaded corpora ([`DataRow`]s), and
 //! the error line under an input. Test ids: `job-{key}`,
 //! `job-{key}-{checkpoint id}`, `job-{key}-{row}-{name|upload|heldout|weight|original}`,
@@ -24,6 +24,7 @@ pub fn form_field(ctx: Ctx, fd: &'static Field) -> impl IntoView {
         Input::Int | Input::Float | Input::IntList | Input::LayerList | Input::FloatList | Input::Names => {
             text_box(ctx, key, fd.hint.as_str()).into_any()
         }
+        Input::Flag => flag_box(ctx, key).into_any(),
     };
     let block = matches!(fd.input, Input::Checkpoints | Input::Data { .. });
     view! {
@@ -52,6 +53,16 @@ pub fn text_box(ctx: Ctx, key: &'static str, hint: &'static str) -> impl IntoVie
         <input type="text" size="10" data-testid=format!("job-{key}") placeholder=hint
             prop:value=move || form.with(|f| f.value(key).to_string())
             on:input=move |ev| form.update(|f| f.set(key, event_target_value(&ev)))/>
+    }
+}
+
+/// A checkbox bound to field `key` (`"true"` when ticked, empty when not).
+pub fn flag_box(ctx: Ctx, key: &'static str) -> impl IntoView {
+    let form = ctx.form;
+    view! {
+        <input type="checkbox" data-testid=format!("job-{key}")
+            prop:checked=move || form.with(|f| f.value(key) == "true")
+            on:change=move |ev| form.update(|f| f.set(key, if event_target_checked(&ev) { "true" } else { "" }))/>
     }
 }
 

@@ -179,10 +179,7 @@ impl FormState {
             Kind::Route => JobSpec::Route(RouteSpec {
                 model: self.ckpt("model")?,
                 domains: self.data_refs("domains")?,
-                lambda: self.opt("lambda")?,
-                top_k: self.opt("top_k")?,
-                max_tokens: self.opt("max_tokens")?,
-                context: self.opt("context")?,
+                params: self.params()?,
             }),
             Kind::Graft => JobSpec::Graft(GraftSpec {
                 target: self.ckpt("target")?,
@@ -269,6 +266,34 @@ impl FormState {
 
     fn opt<T: FromStr>(&self, key: &str) -> Result<Option<T>, FieldError> {
         parse_num(self.value(key)).map_err(|e| FieldError::form(key, e))
+    }
+
+    /// An operation's parameter struct `P` (`shared::ops`) from the inputs
+    /// of this kind that are its fields: numbers parsed, a [`Input::Flag`]
+    /// on or off, a choice as its word; an empty input leaves the field at
+    /// `P`'s default.
+    fn params<P: serde::de::DeserializeOwned>(&self) -> Result<P, FieldError> {
+        let names = moe_shared::ops::fields_of::<P>();
+        let mut map = serde_json::Map::new();
+        for fd in self.kind.fields().iter().filter(|f| names.contains(&f.key)) {
+            let value = match fd.input {
+                Input::Int => self.opt::<u64>(fd.key)?.map(serde_json::Value::from),
+                Input::Float => match self.opt::<f64>(fd.key)? {
+                    Some(x) => Some(
+                        serde_json::Number::from_f64(x)
+                            .map(serde_json::Value::Number)
+                            .ok_or_else(|| FieldError::form(fd.key, format!("`{x}` is not a finite number")))?,
+                    ),
+                    None => None,
+                },
+                Input::Flag => Some(serde_json::Value::Bool(self.value(fd.key) == "true")),
+                _ => self.choice(fd.key).map(serde_json::Value::String),
+            };
+            if let Some(v) = value {
+                map.insert(fd.key.to_string(), v);
+            }
+        }
+        serde_json::from_value(serde_json::Value::Object(map)).map_err(|e| FieldError::form("", e.to_string()))
     }
 
     fn choice(&self, key: &str) -> Option<String> {
@@ -412,7 +437,10 @@ mod tests {
                     };
                     *s.row_mut(fd.key, 1) = DataRow { name: "hu".into(), upload: U.into(), ..DataRow::default() };
                 }
+                // top-k within the two domains / models of the lists above
+                Input::Int if fd.key == "top_k" => s.set(fd.key, "2"),
                 Input::Int => s.set(fd.key, "3"),
+                Input::Flag => s.set(fd.key, "true"),
                 Input::Float => s.set(fd.key, "0.5"),
                 Input::Choice(c) => s.set(fd.key, c[1]),
                 Input::IntList => s.set(fd.key, "0,1"),

@@ -14,6 +14,7 @@ use crate::pages::moerge::{RouteResult, RouteView};
 use crate::store::ModelRef;
 use crate::task::Task;
 use crate::worker::protocol::{Reply, Request};
+use moe_shared::ops::route::RouteParams;
 
 const SLUG: &str = "learn-dume";
 
@@ -81,9 +82,11 @@ pub fn DumeLesson() -> impl IntoView {
         let req = Request::Route {
             model: m,
             domains,
-            lambda: 0.01,
-            top_k: p.settings.dume_top_k,
-            max_tokens: p.settings.route_tokens,
+            params: crate::compute::route::tab_params(
+                RouteParams::default().lambda,
+                p.settings.dume_top_k,
+                p.settings.route_tokens,
+            ),
             with_ppl: true,
             use_gpu,
         };

@@ -13,7 +13,7 @@
 #                                         python3, the default model (no
 #                                         Chromium, lavapipe, Node, Playwright)
 #        scripts/setup.sh --wasm-bindgen  wasm-bindgen-cli only (scripts/studio.sh
-#                                         builds it beside the native build)
+#                                         runs it after --studio)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh

@@ -233,8 +233,6 @@ fn RouterForm() -> impl IntoView {
     let task = Task::new();
     let msg = RwSignal::new(Message::None);
     let result = RwSignal::new(None::<RouteView>);
-    // The server's route rules (shared), on every change: shown next to the
-    // fields, and the button stays disabled while they refuse.
     // The inputs as the route parameters (the rest at the tab's values).
     let params = move || -> Result<RouteParams, String> {
         let l: f64 = lambda.get().trim().parse().map_err(|_| "lambda: not a number".to_string())?;
@@ -243,6 +241,8 @@ fn RouterForm() -> impl IntoView {
             max_tokens.get().trim().parse().map_err(|_| "tokens per domain: not a whole number".to_string())?;
         Ok(crate::compute::route::tab_params(l, k, mt))
     };
+    // The server's route rules (shared), on every change: shown next to the
+    // fields, and the button stays disabled while they refuse.
     let invalid = Memo::new(move |_| {
         let names: Vec<String> = domains.get().iter().map(|d| d.name.get()).collect();
         crate::validate::route(&names, &params()?).map_err(|e| e.message)

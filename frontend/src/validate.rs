@@ -125,34 +125,25 @@ pub fn route(names: &[String], params: &moe_shared::ops::route::RouteParams) -> 
 ///
 /// # Errors
 /// As [`route`].
-pub fn moerge(models: usize, top_k: usize) -> Result<(), FieldError> {
+pub fn moerge(models: usize, params: &moe_shared::ops::moerge::MoergeParams) -> Result<(), FieldError> {
     let spec = JobSpec::Moerge(MoergeSpec {
         models: vec![PLACEHOLDER_ID.to_string(); models],
-        top_k: Some(top_k),
-        seed: None,
         dtype: None,
+        params: params.clone(),
     });
-    check(&spec, &[("models", "models"), ("top_k", "top-k")])?;
-    // The CLI's own rule: one expert per model, top-k among them.
-    if top_k > models {
-        return Err(FieldError::form(
-            "top_k",
-            format!("top-k: {top_k}: expected 1 to {models} (one expert per ticked model)"),
-        ));
-    }
-    Ok(())
+    check(&spec, &[("models", "models"), ("top_k", "top-k")])
 }
 
-/// The graft form's scale.
+/// The graft form's parameters (the scale λ).
 ///
 /// # Errors
 /// As [`route`].
-pub fn graft(scale: f64) -> Result<(), FieldError> {
+pub fn graft(params: &moe_shared::ops::graft::GraftParams) -> Result<(), FieldError> {
     let spec = JobSpec::Graft(GraftSpec {
         target: PLACEHOLDER_ID.into(),
         base: PLACEHOLDER_ID.into(),
         instruct: PLACEHOLDER_ID.into(),
-        scale: Some(scale),
+        params: params.clone(),
     });
     check(&spec, &[("scale", "scale λ")])
 }
@@ -291,8 +282,9 @@ mod tests {
         assert!(neurons(&names, 100).is_ok());
         assert_eq!(neurons(&names[..1], 100).unwrap_err().path(), "langs");
 
-        assert!(graft(1.0).is_ok());
-        let e = graft(1e30).unwrap_err();
+        let scale = |scale| moe_shared::ops::graft::GraftParams { scale };
+        assert!(graft(&scale(1.0)).is_ok());
+        let e = graft(&scale(1e30)).unwrap_err();
         assert!(e.message.starts_with("scale λ: "), "{}", e.message);
 
         let e = upcycle(Some(1), None, 1, &[0], "zeros").unwrap_err();
@@ -311,8 +303,17 @@ mod tests {
         assert_eq!(train(Stage::Router, 0, 64, 8, 1e-3, 0.01, 0.1).unwrap_err().path(), "steps");
         assert_eq!(train(Stage::Router, 10, 64, 8, 1e-3, -1.0, 0.1).unwrap_err().path(), "alpha");
 
-        assert!(moerge(2, 1).is_ok());
-        assert_eq!(moerge(2, 3).unwrap_err().path(), "top_k");
-        assert_eq!(moerge(2, 0).unwrap_err().path(), "top_k");
+        use moe_shared::ops::moerge::MoergeParams;
+        let k = |top_k| MoergeParams { top_k, ..Default::default() };
+        assert!(moerge(2, &k(1)).is_ok());
+        let e = moerge(2, &k(3)).unwrap_err();
+        assert_eq!(e.path(), "top_k");
+        assert_eq!(
+            e.message,
+            "top-k: 3: expected 1 to 2 (the experts: one per model) (the server and the CLI refuse it too)"
+        );
+        assert_eq!(moerge(2, &k(0)).unwrap_err().path(), "top_k");
+        let frozen = MoergeParams { frozen: vec![2], ..Default::default() };
+        assert_eq!(moerge(2, &frozen).unwrap_err().path(), "frozen");
     }
 }

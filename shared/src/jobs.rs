@@ -14,7 +14,6 @@
 //! parser and checks the parser's defaults against [`Defaults`].
 
 use crate::api::{DataRef, JobSpec};
-use crate::methods::moerge::MoergeOptions;
 pub use crate::ops::form::{Field, Input};
 
 /// The file the server writes an upcycle's `experts_per_layer` into (in
@@ -33,9 +32,10 @@ pub trait JobInputs {
 /// The defaults of the options a job spec leaves unset: the CLI's
 /// defaults (its `clap` attributes read these) and the form's hints.
 /// Each comes from the method's own options where it has them
-/// ([`crate::ops::upcycle::UpcycleParams::default`], [`MoergeOptions::default`]).
+/// ([`crate::ops::upcycle::UpcycleParams::default`]).
 /// The operations already in `ops/` with their own form fields
-/// ([`crate::ops::route::RouteParams`]) are not repeated here.
+/// ([`crate::ops::route::RouteParams`], [`crate::ops::moerge::MoergeParams`])
+/// are not repeated here.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Defaults {
     /// upcycle `--top-k`.
@@ -46,14 +46,8 @@ pub struct Defaults {
     pub upcycle_router_std: f64,
     /// upcycle `--noise`.
     pub upcycle_noise: f64,
-    /// upcycle / moerge / merge / train `--seed`.
+    /// upcycle / merge / train `--seed`.
     pub seed: u64,
-    /// upcycle / moerge `--temperature`.
-    pub temperature: f64,
-    /// moerge `--top-k`.
-    pub moerge_top_k: usize,
-    /// graft / merge `--scale`.
-    pub scale: f64,
     /// merge `--density`.
     pub merge_density: f64,
     /// neurons `--top-n`.
@@ -91,16 +85,12 @@ pub struct Defaults {
 impl Default for Defaults {
     fn default() -> Self {
         let up = crate::ops::upcycle::UpcycleParams::default();
-        let mo = MoergeOptions::default();
         Defaults {
             upcycle_top_k: up.top_k,
             upcycle_frozen: up.frozen.clone(),
             upcycle_router_std: up.router_std,
             upcycle_noise: up.noise,
             seed: up.seed,
-            temperature: up.temperature,
-            moerge_top_k: mo.top_k,
-            scale: 1.0,
             merge_density: 0.5,
             neurons_top_n: 1000,
             neurons_max_texts: 300,
@@ -211,8 +201,7 @@ impl JobSpec {
             JobSpec::Moerge(s) => {
                 a.push("moerge".into());
                 a.extend(s.models.iter().map(m));
-                opt(&mut a, "top-k", s.top_k);
-                opt(&mut a, "seed", s.seed);
+                a.extend(crate::ops::flags(&s.params));
                 opt(&mut a, "dtype", s.dtype.clone());
                 json_out(&mut a);
             }
@@ -227,7 +216,7 @@ impl JobSpec {
             JobSpec::Graft(s) => {
                 a.extend(["graft".into(), m(&s.target), format!("--base={}", m(&s.base))]);
                 a.push(format!("--instruct={}", m(&s.instruct)));
-                opt(&mut a, "scale", s.scale);
+                a.extend(crate::ops::flags(&s.params));
                 json_out(&mut a);
             }
             JobSpec::Merge(s) => {
@@ -404,12 +393,10 @@ impl JobKind {
                 adv("seed", "seed", Input::Int, &dflt(&d.seed)),
                 adv("dtype", "dtype", Input::Choice(DTYPES), "source's"),
             ],
-            JobKind::Moerge => vec![
-                req("models", "models (expert i = model i)", Input::Checkpoints, ""),
-                f("top_k", "top-k", Input::Int, &dflt(&d.moerge_top_k)),
-                adv("seed", "seed", Input::Int, &dflt(&d.seed)),
-                adv("dtype", "dtype", Input::Choice(DTYPES), "source's"),
-            ],
+            JobKind::Moerge => std::iter::once(req("models", "models (expert i = model i)", Input::Checkpoints, ""))
+                .chain(crate::ops::moerge::MoergeParams::form_fields())
+                .chain([adv("dtype", "dtype", Input::Choice(DTYPES), "source's")])
+                .collect(),
             JobKind::Route => [
                 req("model", "MoErged model", Input::Checkpoint, ""),
                 req("domains", "domains (one per expert, in expert order)", data(2, false, false, true), ""),
@@ -421,8 +408,10 @@ impl JobKind {
                 req("target", "target (MoE or dense)", Input::Checkpoint, ""),
                 req("base", "base (dense)", Input::Checkpoint, ""),
                 req("instruct", "instruct (dense)", Input::Checkpoint, ""),
-                f("scale", "scale", Input::Float, &dflt(&d.scale)),
-            ],
+            ]
+            .into_iter()
+            .chain(crate::ops::graft::GraftParams::form_fields())
+            .collect(),
             JobKind::Merge => vec![
                 req("method", "method", Input::Choice(&["linear", "task-arithmetic", "ties", "dare", "dare-ties"]), ""),
                 req("models", "models", Input::Checkpoints, ""),

@@ -330,7 +330,7 @@ try {
   await tid('job-submit').click();
   await tid('job-error-top_k').waitFor({ timeout: 30_000 });
   const fieldErr = await tid('job-error-top_k').innerText();
-  check(/3 is more than the 2 models/.test(fieldErr), `top_k 3 for 2 models: the server's message is shown next to top-k: "${fieldErr}"`);
+  check(/3: expected 1 to 2 \(the experts: one per model\)/.test(fieldErr), `top_k 3 for 2 models: the server's message is shown next to top-k: "${fieldErr}"`);
   check((await apiJson('jobs')).length === jobsBefore, '... and no job was created');
   await tid('job-top_k').fill('1');
   const mo = await runJob('moerge (stories260K + fine-tune, top-k 1)');

@@ -8,9 +8,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use moe_shared::checkpoint::{open_model, LoadedModel};
-use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::delta::{companion_files, graft, GraftOptions};
 use moe_shared::methods::stream_read::use_positioned_reads;
+use moe_shared::ops::graft::GraftParams;
 use moe_shared::tensor_io::card::CardMethod;
 
 /// Arguments of `graft`.
@@ -26,9 +26,9 @@ pub struct Args {
     /// The post-trained (instruct / SFT) version of the base.
     #[arg(long)]
     pub instruct: PathBuf,
-    /// Scale `lambda` on the delta (1.0 = the paper).
-    #[arg(long, default_value_t = D::default().scale, allow_negative_numbers = true)]
-    pub scale: f64,
+    /// What the graft does: the scale on the delta (ops/graft.rs).
+    #[command(flatten)]
+    pub params: GraftParams,
     /// Output layout of an MoE target (default: the target's own layout).
     #[command(flatten)]
     pub layout: super::args::LayoutArg,
@@ -38,6 +38,10 @@ pub struct Args {
 
 /// Runs `graft`.
 pub fn run(a: Args) -> anyhow::Result<()> {
+    // The rules the server and the tab check too (shared), in the CLI's flags.
+    if let Err(e) = a.params.check() {
+        anyhow::bail!("{} {}", e.flag(), e.message);
+    }
     let open = |p: &PathBuf, role: &str| -> anyhow::Result<LoadedModel> {
         let mut m = open_model(p).with_context(|| format!("opening the {role} {}", p.display()))?;
         // Positioned reads keep the inputs out of the resident set.
@@ -73,7 +77,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         target.moe.as_ref(),
         base.source.as_ref(),
         instruct.source.as_ref(),
-        &GraftOptions { scale: a.scale, layout, experts_format: a.layout.experts_format()? },
+        &GraftOptions { scale: a.params.scale, layout, experts_format: a.layout.experts_format()? },
         &a.output.out,
         &extra,
         write_opts,

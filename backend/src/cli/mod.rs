@@ -236,6 +236,23 @@ mod job_spec_tests {
         s.params = all.clone();
         let Command::Route(r) = parse(&JobSpec::Route(s)) else { panic!("route") };
         assert_eq!(r.params, all);
+        // Every moerge parameter, each away from its default, likewise.
+        let all = moe_shared::ops::moerge::MoergeParams {
+            top_k: 2,
+            temperature: 0.5,
+            router_init: Some(RouterInitArg::Random),
+            router_std: Some(0.125),
+            frozen: vec![0, 1],
+            seed: 9,
+        };
+        let moerge = JobSpec::Moerge(moe_shared::api::MoergeSpec {
+            models: vec![A.into(), B.into()],
+            dtype: None,
+            params: all.clone(),
+        });
+        moerge.validate().unwrap();
+        let Command::Moerge(m) = parse(&moerge) else { panic!("moerge") };
+        assert_eq!(m.params, all);
         let merge = spec(serde_json::json!({"kind": "merge", "method": "dare-ties", "models": [A, B],
             "weights": [0.5, -0.25], "base": A, "density": 0.3, "seed": 5, "dtype": "f16"}));
         let Command::Merge(m) = parse(&merge) else { panic!("merge") };
@@ -264,8 +281,8 @@ mod job_spec_tests {
         ] {
             let s = spec(v);
             let ok = match (parse(&s), kind) {
-                (Command::Moerge(m), "moerge") => m.top_k == 2 && m.models.len() == 2,
-                (Command::Graft(g), "graft") => g.scale == -0.5,
+                (Command::Moerge(m), "moerge") => m.params.top_k == 2 && m.params.seed == 1 && m.models.len() == 2,
+                (Command::Graft(g), "graft") => g.params.scale == -0.5,
                 (Command::Neurons(n), "neurons") => n.top_n == 10 && n.max_texts == 5 && n.new == ["hu"],
                 (Command::Eval(e), "eval") => e.window == 64 && e.stride == 32 && e.routing == "oracle",
                 (Command::Eval(e), "task") => {
@@ -316,6 +333,6 @@ mod job_spec_tests {
         let Command::Merge(m) = bare(&["m", "merge", "linear", "x", "--out", "o"]) else { panic!() };
         assert_eq!(m.density, d.merge_density);
         let Command::Moerge(m) = bare(&["m", "moerge", "x", "y", "--out", "o"]) else { panic!() };
-        assert_eq!(m.top_k, d.moerge_top_k);
+        assert_eq!(m.params, moe_shared::ops::moerge::MoergeParams::default());
     }
 }

@@ -21,9 +21,9 @@ use anyhow::Context;
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
 use moe_shared::checkpoint::LoadedModel;
-use moe_shared::jobs::Defaults as D;
-use moe_shared::methods::{hidden_router_rows, moerge_with_base, MoergeInput, MoergeOptions, RouterInit, SharedGate};
+use moe_shared::methods::{hidden_router_rows, moerge_with_base, MoergeInput, RouterInit, SharedGate};
 use moe_shared::model::load_model;
+use moe_shared::ops::moerge::MoergeParams;
 use moe_shared::tensor_io::card::CardMethod;
 
 use super::backend::WithBackend;
@@ -40,28 +40,16 @@ pub struct Args {
     /// `base_model`); without it they are the models' mean (DUME).
     #[arg(long)]
     pub base: Option<PathBuf>,
-    /// Experts per token (DUME reference: 1).
-    #[arg(long, default_value_t = D::default().moerge_top_k)]
-    pub top_k: usize,
-    /// Router temperature.
-    #[arg(long, default_value_t = D::default().temperature)]
-    pub temperature: f64,
-    /// Router initialisation (`hidden` and `cheap-embed` need --base and
-    /// --expert-prompts). Default: zeros, or random when --router-std is given.
-    #[arg(long, value_enum)]
-    pub router_init: Option<RouterInitArg>,
-    /// Initialise routers with `N(0, std^2)` instead of zeros.
-    #[arg(long)]
-    pub router_std: Option<f64>,
+    /// What the MoErge does: top-k, temperature, router init and std,
+    /// frozen experts, seed (ops/moerge.rs).
+    #[command(flatten)]
+    pub params: MoergeParams,
     /// Prompts per expert for `--router-init hidden` / `cheap-embed` (JSON:
     /// `{"experts": [{"positive": [...], "negative": [...]}, ...]}`).
     #[arg(long)]
     pub expert_prompts: Option<PathBuf>,
-    /// Frozen experts of every layer, comma-separated (default none).
-    #[arg(long, value_delimiter = ',')]
-    pub frozen: Vec<usize>,
     /// Freeze no expert (the default; accepted for symmetry with upcycle).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "frozen")]
     pub no_frozen: bool,
     /// A model whose FFN becomes an always-on shared expert of every layer (mergekit-moe's
     /// `shared_experts`; repeat for more; needs --base). One gated shared expert fits the
@@ -76,9 +64,6 @@ pub struct Args {
     /// --expert-prompts, one entry per --shared-expert).
     #[arg(long)]
     pub shared_prompts: Option<PathBuf>,
-    /// Seed of a random router (and random shared gate).
-    #[arg(long, default_value_t = D::default().seed)]
-    pub seed: u64,
     #[command(flatten)]
     pub layout: super::args::LayoutArg,
     #[command(flatten)]
@@ -90,7 +75,7 @@ pub struct Args {
 impl Args {
     /// Whether the router needs a forward pass (the `hidden` router).
     pub fn needs_backend(&self) -> bool {
-        self.router_init == Some(RouterInitArg::Hidden)
+        self.params.router_init == Some(RouterInitArg::Hidden)
     }
 }
 
@@ -106,6 +91,10 @@ impl WithBackend for Args {
         let started = Instant::now();
         let dtype = a.dtype.parse()?;
         let layout = a.layout.request()?;
+        // The rules the server and the tab check too (shared), in the CLI's flags.
+        if let Err(e) = a.params.check(a.models.len(), a.base.is_some()) {
+            anyhow::bail!("{} {}", e.flag(), e.message);
+        }
         let open = |p: &PathBuf| open_model(p).with_context(|| format!("opening {}", p.display()));
         let models = a.models.iter().map(open).collect::<anyhow::Result<Vec<_>>>()?;
         let base = a.base.as_ref().map(open).transpose()?;
@@ -119,13 +108,9 @@ impl WithBackend for Args {
         if a.shared_gate && shared.is_empty() {
             anyhow::bail!("--shared-gate needs --shared-expert MODEL");
         }
-        let kind = match (a.router_init, a.router_std) {
-            (None, None) => RouterInitArg::Zeros,
-            (None, Some(_)) => RouterInitArg::Random,
-            (Some(k), None) => k,
-            (Some(RouterInitArg::Random), Some(_)) => RouterInitArg::Random,
-            (Some(_), Some(_)) => anyhow::bail!("--router-std is for --router-init random"),
-        };
+        let flag = |e: moe_shared::ops::ParamError| anyhow::anyhow!("{} {}", e.flag(), e.message);
+        let kind = a.params.router_kind().map_err(flag)?;
+        let plain = a.params.plain_router().map_err(flag)?;
         let prompt_gate = a.shared_gate && kind.needs_prompts();
         if a.shared_prompts.is_some() && !prompt_gate {
             anyhow::bail!(
@@ -133,7 +118,6 @@ impl WithBackend for Args {
                  cheap-embed only"
             );
         }
-        let router_std = a.router_std.unwrap_or(D::default().upcycle_router_std);
         let router_prompts = || a.expert_prompts.as_ref().context("this --router-init needs --expert-prompts FILE");
         let shared_prompts = || {
             a.shared_prompts
@@ -143,17 +127,16 @@ impl WithBackend for Args {
         let with_base = || base.as_ref().context("this --router-init reads prompts with the base model: give --base");
         // The routers, then the shared gate the same way from its own
         // prompts (mergekit-moe computes both in one get_gate_params call).
-        let (router_init, shared_init) = match kind {
-            RouterInitArg::Zeros => (RouterInit::Zeros, RouterInit::Zeros),
-            RouterInitArg::Random => (RouterInit::Random { std: router_std }, RouterInit::Random { std: router_std }),
-            RouterInitArg::Hidden => {
+        let (router_init, shared_init) = match (kind, plain) {
+            (_, Some(plain)) => (plain.clone(), plain),
+            (RouterInitArg::Hidden, None) => {
                 let files: Vec<&PathBuf> =
                     std::iter::once(router_prompts()?).chain(prompt_gate.then(shared_prompts).transpose()?).collect();
                 let mut inits = hidden_inits::<B>(with_base()?, &files, &device)?.into_iter();
                 let router = inits.next().expect("one per file");
                 (router, inits.next().unwrap_or(RouterInit::Zeros))
             }
-            RouterInitArg::CheapEmbed => {
+            (_, None) => {
                 let router = super::upcycle::cheap_embed_init(with_base()?, router_prompts()?)?;
                 let gate = if prompt_gate {
                     super::upcycle::cheap_embed_init(with_base()?, shared_prompts()?)?
@@ -166,18 +149,14 @@ impl WithBackend for Args {
         let shared_gate = if a.shared_gate { SharedGate::Gated(shared_init) } else { SharedGate::Ungated };
         let inputs: Vec<MoergeInput<'_>> = models.iter().map(MoergeInput::from).collect();
         let shared_inputs: Vec<MoergeInput<'_>> = shared.iter().map(MoergeInput::from).collect();
-        let opts = MoergeOptions {
-            top_k: a.top_k,
-            temperature: a.temperature,
-            router_init,
-            seed: a.seed,
-            frozen: if a.no_frozen { vec![] } else { a.frozen.clone() },
-            dtype,
-            layout,
-            experts_format: a.layout.experts_format()?,
-            shared_gate,
-            ..Default::default()
-        };
+        let mut opts = a.params.options(router_init);
+        if a.no_frozen {
+            opts.frozen.clear();
+        }
+        opts.dtype = dtype;
+        opts.layout = layout;
+        opts.experts_format = a.layout.experts_format()?;
+        opts.shared_gate = shared_gate;
         let first = base.as_ref().unwrap_or(&models[0]);
         let tok = first.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
         let roles = a

@@ -135,14 +135,15 @@ pub fn GraftPage() -> impl IntoView {
         let Ok(s) = scale.get_untracked().trim().parse::<f64>() else {
             return msg.set(Message::Error("scale must be a number (1.0 = the paper)".into()));
         };
-        if let Err(e) = crate::validate::graft(s) {
+        let params = moe_shared::ops::graft::GraftParams { scale: s };
+        if let Err(e) = crate::validate::graft(&params) {
             return msg.set(Message::Error(e.message));
         }
         msg.set(Message::None);
         leptos::task::spawn_local(async move {
             let engine = crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked());
             let on_gpu = engine == crate::compute::gpu::Engine::WebGpu && use_gpu.get_untracked();
-            let req = Request::Graft { target: t.clone(), base: b, instruct: i, scale: s, use_gpu: on_gpu };
+            let req = Request::Graft { target: t.clone(), base: b, instruct: i, params, use_gpu: on_gpu };
             match task.call(req, None).await {
                 Ok((Reply::Graft(a, (grafted, tensors, experts, routers), rows), _)) => {
                     score(t.clone(), a.r.clone(), a.name.clone());

@@ -92,14 +92,15 @@ fn MoergeForm() -> impl IntoView {
         if picked.len() < 2 {
             return msg.set(Message::Error("tick two or more dense models (one per domain)".into()));
         }
-        if let Err(e) = crate::validate::moerge(picked.len(), k) {
+        let params = moe_shared::ops::moerge::MoergeParams { top_k: k, ..Default::default() };
+        if let Err(e) = crate::validate::moerge(picked.len(), &params) {
             return msg.set(Message::Error(e.message));
         }
         msg.set(Message::None);
         leptos::task::spawn_local(async move {
             let engine = crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked());
             let on_gpu = engine == crate::compute::gpu::Engine::WebGpu && use_gpu.get_untracked();
-            match task.call(Request::Moerge { models: picked, top_k: k, use_gpu: on_gpu }, None).await {
+            match task.call(Request::Moerge { models: picked, params, use_gpu: on_gpu }, None).await {
                 Ok((Reply::Moerge(a, (tensors, gpu, cpu)), _)) => {
                     let averaged = if on_gpu {
                         format!("averaged {gpu} shared tensors on WebGPU and {cpu} on the CPU")

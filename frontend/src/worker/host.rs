@@ -256,9 +256,13 @@ async fn handle(id: u64, progress: &Progress, request: Request, files: JsValue) 
             let p = need(&model)?;
             reply(Reply::Neurons(crate::compute::neurons::run(progress, &p, &langs, top_n, range)?))
         }
-        Request::Moerge { models, top_k, use_gpu } => {
+        Request::Moerge { models, params, use_gpu } => {
             let picked: Vec<Picked> = models.iter().map(need).collect::<Result<_, _>>()?;
-            let opts = moe_shared::methods::MoergeOptions { top_k, ..Default::default() };
+            params.check(picked.len(), false).map_err(|e| format!("{}: {}", e.field, e.message))?;
+            // The tab MoErges without a base model: zeros or a random router.
+            let router =
+                params.plain_router().ok().flatten().ok_or("the tab's MoErge starts the router at zeros or random")?;
+            let opts = params.options(router);
             let (a, s) = crate::compute::moerge::run(progress, &picked, &opts, use_gpu).await?;
             let (Reply::Model(info), _) = add_artifact(progress, a).await? else { unreachable!("a model") };
             reply(Reply::Moerge(info, (s.tensors, s.averaged_gpu, s.averaged_cpu)))
@@ -270,9 +274,10 @@ async fn handle(id: u64, progress: &Progress, request: Request, files: JsValue) 
             let (Reply::Model(info), _) = add_artifact(progress, r.artifact).await? else { unreachable!("a model") };
             reply(Reply::Route(RouteReply { model: info, accuracy: r.accuracy, tokens: r.tokens, ppl: r.ppl, gram_on }))
         }
-        Request::Graft { target, base, instruct, scale, use_gpu } => {
+        Request::Graft { target, base, instruct, params, use_gpu } => {
             let (t, b, i) = (need(&target)?, need(&base)?, need(&instruct)?);
-            let (a, report) = crate::compute::graft::run(progress, &t, &b, &i, scale, use_gpu).await?;
+            params.check().map_err(|e| format!("{}: {}", e.field, e.message))?;
+            let (a, report) = crate::compute::graft::run(progress, &t, &b, &i, params.scale, use_gpu).await?;
             let rows = report
                 .deltas
                 .iter()

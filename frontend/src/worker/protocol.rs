@@ -150,8 +150,8 @@ pub enum Request {
     Moerge {
         /// The models, expert `i` = model `i`.
         models: Vec<ModelRef>,
-        /// top-k of the merged MoE.
-        top_k: usize,
+        /// What the MoErge does (top-k, router init, ...: ops/moerge.rs).
+        params: moe_shared::ops::moerge::MoergeParams,
         /// Average on the WGSL kernel when a device is open.
         use_gpu: bool,
     },
@@ -177,8 +177,8 @@ pub enum Request {
         base: ModelRef,
         /// The instruct model (dense).
         instruct: ModelRef,
-        /// λ of the graft.
-        scale: f64,
+        /// What the graft does (λ: ops/graft.rs).
+        params: moe_shared::ops::graft::GraftParams,
         /// On the WGSL kernel when a device is open.
         use_gpu: bool,
     },

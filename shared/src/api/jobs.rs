@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 use super::server::check_id;
 use super::ApiError;
 use crate::methods::merge::MergeMethod;
+use crate::ops::graft::GraftParams;
+use crate::ops::moerge::MoergeParams;
 use crate::ops::route::RouteParams;
 use crate::train::Stage;
 
@@ -153,21 +155,38 @@ pub struct UpcycleSpec {
     pub dtype: Option<String>,
 }
 
-/// `moerge`: N dense models -> one MoE (DUME).
+/// `moerge`: N dense models -> one MoE (DUME). The parameters are
+/// [`MoergeParams`]'s fields, flattened (`{"kind": "moerge", "models":
+/// [...], "top_k": 2}`); unset ones take its defaults. The server MoErges
+/// without a base model, so the router starts as zeros or random and the
+/// ridge router is fitted by a `route` job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "serde_json::Value")]
 pub struct MoergeSpec {
     /// Checkpoint ids (2-64), expert i = model i.
     pub models: Vec<String>,
-    /// Experts per token (default 1).
-    #[serde(default)]
-    pub top_k: Option<usize>,
-    /// Seed.
-    #[serde(default)]
-    pub seed: Option<u64>,
     /// Output dtype.
     #[serde(default)]
     pub dtype: Option<String>,
+    /// What the MoErge does (ops/moerge.rs).
+    #[serde(flatten)]
+    pub params: MoergeParams,
+}
+
+impl TryFrom<serde_json::Value> for MoergeSpec {
+    type Error = String;
+    fn try_from(v: serde_json::Value) -> Result<Self, String> {
+        /// The spec's inputs (the rest of its keys are [`MoergeParams`]).
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Inputs {
+            models: Vec<String>,
+            #[serde(default)]
+            dtype: Option<String>,
+        }
+        let (i, params): (Inputs, MoergeParams) = crate::ops::split_params(v)?;
+        Ok(MoergeSpec { models: i.models, dtype: i.dtype, params })
+    }
 }
 
 /// `route`: DUME's ridge router (domain i = expert i). The parameters are
@@ -200,9 +219,11 @@ impl TryFrom<serde_json::Value> for RouteSpec {
     }
 }
 
-/// `graft`: add `scale * (instruct - base)` to a model.
+/// `graft`: add `scale * (instruct - base)` to a model. The parameters
+/// are [`GraftParams`]'s fields, flattened (`{"kind": "graft", "target":
+/// ..., "base": ..., "instruct": ..., "scale": 0.5}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "serde_json::Value")]
 pub struct GraftSpec {
     /// Checkpoint id of the target (MoE or dense).
     pub target: String,
@@ -210,9 +231,31 @@ pub struct GraftSpec {
     pub base: String,
     /// Checkpoint id of the dense instruct model.
     pub instruct: String,
-    /// Scale (finite, default 1).
-    #[serde(default)]
-    pub scale: Option<f64>,
+    /// What the graft does (ops/graft.rs).
+    #[serde(flatten)]
+    pub params: GraftParams,
+}
+
+/// The inputs of a graft: the target and the two models the delta is taken
+/// between (the recipe's `graft:` section names the same keys, less the
+/// target).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GraftInputs {
+    /// The target (the recipe runner fills it with the MoE it made).
+    pub target: String,
+    /// The dense base.
+    pub base: String,
+    /// The dense instruct model.
+    pub instruct: String,
+}
+
+impl TryFrom<serde_json::Value> for GraftSpec {
+    type Error = String;
+    fn try_from(v: serde_json::Value) -> Result<Self, String> {
+        let (i, params): (GraftInputs, GraftParams) = crate::ops::split_params(v)?;
+        Ok(GraftSpec { target: i.target, base: i.base, instruct: i.instruct, params })
+    }
 }
 
 /// `merge`: the weight-merging baselines.
@@ -507,7 +550,9 @@ impl JobSpec {
             }
             JobSpec::Moerge(s) => {
                 check_models("spec.models", &s.models, 2)?;
-                check_range("spec.top_k", s.top_k, 1, 64)?;
+                s.params
+                    .check(s.models.len(), false)
+                    .map_err(|e| ApiError::field(&format!("spec.{}", e.field), e.message))?;
                 check_dtype("spec.dtype", &s.dtype)?;
             }
             JobSpec::Route(s) => {
@@ -521,7 +566,7 @@ impl JobSpec {
                 check_id("spec.target", &s.target)?;
                 check_id("spec.base", &s.base)?;
                 check_id("spec.instruct", &s.instruct)?;
-                check_f("spec.scale", s.scale, -1e3, 1e3, false)?;
+                s.params.check().map_err(|e| ApiError::field(&format!("spec.{}", e.field), e.message))?;
             }
             JobSpec::Merge(s) => {
                 check_models("spec.models", &s.models, 1)?;

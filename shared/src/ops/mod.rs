@@ -7,7 +7,7 @@
 //!
 //! The inputs of an operation (a path in the CLI, a loaded model in the
 //! tab, a checkpoint id on the server) stay with the caller; what it is
-//! asked to do lives here. So far: [`upcycle`], [`route`].
+//! asked to do lives here. So far: [`upcycle`], [`moerge`], [`route`], [`graft`].
 //!
 //! What the callers derive from a parameter struct `P` here instead of
 //! listing its fields again:
@@ -17,6 +17,8 @@
 //! - the Jobs page's inputs come from the struct's `form_fields()`.
 
 pub mod form;
+pub mod graft;
+pub mod moerge;
 pub mod route;
 pub mod upcycle;
 

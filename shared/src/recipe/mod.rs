@@ -32,6 +32,7 @@ use serde_yaml_ng::Value;
 use crate::api::{DataRef, JobSpec};
 use crate::error::{Result, StudioError};
 use crate::jobs::JobInputs;
+use crate::ops::moerge::MoergeParams;
 pub use mergekit::MergeRecipe;
 pub use moe::{Gate, MoeRecipe, MoeSource};
 
@@ -265,11 +266,6 @@ fn plan_moe(
     if let Some(l) = &r.layout {
         common.push(format!("--layout={l}"));
     }
-    let frozen_arg = |f: &Option<Vec<usize>>| match f {
-        Some(f) if f.is_empty() => Some("--no-frozen".to_string()),
-        Some(f) => Some(format!("--frozen={}", f.iter().map(usize::to_string).collect::<Vec<_>>().join(","))),
-        None => None,
-    };
     // Stage 1: the MoE.
     let first_out = stage_out(0, "moe");
     match &r.source {
@@ -283,11 +279,16 @@ fn plan_moe(
             if let Some(b) = &base {
                 argv.push(format!("--base={}", s(b)));
             }
-            argv.push(format!("--top-k={}", r.top_k));
-            argv.push(format!("--router-init={}", r.gate.router_init()));
-            if let Gate::Random { std } = r.gate {
-                argv.push(format!("--router-std={std}"));
-            }
+            let d = MoergeParams::default();
+            let params = MoergeParams {
+                top_k: r.top_k,
+                temperature: r.temperature.unwrap_or(d.temperature),
+                router_init: Some(r.gate.router_kind()),
+                router_std: if let Gate::Random { std } = r.gate { Some(std) } else { None },
+                frozen: r.frozen.clone().unwrap_or_default(),
+                seed: seed.unwrap_or(d.seed),
+            };
+            argv.extend(crate::ops::flags(&params));
             let prompt_file = |name: &str, experts: &[moe::Expert], files: &mut Vec<(PathBuf, Vec<u8>)>| {
                 let path = ctx.work_dir.join(name);
                 let body = serde_json::json!({"experts": experts.iter().map(|e| serde_json::json!({
@@ -309,13 +310,6 @@ fn plan_moe(
             if r.shared.prompt_gate(&r.gate) {
                 let p = prompt_file("shared_prompts.json", &r.shared.experts, files);
                 argv.push(format!("--shared-prompts={}", s(&p)));
-            }
-            argv.extend(frozen_arg(&r.frozen));
-            if let Some(t) = r.temperature {
-                argv.push(format!("--temperature={t}"));
-            }
-            if let Some(sd) = seed {
-                argv.push(format!("--seed={sd}"));
             }
             argv.extend(common.iter().cloned());
             argv.push(format!("--out={}", s(&first_out)));
@@ -410,16 +404,13 @@ fn plan_moe(
     // Stage 3: the graft.
     if let Some(g) = &r.graft {
         let out = stage_out(stages.len(), "graft");
-        let (gb, gi) = (resolve(ctx, &g.base), resolve(ctx, &g.instruct));
+        let (gb, gi) = (resolve(ctx, &g.0.base), resolve(ctx, &g.0.instruct));
         inputs.push(("graft.base".into(), gb.clone()));
         inputs.push(("graft.instruct".into(), gi.clone()));
-        let spec = crate::api::GraftSpec { target: s(&prev), base: s(&gb), instruct: s(&gi), scale: g.scale };
-        let placeholder = JobSpec::Graft(crate::api::GraftSpec {
-            target: ID.into(),
-            base: ID.into(),
-            instruct: ID.into(),
-            scale: g.scale,
-        });
+        let params = g.1.clone();
+        let spec = crate::api::GraftSpec { target: s(&prev), base: s(&gb), instruct: s(&gi), params: params.clone() };
+        let placeholder =
+            JobSpec::Graft(crate::api::GraftSpec { target: ID.into(), base: ID.into(), instruct: ID.into(), params });
         let mut argv = job_stage(&JobSpec::Graft(spec), placeholder, "graft", &out)?;
         if let Some(l) = &r.layout {
             argv.push(format!("--layout={l}"));

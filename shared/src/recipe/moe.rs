@@ -26,16 +26,19 @@
 //!   output of `moe-studio allocate`);
 //! - `frozen_experts`, `temperature`, `router_std`, `seed`, `layout`;
 //! - `graft:` (`base`, `instruct`, `scale`: the `graft` job's fields,
-//!   [`crate::api::GraftSpec`]) as the last stage.
+//!   [`crate::api::GraftInputs`] less the target, and
+//!   [`crate::ops::graft::GraftParams`]) as the last stage.
 
 use serde::Deserialize;
 use serde_yaml_ng::{Mapping, Value};
 
 use super::keys::{check_keys, fields_of, get, kind, nearest, number, string, strings, Refused};
 use super::shared::{shared_experts, SharedExperts};
-use crate::api::{GraftSpec, UpcycleSpec};
+use crate::api::{GraftInputs, UpcycleSpec};
 use crate::error::{Result, StudioError};
+use crate::ops::graft::GraftParams;
 use crate::ops::route::RouteParams;
+use crate::ops::upcycle::RouterInitArg;
 use crate::tensor_io::DType;
 
 /// The top-level keys of an MoE recipe: mergekit-moe's, then the
@@ -112,14 +115,20 @@ pub enum Gate {
 }
 
 impl Gate {
-    /// The `--router-init` of the first stage (`ridge` starts at zeros).
-    pub fn router_init(&self) -> &'static str {
+    /// The router initialisation of the first stage (`ridge` starts at
+    /// zeros).
+    pub fn router_kind(&self) -> RouterInitArg {
         match self {
-            Gate::Hidden => "hidden",
-            Gate::CheapEmbed => "cheap-embed",
-            Gate::Random { .. } => "random",
-            Gate::Zeros | Gate::Ridge => "zeros",
+            Gate::Hidden => RouterInitArg::Hidden,
+            Gate::CheapEmbed => RouterInitArg::CheapEmbed,
+            Gate::Random { .. } => RouterInitArg::Random,
+            Gate::Zeros | Gate::Ridge => RouterInitArg::Zeros,
         }
+    }
+
+    /// The `--router-init` of the first stage ([`Gate::router_kind`]'s name).
+    pub fn router_init(&self) -> &'static str {
+        self.router_kind().name()
     }
 
     /// Whether the gate reads the experts' prompts.
@@ -186,8 +195,9 @@ pub struct MoeRecipe {
     /// The ridge router's options (`ridge:`; `model` / `domains` are
     /// filled by the runner).
     pub ridge: Option<RouteParams>,
-    /// The graft stage (`graft:`; `target` is filled by the runner).
-    pub graft: Option<GraftSpec>,
+    /// The graft stage (`graft:`): the delta's models as written (`target`
+    /// is filled by the runner) and the graft's parameters.
+    pub graft: Option<(GraftInputs, GraftParams)>,
     /// Whether any studio key is used (else a plain mergekit-moe recipe).
     pub studio: bool,
     /// Notes for the user.
@@ -358,7 +368,7 @@ impl MoeRecipe {
             }
             Some(v) => shared_experts(source, v, &gate, layout.as_deref(), REFUSED_EXPERT)?,
         };
-        let graft = get(map, "graft").map(|v| job_section::<GraftSpec>(source, "graft", v, &["target"])).transpose()?;
+        let graft = get(map, "graft").map(|v| params_section(source, "graft", v, &["target"])).transpose()?;
         if let Some(t) = s("tokenizer_source")? {
             match (t.as_str(), &base_model) {
                 ("base", Some(_)) => {}
@@ -479,6 +489,35 @@ fn upcycle_spec(source: &str, v: &Value, has_allocation: bool) -> Result<Upcycle
 /// runner sets): key-checked against the spec type, then read by serde.
 pub fn job_section<T: serde::de::DeserializeOwned>(source: &str, path: &str, v: &Value, filled: &[&str]) -> Result<T> {
     job_section_with(source, path, v, filled, &[])
+}
+
+/// [`job_section`] for a job whose spec is its inputs `I` and a flattened
+/// parameter struct `P` (`ops/`): the keys of both are accepted, the
+/// values split as the server's spec splits them
+/// ([`crate::ops::split_params`]).
+///
+/// # Errors
+/// As [`job_section`].
+pub fn params_section<I: serde::de::DeserializeOwned, P: serde::de::DeserializeOwned>(
+    source: &str,
+    path: &str,
+    v: &Value,
+    filled: &[&str],
+) -> Result<(I, P)> {
+    let allowed: Vec<&str> =
+        fields_of::<I>().iter().chain(fields_of::<P>()).copied().filter(|f| !filled.contains(f)).collect();
+    let map = check_keys(source, path, v, &allowed, &[])?;
+    let mut json: serde_json::Map<String, serde_json::Value> = serde_json::Map::new();
+    for (k, val) in map {
+        let k = k.as_str().unwrap_or_default().to_string();
+        json.insert(k, serde_json::to_value(val).map_err(|e| StudioError::config(source, format!("`{path}`: {e}")))?);
+    }
+    // Placeholders for what the runner fills (it replaces them).
+    for f in filled {
+        json.insert((*f).to_string(), serde_json::json!(""));
+    }
+    crate::ops::split_params(serde_json::Value::Object(json))
+        .map_err(|e| StudioError::config(source, format!("`{path}`: {e}")))
 }
 
 fn job_section_with<T: serde::de::DeserializeOwned>(

@@ -155,12 +155,8 @@ fn check_against_models(spec: &JobSpec, models: &HashMap<String, ModelSummary>) 
             }
         }
         JobSpec::Moerge(s) => {
-            if let Some(k) = s.top_k.filter(|&k| k > s.models.len()) {
-                return Err(ApiError::field(
-                    "spec.top_k",
-                    format!("{k} is more than the {} models (one expert each)", s.models.len()),
-                ));
-            }
+            // top-k against the models and frozen experts that exist are
+            // the spec's own checks (MoergeParams::check in validate).
             for (i, id) in s.models.iter().enumerate() {
                 if models.get(id).is_some_and(|m| !moe_experts(m).is_empty()) {
                     return Err(ApiError::field(

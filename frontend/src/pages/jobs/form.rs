@@ -172,9 +172,8 @@ impl FormState {
             }),
             Kind::Moerge => JobSpec::Moerge(MoergeSpec {
                 models: self.picked("models").to_vec(),
-                top_k: self.opt("top_k")?,
-                seed: self.opt("seed")?,
                 dtype: self.choice("dtype"),
+                params: self.params()?,
             }),
             Kind::Route => JobSpec::Route(RouteSpec {
                 model: self.ckpt("model")?,
@@ -185,7 +184,7 @@ impl FormState {
                 target: self.ckpt("target")?,
                 base: self.ckpt("base")?,
                 instruct: self.ckpt("instruct")?,
-                scale: self.opt("scale")?,
+                params: self.params()?,
             }),
             Kind::Merge => JobSpec::Merge(MergeSpec {
                 method: MergeMethod::parse(self.value("method")).unwrap_or(MergeMethod::Linear),
@@ -287,6 +286,7 @@ impl FormState {
                     None => None,
                 },
                 Input::Flag => Some(serde_json::Value::Bool(self.value(fd.key) == "true")),
+                Input::IntList => self.list::<u64>(fd.key)?.map(serde_json::Value::from),
                 _ => self.choice(fd.key).map(serde_json::Value::String),
             };
             if let Some(v) = value {

@@ -175,8 +175,13 @@ pub fn DeltaMoeLesson() -> impl IntoView {
             crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked()) == crate::compute::gpu::Engine::WebGpu;
         let target = o.model.r.clone();
         leptos::task::spawn_local(async move {
-            let req =
-                Request::Graft { target: target.clone(), base: p.base, instruct: p.instruct, scale: 1.0, use_gpu };
+            let req = Request::Graft {
+                target: target.clone(),
+                base: p.base,
+                instruct: p.instruct,
+                params: Default::default(),
+                use_gpu,
+            };
             let grafted = match g_task.call(req, None).await {
                 Ok((Reply::Graft(a, (grafted, tensors, _, _), _), _)) => {
                     g_msg.set(Message::Ok(format!(

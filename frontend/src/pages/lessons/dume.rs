@@ -35,7 +35,8 @@ pub fn DumeLesson() -> impl IntoView {
             crate::compute::gpu::Engine::choose(&shared.gpu.get_untracked()) == crate::compute::gpu::Engine::WebGpu;
         let n = p.experts.len();
         leptos::task::spawn_local(async move {
-            let req = Request::Moerge { models: p.experts.clone(), top_k: p.settings.dume_top_k, use_gpu };
+            let params = moe_shared::ops::moerge::MoergeParams { top_k: p.settings.dume_top_k, ..Default::default() };
+            let req = Request::Moerge { models: p.experts.clone(), params, use_gpu };
             match merge_task.call(req, None).await {
                 Ok((Reply::Moerge(a, (tensors, gpu, cpu)), _)) => {
                     merge_msg.set(Message::Ok(format!(

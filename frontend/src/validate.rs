@@ -157,35 +157,28 @@ pub fn neurons(codes: &[String], top_n: usize) -> Result<(), FieldError> {
         model: PLACEHOLDER_ID.into(),
         langs: codes.iter().map(|c| data(c)).collect(),
         new: Vec::new(),
-        top_n: Some(top_n),
-        max_texts: None,
-        max_tokens: None,
+        params: moe_shared::ops::neurons::NeuronsParams { top_n, ..Default::default() },
     });
     check(&spec, &[("top_n", "top-N"), ("langs", "language")])
 }
 
 /// The Upcycle form's values the server's `upcycle` job takes: uniform
-/// `experts` or an allocation, top-k, frozen experts, router init.
+/// `experts` or an allocation, and the operation's parameters (top-k,
+/// frozen experts, router, noise, variants: `UpcycleParams::check`).
 ///
 /// # Errors
 /// As [`route`].
 pub fn upcycle(
     experts: Option<usize>,
     per_layer: Option<Vec<Option<usize>>>,
-    top_k: usize,
-    frozen: &[usize],
-    router_init: &str,
+    params: &moe_shared::ops::upcycle::UpcycleParams,
 ) -> Result<(), FieldError> {
     let spec = JobSpec::Upcycle(UpcycleSpec {
         model: PLACEHOLDER_ID.into(),
         experts,
         experts_per_layer: per_layer,
-        top_k: Some(top_k),
-        frozen: Some(frozen.to_vec()),
-        router_init: Some(router_init.to_string()),
-        noise: None,
-        seed: None,
         dtype: None,
+        params: params.clone(),
     });
     check(
         &spec,
@@ -195,44 +188,33 @@ pub fn upcycle(
             ("top_k", "top-k"),
             ("frozen", "frozen experts"),
             ("router_init", "router init"),
+            ("router_std", "router std"),
+            ("temperature", "temperature"),
+            ("drop_ratio", "drop ratio"),
+            ("granularity", "granularity"),
+            ("shared_experts", "shared experts"),
         ],
     )
 }
 
-/// The training form (DeltaMoE's stages in the tab): stage, steps,
-/// sequence length, batch, learning rate and the two loss coefficients, as
-/// the server's `train` job.
+/// The training form (DeltaMoE's stages in the tab): stage, steps and the
+/// run's parameters (sequence length, batch, learning rate, the two loss
+/// coefficients, ...), as the server's `train` job.
 ///
 /// # Errors
 /// As [`route`].
 pub fn train(
     stage: moe_shared::train::Stage,
     steps: usize,
-    seq_len: usize,
-    batch: usize,
-    lr: f64,
-    alpha: f64,
-    prior: f64,
+    params: &moe_shared::ops::train::TrainParams,
 ) -> Result<(), FieldError> {
     let spec = JobSpec::Train(TrainSpec {
         model: PLACEHOLDER_ID.into(),
         stage,
         data: vec![data("new")],
         steps,
-        seq_len: Some(seq_len),
-        batch: Some(batch),
-        lr: Some(lr),
-        warmup: None,
-        min_lr: None,
-        grad_accum: None,
-        clip: None,
-        alpha: Some(alpha),
-        prior: Some(prior),
-        weight_decay: None,
-        save_every: None,
-        seed: None,
-        devices: None,
         engine: None,
+        params: params.clone(),
     });
     check(
         &spec,
@@ -287,21 +269,37 @@ mod tests {
         let e = graft(&scale(1e30)).unwrap_err();
         assert!(e.message.starts_with("scale λ: "), "{}", e.message);
 
-        let e = upcycle(Some(1), None, 1, &[0], "zeros").unwrap_err();
+        let up = |top_k, frozen: &[usize]| moe_shared::ops::upcycle::UpcycleParams {
+            top_k,
+            frozen: frozen.to_vec(),
+            ..Default::default()
+        };
+        let e = upcycle(Some(1), None, &up(1, &[0])).unwrap_err();
         assert_eq!(e.path(), "experts");
         assert!(e.message.starts_with("experts per layer: 1 is out of range 2..=256"), "{}", e.message);
-        assert!(upcycle(Some(2), None, 2, &[0], "zeros").is_ok());
-        assert_eq!(upcycle(Some(2), None, 0, &[0], "zeros").unwrap_err().path(), "top_k");
-        assert_eq!(upcycle(None, Some(vec![Some(0)]), 1, &[], "zeros").unwrap_err().path(), "experts_per_layer[0]");
+        assert!(upcycle(Some(2), None, &up(2, &[0])).is_ok());
+        assert_eq!(upcycle(Some(2), None, &up(0, &[0])).unwrap_err().path(), "top_k");
+        assert_eq!(upcycle(None, Some(vec![Some(0)]), &up(1, &[])).unwrap_err().path(), "experts_per_layer[0]");
 
         use moe_shared::train::Stage;
-        assert!(train(Stage::Experts, 30, 64, 8, 3e-3, 0.01, 0.1).is_ok());
-        let e = train(Stage::Experts, 30, 64, 8, 0.0, 0.01, 0.1).unwrap_err();
+        let tr = |stage, steps, lr, alpha| {
+            let p = moe_shared::ops::train::TrainParams {
+                seq_len: 64,
+                batch: 8,
+                lr: Some(lr),
+                alpha,
+                prior: 0.1,
+                ..Default::default()
+            };
+            train(stage, steps, &p)
+        };
+        assert!(tr(Stage::Experts, 30, 3e-3, 0.01).is_ok());
+        let e = tr(Stage::Experts, 30, 0.0, 0.01).unwrap_err();
         assert_eq!(e.path(), "lr");
         assert!(e.message.starts_with("learning rate: 0 is out of range (exclusive) 0..=10"), "{}", e.message);
-        assert_eq!(train(Stage::Experts, 30, 64, 8, f64::NAN, 0.01, 0.1).unwrap_err().path(), "lr");
-        assert_eq!(train(Stage::Router, 0, 64, 8, 1e-3, 0.01, 0.1).unwrap_err().path(), "steps");
-        assert_eq!(train(Stage::Router, 10, 64, 8, 1e-3, -1.0, 0.1).unwrap_err().path(), "alpha");
+        assert_eq!(tr(Stage::Experts, 30, f64::NAN, 0.01).unwrap_err().path(), "lr");
+        assert_eq!(tr(Stage::Router, 0, 1e-3, 0.01).unwrap_err().path(), "steps");
+        assert_eq!(tr(Stage::Router, 10, 1e-3, -1.0).unwrap_err().path(), "alpha");
 
         use moe_shared::ops::moerge::MoergeParams;
         let k = |top_k| MoergeParams { top_k, ..Default::default() };

@@ -6,12 +6,14 @@
 //!   a user types, so a job and the command give the same numbers;
 //! - where its output model lands ([`JobSpec::output_model`]);
 //! - the form's inputs with their labels, kinds and defaults
-//!   ([`JobKind::fields`]), the defaults read from the same values the CLI
-//!   declares ([`Defaults`]), so the Jobs page, the CLI's `--help` and the
+//!   ([`JobKind::fields`]): a job's inputs here, its parameters from the
+//!   operation's own struct in `ops/` (whose `Default` the CLI's clap
+//!   attributes read too), so the Jobs page, the CLI's `--help` and the
 //!   spec's documentation say the same thing.
 //!
 //! A backend test parses every kind's `cli_args` with the CLI's own
-//! parser and checks the parser's defaults against [`Defaults`].
+//! parser and checks that every parameter reaches it and that the
+//! parser's defaults are the operations' `Default`s.
 
 use crate::api::{DataRef, JobSpec};
 pub use crate::ops::form::{Field, Input};
@@ -29,97 +31,11 @@ pub trait JobInputs {
     fn data(&self, d: &DataRef, heldout: bool) -> String;
 }
 
-/// The defaults of the options a job spec leaves unset: the CLI's
-/// defaults (its `clap` attributes read these) and the form's hints.
-/// Each comes from the method's own options where it has them
-/// ([`crate::ops::upcycle::UpcycleParams::default`]).
-/// The operations already in `ops/` with their own form fields
-/// ([`crate::ops::route::RouteParams`], [`crate::ops::moerge::MoergeParams`])
-/// are not repeated here.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Defaults {
-    /// upcycle `--top-k`.
-    pub upcycle_top_k: usize,
-    /// upcycle `--frozen`.
-    pub upcycle_frozen: Vec<usize>,
-    /// upcycle `--router-std`.
-    pub upcycle_router_std: f64,
-    /// upcycle `--noise`.
-    pub upcycle_noise: f64,
-    /// upcycle / merge / train `--seed`.
-    pub seed: u64,
-    /// merge `--density`.
-    pub merge_density: f64,
-    /// neurons `--top-n`.
-    pub neurons_top_n: usize,
-    /// neurons `--max-texts`.
-    pub neurons_max_texts: usize,
-    /// neurons `--max-tokens`.
-    pub neurons_max_tokens: usize,
-    /// eval `--window`.
-    pub eval_window: usize,
-    /// eval `--stride`.
-    pub eval_stride: usize,
-    /// train `--seq-len`.
-    pub train_seq_len: usize,
-    /// train `--batch`.
-    pub train_batch: usize,
-    /// train `--warmup`.
-    pub train_warmup: usize,
-    /// train `--min-lr`.
-    pub train_min_lr: f64,
-    /// train `--grad-accum`.
-    pub train_grad_accum: usize,
-    /// train `--clip`.
-    pub train_clip: f64,
-    /// train `--alpha`.
-    pub train_alpha: f64,
-    /// train `--prior`.
-    pub train_prior: f64,
-    /// train `--weight-decay`.
-    pub train_weight_decay: f64,
-    /// train `--devices`.
-    pub train_devices: usize,
-}
-
-impl Default for Defaults {
-    fn default() -> Self {
-        let up = crate::ops::upcycle::UpcycleParams::default();
-        Defaults {
-            upcycle_top_k: up.top_k,
-            upcycle_frozen: up.frozen.clone(),
-            upcycle_router_std: up.router_std,
-            upcycle_noise: up.noise,
-            seed: up.seed,
-            merge_density: 0.5,
-            neurons_top_n: 1000,
-            neurons_max_texts: 300,
-            neurons_max_tokens: 256,
-            eval_window: 512,
-            eval_stride: 256,
-            train_seq_len: 256,
-            train_batch: 8,
-            train_warmup: 10,
-            train_min_lr: 0.1,
-            train_grad_accum: 1,
-            train_clip: 1.0,
-            train_alpha: 0.01,
-            train_prior: 0.1,
-            train_weight_decay: 0.0,
-            train_devices: 1,
-        }
-    }
-}
-
 /// `--flag=value` when set (`=` so that negative numbers are not read as flags).
 fn opt<T: ToString>(argv: &mut Vec<String>, flag: &str, v: Option<T>) {
     if let Some(v) = v {
         argv.push(format!("--{flag}={}", v.to_string()));
     }
-}
-
-fn join<T: ToString>(v: &[T]) -> String {
-    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
 }
 
 /// `NAME=FILE` (with `:HELDOUT` when asked and given).
@@ -136,9 +52,10 @@ impl JobSpec {
     /// The `moe-studio` subcommand and options that run this spec (what
     /// follows the global `--backend`), writing into `out/` of the
     /// working directory with `--json` where the command has it; `resume`
-    /// adds train's `--resume`. Unset options are left out, so the CLI's
-    /// defaults ([`Defaults`]) apply; train's `--save-every` defaults to a
-    /// tenth of the steps (what a resumed job continues from).
+    /// adds train's `--resume`. The inputs are written here; the
+    /// parameters are the operation's struct, every field written
+    /// ([`crate::ops::flags`]); train's `--save-every` unset is a tenth of
+    /// the steps (what a resumed job continues from).
     pub fn cli_args(&self, inputs: &dyn JobInputs, resume: bool) -> Vec<String> {
         let m = |id: &String| inputs.model(id);
         let mut a: Vec<String> = Vec::new();
@@ -157,19 +74,7 @@ impl JobSpec {
                     a.push(format!("--data={x}"));
                 }
                 a.push(format!("--steps={}", s.steps));
-                opt(&mut a, "seq-len", s.seq_len);
-                opt(&mut a, "batch", s.batch);
-                opt(&mut a, "lr", s.lr);
-                opt(&mut a, "warmup", s.warmup);
-                opt(&mut a, "min-lr", s.min_lr);
-                opt(&mut a, "grad-accum", s.grad_accum);
-                opt(&mut a, "clip", s.clip);
-                opt(&mut a, "alpha", s.alpha);
-                opt(&mut a, "prior", s.prior);
-                opt(&mut a, "weight-decay", s.weight_decay);
-                a.push(format!("--save-every={}", s.save_every.unwrap_or((s.steps / 10).max(1))));
-                opt(&mut a, "seed", s.seed);
-                opt(&mut a, "devices", s.devices);
+                a.extend(crate::ops::flags(&s.run_params()));
                 if s.engine == Some(crate::api::TrainEngine::Torch) {
                     // The job directory is the artefact; emitting again is the resume.
                     a.extend(["--engine=torch".to_string(), "--emit=out".to_string(), "--json".to_string()]);
@@ -186,15 +91,7 @@ impl JobSpec {
                 if s.experts_per_layer.is_some() {
                     a.push(format!("--allocation={ALLOCATION_FILE}"));
                 }
-                opt(&mut a, "top-k", s.top_k);
-                match &s.frozen {
-                    Some(f) if f.is_empty() => a.push("--no-frozen".into()),
-                    Some(f) => a.push(format!("--frozen={}", join(f))),
-                    None => {}
-                }
-                opt(&mut a, "router-init", s.router_init.clone());
-                opt(&mut a, "noise", s.noise);
-                opt(&mut a, "seed", s.seed);
+                a.extend(crate::ops::flags(&s.params));
                 opt(&mut a, "dtype", s.dtype.clone());
                 json_out(&mut a);
             }
@@ -222,14 +119,10 @@ impl JobSpec {
             JobSpec::Merge(s) => {
                 a.extend(["merge".into(), s.method.name().into()]);
                 a.extend(s.models.iter().map(m));
-                if let Some(w) = &s.weights {
-                    a.push(format!("--weights={}", join(w)));
-                }
                 if let Some(b) = &s.base {
                     a.push(format!("--base={}", m(b)));
                 }
-                opt(&mut a, "density", s.density);
-                opt(&mut a, "seed", s.seed);
+                a.extend(crate::ops::flags(&s.params));
                 opt(&mut a, "dtype", s.dtype.clone());
                 json_out(&mut a);
             }
@@ -241,9 +134,7 @@ impl JobSpec {
                 if !s.new.is_empty() {
                     a.push(format!("--new={}", s.new.join(",")));
                 }
-                opt(&mut a, "top-n", s.top_n);
-                opt(&mut a, "max-texts", s.max_texts);
-                opt(&mut a, "max-tokens", s.max_tokens);
+                a.extend(crate::ops::flags(&s.params));
                 a.push("--out=out".into());
             }
             JobSpec::Eval(s) => {
@@ -251,10 +142,7 @@ impl JobSpec {
                 for d in &s.data {
                     a.push(format!("--data={}", data_arg(inputs, d, false)));
                 }
-                opt(&mut a, "window", s.window);
-                opt(&mut a, "stride", s.stride);
-                opt(&mut a, "max-tokens", s.max_tokens);
-                opt(&mut a, "routing", s.routing.clone());
+                a.extend(crate::ops::flags(&s.params));
                 a.push("--json".into());
             }
             JobSpec::Task(s) => {
@@ -366,10 +254,10 @@ impl JobKind {
     }
 
     /// The form's inputs: one per field of the kind's spec type, in its
-    /// order, with the CLI's defaults ([`Defaults`]) as hints.
+    /// order, with the defaults as hints.
     pub fn fields(self) -> &'static [Field] {
         static TABLES: std::sync::OnceLock<Vec<Vec<Field>>> = std::sync::OnceLock::new();
-        let t = TABLES.get_or_init(|| JobKind::ALL.iter().map(|k| k.make_fields(&Defaults::default())).collect());
+        let t = TABLES.get_or_init(|| JobKind::ALL.iter().map(|k| k.make_fields()).collect());
         &t[JobKind::ALL.iter().position(|k| *k == self).unwrap_or(0)]
     }
 
@@ -378,21 +266,17 @@ impl JobKind {
         self.fields().iter().find(|f| f.key == key)
     }
 
-    fn make_fields(self, d: &Defaults) -> Vec<Field> {
-        let dflt = |v: &dyn std::fmt::Display| format!("default {v}");
-        let frozen = if d.upcycle_frozen.is_empty() { "none".to_string() } else { join(&d.upcycle_frozen) };
+    fn make_fields(self) -> Vec<Field> {
         match self {
-            JobKind::Upcycle => vec![
+            JobKind::Upcycle => [
                 req("model", "model", Input::Checkpoint, ""),
                 f("experts", "experts", Input::Int, "2-256"),
                 f("experts_per_layer", "experts per layer", Input::LayerList, "e.g. 2,4,-,4 (- = dense)"),
-                f("top_k", "top-k", Input::Int, &dflt(&d.upcycle_top_k)),
-                f("frozen", "frozen experts", Input::IntList, &format!("default {frozen}; none")),
-                f("router_init", "router init", Input::Choice(&["zeros", "random"]), "zeros"),
-                adv("noise", "noise", Input::Float, &dflt(&d.upcycle_noise)),
-                adv("seed", "seed", Input::Int, &dflt(&d.seed)),
-                adv("dtype", "dtype", Input::Choice(DTYPES), "source's"),
-            ],
+            ]
+            .into_iter()
+            .chain(crate::ops::upcycle::UpcycleParams::form_fields())
+            .chain([adv("dtype", "dtype", Input::Choice(DTYPES), "source's")])
+            .collect(),
             JobKind::Moerge => std::iter::once(req("models", "models (expert i = model i)", Input::Checkpoints, ""))
                 .chain(crate::ops::moerge::MoergeParams::form_fields())
                 .chain([adv("dtype", "dtype", Input::Choice(DTYPES), "source's")])
@@ -412,51 +296,40 @@ impl JobKind {
             .into_iter()
             .chain(crate::ops::graft::GraftParams::form_fields())
             .collect(),
-            JobKind::Merge => vec![
+            JobKind::Merge => [
                 req("method", "method", Input::Choice(&["linear", "task-arithmetic", "ties", "dare", "dare-ties"]), ""),
                 req("models", "models", Input::Checkpoints, ""),
-                f("weights", "weights", Input::FloatList, "one per model, e.g. 0.5,0.5"),
                 f("base", "base", Input::OptCheckpoint, ""),
-                f("density", "density", Input::Float, &dflt(&d.merge_density)),
-                adv("seed", "seed", Input::Int, &dflt(&d.seed)),
-                adv("dtype", "dtype", Input::Choice(DTYPES), "source's"),
-            ],
-            JobKind::Neurons => vec![
+            ]
+            .into_iter()
+            .chain(crate::ops::merge::MergeParams::form_fields())
+            .chain([adv("dtype", "dtype", Input::Choice(DTYPES), "source's")])
+            .collect(),
+            JobKind::Neurons => [
                 req("model", "model", Input::Checkpoint, ""),
                 req("langs", "languages (name = language code)", data(2, false, false, false), ""),
                 f("new", "new languages", Input::Names, "e.g. hu,el"),
-                f("top_n", "top-n", Input::Int, &dflt(&d.neurons_top_n)),
-                f("max_texts", "max texts", Input::Int, &dflt(&d.neurons_max_texts)),
-                f("max_tokens", "max tokens", Input::Int, &dflt(&d.neurons_max_tokens)),
-            ],
-            JobKind::Train => vec![
+            ]
+            .into_iter()
+            .chain(crate::ops::neurons::NeuronsParams::form_fields())
+            .collect(),
+            JobKind::Train => [
                 req("model", "model", Input::Checkpoint, ""),
                 req("stage", "stage", Input::Choice(&crate::train::Stage::NAMES), ""),
                 req("data", "corpora", data(1, true, true, false), ""),
                 req("steps", "steps", Input::Int, "1-1000000"),
-                f("seq_len", "seq len", Input::Int, &dflt(&d.train_seq_len)),
-                f("batch", "batch", Input::Int, &dflt(&d.train_batch)),
-                f("lr", "lr", Input::Float, "default per stage (5e-5; router 1e-4)"),
-                adv("warmup", "warmup", Input::Int, &dflt(&d.train_warmup)),
-                adv("min_lr", "min lr (fraction)", Input::Float, &dflt(&d.train_min_lr)),
-                adv("grad_accum", "grad accum", Input::Int, &dflt(&d.train_grad_accum)),
-                adv("clip", "clip", Input::Float, &dflt(&d.train_clip)),
-                adv("alpha", "alpha (balance)", Input::Float, &dflt(&d.train_alpha)),
-                adv("prior", "prior", Input::Float, &dflt(&d.train_prior)),
-                adv("weight_decay", "weight decay", Input::Float, &dflt(&d.train_weight_decay)),
-                adv("save_every", "save every", Input::Int, "steps / 10"),
-                f("seed", "seed", Input::Int, &dflt(&d.seed)),
-                adv("devices", "devices", Input::Int, &dflt(&d.train_devices)),
-                f("engine", "engine", Input::Choice(&["burn", "torch"]), "burn (torch: emit a PyTorch FSDP job)"),
-            ],
-            JobKind::Eval => vec![
+            ]
+            .into_iter()
+            .chain(crate::ops::train::TrainParams::form_fields())
+            .chain([f("engine", "engine", Input::Choice(&["burn", "torch"]), "burn (torch: emit a PyTorch FSDP job)")])
+            .collect(),
+            JobKind::Eval => [
                 req("model", "model", Input::Checkpoint, ""),
                 req("data", "datasets", data(1, false, false, false), ""),
-                f("window", "window", Input::Int, &dflt(&d.eval_window)),
-                f("stride", "stride", Input::Int, &dflt(&d.eval_stride)),
-                f("max_tokens", "max tokens", Input::Int, "all"),
-                f("routing", "routing", Input::Choice(&["learned", "oracle", "random"]), "learned"),
-            ],
+            ]
+            .into_iter()
+            .chain(crate::ops::eval::EvalParams::form_fields())
+            .collect(),
             JobKind::Task => vec![
                 req("model", "model", Input::Checkpoint, ""),
                 req("tasks", "tasks (.jsonl: context, choices, gold per line)", data(1, false, false, false), ""),
@@ -467,7 +340,12 @@ impl JobKind {
                     "space (lm-eval's default); none for contexts that end in a newline",
                 ),
                 f("limit", "items per task", Input::Int, "all"),
-                adv("batch", "batch (requests per pass)", Input::Int, &dflt(&crate::eval::McOptions::default().batch)),
+                adv(
+                    "batch",
+                    "batch (requests per pass)",
+                    Input::Int,
+                    &format!("default {}", crate::eval::McOptions::default().batch),
+                ),
             ],
         }
     }

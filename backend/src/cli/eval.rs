@@ -15,8 +15,8 @@ use anyhow::{bail, Context};
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
 use moe_shared::eval::{evaluate, randomize_routers, PerplexityOptions};
-use moe_shared::jobs::Defaults as D;
 use moe_shared::model::{load_model, Routing};
+use moe_shared::ops::eval::{EvalParams, EvalRouting};
 use moe_shared::train::freeze::is_moe;
 
 use super::backend::WithBackend;
@@ -43,25 +43,15 @@ pub struct Args {
     /// With --task: score only the first N items of each task (lm-eval's --limit).
     #[arg(long)]
     pub limit: Option<usize>,
-    /// Tokens per window.
-    #[arg(long, default_value_t = D::default().eval_window)]
-    pub window: usize,
-    /// Advance between windows.
-    #[arg(long, default_value_t = D::default().eval_stride)]
-    pub stride: usize,
     /// Windows (with --task: requests, one per choice) per forward pass (a right-padded batch; more uses
     /// more memory).
     #[arg(long, default_value_t = PerplexityOptions::DEFAULT_BATCH)]
     pub batch: usize,
-    /// Score only the first N tokens of each dataset.
-    #[arg(long)]
-    pub max_tokens: Option<usize>,
-    /// MoE routing: `learned`, `oracle` (dataset i -> expert i) or `random` (seeded random routers).
-    #[arg(long, default_value = "learned")]
-    pub routing: String,
-    /// Seed of `--routing random`.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// What the eval does (window, stride, tokens per dataset, routing and
+    /// its seed): the operation's own parameters, shared with the server's
+    /// job.
+    #[command(flatten)]
+    pub params: EvalParams,
     /// Tokenizer (tokenizer.json or a llama2.c tok*.bin) when the model has none beside it.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
@@ -72,6 +62,7 @@ pub struct Args {
 
 impl WithBackend for Args {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
+        self.params.check().map_err(|e| anyhow::anyhow!("{} {}", e.flag(), e.message))?;
         if !self.task.is_empty() {
             return super::eval_task::run::<B>(self, device);
         }
@@ -84,19 +75,19 @@ impl WithBackend for Args {
         let (tok, _) = resolve_tokenizer(&m, a.tokenizer.as_deref())?;
         let mut model = load_model::<B>(&m, &device)?;
         let moe = is_moe(&model);
-        match a.routing.as_str() {
-            "learned" => {}
-            "oracle" | "random" if !moe => bail!("--routing {} needs an MoE model; this one is dense", a.routing),
-            "random" => model = randomize_routers(model, a.seed),
-            "oracle" => {}
-            other => bail!("--routing `{other}`: expected learned, oracle or random"),
+        let p = &a.params;
+        match p.routing {
+            EvalRouting::Learned => {}
+            r if !moe => bail!("--routing {} needs an MoE model; this one is dense", r.name()),
+            EvalRouting::Random => model = randomize_routers(model, p.seed),
+            EvalRouting::Oracle => {}
         }
-        let opts = PerplexityOptions { window: a.window, stride: a.stride, max_tokens: a.max_tokens, batch: a.batch };
+        let opts = p.perplexity(a.batch);
         let mut rows = Vec::new();
         for (i, s) in specs.iter().enumerate() {
             let ids = moe_shared::corpus::read_stream(&s.path, a.docs.docs, &tok)?;
             let sha = moe_shared::corpus::stream_sha256(&ids);
-            let routing = if a.routing == "oracle" { Routing::Forced(i) } else { Routing::Learned };
+            let routing = if p.routing == EvalRouting::Oracle { Routing::Forced(i) } else { Routing::Learned };
             let quiet = a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
             let r = evaluate(&model, &ids, opts, routing, &device, |done, total| {
                 if !quiet {
@@ -122,7 +113,7 @@ impl WithBackend for Args {
             println!(
                 "{}",
                 serde_json::json!({
-                    "model": m.path, "routing": a.routing, "moe": moe, "docs": a.docs.docs, "datasets": datasets
+                    "model": m.path, "routing": p.routing.name(), "moe": moe, "docs": a.docs.docs, "datasets": datasets
                 })
             );
         } else {

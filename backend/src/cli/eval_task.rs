@@ -14,6 +14,7 @@ use moe_shared::api::{TaskEvalReport, TaskResult};
 use moe_shared::checkpoint::open_model;
 use moe_shared::eval::{evaluate_task, randomize_routers, McOptions, McTask, Metric};
 use moe_shared::model::load_model;
+use moe_shared::ops::eval::EvalRouting;
 use moe_shared::train::freeze::is_moe;
 
 use super::eval::Args;
@@ -43,11 +44,8 @@ fn pm(m: &Metric) -> String {
 
 /// Runs `--task`: `a.task` is not empty.
 pub fn run<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
-    if a.routing == "oracle" {
+    if a.params.routing == EvalRouting::Oracle {
         bail!("--routing oracle forces dataset i to expert i; it has no meaning for --task (use learned or random)");
-    }
-    if !matches!(a.routing.as_str(), "learned" | "random") {
-        bail!("--routing `{}`: expected learned, oracle or random", a.routing);
     }
     if a.limit == Some(0) {
         bail!("--limit 0 leaves no item to score");
@@ -65,11 +63,11 @@ pub fn run<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     let (tok, _) = resolve_tokenizer(&m, a.tokenizer.as_deref())?;
     let mut model = load_model::<B>(&m, &device)?;
     let moe = is_moe(&model);
-    if a.routing == "random" {
+    if a.params.routing == EvalRouting::Random {
         if !moe {
             bail!("--routing random needs an MoE model; this one is dense");
         }
-        model = randomize_routers(model, a.seed);
+        model = randomize_routers(model, a.params.seed);
     }
     let opts = McOptions { target_delimiter: a.target_delimiter.clone(), batch: a.batch };
     let quiet = a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -93,7 +91,7 @@ pub fn run<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     }
     if a.json {
         let tasks = rows.iter().map(|(n, f, r)| TaskResult::new(n, f, r)).collect();
-        let report = TaskEvalReport { model: m.path.clone(), routing: a.routing.clone(), moe, tasks };
+        let report = TaskEvalReport { model: m.path.clone(), routing: a.params.routing.name().to_string(), moe, tasks };
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!("{:<12} {:>7} {:>17} {:>17} {:>17}", "task", "items", "acc", "acc_norm", "acc_bytes");

@@ -6,10 +6,10 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use moe_shared::checkpoint::{open_model, LoadedModel};
-use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::delta::companion_files;
-use moe_shared::methods::merge::{merge, set_config_dtype, MergeMethod, MergeOptions, Rescale};
+use moe_shared::methods::merge::{merge, set_config_dtype, MergeMethod, MergeOptions};
 use moe_shared::methods::stream_read::use_positioned_reads;
+use moe_shared::ops::merge::MergeParams;
 use moe_shared::tensor_io::card::CardMethod;
 
 /// Arguments of `merge`.
@@ -23,29 +23,13 @@ pub struct Args {
     /// `.bin`), all of one architecture and shape.
     #[arg(required = true, num_args = 1..)]
     pub models: Vec<PathBuf>,
-    /// One weight per model, comma-separated (default: all 1).
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub weights: Option<Vec<f64>>,
     /// The base model the deltas are taken from (all methods but linear).
     #[arg(long)]
     pub base: Option<PathBuf>,
-    /// Fraction of each delta kept by ties / dare, in (0, 1].
-    #[arg(long, default_value_t = D::default().merge_density)]
-    pub density: f64,
-    /// Seed of dare's random drop.
-    #[arg(long, default_value_t = D::default().seed)]
-    pub seed: u64,
-    /// Divide by the sum of weights: true or false (default as mergekit:
-    /// true for linear and ties, false otherwise).
-    #[arg(long)]
-    pub normalize: Option<bool>,
-    /// Rescaling of sparsified deltas: none, inverse-density (the DARE
-    /// paper; dare's default) or l1 (mergekit 0.1.5's `rescale: true`).
-    #[arg(long, value_parser = parse_rescale)]
-    pub rescale: Option<Rescale>,
-    /// Factor on the merged delta (mergekit's `lambda`).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub lambda: f64,
+    /// What the merge does (weights, density, normalise, rescale, lambda,
+    /// seed): the operation's own parameters, shared with the server's job.
+    #[command(flatten)]
+    pub params: MergeParams,
     #[command(flatten)]
     pub dtype: super::args::OutputDtype,
     #[command(flatten)]
@@ -56,13 +40,10 @@ fn parse_method(s: &str) -> Result<MergeMethod, String> {
     MergeMethod::parse(s).ok_or_else(|| format!("`{s}`: expected linear, task-arithmetic, ties, dare or dare-ties"))
 }
 
-fn parse_rescale(s: &str) -> Result<Rescale, String> {
-    Rescale::parse(s).ok_or_else(|| format!("`{s}`: expected none, inverse-density or l1"))
-}
-
 /// Runs `merge`.
 pub fn run(a: Args) -> anyhow::Result<()> {
     let dtype = a.dtype.parse()?;
+    a.params.check(a.models.len()).map_err(|e| anyhow::anyhow!("{} {}", e.flag(), e.message))?;
     // Positioned reads keep the inputs out of the resident set.
     let open = |p: &PathBuf, what: &str| -> anyhow::Result<LoadedModel> {
         let mut m = open_model(p).with_context(|| format!("opening {what}{}", p.display()))?;
@@ -82,16 +63,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
         }
     }
-    let opts = MergeOptions {
-        method: a.method,
-        weights: a.weights.clone(),
-        density: a.density,
-        normalize: a.normalize,
-        rescale: a.rescale,
-        lambda: a.lambda,
-        seed: a.seed,
-        dtype,
-    };
+    let opts = MergeOptions { dtype, ..a.params.options(a.method) };
     let roles = a
         .base
         .iter()

@@ -141,13 +141,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 /// The job specs and the CLI describe the same commands: every spec's
 /// command line (`shared::jobs`) parses with this CLI, each set field
 /// reaches the option of the same name, and the CLI's defaults are the
-/// spec's [`moe_shared::jobs::Defaults`].
+/// operations' own (`moe_shared::ops`).
 #[cfg(test)]
 mod job_spec_tests {
     use super::*;
     use moe_shared::api::{DataRef, JobSpec};
-    use moe_shared::jobs::{Defaults, JobInputs};
-    use moe_shared::ops::upcycle::RouterInitArg;
+    use moe_shared::jobs::JobInputs;
+    use moe_shared::ops::train::TrainParams;
+    use moe_shared::ops::upcycle::{NoiseArg, RouterInitArg, SharedInitArg, UpcycleParams};
 
     struct Paths;
     impl JobInputs for Paths {
@@ -183,11 +184,40 @@ mod job_spec_tests {
             "clip": 0.5, "alpha": 0.02, "prior": 0.3, "weight_decay": 0.1, "seed": 7, "devices": 1}));
         let Command::Train(t) = parse(&train) else { panic!("train") };
         assert_eq!(
-            (t.stage.as_str(), t.steps, t.seq_len, t.batch, t.warmup, t.grad_accum, t.seed),
-            ("router", 40, 64, 3, 2, 2, 7)
+            (t.stage.as_str(), t.steps, t.params.seq_len, t.params.batch, t.params.warmup, t.params.grad_accum),
+            ("router", 40, 64, 3, 2, 2)
         );
-        assert_eq!((t.lr, t.min_lr, t.clip, t.alpha, t.prior, t.weight_decay), (Some(0.001), 0.2, 0.5, 0.02, 0.3, 0.1));
-        assert_eq!((t.save_every, t.data.clone()), (4, vec!["hu=data/hu.txt:2:orig".to_string()]));
+        let p = &t.params;
+        assert_eq!((p.lr, p.min_lr, p.clip, p.alpha, p.prior, p.weight_decay), (Some(0.001), 0.2, 0.5, 0.02, 0.3, 0.1));
+        assert_eq!((p.seed, p.save_every, t.data.clone()), (7, 4, vec!["hu=data/hu.txt:2:orig".to_string()]));
+        // Every train parameter, each away from its default, reaches the CLI
+        // through the derived flags unchanged.
+        let all = TrainParams {
+            seq_len: 32,
+            batch: 2,
+            lr: Some(3e-4),
+            warmup: 3,
+            min_lr: 0.25,
+            grad_accum: 2,
+            clip: 0.0,
+            alpha: 0.02,
+            lb_form: moe_shared::train::LbForm::HfMixtral,
+            prior: 0.5,
+            balance: moe_shared::train::Balance::AuxFree,
+            bias_update_rate: 0.01,
+            z_loss: 1e-3,
+            norm_topk: Some(false),
+            weight_decay: 0.1,
+            save_every: 5,
+            keep: 3,
+            seed: 11,
+            devices: 2,
+        };
+        let JobSpec::Train(mut ts) = train.clone() else { unreachable!() };
+        ts.params = all.clone();
+        JobSpec::Train(ts.clone()).validate().unwrap();
+        let Command::Train(t) = parse(&JobSpec::Train(ts)) else { panic!("train") };
+        assert_eq!(t.params, all);
         assert_eq!(t.model, std::path::PathBuf::from(format!("models/{A}")));
         assert_eq!((t.engine.as_str(), t.emit.clone(), t.out.clone()), ("burn", None, Some("out".into())));
         // The PyTorch hand-off: the job directory `out` is the artefact, no model is registered.
@@ -197,7 +227,7 @@ mod job_spec_tests {
         assert!(!torch.cli_args(&Paths, true).contains(&"--resume".to_string()), "emitting again is the resume");
         let Command::Train(t) = parse(&torch) else { panic!("train") };
         assert_eq!((t.engine.as_str(), t.emit.clone(), t.out.clone()), ("torch", Some("out".into()), None));
-        assert_eq!((t.batch, t.devices), (2, 4));
+        assert_eq!((t.params.batch, t.params.devices), (2, 4));
         // Stages dense and ffn hand off too (DUME's domain experts past one machine); all does not.
         let dense = spec(serde_json::json!({"kind": "train", "model": A, "stage": "dense",
             "data": [d("hu")], "steps": 4, "engine": "torch"}));
@@ -216,6 +246,39 @@ mod job_spec_tests {
         );
         assert_eq!(u.params.router_init, RouterInitArg::Random);
         assert_eq!(u.dtype.dtype.as_deref(), Some("bf16"));
+        // Every upcycle parameter, each away from its default (none frozen,
+        // un-normalised top-k: `--no-frozen`, `--norm-topk=false`), reaches
+        // the CLI through the derived flags unchanged.
+        let all = UpcycleParams {
+            top_k: 1,
+            frozen: vec![],
+            router_init: RouterInitArg::Random,
+            router_std: 0.5,
+            noise: 0.01,
+            noise_kind: NoiseArg::Add,
+            seed: 3,
+            temperature: 0.5,
+            shared_experts: 1,
+            shared_gate: true,
+            shared_init: SharedInitArg::Copy,
+            shared_frozen: true,
+            drop_ratio: 0.5,
+            granularity: 2,
+            norm_topk: false,
+        };
+        let up_all = JobSpec::Upcycle(moe_shared::api::UpcycleSpec {
+            model: A.into(),
+            experts: Some(4),
+            experts_per_layer: None,
+            dtype: None,
+            params: all.clone(),
+        });
+        up_all.validate().unwrap();
+        let Command::Upcycle(u) = parse(&up_all) else { panic!("upcycle") };
+        assert!(u.no_frozen);
+        let mut got = u.params.clone();
+        got.frozen.clear();
+        assert_eq!(got, all);
         let route = spec(serde_json::json!({"kind": "route", "model": A, "domains": [d("en"), d("hu")],
             "lambda": 0.5, "top_k": 2, "max_tokens": 99, "context": 32}));
         let Command::Route(r) = parse(&route) else { panic!("route") };
@@ -257,7 +320,7 @@ mod job_spec_tests {
             "weights": [0.5, -0.25], "base": A, "density": 0.3, "seed": 5, "dtype": "f16"}));
         let Command::Merge(m) = parse(&merge) else { panic!("merge") };
         assert_eq!(
-            (m.method.name(), m.weights.clone(), m.density, m.seed),
+            (m.method.name(), m.params.weights.clone(), m.params.density, m.params.seed),
             ("dare-ties", Some(vec![0.5, -0.25]), 0.3, 5)
         );
         for (v, kind) in [
@@ -283,8 +346,15 @@ mod job_spec_tests {
             let ok = match (parse(&s), kind) {
                 (Command::Moerge(m), "moerge") => m.params.top_k == 2 && m.params.seed == 1 && m.models.len() == 2,
                 (Command::Graft(g), "graft") => g.params.scale == -0.5,
-                (Command::Neurons(n), "neurons") => n.top_n == 10 && n.max_texts == 5 && n.new == ["hu"],
-                (Command::Eval(e), "eval") => e.window == 64 && e.stride == 32 && e.routing == "oracle",
+                (Command::Neurons(n), "neurons") => {
+                    n.params.top_n == 10 && n.params.max_texts == 5 && n.params.max_tokens == 16 && n.new == ["hu"]
+                }
+                (Command::Eval(e), "eval") => {
+                    e.params.window == 64
+                        && e.params.stride == 32
+                        && e.params.max_tokens == Some(100)
+                        && e.params.routing == moe_shared::ops::eval::EvalRouting::Oracle
+                }
                 (Command::Eval(e), "task") => {
                     e.task == ["en=data/en.txt"]
                         && e.data.is_empty()
@@ -300,38 +370,26 @@ mod job_spec_tests {
 
     #[test]
     fn the_cli_defaults_are_the_spec_defaults() {
-        let d = Defaults::default();
         let bare = |argv: &[&str]| Cli::try_parse_from(argv).unwrap().command;
         let Command::Train(t) =
             bare(&["m", "train", "x", "--stage", "dense", "--data", "a=b", "--steps", "1", "--out", "o"])
         else {
             panic!()
         };
-        assert_eq!(
-            (t.seq_len, t.batch, t.warmup, t.grad_accum, t.devices, t.seed),
-            (d.train_seq_len, d.train_batch, d.train_warmup, d.train_grad_accum, d.train_devices, d.seed)
-        );
-        assert_eq!(
-            (t.min_lr, t.clip, t.alpha, t.prior, t.weight_decay),
-            (d.train_min_lr, d.train_clip, d.train_alpha, d.train_prior, d.train_weight_decay)
-        );
+        assert_eq!(t.params, TrainParams::default());
         let Command::Upcycle(u) = bare(&["m", "upcycle", "x", "--experts", "2", "--out", "o"]) else { panic!() };
         // Every upcycle parameter: the CLI's defaults are the operation's.
-        assert_eq!(u.params, moe_shared::ops::upcycle::UpcycleParams::default());
-        assert_eq!(
-            (u.params.top_k, u.params.frozen.clone(), u.params.noise, u.params.router_std),
-            (d.upcycle_top_k, d.upcycle_frozen.clone(), d.upcycle_noise, d.upcycle_router_std)
-        );
+        assert_eq!(u.params, UpcycleParams::default());
         let Command::Route(r) = bare(&["m", "route", "x", "--domain", "a=b", "--out", "o"]) else { panic!() };
         assert_eq!(r.params, moe_shared::ops::route::RouteParams::default());
         let Command::Eval(e) = bare(&["m", "eval", "x", "--data", "a=b"]) else { panic!() };
-        assert_eq!((e.window, e.stride), (d.eval_window, d.eval_stride));
+        assert_eq!(e.params, moe_shared::ops::eval::EvalParams::default());
         let Command::Neurons(n) = bare(&["m", "neurons", "x", "--lang", "a=b", "--lang", "c=d", "--out", "o"]) else {
             panic!()
         };
-        assert_eq!((n.top_n, n.max_texts, n.max_tokens), (d.neurons_top_n, d.neurons_max_texts, d.neurons_max_tokens));
+        assert_eq!(n.params, moe_shared::ops::neurons::NeuronsParams::default());
         let Command::Merge(m) = bare(&["m", "merge", "linear", "x", "--out", "o"]) else { panic!() };
-        assert_eq!(m.density, d.merge_density);
+        assert_eq!(m.params, moe_shared::ops::merge::MergeParams::default());
         let Command::Moerge(m) = bare(&["m", "moerge", "x", "y", "--out", "o"]) else { panic!() };
         assert_eq!(m.params, moe_shared::ops::moerge::MoergeParams::default());
     }

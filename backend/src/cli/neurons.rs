@@ -20,12 +20,12 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
-use moe_shared::jobs::Defaults as D;
 use moe_shared::methods::neurons::{
-    analyze, average_precision_table, expert_counts, expert_layer_means, AnalysisOptions, CollectOptions,
-    ComponentUnits, ExpertLayerMeans, ExpertRef, LayerCounts, NeuronCollector, NeuronReport,
+    analyze, average_precision_table, expert_counts, expert_layer_means, ComponentUnits, ExpertLayerMeans, ExpertRef,
+    LayerCounts, NeuronCollector, NeuronReport,
 };
 use moe_shared::model::{load_model, Pooling};
+use moe_shared::ops::neurons::NeuronsParams;
 
 use super::backend::WithBackend;
 use super::figures::{line_chart, panels, Panel, Series};
@@ -47,21 +47,11 @@ pub struct Args {
     /// allocation (comma-separated codes; default: every language but the first).
     #[arg(long, value_delimiter = ',')]
     pub new: Vec<String>,
-    /// Specific neurons per language (top-N by Average Precision; also bottom-N).
-    #[arg(long, default_value_t = D::default().neurons_top_n)]
-    pub top_n: usize,
-    /// Count the bottom-N (neurons off for the language) as specific too.
-    #[arg(long)]
-    pub bottom: bool,
-    /// Pooling of a neuron's activations over a text's tokens: mean or max.
-    #[arg(long, default_value = "mean")]
-    pub pool: String,
-    /// Texts used per language (the file's first documents).
-    #[arg(long, default_value_t = D::default().neurons_max_texts)]
-    pub max_texts: usize,
-    /// Each text is truncated to this many tokens.
-    #[arg(long, default_value_t = D::default().neurons_max_tokens)]
-    pub max_tokens: usize,
+    /// What the run does (top-N, bottom-N, pooling, texts per language,
+    /// tokens per text): the operation's own parameters, shared with the
+    /// server's job.
+    #[command(flatten)]
+    pub params: NeuronsParams,
     /// Texts per forward pass (one right-padded batch; pooling covers each
     /// text's own tokens, so the result does not depend on it beyond float
     /// summation order).
@@ -82,14 +72,6 @@ pub struct Args {
     /// Output directory (created; files in it are overwritten).
     #[arg(long)]
     pub out: PathBuf,
-}
-
-fn parse_pool(s: &str) -> anyhow::Result<Pooling> {
-    match s {
-        "mean" => Ok(Pooling::Mean),
-        "max" => Ok(Pooling::Max),
-        o => bail!("--pool `{o}`: expected mean or max"),
-    }
 }
 
 /// Reads `CODE=FILE` and returns the code and the file's first `max`
@@ -344,16 +326,14 @@ impl WithBackend for Args {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
         let a = self;
         let t_start = Instant::now();
-        let pooling = parse_pool(&a.pool)?;
-        if a.max_texts < 2 {
-            bail!("--max-texts must be >= 2 (the Average Precision needs at least 2 texts per language)");
-        }
+        let p = a.params.clone();
+        p.check().map_err(|e| anyhow::anyhow!("{} {}", e.flag(), e.message))?;
         if a.langs.len() < 2 {
             bail!("give at least 2 languages with --lang CODE=FILE (texts of the other languages are the negatives)");
         }
         let mut langs = Vec::new();
         for spec in &a.langs {
-            langs.push(read_language(spec, a.docs.docs, a.max_texts)?);
+            langs.push(read_language(spec, a.docs.docs, p.max_texts)?);
         }
         for (code, path, lines) in &langs {
             if lines.len() < 2 {
@@ -374,7 +354,7 @@ impl WithBackend for Args {
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let (tok, _) = super::train::resolve_tokenizer(&m, a.tokenizer.as_deref())?;
         let model = load_model::<B>(&m, &device)?;
-        let opts = CollectOptions { pooling, max_tokens: a.max_tokens };
+        let opts = p.collect();
         let mut col = NeuronCollector::new(&model, codes.clone(), opts)?;
         let mut encoded: Vec<(usize, Vec<u32>)> = Vec::new();
         for (i, (code, path, lines)) in langs.iter().enumerate() {
@@ -399,8 +379,11 @@ impl WithBackend for Args {
             codes.len(),
             col.layout().num_neurons(),
             col.layout().num_layers(),
-            a.pool,
-            a.max_tokens
+            match p.pool {
+                Pooling::Mean => "mean",
+                Pooling::Max => "max",
+            },
+            p.max_tokens
         );
         if a.bench {
             // Warm-up (allocator, thread pools) outside the timings.
@@ -433,11 +416,7 @@ impl WithBackend for Args {
         let table = average_precision_table(&pooled, threads)?;
         let t_ap = t0.elapsed().as_secs_f64();
         let t0 = Instant::now();
-        let report = analyze(
-            &pooled,
-            &table,
-            &AnalysisOptions { top_n: a.top_n, include_bottom: a.bottom, new_languages: a.new.clone() },
-        )?;
+        let report = analyze(&pooled, &table, &p.analysis(&a.new))?;
         let t_analyze = t0.elapsed().as_secs_f64();
         let mut report = report;
         moe_shared::methods::neurons::stream_sha256_of_texts(&mut report, &encoded);

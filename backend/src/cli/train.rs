@@ -26,13 +26,13 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use burn::tensor::backend::AutodiffBackend;
 use moe_shared::checkpoint::{open_model, LoadedModel};
-use moe_shared::jobs::Defaults as D;
 use moe_shared::model::load_model;
+use moe_shared::ops::train::TrainParams;
 use moe_shared::tensor_io::card::CardMethod;
 use moe_shared::tokenizer::{Llama2cTokenizer, Tokenizer};
 use moe_shared::train::checkpoint::latest_checkpoint;
 use moe_shared::train::data::load_mixture;
-use moe_shared::train::{devices, Balance, DataSpec, LbForm, RunOutcome, Stage, StepMetrics, TrainConfig, Trainer};
+use moe_shared::train::{devices, DataSpec, RunOutcome, Stage, StepMetrics, TrainConfig, Trainer};
 
 /// Arguments of `train`.
 #[derive(Debug, Clone, clap::Args)]
@@ -52,63 +52,11 @@ pub struct Args {
     /// Optimizer steps.
     #[arg(long)]
     pub steps: usize,
-    /// Tokens per sequence.
-    #[arg(long, default_value_t = D::default().train_seq_len)]
-    pub seq_len: usize,
-    /// Sequences per device per micro-step.
-    #[arg(long, default_value_t = D::default().train_batch)]
-    pub batch: usize,
-    /// Peak learning rate (default: 5e-5 for experts and dense, 1e-4 for router).
-    #[arg(long)]
-    pub lr: Option<f64>,
-    /// Linear warm-up steps.
-    #[arg(long, default_value_t = D::default().train_warmup)]
-    pub warmup: usize,
-    /// Final learning rate of the cosine, as a fraction of --lr.
-    #[arg(long, default_value_t = D::default().train_min_lr)]
-    pub min_lr: f64,
-    /// Micro-steps per optimizer step (gradient accumulation).
-    #[arg(long, default_value_t = D::default().train_grad_accum)]
-    pub grad_accum: usize,
-    /// Maximum global gradient norm (0: no clipping).
-    #[arg(long, default_value_t = D::default().train_clip)]
-    pub clip: f64,
-    /// Load-balancing loss coefficient.
-    #[arg(long, default_value_t = D::default().train_alpha)]
-    pub alpha: f64,
-    /// Load-balancing formula: `per-layer` (methods.md) or `hf-mixtral` (transformers' pooled form, k times larger).
-    #[arg(long, default_value = "per-layer")]
-    pub lb_form: String,
-    /// Language-prior coefficient (applies to `:orig` data).
-    #[arg(long, default_value_t = D::default().train_prior)]
-    pub prior: f64,
-    /// Load balancing: `aux` (--alpha x the load-balancing loss), `aux-free` (DeepSeek-V3's per-expert
-    /// selection bias, moved by --bias-update-rate against each expert's load error after every step; no
-    /// loss term) or `none`.
-    #[arg(long, default_value = "aux")]
-    pub balance: String,
-    /// The aux-free bias step per optimizer step (DeepSeek-V3's gamma).
-    #[arg(long, default_value_t = 1e-3)]
-    pub bias_update_rate: f64,
-    /// Router z-loss coefficient (ST-MoE: 1e-3; 0 = off).
-    #[arg(long, default_value_t = 0.0)]
-    pub z_loss: f64,
-    /// Renormalise the top-k weights (`true`) or weigh by the softmax over all experts (`false`, Switch /
-    /// Qwen2-MoE; gives a top-1 router the next-token gradient). Default: the model's own setting.
-    #[arg(long, action = clap::ArgAction::Set)]
-    pub norm_topk: Option<bool>,
-    /// AdamW weight decay.
-    #[arg(long, default_value_t = D::default().train_weight_decay)]
-    pub weight_decay: f64,
-    /// Checkpoint every N steps (0: only at the end).
-    #[arg(long, default_value_t = 0)]
-    pub save_every: usize,
-    /// Periodic checkpoints to keep.
-    #[arg(long, default_value_t = 2)]
-    pub keep: usize,
-    /// Seed of the data order.
-    #[arg(long, default_value_t = D::default().seed)]
-    pub seed: u64,
+    /// The run's hyper-parameters (sequence length, batch, learning rate
+    /// and schedule, losses and balancing, checkpoints, seed, devices): the
+    /// operation's own parameters, shared with the server's job and the tab.
+    #[command(flatten)]
+    pub params: TrainParams,
     /// Output directory (not with `--engine torch`, whose job writes into `--emit DIR/out`).
     #[arg(long, required_unless_present = "emit", conflicts_with = "emit")]
     pub out: Option<PathBuf>,
@@ -122,10 +70,6 @@ pub struct Args {
     /// Continue from the newest checkpoint in --out.
     #[arg(long)]
     pub resume: bool,
-    /// Data-parallel replicas in this process, one per device (each runs --batch sequences per micro-step;
-    /// Burn's collective all-reduce).
-    #[arg(long, default_value_t = D::default().train_devices)]
-    pub devices: usize,
     /// Machines of a multi-node run. The studio trains on one machine (`--devices` for its devices);
     /// with N > 1 it prints the `--engine torch --emit` and `torchrun --nnodes N` commands of the same
     /// run and exits with an error, training nothing.
@@ -228,34 +172,8 @@ impl Args {
     fn config(&self) -> anyhow::Result<TrainConfig> {
         let stage = Stage::parse(&self.stage)
             .with_context(|| format!("--stage `{}`: expected experts, router, all, dense or ffn", self.stage))?;
-        let lb_form = LbForm::parse(&self.lb_form)
-            .with_context(|| format!("--lb-form `{}`: expected per-layer or hf-mixtral", self.lb_form))?;
-        let balance = Balance::parse(&self.balance)
-            .with_context(|| format!("--balance `{}`: expected aux, aux-free or none", self.balance))?;
-        Ok(TrainConfig {
-            stage,
-            steps: self.steps,
-            seq_len: self.seq_len,
-            batch_size: self.batch,
-            grad_accum: self.grad_accum,
-            lr: self.lr.unwrap_or(stage.default_lr()),
-            warmup: self.warmup,
-            min_lr_ratio: self.min_lr,
-            weight_decay: self.weight_decay,
-            clip: (self.clip > 0.0).then_some(self.clip),
-            alpha: self.alpha,
-            lb_form,
-            prior: self.prior,
-            save_every: self.save_every,
-            keep: self.keep,
-            seed: self.seed,
-            devices: self.devices,
-            balance,
-            bias_update_rate: self.bias_update_rate,
-            z_loss: self.z_loss,
-            norm_topk: self.norm_topk,
-            ..TrainConfig::new(stage)
-        })
+        self.params.check().map_err(|e| anyhow::anyhow!("{} {}", e.flag(), e.message))?;
+        Ok(self.params.config(stage, self.steps))
     }
 }
 
@@ -346,7 +264,7 @@ fn nodes_commands(a: &Args, argv: &[String]) -> (String, Vec<String>) {
         without_options(argv, &["--nodes", "--out", "--engine", "--emit", "--devices"], &["--resume", "--json"]);
     emit.extend([
         "--devices".to_string(),
-        (a.devices * a.nodes).to_string(),
+        (a.params.devices * a.nodes).to_string(),
         "--engine".into(),
         "torch".into(),
         "--emit".into(),
@@ -360,7 +278,7 @@ fn nodes_commands(a: &Args, argv: &[String]) -> (String, Vec<String>) {
                 "torchrun --nnodes {n} --nproc-per-node {d} --node-rank {r} --rdzv-backend c10d \
                  --rdzv-endpoint HOST:29500 --rdzv-id moe-job {script}",
                 n = a.nodes,
-                d = a.devices,
+                d = a.params.devices,
             )
         })
         .collect();
@@ -394,7 +312,7 @@ fn nodes_answer(a: &Args, argv: &[String]) -> anyhow::Result<()> {
          job's README.md has the Slurm form); nothing was started",
         a.nodes,
         a.nodes,
-        a.devices
+        a.params.devices
     )
 }
 

@@ -139,14 +139,13 @@ impl WithBackend for Args {
         let started = Instant::now();
         let dtype = a.dtype.parse()?;
         let layout = a.layout.request()?;
-        if !(a.params.temperature > 0.0 && a.params.temperature.is_finite()) {
-            // Checked here: the MoE config would report it under the
-            // --experts/--allocation source, naming the wrong option.
-            anyhow::bail!(
-                "--temperature: the router temperature must be a finite number > 0 (got {})",
-                a.params.temperature
-            );
+        let mut params = a.params.clone();
+        if a.no_frozen {
+            params.frozen.clear();
         }
+        // The operation's rules, before any model is read (the MoE config
+        // would report a bad temperature under --experts, the wrong option).
+        params.check(a.expert_prompts.is_some()).map_err(|e| anyhow::anyhow!("{} {}", e.flag(), e.message))?;
         let (experts, experts_source) = match (&a.experts, &a.allocation) {
             (Some(n), _) => (ExpertCounts::Uniform(*n), "--experts".to_string()),
             (None, Some(p)) => {
@@ -170,10 +169,6 @@ impl WithBackend for Args {
                 Some(cheap_embed_init(&m, p)?)
             }
         };
-        let mut params = a.params.clone();
-        if a.no_frozen {
-            params.frozen.clear();
-        }
         let opts = UpcycleOptions {
             dtype,
             layout,

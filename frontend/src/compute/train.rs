@@ -23,6 +23,7 @@ use moe_shared::eval::{evaluate, PerplexityOptions};
 use moe_shared::layout::LayoutRequest;
 use moe_shared::model::transformer::Mlp;
 use moe_shared::model::{load_model, model_to_bytes, Routing, Transformer};
+use moe_shared::ops::train::TrainParams;
 use moe_shared::tensor_io::DType;
 use moe_shared::train::data::source_from_text;
 use moe_shared::train::{DataSpec, Mixture, Stage, StepMetrics, TrainConfig, Trainer};
@@ -184,8 +185,16 @@ pub fn config(form: &TrainForm) -> Result<TrainConfig, Refusal> {
     let seq_len: usize = num(&form.seq_len, TrainField::SeqLen, "sequence length")?;
     let alpha: f64 = num(&form.alpha, TrainField::Alpha, "load-balancing coefficient α")?;
     let prior: f64 = num(&form.prior, TrainField::Prior, "language-prior coefficient β")?;
-    crate::validate::train(stage, steps, seq_len, batch, lr, alpha, prior)
-        .map_err(|e| (TrainField::of_option(&e.key), e.message))?;
+    let params = TrainParams {
+        seq_len,
+        batch,
+        lr: Some(lr),
+        alpha,
+        prior,
+        warmup: (steps / 10).min(10),
+        ..TrainParams::default()
+    };
+    crate::validate::train(stage, steps, &params).map_err(|e| (TrainField::of_option(&e.key), e.message))?;
     if steps > MAX_STEPS {
         return Err((
             TrainField::Steps,
@@ -194,16 +203,7 @@ pub fn config(form: &TrainForm) -> Result<TrainConfig, Refusal> {
             ),
         ));
     }
-    Ok(TrainConfig {
-        steps,
-        lr,
-        batch_size: batch,
-        seq_len,
-        alpha,
-        prior,
-        warmup: (steps / 10).min(10),
-        ..TrainConfig::new(stage)
-    })
+    Ok(params.config(stage, steps))
 }
 
 /// Held-out perplexity and routing of one language at one step.

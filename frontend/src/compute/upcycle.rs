@@ -187,13 +187,18 @@ pub fn options(form: &UpcycleForm, source: &dyn TensorSource) -> Result<UpcycleO
         ExpertCounts::Uniform(e) => (Some(*e), None),
         ExpertCounts::PerLayer(v) => (None, Some(v.clone())),
     };
-    crate::validate::upcycle(uniform, per_layer, p.top_k, &p.frozen, p.router_init.name()).map_err(|e| {
+    crate::validate::upcycle(uniform, per_layer, p).map_err(|e| {
         let f = match e.key.as_str() {
             "experts" => Field::Experts,
             "experts_per_layer" => Field::Allocation,
             "top_k" => Field::TopK,
             "frozen" => Field::Frozen,
-            "router_init" => Field::Router,
+            "router_init" | "router_std" | "temperature" => Field::Router,
+            "drop_ratio" => Field::DropRatio,
+            "granularity" => Field::Granularity,
+            "shared_experts" => Field::Shared,
+            "seed" => Field::Seed,
+            "noise" | "noise_kind" => Field::Model,
             _ => field,
         };
         (f, e.message)

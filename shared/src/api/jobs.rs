@@ -6,9 +6,14 @@ use serde::{Deserialize, Serialize};
 use super::server::check_id;
 use super::ApiError;
 use crate::methods::merge::MergeMethod;
+use crate::ops::eval::EvalParams;
 use crate::ops::graft::GraftParams;
+use crate::ops::merge::MergeParams;
 use crate::ops::moerge::MoergeParams;
+use crate::ops::neurons::NeuronsParams;
 use crate::ops::route::RouteParams;
+use crate::ops::train::TrainParams;
+use crate::ops::upcycle::UpcycleParams;
 use crate::train::Stage;
 
 /// A text corpus for a job: a completed upload (`.txt`: one document per
@@ -31,63 +36,59 @@ pub struct DataRef {
     pub heldout: Option<String>,
 }
 
-/// `train` (see `moe-studio train --help`); unset options take the CLI's
-/// defaults. The output model is `final/` of the job's artefacts and is
-/// registered as a checkpoint.
+/// `train` (see `moe-studio train --help`). The parameters are
+/// [`TrainParams`]'s fields, flattened (`{"kind": "train", "model": ...,
+/// "stage": "experts", "data": [...], "steps": 100, "lr": 1e-4}`); unset
+/// ones take its defaults, and `save_every` unset (0) is a tenth of the
+/// steps (what a resumed job continues from). The output model is
+/// `final/` of the job's artefacts and is registered as a checkpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "serde_json::Value")]
 pub struct TrainSpec {
     /// Checkpoint id of the model to train.
     pub model: String,
-    /// Stage (`experts`, `router`, `dense`): [`Stage`], the trainer's own.
+    /// Stage (`experts`, `router`, `all`, `dense`, `ffn`): [`Stage`], the trainer's own.
     pub stage: Stage,
     /// Corpora (at least one).
     pub data: Vec<DataRef>,
     /// Optimizer steps (1-1,000,000).
     pub steps: usize,
-    /// Tokens per sequence (2-65,536).
-    #[serde(default)]
-    pub seq_len: Option<usize>,
-    /// Sequences per micro-step (1-4,096).
-    #[serde(default)]
-    pub batch: Option<usize>,
-    /// Peak learning rate (> 0).
-    #[serde(default)]
-    pub lr: Option<f64>,
-    /// Warm-up steps.
-    #[serde(default)]
-    pub warmup: Option<usize>,
-    /// Final learning rate as a fraction of `lr` (0-1).
-    #[serde(default)]
-    pub min_lr: Option<f64>,
-    /// Micro-steps per optimizer step (1-1,024).
-    #[serde(default)]
-    pub grad_accum: Option<usize>,
-    /// Global gradient-norm clip (0: none).
-    #[serde(default)]
-    pub clip: Option<f64>,
-    /// Load-balancing coefficient (>= 0).
-    #[serde(default)]
-    pub alpha: Option<f64>,
-    /// Language-prior coefficient (>= 0).
-    #[serde(default)]
-    pub prior: Option<f64>,
-    /// AdamW weight decay (>= 0).
-    #[serde(default)]
-    pub weight_decay: Option<f64>,
-    /// Checkpoint every N steps (default: steps / 10, at least 1): what a
-    /// resumed job continues from.
-    #[serde(default)]
-    pub save_every: Option<usize>,
-    /// Seed of the data order.
-    #[serde(default)]
-    pub seed: Option<u64>,
-    /// Devices for data parallelism (1-64).
-    #[serde(default)]
-    pub devices: Option<usize>,
     /// Where the stage runs (default [`TrainEngine::Burn`]).
-    #[serde(default)]
     pub engine: Option<TrainEngine>,
+    /// The run's hyper-parameters (ops/train.rs).
+    #[serde(flatten)]
+    pub params: TrainParams,
+}
+
+impl TryFrom<serde_json::Value> for TrainSpec {
+    type Error = String;
+    fn try_from(v: serde_json::Value) -> Result<Self, String> {
+        /// The spec's inputs (the rest of its keys are [`TrainParams`]).
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Inputs {
+            model: String,
+            stage: Stage,
+            data: Vec<DataRef>,
+            steps: usize,
+            #[serde(default)]
+            engine: Option<TrainEngine>,
+        }
+        let (i, params): (Inputs, TrainParams) = crate::ops::split_params(v)?;
+        Ok(TrainSpec { model: i.model, stage: i.stage, data: i.data, steps: i.steps, engine: i.engine, params })
+    }
+}
+
+impl TrainSpec {
+    /// The parameters the job's command runs with: a `save_every` of 0
+    /// becomes a tenth of the steps (at least 1).
+    pub fn run_params(&self) -> TrainParams {
+        let mut p = self.params.clone();
+        if p.save_every == 0 {
+            p.save_every = (self.steps / 10).max(1);
+        }
+        p
+    }
 }
 
 /// The engine of a train job: `moe-studio train --engine`.
@@ -123,36 +124,65 @@ impl TrainEngine {
     }
 }
 
-/// `upcycle`: dense -> MoE by copying every FFN into experts.
+/// `upcycle`: dense -> MoE by copying every FFN into experts. The
+/// parameters are [`UpcycleParams`]'s fields, flattened (`{"kind":
+/// "upcycle", "model": ..., "experts": 4, "top_k": 1}`); unset ones take
+/// its defaults. A job has no expert prompts: the router starts as zeros or
+/// random.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "serde_json::Value")]
 pub struct UpcycleSpec {
     /// Checkpoint id of the dense model.
     pub model: String,
     /// Experts per MoE layer (2-256), or use `experts_per_layer`.
-    #[serde(default)]
     pub experts: Option<usize>,
     /// Experts per layer (`null`: keep the layer dense); NeuronMoE's allocation.
+    pub experts_per_layer: Option<Vec<Option<usize>>>,
+    /// Output dtype `f32`, `f16` or `bf16` (default: the source's).
+    pub dtype: Option<String>,
+    /// What the upcycle does (ops/upcycle.rs).
+    #[serde(flatten)]
+    pub params: UpcycleParams,
+}
+
+/// The inputs of an upcycle job (the rest of its keys are
+/// [`UpcycleParams`]); the recipe's `upcycle:` section names the same keys,
+/// less `model`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpcycleInputs {
+    /// Checkpoint id (the recipe runner fills it with `base_model`).
+    pub model: String,
+    /// Experts per MoE layer.
+    #[serde(default)]
+    pub experts: Option<usize>,
+    /// Experts per layer (`null`: dense).
     #[serde(default)]
     pub experts_per_layer: Option<Vec<Option<usize>>>,
-    /// Experts chosen per token (default 2).
-    #[serde(default)]
-    pub top_k: Option<usize>,
-    /// Frozen experts (default `[0]`, the original FFN).
-    #[serde(default)]
-    pub frozen: Option<Vec<usize>>,
-    /// Router initialisation: `zeros` (default) or `random`.
-    #[serde(default)]
-    pub router_init: Option<String>,
-    /// Multiplicative noise on the copies (>= 0).
-    #[serde(default)]
-    pub noise: Option<f64>,
-    /// Seed.
-    #[serde(default)]
-    pub seed: Option<u64>,
-    /// Output dtype `f32`, `f16` or `bf16` (default: the source's).
+    /// Output dtype.
     #[serde(default)]
     pub dtype: Option<String>,
+}
+
+impl UpcycleSpec {
+    /// The spec of inputs `i` and parameters `params`.
+    pub fn new(i: UpcycleInputs, params: UpcycleParams) -> UpcycleSpec {
+        UpcycleSpec {
+            model: i.model,
+            experts: i.experts,
+            experts_per_layer: i.experts_per_layer,
+            dtype: i.dtype,
+            params,
+        }
+    }
+}
+
+impl TryFrom<serde_json::Value> for UpcycleSpec {
+    type Error = String;
+    fn try_from(v: serde_json::Value) -> Result<Self, String> {
+        let (i, params): (UpcycleInputs, UpcycleParams) = crate::ops::split_params(v)?;
+        Ok(UpcycleSpec::new(i, params))
+    }
 }
 
 /// `moerge`: N dense models -> one MoE (DUME). The parameters are
@@ -258,75 +288,109 @@ impl TryFrom<serde_json::Value> for GraftSpec {
     }
 }
 
-/// `merge`: the weight-merging baselines.
+/// `merge`: the weight-merging baselines. The parameters are
+/// [`MergeParams`]'s fields, flattened (`{"kind": "merge", "method":
+/// "ties", "models": [...], "base": ..., "density": 0.3}`); unset ones take
+/// its defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "serde_json::Value")]
 pub struct MergeSpec {
     /// Method (`linear`, `task-arithmetic`, `ties`, `dare`, `dare-ties`):
     /// [`MergeMethod`], the merge's own.
     pub method: MergeMethod,
     /// Checkpoint ids (1-64).
     pub models: Vec<String>,
-    /// One weight per model (finite).
-    #[serde(default)]
-    pub weights: Option<Vec<f64>>,
     /// Checkpoint id of the base (all but `linear`).
-    #[serde(default)]
     pub base: Option<String>,
-    /// Density for ties / dare (0 < d <= 1).
-    #[serde(default)]
-    pub density: Option<f64>,
-    /// Seed.
-    #[serde(default)]
-    pub seed: Option<u64>,
     /// Output dtype.
-    #[serde(default)]
     pub dtype: Option<String>,
+    /// What the merge does (ops/merge.rs).
+    #[serde(flatten)]
+    pub params: MergeParams,
 }
 
-/// `neurons`: NeuronMoE language-specific neurons.
+impl TryFrom<serde_json::Value> for MergeSpec {
+    type Error = String;
+    fn try_from(v: serde_json::Value) -> Result<Self, String> {
+        /// The spec's inputs (the rest of its keys are [`MergeParams`]).
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Inputs {
+            method: MergeMethod,
+            models: Vec<String>,
+            #[serde(default)]
+            base: Option<String>,
+            #[serde(default)]
+            dtype: Option<String>,
+        }
+        let (i, params): (Inputs, MergeParams) = crate::ops::split_params(v)?;
+        Ok(MergeSpec { method: i.method, models: i.models, base: i.base, dtype: i.dtype, params })
+    }
+}
+
+/// `neurons`: NeuronMoE language-specific neurons. The parameters are
+/// [`NeuronsParams`]'s fields, flattened (`{"kind": "neurons", "model":
+/// ..., "langs": [...], "top_n": 100}`); unset ones take its defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "serde_json::Value")]
 pub struct NeuronsSpec {
     /// Checkpoint id.
     pub model: String,
     /// One corpus per language (name = language code), at least two.
     pub langs: Vec<DataRef>,
     /// The new languages (names among `langs`).
-    #[serde(default)]
     pub new: Vec<String>,
-    /// Neurons kept per language (1-1,000,000).
-    #[serde(default)]
-    pub top_n: Option<usize>,
-    /// Texts per language.
-    #[serde(default)]
-    pub max_texts: Option<usize>,
-    /// Tokens per text.
-    #[serde(default)]
-    pub max_tokens: Option<usize>,
+    /// What the run does (ops/neurons.rs).
+    #[serde(flatten)]
+    pub params: NeuronsParams,
+}
+
+impl TryFrom<serde_json::Value> for NeuronsSpec {
+    type Error = String;
+    fn try_from(v: serde_json::Value) -> Result<Self, String> {
+        /// The spec's inputs (the rest of its keys are [`NeuronsParams`]).
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Inputs {
+            model: String,
+            langs: Vec<DataRef>,
+            #[serde(default)]
+            new: Vec<String>,
+        }
+        let (i, params): (Inputs, NeuronsParams) = crate::ops::split_params(v)?;
+        Ok(NeuronsSpec { model: i.model, langs: i.langs, new: i.new, params })
+    }
 }
 
 /// `eval`: per-dataset perplexity and routing load (the result is
-/// `result.json` of the job's artefacts).
+/// `result.json` of the job's artefacts). The parameters are
+/// [`EvalParams`]'s fields, flattened (`{"kind": "eval", "model": ...,
+/// "data": [...], "window": 64, "routing": "oracle"}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "serde_json::Value")]
 pub struct EvalSpec {
     /// Checkpoint id.
     pub model: String,
     /// Datasets (at least one).
     pub data: Vec<DataRef>,
-    /// Window (tokens).
-    #[serde(default)]
-    pub window: Option<usize>,
-    /// Stride (tokens).
-    #[serde(default)]
-    pub stride: Option<usize>,
-    /// Tokens per dataset.
-    #[serde(default)]
-    pub max_tokens: Option<usize>,
-    /// `learned` (default), `oracle` or `random`.
-    #[serde(default)]
-    pub routing: Option<String>,
+    /// What the eval does (ops/eval.rs).
+    #[serde(flatten)]
+    pub params: EvalParams,
+}
+
+impl TryFrom<serde_json::Value> for EvalSpec {
+    type Error = String;
+    fn try_from(v: serde_json::Value) -> Result<Self, String> {
+        /// The spec's inputs (the rest of its keys are [`EvalParams`]).
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Inputs {
+            model: String,
+            data: Vec<DataRef>,
+        }
+        let (i, params): (Inputs, EvalParams) = crate::ops::split_params(v)?;
+        Ok(EvalSpec { model: i.model, data: i.data, params })
+    }
 }
 
 /// `task`: multiple-choice task accuracy with the lm-evaluation-harness
@@ -491,18 +555,7 @@ impl JobSpec {
                 check_id("spec.model", &s.model)?;
                 check_data("spec.data", &s.data, 1)?;
                 check_range("spec.steps", Some(s.steps), 1, 1_000_000)?;
-                check_range("spec.seq_len", s.seq_len, 2, 65_536)?;
-                check_range("spec.batch", s.batch, 1, 4096)?;
-                check_f("spec.lr", s.lr, 0.0, 10.0, true)?;
-                check_range("spec.warmup", s.warmup, 0, 1_000_000)?;
-                check_f("spec.min_lr", s.min_lr, 0.0, 1.0, false)?;
-                check_range("spec.grad_accum", s.grad_accum, 1, 1024)?;
-                check_f("spec.clip", s.clip, 0.0, 1e6, false)?;
-                check_f("spec.alpha", s.alpha, 0.0, 1e3, false)?;
-                check_f("spec.prior", s.prior, 0.0, 1e3, false)?;
-                check_f("spec.weight_decay", s.weight_decay, 0.0, 10.0, false)?;
-                check_range("spec.save_every", s.save_every, 1, 1_000_000)?;
-                check_range("spec.devices", s.devices, 1, 64)?;
+                s.params.check().map_err(|e| ApiError::field(&format!("spec.{}", e.field), e.message))?;
                 if s.engine == Some(TrainEngine::Torch)
                     && !matches!(s.stage, Stage::Experts | Stage::Router | Stage::Dense | Stage::Ffn)
                 {
@@ -534,18 +587,7 @@ impl JobSpec {
                         }
                     }
                 }
-                check_range("spec.top_k", s.top_k, 1, 256)?;
-                if let Some(f) = &s.frozen {
-                    for (i, e) in f.iter().enumerate() {
-                        check_range(&format!("spec.frozen[{i}]"), Some(*e), 0, 255)?;
-                    }
-                }
-                if let Some(r) = s.router_init.as_deref() {
-                    if !matches!(r, "zeros" | "random") {
-                        return Err(ApiError::field("spec.router_init", format!("`{r}`: expected zeros or random")));
-                    }
-                }
-                check_f("spec.noise", s.noise, 0.0, 10.0, false)?;
+                s.params.check(false).map_err(|e| ApiError::field(&format!("spec.{}", e.field), e.message))?;
                 check_dtype("spec.dtype", &s.dtype)?;
             }
             JobSpec::Moerge(s) => {
@@ -570,23 +612,12 @@ impl JobSpec {
             }
             JobSpec::Merge(s) => {
                 check_models("spec.models", &s.models, 1)?;
-                if let Some(w) = &s.weights {
-                    if w.len() != s.models.len() {
-                        return Err(ApiError::field(
-                            "spec.weights",
-                            format!("{} weights for {} models", w.len(), s.models.len()),
-                        ));
-                    }
-                    for (i, x) in w.iter().enumerate() {
-                        check_f(&format!("spec.weights[{i}]"), Some(*x), -1e3, 1e3, false)?;
-                    }
-                }
+                s.params.check(s.models.len()).map_err(|e| ApiError::field(&format!("spec.{}", e.field), e.message))?;
                 match (&s.base, s.method) {
                     (Some(b), _) => check_id("spec.base", b)?,
                     (None, MergeMethod::Linear) => {}
                     (None, m) => return Err(ApiError::field("spec.base", format!("{} needs a base model", m.name()))),
                 }
-                check_f("spec.density", s.density, 0.0, 1.0, true)?;
                 check_dtype("spec.dtype", &s.dtype)?;
             }
             JobSpec::Neurons(s) => {
@@ -597,24 +628,12 @@ impl JobSpec {
                         return Err(ApiError::field(&format!("spec.new[{i}]"), format!("`{n}` is not among langs")));
                     }
                 }
-                check_range("spec.top_n", s.top_n, 1, 1_000_000)?;
-                check_range("spec.max_texts", s.max_texts, 1, 1_000_000)?;
-                check_range("spec.max_tokens", s.max_tokens, 1, 65_536)?;
+                s.params.check().map_err(|e| ApiError::field(&format!("spec.{}", e.field), e.message))?;
             }
             JobSpec::Eval(s) => {
                 check_id("spec.model", &s.model)?;
                 check_data("spec.data", &s.data, 1)?;
-                check_range("spec.window", s.window, 2, 65_536)?;
-                check_range("spec.stride", s.stride, 1, 65_536)?;
-                check_range("spec.max_tokens", s.max_tokens, 1, 1_000_000_000)?;
-                if let Some(r) = s.routing.as_deref() {
-                    if !matches!(r, "learned" | "oracle" | "random") {
-                        return Err(ApiError::field(
-                            "spec.routing",
-                            format!("`{r}`: expected learned, oracle or random"),
-                        ));
-                    }
-                }
+                s.params.check().map_err(|e| ApiError::field(&format!("spec.{}", e.field), e.message))?;
             }
             JobSpec::Task(s) => {
                 check_id("spec.model", &s.model)?;

@@ -149,8 +149,9 @@ pub enum Sparsification {
     Random,
 }
 
-/// How a sparsified delta is rescaled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// How a sparsified delta is rescaled; in job specs and recipes by its
+/// CLI name (`none`, `inverse-density`, `l1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Rescale {
     /// No rescaling.
@@ -217,7 +218,7 @@ impl MergeOptions {
 
 /// The resolved parameters of a merge (defaults applied).
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct MergeParams {
+pub struct ResolvedMerge {
     /// The method.
     pub method: MergeMethod,
     /// One weight per model.
@@ -238,7 +239,7 @@ pub struct MergeParams {
 #[derive(Debug, Clone)]
 pub struct MergePlan {
     /// The resolved parameters.
-    pub params: MergeParams,
+    pub params: ResolvedMerge,
     /// Output tensors (the first model's order), with output dtypes.
     pub planned: Vec<PlannedTensor>,
     /// Notes for the user.
@@ -264,7 +265,7 @@ pub struct MergeReport {
     /// Always `"merge"`.
     pub operation: &'static str,
     /// The resolved parameters.
-    pub params: MergeParams,
+    pub params: ResolvedMerge,
     /// The models, in order.
     pub models: Vec<String>,
     /// The base model (methods with a base).
@@ -367,7 +368,7 @@ pub fn plan_merge(
             PlannedTensor { name: t.name, dtype, shape: t.shape }
         })
         .collect();
-    let params = MergeParams {
+    let params = ResolvedMerge {
         method: m,
         weights,
         density: sparsify.then_some(opts.density),
@@ -485,7 +486,7 @@ pub fn rescale(sparse: &mut [f32], how: Rescale, density: f64, l1_before: f64) {
 /// This is the whole per-tensor computation of [`write_merge`]; it is
 /// public for tests and for callers that hold small tensors in memory.
 pub fn merge_values(
-    params: &MergeParams,
+    params: &ResolvedMerge,
     name: &str,
     models: Vec<Vec<f32>>,
     base: Option<&[f32]>,
@@ -497,7 +498,7 @@ pub fn merge_values(
 type ModelStream<'a> = dyn Iterator<Item = Result<(usize, Vec<f32>)>> + 'a;
 
 fn merge_stream(
-    params: &MergeParams,
+    params: &ResolvedMerge,
     name: &str,
     models: &mut ModelStream<'_>,
     base: Option<&[f32]>,
@@ -724,10 +725,10 @@ pub fn merge(
 mod tests {
     use super::*;
 
-    fn params(method: MergeMethod, weights: Vec<f64>) -> MergeParams {
+    fn params(method: MergeMethod, weights: Vec<f64>) -> ResolvedMerge {
         let o = MergeOptions::new(method);
         let sparse = method.sparsification().is_some();
-        MergeParams {
+        ResolvedMerge {
             method,
             weights,
             density: sparse.then_some(o.density),

@@ -215,6 +215,58 @@ mod tests {
         );
     }
 
+    /// Every dense family the studio reads (issue 37): the random model's
+    /// tensors are exactly the names and shapes transformers 5.24 wrote for
+    /// the same config (the tiny fixtures of
+    /// tests/reference/make_tiny_fixtures.py: `save_pretrained` of a
+    /// randomly initialised `*ForCausalLM`), the model builds and runs, and
+    /// what `save_model` writes from it opens again as that family with that
+    /// config (the open-time checks of a checkpoint against its config).
+    #[cfg(not(target_arch = "wasm32"))]
+    #[test]
+    fn every_family_s_random_model_has_the_tensors_transformers_writes() {
+        use burn::tensor::{Int, Tensor};
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+        let families = [
+            ("tiny-llama3", "llama"),
+            ("tiny-mistral", "mistral"),
+            ("tiny-qwen2", "qwen2"),
+            ("tiny-qwen3", "qwen3"),
+            ("tiny-gemma2", "gemma2"),
+            ("tiny-gemma3", "gemma3_text"),
+            ("tiny-phi3", "phi3"),
+        ];
+        let dev = Default::default();
+        for (fixture, model_type) in families {
+            let m = crate::checkpoint::open_model(&root.join(fixture)).unwrap_or_else(|e| panic!("{fixture}: {e}"));
+            assert_eq!(m.config.architecture.family().model_type, model_type, "{fixture}");
+            let sorted = |infos: Vec<TensorInfo>| {
+                let mut v: Vec<(String, Vec<usize>)> = infos.into_iter().map(|t| (t.name, t.shape)).collect();
+                v.sort();
+                v
+            };
+            let src = RandomInit::new(&m.config, 0.02, 5).unwrap();
+            assert_eq!(sorted(src.tensors()), sorted(m.source.tensors()), "{fixture}: names and shapes");
+            let total: usize = src.tensors().iter().map(TensorInfo::numel).sum();
+            assert_eq!(total, m.config.num_parameters(), "{fixture}");
+            let unit = if m.config.architecture.family().norm_plus_one { 0.0 } else { 1.0 };
+            assert!(src.read_f32("model.norm.weight").unwrap().iter().all(|&x| x == unit), "{fixture}");
+            let model = random_dense_model::<crate::CpuBackend>(&m.config, 0.02, 5, &dev).unwrap();
+            let logits = model.forward(Tensor::<crate::CpuBackend, 2, Int>::from_ints([[1, 2, 3]], &dev), None);
+            assert_eq!(logits.dims(), [1, 3, m.config.vocab_size], "{fixture}");
+            assert!(logits.into_data().to_vec::<f32>().unwrap().iter().all(|x| x.is_finite()), "{fixture}");
+            // Saved and opened again: the same family, config and tensors.
+            let out = std::env::temp_dir().join(format!("moe-init-{}-{fixture}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&out);
+            crate::model::save_model(&model, &out, DType::F32, Vec::new(), serde_json::json!({}), Default::default())
+                .unwrap_or_else(|e| panic!("{fixture}: {e}"));
+            let back = crate::checkpoint::open_model(&out).unwrap_or_else(|e| panic!("{fixture} saved: {e}"));
+            assert_eq!(back.config.architecture, m.config.architecture, "{fixture}");
+            assert_eq!(sorted(back.source.tensors()), sorted(m.source.tensors()), "{fixture}: saved tensors");
+            let _ = std::fs::remove_dir_all(&out);
+        }
+    }
+
     #[test]
     fn a_bad_std_is_refused_and_the_model_builds() {
         let c = tiny();

@@ -44,8 +44,10 @@ pub struct DecoderBlock<B: Backend> {
     pub mlp: Mlp<B>,
 }
 
-/// How a neuron's activations are pooled over a text's tokens.
+/// How a neuron's activations are pooled over a text's tokens (`mean`,
+/// `max` on the command line and in job specs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Pooling {
     /// Mean over tokens (NeuronMoE reference).

@@ -7,7 +7,8 @@
 //!
 //! The inputs of an operation (a path in the CLI, a loaded model in the
 //! tab, a checkpoint id on the server) stay with the caller; what it is
-//! asked to do lives here. So far: [`upcycle`], [`moerge`], [`route`], [`graft`].
+//! asked to do lives here. So far: [`upcycle`], [`moerge`], [`route`], [`graft`],
+//! [`merge`], [`neurons`], [`eval`], [`train`].
 //!
 //! What the callers derive from a parameter struct `P` here instead of
 //! listing its fields again:
@@ -16,10 +17,14 @@
 //! - the command line the server runs for a job is [`flags`]`(&p)`;
 //! - the Jobs page's inputs come from the struct's `form_fields()`.
 
+pub mod eval;
 pub mod form;
 pub mod graft;
+pub mod merge;
 pub mod moerge;
+pub mod neurons;
 pub mod route;
+pub mod train;
 pub mod upcycle;
 
 pub use form::{Field, Input};
@@ -56,23 +61,46 @@ impl std::error::Error for ParamError {}
 
 /// The command-line flags that give a parameter struct's values to the
 /// CLI subcommand that flattens it: `--field-name=value` for each field
-/// (`_` -> `-`, clap's long names), lists comma-joined, `None` left out, a
-/// `bool` as its bare flag when `true` (the structs' booleans are clap
-/// flags, off by default; a list is not empty). Every field is written, defaults included, so
-/// the command does what the struct says whatever the CLI's defaults.
+/// (`_` -> `-`, clap's long names), lists comma-joined, `None` left out.
+/// Every field is written, defaults included, so the command does what the
+/// struct says whatever the CLI's defaults, with two spellings that follow
+/// from how clap reads them:
+/// - a `bool` that is `false` by default is a clap flag: its bare `--flag`
+///   when `true`, nothing when `false`; one that is `true` by default is a
+///   clap option (`ArgAction::Set`): `--flag=false` when `false`, nothing
+///   when `true`; an `Option<bool>` set is `--flag=true|false`;
+/// - an empty list is left out when the default is empty too, and written
+///   `--no-FIELD` (the CLI's alias for "none", as `--no-frozen`) when the
+///   default is not.
+///
 /// Tested against the CLI's own parser (backend `cli` tests).
-pub fn flags<P: Serialize>(params: &P) -> Vec<String> {
+pub fn flags<P: Serialize + Default>(params: &P) -> Vec<String> {
     let Ok(serde_json::Value::Object(map)) = serde_json::to_value(params) else { return Vec::new() };
+    let defaults = match serde_json::to_value(P::default()) {
+        Ok(serde_json::Value::Object(d)) => d,
+        _ => serde_json::Map::new(),
+    };
     let scalar = |v: &serde_json::Value| match v {
         serde_json::Value::String(s) => s.clone(),
         v => v.to_string(),
     };
     map.iter()
         .filter_map(|(k, v)| {
-            let flag = format!("--{}", k.replace('_', "-"));
+            let name = k.replace('_', "-");
+            let flag = format!("--{name}");
+            let default = defaults.get(k);
             match v {
-                serde_json::Value::Null | serde_json::Value::Bool(false) => None,
-                serde_json::Value::Bool(true) => Some(flag),
+                serde_json::Value::Null => None,
+                serde_json::Value::Bool(b) => match default {
+                    Some(serde_json::Value::Bool(true)) => (!b).then(|| format!("{flag}=false")),
+                    Some(serde_json::Value::Bool(false)) | None => b.then_some(flag),
+                    // An `Option<bool>` (clap reads a value).
+                    Some(_) => Some(format!("{flag}={b}")),
+                },
+                serde_json::Value::Array(a) if a.is_empty() => match default {
+                    Some(serde_json::Value::Array(d)) if !d.is_empty() => Some(format!("--no-{name}")),
+                    _ => None,
+                },
                 serde_json::Value::Array(a) => {
                     Some(format!("{flag}={}", a.iter().map(scalar).collect::<Vec<_>>().join(",")))
                 }
@@ -85,7 +113,7 @@ pub fn flags<P: Serialize>(params: &P) -> Vec<String> {
 /// Reads a job spec made of its inputs `I` (a struct with
 /// `deny_unknown_fields`) and a flattened parameter struct `P` from one
 /// JSON object: the keys that are fields of `P` go to `P` (its defaults
-/// fill the rest), the others to `I`. serde's `flatten` cannot refuse
+/// fill the rest and a `null` value), the others to `I`. serde's `flatten` cannot refuse
 /// unknown keys; this does, naming every accepted key.
 ///
 /// # Errors
@@ -98,8 +126,11 @@ pub fn split_params<I: DeserializeOwned, P: DeserializeOwned>(value: serde_json:
         let all: Vec<String> = inputs.iter().chain(params).map(|f| format!("`{f}`")).collect();
         return Err(format!("unknown field `{k}`, expected one of {}", all.join(", ")));
     }
-    let (p, i): (serde_json::Map<_, _>, serde_json::Map<_, _>) =
+    let (mut p, i): (serde_json::Map<_, _>, serde_json::Map<_, _>) =
         map.into_iter().partition(|(k, _)| params.contains(&k.as_str()));
+    // `null` is "unset" (the default), as the specs stored before a
+    // parameter moved here wrote their unset options.
+    p.retain(|_, v| !v.is_null());
     let i = serde_json::from_value(serde_json::Value::Object(i)).map_err(|e| e.to_string())?;
     let p = serde_json::from_value(serde_json::Value::Object(p)).map_err(|e| e.to_string())?;
     Ok((i, p))
@@ -171,6 +202,33 @@ mod tests {
         let mut f = flags(&P { cap: Some(3), layers: vec![4], ..P::default() });
         f.sort();
         assert_eq!(f, ["--cap=3", "--layers=4", "--name=", "--rate=0.0"]);
+        // A list that is empty by default is left out when empty.
+        assert!(!flags(&P::default()).iter().any(|f| f.contains("layers")));
+    }
+
+    /// A struct whose defaults are a `true` and a non-empty list.
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Q {
+        norm: bool,
+        frozen: Vec<usize>,
+        normalize: Option<bool>,
+    }
+
+    impl Default for Q {
+        fn default() -> Self {
+            Q { norm: true, frozen: vec![0], normalize: None }
+        }
+    }
+
+    #[test]
+    fn flags_spell_true_defaults_and_emptied_lists_as_the_cli_reads_them() {
+        assert_eq!(flags(&Q::default()), ["--frozen=0"]);
+        let mut f = flags(&Q { norm: false, frozen: vec![], normalize: Some(false) });
+        f.sort();
+        assert_eq!(f, ["--no-frozen", "--norm=false", "--normalize=false"]);
+        let mut f = flags(&Q { norm: true, frozen: vec![1, 2], normalize: Some(true) });
+        f.sort();
+        assert_eq!(f, ["--frozen=1,2", "--normalize=true"]);
     }
 
     #[test]
@@ -179,6 +237,8 @@ mod tests {
         assert_eq!((i, p), (I { model: "m".into() }, P { rate: 0.5, ..P::default() }));
         let e = split_params::<I, P>(serde_json::json!({"model": "m", "rat": 0.5})).unwrap_err();
         assert!(e.starts_with("unknown field `rat`, expected one of `model`, `rate`"), "{e}");
+        let (_, p): (I, P) = split_params(serde_json::json!({"model": "m", "rate": null})).unwrap();
+        assert_eq!(p, P::default(), "null is the default");
         let e = split_params::<I, P>(serde_json::json!({"rate": 0.5})).unwrap_err();
         assert!(e.contains("model"), "{e}");
         assert_eq!(fields_of::<I>(), ["model"]);

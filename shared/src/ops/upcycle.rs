@@ -1,9 +1,10 @@
 //! The upcycle operation's parameters (dense -> MoE; DeltaMoE phase 1,
 //! docs/methods.md §1.1, and its variants: shared experts, Drop-Upcycling,
 //! granular upcycling, unnormalised top-k): one struct for the CLI
-//! (`moe-studio upcycle`, flattened), the tab (the Upcycle page and the
-//! lessons send it to the worker) and the defaults the server's job form
-//! shows (`jobs::Defaults`).
+//! (`moe-studio upcycle`, flattened), the server's job spec
+//! ([`crate::api::UpcycleSpec`] flattens it), the recipe runner's
+//! `upcycle:` section, the tab (the Upcycle page and the lessons send it to
+//! the worker) and the job form's inputs ([`UpcycleParams::form_fields`]).
 //!
 //! What stays with the caller: the dense model, the expert counts (a number
 //! or an allocation file / JSON), the prompts a `hidden` / `cheap-embed`
@@ -11,6 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::{Field, Input, ParamError};
 use crate::error::{Result, StudioError};
 use crate::methods::upcycle::{CopyNoise, NoiseKind, SharedExperts, SharedInit, UpcycleOptions};
 use crate::methods::{ExpertCounts, RouterInit};
@@ -92,7 +94,7 @@ pub struct UpcycleParams {
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Self::default().top_k))]
     pub top_k: usize,
     /// Frozen experts of every layer, comma-separated (expert 0 is the
-    /// original FFN).
+    /// original FFN; `--no-frozen`: none).
     #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', default_values_t = Self::default().frozen))]
     pub frozen: Vec<usize>,
     /// Router initialisation.
@@ -172,6 +174,97 @@ impl Default for UpcycleParams {
 }
 
 impl UpcycleParams {
+    /// The rules every caller checks before any model is read (what needs
+    /// the model — top-k and frozen experts against a layer's experts, a
+    /// granularity that divides the FFN width — the method checks):
+    /// `top_k` 1..=256, frozen experts 0..=255, a router computed from
+    /// prompts only when `has_prompts` (the CLI's `--expert-prompts`; a job
+    /// and the tab have none), `router_std` finite > 0, `noise` finite in
+    /// 0..=10, `temperature` finite > 0, `drop_ratio` in [0, 1],
+    /// `granularity` 1..=64, `shared_experts` 0..=64.
+    ///
+    /// # Errors
+    /// A [`ParamError`] naming the field and what was expected.
+    pub fn check(&self, has_prompts: bool) -> std::result::Result<(), ParamError> {
+        let bad = |field: &'static str, message: String| Err(ParamError { field, message });
+        if !(1..=256).contains(&self.top_k) {
+            return bad("top_k", format!("{}: expected 1 to 256", self.top_k));
+        }
+        if let Some(f) = self.frozen.iter().find(|f| **f > 255) {
+            return bad("frozen", format!("expert {f}: expected expert indices 0 to 255"));
+        }
+        if self.router_init.needs_prompts() && !has_prompts {
+            return bad(
+                "router_init",
+                format!(
+                    "{} computes the router from expert prompts, which are not given here: use zeros or random, \
+                     or the CLI's --expert-prompts FILE",
+                    self.router_init.name()
+                ),
+            );
+        }
+        if !(self.router_std.is_finite() && self.router_std > 0.0) {
+            return bad("router_std", format!("{}: expected a finite number > 0", self.router_std));
+        }
+        if !(self.noise.is_finite() && (0.0..=10.0).contains(&self.noise)) {
+            return bad("noise", format!("{}: expected a finite number in 0..=10", self.noise));
+        }
+        if !(self.temperature.is_finite() && self.temperature > 0.0) {
+            return bad("temperature", format!("{}: expected a finite number > 0", self.temperature));
+        }
+        if !(self.drop_ratio.is_finite() && (0.0..=1.0).contains(&self.drop_ratio)) {
+            return bad(
+                "drop_ratio",
+                format!("{}: expected a number in [0, 1] (the fraction of units re-initialised)", self.drop_ratio),
+            );
+        }
+        if !(1..=64).contains(&self.granularity) {
+            return bad(
+                "granularity",
+                format!("{}: expected 1 to 64 (and a divisor of the FFN width)", self.granularity),
+            );
+        }
+        if self.shared_experts > 64 {
+            return bad("shared_experts", format!("{}: expected 0 to 64", self.shared_experts));
+        }
+        Ok(())
+    }
+
+    /// The job form's inputs for these parameters, in field order, with the
+    /// defaults as hints (the Jobs page; the spec's other fields — `model`,
+    /// `experts`, `experts_per_layer`, `dtype` — are the job's own). A job
+    /// has no expert prompts, so the router choices are the two that need
+    /// none; `norm_topk` (a `bool` that is `true` by default) is a choice
+    /// of `true` / `false`.
+    pub fn form_fields() -> Vec<Field> {
+        let d = UpcycleParams::default();
+        let dflt = |v: &dyn std::fmt::Display| format!("default {v}");
+        let frozen = if d.frozen.is_empty() {
+            "none".to_string()
+        } else {
+            d.frozen.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+        };
+        vec![
+            Field::new("top_k", "top-k", Input::Int, &dflt(&d.top_k)),
+            Field::new("frozen", "frozen experts", Input::IntList, &format!("default {frozen}; none")),
+            Field::new("router_init", "router init", Input::Choice(&["zeros", "random"]), "zeros"),
+            Field::new("router_std", "router std", Input::Float, &format!("default {} (random)", d.router_std))
+                .advanced(),
+            Field::new("noise", "noise", Input::Float, &dflt(&d.noise)).advanced(),
+            Field::new("noise_kind", "noise kind", Input::Choice(&["mul", "add"]), "mul").advanced(),
+            Field::new("seed", "seed", Input::Int, &dflt(&d.seed)).advanced(),
+            Field::new("temperature", "temperature", Input::Float, &dflt(&d.temperature)).advanced(),
+            Field::new("shared_experts", "shared experts", Input::Int, &dflt(&d.shared_experts)).advanced(),
+            Field::new("shared_gate", "shared gate (Qwen2-MoE)", Input::Flag, "").advanced(),
+            Field::new("shared_init", "shared init", Input::Choice(&["zero", "copy"]), "zero").advanced(),
+            Field::new("shared_frozen", "shared experts frozen", Input::Flag, "").advanced(),
+            Field::new("drop_ratio", "drop ratio (Drop-Upcycling)", Input::Float, &dflt(&d.drop_ratio)).advanced(),
+            Field::new("granularity", "granularity", Input::Int, &dflt(&d.granularity)).advanced(),
+            Field::new("norm_topk", "renormalise top-k", Input::Choice(&["true", "false"]), "true (Mixtral)")
+                .advanced(),
+        ]
+    }
+
     /// The method's options for expert counts `experts` (named
     /// `experts_source` in errors: `--experts`, an allocation file's path,
     /// the tab's field). `prompt_router` is the router computed from prompts
@@ -262,5 +355,39 @@ mod tests {
         // method's to refuse (naming --shared-experts).
         let g = UpcycleParams { shared_gate: true, ..Default::default() };
         assert!(g.options(ExpertCounts::Uniform(4), "--experts", None).unwrap().shared.gate);
+    }
+
+    #[test]
+    fn check_names_the_field() {
+        let d = UpcycleParams::default;
+        assert_eq!(d().check(false), Ok(()));
+        let field = |p: UpcycleParams| p.check(false).unwrap_err().field;
+        assert_eq!(field(UpcycleParams { top_k: 0, ..d() }), "top_k");
+        assert_eq!(field(UpcycleParams { frozen: vec![0, 256], ..d() }), "frozen");
+        assert_eq!(field(UpcycleParams { router_init: RouterInitArg::Hidden, ..d() }), "router_init");
+        assert_eq!(UpcycleParams { router_init: RouterInitArg::CheapEmbed, ..d() }.check(true), Ok(()));
+        assert_eq!(field(UpcycleParams { router_std: 0.0, ..d() }), "router_std");
+        assert_eq!(field(UpcycleParams { noise: -0.1, ..d() }), "noise");
+        assert_eq!(field(UpcycleParams { noise: f64::NAN, ..d() }), "noise");
+        assert_eq!(field(UpcycleParams { temperature: 0.0, ..d() }), "temperature");
+        assert_eq!(field(UpcycleParams { drop_ratio: 1.5, ..d() }), "drop_ratio");
+        assert_eq!(field(UpcycleParams { granularity: 0, ..d() }), "granularity");
+        assert_eq!(field(UpcycleParams { shared_experts: 65, ..d() }), "shared_experts");
+        let e = UpcycleParams { drop_ratio: 1.5, ..d() }.check(false).unwrap_err();
+        assert_eq!(e.flag(), "--drop-ratio");
+    }
+
+    #[test]
+    fn the_form_offers_every_parameter_and_flags_spell_them_for_the_cli() {
+        let keys: Vec<&str> = crate::ops::fields_of::<UpcycleParams>().to_vec();
+        let inputs: Vec<&str> = UpcycleParams::form_fields().iter().map(|f| f.key).collect();
+        assert_eq!(keys, inputs);
+        // None frozen and the un-normalised top-k: the spellings the CLI reads.
+        let p = UpcycleParams { frozen: vec![], norm_topk: false, shared_gate: true, ..Default::default() };
+        let f = crate::ops::flags(&p);
+        for want in ["--no-frozen", "--norm-topk=false", "--shared-gate", "--top-k=2", "--router-init=zeros"] {
+            assert!(f.contains(&want.to_string()), "{want}: {f:?}");
+        }
+        assert!(!crate::ops::flags(&UpcycleParams::default()).iter().any(|f| f.starts_with("--norm-topk")));
     }
 }

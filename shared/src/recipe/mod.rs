@@ -211,26 +211,14 @@ pub fn plan(recipe: &Recipe, ctx: &RecipeContext) -> Result<RecipePlan> {
                 argv.push(format!("--base={}", s(&p)));
                 inputs.push(("base_model".into(), p));
             }
-            if let Some(w) = &o.weights {
-                argv.push(format!("--weights={}", w.iter().map(f64::to_string).collect::<Vec<_>>().join(",")));
-            }
-            argv.push(format!("--density={}", o.density));
-            if let Some(n) = o.normalize {
-                argv.push(format!("--normalize={n}"));
-            }
-            if let Some(r) = o.rescale {
-                let name = match r {
-                    crate::methods::merge::Rescale::None => "none",
-                    crate::methods::merge::Rescale::InverseDensity => "inverse-density",
-                    crate::methods::merge::Rescale::L1 => "l1",
-                };
-                argv.push(format!("--rescale={name}"));
-            }
-            argv.push(format!("--lambda={}", o.lambda));
+            let params = crate::ops::merge::MergeParams {
+                seed: ctx.seed.unwrap_or(o.seed),
+                ..crate::ops::merge::MergeParams::of(o)
+            };
+            argv.extend(crate::ops::flags(&params));
             if let Some(d) = o.dtype {
                 argv.push(format!("--dtype={}", d.to_string().to_ascii_lowercase()));
             }
-            argv.push(format!("--seed={}", ctx.seed.unwrap_or(0)));
             argv.push(format!("--out={}", s(&ctx.out)));
             stages.push(Stage { command: "merge", argv, out: ctx.out.clone() });
         }
@@ -319,10 +307,22 @@ fn plan_moe(
             let b = base.clone().expect("checked by MoeRecipe::from_yaml");
             let mut spec = spec.clone();
             spec.model = s(&b);
-            spec.top_k = Some(r.top_k);
-            spec.frozen = r.frozen.clone();
-            spec.router_init = Some(r.gate.router_init().to_string());
-            spec.seed = seed;
+            spec.dtype = r.dtype.map(|d| d.to_string().to_ascii_lowercase());
+            let p = &mut spec.params;
+            p.top_k = r.top_k;
+            if let Some(f) = &r.frozen {
+                p.frozen = f.clone();
+            }
+            p.router_init = r.gate.router_kind();
+            if let Gate::Random { std } = r.gate {
+                p.router_std = std;
+            }
+            if let Some(t) = r.temperature {
+                p.temperature = t;
+            }
+            if let Some(seed) = seed {
+                p.seed = seed;
+            }
             let placeholder = JobSpec::Upcycle(crate::api::UpcycleSpec {
                 model: ID.into(),
                 experts_per_layer: spec.experts_per_layer.clone().or(allocation.as_ref().map(|_| vec![Some(2)])),
@@ -348,12 +348,6 @@ fn plan_moe(
                 if a == &format!("--allocation={}", crate::jobs::ALLOCATION_FILE) {
                     *a = format!("--allocation={}", s(alloc_path.as_ref().expect("experts_per_layer set")));
                 }
-            }
-            if let Gate::Random { std } = r.gate {
-                argv.push(format!("--router-std={std}"));
-            }
-            if let Some(t) = r.temperature {
-                argv.push(format!("--temperature={t}"));
             }
             if let Some(l) = &r.layout {
                 argv.push(format!("--layout={l}"));
@@ -467,12 +461,19 @@ mod tests {
 
     #[test]
     fn an_upcycle_recipe_writes_its_allocation() {
-        let y = "base_model: m\nupcycle: {experts_per_layer: [2, null, 4]}\ngate_mode: random\nrouter_std: 0.02\n\
-                 frozen_experts: [0]\nseed: 3\n";
+        let y = "base_model: m\nupcycle: {experts_per_layer: [2, null, 4], drop_ratio: 0.5}\ngate_mode: random\n\
+                 router_std: 0.02\nfrozen_experts: [0]\nseed: 3\ndtype: bfloat16\ntemperature: 0.5\n";
         let p = plan(&parse(y, "u.yml").unwrap(), &ctx()).unwrap();
         let a = &p.stages[0].argv;
         assert!(a.contains(&"--allocation=/w/allocation.json".to_string()), "{a:?}");
         assert!(a.contains(&"--router-std=0.02".to_string()) && a.contains(&"--seed=3".to_string()));
+        // The top level's dtype and temperature and the section's own
+        // parameters (Drop-Upcycling here) reach the command.
+        for want in ["--dtype=bf16", "--temperature=0.5", "--drop-ratio=0.5", "--router-init=random"] {
+            assert!(a.contains(&want.to_string()), "{want}: {a:?}");
+        }
+        let e = parse("base_model: m\nupcycle: {experts: 4, router_std: 1}\n", "u.yml").unwrap_err().to_string();
+        assert!(e.contains("set `router_std` at the top level"), "{e}");
         assert_eq!(p.files[0].0, PathBuf::from("/w/allocation.json"));
         let e = parse("base_model: m\nupcycle: {experts: 4, top_k: 2}\n", "u.yml").unwrap_err().to_string();
         assert!(e.contains("`upcycle.top_k` is not supported: set `experts_per_token`"), "{e}");

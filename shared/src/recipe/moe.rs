@@ -21,9 +21,10 @@
 //! - no `base_model` with `gate_mode: ridge`: the shared tensors are the
 //!   experts' mean (DUME's MoErge);
 //! - `upcycle:` instead of `experts`: upcycle `base_model` (DeltaMoE /
-//!   NeuronMoE) with the `upcycle` job's `experts` / `experts_per_layer` /
-//!   `noise` ([`crate::api::UpcycleSpec`]) or `allocation: FILE` (the
-//!   output of `moe-studio allocate`);
+//!   NeuronMoE) with the `upcycle` job's fields ([`crate::api::UpcycleSpec`]:
+//!   `experts` / `experts_per_layer` or `allocation: FILE` (the output of
+//!   `moe-studio allocate`), and [`UpcycleParams`] — `noise`, `drop_ratio`,
+//!   shared experts, ... — less what the top level sets);
 //! - `frozen_experts`, `temperature`, `router_std`, `seed`, `layout`;
 //! - `graft:` (`base`, `instruct`, `scale`: the `graft` job's fields,
 //!   [`crate::api::GraftInputs`] less the target, and
@@ -34,11 +35,11 @@ use serde_yaml_ng::{Mapping, Value};
 
 use super::keys::{check_keys, fields_of, get, kind, nearest, number, string, strings, Refused};
 use super::shared::{shared_experts, SharedExperts};
-use crate::api::{GraftInputs, UpcycleSpec};
+use crate::api::{GraftInputs, UpcycleInputs, UpcycleSpec};
 use crate::error::{Result, StudioError};
 use crate::ops::graft::GraftParams;
 use crate::ops::route::RouteParams;
-use crate::ops::upcycle::RouterInitArg;
+use crate::ops::upcycle::{RouterInitArg, UpcycleParams};
 use crate::tensor_io::DType;
 
 /// The top-level keys of an MoE recipe: mergekit-moe's, then the
@@ -361,8 +362,8 @@ impl MoeRecipe {
             Some(_) if matches!(source_kind, MoeSource::Upcycle { .. }) => {
                 return Err(cfg(
                     "`shared_experts` names models whose FFN becomes a shared expert of a MoErge; an upcycled \
-                     MoE's shared experts are copies of its own FFN: run `moe-studio upcycle --shared-experts N` \
-                     (the recipe's `upcycle:` has no shared-expert options)"
+                     MoE's shared experts are copies of its own FFN: set `upcycle: {shared_experts: N}` \
+                     (as `moe-studio upcycle --shared-experts N`)"
                         .into(),
                 ))
             }
@@ -472,10 +473,13 @@ fn upcycle_spec(source: &str, v: &Value, has_allocation: bool) -> Result<Upcycle
         ("top_k", "set `experts_per_token` at the top level"),
         ("frozen", "set `frozen_experts` at the top level"),
         ("router_init", "set `gate_mode` (zeros or random) at the top level"),
+        ("router_std", "set `router_std` at the top level"),
+        ("temperature", "set `temperature` at the top level"),
         ("seed", "set `seed` at the top level"),
         ("dtype", "set `dtype` at the top level"),
     ];
-    let spec: UpcycleSpec = job_section_with(source, "upcycle", v, &["model"], TOP)?;
+    let (inputs, params): (UpcycleInputs, UpcycleParams) = params_section_with(source, "upcycle", v, &["model"], TOP)?;
+    let spec = UpcycleSpec::new(inputs, params);
     if has_allocation == (spec.experts.is_some() || spec.experts_per_layer.is_some()) {
         return Err(StudioError::config(
             source,
@@ -504,9 +508,24 @@ pub fn params_section<I: serde::de::DeserializeOwned, P: serde::de::DeserializeO
     v: &Value,
     filled: &[&str],
 ) -> Result<(I, P)> {
-    let allowed: Vec<&str> =
-        fields_of::<I>().iter().chain(fields_of::<P>()).copied().filter(|f| !filled.contains(f)).collect();
-    let map = check_keys(source, path, v, &allowed, &[])?;
+    params_section_with(source, path, v, filled, &[])
+}
+
+/// [`params_section`] refusing the keys of `refused` with their notes.
+fn params_section_with<I: serde::de::DeserializeOwned, P: serde::de::DeserializeOwned>(
+    source: &str,
+    path: &str,
+    v: &Value,
+    filled: &[&str],
+    refused: &[Refused],
+) -> Result<(I, P)> {
+    let allowed: Vec<&str> = fields_of::<I>()
+        .iter()
+        .chain(fields_of::<P>())
+        .copied()
+        .filter(|f| !filled.contains(f) && !refused.iter().any(|(r, _)| r == f))
+        .collect();
+    let map = check_keys(source, path, v, &allowed, refused)?;
     let mut json: serde_json::Map<String, serde_json::Value> = serde_json::Map::new();
     for (k, val) in map {
         let k = k.as_str().unwrap_or_default().to_string();

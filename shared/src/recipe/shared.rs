@@ -214,7 +214,7 @@ mod tests {
             ),
             (
                 "base_model: m\nupcycle: {experts: 4}\nshared_experts:\n  - {source_model: s}\n".to_string(),
-                "run `moe-studio upcycle --shared-experts N`",
+                "set `upcycle: {shared_experts: N}`",
             ),
             (
                 format!("{HEAD}shared_experts:\n  - {{sourc_model: s}}\n"),

@@ -145,8 +145,10 @@ fn check_header(buf: &[u8], file_name: &str) -> Result<()> {
             buf.len()
         )));
     }
-    struct Keys;
-    impl<'de> serde::de::Visitor<'de> for Keys {
+    /// Walks the header's keys; a repeated one is recorded in `.0` (a typed
+    /// result, not the text of serde's error).
+    struct Keys<'a>(&'a mut Option<String>);
+    impl<'de> serde::de::Visitor<'de> for Keys<'_> {
         type Value = ();
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("a JSON object of tensors")
@@ -156,7 +158,8 @@ fn check_header(buf: &[u8], file_name: &str) -> Result<()> {
             while let Some(k) = m.next_key::<std::borrow::Cow<'de, str>>()? {
                 m.next_value::<serde::de::IgnoredAny>()?;
                 if !seen.insert(k.clone().into_owned()) {
-                    return Err(serde::de::Error::custom(format!("tensor `{k}` is listed twice in the header")));
+                    *self.0 = Some(k.into_owned());
+                    return Err(serde::de::Error::custom("a tensor is listed twice"));
                 }
             }
             Ok(())
@@ -164,14 +167,13 @@ fn check_header(buf: &[u8], file_name: &str) -> Result<()> {
     }
     let header = &buf[8..8 + len as usize];
     let mut de = serde_json::Deserializer::from_slice(header);
-    match serde::Deserializer::deserialize_map(&mut de, Keys) {
-        Ok(()) => Ok(()),
-        // Only the duplicate is reported here; other JSON errors get the
-        // fuller diagnosis after the crate's parse.
-        Err(e) if e.to_string().contains("listed twice") => {
-            Err(fmt(e.to_string().split(" at line").next().unwrap_or("").to_string()))
-        }
-        Err(_) => Ok(()),
+    let mut twice = None;
+    // Only the duplicate is reported here; other JSON errors get the
+    // fuller diagnosis after the crate's parse.
+    let _ = serde::Deserializer::deserialize_map(&mut de, Keys(&mut twice));
+    match twice {
+        Some(k) => Err(fmt(format!("tensor `{k}` is listed twice in the header"))),
+        None => Ok(()),
     }
 }
 

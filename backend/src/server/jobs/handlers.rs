@@ -123,8 +123,8 @@ fn check_against_models(spec: &JobSpec, models: &HashMap<String, ModelSummary>) 
         }
     };
     match spec {
-        JobSpec::Train(s) => over_ctx("spec.seq_len", s.seq_len, &s.model)?,
-        JobSpec::Eval(s) => over_ctx("spec.window", s.window, &s.model)?,
+        JobSpec::Train(s) => over_ctx("spec.seq_len", Some(s.params.seq_len), &s.model)?,
+        JobSpec::Eval(s) => over_ctx("spec.window", Some(s.params.window), &s.model)?,
         JobSpec::Upcycle(s) => {
             if let (Some(l), Some(m)) = (&s.experts_per_layer, models.get(&s.model)) {
                 if l.len() != m.config.num_layers {
@@ -141,10 +141,11 @@ fn check_against_models(spec: &JobSpec, models: &HashMap<String, ModelSummary>) 
                 _ => None,
             };
             if let Some(e) = fewest {
-                if let Some(k) = s.top_k.filter(|&k| k > e) {
+                let k = s.params.top_k;
+                if k > e {
                     return Err(ApiError::field("spec.top_k", format!("{k} is more than the {e} experts of a layer")));
                 }
-                for (i, f) in s.frozen.iter().flatten().enumerate() {
+                for (i, f) in s.params.frozen.iter().enumerate() {
                     if *f >= e {
                         return Err(ApiError::field(
                             &format!("spec.frozen[{i}]"),
@@ -239,7 +240,7 @@ fn check_resources(
         // applies); `devices` only sizes the job's global batch.
         return Ok(());
     }
-    let devices = s.devices.unwrap_or(1);
+    let devices = s.params.devices;
     let have = crate::cli::backend::device_count(backend);
     if devices > have {
         return Err(ApiError::field(
@@ -253,10 +254,13 @@ fn check_resources(
     let Some(m) = models.get(&s.model) else { return Ok(()) };
     let params = m.moe.as_ref().map(|x| x.total_parameters).unwrap_or(m.parameters) as u64;
     let top_k = m.moe.as_ref().and_then(|x| x.top_k_per_layer.iter().flatten().max().copied()).unwrap_or(1) as u64;
-    let (batch, seq) = (s.batch.unwrap_or(8) as u64, s.seq_len.unwrap_or(256) as u64);
+    let (batch, seq) = (s.params.batch as u64, s.params.seq_len as u64);
     let need = moe_shared::train::memory_estimate(&m.config, params, top_k, batch, seq, devices as u64);
     if need > st.job_memory_limit {
-        let field = if s.batch.is_some() || s.seq_len.is_none() { "spec.batch" } else { "spec.seq_len" };
+        // Name the one the user moved from its default (batch when both or neither).
+        let d = moe_shared::ops::train::TrainParams::default();
+        let field =
+            if s.params.batch != d.batch || s.params.seq_len == d.seq_len { "spec.batch" } else { "spec.seq_len" };
         return Err(ApiError::field(
             field,
             format!(

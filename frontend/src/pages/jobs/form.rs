@@ -163,12 +163,8 @@ impl FormState {
                 model: self.ckpt("model")?,
                 experts: self.opt("experts")?,
                 experts_per_layer: self.layers("experts_per_layer")?,
-                top_k: self.opt("top_k")?,
-                frozen: self.list("frozen")?,
-                router_init: self.choice("router_init"),
-                noise: self.opt("noise")?,
-                seed: self.opt("seed")?,
                 dtype: self.choice("dtype"),
+                params: self.params()?,
             }),
             Kind::Moerge => JobSpec::Moerge(MoergeSpec {
                 models: self.picked("models").to_vec(),
@@ -189,51 +185,32 @@ impl FormState {
             Kind::Merge => JobSpec::Merge(MergeSpec {
                 method: MergeMethod::parse(self.value("method")).unwrap_or(MergeMethod::Linear),
                 models: self.picked("models").to_vec(),
-                weights: self.list("weights")?,
                 base: Some(self.value("base").to_string()).filter(|b| !b.is_empty()),
-                density: self.opt("density")?,
-                seed: self.opt("seed")?,
                 dtype: self.choice("dtype"),
+                params: self.params()?,
             }),
             Kind::Neurons => JobSpec::Neurons(NeuronsSpec {
                 model: self.ckpt("model")?,
                 langs: self.data_refs("langs")?,
                 new: self.value("new").split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect(),
-                top_n: self.opt("top_n")?,
-                max_texts: self.opt("max_texts")?,
-                max_tokens: self.opt("max_tokens")?,
+                params: self.params()?,
             }),
             Kind::Train => JobSpec::Train(TrainSpec {
                 model: self.ckpt("model")?,
                 stage: Stage::parse(self.value("stage")).unwrap_or(Stage::Experts),
                 data: self.data_refs("data")?,
                 steps: self.opt("steps")?.ok_or_else(|| FieldError::form("steps", "how many steps?"))?,
-                seq_len: self.opt("seq_len")?,
-                batch: self.opt("batch")?,
-                lr: self.opt("lr")?,
-                warmup: self.opt("warmup")?,
-                min_lr: self.opt("min_lr")?,
-                grad_accum: self.opt("grad_accum")?,
-                clip: self.opt("clip")?,
-                alpha: self.opt("alpha")?,
-                prior: self.opt("prior")?,
-                weight_decay: self.opt("weight_decay")?,
-                save_every: self.opt("save_every")?,
-                seed: self.opt("seed")?,
-                devices: self.opt("devices")?,
                 engine: match self.value("engine") {
                     "torch" => Some(TrainEngine::Torch),
                     "burn" => Some(TrainEngine::Burn),
                     _ => None,
                 },
+                params: self.params()?,
             }),
             Kind::Eval => JobSpec::Eval(EvalSpec {
                 model: self.ckpt("model")?,
                 data: self.data_refs("data")?,
-                window: self.opt("window")?,
-                stride: self.opt("stride")?,
-                max_tokens: self.opt("max_tokens")?,
-                routing: self.choice("routing"),
+                params: self.params()?,
             }),
             Kind::Task => JobSpec::Task(TaskSpec {
                 model: self.ckpt("model")?,
@@ -269,8 +246,8 @@ impl FormState {
 
     /// An operation's parameter struct `P` (`shared::ops`) from the inputs
     /// of this kind that are its fields: numbers parsed, a [`Input::Flag`]
-    /// on or off, a choice as its word; an empty input leaves the field at
-    /// `P`'s default.
+    /// on or off, a choice as its word (a `true` / `false` choice as a
+    /// `bool`); an empty input leaves the field at `P`'s default.
     fn params<P: serde::de::DeserializeOwned>(&self) -> Result<P, FieldError> {
         let names = moe_shared::ops::fields_of::<P>();
         let mut map = serde_json::Map::new();
@@ -287,6 +264,9 @@ impl FormState {
                 },
                 Input::Flag => Some(serde_json::Value::Bool(self.value(fd.key) == "true")),
                 Input::IntList => self.list::<u64>(fd.key)?.map(serde_json::Value::from),
+                Input::FloatList => self.list::<f64>(fd.key)?.map(serde_json::Value::from),
+                // `true` / `false` choose a `bool` that is on by default.
+                Input::Choice(["true", "false"]) => self.choice(fd.key).map(|c| serde_json::Value::Bool(c == "true")),
                 _ => self.choice(fd.key).map(serde_json::Value::String),
             };
             if let Some(v) = value {
@@ -412,6 +392,7 @@ impl FieldError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use moe_shared::ops::upcycle::{RouterInitArg, UpcycleParams};
 
     const A: &str = "123e4567-e89b-42d3-a456-426614174000";
     const B: &str = "123e4567-e89b-42d3-a456-426614174001";
@@ -501,12 +482,8 @@ mod tests {
                 model: A.into(),
                 experts: Some(2),
                 experts_per_layer: None,
-                top_k: None,
-                frozen: None,
-                router_init: None,
-                noise: None,
-                seed: None,
                 dtype: None,
+                params: UpcycleParams::default(),
             })
         );
         assert_eq!(req.name, None);
@@ -523,7 +500,8 @@ mod tests {
             e.data,
             vec![DataRef { name: "hu".into(), upload: U.into(), weight: None, original: false, heldout: None }]
         );
-        assert_eq!((e.window, e.stride, e.max_tokens, e.routing.clone()), (Some(64), None, None, None));
+        let d = moe_shared::ops::eval::EvalParams::default();
+        assert_eq!(e.params, moe_shared::ops::eval::EvalParams { window: 64, ..d });
         assert_eq!(req.name.as_deref(), Some("ppl"));
     }
 
@@ -534,7 +512,7 @@ mod tests {
         *s.row_mut("data", 0) =
             DataRow { name: "hu".into(), upload: U.into(), weight: "0.5".into(), original: true, ..Default::default() };
         let JobSpec::Train(t) = s.build().unwrap().spec else { panic!() };
-        assert_eq!((t.steps, t.seq_len, t.batch, t.lr), (20, Some(64), Some(4), Some(1e-3)));
+        assert_eq!((t.steps, t.params.seq_len, t.params.batch, t.params.lr), (20, 64, 4, Some(1e-3)));
         assert_eq!((t.data[0].weight, t.data[0].original), (Some(0.5), true));
         assert_eq!(t.engine, None, "unset: the server's default (burn)");
         s.set("engine", "torch");
@@ -573,8 +551,17 @@ mod tests {
         s.set("router_init", "random");
         let JobSpec::Upcycle(u) = s.build().unwrap().spec else { panic!() };
         assert_eq!(u.experts_per_layer, Some(vec![Some(2), None, Some(4)]));
-        assert_eq!(u.frozen, Some(vec![]));
-        assert_eq!(u.router_init.as_deref(), Some("random"));
+        assert_eq!(u.params.frozen, Vec::<usize>::new());
+        assert_eq!(u.params.router_init, RouterInitArg::Random);
+        s.set("norm_topk", "false");
+        let JobSpec::Upcycle(u) = s.build().unwrap().spec else { panic!() };
+        assert!(!u.params.norm_topk);
+        // What the server runs: none frozen and the un-normalised top-k as the CLI reads them.
+        let argv = moe_shared::ops::flags(&u.params);
+        assert!(
+            argv.contains(&"--no-frozen".to_string()) && argv.contains(&"--norm-topk=false".to_string()),
+            "{argv:?}"
+        );
         s.set("frozen", "0,x");
         let e = s.build().unwrap_err();
         assert_eq!((e.key.as_str(), e.index), ("frozen", Some(1)));

@@ -539,6 +539,14 @@ fn train_job_survives_kill9() {
     assert_eq!(up["state"], "succeeded", "{up} {}", job_log(&s, j["id"].as_str().unwrap()));
     let moe = up["output_checkpoint"].as_str().unwrap().to_string();
     assert!(s.get(&format!("/api/checkpoints/{moe}"))["architecture"].as_str().unwrap().contains("moe"));
+    // The job ran from its job file; the output's model card names the
+    // command the job stands for, not `run-job job.json`.
+    let job_dir = dd.join("jobs").join(j["id"].as_str().unwrap());
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(job_dir.join("job.json")).unwrap()).unwrap();
+    assert_eq!((file["backend"].as_str(), file["spec"]["experts"].as_u64()), (Some("cpu"), Some(4)), "{file}");
+    let card = std::fs::read_to_string(job_dir.join("out/README.md")).unwrap();
+    assert!(card.contains("moe-studio --backend=cpu upcycle ../../") && card.contains("--experts=4"), "{card}");
+    assert!(!card.contains("run-job"), "{card}");
 
     let steps = 40;
     let spec = json!({"kind": "train", "model": moe, "stage": "experts", "steps": steps, "seq_len": 64,

@@ -1,9 +1,12 @@
 //! One description of each job kind: the spec ([`crate::api::JobSpec`],
 //! which validates itself) also gives
 //!
-//! - the `moe-studio` command line that runs it ([`JobSpec::cli_args`]),
-//!   which the server runs as the job's child process — the same options
-//!   a user types, so a job and the command give the same numbers;
+//! - the job file the server writes into the job's directory and runs with
+//!   `moe-studio run-job job.json` ([`JobFile`]: the spec, the backend and
+//!   where each input is); the CLI turns the spec into the subcommand's
+//!   typed arguments, so a job and the command give the same numbers;
+//! - the same job as a `moe-studio` command line ([`JobSpec::cli_args`]),
+//!   which the recipe runner shows and runs as its stages;
 //! - where its output model lands ([`JobSpec::output_model`]);
 //! - the form's inputs with their labels, kinds and defaults
 //!   ([`JobKind::fields`]): a job's inputs here, its parameters from the
@@ -11,9 +14,14 @@
 //!   attributes read too), so the Jobs page, the CLI's `--help` and the
 //!   spec's documentation say the same thing.
 //!
-//! A backend test parses every kind's `cli_args` with the CLI's own
-//! parser and checks that every parameter reaches it and that the
-//! parser's defaults are the operations' `Default`s.
+//! Backend tests parse every kind's `cli_args` with the CLI's own parser
+//! (every parameter reaches it; the parser's defaults are the operations'
+//! `Default`s) and check that `run-job`'s typed arguments for the same job
+//! are exactly the parsed ones.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 use crate::api::{DataRef, JobSpec};
 pub use crate::ops::form::{Field, Input};
@@ -21,6 +29,102 @@ pub use crate::ops::form::{Field, Input};
 /// The file the server writes an upcycle's `experts_per_layer` into (in
 /// the job's directory), passed as `--allocation`.
 pub const ALLOCATION_FILE: &str = "allocation.json";
+
+/// The file the server writes into a job's directory and runs with
+/// `moe-studio run-job job.json` ([`JobFile`]).
+pub const JOB_FILE: &str = "job.json";
+
+/// The directory, in the job's directory, its command writes (its model,
+/// or train's checkpoints and `final/`).
+pub const JOB_OUT: &str = "out";
+
+/// A job as its command runs it: what to run, on which backend, and where
+/// each input is (paths relative to the job's directory, the command's
+/// working directory). The server writes it as [`JOB_FILE`] and runs
+/// `moe-studio run-job job.json`; the CLI turns the spec into the
+/// subcommand's typed arguments (backend `cli/run_job.rs`). Kept with the
+/// job's artefacts, it is also the record of how the output was made, and
+/// it runs again by hand from the job's directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobFile {
+    /// The Burn backend (`cpu`, `wgpu`, `cuda`, `auto`): the CLI's `--backend`.
+    pub backend: String,
+    /// What to run.
+    pub spec: JobSpec,
+    /// Train: continue from the last checkpoint in `out/` (`--resume`).
+    #[serde(default)]
+    pub resume: bool,
+    /// Checkpoint id -> its model (a directory or a file).
+    pub models: BTreeMap<String, String>,
+    /// Dataset name -> its file; a held-out file under `NAME/heldout`
+    /// ([`JobFile::data_key`]).
+    pub data: BTreeMap<String, String>,
+}
+
+impl JobFile {
+    /// The key of dataset `d`'s file (its held-out file when `heldout`) in
+    /// [`JobFile::data`]: its name, or `NAME/heldout` (names hold no `/`).
+    pub fn data_key(d: &DataRef, heldout: bool) -> String {
+        if heldout {
+            format!("{}/heldout", d.name)
+        } else {
+            d.name.clone()
+        }
+    }
+
+    /// The file as the server would accept its spec
+    /// ([`JobSpec::validate`]) and every input placed: each checkpoint of
+    /// the spec in `models`, each dataset (and held-out file) in `data`.
+    ///
+    /// # Errors
+    /// The spec's field and what was expected, or the input the file does
+    /// not place (`spec.model: checkpoint ID is not in the job file's
+    /// models`).
+    pub fn check(&self) -> Result<(), String> {
+        self.spec.validate().map_err(|e| format!("{}: {}", e.field.unwrap_or_default(), e.error))?;
+        for (field, id) in self.spec.checkpoints() {
+            if !self.models.contains_key(&id) {
+                return Err(format!("{field}: checkpoint {id} is not in the job file's `models`"));
+            }
+        }
+        for (field, d) in self.spec.datasets() {
+            for heldout in [false, true] {
+                if (!heldout || d.heldout.is_some()) && !self.data.contains_key(&Self::data_key(d, heldout)) {
+                    return Err(format!("{field}: `{}` is not in the job file's `data`", Self::data_key(d, heldout)));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl JobInputs for JobFile {
+    fn model(&self, id: &str) -> String {
+        self.models.get(id).cloned().unwrap_or_default()
+    }
+    fn data(&self, d: &DataRef, heldout: bool) -> String {
+        self.data.get(&Self::data_key(d, heldout)).cloned().unwrap_or_default()
+    }
+}
+
+/// Inputs named by their paths: a spec whose checkpoint ids are model
+/// paths and whose uploads are data files (the recipe runner's stages).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PathInputs;
+
+impl JobInputs for PathInputs {
+    fn model(&self, id: &str) -> String {
+        id.to_string()
+    }
+    fn data(&self, d: &DataRef, heldout: bool) -> String {
+        if heldout {
+            d.heldout.clone().unwrap_or_default()
+        } else {
+            d.upload.clone()
+        }
+    }
+}
 
 /// Where a job's inputs are, as its command sees them (paths relative to
 /// the job's working directory).
@@ -150,8 +254,7 @@ impl JobSpec {
                 for d in &s.tasks {
                     a.push(format!("--task={}", data_arg(inputs, d, false)));
                 }
-                opt(&mut a, "target-delimiter", s.target_delimiter.clone());
-                opt(&mut a, "limit", s.limit);
+                a.extend(crate::ops::flags(&s.params));
                 opt(&mut a, "batch", s.batch);
                 a.push("--json".into());
             }
@@ -330,23 +433,19 @@ impl JobKind {
             .into_iter()
             .chain(crate::ops::eval::EvalParams::form_fields())
             .collect(),
-            JobKind::Task => vec![
+            JobKind::Task => [
                 req("model", "model", Input::Checkpoint, ""),
                 req("tasks", "tasks (.jsonl: context, choices, gold per line)", data(1, false, false, false), ""),
-                f(
-                    "target_delimiter",
-                    "target delimiter",
-                    Input::Choice(&["space", "none"]),
-                    "space (lm-eval's default); none for contexts that end in a newline",
-                ),
-                f("limit", "items per task", Input::Int, "all"),
-                adv(
-                    "batch",
-                    "batch (requests per pass)",
-                    Input::Int,
-                    &format!("default {}", crate::eval::McOptions::default().batch),
-                ),
-            ],
+            ]
+            .into_iter()
+            .chain(crate::ops::task::TaskParams::form_fields())
+            .chain([adv(
+                "batch",
+                "batch (requests per pass)",
+                Input::Int,
+                &format!("default {}", crate::eval::McOptions::default().batch),
+            )])
+            .collect(),
         }
     }
 }

@@ -55,17 +55,33 @@ fn quote(arg: &str) -> String {
     }
 }
 
-/// This process's command line as `moe-studio ARGS...`, each argument
-/// quoted for a shell where needed (the binary's own path is replaced by
-/// its name).
-pub fn command_line() -> String {
-    let args: Vec<String> = std::env::args_os().skip(1).map(|a| quote(&a.to_string_lossy())).collect();
+/// `moe-studio ARGS...`, each argument quoted for a shell where needed.
+pub fn command_of<S: AsRef<str>>(args: impl IntoIterator<Item = S>) -> String {
     let mut out = "moe-studio".to_string();
     for a in args {
         out.push(' ');
-        out.push_str(&a);
+        out.push_str(&quote(a.as_ref()));
     }
     out
+}
+
+static COMMAND: Mutex<Option<String>> = Mutex::new(None);
+
+/// Sets (or clears) the command line the cards of this process name
+/// instead of its own: `run-job` names the job's command typed out (what
+/// its typed arguments equal) rather than `moe-studio run-job job.json`.
+pub fn set_command(command: Option<String>) {
+    *COMMAND.lock().unwrap_or_else(|e| e.into_inner()) = command;
+}
+
+/// This process's command line as `moe-studio ARGS...`, each argument
+/// quoted for a shell where needed (the binary's own path is replaced by
+/// its name), or the one [`set_command`] gave.
+pub fn command_line() -> String {
+    if let Some(c) = COMMAND.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        return c;
+    }
+    command_of(std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()))
 }
 
 /// The recipe a `moe-studio recipe` run is executing (its stages run in this

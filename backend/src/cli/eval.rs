@@ -17,6 +17,7 @@ use moe_shared::checkpoint::open_model;
 use moe_shared::eval::{evaluate, randomize_routers, PerplexityOptions};
 use moe_shared::model::{load_model, Routing};
 use moe_shared::ops::eval::{EvalParams, EvalRouting};
+use moe_shared::ops::task::TaskParams;
 use moe_shared::train::freeze::is_moe;
 
 use super::backend::WithBackend;
@@ -37,12 +38,10 @@ pub struct Args {
     /// scored as lm-evaluation-harness does (acc, acc_norm); repeat for several. Instead of --data.
     #[arg(long = "task", conflicts_with = "data")]
     pub task: Vec<String>,
-    /// With --task: put between the context and each choice (lm-eval's `target_delimiter`).
-    #[arg(long, default_value = " ", allow_hyphen_values = true)]
-    pub target_delimiter: String,
-    /// With --task: score only the first N items of each task (lm-eval's --limit).
-    #[arg(long)]
-    pub limit: Option<usize>,
+    /// With --task: what the task evaluation does (delimiter, items per
+    /// task): the operation's own parameters, shared with the server's job.
+    #[command(flatten)]
+    pub task_params: TaskParams,
     /// Windows (with --task: requests, one per choice) per forward pass (a right-padded batch; more uses
     /// more memory).
     #[arg(long, default_value_t = PerplexityOptions::DEFAULT_BATCH)]

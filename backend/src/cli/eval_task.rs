@@ -47,9 +47,7 @@ pub fn run<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     if a.params.routing == EvalRouting::Oracle {
         bail!("--routing oracle forces dataset i to expert i; it has no meaning for --task (use learned or random)");
     }
-    if a.limit == Some(0) {
-        bail!("--limit 0 leaves no item to score");
-    }
+    a.task_params.check().map_err(|e| anyhow::anyhow!("{} {}", e.flag(), e.message))?;
     let mut tasks: Vec<(String, McTask)> = Vec::new();
     for s in &a.task {
         let (name, file) = parse_task_spec(s)?;
@@ -57,7 +55,7 @@ pub fn run<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
             bail!("--task `{s}`: the name `{name}` is given twice");
         }
         let text = std::fs::read_to_string(&file).with_context(|| format!("--task {name}: reading {file}"))?;
-        tasks.push((name, McTask::parse(&text, &file)?.limited(a.limit)));
+        tasks.push((name, McTask::parse(&text, &file)?.limited(a.task_params.limit)));
     }
     let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
     let (tok, _) = resolve_tokenizer(&m, a.tokenizer.as_deref())?;
@@ -69,7 +67,7 @@ pub fn run<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
         }
         model = randomize_routers(model, a.params.seed);
     }
-    let opts = McOptions { target_delimiter: a.target_delimiter.clone(), batch: a.batch };
+    let opts = McOptions { target_delimiter: a.task_params.target_delimiter.clone(), batch: a.batch };
     let quiet = a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut rows = Vec::new();
     for (name, task) in &tasks {

@@ -25,6 +25,7 @@ mod perplexity;
 mod plot;
 mod recipe;
 mod route;
+mod run_job;
 mod torch_handoff;
 mod train;
 mod upcycle;
@@ -89,6 +90,8 @@ pub enum Command {
     Bench(bench::Bench),
     /// The studio's HTTP server: frontend, JSON API, uploads, job queue, live progress.
     Serve(crate::server::ServeArgs),
+    /// Run a server job from its job file (`job.json` in the job's directory: the spec, the backend, the inputs).
+    RunJob(run_job::Args),
 }
 
 /// Runs one parsed command.
@@ -135,6 +138,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train(a) => train::run_autodiff(&cli.backend, a),
         Command::Eval(a) => backend::run(&cli.backend, a),
         Command::Serve(a) => crate::server::run(&cli.backend, a),
+        Command::RunJob(a) => run_job::run(a),
     }
 }
 
@@ -358,8 +362,8 @@ mod job_spec_tests {
                 (Command::Eval(e), "task") => {
                     e.task == ["en=data/en.txt"]
                         && e.data.is_empty()
-                        && e.target_delimiter.is_empty()
-                        && e.limit == Some(5)
+                        && e.task_params.target_delimiter.is_empty()
+                        && e.task_params.limit == Some(5)
                         && e.batch == 2
                 }
                 _ => false,
@@ -392,5 +396,103 @@ mod job_spec_tests {
         assert_eq!(m.params, moe_shared::ops::merge::MergeParams::default());
         let Command::Moerge(m) = bare(&["m", "moerge", "x", "y", "--out", "o"]) else { panic!() };
         assert_eq!(m.params, moe_shared::ops::moerge::MoergeParams::default());
+    }
+
+    /// A job file placing `s`'s inputs where [`Paths`] does.
+    fn job_file(s: &JobSpec, resume: bool) -> moe_shared::jobs::JobFile {
+        use moe_shared::jobs::JobFile;
+        let models = s.checkpoints().into_iter().map(|(_, id)| (id.clone(), Paths.model(&id))).collect();
+        let mut data = std::collections::BTreeMap::new();
+        for (_, d) in s.datasets() {
+            data.insert(JobFile::data_key(d, false), Paths.data(d, false));
+            if d.heldout.is_some() {
+                data.insert(JobFile::data_key(d, true), Paths.data(d, true));
+            }
+        }
+        JobFile { backend: "ndarray".into(), spec: s.clone(), resume, models, data }
+    }
+
+    /// `run-job` builds the subcommand's arguments field by field; they are
+    /// exactly what the CLI parses from the same job typed as a command
+    /// line, for every kind (inputs, parameters, the defaults of what the
+    /// spec does not set).
+    #[test]
+    fn run_job_s_typed_arguments_equal_the_parsed_command_line() {
+        let d = |n: &str, heldout: bool| {
+            let mut v = serde_json::json!({"name": n, "upload": U, "weight": 2.0, "original": true});
+            if heldout {
+                v["heldout"] = serde_json::json!(B);
+            }
+            v
+        };
+        let two = |h: bool| serde_json::json!([d("en", h), d("hu", h)]);
+        let specs = [
+            serde_json::json!({"kind": "upcycle", "model": A, "experts": 4, "top_k": 1, "noise": 0.1, "dtype": "bf16"}),
+            serde_json::json!({"kind": "upcycle", "model": A, "experts_per_layer": [2, null], "frozen": []}),
+            serde_json::json!({"kind": "moerge", "models": [A, B], "top_k": 2, "seed": 1, "dtype": "f32"}),
+            serde_json::json!({"kind": "moerge", "models": [A, B], "frozen": []}),
+            serde_json::json!({"kind": "route", "model": A, "domains": two(true), "lambda": 0.5, "max_tokens": 99}),
+            serde_json::json!({"kind": "route", "model": A, "domains": two(false)}),
+            serde_json::json!({"kind": "graft", "target": A, "base": B, "instruct": A, "scale": -0.5}),
+            serde_json::json!({"kind": "merge", "method": "ties", "models": [A, B], "base": A, "density": 0.3}),
+            serde_json::json!({"kind": "merge", "method": "linear", "models": [A, B]}),
+            serde_json::json!({"kind": "neurons", "model": A, "langs": two(false), "new": ["hu"], "top_n": 10}),
+            serde_json::json!({"kind": "train", "model": A, "stage": "router", "data": two(false), "steps": 40,
+                "lr": 0.001, "seed": 7}),
+            serde_json::json!({"kind": "train", "model": A, "stage": "experts", "data": two(false), "steps": 10,
+                "engine": "torch"}),
+            serde_json::json!({"kind": "eval", "model": A, "data": two(false), "window": 64, "routing": "random"}),
+            serde_json::json!({"kind": "task", "model": A, "tasks": two(false), "target_delimiter": "", "limit": 5,
+                "batch": 2}),
+            serde_json::json!({"kind": "task", "model": A, "tasks": two(false)}),
+        ];
+        let mut kinds = std::collections::BTreeSet::new();
+        for v in specs {
+            let s = spec(v);
+            kinds.insert(s.kind());
+            for resume in [false, true] {
+                let file = job_file(&s, resume);
+                file.check().unwrap();
+                let typed = run_job::command(&file);
+                let mut argv = vec!["moe-studio".to_string(), "--backend=ndarray".to_string()];
+                argv.extend(s.cli_args(&Paths, resume));
+                let mut parsed = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}")).command;
+                // The command line says "no frozen expert" as `--no-frozen`
+                // (what the commands apply first); the typed spec says it as
+                // an empty list.
+                match &mut parsed {
+                    Command::Upcycle(a) if a.no_frozen => (a.no_frozen, a.params.frozen) = (false, Vec::new()),
+                    Command::Moerge(a) if a.no_frozen => (a.no_frozen, a.params.frozen) = (false, Vec::new()),
+                    _ => {}
+                }
+                assert_eq!(format!("{typed:?}"), format!("{parsed:?}"), "{argv:?}");
+            }
+        }
+        assert_eq!(kinds.len(), 9, "every job kind: {kinds:?}");
+    }
+
+    /// A job file that does not place an input, or whose spec the server
+    /// would refuse, is refused before anything runs, naming the field.
+    #[test]
+    fn a_job_file_without_its_inputs_is_refused() {
+        let s = spec(serde_json::json!({"kind": "graft", "target": A, "base": B, "instruct": A}));
+        let mut f = job_file(&s, false);
+        f.models.remove(B);
+        assert_eq!(f.check().unwrap_err(), format!("spec.base: checkpoint {B} is not in the job file's `models`"));
+        let s = spec(serde_json::json!({"kind": "route", "model": A, "domains": [
+            {"name": "en", "upload": U, "heldout": B}, {"name": "hu", "upload": U}]}));
+        let mut f = job_file(&s, false);
+        f.data.remove("en/heldout");
+        assert_eq!(f.check().unwrap_err(), "spec.domains: `en/heldout` is not in the job file's `data`");
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("job.json");
+        let mut v = serde_json::to_value(job_file(&s, false)).unwrap();
+        v["spec"]["lambda"] = serde_json::json!(-1.0);
+        std::fs::write(&p, v.to_string()).unwrap();
+        let e = format!("{:#}", run_job::read(&p).unwrap_err());
+        assert!(e.contains("job.json: spec.lambda"), "{e}");
+        std::fs::write(&p, "{\"backend\": \"cpu\"}").unwrap();
+        let e = format!("{:#}", run_job::read(&p).unwrap_err());
+        assert!(e.contains("not a moe-studio job file") && e.contains("spec"), "{e}");
     }
 }

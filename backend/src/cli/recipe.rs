@@ -3,8 +3,10 @@
 //! (`moe_shared::recipe`; docs/methods.md §6.1 "mergekit recipes").
 //!
 //! The recipe is read and every key checked, every input path checked,
-//! and only then are the stages run: each is the `moe-studio` command the
-//! recipe stands for, parsed by this CLI's own parser. Intermediate stages
+//! and only then are the stages run: each as the subcommand's typed
+//! arguments ([`stage_command`] of the plan's `StageOp`), shown, logged and
+//! written into the model card as the `moe-studio` command line it equals
+//! (tested below for every kind of stage). Intermediate stages
 //! write into a hidden temporary sibling of `--out`, removed at the end
 //! (also on failure); the last stage writes `--out` atomically. A refused
 //! or failed recipe leaves nothing behind.
@@ -12,8 +14,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use clap::Parser;
-use moe_shared::recipe::{parse, plan, RecipeContext};
+use moe_shared::jobs::PathInputs;
+use moe_shared::recipe::{parse, plan, RecipeContext, Stage, StageOp};
+
+use super::args::{LayoutArg, Output, OutputDtype};
+use super::Command;
 
 /// Arguments of `recipe`.
 #[derive(Debug, Clone, clap::Args)]
@@ -103,10 +108,7 @@ pub fn run(backend: &str, a: Args) -> anyhow::Result<()> {
     let n = p.stages.len();
     for (i, s) in p.stages.iter().enumerate() {
         eprintln!("recipe stage {}/{n}: moe-studio {}", i + 1, s.argv.join(" "));
-        let mut argv = vec!["moe-studio".to_string(), format!("--backend={backend}")];
-        argv.extend(s.argv.iter().cloned());
-        let cli = super::Cli::try_parse_from(&argv)
-            .with_context(|| format!("{source}: stage {} ({}) did not parse", i + 1, s.command))?;
+        let cli = super::Cli { backend: backend.to_string(), command: stage_command(s) };
         // The stage's model card names the recipe, its inputs and the stage.
         super::card::set_recipe(Some(super::card::RecipeContext {
             yaml: text.clone(),
@@ -120,4 +122,90 @@ pub fn run(backend: &str, a: Args) -> anyhow::Result<()> {
     drop(work);
     println!("{} recipe {source}: {n} stage(s) -> {}", recipe.kind(), a.out.display());
     Ok(())
+}
+
+/// The typed subcommand of a recipe stage (what its command line says:
+/// checked for every kind of stage by the tests below).
+pub(crate) fn stage_command(s: &Stage) -> Command {
+    let layout = |l: &Option<String>| LayoutArg { layout: l.clone(), ..super::run_job::defaults::<LayoutArg>() };
+    match &s.op {
+        StageOp::Job { spec, layout: l, allocation } => {
+            let mut c = super::run_job::command_for(spec, &PathInputs, false, &s.out, false);
+            match &mut c {
+                Command::Upcycle(a) => {
+                    a.layout = layout(l);
+                    if allocation.is_some() {
+                        a.allocation = allocation.clone();
+                    }
+                }
+                Command::Route(a) => a.layout = layout(l),
+                Command::Graft(a) => a.layout = layout(l),
+                _ => {}
+            }
+            c
+        }
+        StageOp::Moerge(m) => Command::Moerge(super::moerge::Args {
+            models: m.models.clone(),
+            base: m.base.clone(),
+            params: m.params.clone(),
+            expert_prompts: m.expert_prompts.clone(),
+            no_frozen: false,
+            shared_expert: m.shared_experts.clone(),
+            shared_gate: m.shared_gate,
+            shared_prompts: m.shared_prompts.clone(),
+            layout: layout(&m.layout),
+            dtype: OutputDtype { dtype: m.dtype.clone() },
+            output: Output { max_shard_bytes: None, out: s.out.clone(), json: false },
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    /// Every kind of stage runs exactly the command line it shows: the
+    /// typed arguments equal what the CLI parses from the stage's argv.
+    #[test]
+    fn each_stage_runs_the_command_line_it_shows() {
+        let ctx = RecipeContext { base_dir: "/r".into(), work_dir: "/w".into(), out: "/o".into(), seed: Some(5) };
+        let recipes = [
+            // DUME: moerge -> ridge route -> graft, a layout.
+            "experts:\n  - source_model: a\n    data: a.txt\n  - source_model: b\n    data: b.txt\n    heldout: b.h\n\
+             gate_mode: ridge\nexperts_per_token: 1\nridge: {lambda: 0.5, context: 64}\nlayout: moe_studio\n\
+             graft: {base: base, instruct: inst, scale: 0.5}\ndtype: float16\n",
+            // mergekit-moe with prompt routers and a gated shared expert.
+            "base_model: m\ngate_mode: hidden\narchitecture: qwen\nexperts:\n  - {source_model: a, positive_prompts: [x]}\n\
+             \x20 - {source_model: b, positive_prompts: [y]}\nshared_experts: [{source_model: m, positive_prompts: [z]}]\n",
+            // Upcycle with a per-layer allocation written by the runner, then a graft.
+            "base_model: m\nupcycle: {experts_per_layer: [2, null, 4], drop_ratio: 0.5}\ngate_mode: random\n\
+             router_std: 0.02\nfrozen_experts: []\ndtype: bfloat16\ntemperature: 0.5\ngraft: {base: m, instruct: i}\n",
+            // Upcycle with the recipe's allocation file.
+            "base_model: m\nupcycle: {shared_experts: 1}\nallocation: alloc.json\ngate_mode: zeros\n",
+            // mergekit merges.
+            "merge_method: ties\nbase_model: b\nmodels:\n  - {model: m, parameters: {weight: 1, density: 0.5}}\n\
+             \x20 - {model: n, parameters: {weight: 0.5, density: 0.5}}\ndtype: float16\n",
+            "merge_method: linear\nmodels:\n  - model: m\n    parameters: {weight: 1}\n  - model: n\n    parameters: {weight: 2}\n",
+        ];
+        let mut kinds = std::collections::BTreeSet::new();
+        for y in recipes {
+            let p = plan(&parse(y, "t.yml").unwrap_or_else(|e| panic!("{y}: {e}")), &ctx).unwrap();
+            for st in &p.stages {
+                kinds.insert(st.command);
+                let mut argv = vec!["moe-studio".to_string(), "--backend=ndarray".to_string()];
+                argv.extend(st.argv.iter().cloned());
+                let mut parsed =
+                    super::super::Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}")).command;
+                match &mut parsed {
+                    Command::Upcycle(a) if a.no_frozen => (a.no_frozen, a.params.frozen) = (false, Vec::new()),
+                    Command::Moerge(a) if a.no_frozen => (a.no_frozen, a.params.frozen) = (false, Vec::new()),
+                    _ => {}
+                }
+                assert_eq!(format!("{:?}", stage_command(st)), format!("{parsed:?}"), "{argv:?}");
+            }
+        }
+        assert_eq!(kinds.len(), 5, "{kinds:?}");
+    }
 }

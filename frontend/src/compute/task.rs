@@ -4,6 +4,7 @@
 
 use moe_shared::api::TaskResult;
 use moe_shared::eval::{evaluate_task, McOptions, McTask};
+use moe_shared::ops::task::TaskParams;
 
 use super::progress::Progress;
 use super::{cpu_model, msg};
@@ -13,7 +14,7 @@ use crate::store::Picked;
 pub const BATCH: usize = 4;
 
 /// Each model's result on the task `text` (JSONL, named `name` in errors),
-/// its first `limit` items, in the order given; the rows are named after
+/// its first `params.limit` items with `params.target_delimiter`, in the order given; the rows are named after
 /// the models. Progress in requests over all models.
 ///
 /// # Errors
@@ -24,17 +25,14 @@ pub fn run(
     models: &[Picked],
     name: &str,
     text: &str,
-    target_delimiter: &str,
-    limit: Option<usize>,
+    params: &TaskParams,
 ) -> Result<Vec<TaskResult>, String> {
     if models.is_empty() {
         return Err("choose at least one model to score".into());
     }
-    if limit == Some(0) {
-        return Err("items per task must be at least 1".into());
-    }
-    let task = McTask::parse(text, name).map_err(msg)?.limited(limit);
-    let opts = McOptions { target_delimiter: target_delimiter.to_string(), batch: BATCH };
+    params.check().map_err(|e| e.to_string())?;
+    let task = McTask::parse(text, name).map_err(msg)?.limited(params.limit);
+    let opts = McOptions { target_delimiter: params.target_delimiter.clone(), batch: BATCH };
     let mut out = Vec::with_capacity(models.len());
     for (i, p) in models.iter().enumerate() {
         let m = p.model();

@@ -66,13 +66,11 @@ pub fn EvaluatePage() -> impl IntoView {
             },
         };
         let target_delimiter = if delimiter.get_untracked() == "none" { String::new() } else { " ".to_string() };
-        let req = Request::Task {
-            models: ms,
-            name: name.get_untracked(),
-            task: text.get_untracked(),
-            target_delimiter,
-            limit: lim,
-        };
+        let params = moe_shared::ops::task::TaskParams { target_delimiter, limit: lim };
+        if let Err(e) = params.check() {
+            return msg.set(Message::Error(e.to_string()));
+        }
+        let req = Request::Task { models: ms, name: name.get_untracked(), task: text.get_untracked(), params };
         msg.set(Message::None);
         leptos::task::spawn_local(async move {
             match task.call(req, None).await {

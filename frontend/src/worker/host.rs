@@ -319,9 +319,9 @@ async fn handle(id: u64, progress: &Progress, request: Request, files: JsValue) 
             let picked: Vec<Picked> = models.iter().map(need).collect::<Result<_, _>>()?;
             reply(Reply::Perplexity(crate::compute::perplexity::run(progress, &picked, &text)?))
         }
-        Request::Task { models, name, task, target_delimiter, limit } => {
+        Request::Task { models, name, task, params } => {
             let picked: Vec<Picked> = models.iter().map(need).collect::<Result<_, _>>()?;
-            let rows = crate::compute::task::run(progress, &picked, &name, &task, &target_delimiter, limit)?;
+            let rows = crate::compute::task::run(progress, &picked, &name, &task, &params)?;
             reply(Reply::Task(rows))
         }
         Request::Download { model, file } => {

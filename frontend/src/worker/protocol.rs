@@ -225,10 +225,9 @@ pub enum Request {
         name: String,
         /// The JSONL text: one `{"context", "choices", "gold"}` per line.
         task: String,
-        /// Between the context and each choice (lm-eval's `target_delimiter`).
-        target_delimiter: String,
-        /// Score only the first N items.
-        limit: Option<usize>,
+        /// The delimiter and the items to score: the task operation's own
+        /// parameters (`moe_shared::ops::task`).
+        params: moe_shared::ops::task::TaskParams,
     },
     /// One file of a produced checkpoint, as a `Blob` named after it.
     Download {

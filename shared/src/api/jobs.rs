@@ -12,6 +12,7 @@ use crate::ops::merge::MergeParams;
 use crate::ops::moerge::MoergeParams;
 use crate::ops::neurons::NeuronsParams;
 use crate::ops::route::RouteParams;
+use crate::ops::task::TaskParams;
 use crate::ops::train::TrainParams;
 use crate::ops::upcycle::UpcycleParams;
 use crate::train::Stage;
@@ -395,26 +396,43 @@ impl TryFrom<serde_json::Value> for EvalSpec {
 
 /// `task`: multiple-choice task accuracy with the lm-evaluation-harness
 /// semantics (`moe-studio eval --task`; [`crate::eval::multiple_choice`]).
-/// The result is `result.json` of the job's artefacts: per task `acc`,
-/// `acc_norm`, `acc_bytes`, their standard errors and the per-item samples.
+/// The parameters are [`TaskParams`]'s fields, flattened (`{"kind": "task",
+/// "model": ..., "tasks": [...], "target_delimiter": "", "limit": 50}`);
+/// unset ones take its defaults. The result is `result.json` of the job's
+/// artefacts: per task `acc`, `acc_norm`, `acc_bytes`, their standard
+/// errors and the per-item samples.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "serde_json::Value")]
 pub struct TaskSpec {
     /// Checkpoint id.
     pub model: String,
     /// Task files (JSONL uploads, one item per line: `context`, `choices`,
     /// `gold`), at least one; `name` labels each.
     pub tasks: Vec<DataRef>,
-    /// Put between the context and each choice (lm-eval's
-    /// `target_delimiter`; default `" "`, at most 16 characters).
-    #[serde(default)]
-    pub target_delimiter: Option<String>,
-    /// Score only the first N items of each task.
-    #[serde(default)]
-    pub limit: Option<usize>,
-    /// Requests (one per choice) per forward pass.
-    #[serde(default)]
+    /// Requests (one per choice) per forward pass (1-4096; speed and
+    /// memory, not the result).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<usize>,
+    /// What the task evaluation does (ops/task.rs).
+    #[serde(flatten)]
+    pub params: TaskParams,
+}
+
+impl TryFrom<serde_json::Value> for TaskSpec {
+    type Error = String;
+    fn try_from(v: serde_json::Value) -> Result<Self, String> {
+        /// The spec's inputs (the rest of its keys are [`TaskParams`]).
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Inputs {
+            model: String,
+            tasks: Vec<DataRef>,
+            #[serde(default)]
+            batch: Option<usize>,
+        }
+        let (i, params): (Inputs, TaskParams) = crate::ops::split_params(v)?;
+        Ok(TaskSpec { model: i.model, tasks: i.tasks, batch: i.batch, params })
+    }
 }
 
 /// What a job does: `{"kind": "train", ...TrainSpec fields}`.
@@ -638,15 +656,7 @@ impl JobSpec {
             JobSpec::Task(s) => {
                 check_id("spec.model", &s.model)?;
                 check_data("spec.tasks", &s.tasks, 1)?;
-                if let Some(d) = &s.target_delimiter {
-                    if d.chars().count() > 16 || d.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
-                        return Err(ApiError::field(
-                            "spec.target_delimiter",
-                            "expected at most 16 characters, no control characters but newline and tab",
-                        ));
-                    }
-                }
-                check_range("spec.limit", s.limit, 1, crate::eval::task::MAX_ITEMS)?;
+                s.params.check().map_err(|e| ApiError::field(&format!("spec.{}", e.field), e.message))?;
                 check_range("spec.batch", s.batch, 1, 4096)?;
             }
         }

@@ -8,7 +8,7 @@
 //! The inputs of an operation (a path in the CLI, a loaded model in the
 //! tab, a checkpoint id on the server) stay with the caller; what it is
 //! asked to do lives here. So far: [`upcycle`], [`moerge`], [`route`], [`graft`],
-//! [`merge`], [`neurons`], [`eval`], [`train`].
+//! [`merge`], [`neurons`], [`eval`], [`task`], [`train`].
 //!
 //! What the callers derive from a parameter struct `P` here instead of
 //! listing its fields again:
@@ -24,6 +24,7 @@ pub mod merge;
 pub mod moerge;
 pub mod neurons;
 pub mod route;
+pub mod task;
 pub mod train;
 pub mod upcycle;
 

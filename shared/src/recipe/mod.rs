@@ -31,7 +31,7 @@ use serde_yaml_ng::Value;
 
 use crate::api::{DataRef, JobSpec};
 use crate::error::{Result, StudioError};
-use crate::jobs::JobInputs;
+use crate::jobs::PathInputs;
 use crate::ops::moerge::MoergeParams;
 pub use mergekit::MergeRecipe;
 pub use moe::{Gate, MoeRecipe, MoeSource};
@@ -114,15 +114,63 @@ pub struct RecipeContext {
     pub seed: Option<u64>,
 }
 
-/// One stage of a recipe: a `moe-studio` command line.
+/// One stage of a recipe: what it runs, typed ([`StageOp`], which the CLI
+/// turns into the subcommand's arguments), and the same as a `moe-studio`
+/// command line (what the recipe shows, logs and writes into the model
+/// card). A backend test checks that the two are the same command.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stage {
     /// The command (`merge`, `moerge`, `upcycle`, `route`, `graft`).
     pub command: &'static str,
-    /// Its arguments after the global options (the command name first).
+    /// What it runs.
+    pub op: StageOp,
+    /// Its command line after the global options (the command name first).
     pub argv: Vec<String>,
     /// The directory it writes.
     pub out: PathBuf,
+}
+
+/// What a recipe stage runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StageOp {
+    /// A job spec whose checkpoint ids and uploads are paths
+    /// ([`crate::jobs::PathInputs`]) — merge, upcycle, route, graft — with
+    /// the output choices a job does not have.
+    Job {
+        /// The spec.
+        spec: JobSpec,
+        /// `--layout` (`None`: auto).
+        layout: Option<String>,
+        /// Upcycle's `--allocation` file (the recipe's, or the one written
+        /// from `experts_per_layer` into the work directory).
+        allocation: Option<PathBuf>,
+    },
+    /// MoErging, with the inputs the moerge job does not have (a base,
+    /// routing prompts, shared experts).
+    Moerge(MoergeStage),
+}
+
+/// A recipe's moerge stage (the CLI's `moerge` arguments).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoergeStage {
+    /// The expert models, in order.
+    pub models: Vec<PathBuf>,
+    /// The base model (attention, norms, embeddings; prompt routers).
+    pub base: Option<PathBuf>,
+    /// What the MoErge does.
+    pub params: MoergeParams,
+    /// The routing prompts per expert (JSON, written by the runner).
+    pub expert_prompts: Option<PathBuf>,
+    /// Shared experts' source models.
+    pub shared_experts: Vec<PathBuf>,
+    /// A sigmoid gate on the shared experts.
+    pub shared_gate: bool,
+    /// The shared experts' gate prompts (JSON, written by the runner).
+    pub shared_prompts: Option<PathBuf>,
+    /// Output dtype (`f32`, `f16`, `bf16`; `None`: the input's).
+    pub dtype: Option<String>,
+    /// `--layout` (`None`: auto).
+    pub layout: Option<String>,
 }
 
 /// A recipe as commands, with the files they read.
@@ -138,22 +186,6 @@ pub struct RecipePlan {
     pub inputs: Vec<(String, PathBuf)>,
 }
 
-/// Job-spec ids are paths here.
-struct Paths;
-
-impl JobInputs for Paths {
-    fn model(&self, id: &str) -> String {
-        id.to_string()
-    }
-    fn data(&self, d: &DataRef, heldout: bool) -> String {
-        if heldout {
-            d.heldout.clone().unwrap_or_default()
-        } else {
-            d.upload.clone()
-        }
-    }
-}
-
 /// A placeholder id for [`JobSpec::validate`] (which checks ids, not paths).
 const ID: &str = "00000000-0000-4000-8000-000000000000";
 
@@ -164,7 +196,7 @@ fn job_stage(spec: &JobSpec, placeholder: JobSpec, section: &str, out: &Path) ->
         let field = e.field.unwrap_or_default().replacen("spec.", &format!("{section}."), 1);
         StudioError::config("recipe", format!("`{field}`: {}", e.error))
     })?;
-    let mut argv = spec.cli_args(&Paths, false);
+    let mut argv = spec.cli_args(&PathInputs, false);
     argv.retain(|a| a != "--json");
     for a in argv.iter_mut() {
         if a == "--out=out" {
@@ -216,11 +248,20 @@ pub fn plan(recipe: &Recipe, ctx: &RecipeContext) -> Result<RecipePlan> {
                 ..crate::ops::merge::MergeParams::of(o)
             };
             argv.extend(crate::ops::flags(&params));
-            if let Some(d) = o.dtype {
-                argv.push(format!("--dtype={}", d.to_string().to_ascii_lowercase()));
+            let dtype = o.dtype.map(|d| d.to_string().to_ascii_lowercase());
+            if let Some(d) = &dtype {
+                argv.push(format!("--dtype={d}"));
             }
             argv.push(format!("--out={}", s(&ctx.out)));
-            stages.push(Stage { command: "merge", argv, out: ctx.out.clone() });
+            let spec = JobSpec::Merge(crate::api::MergeSpec {
+                method: o.method,
+                models: r.models.iter().map(|m| s(&resolve(ctx, m))).collect(),
+                base: r.base.as_ref().map(|b| s(&resolve(ctx, b))),
+                dtype,
+                params,
+            });
+            let op = StageOp::Job { spec, layout: None, allocation: None };
+            stages.push(Stage { command: "merge", op, argv, out: ctx.out.clone() });
         }
         Recipe::Moe(r) => plan_moe(r, ctx, &mut stages, &mut files, &mut inputs)?,
     }
@@ -277,6 +318,17 @@ fn plan_moe(
                 seed: seed.unwrap_or(d.seed),
             };
             argv.extend(crate::ops::flags(&params));
+            let mut op = MoergeStage {
+                models: experts.iter().map(|e| resolve(ctx, &e.source_model)).collect(),
+                base: base.clone(),
+                params,
+                expert_prompts: None,
+                shared_experts: r.shared.experts.iter().map(|e| resolve(ctx, &e.source_model)).collect(),
+                shared_gate: r.shared.gated,
+                shared_prompts: None,
+                dtype: r.dtype.map(|d| d.to_string().to_ascii_lowercase()),
+                layout: r.layout.clone(),
+            };
             let prompt_file = |name: &str, experts: &[moe::Expert], files: &mut Vec<(PathBuf, Vec<u8>)>| {
                 let path = ctx.work_dir.join(name);
                 let body = serde_json::json!({"experts": experts.iter().map(|e| serde_json::json!({
@@ -285,7 +337,9 @@ fn plan_moe(
                 path
             };
             if r.gate.needs_prompts() {
-                argv.push(format!("--expert-prompts={}", s(&prompt_file("expert_prompts.json", experts, files))));
+                let p = prompt_file("expert_prompts.json", experts, files);
+                argv.push(format!("--expert-prompts={}", s(&p)));
+                op.expert_prompts = Some(p);
             }
             for (i, e) in r.shared.experts.iter().enumerate() {
                 let p = resolve(ctx, &e.source_model);
@@ -298,10 +352,11 @@ fn plan_moe(
             if r.shared.prompt_gate(&r.gate) {
                 let p = prompt_file("shared_prompts.json", &r.shared.experts, files);
                 argv.push(format!("--shared-prompts={}", s(&p)));
+                op.shared_prompts = Some(p);
             }
             argv.extend(common.iter().cloned());
             argv.push(format!("--out={}", s(&first_out)));
-            stages.push(Stage { command: "moerge", argv, out: first_out.clone() });
+            stages.push(Stage { command: "moerge", op: StageOp::Moerge(op), argv, out: first_out.clone() });
         }
         MoeSource::Upcycle { spec, allocation } => {
             let b = base.clone().expect("checked by MoeRecipe::from_yaml");
@@ -329,11 +384,13 @@ fn plan_moe(
                 ..spec.clone()
             });
             let mut argv = job_stage(&JobSpec::Upcycle(spec.clone()), placeholder, "upcycle", &first_out)?;
+            let mut alloc = None;
             let alloc_path = match (allocation, &spec.experts_per_layer) {
                 (Some(a), _) => {
                     let p = resolve(ctx, a);
                     inputs.push(("allocation".into(), p.clone()));
                     argv.push(format!("--allocation={}", s(&p)));
+                    alloc = Some(p);
                     None
                 }
                 (None, Some(l)) => {
@@ -352,7 +409,12 @@ fn plan_moe(
             if let Some(l) = &r.layout {
                 argv.push(format!("--layout={l}"));
             }
-            stages.push(Stage { command: "upcycle", argv, out: first_out.clone() });
+            let op = StageOp::Job {
+                spec: JobSpec::Upcycle(spec),
+                layout: r.layout.clone(),
+                allocation: alloc.or(alloc_path),
+            };
+            stages.push(Stage { command: "upcycle", op, argv, out: first_out.clone() });
         }
     }
     let mut prev = first_out;
@@ -385,14 +447,15 @@ fn plan_moe(
         // The recipe's `temperature` is the routed MoE's too.
         let params =
             crate::ops::route::RouteParams { temperature: r.temperature.unwrap_or(ridge.temperature), ..ridge.clone() };
-        let spec = crate::api::RouteSpec { model: s(&prev), domains, params: params.clone() };
+        let spec = JobSpec::Route(crate::api::RouteSpec { model: s(&prev), domains, params: params.clone() });
         let placeholder =
             JobSpec::Route(crate::api::RouteSpec { model: ID.into(), domains: placeholder_domains, params });
-        let mut argv = job_stage(&JobSpec::Route(spec), placeholder, "ridge", &out).map_err(rename_experts)?;
+        let mut argv = job_stage(&spec, placeholder, "ridge", &out).map_err(rename_experts)?;
         if let Some(l) = &r.layout {
             argv.push(format!("--layout={l}"));
         }
-        stages.push(Stage { command: "route", argv, out: out.clone() });
+        let op = StageOp::Job { spec, layout: r.layout.clone(), allocation: None };
+        stages.push(Stage { command: "route", op, argv, out: out.clone() });
         prev = out;
     }
     // Stage 3: the graft.
@@ -402,14 +465,20 @@ fn plan_moe(
         inputs.push(("graft.base".into(), gb.clone()));
         inputs.push(("graft.instruct".into(), gi.clone()));
         let params = g.1.clone();
-        let spec = crate::api::GraftSpec { target: s(&prev), base: s(&gb), instruct: s(&gi), params: params.clone() };
+        let spec = JobSpec::Graft(crate::api::GraftSpec {
+            target: s(&prev),
+            base: s(&gb),
+            instruct: s(&gi),
+            params: params.clone(),
+        });
         let placeholder =
             JobSpec::Graft(crate::api::GraftSpec { target: ID.into(), base: ID.into(), instruct: ID.into(), params });
-        let mut argv = job_stage(&JobSpec::Graft(spec), placeholder, "graft", &out)?;
+        let mut argv = job_stage(&spec, placeholder, "graft", &out)?;
         if let Some(l) = &r.layout {
             argv.push(format!("--layout={l}"));
         }
-        stages.push(Stage { command: "graft", argv, out });
+        let op = StageOp::Job { spec, layout: r.layout.clone(), allocation: None };
+        stages.push(Stage { command: "graft", op, argv, out });
     }
     Ok(())
 }

@@ -2,12 +2,13 @@
 //! process from start to its recorded end (log, progress, memory, cancel and
 //! kill, registering its output), and recovery and shutdown of the pool.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use moe_shared::api::{DataRef, JobEvent, JobInfo, JobMemory, JobSpec, JobState, ModelSummary};
+use moe_shared::jobs::{JobFile, JOB_FILE};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 
@@ -119,48 +120,50 @@ struct Plan {
     stdout_result: bool,
 }
 
-/// A job's inputs as its child process sees them: paths relative to the
-/// job's directory (its working directory).
-struct JobDirInputs {
-    /// Checkpoint id -> model path.
-    models: HashMap<String, String>,
-    /// The job's directory, where its datasets were linked.
-    dir: PathBuf,
-}
-
-impl moe_shared::jobs::JobInputs for JobDirInputs {
-    fn model(&self, id: &str) -> String {
-        self.models.get(id).cloned().unwrap_or_default()
-    }
-    fn data(&self, d: &DataRef, heldout: bool) -> String {
-        for ext in [".txt", ".jsonl", ".json"] {
-            let rel = data_rel(d, heldout, ext);
-            if self.dir.join(&rel).exists() {
-                return rel;
-            }
+/// Where dataset `d`'s file (its held-out file when `heldout`) was linked
+/// in the job's directory `dir`, relative to it.
+fn data_path(dir: &Path, d: &DataRef, heldout: bool) -> String {
+    for ext in [".txt", ".jsonl", ".json"] {
+        let rel = data_rel(d, heldout, ext);
+        if dir.join(&rel).exists() {
+            return rel;
         }
-        data_rel(d, heldout, ".txt")
     }
+    data_rel(d, heldout, ".txt")
 }
 
-/// The command line of `job` ([`JobSpec::cli_args`], after `--backend`)
+/// Writes `job`'s job file ([`JobFile`]: the spec, the backend, and each
+/// input as a path relative to the job's directory) as `job.json` in that
+/// directory, and returns the command that runs it (`run-job job.json`)
 /// and where its output lands.
 async fn plan(st: &AppStateRef, job: &JobInfo, resume: bool) -> AppResult<Plan> {
     // Input models by their path relative to the job's directory (the
     // child's working directory, `DATA/jobs/{id}`): the data directory is
-    // then named neither in the command line shown in the job's log nor in
-    // what the CLI records of its inputs (moerge's `sources`, route's
-    // `source`, graft / merge summaries), which the API serves.
-    let mut models: HashMap<String, String> = HashMap::new();
+    // then named neither in the job file nor in what the CLI records of
+    // its inputs (moerge's `sources`, route's `source`, graft / merge
+    // summaries), which the API serves.
+    let mut models = BTreeMap::new();
     for (field, id) in job.spec.checkpoints() {
         let row = resolve(st, &field, &id).await?;
         models.insert(id, model_path(Path::new("../.."), &row).display().to_string());
     }
-    let inputs = JobDirInputs { models, dir: job_dir(st, &job.id) };
-    let mut argv = vec![format!("--backend={}", job.backend)];
-    argv.extend(job.spec.cli_args(&inputs, resume));
+    let dir = job_dir(st, &job.id);
+    let mut data = BTreeMap::new();
+    for (_, d) in job.spec.datasets() {
+        for heldout in [false, true] {
+            if !heldout || d.heldout.is_some() {
+                data.insert(JobFile::data_key(d, heldout), data_path(&dir, d, heldout));
+            }
+        }
+    }
+    let file = JobFile { backend: job.backend.clone(), spec: job.spec.clone(), resume, models, data };
+    let text = serde_json::to_string_pretty(&file).map_err(|e| AppError::internal(e.to_string()))?;
+    // Whole or not at all: written beside, then renamed.
+    let tmp = dir.join(format!(".{JOB_FILE}.tmp"));
+    tokio::fs::write(&tmp, text).await?;
+    tokio::fs::rename(&tmp, dir.join(JOB_FILE)).await?;
     Ok(Plan {
-        argv,
+        argv: vec!["run-job".to_string(), JOB_FILE.to_string()],
         model_out: job.spec.output_model().map(|o| format!("jobs/{}/{o}", job.id)),
         stdout_result: job.spec.stdout_is_result(),
     })

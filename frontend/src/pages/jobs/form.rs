@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use moe_shared::methods::merge::MergeMethod;
+use moe_shared::ops::task::TaskParams;
 use moe_shared::train::Stage;
 
 use moe_shared::api::{
@@ -215,13 +216,15 @@ impl FormState {
             Kind::Task => JobSpec::Task(TaskSpec {
                 model: self.ckpt("model")?,
                 tasks: self.data_refs("tasks")?,
-                target_delimiter: match self.value("target_delimiter") {
-                    "space" => Some(" ".into()),
-                    "none" => Some(String::new()),
-                    _ => None,
-                },
-                limit: self.opt("limit")?,
                 batch: self.opt("batch")?,
+                // The delimiter is offered as `space` / `none` (TaskParams::form_fields).
+                params: TaskParams {
+                    target_delimiter: match self.value("target_delimiter") {
+                        "none" => String::new(),
+                        _ => " ".into(),
+                    },
+                    limit: self.opt("limit")?,
+                },
             }),
         };
         // An empty name is no name; any other goes through the server's check.
@@ -529,16 +532,16 @@ mod tests {
         s.set("model", A);
         *s.row_mut("tasks", 0) = DataRow { name: "en".into(), upload: U.into(), ..Default::default() };
         let JobSpec::Task(t) = s.build().unwrap().spec else { panic!() };
-        assert_eq!((t.target_delimiter.clone(), t.limit, t.tasks[0].name.as_str()), (None, None, "en"));
+        assert_eq!((t.params.target_delimiter.as_str(), t.params.limit, t.tasks[0].name.as_str()), (" ", None, "en"));
         s.set("target_delimiter", "none");
         s.set("limit", "10");
         let req = s.build().unwrap();
         req.spec.validate().unwrap();
         let JobSpec::Task(t) = req.spec else { panic!() };
-        assert_eq!((t.target_delimiter.as_deref(), t.limit), (Some(""), Some(10)));
+        assert_eq!((t.params.target_delimiter.as_str(), t.params.limit), ("", Some(10)));
         s.set("target_delimiter", "space");
         let JobSpec::Task(t) = s.build().unwrap().spec else { panic!() };
-        assert_eq!(t.target_delimiter.as_deref(), Some(" "));
+        assert_eq!(t.params.target_delimiter, " ");
     }
 
     #[test]

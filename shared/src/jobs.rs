@@ -88,11 +88,10 @@ impl JobFile {
                 return Err(format!("{field}: checkpoint {id} is not in the job file's `models`"));
             }
         }
-        for (field, d) in self.spec.datasets() {
-            for heldout in [false, true] {
-                if (!heldout || d.heldout.is_some()) && !self.data.contains_key(&Self::data_key(d, heldout)) {
-                    return Err(format!("{field}: `{}` is not in the job file's `data`", Self::data_key(d, heldout)));
-                }
+        for f in self.spec.data_files() {
+            let key = Self::data_key(f.data, f.heldout);
+            if !self.data.contains_key(&key) {
+                return Err(format!("{}: `{key}` is not in the job file's `data`", f.field));
             }
         }
         Ok(())

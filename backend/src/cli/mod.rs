@@ -402,13 +402,11 @@ mod job_spec_tests {
     fn job_file(s: &JobSpec, resume: bool) -> moe_shared::jobs::JobFile {
         use moe_shared::jobs::JobFile;
         let models = s.checkpoints().into_iter().map(|(_, id)| (id.clone(), Paths.model(&id))).collect();
-        let mut data = std::collections::BTreeMap::new();
-        for (_, d) in s.datasets() {
-            data.insert(JobFile::data_key(d, false), Paths.data(d, false));
-            if d.heldout.is_some() {
-                data.insert(JobFile::data_key(d, true), Paths.data(d, true));
-            }
-        }
+        let data = s
+            .data_files()
+            .into_iter()
+            .map(|f| (JobFile::data_key(f.data, f.heldout), Paths.data(f.data, f.heldout)))
+            .collect();
         JobFile { backend: "ndarray".into(), spec: s.clone(), resume, models, data }
     }
 
@@ -483,7 +481,7 @@ mod job_spec_tests {
             {"name": "en", "upload": U, "heldout": B}, {"name": "hu", "upload": U}]}));
         let mut f = job_file(&s, false);
         f.data.remove("en/heldout");
-        assert_eq!(f.check().unwrap_err(), "spec.domains: `en/heldout` is not in the job file's `data`");
+        assert_eq!(f.check().unwrap_err(), "spec.domains[0].heldout: `en/heldout` is not in the job file's `data`");
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("job.json");
         let mut v = serde_json::to_value(job_file(&s, false)).unwrap();

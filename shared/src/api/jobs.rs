@@ -17,8 +17,49 @@ use crate::ops::train::TrainParams;
 use crate::ops::upcycle::UpcycleParams;
 use crate::train::Stage;
 
-/// A text corpus for a job: a completed upload (`.txt`: one document per
-/// line; `.jsonl`: field `text`).
+/// Declares a job spec made of its inputs (the fields listed) and an
+/// operation's parameter struct flattened into it (`params`), with the
+/// reader that splits one JSON object between the two
+/// ([`crate::ops::split_params`]: unknown keys refused, naming every
+/// accepted one). The inputs are listed once; the spec reads itself
+/// through a private struct of the same fields.
+macro_rules! job_spec {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $( $(#[$fmeta:meta])* pub $field:ident : $ty:ty, )*
+        }
+        $(#[$pmeta:meta])*
+        params: $params:ty
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(try_from = "serde_json::Value")]
+        pub struct $name {
+            $( $(#[$fmeta])* pub $field: $ty, )*
+            $(#[$pmeta])*
+            #[serde(flatten)]
+            pub params: $params,
+        }
+
+        impl TryFrom<serde_json::Value> for $name {
+            type Error = String;
+            fn try_from(v: serde_json::Value) -> Result<Self, String> {
+                #[derive(Deserialize)]
+                #[serde(deny_unknown_fields)]
+                struct Inputs {
+                    $( $(#[$fmeta])* $field: $ty, )*
+                }
+                let (i, params): (Inputs, $params) = crate::ops::split_params(v)?;
+                Ok($name { $( $field: i.$field, )* params })
+            }
+        }
+    };
+}
+
+/// A text corpus for a job: a completed upload (`.txt`: documents separated
+/// by blank lines; `.jsonl`: field `text`, one document per line; the rule
+/// of [`crate::corpus`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataRef {
@@ -37,47 +78,27 @@ pub struct DataRef {
     pub heldout: Option<String>,
 }
 
-/// `train` (see `moe-studio train --help`). The parameters are
-/// [`TrainParams`]'s fields, flattened (`{"kind": "train", "model": ...,
-/// "stage": "experts", "data": [...], "steps": 100, "lr": 1e-4}`); unset
-/// ones take its defaults, and `save_every` unset (0) is a tenth of the
-/// steps (what a resumed job continues from). The output model is
-/// `final/` of the job's artefacts and is registered as a checkpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "serde_json::Value")]
-pub struct TrainSpec {
-    /// Checkpoint id of the model to train.
-    pub model: String,
-    /// Stage (`experts`, `router`, `all`, `dense`, `ffn`): [`Stage`], the trainer's own.
-    pub stage: Stage,
-    /// Corpora (at least one).
-    pub data: Vec<DataRef>,
-    /// Optimizer steps (1-1,000,000).
-    pub steps: usize,
-    /// Where the stage runs (default [`TrainEngine::Burn`]).
-    pub engine: Option<TrainEngine>,
-    /// The run's hyper-parameters (ops/train.rs).
-    #[serde(flatten)]
-    pub params: TrainParams,
-}
-
-impl TryFrom<serde_json::Value> for TrainSpec {
-    type Error = String;
-    fn try_from(v: serde_json::Value) -> Result<Self, String> {
-        /// The spec's inputs (the rest of its keys are [`TrainParams`]).
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Inputs {
-            model: String,
-            stage: Stage,
-            data: Vec<DataRef>,
-            steps: usize,
-            #[serde(default)]
-            engine: Option<TrainEngine>,
-        }
-        let (i, params): (Inputs, TrainParams) = crate::ops::split_params(v)?;
-        Ok(TrainSpec { model: i.model, stage: i.stage, data: i.data, steps: i.steps, engine: i.engine, params })
+job_spec! {
+    /// `train` (see `moe-studio train --help`). The parameters are
+    /// [`TrainParams`]'s fields, flattened (`{"kind": "train", "model": ...,
+    /// "stage": "experts", "data": [...], "steps": 100, "lr": 1e-4}`); unset
+    /// ones take its defaults, and `save_every` unset (0) is a tenth of the
+    /// steps (what a resumed job continues from). The output model is
+    /// `final/` of the job's artefacts and is registered as a checkpoint.
+    pub struct TrainSpec {
+        /// Checkpoint id of the model to train.
+        pub model: String,
+        /// Stage (`experts`, `router`, `all`, `dense`, `ffn`): [`Stage`], the trainer's own.
+        pub stage: Stage,
+        /// Corpora (at least one).
+        pub data: Vec<DataRef>,
+        /// Optimizer steps (1-1,000,000).
+        pub steps: usize,
+        /// Where the stage runs (default [`TrainEngine::Burn`]).
+        pub engine: Option<TrainEngine>,
     }
+    /// The run's hyper-parameters (ops/train.rs).
+    params: TrainParams
 }
 
 impl TrainSpec {
@@ -186,68 +207,35 @@ impl TryFrom<serde_json::Value> for UpcycleSpec {
     }
 }
 
-/// `moerge`: N dense models -> one MoE (DUME). The parameters are
-/// [`MoergeParams`]'s fields, flattened (`{"kind": "moerge", "models":
-/// [...], "top_k": 2}`); unset ones take its defaults. The server MoErges
-/// without a base model, so the router starts as zeros or random and the
-/// ridge router is fitted by a `route` job.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "serde_json::Value")]
-pub struct MoergeSpec {
-    /// Checkpoint ids (2-64), expert i = model i.
-    pub models: Vec<String>,
-    /// Output dtype.
-    #[serde(default)]
-    pub dtype: Option<String>,
+job_spec! {
+    /// `moerge`: N dense models -> one MoE (DUME). The parameters are
+    /// [`MoergeParams`]'s fields, flattened (`{"kind": "moerge", "models":
+    /// [...], "top_k": 2}`); unset ones take its defaults. The server MoErges
+    /// without a base model, so the router starts as zeros or random and the
+    /// ridge router is fitted by a `route` job.
+    pub struct MoergeSpec {
+        /// Checkpoint ids (2-64), expert i = model i.
+        pub models: Vec<String>,
+        /// Output dtype.
+        #[serde(default)]
+        pub dtype: Option<String>,
+    }
     /// What the MoErge does (ops/moerge.rs).
-    #[serde(flatten)]
-    pub params: MoergeParams,
+    params: MoergeParams
 }
 
-impl TryFrom<serde_json::Value> for MoergeSpec {
-    type Error = String;
-    fn try_from(v: serde_json::Value) -> Result<Self, String> {
-        /// The spec's inputs (the rest of its keys are [`MoergeParams`]).
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Inputs {
-            models: Vec<String>,
-            #[serde(default)]
-            dtype: Option<String>,
-        }
-        let (i, params): (Inputs, MoergeParams) = crate::ops::split_params(v)?;
-        Ok(MoergeSpec { models: i.models, dtype: i.dtype, params })
+job_spec! {
+    /// `route`: DUME's ridge router (domain i = expert i). The parameters are
+    /// [`RouteParams`]'s fields, flattened (`{"kind": "route", "model": ...,
+    /// "domains": [...], "lambda": 0.05}`); unset ones take its defaults.
+    pub struct RouteSpec {
+        /// Checkpoint id of the MoErged model.
+        pub model: String,
+        /// One corpus per expert, in expert order (`heldout` optional).
+        pub domains: Vec<DataRef>,
     }
-}
-
-/// `route`: DUME's ridge router (domain i = expert i). The parameters are
-/// [`RouteParams`]'s fields, flattened (`{"kind": "route", "model": ...,
-/// "domains": [...], "lambda": 0.05}`); unset ones take its defaults.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "serde_json::Value")]
-pub struct RouteSpec {
-    /// Checkpoint id of the MoErged model.
-    pub model: String,
-    /// One corpus per expert, in expert order (`heldout` optional).
-    pub domains: Vec<DataRef>,
     /// What the fit does (ops/route.rs).
-    #[serde(flatten)]
-    pub params: RouteParams,
-}
-
-impl TryFrom<serde_json::Value> for RouteSpec {
-    type Error = String;
-    fn try_from(v: serde_json::Value) -> Result<Self, String> {
-        /// The spec's inputs (the rest of its keys are [`RouteParams`]).
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Inputs {
-            model: String,
-            domains: Vec<DataRef>,
-        }
-        let (i, params): (Inputs, RouteParams) = crate::ops::split_params(v)?;
-        Ok(RouteSpec { model: i.model, domains: i.domains, params })
-    }
+    params: RouteParams
 }
 
 /// `graft`: add `scale * (instruct - base)` to a model. The parameters
@@ -289,150 +277,79 @@ impl TryFrom<serde_json::Value> for GraftSpec {
     }
 }
 
-/// `merge`: the weight-merging baselines. The parameters are
-/// [`MergeParams`]'s fields, flattened (`{"kind": "merge", "method":
-/// "ties", "models": [...], "base": ..., "density": 0.3}`); unset ones take
-/// its defaults.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "serde_json::Value")]
-pub struct MergeSpec {
-    /// Method (`linear`, `task-arithmetic`, `ties`, `dare`, `dare-ties`):
-    /// [`MergeMethod`], the merge's own.
-    pub method: MergeMethod,
-    /// Checkpoint ids (1-64).
-    pub models: Vec<String>,
-    /// Checkpoint id of the base (all but `linear`).
-    pub base: Option<String>,
-    /// Output dtype.
-    pub dtype: Option<String>,
+job_spec! {
+    /// `merge`: the weight-merging baselines. The parameters are
+    /// [`MergeParams`]'s fields, flattened (`{"kind": "merge", "method":
+    /// "ties", "models": [...], "base": ..., "density": 0.3}`); unset ones take
+    /// its defaults.
+    pub struct MergeSpec {
+        /// Method (`linear`, `task-arithmetic`, `ties`, `dare`, `dare-ties`):
+        /// [`MergeMethod`], the merge's own.
+        pub method: MergeMethod,
+        /// Checkpoint ids (1-64).
+        pub models: Vec<String>,
+        /// Checkpoint id of the base (all but `linear`).
+        pub base: Option<String>,
+        /// Output dtype.
+        pub dtype: Option<String>,
+    }
     /// What the merge does (ops/merge.rs).
-    #[serde(flatten)]
-    pub params: MergeParams,
+    params: MergeParams
 }
 
-impl TryFrom<serde_json::Value> for MergeSpec {
-    type Error = String;
-    fn try_from(v: serde_json::Value) -> Result<Self, String> {
-        /// The spec's inputs (the rest of its keys are [`MergeParams`]).
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Inputs {
-            method: MergeMethod,
-            models: Vec<String>,
-            #[serde(default)]
-            base: Option<String>,
-            #[serde(default)]
-            dtype: Option<String>,
-        }
-        let (i, params): (Inputs, MergeParams) = crate::ops::split_params(v)?;
-        Ok(MergeSpec { method: i.method, models: i.models, base: i.base, dtype: i.dtype, params })
+job_spec! {
+    /// `neurons`: NeuronMoE language-specific neurons. The parameters are
+    /// [`NeuronsParams`]'s fields, flattened (`{"kind": "neurons", "model":
+    /// ..., "langs": [...], "top_n": 100}`); unset ones take its defaults.
+    pub struct NeuronsSpec {
+        /// Checkpoint id.
+        pub model: String,
+        /// One corpus per language (name = language code), at least two.
+        pub langs: Vec<DataRef>,
+        /// The new languages (names among `langs`).
+        #[serde(default)]
+        pub new: Vec<String>,
     }
-}
-
-/// `neurons`: NeuronMoE language-specific neurons. The parameters are
-/// [`NeuronsParams`]'s fields, flattened (`{"kind": "neurons", "model":
-/// ..., "langs": [...], "top_n": 100}`); unset ones take its defaults.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "serde_json::Value")]
-pub struct NeuronsSpec {
-    /// Checkpoint id.
-    pub model: String,
-    /// One corpus per language (name = language code), at least two.
-    pub langs: Vec<DataRef>,
-    /// The new languages (names among `langs`).
-    pub new: Vec<String>,
     /// What the run does (ops/neurons.rs).
-    #[serde(flatten)]
-    pub params: NeuronsParams,
+    params: NeuronsParams
 }
 
-impl TryFrom<serde_json::Value> for NeuronsSpec {
-    type Error = String;
-    fn try_from(v: serde_json::Value) -> Result<Self, String> {
-        /// The spec's inputs (the rest of its keys are [`NeuronsParams`]).
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Inputs {
-            model: String,
-            langs: Vec<DataRef>,
-            #[serde(default)]
-            new: Vec<String>,
-        }
-        let (i, params): (Inputs, NeuronsParams) = crate::ops::split_params(v)?;
-        Ok(NeuronsSpec { model: i.model, langs: i.langs, new: i.new, params })
+job_spec! {
+    /// `eval`: per-dataset perplexity and routing load (the result is
+    /// `result.json` of the job's artefacts). The parameters are
+    /// [`EvalParams`]'s fields, flattened (`{"kind": "eval", "model": ...,
+    /// "data": [...], "window": 64, "routing": "oracle"}`).
+    pub struct EvalSpec {
+        /// Checkpoint id.
+        pub model: String,
+        /// Datasets (at least one).
+        pub data: Vec<DataRef>,
     }
-}
-
-/// `eval`: per-dataset perplexity and routing load (the result is
-/// `result.json` of the job's artefacts). The parameters are
-/// [`EvalParams`]'s fields, flattened (`{"kind": "eval", "model": ...,
-/// "data": [...], "window": 64, "routing": "oracle"}`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "serde_json::Value")]
-pub struct EvalSpec {
-    /// Checkpoint id.
-    pub model: String,
-    /// Datasets (at least one).
-    pub data: Vec<DataRef>,
     /// What the eval does (ops/eval.rs).
-    #[serde(flatten)]
-    pub params: EvalParams,
+    params: EvalParams
 }
 
-impl TryFrom<serde_json::Value> for EvalSpec {
-    type Error = String;
-    fn try_from(v: serde_json::Value) -> Result<Self, String> {
-        /// The spec's inputs (the rest of its keys are [`EvalParams`]).
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Inputs {
-            model: String,
-            data: Vec<DataRef>,
-        }
-        let (i, params): (Inputs, EvalParams) = crate::ops::split_params(v)?;
-        Ok(EvalSpec { model: i.model, data: i.data, params })
+job_spec! {
+    /// `task`: multiple-choice task accuracy with the lm-evaluation-harness
+    /// semantics (`moe-studio eval --task`; [`crate::eval::multiple_choice`]).
+    /// The parameters are [`TaskParams`]'s fields, flattened (`{"kind": "task",
+    /// "model": ..., "tasks": [...], "target_delimiter": "", "limit": 50}`);
+    /// unset ones take its defaults. The result is `result.json` of the job's
+    /// artefacts: per task `acc`, `acc_norm`, `acc_bytes`, their standard
+    /// errors and the per-item samples.
+    pub struct TaskSpec {
+        /// Checkpoint id.
+        pub model: String,
+        /// Task files (JSONL uploads, one item per line: `context`, `choices`,
+        /// `gold`), at least one; `name` labels each.
+        pub tasks: Vec<DataRef>,
+        /// Requests (one per choice) per forward pass (1-4096; speed and
+        /// memory, not the result).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub batch: Option<usize>,
     }
-}
-
-/// `task`: multiple-choice task accuracy with the lm-evaluation-harness
-/// semantics (`moe-studio eval --task`; [`crate::eval::multiple_choice`]).
-/// The parameters are [`TaskParams`]'s fields, flattened (`{"kind": "task",
-/// "model": ..., "tasks": [...], "target_delimiter": "", "limit": 50}`);
-/// unset ones take its defaults. The result is `result.json` of the job's
-/// artefacts: per task `acc`, `acc_norm`, `acc_bytes`, their standard
-/// errors and the per-item samples.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "serde_json::Value")]
-pub struct TaskSpec {
-    /// Checkpoint id.
-    pub model: String,
-    /// Task files (JSONL uploads, one item per line: `context`, `choices`,
-    /// `gold`), at least one; `name` labels each.
-    pub tasks: Vec<DataRef>,
-    /// Requests (one per choice) per forward pass (1-4096; speed and
-    /// memory, not the result).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub batch: Option<usize>,
     /// What the task evaluation does (ops/task.rs).
-    #[serde(flatten)]
-    pub params: TaskParams,
-}
-
-impl TryFrom<serde_json::Value> for TaskSpec {
-    type Error = String;
-    fn try_from(v: serde_json::Value) -> Result<Self, String> {
-        /// The spec's inputs (the rest of its keys are [`TaskParams`]).
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Inputs {
-            model: String,
-            tasks: Vec<DataRef>,
-            #[serde(default)]
-            batch: Option<usize>,
-        }
-        let (i, params): (Inputs, TaskParams) = crate::ops::split_params(v)?;
-        Ok(TaskSpec { model: i.model, tasks: i.tasks, batch: i.batch, params })
-    }
+    params: TaskParams
 }
 
 /// What a job does: `{"kind": "train", ...TrainSpec fields}`.
@@ -702,6 +619,37 @@ impl JobSpec {
             _ => Vec::new(),
         }
     }
+
+    /// Every file the job reads from its datasets, in spec order: each
+    /// dataset's upload and, after it, its held-out upload where it has
+    /// one. The one walk the server's checks, the job file and its reader
+    /// share.
+    pub fn data_files(&self) -> Vec<DataFile<'_>> {
+        let mut out = Vec::new();
+        let mut counters: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for (list, d) in self.datasets() {
+            let i = counters.entry(list).or_default();
+            out.push(DataFile { field: format!("{list}[{i}].upload"), data: d, heldout: false, upload: &d.upload });
+            if let Some(h) = &d.heldout {
+                out.push(DataFile { field: format!("{list}[{i}].heldout"), data: d, heldout: true, upload: h });
+            }
+            *i += 1;
+        }
+        out
+    }
+}
+
+/// One file a job reads from a dataset ([`JobSpec::data_files`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataFile<'a> {
+    /// The spec field that names it (`spec.data[1].heldout`).
+    pub field: String,
+    /// The dataset it belongs to.
+    pub data: &'a DataRef,
+    /// Whether it is the dataset's held-out file.
+    pub heldout: bool,
+    /// Its upload id.
+    pub upload: &'a str,
 }
 
 #[cfg(test)]
@@ -718,5 +666,24 @@ mod tests {
         let e = j.validate().unwrap_err();
         assert_eq!(e.field.as_deref(), Some("spec.steps"));
         assert!(serde_json::from_str::<JobSpec>(r#"{"kind":"train","stage":"bogus"}"#).is_err());
+    }
+
+    #[test]
+    fn data_files_list_each_upload_then_its_heldout_with_the_field_naming_it() {
+        let j: JobSpec = serde_json::from_str(
+            r#"{"kind":"route","model":"m","domains":[{"name":"a","upload":"u0"},
+                {"name":"b","upload":"u1","heldout":"h1"}]}"#,
+        )
+        .unwrap();
+        let got: Vec<(String, &str, bool, &str)> =
+            j.data_files().into_iter().map(|f| (f.field, f.data.name.as_str(), f.heldout, f.upload)).collect();
+        assert_eq!(
+            got,
+            [
+                ("spec.domains[0].upload".to_string(), "a", false, "u0"),
+                ("spec.domains[1].upload".to_string(), "b", false, "u1"),
+                ("spec.domains[1].heldout".to_string(), "b", true, "h1"),
+            ]
+        );
     }
 }

@@ -54,26 +54,18 @@ pub async fn create(State(st): State<AppStateRef>, J(req): J<CreateJob>) -> AppR
     // Datasets: each upload must be complete; hard-linked into the job so
     // that deleting the upload later cannot break a resume.
     let mut links: Vec<(PathBuf, String)> = Vec::new();
-    let mut counters: HashMap<&str, usize> = HashMap::new();
-    for (list, d) in req.spec.datasets() {
-        let i = counters.entry(list).or_default();
-        let mut pairs = vec![(format!("{list}[{i}].upload"), d.upload.clone(), false)];
-        if let Some(h) = &d.heldout {
-            pairs.push((format!("{list}[{i}].heldout"), h.clone(), true));
+    for f in req.spec.data_files() {
+        let uid = f.upload.to_string();
+        let u2 = uid.clone();
+        let u = st
+            .db
+            .call(move |c| get_upload(c, &u2).map_err(AppError::from))
+            .await?
+            .ok_or_else(|| AppError::unprocessable(&f.field, format!("upload {uid} not found")))?;
+        if u.state != UploadState::Complete {
+            return Err(AppError::unprocessable(&f.field, upload_unusable(&u)));
         }
-        *i += 1;
-        for (field, uid, heldout) in pairs {
-            let u2 = uid.clone();
-            let u = st
-                .db
-                .call(move |c| get_upload(c, &u2).map_err(AppError::from))
-                .await?
-                .ok_or_else(|| AppError::unprocessable(&field, format!("upload {uid} not found")))?;
-            if u.state != UploadState::Complete {
-                return Err(AppError::unprocessable(&field, upload_unusable(&u)));
-            }
-            links.push((file_path(&st, &u), data_rel(d, heldout, data_ext(&u.file_name))));
-        }
+        links.push((file_path(&st, &u), data_rel(f.data, f.heldout, data_ext(&u.file_name))));
     }
     let id = uuid::Uuid::new_v4().to_string();
     let dir = job_dir(&st, &id);

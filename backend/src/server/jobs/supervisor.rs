@@ -149,12 +149,8 @@ async fn plan(st: &AppStateRef, job: &JobInfo, resume: bool) -> AppResult<Plan> 
     }
     let dir = job_dir(st, &job.id);
     let mut data = BTreeMap::new();
-    for (_, d) in job.spec.datasets() {
-        for heldout in [false, true] {
-            if !heldout || d.heldout.is_some() {
-                data.insert(JobFile::data_key(d, heldout), data_path(&dir, d, heldout));
-            }
-        }
+    for f in job.spec.data_files() {
+        data.insert(JobFile::data_key(f.data, f.heldout), data_path(&dir, f.data, f.heldout));
     }
     let file = JobFile { backend: job.backend.clone(), spec: job.spec.clone(), resume, models, data };
     let text = serde_json::to_string_pretty(&file).map_err(|e| AppError::internal(e.to_string()))?;

@@ -3,22 +3,26 @@
 # the wasm32 build of the portable crates, every Rust test, then the
 # Playwright end-to-end suite in headless Chromium.
 #
-#   scripts/test.sh                 every step but wgpu (what .ci/run runs);
-#                                   MOE_STUDIO_WGPU=1 adds wgpu
+#   scripts/test.sh                 every step (what .ci/run runs); `test`
+#                                   includes the wgpu parity test, which
+#                                   the `wgpu` step runs alone
 #   scripts/test.sh --only STEP...  only the named steps, in the order below:
-#       setup fmt rooms clippy wasm test bench experiments e2e e2e-backend wgpu
+#       setup fmt rooms clippy wasm cuda test bench experiments e2e e2e-backend wgpu
 #   scripts/test.sh --list          the step names
 # Steps after `test` run the moe-studio binary `cargo test` builds; with
 # --only they build it first when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS_ALL="setup fmt rooms clippy wasm test bench experiments e2e e2e-backend wgpu"
-# wgpu is opt-in for now: `--features moe-studio/wgpu` builds a second
-# dependency tree (~35 min cold on this 2-core machine, measured 2026-12-04),
-# which a cold CI run cannot afford inside its budget; once warm it costs the
-# workspace crates' rebuild and an 82 s run.
-STEPS_DEFAULT="setup fmt rooms clippy wasm test bench experiments e2e e2e-backend"
-[ "${MOE_STUDIO_WGPU:-0}" = 1 ] && STEPS_DEFAULT="$STEPS_DEFAULT wgpu"
+STEPS_ALL="setup fmt rooms clippy wasm cuda test bench experiments e2e e2e-backend wgpu"
+# The Rust tests are built once, with the binary's `wgpu` feature
+# (TEST_FEATURES): the wgpu-vs-cpu parity test (backend/tests/wgpu_parity.rs,
+# issue 38) then runs in every `cargo test`, and the `wgpu` step is that
+# test alone. As a second build beside a feature-less one it cost a second
+# dependency tree (17 min 49 s cold on this 2-core machine, 2026-12-05:
+# `syn` and everything derived from it rebuilt with other features); as the
+# one test build it costs only the crates wgpu adds.
+TEST_FEATURES="--features moe-studio/wgpu"
+STEPS_DEFAULT="setup fmt rooms clippy wasm cuda test bench experiments e2e e2e-backend"
 ONLY=""
 case "${1:-}" in
 --list)
@@ -86,13 +90,23 @@ if want clippy; then
     RUSTC_WORKSPACE_WRAPPER="$(command -v clippy-driver)" || { echo "clippy-driver not found (rustup component add clippy)" >&2; exit 1; }
     export RUSTC_WORKSPACE_WRAPPER
     export CLIPPY_ARGS="-Dwarnings__CLIPPY_HACKERY__"
-    cargo test --workspace --no-run
+    cargo test --workspace $TEST_FEATURES --no-run
     cargo build --profile wasm-release --target wasm32-unknown-unknown -p moe-studio-shared -p moe-studio-kernels -p moe-studio-frontend
 fi
 
 if want wasm; then
     step "wasm32 build of the portable crates (the browser's profile, reused by scripts/build_web.sh)"
     cargo build --profile wasm-release --target wasm32-unknown-unknown -p moe-studio-shared -p moe-studio-kernels -p moe-studio-frontend
+fi
+
+# The GPU binary cannot rot unseen (issue 38): `--features cuda` type-checks
+# offline (cudarc loads the driver at run time, so no CUDA toolkit is
+# needed to build). A check build, not a full one: 5.5 min cold on this
+# 2-core machine (measured 2026-12-05), a minute once warm; under the
+# clippy step's wrapper it also lints the code behind the feature.
+if want cuda; then
+    step "cuda build check (cargo check -p moe-studio --features cuda)"
+    cargo check -p moe-studio --features cuda
 fi
 
 # The later steps run the moe-studio binary that cargo test builds (the
@@ -102,11 +116,11 @@ fi
 CLI="$CARGO_TARGET_DIR/debug/moe-studio"
 if want test; then
     step "cargo test"
-    cargo test --workspace --no-fail-fast
+    cargo test --workspace $TEST_FEATURES --no-fail-fast
     [ -x "$CLI" ] || { echo "cargo test built no moe-studio binary" >&2; exit 1; }
 elif want bench || want experiments || want e2e || want e2e-backend; then
     step "the moe-studio binary of the later steps (cargo test --no-run)"
-    cargo test --workspace --no-run
+    cargo test --workspace $TEST_FEATURES --no-run
 fi
 if want bench || want experiments || want e2e || want e2e-backend; then
     echo "moe-studio binary of the remaining steps: $CLI"
@@ -137,13 +151,11 @@ if want e2e-backend; then
 fi
 
 # The generic Burn path (what a GPU runs) against the CPU path, on wgpu over
-# lavapipe (backend/tests/wgpu_parity.rs). `--workspace` keeps the feature
-# set of `cargo test` above plus `wgpu`, so cubecl/wgpu and the crates that
-# depend on burn are built once more and nothing else. Last, because it
-# replaces $CLI with a wgpu-enabled build.
+# lavapipe (backend/tests/wgpu_parity.rs), alone: `cargo test` above runs it
+# too, in the same build.
 if want wgpu; then
     step "wgpu parity: the generic Burn path on lavapipe vs the CPU path"
-    cargo test --workspace --features moe-studio/wgpu --test wgpu_parity -- --nocapture
+    cargo test --workspace $TEST_FEATURES --test wgpu_parity -- --nocapture
 fi
 
 finish

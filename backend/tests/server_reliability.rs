@@ -258,7 +258,12 @@ fn half_open_connections_do_not_lock_out_the_user() {
     let took = t.elapsed();
     eprintln!("1500 half-open connections held; an authorised GET answered in {took:?}");
     assert_eq!(code, 200, "{v}");
-    assert!(took < Duration::from_secs(1), "{took:?}");
+    // Answered at all is the property (locked out is no answer). Within
+    // 3 s: the 1,500 connections overflow the listen backlog (1,024), and a
+    // SYN the kernel drops while the server drains it is sent again after
+    // its 1 s retransmission timeout (seen once in a cold CI run on 2 busy
+    // cores: 1.02 s; idle, 2-7 ms).
+    assert!(took < Duration::from_secs(3), "{took:?}");
     drop(held);
     // A connection that sends nothing is closed after the header timeout.
     let mut c = TcpStream::connect(&s.addr).unwrap();

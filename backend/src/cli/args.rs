@@ -135,3 +135,21 @@ pub struct DocsArg {
 fn parse_docs(s: &str) -> Result<moe_shared::corpus::DocSplit, String> {
     s.parse()
 }
+
+/// `--weights-dtype`: the dtype a forward-only command holds the model's
+/// large weights in (`moe_shared::model::weights`: projections, experts,
+/// the untied LM head and the embedding; norms, routers and activations stay
+/// f32). Flattened into `perplexity`, `eval`, `logits`, `generate`,
+/// `route` and `neurons`.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct WeightsArg {
+    /// Dtype of the model's weights in memory: `f32`, `bf16` or `f16` (16 bits halve the memory;
+    /// the arithmetic stays f32 on the rounded weights). f16 refuses a weight past its range,
+    /// naming the tensor.
+    #[arg(long = "weights-dtype", default_value = "f32", value_parser = parse_weights)]
+    pub weights_dtype: moe_shared::model::WeightsDtype,
+}
+
+fn parse_weights(s: &str) -> Result<moe_shared::model::WeightsDtype, String> {
+    s.parse().map_err(|e: moe_shared::error::StudioError| e.to_string())
+}

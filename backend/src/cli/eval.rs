@@ -15,7 +15,7 @@ use anyhow::{bail, Context};
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
 use moe_shared::eval::{evaluate, randomize_routers, PerplexityOptions};
-use moe_shared::model::{load_model, Routing};
+use moe_shared::model::{load_model_as, Routing};
 use moe_shared::ops::eval::{EvalParams, EvalRouting};
 use moe_shared::ops::task::TaskParams;
 use moe_shared::train::freeze::is_moe;
@@ -28,6 +28,8 @@ use super::train::{parse_data, resolve_tokenizer};
 pub struct Args {
     /// A model: Hugging Face / MoE directory, `.gguf` or llama2.c `.bin`.
     pub model: PathBuf,
+    #[command(flatten)]
+    pub weights: super::args::WeightsArg,
     /// `NAME=FILE` (.txt: documents cut by --docs; .jsonl: field `text`); repeat for several datasets.
     /// Each file is scored as its token stream (`moe_shared::corpus`), the ids `train` reads.
     #[arg(long = "data", required_unless_present = "task")]
@@ -72,7 +74,7 @@ impl WithBackend for Args {
         }
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let (tok, _) = resolve_tokenizer(&m, a.tokenizer.as_deref())?;
-        let mut model = load_model::<B>(&m, &device)?;
+        let mut model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
         let moe = is_moe(&model);
         let p = &a.params;
         match p.routing {

@@ -13,7 +13,7 @@ use burn::tensor::backend::Backend;
 use moe_shared::api::{TaskEvalReport, TaskResult};
 use moe_shared::checkpoint::open_model;
 use moe_shared::eval::{evaluate_task, randomize_routers, McOptions, McTask, Metric};
-use moe_shared::model::load_model;
+use moe_shared::model::load_model_as;
 use moe_shared::ops::eval::EvalRouting;
 use moe_shared::train::freeze::is_moe;
 
@@ -59,7 +59,7 @@ pub fn run<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     }
     let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
     let (tok, _) = resolve_tokenizer(&m, a.tokenizer.as_deref())?;
-    let mut model = load_model::<B>(&m, &device)?;
+    let mut model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
     let moe = is_moe(&model);
     if a.params.routing == EvalRouting::Random {
         if !moe {

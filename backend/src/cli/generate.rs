@@ -6,7 +6,7 @@ use anyhow::Context;
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
 use moe_shared::generate::{generate, Sampling};
-use moe_shared::model::load_model;
+use moe_shared::model::load_model_as;
 
 use super::backend::WithBackend;
 
@@ -15,6 +15,8 @@ use super::backend::WithBackend;
 pub struct Args {
     /// A Hugging Face model directory, a `.gguf` file or a llama2.c `.bin`.
     pub model: PathBuf,
+    #[command(flatten)]
+    pub weights: super::args::WeightsArg,
     /// The prompt text.
     #[arg(long)]
     pub prompt: String,
@@ -61,7 +63,7 @@ impl WithBackend for Args {
         a.validate()?;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer found with this model", m.path))?;
-        let model = load_model::<B>(&m, &device)?;
+        let model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
         // Special tokens as transformers adds them: BOS where the tokenizer's
         // post-processor has one (llama2.c: always, as run.c), for every
         // format, so a `.bin` and its converted/upcycled copy agree.

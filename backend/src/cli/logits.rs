@@ -10,7 +10,7 @@ use anyhow::Context;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use moe_shared::checkpoint::open_model;
-use moe_shared::model::load_model;
+use moe_shared::model::load_model_as;
 
 use super::backend::WithBackend;
 
@@ -19,6 +19,8 @@ use super::backend::WithBackend;
 pub struct Args {
     /// A Hugging Face model directory, a `.gguf` file or a llama2.c `.bin`.
     pub model: PathBuf,
+    #[command(flatten)]
+    pub weights: super::args::WeightsArg,
     /// Token ids, comma-separated.
     #[arg(long, value_delimiter = ',', required_unless_present = "text", conflicts_with = "text")]
     pub ids: Vec<u32>,
@@ -54,7 +56,7 @@ impl WithBackend for Args {
         if let Some(bad) = ids.iter().find(|&&i| i as usize >= m.config.vocab_size) {
             anyhow::bail!("token id {bad} is outside the vocabulary ({} tokens)", m.config.vocab_size);
         }
-        let model = load_model::<B>(&m, &device)?;
+        let model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
         let n = ids.len();
         let input = Tensor::<B, 2, Int>::from_data(
             TensorData::new(ids.iter().map(|&i| i as i64).collect::<Vec<_>>(), [1, n]),

@@ -24,7 +24,7 @@ use moe_shared::methods::neurons::{
     analyze, average_precision_table, expert_counts, expert_layer_means, ComponentUnits, ExpertLayerMeans, ExpertRef,
     LayerCounts, NeuronCollector, NeuronReport,
 };
-use moe_shared::model::{load_model, Pooling};
+use moe_shared::model::{load_model_as, Pooling};
 use moe_shared::ops::neurons::NeuronsParams;
 
 use super::backend::WithBackend;
@@ -38,6 +38,8 @@ pub struct Args {
     /// expert's gate/up/down units are neurons too, each expert computed on
     /// every token (`expert_counts.csv`, `specific_per_expert.{svg,png}`).
     pub model: PathBuf,
+    #[command(flatten)]
+    pub weights: super::args::WeightsArg,
     /// `CODE=FILE`: texts of one language, the file's documents (see --docs; at least 2 languages).
     #[arg(long = "lang", required = true)]
     pub langs: Vec<String>,
@@ -353,7 +355,7 @@ impl WithBackend for Args {
         }
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let (tok, _) = super::train::resolve_tokenizer(&m, a.tokenizer.as_deref())?;
-        let model = load_model::<B>(&m, &device)?;
+        let model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
         let opts = p.collect();
         let mut col = NeuronCollector::new(&model, codes.clone(), opts)?;
         let mut encoded: Vec<(usize, Vec<u32>)> = Vec::new();

@@ -6,7 +6,7 @@ use anyhow::Context;
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
 use moe_shared::eval::{perplexity, PerplexityOptions};
-use moe_shared::model::load_model;
+use moe_shared::model::load_model_as;
 
 use super::backend::WithBackend;
 
@@ -15,6 +15,8 @@ use super::backend::WithBackend;
 pub struct Args {
     /// A Hugging Face model directory, a `.gguf` file or a llama2.c `.bin`.
     pub model: PathBuf,
+    #[command(flatten)]
+    pub weights: super::args::WeightsArg,
     /// UTF-8 text file (.txt, or .jsonl with a field `text`), scored as its token stream
     /// (`moe_shared::corpus`, the ids `train` and `eval` read): each document as the tokenizer encodes it
     /// with its special tokens (the BOS it adds, as transformers' `tokenizer(text)`), then the
@@ -47,7 +49,7 @@ impl WithBackend for Args {
         let docs = moe_shared::corpus::split_documents(&text, &a.text.display().to_string(), a.docs.docs)?;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer found with this model", m.path))?;
-        let model = load_model::<B>(&m, &device)?;
+        let model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
         let ids = moe_shared::corpus::token_stream(&docs, tok)?;
         let opts = PerplexityOptions { window: a.window, stride: a.stride, max_tokens: a.max_tokens, batch: a.batch };
         let quiet = a.json;

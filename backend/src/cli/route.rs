@@ -14,7 +14,7 @@ use moe_shared::methods::route::{
     routing_accuracy, routing_accuracy_detail, set_routers, solve_all, solve_all_relative, stats_to_safetensors,
     write_routed, DomainSequences, RouteReport, RoutingAccuracy,
 };
-use moe_shared::model::load_model;
+use moe_shared::model::load_model_as;
 use moe_shared::ops::route::RouteParams;
 use moe_shared::tensor_io::card::CardMethod;
 
@@ -25,6 +25,8 @@ use super::backend::WithBackend;
 pub struct Args {
     /// An MoE checkpoint directory whose expert i is domain i's model (see `moerge`).
     pub model: PathBuf,
+    #[command(flatten)]
+    pub weights: super::args::WeightsArg,
     /// `NAME=TRAIN_FILE[:HELDOUT_FILE]`, one per expert, in expert order.
     /// Without a held-out file the last 10% of the training tokens are held out.
     #[arg(long = "domain", required_unless_present = "add_expert")]
@@ -163,7 +165,7 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     let cfg = layout::MoeLayout::write_config(&layout::studio::Studio, &m.config, &plan.moe);
     w.finish(&[("config.json", serde_json::to_vec(&cfg)?)])?;
     let grown = open_model(&stage_dir)?;
-    let mut model = load_model::<B>(&grown, &device)?;
+    let mut model = load_model_as::<B>(&grown, &device, a.weights.weights_dtype)?;
     let p = &a.params;
     let domain = read_domain(tok, name.to_string(), &train, held.as_ref(), a.docs.docs, p.context)?;
     let new_idx = names.len();
@@ -296,7 +298,7 @@ impl WithBackend for Args {
             let (name, train, held) = parse_domain(spec)?;
             domains.push(read_domain(tok, name, &train, held.as_ref(), a.docs.docs, opts.context)?);
         }
-        let mut model = load_model::<B>(&m, &device)?;
+        let mut model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
         let (stats, tokens) = match &a.stats {
             Some(p) => reuse_stats(p, &domains, m.config.hidden_size, opts.bias)?,
             None => {

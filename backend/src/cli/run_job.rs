@@ -104,6 +104,7 @@ pub fn command_for(spec: &JobSpec, job: &dyn JobInputs, resume: bool, out: &Path
             output: output(),
         }),
         JobSpec::Route(s) => Command::Route(super::route::Args {
+            weights: defaults(),
             model: m(&s.model),
             // `NAME=FILE[:HELDOUT]`.
             domains: s
@@ -141,6 +142,7 @@ pub fn command_for(spec: &JobSpec, job: &dyn JobInputs, resume: bool, out: &Path
             output: output(),
         }),
         JobSpec::Neurons(s) => Command::Neurons(super::neurons::Args {
+            weights: defaults(),
             model: m(&s.model),
             langs: s.langs.iter().map(named).collect(),
             docs,
@@ -187,6 +189,7 @@ pub fn command_for(spec: &JobSpec, job: &dyn JobInputs, resume: bool, out: &Path
             })
         }
         JobSpec::Eval(s) => Command::Eval(super::eval::Args {
+            weights: defaults(),
             model: m(&s.model),
             data: s.data.iter().map(named).collect(),
             docs,
@@ -198,6 +201,7 @@ pub fn command_for(spec: &JobSpec, job: &dyn JobInputs, resume: bool, out: &Path
             json,
         }),
         JobSpec::Task(s) => Command::Eval(super::eval::Args {
+            weights: defaults(),
             model: m(&s.model),
             data: Vec::new(),
             docs,

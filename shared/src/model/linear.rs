@@ -4,6 +4,9 @@ use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 
+use super::weights::{weight_f32, weight_tensor, WeightsDtype};
+use crate::error::Result;
+
 /// Builds a Burn [`Linear`] from a Hugging Face weight stored
 /// `[out_features, in_features]` (row-major), transposing it to Burn's
 /// `[in_features, out_features]`, and an optional bias `[out_features]`.
@@ -18,6 +21,29 @@ pub fn linear_from_hf<B: Backend>(
     bias: Option<Vec<f32>>,
     device: &B::Device,
 ) -> Linear<B> {
+    linear_from_hf_as(weight, out_features, in_features, bias, WeightsDtype::F32, "", "", device)
+        .expect("f32 weights convert without error")
+}
+
+/// [`linear_from_hf`] with the weight held in `dtype` (the bias stays f32;
+/// [`super::weights`]). `source` and `name` name the tensor in errors.
+///
+/// # Errors
+/// As [`weight_tensor`]: an f16 weight with a value past f16's range.
+///
+/// # Panics
+/// As [`linear_from_hf`].
+#[allow(clippy::too_many_arguments)]
+pub fn linear_from_hf_as<B: Backend>(
+    weight: &[f32],
+    out_features: usize,
+    in_features: usize,
+    bias: Option<Vec<f32>>,
+    dtype: WeightsDtype,
+    source: &str,
+    name: &str,
+    device: &B::Device,
+) -> Result<Linear<B>> {
     assert_eq!(weight.len(), out_features * in_features);
     let mut t = vec![0f32; weight.len()];
     for o in 0..out_features {
@@ -26,12 +52,12 @@ pub fn linear_from_hf<B: Backend>(
             t[i * out_features + o] = *v;
         }
     }
-    let w = Tensor::<B, 2>::from_data(TensorData::new(t, [in_features, out_features]), device);
+    let w = weight_tensor::<B, 2>(t, [in_features, out_features], dtype, source, name, device)?;
     let bias = bias.map(|b| {
         assert_eq!(b.len(), out_features);
         Param::from_tensor(Tensor::<B, 1>::from_data(TensorData::new(b, [out_features]), device))
     });
-    Linear { weight: Param::from_tensor(w), bias }
+    Ok(Linear { weight: Param::from_tensor(w), bias })
 }
 
 /// Reads a Burn [`Linear`] back into Hugging Face layout
@@ -52,7 +78,21 @@ pub fn linear_to_hf<B: Backend>(linear: &Linear<B>) -> (Vec<f32>, [usize; 2], Op
 /// batched product, whose backward forms one `[in, out]` weight gradient per
 /// batch entry and then sums them; one 2-D product gives the same values
 /// with a single gradient and one large, better-threaded gemm call.
+///
+/// A 16-bit weight ([`super::weights`]) is converted to f32 for the product
+/// (the activations stay f32).
 pub fn forward_rows<B: Backend, const D: usize>(linear: &Linear<B>, x: Tensor<B, D>) -> Tensor<B, D> {
+    let w = linear.weight.val();
+    if w.dtype() != x.dtype() {
+        let mut dims = x.dims();
+        let rows: usize = dims[..D - 1].iter().product();
+        let mut y = x.reshape([rows, dims[D - 1]]).matmul(weight_f32(w));
+        if let Some(b) = &linear.bias {
+            y = y + b.val().unsqueeze_dim(0);
+        }
+        dims[D - 1] = y.dims()[1];
+        return y.reshape(dims);
+    }
     if D <= 2 {
         return linear.forward(x);
     }

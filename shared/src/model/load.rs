@@ -5,9 +5,10 @@ use burn::module::Param;
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 
-use super::linear::linear_from_hf;
+use super::linear::linear_from_hf_as;
 use super::moe::MoeLayer;
 use super::transformer::Mlp;
+use super::weights::{weight_tensor, WeightsDtype};
 use super::{Attention, DecoderBlock, Rope, SwiGlu, Transformer};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Result, StudioError};
@@ -63,11 +64,11 @@ fn lin<B: Backend>(
     out: usize,
     inp: usize,
     bias: bool,
+    dtype: WeightsDtype,
     device: &B::Device,
 ) -> Result<Linear<B>> {
-    let w = read_checked(src, &format!("{prefix}.weight"), &[out, inp])?;
-    let b = if bias { Some(read_checked(src, &format!("{prefix}.bias"), &[out])?) } else { None };
-    Ok(linear_from_hf(&w, out, inp, b, device))
+    let b = if bias { Some(format!("{prefix}.bias")) } else { None };
+    hf_linear(src, &format!("{prefix}.weight"), b.as_deref(), out, inp, dtype, device)
 }
 
 fn hf_linear<B: Backend>(
@@ -76,6 +77,7 @@ fn hf_linear<B: Backend>(
     bias: Option<&str>,
     out: usize,
     inp: usize,
+    dtype: WeightsDtype,
     device: &B::Device,
 ) -> Result<Linear<B>> {
     let w = read_checked(src, weight, &[out, inp])?;
@@ -83,7 +85,7 @@ fn hf_linear<B: Backend>(
         Some(b) => Some(read_checked(src, b, &[out])?),
         None => None,
     };
-    Ok(linear_from_hf(&w, out, inp, b, device))
+    linear_from_hf_as(&w, out, inp, b, dtype, src.source_name(), weight, device)
 }
 
 /// Loads a transformer with dense configuration `config` and, for MoE
@@ -116,6 +118,26 @@ pub fn load_transformer<B: Backend>(
     src: &dyn TensorSource,
     device: &B::Device,
 ) -> Result<Transformer<B>> {
+    load_transformer_as(config, moe, src, device, WeightsDtype::F32)
+}
+
+/// [`load_transformer`] with the projections, experts, untied LM head and
+/// token embedding held in `weights` ([`super::weights`]: 16 bits halve
+/// their memory; norms, routers and biases stay f32). Each tensor is read
+/// and converted on its own, so the load never holds a second copy of the
+/// model in f32. For forward work only: training needs f32 parameters.
+///
+/// # Errors
+/// As [`load_transformer`]; with [`WeightsDtype::F16`], a weight holding a
+/// value past f16's range ([`super::weights::weight_tensor`]).
+pub fn load_transformer_as<B: Backend>(
+    config: &ModelConfig,
+    moe: Option<&MoeConfig>,
+    src: &dyn TensorSource,
+    device: &B::Device,
+    weights: WeightsDtype,
+) -> Result<Transformer<B>> {
+    let wd = weights;
     if let Some(m) = moe {
         m.validate(config, src.source_name())?;
     }
@@ -126,8 +148,8 @@ pub fn load_transformer<B: Backend>(
     let (qk_norm, one, act) = (fam.qk_norm, fam.norm_plus_one, fam.activation);
     let fp = &config.family_params;
     let emb = read_checked(src, "model.embed_tokens.weight", &[v, d])?;
-    let embed_tokens =
-        Embedding { weight: Param::from_tensor(Tensor::from_data(TensorData::new(emb, [v, d]), device)) };
+    let emb = weight_tensor(emb, [v, d], wd, src.source_name(), "model.embed_tokens.weight", device)?;
+    let embed_tokens = Embedding { weight: Param::from_tensor(emb) };
     let mut layers = Vec::with_capacity(config.num_layers);
     for l in 0..config.num_layers {
         let p = format!("model.layers.{l}");
@@ -135,10 +157,10 @@ pub fn load_transformer<B: Backend>(
         layers.push(DecoderBlock {
             input_layernorm: rms(src, &format!("{p}.input_layernorm.weight"), d, eps, one, device)?,
             self_attn: Attention {
-                q_proj: lin(src, &format!("{p}.self_attn.q_proj"), h * hd, d, bias, device)?,
-                k_proj: lin(src, &format!("{p}.self_attn.k_proj"), kvh * hd, d, bias, device)?,
-                v_proj: lin(src, &format!("{p}.self_attn.v_proj"), kvh * hd, d, bias, device)?,
-                o_proj: lin(src, &format!("{p}.self_attn.o_proj"), d, h * hd, false, device)?,
+                q_proj: lin(src, &format!("{p}.self_attn.q_proj"), h * hd, d, bias, wd, device)?,
+                k_proj: lin(src, &format!("{p}.self_attn.k_proj"), kvh * hd, d, bias, wd, device)?,
+                v_proj: lin(src, &format!("{p}.self_attn.v_proj"), kvh * hd, d, bias, wd, device)?,
+                o_proj: lin(src, &format!("{p}.self_attn.o_proj"), d, h * hd, false, wd, device)?,
                 q_norm: match qk_norm {
                     true => Some(rms(src, &format!("{p}.self_attn.q_norm.weight"), hd, eps, one, device)?),
                     false => None,
@@ -178,9 +200,9 @@ pub fn load_transformer<B: Backend>(
             },
             mlp: match moe.and_then(|m| m.layers[l].as_ref()) {
                 None => Mlp::Dense(SwiGlu {
-                    gate_proj: lin(src, &format!("{p}.mlp.gate_proj"), f, d, false, device)?,
-                    up_proj: lin(src, &format!("{p}.mlp.up_proj"), f, d, false, device)?,
-                    down_proj: lin(src, &format!("{p}.mlp.down_proj"), d, f, false, device)?,
+                    gate_proj: lin(src, &format!("{p}.mlp.gate_proj"), f, d, false, wd, device)?,
+                    up_proj: lin(src, &format!("{p}.mlp.up_proj"), f, d, false, wd, device)?,
+                    down_proj: lin(src, &format!("{p}.mlp.down_proj"), d, f, false, wd, device)?,
                     activation: act,
                 }),
                 Some(spec) => {
@@ -192,13 +214,14 @@ pub fn load_transformer<B: Backend>(
                         spec.router_bias.then_some(bias.as_str()),
                         e,
                         d,
+                        WeightsDtype::F32,
                         device,
                     )?;
                     let swiglu = |name: &dyn Fn(Proj) -> String, f: usize| -> Result<SwiGlu<B>> {
                         Ok(SwiGlu {
-                            gate_proj: hf_linear(src, &name(Proj::Gate), None, f, d, device)?,
-                            up_proj: hf_linear(src, &name(Proj::Up), None, f, d, device)?,
-                            down_proj: hf_linear(src, &name(Proj::Down), None, d, f, device)?,
+                            gate_proj: hf_linear(src, &name(Proj::Gate), None, f, d, wd, device)?,
+                            up_proj: hf_linear(src, &name(Proj::Up), None, f, d, wd, device)?,
+                            down_proj: hf_linear(src, &name(Proj::Down), None, d, f, wd, device)?,
                             activation: act,
                         })
                     };
@@ -210,7 +233,7 @@ pub fn load_transformer<B: Backend>(
                         .map(|i| swiglu(&|w| shared_expert_weight_name(l, i, w), f))
                         .collect::<Result<Vec<_>>>()?;
                     let shared_expert_gate = if spec.shared_expert_gate {
-                        Some(hf_linear(src, &shared_expert_gate_name(l), None, n, d, device)?)
+                        Some(hf_linear(src, &shared_expert_gate_name(l), None, n, d, WeightsDtype::F32, device)?)
                     } else {
                         None
                     };
@@ -236,7 +259,7 @@ pub fn load_transformer<B: Backend>(
         });
     }
     let norm = rms(src, "model.norm.weight", d, eps, one, device)?;
-    let lm_head = if config.tie_word_embeddings { None } else { Some(lin(src, "lm_head", v, d, false, device)?) };
+    let lm_head = if config.tie_word_embeddings { None } else { Some(lin(src, "lm_head", v, d, false, wd, device)?) };
     Ok(Transformer {
         embed_tokens,
         layers,
@@ -254,4 +277,16 @@ pub fn load_transformer<B: Backend>(
 /// As [`load_transformer`].
 pub fn load_model<B: Backend>(m: &crate::checkpoint::LoadedModel, device: &B::Device) -> Result<Transformer<B>> {
     load_transformer(&m.config, m.moe.as_ref(), m.source.as_ref(), device)
+}
+
+/// [`load_model`] with the large weights in `weights` ([`load_transformer_as`]).
+///
+/// # Errors
+/// As [`load_transformer_as`].
+pub fn load_model_as<B: Backend>(
+    m: &crate::checkpoint::LoadedModel,
+    device: &B::Device,
+    weights: WeightsDtype,
+) -> Result<Transformer<B>> {
+    load_transformer_as(&m.config, m.moe.as_ref(), m.source.as_ref(), device, weights)
 }

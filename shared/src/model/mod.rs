@@ -21,12 +21,13 @@ pub mod padding;
 pub mod rope;
 pub mod save;
 pub mod transformer;
+pub mod weights;
 
 pub use attention::Attention;
 pub use cache::KvCache;
 pub use ffn::SwiGlu;
 pub use init::{random_dense_model, RandomInit};
-pub use load::{load_model, load_transformer};
+pub use load::{load_model, load_model_as, load_transformer, load_transformer_as};
 pub use moe::{MoeLayer, Routing, RoutingTrace};
 pub use padding::Padding;
 pub use rope::{Rope, RopeTables};
@@ -34,3 +35,4 @@ pub use save::model_to_bytes;
 #[cfg(not(target_arch = "wasm32"))]
 pub use save::save_model;
 pub use transformer::{DecoderBlock, ForwardOptions, LayerNeurons, Mlp, Pooling, Trace, Transformer};
+pub use weights::WeightsDtype;

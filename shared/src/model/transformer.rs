@@ -218,7 +218,9 @@ impl<B: Backend> Transformer<B> {
         let offset = cache.as_ref().map(|c| c.len()).unwrap_or(0);
         let rope = self.rope.tables::<B>(offset, s, &device);
         let rope_local = self.rope_local.as_ref().map(|r| r.tables::<B>(offset, s, &device));
-        let mut x = self.embed_tokens.forward(tokens);
+        // A 16-bit embedding table ([`super::weights`]) gives 16-bit rows:
+        // the activations are f32.
+        let mut x = super::weights::weight_f32(self.embed_tokens.forward(tokens));
         if self.config.architecture.family().embed_scale {
             // transformers: `* torch.tensor(hidden_size ** 0.5, dtype)`.
             x = x * ((self.config.hidden_size as f64).sqrt() as f32);
@@ -338,7 +340,9 @@ impl<B: Backend> Transformer<B> {
             Some(head) => super::linear::forward_rows(head, hidden),
             None => {
                 let [b, s, d] = hidden.dims();
-                let logits = hidden.reshape([b * s, d]).matmul(self.embed_tokens.weight.val().transpose());
+                let logits = hidden
+                    .reshape([b * s, d])
+                    .matmul(super::weights::weight_f32(self.embed_tokens.weight.val()).transpose());
                 logits.reshape([b, s, self.config.vocab_size])
             }
         }

@@ -379,9 +379,10 @@ fn logits_in(model: &Path, ids: &[u32], dir: &Path, dt: &str) -> Vec<f32> {
 }
 
 /// 16-bit weights (issue 38 item 3). The mergekit MoE fixture is stored in
-/// bf16: it gives the same logits, bit for bit, whether its weights are held
-/// in f32 or in bf16 (the arithmetic is f32 on the same values; experts,
-/// attention and the embedding all take the 16-bit path), and so do
+/// bf16: it gives the same logits whether its weights are held in f32 or in
+/// bf16 (f32 arithmetic on the same values; an expert given at most 8 tokens
+/// takes the few-rows product, whose sums run in another order than the
+/// gemm's: rounding-level differences, < 1e-5 of the logit scale), and so do
 /// perplexity and greedy generation; f16 weights of the same values agree
 /// closely. stories260K is stored in f32: in bf16 its logits move, by less
 /// than bf16's rounding allows, and less in f16 (3 more mantissa bits). A
@@ -394,7 +395,8 @@ fn weights_dtype_bf16_is_the_f32_forward_on_rounded_weights() {
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
     let held32 = logits_in(&mk, &ids, &dir, "f32");
     let held16 = logits_in(&mk, &ids, &dir, "bf16");
-    assert_eq!(held32, held16, "bf16 weights are the f32 forward on the same values");
+    let d = max_diff(&held32, &held16);
+    assert!(d < 1e-5 * scale, "bf16 weights are the f32 forward on the same values: {d}");
     assert!(max_diff(&held16, &want) < 1e-4, "bf16 weights against transformers");
     let df = max_diff(&held32, &logits_in(&mk, &ids, &dir, "f16"));
     assert!(df > 0.0 && df < 1e-3 * scale, "f16 weights of bf16 values: {df} (logit scale {scale})");
@@ -406,7 +408,8 @@ fn weights_dtype_bf16_is_the_f32_forward_on_rounded_weights() {
         json(&run(&[&a[..], &["--weights-dtype", dt]].concat()))
     };
     let (p32, p16) = (ppl("f32"), ppl("bf16"));
-    assert_eq!(p32["nll"], p16["nll"], "{p32} {p16}");
+    let (n32, n16) = (p32["nll"].as_f64().unwrap(), p16["nll"].as_f64().unwrap());
+    assert!((n32 - n16).abs() < 1e-6 * n32, "{p32} {p16}");
     let gen =
         |dt: &str| ok(&run(&["generate", &m, "--prompt", "the quick", "--max-new-tokens", "8", "--weights-dtype", dt]));
     assert_eq!(gen("f32"), gen("bf16"));

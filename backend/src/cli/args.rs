@@ -153,3 +153,20 @@ pub struct WeightsArg {
 fn parse_weights(s: &str) -> Result<moe_shared::model::WeightsDtype, String> {
     s.parse().map_err(|e: moe_shared::error::StudioError| e.to_string())
 }
+
+/// Gives the heap's free pages back to the kernel (`malloc_trim(0)`: glibc
+/// releases every whole free page, inside the heap too, with
+/// `madvise(MADV_DONTNEED)`). `main` keeps buffers up to 256 MiB in the heap
+/// so a forward pass reuses them; a model load interleaves long-lived
+/// weights with freed read and transpose buffers of the same sizes, and
+/// those holes otherwise stay in the resident set for the whole run (3B-
+/// shaped DUME in bf16: docs/benchmarks.md, "DUME at the papers' size").
+/// Called after a load and between the phases of a long command; a no-op
+/// off glibc.
+pub fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory; no pointer changes.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

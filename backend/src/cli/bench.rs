@@ -24,7 +24,7 @@ use anyhow::Context;
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use moe_shared::checkpoint::open_model;
 use moe_shared::generate::{generate, Sampling};
-use moe_shared::model::load_model;
+use moe_shared::model::load_model_as;
 use serde::Serialize;
 
 use super::backend::WithBackend;
@@ -242,6 +242,8 @@ pub fn backend_name<B: Backend>() -> String {
 pub struct PrefillArgs {
     /// The model (directory, `.gguf` or llama2.c `.bin`).
     pub model: PathBuf,
+    #[command(flatten)]
+    pub weights: super::args::WeightsArg,
     /// Prompt length in tokens.
     #[arg(long, default_value_t = 512)]
     pub tokens: usize,
@@ -261,7 +263,7 @@ impl WithBackend for PrefillArgs {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
         let a = self;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
-        let model = load_model::<B>(&m, &device)?;
+        let model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
         let n = a.tokens.min(m.config.max_position_embeddings);
         let ids: Vec<i64> = synthetic_ids(n, m.config.vocab_size).into_iter().map(i64::from).collect();
         let secs = time_runs(a.repeat, || {
@@ -280,7 +282,7 @@ impl WithBackend for PrefillArgs {
         };
         finish(Measurement {
             workload: "prefill".into(),
-            setup: format!("{n} tokens, batch 1, all logits, {}", m.path),
+            setup: format!("{n} tokens, batch 1, all logits, {} weights, {}", a.weights.weights_dtype, m.path),
             unit: "tokens/s".into(),
             backend: backend_name::<B>(),
             ours,
@@ -299,6 +301,8 @@ impl WithBackend for PrefillArgs {
 pub struct GenerateArgs {
     /// The model (directory, `.gguf` or llama2.c `.bin`).
     pub model: PathBuf,
+    #[command(flatten)]
+    pub weights: super::args::WeightsArg,
     /// Prompt length in tokens (synthetic ids).
     #[arg(long, default_value_t = 32)]
     pub prompt_tokens: usize,
@@ -320,7 +324,7 @@ impl WithBackend for GenerateArgs {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
         let a = self;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
-        let model = load_model::<B>(&m, &device)?;
+        let model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
         let p = a.prompt_tokens.max(1);
         let n = a.new_tokens.max(1);
         let prompt = synthetic_ids(p, m.config.vocab_size);
@@ -346,7 +350,10 @@ impl WithBackend for GenerateArgs {
         };
         finish(Measurement {
             workload: "generate".into(),
-            setup: format!("{p}-token prompt + {n} new tokens, greedy, KV cache, batch 1, {}", m.path),
+            setup: format!(
+                "{p}-token prompt + {n} new tokens, greedy, KV cache, batch 1, {} weights, {}",
+                a.weights.weights_dtype, m.path
+            ),
             unit: "tokens/s".into(),
             backend: backend_name::<B>(),
             ours,

@@ -75,6 +75,7 @@ impl WithBackend for Args {
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let (tok, _) = resolve_tokenizer(&m, a.tokenizer.as_deref())?;
         let mut model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
+        super::args::trim_heap();
         let moe = is_moe(&model);
         let p = &a.params;
         match p.routing {

@@ -64,6 +64,7 @@ impl WithBackend for Args {
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer found with this model", m.path))?;
         let model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
+        super::args::trim_heap();
         // Special tokens as transformers adds them: BOS where the tokenizer's
         // post-processor has one (llama2.c: always, as run.c), for every
         // format, so a `.bin` and its converted/upcycled copy agree.

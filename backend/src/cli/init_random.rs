@@ -4,7 +4,10 @@
 //! embedding weights `N(0, std^2)` with `std` = the config's
 //! `initializer_range`, default 0.02; RMSNorm gains 1; biases 0; seeded per
 //! tensor name: [`moe_shared::model::init`]), written as a safetensors
-//! directory.
+//! directory in f32 or, with `--dtype`, bf16/f16 (rounded once). Each tensor
+//! is drawn and written on its own, so a model of any size is made in the
+//! memory of its largest tensor (three Llama-3.2-3B-shaped experts for the
+//! DUME benchmark: docs/benchmarks.md, "DUME at the papers' size").
 //!
 //! With `--tokenizer FILE` the directory also gets that `tokenizer.json`,
 //! and with `--train-tokenizer TEXT` one trained here (a byte-level BPE of
@@ -19,9 +22,10 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
+use moe_shared::checkpoint::export::export_dense;
 use moe_shared::config::HfConfig;
 use moe_shared::model::init::DEFAULT_INITIALIZER_RANGE;
-use moe_shared::model::{random_dense_model, save_model};
+use moe_shared::model::RandomInit;
 use moe_shared::tensor_io::card::CardMethod;
 use moe_shared::tensor_io::DType;
 use moe_shared::tokenizer::train::train_byte_level_bpe;
@@ -49,6 +53,10 @@ pub struct Args {
     /// documents, separated by blank lines; repeatable) and put it beside the weights as `tokenizer.json`.
     #[arg(long = "train-tokenizer")]
     pub train_tokenizer: Vec<PathBuf>,
+    /// Dtype of the written weights: f32 (default), bf16 or f16 (the values are drawn in f32 and
+    /// rounded once).
+    #[arg(long)]
+    pub dtype: Option<String>,
 }
 
 /// The `tokenizer.json` bytes to write, if any, checked against the
@@ -102,14 +110,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .unwrap_or(DEFAULT_INITIALIZER_RANGE),
     };
     let tokenizer = tokenizer_json(&a, config.vocab_size, &name)?;
-    let device = Default::default();
-    let model = random_dense_model::<moe_shared::CpuBackend>(&config, std, a.seed, &device)?;
-    let provenance = serde_json::json!({"init": "random", "std": std, "seed": a.seed});
-    let mut extra: Vec<(&str, Vec<u8>)> = tokenizer.into_iter().map(|t| ("tokenizer.json", t)).collect();
+    let dtype = super::args::parse_dtype(&a.dtype)?.unwrap_or(DType::F32);
+    // Streamed: each tensor is drawn and written on its own (a 3B-shaped
+    // model never sits in memory), the same values `random_dense_model`
+    // holds (one seed per tensor name).
+    let src = RandomInit::new(&config, std, a.seed)?;
     let mut card = super::card::card(CardMethod::RandomInit, [("configuration".to_string(), a.config.as_path())]);
     card.detail("initialisation", format!("N(0, {std}^2), seed {}", a.seed));
-    extra.push(super::card::readme(card, &a.out));
-    save_model(&model, &a.out, DType::F32, extra, provenance, Default::default())?;
+    let opts = moe_shared::tensor_io::WriteOptions::default().with_card(Some(card));
+    export_dense(&src, &config, &a.out, Some(dtype), tokenizer, opts)?;
     eprintln!("wrote {} ({} parameters, random N(0, {std}^2))", a.out.display(), config.num_parameters());
     Ok(())
 }

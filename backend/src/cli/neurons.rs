@@ -356,6 +356,7 @@ impl WithBackend for Args {
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let (tok, _) = super::train::resolve_tokenizer(&m, a.tokenizer.as_deref())?;
         let model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
+        super::args::trim_heap();
         let opts = p.collect();
         let mut col = NeuronCollector::new(&model, codes.clone(), opts)?;
         let mut encoded: Vec<(usize, Vec<u32>)> = Vec::new();

@@ -50,6 +50,7 @@ impl WithBackend for Args {
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer found with this model", m.path))?;
         let model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
+        super::args::trim_heap();
         let ids = moe_shared::corpus::token_stream(&docs, tok)?;
         let opts = PerplexityOptions { window: a.window, stride: a.stride, max_tokens: a.max_tokens, batch: a.batch };
         let quiet = a.json;

@@ -299,6 +299,7 @@ impl WithBackend for Args {
             domains.push(read_domain(tok, name, &train, held.as_ref(), a.docs.docs, opts.context)?);
         }
         let mut model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
+        super::args::trim_heap();
         let (stats, tokens) = match &a.stats {
             Some(p) => reuse_stats(p, &domains, m.config.hidden_size, opts.bias)?,
             None => {
@@ -326,6 +327,7 @@ impl WithBackend for Args {
                 moe_layers.len()
             );
         }
+        super::args::trim_heap();
         let routers = solve_all(&stats, opts.lambda)?;
         let cond: Vec<Option<f64>> =
             stats.iter().map(|s| s.as_ref().and_then(|s| s.condition_number(opts.lambda).ok())).collect();
@@ -360,12 +362,15 @@ impl WithBackend for Args {
                 "all_layers_accuracy_per_domain": acc.iter().map(|x| x.all_layers).collect::<Vec<_>>(),
             }));
         }
+        // The model is not read again: writing streams from the checkpoint.
+        drop(model);
         let names: Vec<String> = domains.iter().map(|d| d.name.clone()).collect();
         let stats_bytes = stats_to_safetensors(&stats, &names)?;
         let routed = routed_config(&moe, &opts);
         let mut report = RouteReport::new(&m.path, &domains, tokens, opts, accuracy.clone());
         report.condition_number_per_layer = Some(cond);
         report.mean_diagonal_per_layer = Some(stats.iter().map(|s| s.as_ref().map(|s| s.mean_diagonal())).collect());
+        drop(stats);
         report.reused_stats = a.stats.as_ref().map(|p| p.display().to_string());
         report.lambda_sweep = Some(sweep);
         report.layout = Some(layout.to_string());

@@ -86,7 +86,26 @@ pub fn forward_rows<B: Backend, const D: usize>(linear: &Linear<B>, x: Tensor<B,
     if w.dtype() != x.dtype() {
         let mut dims = x.dims();
         let rows: usize = dims[..D - 1].iter().product();
-        let mut y = x.reshape([rows, dims[D - 1]]).matmul(weight_f32(w));
+        let x = x.reshape([rows, dims[D - 1]]);
+        #[cfg(not(target_arch = "wasm32"))]
+        if rows <= super::weights::SMALL_ROWS && super::cpu_ops::is_cpu::<B>() && x.dtype() == burn::tensor::DType::F32
+        {
+            // A decoding step: read the 16-bit weights once, no f32 copy.
+            let xf = super::cpu_ops::contiguous(super::cpu_ops::to_flex(x.clone()));
+            let wf = super::cpu_ops::to_flex(w.clone());
+            if let Some(v) =
+                super::weights::small_rows_product(xf.as_slice::<f32>().expect("contiguous f32"), rows, &wf)
+            {
+                let out = wf.layout().shape()[1];
+                let mut y: Tensor<B, 2> = super::cpu_ops::from_flex(super::cpu_ops::flex_from_vec(v, &[rows, out]));
+                if let Some(b) = &linear.bias {
+                    y = y + b.val().unsqueeze_dim(0);
+                }
+                dims[D - 1] = out;
+                return y.reshape(dims);
+            }
+        }
+        let mut y = x.matmul(weight_f32(w));
         if let Some(b) = &linear.bias {
             y = y + b.val().unsqueeze_dim(0);
         }

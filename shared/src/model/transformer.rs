@@ -340,9 +340,20 @@ impl<B: Backend> Transformer<B> {
             Some(head) => super::linear::forward_rows(head, hidden),
             None => {
                 let [b, s, d] = hidden.dims();
-                let logits = hidden
-                    .reshape([b * s, d])
-                    .matmul(super::weights::weight_f32(self.embed_tokens.weight.val()).transpose());
+                let e = self.embed_tokens.weight.val();
+                #[cfg(not(target_arch = "wasm32"))]
+                if b * s <= super::weights::SMALL_ROWS && e.dtype() != hidden.dtype() && super::cpu_ops::is_cpu::<B>() {
+                    // A decoding step on a 16-bit embedding: no f32 copy of it.
+                    let x = super::cpu_ops::contiguous(super::cpu_ops::to_flex(hidden.clone()));
+                    let ef = super::cpu_ops::to_flex(e.clone());
+                    if let Some(v) =
+                        x.as_slice::<f32>().and_then(|xs| super::weights::small_rows_product_t(xs, b * s, &ef))
+                    {
+                        let v = super::cpu_ops::flex_from_vec(v, &[b, s, self.config.vocab_size]);
+                        return super::cpu_ops::from_flex(v);
+                    }
+                }
+                let logits = hidden.reshape([b * s, d]).matmul(super::weights::weight_f32(e).transpose());
                 logits.reshape([b, s, self.config.vocab_size])
             }
         }

@@ -157,6 +157,159 @@ pub fn weight_f32<B: Backend, const D: usize>(w: Tensor<B, D>) -> Tensor<B, D> {
     w.cast(FloatDType::F32)
 }
 
+/// At most this many rows take [`small_rows_product`] (a decoding step has
+/// one): reading each 16-bit weight once beats converting the matrix to f32
+/// and multiplying.
+pub const SMALL_ROWS: usize = 8;
+
+/// Columns per parallel task of [`small_rows_product`].
+#[cfg(not(target_arch = "wasm32"))]
+const COLUMN_BLOCK: usize = 256;
+
+/// `x · w` for `x: [rows, in]` (f32, contiguous) and a 16-bit `w: [in, out]`
+/// (Burn's layout) with few rows ([`SMALL_ROWS`]): `[rows, out]` f32, read
+/// straight from the 16-bit weights (each converted once, in column blocks
+/// of [`COLUMN_BLOCK`] run in parallel), with no f32 copy of `w`. The sums
+/// run over `in` in order, so they can differ from a gemm's by rounding.
+/// `None` when `w` is not a contiguous bf16/f16 CPU tensor (the caller
+/// converts and multiplies instead).
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn small_rows_product(x: &[f32], rows: usize, w: &burn_flex::FlexTensor) -> Option<Vec<f32>> {
+    use rayon::prelude::*;
+    let dims = w.layout().shape().clone();
+    let (inp, out) = (dims[0], dims[1]);
+    if dims.len() != 2 || !w.is_contiguous() || x.len() != rows * inp {
+        return None;
+    }
+    let dtype = w.dtype();
+    let bits: &[u16] = match dtype {
+        DType::BF16 => bytemuck::cast_slice(&w.storage::<half::bf16>()[..inp * out]),
+        DType::F16 => bytemuck::cast_slice(&w.storage::<half::f16>()[..inp * out]),
+        _ => return None,
+    };
+    let blocks: Vec<(usize, Vec<f32>)> = (0..out.div_ceil(COLUMN_BLOCK))
+        .into_par_iter()
+        .map(|b| {
+            let c0 = b * COLUMN_BLOCK;
+            let width = COLUMN_BLOCK.min(out - c0);
+            let mut acc = vec![0f32; rows * width];
+            let mut buf = [0f32; COLUMN_BLOCK];
+            for i in 0..inp {
+                let src = &bits[i * out + c0..i * out + c0 + width];
+                widen(src, dtype, &mut buf[..width]);
+                for r in 0..rows {
+                    axpy(&mut acc[r * width..(r + 1) * width], x[r * inp + i], &buf[..width]);
+                }
+            }
+            (c0, acc)
+        })
+        .collect();
+    let mut y = vec![0f32; rows * out];
+    for (c0, acc) in blocks {
+        let width = acc.len() / rows.max(1);
+        for r in 0..rows {
+            y[r * out + c0..r * out + c0 + width].copy_from_slice(&acc[r * width..(r + 1) * width]);
+        }
+    }
+    Some(y)
+}
+
+/// `x · eᵀ` for `x: [rows, d]` (f32, contiguous) and a 16-bit `e: [n, d]`
+/// (the token embedding, as a tied LM head reads it) with few rows: `[rows,
+/// n]` f32, each row of `e` converted once and dotted with every row of `x`
+/// (blocks of rows in parallel), with no f32 copy of `e`. `None` when `e` is
+/// not a contiguous bf16/f16 CPU tensor.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn small_rows_product_t(x: &[f32], rows: usize, e: &burn_flex::FlexTensor) -> Option<Vec<f32>> {
+    use rayon::prelude::*;
+    let dims = e.layout().shape().clone();
+    let (n, d) = (dims[0], dims[1]);
+    if dims.len() != 2 || !e.is_contiguous() || x.len() != rows * d {
+        return None;
+    }
+    let dtype = e.dtype();
+    let bits: &[u16] = match dtype {
+        DType::BF16 => bytemuck::cast_slice(&e.storage::<half::bf16>()[..n * d]),
+        DType::F16 => bytemuck::cast_slice(&e.storage::<half::f16>()[..n * d]),
+        _ => return None,
+    };
+    // yᵀ [n, rows], blocks of output rows in parallel, then transposed.
+    let mut yt = vec![0f32; n * rows];
+    yt.par_chunks_mut(COLUMN_BLOCK * rows).enumerate().for_each(|(b, chunk)| {
+        let mut buf = vec![0f32; d];
+        for (k, out) in chunk.chunks_mut(rows).enumerate() {
+            let o = b * COLUMN_BLOCK + k;
+            widen(&bits[o * d..(o + 1) * d], dtype, &mut buf);
+            for (r, y) in out.iter_mut().enumerate() {
+                *y = dot(&x[r * d..(r + 1) * d], &buf);
+            }
+        }
+    });
+    let mut y = vec![0f32; rows * n];
+    for o in 0..n {
+        for r in 0..rows {
+            y[r * n + o] = yt[o * rows + r];
+        }
+    }
+    Some(y)
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+#[inline(always)]
+fn dot_generic(a: &[f32], b: &[f32], out: &mut f32) {
+    // Eight partial sums: the compiler keeps them in one vector register.
+    let mut acc = [0f32; 8];
+    let (ac, ar) = a.split_at(a.len() / 8 * 8);
+    let (bc, br) = b.split_at(ac.len());
+    for (x, y) in ac.chunks_exact(8).zip(bc.chunks_exact(8)) {
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ar.iter().zip(br) {
+        s += x * y;
+    }
+    *out = s;
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+super::cpu_ops::dispatch_simd!(fn dot_simd = dot_generic, (a: &[f32], b: &[f32], out: &mut f32));
+
+#[cfg(not(target_arch = "wasm32"))]
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut s = 0f32;
+    dot_simd(a, b, &mut s);
+    s
+}
+
+/// 16-bit values (their bits) to f32.
+#[cfg(not(target_arch = "wasm32"))]
+#[inline]
+fn widen(src: &[u16], dtype: DType, dst: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    match dtype {
+        // bf16 is the top half of an f32: exact, and vectorised.
+        DType::BF16 => dst.iter_mut().zip(src).for_each(|(d, &b)| *d = f32::from_bits((b as u32) << 16)),
+        _ => {
+            let h: &[half::f16] = bytemuck::cast_slice(src);
+            h.convert_to_f32_slice(dst)
+        }
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+#[inline(always)]
+fn axpy_generic(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * *x;
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+super::cpu_ops::dispatch_simd!(fn axpy = axpy_generic, (y: &mut [f32], a: f32, x: &[f32]));
+
 /// Converts the contiguous 16-bit tensor `t` into `out` (same length),
 /// in parallel chunks.
 #[cfg(not(target_arch = "wasm32"))]
@@ -226,6 +379,44 @@ mod tests {
             };
             assert_eq!(back, want, "{dt}");
         }
+    }
+
+    #[test]
+    fn the_few_rows_product_reads_16_bit_weights_like_the_converted_product() {
+        // out = 600 spans three column blocks (the last partial); in = 37.
+        let (rows, inp, out) = (3, 37, 600);
+        let x: Vec<f32> = (0..rows * inp).map(|i| ((i as f32) * 0.71).cos()).collect();
+        let w: Vec<f32> = (0..inp * out).map(|i| ((i as f32) * 0.013).sin() * 0.5).collect();
+        for dt in [WeightsDtype::Bf16, WeightsDtype::F16] {
+            let t = weight_tensor::<B, 2>(w.clone(), [inp, out], dt, "s", "w", &Default::default()).unwrap();
+            let wf: Vec<f32> = weight_f32(t.clone()).into_data().to_vec().unwrap();
+            let got = small_rows_product(&x, rows, &crate::model::cpu_ops::to_flex(t)).unwrap();
+            for r in 0..rows {
+                for o in 0..out {
+                    let want: f64 = (0..inp).map(|i| x[r * inp + i] as f64 * wf[i * out + o] as f64).sum();
+                    let g = got[r * out + o] as f64;
+                    assert!((g - want).abs() < 1e-5, "{dt} [{r}, {o}]: {g} vs {want}");
+                }
+            }
+        }
+        // The transposed form (a tied head: e [n, d], y = x eᵀ), n = 600
+        // rows of e over three parallel blocks.
+        for dt in [WeightsDtype::Bf16, WeightsDtype::F16] {
+            let e: Vec<f32> = (0..out * inp).map(|i| ((i as f32) * 0.029).cos() * 0.3).collect();
+            let t = weight_tensor::<B, 2>(e, [out, inp], dt, "s", "e", &Default::default()).unwrap();
+            let ef: Vec<f32> = weight_f32(t.clone()).into_data().to_vec().unwrap();
+            let got = small_rows_product_t(&x, rows, &crate::model::cpu_ops::to_flex(t)).unwrap();
+            for r in 0..rows {
+                for o in 0..out {
+                    let want: f64 = (0..inp).map(|i| x[r * inp + i] as f64 * ef[o * inp + i] as f64).sum();
+                    let g = got[r * out + o] as f64;
+                    assert!((g - want).abs() < 1e-5, "{dt} eᵀ [{r}, {o}]: {g} vs {want}");
+                }
+            }
+        }
+        // An f32 weight is not its job.
+        let t = weight_tensor::<B, 2>(w, [inp, out], WeightsDtype::F32, "s", "w", &Default::default()).unwrap();
+        assert!(small_rows_product(&x, rows, &crate::model::cpu_ops::to_flex(t)).is_none());
     }
 
     #[test]

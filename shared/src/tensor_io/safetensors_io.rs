@@ -248,12 +248,18 @@ impl TensorSource for SafetensorsFile {
     fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
         let (info, raw) =
             self.raw(name).ok_or_else(|| StudioError::tensor(&self.name, name, "not present in this file"))?;
-        floats_to_f32(info.dtype, raw).ok_or_else(|| StudioError::UnsupportedDType {
+        let v = floats_to_f32(info.dtype, raw).ok_or_else(|| StudioError::UnsupportedDType {
             file: self.name.clone(),
             tensor: name.to_string(),
             dtype: info.dtype.to_string(),
             hint: "model weights must be F32, F16 or BF16".into(),
-        })
+        })?;
+        // The decoded copy is what the caller keeps: the file's pages leave
+        // the resident set (`Bytes::release`).
+        if let Some(&i) = self.index.get(name) {
+            self.bytes.release(self.tensors[i].1.clone());
+        }
+        Ok(v)
     }
     fn read_f32_range(&self, name: &str, range: std::ops::Range<usize>) -> Result<Vec<f32>> {
         let (info, raw) =

@@ -267,6 +267,81 @@ fn every_command_reads_the_same_token_stream() {
     for l in rep["languages"].as_array().unwrap() {
         assert_eq!((l["texts"].as_u64(), l["stream_sha256"].as_str()), (Some(2), Some(sha)), "{l}");
     }
+    // Issue 38 item 5: the same stream through a token file (`tokenize`): `eval`, `perplexity`,
+    // `route` and `train` read it as written and give the text's SHA-256, scores and losses.
+    let tokens = dir.join("code.tokens");
+    let tf = tokens.to_str().unwrap();
+    let h = json(&run(&["tokenize", d, "--text", text, "--out", tf, "--json"]));
+    assert_eq!(
+        (h["sha256"].as_str(), h["tokens"].as_u64(), h["documents"].as_u64(), h["docs"].as_str()),
+        (Some(sha), Some(n as u64), Some(2), Some("blank")),
+        "{h}"
+    );
+    let ex = json(&run(&[&["eval", d, "--data", &format!("code={text}"), "--json"][..], &w].concat()));
+    let et = json(&run(&[&["eval", d, "--data", &format!("code={tf}"), "--json"][..], &w].concat()));
+    assert_eq!(et["datasets"][0]["stream_sha256"], sha, "{et}");
+    assert_eq!(et["datasets"][0]["nll"], ex["datasets"][0]["nll"], "{et}");
+    let pt = json(&run(&[&["perplexity", d, "--text", tf, "--json"][..], &w].concat()));
+    assert_eq!((&pt["nll"], &pt["tokens"]), (&p["nll"], &p["tokens"]), "{pt}");
+    let rt = json(&run(&[
+        "route",
+        m,
+        "--domain",
+        &format!("a={tf}:{tf}"),
+        "--domain",
+        &format!("b={tf}:{tf}"),
+        "--out",
+        dir.join("routed-tokens").to_str().unwrap(),
+        "--json",
+    ]));
+    for k in
+        ["stream_sha256_per_domain", "heldout_sha256_per_domain", "tokens_per_domain", "all_layers_accuracy_per_domain"]
+    {
+        assert_eq!(rt[k], r[k], "{k}: {rt}");
+    }
+    let trained_t = dir.join("trained-tokens");
+    let t = run(&[
+        "train",
+        d,
+        "--stage",
+        "ffn",
+        "--data",
+        &format!("code={tf}"),
+        "--steps",
+        "1",
+        "--seq-len",
+        "8",
+        "--batch",
+        "1",
+        "--out",
+        trained_t.to_str().unwrap(),
+    ]);
+    ok(&t);
+    assert!(String::from_utf8_lossy(&t.stderr).contains(&format!("stream sha256 {sha}")));
+    let loss = |d: &Path| -> Vec<serde_json::Value> {
+        let m = std::fs::read_to_string(d.join("metrics.jsonl")).unwrap();
+        m.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].clone()).collect()
+    };
+    assert_eq!(loss(&trained_t), loss(&trained), "the same losses from the token file as from the text");
+    assert!(loss(&trained)[0].as_f64().is_some_and(|l| l > 0.0));
+    // A token file of another tokenizer (stories260K's 512 tokens) is refused by name.
+    let small = dir.join("small.tokens");
+    let stories_tok = data.join("models/stories260K/tok512.bin");
+    let stories_bin = data.join("models/stories260K/stories260K.bin");
+    ok(&run(&[
+        "tokenize",
+        stories_bin.to_str().unwrap(),
+        "--tokenizer",
+        stories_tok.to_str().unwrap(),
+        "--text",
+        text,
+        "--out",
+        small.to_str().unwrap(),
+    ]));
+    let e = failure(&run(&[&["eval", d, "--data", &format!("code={}", small.display()), "--json"][..], &w].concat()));
+    assert!(e.contains("small.tokens") && e.contains("vocabulary of 512"), "{e}");
+    let e = failure(&run(&["tokenize", d, "--text", text, "--out", dir.join("x.bin").to_str().unwrap()]));
+    assert!(e.contains("x.bin") && e.contains(".tokens"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -44,6 +44,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, StudioError};
 use crate::tokenizer::Tokenizer;
 
+#[cfg(not(target_arch = "wasm32"))]
+pub mod token_file;
+
 /// How a plain-text file is cut into documents (`--docs`); the names are
 /// those of the studio, `datasets`' `sample_by` equivalents in brackets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -101,6 +104,8 @@ pub fn is_jsonl(file_name: &str) -> bool {
 /// Splits file contents into documents (see the module docs): JSON lines
 /// (field `text`) when `file_name` ends in `.jsonl`/`.json`, else plain
 /// text cut by `split`. Empty (whitespace-only) documents are dropped.
+/// The lines go through a [`DocumentSplitter`], the rule the streaming
+/// reader of a token file ([`token_file::write_token_file`]) also follows.
 ///
 /// # Errors
 /// [`StudioError::Format`] for a JSON line that does not parse or lacks a
@@ -108,55 +113,123 @@ pub fn is_jsonl(file_name: &str) -> bool {
 /// when there is no document.
 pub fn split_documents(contents: &str, file_name: &str, split: DocSplit) -> Result<Vec<String>> {
     let mut docs = Vec::new();
-    if is_jsonl(file_name) {
-        for (i, line) in contents.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let v: serde_json::Value = serde_json::from_str(line)
-                .map_err(|e| StudioError::format(file_name, "JSON lines", format!("line {}: {e}", i + 1)))?;
-            let text = v.get("text").and_then(|t| t.as_str()).ok_or_else(|| {
-                StudioError::format(file_name, "JSON lines", format!("line {}: no string field `text`", i + 1))
-            })?;
-            if !text.trim().is_empty() {
-                docs.push(text.to_string());
-            }
-        }
-    } else {
-        match split {
-            DocSplit::Line => {
-                docs.extend(contents.lines().filter(|l| !l.trim().is_empty()).map(|l| l.trim_end().to_string()))
-            }
-            DocSplit::Blank => {
-                let mut cur: Vec<&str> = Vec::new();
-                for line in contents.lines() {
-                    if line.trim().is_empty() {
-                        if !cur.is_empty() {
-                            docs.push(cur.join("\n"));
-                            cur.clear();
-                        }
-                    } else {
-                        cur.push(line.strip_suffix('\r').unwrap_or(line));
-                    }
-                }
-                if !cur.is_empty() {
-                    docs.push(cur.join("\n"));
-                }
-            }
-            DocSplit::File => {
-                let lines: Vec<&str> = contents.lines().map(|l| l.strip_suffix('\r').unwrap_or(l)).collect();
-                let first = lines.iter().position(|l| !l.trim().is_empty());
-                let last = lines.iter().rposition(|l| !l.trim().is_empty());
-                if let (Some(a), Some(b)) = (first, last) {
-                    docs.push(lines[a..=b].join("\n").trim_end().to_string());
-                }
-            }
+    let mut s = DocumentSplitter::new(file_name, split);
+    for line in contents.lines() {
+        if let Some(d) = s.push_line(line)? {
+            docs.push(d);
         }
     }
+    docs.extend(s.finish());
     if docs.is_empty() {
         return Err(StudioError::Invalid(format!("{file_name}: the corpus is empty (no non-empty document)")));
     }
     Ok(docs)
+}
+
+/// Cuts a file into documents one line at a time (module docs): fed the
+/// file's lines in order (without their `\n`), it returns each document
+/// as soon as it ends; [`DocumentSplitter::finish`] returns the last one.
+/// [`split_documents`] (a file in memory) and the token file writer (a file
+/// streamed from disk) both use it, so both cut a file the same way.
+#[derive(Debug, Clone)]
+pub struct DocumentSplitter {
+    file_name: String,
+    split: DocSplit,
+    jsonl: bool,
+    line_no: usize,
+    /// The document being built (`Blank`, `File`).
+    cur: String,
+    started: bool,
+    /// `File`: whitespace-only lines after the last non-blank line (kept
+    /// only if another non-blank line follows).
+    pending: Vec<String>,
+}
+
+impl DocumentSplitter {
+    /// A splitter for `file_name` (JSON lines when [`is_jsonl`], else `split`).
+    pub fn new(file_name: &str, split: DocSplit) -> Self {
+        DocumentSplitter {
+            file_name: file_name.to_string(),
+            split,
+            jsonl: is_jsonl(file_name),
+            line_no: 0,
+            cur: String::new(),
+            started: false,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Feeds the next line (without its line ending); returns the document
+    /// this line completes, if any.
+    ///
+    /// # Errors
+    /// [`StudioError::Format`] for a JSON line that does not parse or lacks
+    /// a string `text`, naming the file and the line.
+    pub fn push_line(&mut self, line: &str) -> Result<Option<String>> {
+        self.line_no += 1;
+        let blank = line.trim().is_empty();
+        if self.jsonl {
+            if blank {
+                return Ok(None);
+            }
+            let (f, n) = (&self.file_name, self.line_no);
+            let v: serde_json::Value = serde_json::from_str(line)
+                .map_err(|e| StudioError::format(f, "JSON lines", format!("line {n}: {e}")))?;
+            let text = v
+                .get("text")
+                .and_then(|t| t.as_str())
+                .ok_or_else(|| StudioError::format(f, "JSON lines", format!("line {n}: no string field `text`")))?;
+            return Ok((!text.trim().is_empty()).then(|| text.to_string()));
+        }
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        match self.split {
+            DocSplit::Line => Ok((!blank).then(|| line.trim_end().to_string())),
+            DocSplit::Blank => {
+                if blank {
+                    return Ok(self.started.then(|| self.take()));
+                }
+                if self.started {
+                    self.cur.push('\n');
+                }
+                self.cur.push_str(line);
+                self.started = true;
+                Ok(None)
+            }
+            DocSplit::File => {
+                if blank {
+                    if self.started {
+                        self.pending.push(line.to_string());
+                    }
+                    return Ok(None);
+                }
+                if self.started {
+                    for p in self.pending.drain(..) {
+                        self.cur.push('\n');
+                        self.cur.push_str(&p);
+                    }
+                    self.cur.push('\n');
+                }
+                self.cur.push_str(line);
+                self.started = true;
+                Ok(None)
+            }
+        }
+    }
+
+    fn take(&mut self) -> String {
+        self.started = false;
+        self.pending.clear();
+        std::mem::take(&mut self.cur)
+    }
+
+    /// Ends the file: the last document, if one is open.
+    pub fn finish(mut self) -> Option<String> {
+        if !self.started {
+            return None;
+        }
+        let doc = self.take();
+        Some(if self.split == DocSplit::File { doc.trim_end().to_string() } else { doc })
+    }
 }
 
 /// The end-of-document token of a Hugging Face tokenizer, if it has one of
@@ -229,14 +302,67 @@ pub fn read_documents(path: &str, split: DocSplit) -> Result<Vec<String>> {
     split_documents(&text, path, split)
 }
 
-/// Reads a file's token stream (native only): [`read_documents`] then
-/// [`token_stream`].
+/// A token stream held in memory or read from a token file
+/// ([`token_file::TokenFile`], memory-mapped: its pages are read when a
+/// window or sequence touches them, so a corpus larger than RAM costs no
+/// resident memory beyond what is read). Dereferences to the ids, `[tokens]`.
+#[derive(Debug, Clone)]
+pub enum Stream {
+    /// Ids tokenised by this process.
+    Owned(Vec<u32>),
+    /// A token file's ids (its SHA-256 is the one recorded when it was written).
+    #[cfg(not(target_arch = "wasm32"))]
+    Mapped(std::sync::Arc<token_file::TokenFile>),
+}
+
+impl Stream {
+    /// [`stream_sha256`] of the ids: computed for owned ids, read from the
+    /// footer for a token file (whose ids are not all read for it).
+    pub fn sha256(&self) -> String {
+        match self {
+            Stream::Owned(ids) => stream_sha256(ids),
+            #[cfg(not(target_arch = "wasm32"))]
+            Stream::Mapped(f) => f.header().sha256.clone(),
+        }
+    }
+}
+
+impl std::ops::Deref for Stream {
+    type Target = [u32];
+
+    fn deref(&self) -> &[u32] {
+        match self {
+            Stream::Owned(ids) => ids,
+            #[cfg(not(target_arch = "wasm32"))]
+            Stream::Mapped(f) => f.ids(),
+        }
+    }
+}
+
+impl From<Vec<u32>> for Stream {
+    fn from(ids: Vec<u32>) -> Self {
+        Stream::Owned(ids)
+    }
+}
+
+/// Reads a file's token stream (native only). A token file
+/// ([`token_file::is_token_file`]: `.tokens`, written by `moe-studio
+/// tokenize`) is memory-mapped and checked against `tok` (its documents
+/// were cut when it was written, so `split` does not apply); any other
+/// file is [`read_documents`] then [`token_stream`].
 ///
 /// # Errors
-/// Those of [`read_documents`] and [`token_stream`].
+/// Those of [`read_documents`] and [`token_stream`]; for a token file those
+/// of [`token_file::TokenFile::open`] and
+/// [`token_file::TokenFile::check_tokenizer`].
 #[cfg(not(target_arch = "wasm32"))]
-pub fn read_stream(path: &str, split: DocSplit, tok: &Tokenizer) -> Result<Vec<u32>> {
-    token_stream(&read_documents(path, split)?, tok)
+pub fn read_stream(path: &str, split: DocSplit, tok: &Tokenizer) -> Result<Stream> {
+    if token_file::is_token_file(path) {
+        let f = token_file::TokenFile::open(std::path::Path::new(path))?;
+        f.check_tokenizer(tok)?;
+        return Ok(Stream::Mapped(std::sync::Arc::new(f)));
+    }
+    Ok(Stream::Owned(token_stream(&read_documents(path, split)?, tok)?))
 }
 
 #[cfg(test)]

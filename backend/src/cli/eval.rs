@@ -30,7 +30,8 @@ pub struct Args {
     pub model: PathBuf,
     #[command(flatten)]
     pub weights: super::args::WeightsArg,
-    /// `NAME=FILE` (.txt: documents cut by --docs; .jsonl: field `text`); repeat for several datasets.
+    /// `NAME=FILE` (.txt: documents cut by --docs; .jsonl: field `text`; .tokens: a token file of
+    /// `moe-studio tokenize`, memory-mapped); repeat for several datasets.
     /// Each file is scored as its token stream (`moe_shared::corpus`), the ids `train` reads.
     #[arg(long = "data", required_unless_present = "task")]
     pub data: Vec<String>,
@@ -88,7 +89,7 @@ impl WithBackend for Args {
         let mut rows = Vec::new();
         for (i, s) in specs.iter().enumerate() {
             let ids = moe_shared::corpus::read_stream(&s.path, a.docs.docs, &tok)?;
-            let sha = moe_shared::corpus::stream_sha256(&ids);
+            let sha = ids.sha256();
             let routing = if p.routing == EvalRouting::Oracle { Routing::Forced(i) } else { Routing::Learned };
             let quiet = a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
             let r = evaluate(&model, &ids, opts, routing, &device, |done, total| {

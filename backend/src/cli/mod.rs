@@ -26,6 +26,7 @@ mod plot;
 mod recipe;
 mod route;
 mod run_job;
+mod tokenize;
 mod torch_handoff;
 mod train;
 mod upcycle;
@@ -83,6 +84,8 @@ pub enum Command {
     Train(train::Args),
     /// Per-dataset perplexity and MoE routing load.
     Eval(eval::Args),
+    /// Tokenise a corpus once into a memory-mapped token file (.tokens) that train, eval, perplexity and route read by offset.
+    Tokenize(tokenize::Args),
     /// A dense model of a Hugging Face config with random weights (benchmarks; with a tokenizer, a model to train from scratch).
     InitRandom(init_random::Args),
     /// Benchmarks (printed beside a reference measured in the same run).
@@ -137,6 +140,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(bench::Bench::Kernels(a)) => bench_kernels::run(a),
         Command::Train(a) => train::run_autodiff(&cli.backend, a),
         Command::Eval(a) => backend::run(&cli.backend, a),
+        Command::Tokenize(a) => tokenize::run(a),
         Command::Serve(a) => crate::server::run(&cli.backend, a),
         Command::RunJob(a) => run_job::run(a),
     }

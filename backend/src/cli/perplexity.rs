@@ -20,7 +20,8 @@ pub struct Args {
     /// UTF-8 text file (.txt, or .jsonl with a field `text`), scored as its token stream
     /// (`moe_shared::corpus`, the ids `train` and `eval` read): each document as the tokenizer encodes it
     /// with its special tokens (the BOS it adds, as transformers' `tokenizer(text)`), then the
-    /// end-of-text token. `--docs file` scores the whole file as one document.
+    /// end-of-text token. `--docs file` scores the whole file as one document. A `.tokens` file
+    /// (`moe-studio tokenize`) is read as written.
     #[arg(long)]
     pub text: PathBuf,
     #[command(flatten)]
@@ -45,13 +46,11 @@ pub struct Args {
 impl WithBackend for Args {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
         let a = self;
-        let text = std::fs::read_to_string(&a.text).with_context(|| format!("reading {}", a.text.display()))?;
-        let docs = moe_shared::corpus::split_documents(&text, &a.text.display().to_string(), a.docs.docs)?;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer found with this model", m.path))?;
         let model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
         super::args::trim_heap();
-        let ids = moe_shared::corpus::token_stream(&docs, tok)?;
+        let ids = moe_shared::corpus::read_stream(&a.text.display().to_string(), a.docs.docs, tok)?;
         let opts = PerplexityOptions { window: a.window, stride: a.stride, max_tokens: a.max_tokens, batch: a.batch };
         let quiet = a.json;
         let r = perplexity(&model, &ids, opts, &device, |done, total| {
@@ -62,7 +61,7 @@ impl WithBackend for Args {
         if a.json {
             let mut v = serde_json::to_value(r)?;
             v["docs"] = a.docs.docs.name().into();
-            v["stream_sha256"] = moe_shared::corpus::stream_sha256(&ids).into();
+            v["stream_sha256"] = ids.sha256().into();
             println!("{}", serde_json::to_string(&v)?);
         } else {
             eprintln!();

@@ -10,9 +10,9 @@ use moe_shared::checkpoint::open_model;
 use moe_shared::config::MoeConfig;
 use moe_shared::layout::{self, LayoutRequest};
 use moe_shared::methods::route::{
-    accuracy_markdown, check_domains, collect_stats, domain_sequences, empty_stats, mean_accuracy, routed_config,
-    routing_accuracy, routing_accuracy_detail, set_routers, solve_all, solve_all_relative, stats_to_safetensors,
-    write_routed, DomainSequences, RouteReport, RoutingAccuracy,
+    accuracy_markdown, check_domains, collect_stats, domain_sequences, domain_sequences_from_ids, empty_stats,
+    mean_accuracy, routed_config, routing_accuracy, routing_accuracy_detail, set_routers, solve_all,
+    solve_all_relative, stats_to_safetensors, write_routed, DomainSequences, RouteReport, RoutingAccuracy,
 };
 use moe_shared::model::load_model_as;
 use moe_shared::ops::route::RouteParams;
@@ -28,7 +28,8 @@ pub struct Args {
     #[command(flatten)]
     pub weights: super::args::WeightsArg,
     /// `NAME=TRAIN_FILE[:HELDOUT_FILE]`, one per expert, in expert order.
-    /// Without a held-out file the last 10% of the training tokens are held out.
+    /// Without a held-out file the last 10% of the training tokens are held out. A `.tokens` file
+    /// (`moe-studio tokenize`) is read as written.
     #[arg(long = "domain", required_unless_present = "add_expert")]
     pub domains: Vec<String>,
     /// Incremental DUME: `NAME=DENSE_MODEL:TRAIN_FILE[:HELDOUT_FILE]` adds the
@@ -87,10 +88,22 @@ fn read_domain(
     split: moe_shared::corpus::DocSplit,
     context: usize,
 ) -> anyhow::Result<DomainSequences> {
+    let (tw, hw) = (train.display().to_string(), held.map(|h| h.display().to_string()));
+    let is_tokens = |p: &str| moe_shared::corpus::token_file::is_token_file(p);
+    if is_tokens(&tw) || hw.as_deref().is_some_and(is_tokens) {
+        // A token file: its ids as written (no text to cut); a text file beside it is read as usual.
+        let read = |p: &str| -> anyhow::Result<(Vec<u32>, String)> {
+            let s = moe_shared::corpus::read_stream(p, split, tok)?;
+            Ok((s.to_vec(), s.sha256()))
+        };
+        let ids = read(&tw)?;
+        let held = hw.as_deref().map(read).transpose()?;
+        return Ok(domain_sequences_from_ids(&name, ids, held, context)?);
+    }
     let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
     let text = read(train)?;
     let held_text = held.map(read).transpose()?;
-    let (tw, hw) = (train.display().to_string(), held.map(|h| h.display().to_string()).unwrap_or_default());
+    let hw = hw.unwrap_or_default();
     Ok(domain_sequences(tok, &name, (&text, &tw), held_text.as_deref().map(|h| (h, hw.as_str())), split, context)?)
 }
 

@@ -43,7 +43,8 @@ pub struct Args {
     /// frozen experts); dense models: `dense` (everything) or `ffn` (the FFNs only).
     #[arg(long)]
     pub stage: String,
-    /// `NAME=FILE[:weight][:orig]`: a .txt (documents cut by --docs) or .jsonl (field `text`) corpus;
+    /// `NAME=FILE[:weight][:orig]`: a .txt (documents cut by --docs), .jsonl (field `text`) or .tokens
+    /// (`moe-studio tokenize`: memory-mapped, for corpora larger than memory) corpus;
     /// `weight` is its mixture share (default 1); `orig` marks an original language (language prior).
     #[arg(long = "data", required = true)]
     pub data: Vec<String>,
@@ -396,7 +397,7 @@ impl WithAutodiff for Args {
                 if s.spec.original { "  original language" } else { "" },
                 s.spec.path,
                 a.docs.docs,
-                moe_shared::corpus::stream_sha256(&s.ids)
+                s.ids.sha256()
             );
         }
         let devs = devices::<B>(config.devices);

@@ -348,20 +348,36 @@ pub fn domain_sequences(
     split: crate::corpus::DocSplit,
     context: usize,
 ) -> Result<DomainSequences> {
-    let encode = |t: &str, w: &str| -> Result<Vec<u32>> {
+    let encode = |t: &str, w: &str| -> Result<(Vec<u32>, String)> {
         if t.trim().is_empty() {
             return Err(StudioError::Invalid(format!("domain `{name}`: {w} is empty")));
         }
-        crate::corpus::text_stream(t, w, split, tok)
+        let ids = crate::corpus::text_stream(t, w, split, tok)?;
+        let sha = crate::corpus::stream_sha256(&ids);
+        Ok((ids, sha))
     };
-    let ids = encode(text, what)?;
-    let stream_sha256 = crate::corpus::stream_sha256(&ids);
+    let held = heldout.map(|(h, hw)| encode(h, hw)).transpose()?;
+    domain_sequences_from_ids(name, encode(text, what)?, held, context)
+}
+
+/// [`domain_sequences`] from token streams already made (`(ids, stream_sha256)`
+/// of the training text and of the held-out text when given): a token file
+/// read by the CLI's `route`. Without held-out ids the last 10% of `train`'s
+/// tokens are held out.
+///
+/// # Errors
+/// [`StudioError::Invalid`] naming the domain when a stream is empty.
+pub fn domain_sequences_from_ids(
+    name: &str,
+    (ids, stream_sha256): (Vec<u32>, String),
+    heldout: Option<(Vec<u32>, String)>,
+    context: usize,
+) -> Result<DomainSequences> {
+    if ids.is_empty() || heldout.as_ref().is_some_and(|(h, _)| h.is_empty()) {
+        return Err(StudioError::Invalid(format!("domain `{name}`: an empty token stream")));
+    }
     let (train, held, heldout_sha256) = match heldout {
-        Some((h, hw)) => {
-            let held = encode(h, hw)?;
-            let sha = crate::corpus::stream_sha256(&held);
-            (ids, held, Some(sha))
-        }
+        Some((held, sha)) => (ids, held, Some(sha)),
         None => {
             let cut = ids.len() * 9 / 10;
             (ids[..cut].to_vec(), ids[cut..].to_vec(), None)

@@ -151,7 +151,7 @@ pub fn weight_f32<B: Backend, const D: usize>(w: Tensor<B, D>) -> Tensor<B, D> {
         let t = if t.is_contiguous() { t } else { t.to_contiguous() };
         let n = t.layout().num_elements();
         let mut out = vec![0f32; n];
-        convert_par(&t, dtype, &mut out);
+        convert_par(&t, &mut out);
         return super::cpu_ops::from_flex(super::cpu_ops::flex_from_vec(out, &dims));
     }
     w.cast(FloatDType::F32)
@@ -176,17 +176,11 @@ const COLUMN_BLOCK: usize = 256;
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn small_rows_product(x: &[f32], rows: usize, w: &burn_flex::FlexTensor) -> Option<Vec<f32>> {
     use rayon::prelude::*;
-    let dims = w.layout().shape().clone();
-    let (inp, out) = (dims[0], dims[1]);
-    if dims.len() != 2 || !w.is_contiguous() || x.len() != rows * inp {
+    let [inp, out] = dims2(w)?;
+    if x.len() != rows * inp {
         return None;
     }
-    let dtype = w.dtype();
-    let bits: &[u16] = match dtype {
-        DType::BF16 => bytemuck::cast_slice(&w.storage::<half::bf16>()[..inp * out]),
-        DType::F16 => bytemuck::cast_slice(&w.storage::<half::f16>()[..inp * out]),
-        _ => return None,
-    };
+    let (dtype, bits) = half_bits(w, inp * out)?;
     let blocks: Vec<(usize, Vec<f32>)> = (0..out.div_ceil(COLUMN_BLOCK))
         .into_par_iter()
         .map(|b| {
@@ -222,17 +216,11 @@ pub(crate) fn small_rows_product(x: &[f32], rows: usize, w: &burn_flex::FlexTens
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn small_rows_product_t(x: &[f32], rows: usize, e: &burn_flex::FlexTensor) -> Option<Vec<f32>> {
     use rayon::prelude::*;
-    let dims = e.layout().shape().clone();
-    let (n, d) = (dims[0], dims[1]);
-    if dims.len() != 2 || !e.is_contiguous() || x.len() != rows * d {
+    let [n, d] = dims2(e)?;
+    if x.len() != rows * d {
         return None;
     }
-    let dtype = e.dtype();
-    let bits: &[u16] = match dtype {
-        DType::BF16 => bytemuck::cast_slice(&e.storage::<half::bf16>()[..n * d]),
-        DType::F16 => bytemuck::cast_slice(&e.storage::<half::f16>()[..n * d]),
-        _ => return None,
-    };
+    let (dtype, bits) = half_bits(e, n * d)?;
     // yᵀ [n, rows], blocks of output rows in parallel, then transposed.
     let mut yt = vec![0f32; n * rows];
     yt.par_chunks_mut(COLUMN_BLOCK * rows).enumerate().for_each(|(b, chunk)| {
@@ -310,25 +298,33 @@ fn axpy_generic(y: &mut [f32], a: f32, x: &[f32]) {
 #[cfg(not(target_arch = "wasm32"))]
 super::cpu_ops::dispatch_simd!(fn axpy = axpy_generic, (y: &mut [f32], a: f32, x: &[f32]));
 
-/// Converts the contiguous 16-bit tensor `t` into `out` (same length),
-/// in parallel chunks.
+/// `[rows, cols]` of a contiguous 2-D tensor; `None` for any other.
 #[cfg(not(target_arch = "wasm32"))]
-fn convert_par(t: &burn_flex::FlexTensor, dtype: DType, out: &mut [f32]) {
-    use half::slice::HalfFloatSliceExt;
+fn dims2(t: &burn_flex::FlexTensor) -> Option<[usize; 2]> {
+    let dims = t.layout().shape();
+    (dims.len() == 2 && t.is_contiguous()).then(|| [dims[0], dims[1]])
+}
+
+/// The first `n` values of a bf16/f16 CPU tensor's storage as their bits,
+/// with the dtype; `None` for any other dtype.
+#[cfg(not(target_arch = "wasm32"))]
+fn half_bits(t: &burn_flex::FlexTensor, n: usize) -> Option<(DType, &[u16])> {
+    let bits: &[u16] = match t.dtype() {
+        DType::BF16 => bytemuck::cast_slice(&t.storage::<half::bf16>()[..n]),
+        DType::F16 => bytemuck::cast_slice(&t.storage::<half::f16>()[..n]),
+        _ => return None,
+    };
+    Some((t.dtype(), bits))
+}
+
+/// Converts the contiguous 16-bit tensor `t` into `out` (same length),
+/// in parallel chunks ([`widen`]).
+#[cfg(not(target_arch = "wasm32"))]
+fn convert_par(t: &burn_flex::FlexTensor, out: &mut [f32]) {
     use rayon::prelude::*;
     const CHUNK: usize = 1 << 16;
-    let n = out.len();
-    match dtype {
-        DType::BF16 => {
-            let src = &t.storage::<half::bf16>()[..n];
-            out.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(o, s)| s.convert_to_f32_slice(o));
-        }
-        DType::F16 => {
-            let src = &t.storage::<half::f16>()[..n];
-            out.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(o, s)| s.convert_to_f32_slice(o));
-        }
-        _ => unreachable!("convert_par is called for 16-bit tensors"),
-    }
+    let (dtype, src) = half_bits(t, out.len()).expect("convert_par is called for 16-bit tensors");
+    out.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(o, s)| widen(s, dtype, o));
 }
 
 #[cfg(test)]

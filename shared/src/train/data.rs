@@ -144,19 +144,22 @@ pub fn source_from_text(
 pub struct PackedSource {
     /// The source's entry.
     pub spec: DataSpec,
-    /// The concatenated token ids.
-    pub ids: Vec<u32>,
+    /// The token stream (in memory, or a memory-mapped token file).
+    pub ids: crate::corpus::Stream,
     /// Input length `L` of a sequence.
     pub seq_len: usize,
 }
 
 impl PackedSource {
-    /// Packs `ids` for `spec`.
+    /// Packs `ids` (a `Vec<u32>` or a [`crate::corpus::Stream`]) for `spec`:
+    /// sequence `i` is `ids[i·L .. i·L + L + 1]`, read where it lies (a
+    /// token file's pages are read only when a sequence is drawn).
     ///
     /// # Errors
     /// [`StudioError::Invalid`] when the stream is shorter than
     /// `seq_len + 1` tokens or `seq_len` is 0.
-    pub fn new(spec: DataSpec, ids: Vec<u32>, seq_len: usize) -> Result<Self> {
+    pub fn new(spec: DataSpec, ids: impl Into<crate::corpus::Stream>, seq_len: usize) -> Result<Self> {
+        let ids = ids.into();
         if seq_len == 0 {
             return Err(StudioError::config("--seq-len", "must be at least 1"));
         }
@@ -364,7 +367,7 @@ impl Mixture {
                 sequences: s.num_sequences(),
                 weight: s.spec.weight,
                 original: s.spec.original,
-                sha256: crate::corpus::stream_sha256(&s.ids),
+                sha256: s.ids.sha256(),
             })
             .collect()
     }
@@ -430,7 +433,8 @@ impl Mixture {
 }
 
 /// Reads, tokenizes and packs one `--data` entry (native only): the file's
-/// token stream ([`crate::corpus::read_stream`], documents cut by `split`).
+/// token stream ([`crate::corpus::read_stream`], documents cut by `split`;
+/// a `.tokens` file is memory-mapped, not read).
 ///
 /// # Errors
 /// [`StudioError::Io`] for a missing file, the errors of
@@ -488,8 +492,8 @@ mod tests {
     #[test]
     fn mixture_is_deterministic_weighted_and_resumable() {
         let mk = || {
-            let a = PackedSource::new(spec("en", 3.0), (0..401).collect(), 4).unwrap();
-            let b = PackedSource::new(spec("hu", 1.0), (1000..1201).collect(), 4).unwrap();
+            let a = PackedSource::new(spec("en", 3.0), (0..401).collect::<Vec<u32>>(), 4).unwrap();
+            let b = PackedSource::new(spec("hu", 1.0), (1000..1201).collect::<Vec<u32>>(), 4).unwrap();
             Mixture::new(vec![a, b], 7).unwrap()
         };
         let mut m = mk();
@@ -506,7 +510,9 @@ mod tests {
             assert_eq!(b.original[r], b.sources[r] == 0);
         }
         // Each epoch visits every sequence of a source exactly once.
-        let mut one = Mixture::new(vec![PackedSource::new(spec("hu", 1.0), (0..41).collect(), 4).unwrap()], 1).unwrap();
+        let mut one =
+            Mixture::new(vec![PackedSource::new(spec("hu", 1.0), (0..41).collect::<Vec<u32>>(), 4).unwrap()], 1)
+                .unwrap();
         let mut starts: Vec<i64> = (0..10).map(|_| one.next_batch(1).inputs[0]).collect();
         starts.sort();
         assert_eq!(starts, (0..10).map(|i| i * 4).collect::<Vec<_>>());

@@ -228,24 +228,15 @@ fn every_command_reads_the_same_token_stream() {
     assert!(e.contains("[a, b]") && e.contains("[x, b]"), "{e}");
     assert!(!bad.exists(), "nothing written");
     // train: the data line names the stream.
+    let train = |file: &str, out: &Path| {
+        let data = format!("code={file}");
+        let args = ["train", d, "--stage", "ffn", "--data", &data, "--steps", "1", "--seq-len", "8", "--batch", "1"];
+        let t = run(&[&args[..], &["--out", out.to_str().unwrap()]].concat());
+        ok(&t);
+        t
+    };
     let trained = dir.join("trained");
-    let t = run(&[
-        "train",
-        d,
-        "--stage",
-        "ffn",
-        "--data",
-        &format!("code={text}"),
-        "--steps",
-        "1",
-        "--seq-len",
-        "8",
-        "--batch",
-        "1",
-        "--out",
-        trained.to_str().unwrap(),
-    ]);
-    ok(&t);
+    let t = train(text, &trained);
     let err = String::from_utf8_lossy(&t.stderr);
     assert!(err.contains(&format!("{n} tokens")) && err.contains(&format!("stream sha256 {sha}")), "{err}");
     // neurons: each document is one text; the language's texts concatenated are the stream.
@@ -300,23 +291,7 @@ fn every_command_reads_the_same_token_stream() {
         assert_eq!(rt[k], r[k], "{k}: {rt}");
     }
     let trained_t = dir.join("trained-tokens");
-    let t = run(&[
-        "train",
-        d,
-        "--stage",
-        "ffn",
-        "--data",
-        &format!("code={tf}"),
-        "--steps",
-        "1",
-        "--seq-len",
-        "8",
-        "--batch",
-        "1",
-        "--out",
-        trained_t.to_str().unwrap(),
-    ]);
-    ok(&t);
+    let t = train(tf, &trained_t);
     assert!(String::from_utf8_lossy(&t.stderr).contains(&format!("stream sha256 {sha}")));
     let loss = |d: &Path| -> Vec<serde_json::Value> {
         let m = std::fs::read_to_string(d.join("metrics.jsonl")).unwrap();

@@ -315,6 +315,10 @@ fn every_command_reads_the_same_token_stream() {
     ]));
     let e = failure(&run(&[&["eval", d, "--data", &format!("code={}", small.display()), "--json"][..], &w].concat()));
     assert!(e.contains("small.tokens") && e.contains("vocabulary of 512"), "{e}");
+    let nt = dir.join("neurons-tokens");
+    let (en, code) = (format!("en={tf}"), format!("code={text}"));
+    let e = failure(&run(&["neurons", d, "--lang", &en, "--lang", &code, "--out", nt.to_str().unwrap()]));
+    assert!(e.contains("code.tokens") && e.contains("not a token file"), "{e}");
     let e = failure(&run(&["tokenize", d, "--text", text, "--out", dir.join("x.bin").to_str().unwrap()]));
     assert!(e.contains("x.bin") && e.contains(".tokens"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();

@@ -87,6 +87,11 @@ fn read_language(
     if code.trim().is_empty() || file.is_empty() {
         bail!("--lang `{spec}`: expected CODE=FILE with a non-empty code and path");
     }
+    if moe_shared::corpus::token_file::is_token_file(file) {
+        bail!(
+            "--lang `{spec}`: neurons reads its texts (the first --max-texts documents of each language) from the text file itself; give the .txt or .jsonl, not a token file"
+        );
+    }
     let path = PathBuf::from(file);
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {} (language `{code}`)", path.display()))?;

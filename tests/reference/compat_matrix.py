@@ -397,7 +397,7 @@ def mergekit_smollm2_rows(binary, mergekit_py, work, rows, text):
     rows.append({"layout": "mixtral", "loader": "transformers", "case": "SmolLM2-135M 4x top-2 (random router, noise)",
                  "class": cls, "loads": why is None, "written_by": "moe-studio upcycle --experts-format packed",
                  "max_abs_diff": float(np.abs(tp - ours_p).max()), "vs_per_expert": float(np.abs(tp - te).max()),
-                 "logit_scale": float(np.abs(tp).max())})
+                 "logit_scale": float(np.abs(tp).max()), "tokens": len(ids)})
     log(rows[-1])
 
 

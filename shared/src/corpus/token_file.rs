@@ -301,8 +301,8 @@ pub fn write_token_file(
         std::process::id()
     ));
     let mut guard = TmpGuard(&tmp, false);
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?);
-    w.write_all(&MAGIC).map_err(|e| io(&tmp, e))?;
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp).map_err(|e| io(out, e))?);
+    w.write_all(&MAGIC).map_err(|e| io(out, e))?;
 
     let mut splitter = DocumentSplitter::new(&name, split);
     let mut sha = Sha256::new();
@@ -315,7 +315,7 @@ pub fn write_token_file(
         let ids: Vec<Vec<u32>> = batch.par_iter().map(|d| document_ids(d, tok)).collect::<Result<_>>()?;
         for d in ids {
             let b: &[u8] = bytemuck::cast_slice(&d);
-            w.write_all(b).map_err(|e| io(&tmp, e))?;
+            w.write_all(b).map_err(|e| io(out, e))?;
             sha.update(b);
             offsets.push(offsets.last().expect("starts with 0") + d.len() as u64);
         }
@@ -355,8 +355,8 @@ pub fn write_token_file(
         return Err(StudioError::Invalid(format!("{name}: the corpus is empty (no non-empty document)")));
     }
     let pad = offsets_start(tokens as usize) - tokens_end(tokens as usize);
-    w.write_all(&[0u8; 4][..pad]).map_err(|e| io(&tmp, e))?;
-    w.write_all(bytemuck::cast_slice(&offsets)).map_err(|e| io(&tmp, e))?;
+    w.write_all(&[0u8; 4][..pad]).map_err(|e| io(out, e))?;
+    w.write_all(bytemuck::cast_slice(&offsets)).map_err(|e| io(out, e))?;
     let header = TokenFileHeader {
         format: FORMAT.into(),
         version: VERSION,
@@ -369,11 +369,11 @@ pub fn write_token_file(
         sha256: sha.finalize().iter().map(|b| format!("{b:02x}")).collect(),
     };
     let footer = serde_json::to_vec(&header).expect("the footer serialises");
-    w.write_all(&footer).map_err(|e| io(&tmp, e))?;
-    w.write_all(&(footer.len() as u64).to_le_bytes()).map_err(|e| io(&tmp, e))?;
-    w.write_all(&MAGIC).map_err(|e| io(&tmp, e))?;
-    let f = w.into_inner().map_err(|e| io(&tmp, e.into_error()))?;
-    f.sync_all().map_err(|e| io(&tmp, e))?;
+    w.write_all(&footer).map_err(|e| io(out, e))?;
+    w.write_all(&(footer.len() as u64).to_le_bytes()).map_err(|e| io(out, e))?;
+    w.write_all(&MAGIC).map_err(|e| io(out, e))?;
+    let f = w.into_inner().map_err(|e| io(out, e.into_error()))?;
+    f.sync_all().map_err(|e| io(out, e))?;
     std::fs::rename(&tmp, out).map_err(|e| io(out, e))?;
     guard.1 = true;
     Ok(header)

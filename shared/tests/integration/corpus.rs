@@ -136,6 +136,9 @@ fn token_file_is_the_text_stream_and_refuses_what_it_is_not() {
         .to_string();
     assert!(e.contains("empty.txt") && e.contains("empty"), "{e}");
     assert!(write_token_file(&odd, DocSplit::Blank, &tok, &odd, |_, _| {}).is_err());
+    let nowhere = dir.path().join("no/such/x.tokens");
+    let e = write_token_file(&odd, DocSplit::Blank, &tok, &nowhere, |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("no/such/x.tokens"), "the error names the output asked for: {e}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), before, "no half-written file left");
     assert_eq!(std::fs::read_to_string(&odd).unwrap().len(), 63, "the text is untouched");
 }

@@ -136,6 +136,13 @@ fn parse_docs(s: &str) -> Result<moe_shared::corpus::DocSplit, String> {
     s.parse()
 }
 
+/// `--stage` of `train` and `bench train`: a [`moe_shared::train::Stage`]
+/// by name (clap names the flag and the bad value in its error).
+pub fn parse_stage(s: &str) -> Result<moe_shared::train::Stage, String> {
+    moe_shared::train::Stage::parse(s)
+        .ok_or_else(|| format!("expected one of {}", moe_shared::train::Stage::NAMES.join(", ")))
+}
+
 /// `--weights-dtype`: the dtype a forward-only command holds the model's
 /// large weights in (`moe_shared::model::weights`: projections, experts,
 /// the untied LM head and the embedding; norms, routers and activations stay

@@ -35,8 +35,8 @@ pub struct TrainBenchArgs {
     #[arg(long, default_value_t = 2)]
     pub top_k: usize,
     /// Training stage: experts, router or dense.
-    #[arg(long, default_value = "experts")]
-    pub stage: String,
+    #[arg(long, default_value = "experts", value_parser = super::args::parse_stage)]
+    pub stage: Stage,
     /// Tokens per sequence.
     #[arg(long, default_value_t = 256)]
     pub seq_len: usize,
@@ -63,7 +63,7 @@ pub struct TrainBenchArgs {
 impl WithAutodiff for TrainBenchArgs {
     fn run<B: AutodiffBackend>(self) -> anyhow::Result<()> {
         let a = self;
-        let stage = Stage::parse(&a.stage).with_context(|| format!("--stage `{}`", a.stage))?;
+        let stage = a.stage;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let tmp = tempfile::tempdir().context("creating a temporary directory")?;
         let moe_dir = if m.moe.is_none() && stage.is_moe() {
@@ -122,7 +122,7 @@ impl WithAutodiff for TrainBenchArgs {
                     a.seq_len.to_string(),
                     a.batch.to_string(),
                     a.steps.max(1).to_string(),
-                    a.stage.clone(),
+                    a.stage.name().to_string(),
                     a.lr.to_string(),
                 ];
                 let (v, rss) = run_reference(py, "bench_train.py", &args)?;
@@ -134,7 +134,12 @@ impl WithAutodiff for TrainBenchArgs {
             workload: "train".into(),
             setup: format!(
                 "{} stage, {} experts top-{}, batch {} x seq {}, AdamW, {} trainable params",
-                a.stage, a.experts, a.top_k, a.batch, a.seq_len, counts.trainable
+                a.stage.name(),
+                a.experts,
+                a.top_k,
+                a.batch,
+                a.seq_len,
+                counts.trainable
             ),
             unit: "tokens/s".into(),
             backend: backend_name::<B::InnerBackend>(),

@@ -192,7 +192,7 @@ mod job_spec_tests {
             "clip": 0.5, "alpha": 0.02, "prior": 0.3, "weight_decay": 0.1, "seed": 7, "devices": 1}));
         let Command::Train(t) = parse(&train) else { panic!("train") };
         assert_eq!(
-            (t.stage.as_str(), t.steps, t.params.seq_len, t.params.batch, t.params.warmup, t.params.grad_accum),
+            (t.stage.name(), t.steps, t.params.seq_len, t.params.batch, t.params.warmup, t.params.grad_accum),
             ("router", 40, 64, 3, 2, 2)
         );
         let p = &t.params;
@@ -240,7 +240,7 @@ mod job_spec_tests {
         let dense = spec(serde_json::json!({"kind": "train", "model": A, "stage": "dense",
             "data": [d("hu")], "steps": 4, "engine": "torch"}));
         let Command::Train(t) = parse(&dense) else { panic!("train") };
-        assert_eq!((t.stage.as_str(), t.engine.as_str()), ("dense", "torch"));
+        assert_eq!((t.stage.name(), t.engine.as_str()), ("dense", "torch"));
         let all: JobSpec = serde_json::from_value(serde_json::json!({"kind": "train", "model": A, "stage": "all",
             "data": [d("hu")], "steps": 4, "engine": "torch"}))
         .unwrap();
@@ -496,5 +496,22 @@ mod job_spec_tests {
         std::fs::write(&p, "{\"backend\": \"cpu\"}").unwrap();
         let e = format!("{:#}", run_job::read(&p).unwrap_err());
         assert!(e.contains("not a moe-studio job file") && e.contains("spec"), "{e}");
+    }
+
+    #[test]
+    fn stage_is_a_typed_value_that_clap_checks() {
+        let args = |stage: &str| {
+            let a = ["moe-studio", "train", "m", "--stage", stage, "--data", "a=b.txt", "--steps", "1", "--out", "o"];
+            Cli::try_parse_from(a)
+        };
+        let Ok(Cli { command: Command::Train(t), .. }) = args("routers") else { panic!("train") };
+        assert_eq!(t.stage, moe_shared::train::Stage::Router, "the accepted alias");
+        let e = args("expert").unwrap_err().to_string();
+        assert!(
+            e.contains("'expert'") && e.contains("--stage") && e.contains("experts, router, all, dense, ffn"),
+            "{e}"
+        );
+        let e = Cli::try_parse_from(["moe-studio", "bench", "train", "m", "--stage", "x"]).unwrap_err().to_string();
+        assert!(e.contains("'x'") && e.contains("--stage"), "{e}");
     }
 }

@@ -158,7 +158,7 @@ pub fn command_for(spec: &JobSpec, job: &dyn JobInputs, resume: bool, out: &Path
             let torch = s.engine == Some(moe_shared::api::TrainEngine::Torch);
             Command::Train(super::train::Args {
                 model: m(&s.model),
-                stage: s.stage.name().to_string(),
+                stage: s.stage,
                 // `NAME=FILE[:WEIGHT][:orig]`.
                 data: s
                     .data

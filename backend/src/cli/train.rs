@@ -41,8 +41,8 @@ pub struct Args {
     pub model: PathBuf,
     /// MoE models: `experts` (new experts + routers), `router` (routers only) or `all` (everything but the
     /// frozen experts); dense models: `dense` (everything) or `ffn` (the FFNs only).
-    #[arg(long)]
-    pub stage: String,
+    #[arg(long, value_parser = super::args::parse_stage)]
+    pub stage: Stage,
     /// `NAME=FILE[:weight][:orig]`: a .txt (documents cut by --docs), .jsonl (field `text`) or .tokens
     /// (`moe-studio tokenize`: memory-mapped, for corpora larger than memory) corpus;
     /// `weight` is its mixture share (default 1); `orig` marks an original language (language prior).
@@ -171,10 +171,8 @@ pub fn parse_data(specs: &[String]) -> anyhow::Result<Vec<DataSpec>> {
 
 impl Args {
     fn config(&self) -> anyhow::Result<TrainConfig> {
-        let stage = Stage::parse(&self.stage)
-            .with_context(|| format!("--stage `{}`: expected experts, router, all, dense or ffn", self.stage))?;
         self.params.check().map_err(|e| anyhow::anyhow!("{} {}", e.flag(), e.message))?;
-        Ok(self.params.config(stage, self.steps))
+        Ok(self.params.config(self.stage, self.steps))
     }
 }
 

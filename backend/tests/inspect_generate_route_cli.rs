@@ -269,6 +269,12 @@ fn every_command_reads_the_same_token_stream() {
         "{h}"
     );
     let ex = json(&run(&[&["eval", d, "--data", &format!("code={text}"), "--json"][..], &w].concat()));
+    // A token file cut by lines: reports give its own split (the footer's), whatever --docs says.
+    let line_tokens = dir.join("line.tokens");
+    let lt = line_tokens.to_str().unwrap();
+    ok(&run(&["tokenize", d, "--text", text, "--docs", "line", "--out", lt]));
+    let pl = json(&run(&[&["perplexity", d, "--text", lt, "--docs", "file", "--json"][..], &w].concat()));
+    assert_eq!((&pl["docs"], &pl["stream_sha256"]), (&serde_json::json!("line"), &g["line"]["sha256"]), "{pl}");
     let et = json(&run(&[&["eval", d, "--data", &format!("code={tf}"), "--json"][..], &w].concat()));
     assert_eq!(et["datasets"][0]["stream_sha256"], sha, "{et}");
     assert_eq!(et["datasets"][0]["nll"], ex["datasets"][0]["nll"], "{et}");

@@ -325,6 +325,17 @@ impl Stream {
             Stream::Mapped(f) => f.header().sha256.clone(),
         }
     }
+
+    /// How the stream's documents were cut, for reports: `given` (the
+    /// command's `--docs`) for ids tokenised here, the split recorded in a
+    /// token file's footer otherwise (`--docs` does not apply to it).
+    pub fn docs_name(&self, given: DocSplit) -> String {
+        match self {
+            Stream::Owned(_) => given.name().to_string(),
+            #[cfg(not(target_arch = "wasm32"))]
+            Stream::Mapped(f) => f.header().docs.clone(),
+        }
+    }
 }
 
 impl std::ops::Deref for Stream {

@@ -89,7 +89,7 @@ impl WithBackend for Args {
         let mut rows = Vec::new();
         for (i, s) in specs.iter().enumerate() {
             let ids = moe_shared::corpus::read_stream(&s.path, a.docs.docs, &tok)?;
-            let sha = ids.sha256();
+            let sha = (ids.sha256(), ids.docs_name(a.docs.docs));
             let routing = if p.routing == EvalRouting::Oracle { Routing::Forced(i) } else { Routing::Learned };
             let quiet = a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
             let r = evaluate(&model, &ids, opts, routing, &device, |done, total| {
@@ -109,7 +109,7 @@ impl WithBackend for Args {
                     serde_json::json!({
                         "name": s.name, "file": s.path, "tokens": r.report.tokens, "nll": r.report.nll,
                         "ppl": r.report.ppl, "load_mean": r.mean_load(), "load_per_layer": r.load,
-                        "stream_sha256": sha,
+                        "stream_sha256": sha.0, "docs": sha.1,
                     })
                 })
                 .collect();

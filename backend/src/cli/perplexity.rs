@@ -60,7 +60,7 @@ impl WithBackend for Args {
         })?;
         if a.json {
             let mut v = serde_json::to_value(r)?;
-            v["docs"] = a.docs.docs.name().into();
+            v["docs"] = ids.docs_name(a.docs.docs).into();
             v["stream_sha256"] = ids.sha256().into();
             println!("{}", serde_json::to_string(&v)?);
         } else {

@@ -13,8 +13,8 @@ use super::train::resolve_tokenizer;
 /// Arguments of `tokenize`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// The model whose tokenizer encodes the text (a Hugging Face directory, a `.gguf` or a llama2.c
-    /// `.bin`; only its tokenizer is read).
+    /// The model whose tokenizer encodes the text (a Hugging Face directory — its tokenizer.json is
+    /// enough —, a `.gguf` or a llama2.c `.bin`; only its tokenizer is read).
     pub model: PathBuf,
     /// Tokenizer (tokenizer.json or a llama2.c tok*.bin) when the model has none beside it.
     #[arg(long)]
@@ -41,8 +41,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.out.display()
         );
     }
-    let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
-    let (tok, _) = resolve_tokenizer(&m, a.tokenizer.as_deref())?;
+    let hf_json = a.model.join("tokenizer.json");
+    let tok = if a.tokenizer.is_none() && a.model.is_dir() && hf_json.is_file() {
+        // Only the tokenizer is needed: a directory holding tokenizer.json (weights or not).
+        let bytes = std::fs::read(&hf_json).with_context(|| format!("reading {}", hf_json.display()))?;
+        moe_shared::tokenizer::Tokenizer::from_hf_json(&bytes, &hf_json.display().to_string())?
+    } else {
+        let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
+        resolve_tokenizer(&m, a.tokenizer.as_deref())?.0
+    };
     let t0 = std::time::Instant::now();
     let quiet = a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
     let h = write_token_file(&a.text, a.docs.docs, &tok, &a.out, |read, total| {

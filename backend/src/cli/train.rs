@@ -394,7 +394,7 @@ impl WithAutodiff for Args {
                 s.spec.weight,
                 if s.spec.original { "  original language" } else { "" },
                 s.spec.path,
-                a.docs.docs,
+                s.ids.docs_name(a.docs.docs),
                 s.ids.sha256()
             );
         }

@@ -10,7 +10,8 @@
 //! "Corpora larger than memory"), and several processes (ranks) share one
 //! copy in the page cache. The ids are exactly those of the text path, so a
 //! run on the token file gives the same losses as on the text
-//! (`backend/tests/token_file_cli.rs`).
+//! (`backend/tests/inspect_generate_route_cli.rs`,
+//! `every_command_reads_the_same_token_stream`).
 //!
 //! The idea is that of Megatron-LM's indexed dataset and nanoGPT's
 //! `train.bin` (ids on disk, documents by offset); the layout is our own.
@@ -142,14 +143,17 @@ fn offsets_start(tokens: usize) -> usize {
 
 impl TokenFile {
     /// Opens and checks a token file: the magic at both ends, the footer,
-    /// and that its sections have the sizes the footer gives; the ids are
-    /// not read.
+    /// that its sections have the sizes the footer gives, that the document
+    /// offsets increase, and that the ids hash to the footer's SHA-256 (the
+    /// `stream_sha256` every report prints; read in 64 MiB chunks whose
+    /// pages are released after hashing, ~1 s per GB here).
     ///
     /// # Errors
     /// [`StudioError::Io`] naming the file when it cannot be mapped;
     /// [`StudioError::Format`] naming it for anything else (not a token
     /// file, truncated, a footer that does not parse, a newer version,
-    /// section sizes that disagree with the footer).
+    /// section sizes that disagree with the footer, offsets that do not
+    /// increase, ids changed since the file was written).
     pub fn open(path: &Path) -> Result<Self> {
         if cfg!(target_endian = "big") {
             return Err(StudioError::Invalid("token files are little-endian; this machine is big-endian".into()));
@@ -189,6 +193,32 @@ impl TokenFile {
         let off = file.offsets();
         if off[0] != 0 || off[d] != t as u64 {
             return Err(bad(format!("document offsets run from {} to {}, expected 0 to {t}", off[0], off[d])));
+        }
+        if let Some(i) = off.windows(2).position(|w| w[0] >= w[1]) {
+            return Err(bad(format!(
+                "document {i} starts at {} and ends at {}: offsets must increase",
+                off[i],
+                off[i + 1]
+            )));
+        }
+        // The footer's SHA-256 is what every report prints as the stream's, so it is checked
+        // against the ids, a chunk at a time, each chunk's pages released once hashed (a
+        // corpus larger than memory stays out of the resident set).
+        let mut sha = Sha256::new();
+        const CHUNK: usize = 64 << 20;
+        let mut at = 8;
+        while at < tokens_end(t) {
+            let end = (at + CHUNK).min(tokens_end(t));
+            sha.update(&file.bytes.as_slice()[at..end]);
+            file.bytes.release(at..end);
+            at = end;
+        }
+        let got: String = sha.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        if got != file.header.sha256 {
+            return Err(bad(format!(
+                "its ids hash to {got}, its footer records {}: the file was changed after `tokenize` wrote it",
+                file.header.sha256
+            )));
         }
         Ok(file)
     }
@@ -267,19 +297,42 @@ impl Drop for TmpGuard<'_> {
     }
 }
 
+/// Removes the temporary files (`.NAME.tmp-PID` beside `out`) that an
+/// interrupted `tokenize` (Ctrl-C, kill) left behind, where no process `PID`
+/// runs any more (Linux: `/proc/PID`; elsewhere nothing is removed).
+fn remove_stale_temporaries(out: &Path, stem: &str) {
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(stem).and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if cfg!(target_os = "linux") && pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Writes the token file of the text file `text` to `out`: documents cut by
 /// `split` (JSON lines for `.jsonl`/`.json`), streamed, so memory holds one
 /// batch of documents (4 MiB of text, tokenised in parallel) and the
-/// document offsets (8 bytes per document), never the corpus. The file is
-/// written beside `out` and renamed into place, so an interrupted run leaves
-/// nothing. `progress(read, total)` is called after each batch with bytes
-/// of text read and the file's size.
+/// document offsets (8 bytes per document), never the corpus — but a single
+/// document is encoded whole, so one huge document (a 50 MB line, or
+/// `--docs file` on a large file) needs the tokenizer's working memory for
+/// all of it (~200 bytes per character with SmolLM2's). The file is written
+/// beside `out` (`.NAME.tmp-PID`) and renamed into place: `out` is never
+/// half-written; a temporary an interrupted run leaves is removed by the
+/// next run for the same `out`. `progress(read, total)` is called after
+/// each batch with bytes of text read and the file's size.
 ///
 /// # Errors
 /// [`StudioError::Io`] naming the file read or written; those of
 /// [`DocumentSplitter::push_line`] (bad JSON line) and of the tokenizer;
 /// [`StudioError::Invalid`] naming the file when a line is not UTF-8, when
-/// it holds no document, or when `out` is `text` itself.
+/// it holds no document, when `out` is `text` itself, or when `text` is a
+/// token file.
 pub fn write_token_file(
     text: &Path,
     split: DocSplit,
@@ -288,18 +341,23 @@ pub fn write_token_file(
     mut progress: impl FnMut(u64, u64),
 ) -> Result<TokenFileHeader> {
     let name = text.display().to_string();
-    if out == text {
+    let same_file =
+        out == text || matches!((std::fs::canonicalize(text), std::fs::canonicalize(out)), (Ok(a), Ok(b)) if a == b);
+    if same_file {
         return Err(StudioError::Invalid(format!("{name}: the token file would overwrite the text it is made from")));
+    }
+    if is_token_file(&name) {
+        return Err(StudioError::Invalid(format!(
+            "{name}: this is already a token file (`.{EXTENSION}`); tokenize reads a text file (.txt, .jsonl)"
+        )));
     }
     let io = |p: &Path, e: std::io::Error| StudioError::io(p.display(), e);
     let file = std::fs::File::open(text).map_err(|e| io(text, e))?;
     let total = file.metadata().map_err(|e| io(text, e))?.len();
     let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
-    let tmp = out.with_file_name(format!(
-        ".{}.tmp-{}",
-        out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-        std::process::id()
-    ));
+    let stem = format!(".{}.tmp-", out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    remove_stale_temporaries(out, &stem);
+    let tmp = out.with_file_name(format!("{stem}{}", std::process::id()));
     let mut guard = TmpGuard(&tmp, false);
     let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp).map_err(|e| io(out, e))?);
     w.write_all(&MAGIC).map_err(|e| io(out, e))?;

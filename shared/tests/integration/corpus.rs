@@ -127,6 +127,24 @@ fn token_file_is_the_text_stream_and_refuses_what_it_is_not() {
     std::fs::write(&lie, &lied).unwrap();
     let e = TokenFile::open(&lie).unwrap_err().to_string();
     assert!(e.contains("lie.tokens") && e.contains("bytes before the footer"), "{e}");
+    // One id changed after writing: the ids no longer hash to the footer's SHA-256.
+    let edited = dir.path().join("edited.tokens");
+    let mut e_bytes = bytes.clone();
+    e_bytes[8] ^= 1;
+    std::fs::write(&edited, &e_bytes).unwrap();
+    let e = TokenFile::open(&edited).unwrap_err().to_string();
+    assert!(e.contains("edited.tokens") && e.contains("changed after"), "{e}");
+    // A temporary left by an interrupted run (its process gone) is removed by the next run.
+    let stale = dir.path().join(".again.tokens.tmp-4194303");
+    std::fs::write(&stale, b"half").unwrap();
+    write_token_file(&odd, DocSplit::Blank, &tok, &dir.path().join("again.tokens"), |_, _| {}).unwrap();
+    assert_eq!(stale.exists(), !cfg!(target_os = "linux"), "the stale temporary is gone (Linux)");
+    std::fs::remove_file(dir.path().join("again.tokens")).unwrap();
+    // A token file as the text to tokenize.
+    let e = write_token_file(&good, DocSplit::Blank, &tok, &dir.path().join("again.tokens"), |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("already a token file"), "{e}");
     // An empty corpus, and a file that would overwrite its text: errors, and nothing is left behind.
     let empty = dir.path().join("empty.txt");
     std::fs::write(&empty, "\n \n").unwrap();

@@ -145,7 +145,7 @@ impl TokenFile {
     /// Opens and checks a token file: the magic at both ends, the footer,
     /// that its sections have the sizes the footer gives, that the document
     /// offsets increase, and that the ids hash to the footer's SHA-256 (the
-    /// `stream_sha256` every report prints; read in 64 MiB chunks whose
+    /// `stream_sha256` every report prints; read in 4 MiB chunks whose
     /// pages are released after hashing, ~1 s per GB here).
     ///
     /// # Errors
@@ -205,7 +205,7 @@ impl TokenFile {
         // against the ids, a chunk at a time, each chunk's pages released once hashed (a
         // corpus larger than memory stays out of the resident set).
         let mut sha = Sha256::new();
-        const CHUNK: usize = 64 << 20;
+        const CHUNK: usize = 4 << 20;
         let mut at = 8;
         while at < tokens_end(t) {
             let end = (at + CHUNK).min(tokens_end(t));

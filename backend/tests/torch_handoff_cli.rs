@@ -71,6 +71,12 @@ fn the_emitted_job_holds_the_trainers_model_data_and_config() {
         "--engine",
         "torch",
     ];
+    // Frozen weights in 16 bits are the Burn trainer's: refused by name, nothing written.
+    let mut argv = base.to_vec();
+    argv.extend(["--emit", job.to_str().unwrap(), "--frozen-dtype", "bf16"]);
+    let e = failure(&run(&argv));
+    assert!(e.contains("--frozen-dtype bf16") && e.contains("PyTorch"), "{e}");
+    assert!(!job.exists(), "nothing left at --emit");
     let mut argv = base.to_vec();
     argv.extend(["--emit", job.to_str().unwrap(), "--json"]);
     let out = json(&run(&argv));

@@ -215,6 +215,7 @@ mod job_spec_tests {
             bias_update_rate: 0.01,
             z_loss: 1e-3,
             norm_topk: Some(false),
+            frozen_dtype: moe_shared::model::WeightsDtype::Bf16,
             weight_decay: 0.1,
             save_every: 5,
             keep: 3,

@@ -161,6 +161,13 @@ pub fn emit<B: AutodiffBackend>(
     if dir.exists() && std::fs::read_dir(dir).map(|mut d| d.next().is_some()).unwrap_or(true) {
         bail!("--emit {}: the directory exists and is not empty (choose a new one)", dir.display());
     }
+    if config.frozen_dtype != moe_shared::model::WeightsDtype::F32 {
+        bail!(
+            "--frozen-dtype {}: the PyTorch job keeps its weights in f32 (FSDP2's mixed precision is its own); drop \
+             --frozen-dtype with --engine torch",
+            config.frozen_dtype
+        );
+    }
     if !matches!(config.stage, Stage::Experts | Stage::Router | Stage::Dense | Stage::Ffn) {
         bail!(
             "--engine torch trains the stages experts, router, dense and ffn; --stage {} trains on burn (--engine \

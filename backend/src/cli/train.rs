@@ -119,6 +119,11 @@ pub type ExtraFiles = Vec<(String, Vec<u8>)>;
 /// exactly alike), else the model's own. llama2.c vocabularies are written
 /// as `tokenizer.bin` plus the equivalent converted `tokenizer.json` (which
 /// the other commands read).
+///
+/// # Errors
+/// An unreadable or malformed tokenizer; a `--tokenizer` JSON whose
+/// vocabulary is larger than the model's `vocab_size` (its ids would index
+/// past the embedding); a model with no tokenizer and none given.
 pub fn resolve_tokenizer(m: &LoadedModel, explicit: Option<&Path>) -> anyhow::Result<(Tokenizer, ExtraFiles)> {
     let v = m.config.vocab_size;
     let llama2c = |bytes: Vec<u8>, name: &str| -> anyhow::Result<(Tokenizer, ExtraFiles)> {
@@ -135,6 +140,16 @@ pub fn resolve_tokenizer(m: &LoadedModel, explicit: Option<&Path>) -> anyhow::Re
         let name = p.display().to_string();
         if p.extension().is_some_and(|e| e == "json") {
             let t = Tokenizer::from_hf_json(&bytes, &name)?;
+            if t.vocab_size() > v {
+                bail!(
+                    "--tokenizer {name}: a vocabulary of {} tokens (added tokens included), but {}'s embedding has \
+                     {v} rows (config.json `vocab_size`): its ids past {} would index outside the model; pass the \
+                     tokenizer this model was trained with",
+                    t.vocab_size(),
+                    m.path,
+                    v - 1
+                );
+            }
             return Ok((t, vec![("tokenizer.json".into(), bytes)]));
         }
         return llama2c(bytes, &name);
@@ -438,11 +453,13 @@ impl WithAutodiff for Args {
         }
         let counts = trainer.param_counts();
         eprintln!(
-            "stage {}: {} trainable parameters in {} tensors, {} frozen; {} tokens per step ({} x {} x {} device(s) x {})",
+            "stage {}: {} trainable parameters in {} tensors, {} frozen (matrices in {}); {} tokens per step ({} x {} \
+             x {} device(s) x {})",
             config.stage.name(),
             counts.trainable,
             counts.trainable_tensors,
             counts.frozen,
+            config.frozen_dtype,
             config.tokens_per_step(),
             config.batch_size,
             config.seq_len,

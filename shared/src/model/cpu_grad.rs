@@ -678,6 +678,76 @@ pub fn attention_rows<B: Backend>(
     Ok(from_ad(node(kind, state, out)))
 }
 
+// ------------------------------------------------- frozen 16-bit weights
+
+#[derive(Debug)]
+struct FrozenProductBackward;
+
+impl Backward<CpuBackend, 1> for FrozenProductBackward {
+    /// The 16-bit weight as stored (`[a, b]`) and whether the product
+    /// used its transpose.
+    type State = (FlexTensor, bool);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (w16, transposed) = ops.state;
+        let dy = grads.consume::<CpuBackend>(&ops.node);
+        let [px] = ops.parents;
+        if let Some(n) = px {
+            // y = x M with M = S (or Sᵀ): dx = dy Mᵀ = dy Sᵀ (or dy S). The
+            // f32 copy of S lives for this product only.
+            let s = widened(&w16);
+            let s = if transposed { s } else { s.transpose() };
+            let dx = plain(dy).matmul(s);
+            grads.register::<CpuBackend>(n.id, dx.into_primitive().tensor());
+        }
+    }
+}
+
+/// `t` (a 16-bit tensor) as an f32 tensor of the CPU backend: a new buffer
+/// ([`super::weights::weight_f32`]'s threaded conversion).
+fn widened(t: &FlexTensor) -> Tensor<CpuBackend, 2> {
+    super::weights::weight_f32(plain(t.clone()))
+}
+
+fn plain<const D: usize>(t: FlexTensor) -> Tensor<CpuBackend, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+/// `x · M` for `x: [rows, in]` (f32) on [`CpuAutodiff`] and a frozen
+/// 16-bit weight (bf16/f16, no gradient): `M = w` (`w: [in, out]`, a
+/// `Linear` weight) or `M = wᵀ` when `transposed` (`w: [out, in]`, a tied
+/// embedding used as the LM head). One graph node that keeps `w` itself,
+/// 2 bytes per value, for its backward: each pass widens `w` to f32 for
+/// its product only, so training holds a frozen weight in 16 bits between
+/// and during steps instead of the f32 copy Burn's `cast` → `matmul` would
+/// keep in the graph until the backward pass (issue 38 item 3; ARCHITECTURE.md).
+///
+/// # Errors
+/// `Err((x, w))` unchanged off [`CpuAutodiff`], for an `x` that is not f32,
+/// a `w` that is not bf16/f16, or a `w` that needs a gradient (the caller's
+/// composed path handles those).
+#[allow(clippy::type_complexity)]
+pub fn frozen_product<B: Backend>(
+    x: Tensor<B, 2>,
+    w: Tensor<B, 2>,
+    transposed: bool,
+) -> Result<Tensor<B, 2>, (Tensor<B, 2>, Tensor<B, 2>)> {
+    if !is_cpu_autodiff::<B>()
+        || x.dtype() != DType::F32
+        || !matches!(w.dtype(), DType::BF16 | DType::F16)
+        || w.is_require_grad()
+    {
+        return Err((x, w));
+    }
+    let (xa, wa) = (to_ad(x), to_ad(w));
+    let w16 = contiguous(wa.primitive);
+    let m = widened(&w16);
+    let m = if transposed { m.transpose() } else { m };
+    let out = plain::<2>(xa.primitive.clone()).matmul(m).into_primitive().tensor();
+    let kind = FrozenProductBackward.prepare::<NoCheckpointing>([xa.node.clone()]).compute_bound().stateful();
+    Ok(from_ad(node(kind, (w16, transposed), out)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -824,5 +894,38 @@ mod tests {
         assert!(u.grad(&grads).is_none(), "an untracked input gets no gradient");
         let gc = Tensor::<CpuBackend, 2>::zeros([2, 2], &Default::default());
         assert!(gated_product(gc.clone(), gc, GateActivation::Silu).is_err(), "not autodiff: the caller's path");
+    }
+
+    #[test]
+    fn a_frozen_16_bit_product_has_the_gradient_of_its_f32_copy() {
+        use super::super::weights::{weight_tensor, WeightsDtype};
+        let dev = Default::default();
+        for (dtype, transposed) in [(WeightsDtype::Bf16, false), (WeightsDtype::F16, false), (WeightsDtype::Bf16, true)]
+        {
+            let (rows, d_in, d_out) = (37, 96, 200);
+            let dims = if transposed { [d_out, d_in] } else { [d_in, d_out] };
+            let w16 = weight_tensor::<A, 2>(values(d_in * d_out, 12), dims, dtype, "t", "w", &dev).unwrap();
+            // The f32 reference holds the same (rounded) values, untracked.
+            let w32 = super::super::weights::weight_f32(w16.clone().inner());
+            let w32 = Tensor::<A, 2>::from_inner(if transposed { w32.transpose() } else { w32 });
+            let x = leaf([rows, d_in], 13);
+            let fused = frozen_product(x.clone(), w16.clone(), transposed).unwrap_or_else(|_| panic!("the fused path"));
+            let composed = x.clone().matmul(w32);
+            let e = worst(&vec_of(fused.clone().inner()), &vec_of(composed.clone().inner()));
+            assert!(e < 1e-6, "{dtype:?} transposed {transposed}: forward {e}");
+            let gf = probe(fused, 14).backward();
+            let gc = probe(composed, 14).backward();
+            let e = worst(&vec_of(x.grad(&gf).unwrap()), &vec_of(x.grad(&gc).unwrap()));
+            assert!(e < 1e-6, "{dtype:?} transposed {transposed}: dx {e}");
+            assert!(w16.grad(&gf).is_none(), "the frozen weight gets no gradient");
+        }
+        // A weight that trains, an f32 weight, or another backend: the caller's path.
+        let x = leaf([2, 4], 1);
+        assert!(frozen_product(x.clone(), leaf([4, 3], 2), false).is_err(), "f32 weight");
+        let w = weight_tensor::<A, 2>(values(12, 3), [4, 3], WeightsDtype::Bf16, "t", "w", &dev).unwrap();
+        assert!(frozen_product(x, w.require_grad(), false).is_err(), "a weight that needs a gradient");
+        let xc = Tensor::<CpuBackend, 2>::zeros([2, 4], &dev);
+        let wc = weight_tensor::<CpuBackend, 2>(values(12, 3), [4, 3], WeightsDtype::Bf16, "t", "w", &dev).unwrap();
+        assert!(frozen_product(xc, wc, false).is_err(), "not autodiff");
     }
 }

@@ -80,13 +80,26 @@ pub fn linear_to_hf<B: Backend>(linear: &Linear<B>) -> (Vec<f32>, [usize; 2], Op
 /// with a single gradient and one large, better-threaded gemm call.
 ///
 /// A 16-bit weight ([`super::weights`]) is converted to f32 for the product
-/// (the activations stay f32).
+/// (the activations stay f32); a frozen one in training takes
+/// [`super::cpu_grad::frozen_product`], which keeps it in 16 bits.
 pub fn forward_rows<B: Backend, const D: usize>(linear: &Linear<B>, x: Tensor<B, D>) -> Tensor<B, D> {
     let w = linear.weight.val();
     if w.dtype() != x.dtype() {
         let mut dims = x.dims();
         let rows: usize = dims[..D - 1].iter().product();
         let x = x.reshape([rows, dims[D - 1]]);
+        // Training with a frozen 16-bit weight: one node that keeps the weight in 16 bits.
+        #[cfg(not(target_arch = "wasm32"))]
+        let (x, w) = match super::cpu_grad::frozen_product(x, w, false) {
+            Ok(mut y) => {
+                if let Some(b) = &linear.bias {
+                    y = y + b.val().unsqueeze_dim(0);
+                }
+                dims[D - 1] = y.dims()[1];
+                return y.reshape(dims);
+            }
+            Err(xw) => xw,
+        };
         #[cfg(not(target_arch = "wasm32"))]
         if rows <= super::weights::SMALL_ROWS && super::cpu_ops::is_cpu::<B>() && x.dtype() == burn::tensor::DType::F32
         {

@@ -353,7 +353,13 @@ impl<B: Backend> Transformer<B> {
                         return super::cpu_ops::from_flex(v);
                     }
                 }
-                let logits = hidden.reshape([b * s, d]).matmul(super::weights::weight_f32(e).transpose());
+                let h = hidden.reshape([b * s, d]);
+                #[cfg(not(target_arch = "wasm32"))]
+                let (h, e) = match super::cpu_grad::frozen_product(h, e, true) {
+                    Ok(logits) => return logits.reshape([b, s, self.config.vocab_size]),
+                    Err(he) => he,
+                };
+                let logits = h.matmul(super::weights::weight_f32(e).transpose());
                 logits.reshape([b, s, self.config.vocab_size])
             }
         }

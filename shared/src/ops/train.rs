@@ -15,6 +15,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Field, Input, ParamError};
+use crate::model::WeightsDtype;
 use crate::train::{Balance, LbForm, Stage, TrainConfig};
 
 /// What a training run is asked to do, besides its inputs, stage and
@@ -77,6 +78,11 @@ pub struct TrainParams {
     /// Qwen2-MoE; gives a top-1 router the next-token gradient). Default: the model's own setting.
     #[cfg_attr(feature = "cli", arg(long, action = clap::ArgAction::Set))]
     pub norm_topk: Option<bool>,
+    /// The dtype the frozen weight matrices are held in while training: `f32` (exact), `bf16` or `f16`
+    /// (2 bytes a weight, widened to f32 for each product; the saved model holds the rounded values, exact
+    /// for a bf16 checkpoint). Trainable parameters stay f32.
+    #[cfg_attr(feature = "cli", arg(long, default_value = "f32", value_parser = parse_dtype))]
+    pub frozen_dtype: WeightsDtype,
     /// AdamW weight decay.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Self::default().weight_decay))]
     pub weight_decay: f64,
@@ -102,6 +108,11 @@ fn parse_lb_form(s: &str) -> Result<LbForm, String> {
 }
 
 #[cfg(feature = "cli")]
+fn parse_dtype(s: &str) -> Result<WeightsDtype, String> {
+    WeightsDtype::parse(s).map_err(|e| e.to_string())
+}
+
+#[cfg(feature = "cli")]
 fn parse_balance(s: &str) -> Result<Balance, String> {
     Balance::parse(s).ok_or_else(|| format!("`{s}`: expected aux, aux-free or none"))
 }
@@ -124,6 +135,7 @@ impl Default for TrainParams {
             bias_update_rate: c.bias_update_rate,
             z_loss: c.z_loss,
             norm_topk: c.norm_topk,
+            frozen_dtype: c.frozen_dtype,
             weight_decay: c.weight_decay,
             save_every: c.save_every,
             keep: c.keep,
@@ -159,6 +171,7 @@ impl TrainParams {
             bias_update_rate: self.bias_update_rate,
             z_loss: self.z_loss,
             norm_topk: self.norm_topk,
+            frozen_dtype: self.frozen_dtype,
             ..TrainConfig::new(stage)
         }
     }
@@ -233,6 +246,7 @@ impl TrainParams {
             Field::new("bias_update_rate", "aux-free bias step", Input::Float, &dflt(&d.bias_update_rate)).advanced(),
             Field::new("z_loss", "router z-loss", Input::Float, &dflt(&d.z_loss)).advanced(),
             Field::new("norm_topk", "renormalise top-k", Input::Choice(&["true", "false"]), "the model's").advanced(),
+            Field::new("frozen_dtype", "frozen weights in", Input::Choice(&["f32", "bf16", "f16"]), "f32").advanced(),
             Field::new("weight_decay", "weight decay", Input::Float, &dflt(&d.weight_decay)).advanced(),
             Field::new("save_every", "save every", Input::Int, "steps / 10").advanced(),
             Field::new("keep", "checkpoints kept", Input::Int, &dflt(&d.keep)).advanced(),
@@ -272,9 +286,15 @@ mod tests {
         let keys: Vec<&str> = crate::ops::fields_of::<TrainParams>().to_vec();
         let inputs: Vec<&str> = TrainParams::form_fields().iter().map(|f| f.key).collect();
         assert_eq!(keys, inputs);
-        let p = TrainParams { lb_form: LbForm::HfMixtral, balance: Balance::AuxFree, norm_topk: Some(false), ..d() };
+        let p = TrainParams {
+            lb_form: LbForm::HfMixtral,
+            balance: Balance::AuxFree,
+            norm_topk: Some(false),
+            frozen_dtype: WeightsDtype::Bf16,
+            ..d()
+        };
         let f = crate::ops::flags(&p);
-        for want in ["--lb-form=hf-mixtral", "--balance=aux-free", "--norm-topk=false"] {
+        for want in ["--lb-form=hf-mixtral", "--balance=aux-free", "--norm-topk=false", "--frozen-dtype=bf16"] {
             assert!(f.contains(&want.to_string()), "{want}: {f:?}");
         }
         fn d() -> TrainParams {

@@ -21,12 +21,13 @@
 //! by autodiff, gets no gradient, and the optimizer leaves it untouched
 //! (bit for bit: no weight decay either).
 
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{backend::Backend, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, StudioError};
 use crate::model::transformer::Mlp;
+use crate::model::weights::{weight_tensor, WeightsDtype};
 use crate::model::{DecoderBlock, MoeLayer, Transformer};
 
 /// A training stage.
@@ -203,6 +204,73 @@ pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str
         rope_local,
         config,
     })
+}
+
+/// Holds every frozen matrix of `model` (a 2-D parameter that gets no
+/// gradient: embedding, attention and frozen FFN/expert weights, frozen
+/// routers) in `dtype`, rounded to nearest even; trainable parameters and
+/// the vectors (norms, biases) stay f32. `F32` returns `model` unchanged.
+/// The forward and backward passes widen such a weight to f32 for each
+/// product only ([`crate::model::cpu_grad::frozen_product`] on the CPU,
+/// Burn's `cast` elsewhere), so a stage that freezes most of the model
+/// (`router`, `ffn`, `experts`) keeps those weights at 2 bytes each.
+/// Saved checkpoints hold the rounded values (exact when the source was
+/// already `dtype`, as bf16 checkpoints are).
+///
+/// Returns the model and the bytes saved against f32.
+///
+/// # Errors
+/// [`StudioError::Tensor`] naming `source` and the parameter's module path
+/// when `dtype` is f16 and a weight lies past f16's range (65504).
+pub fn hold_frozen_in<B: Backend>(
+    model: Transformer<B>,
+    dtype: WeightsDtype,
+    source: &str,
+) -> Result<(Transformer<B>, usize)> {
+    if dtype == WeightsDtype::F32 {
+        return Ok((model, 0));
+    }
+    struct Narrow<'a> {
+        dtype: WeightsDtype,
+        source: &'a str,
+        path: Vec<String>,
+        saved: usize,
+        error: Option<StudioError>,
+    }
+    impl<B: Backend> ModuleMapper<B> for Narrow<'_> {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.pop();
+        }
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let (id, tensor, mapper) = param.consume();
+            if D != 2 || tensor.is_require_grad() || self.error.is_some() || tensor.dtype() != burn::tensor::DType::F32
+            {
+                return Param::from_mapped_value(id, tensor, mapper);
+            }
+            let (dims, device) = (tensor.dims(), tensor.device());
+            let values: Vec<f32> = tensor.clone().into_data().to_vec().expect("an f32 parameter");
+            let name = self.path.join(".");
+            match weight_tensor::<B, D>(values, dims, self.dtype, self.source, &name, &device) {
+                Ok(t) => {
+                    self.saved += dims.iter().product::<usize>() * (4 - self.dtype.bytes());
+                    Param::from_mapped_value(id, t, mapper)
+                }
+                Err(e) => {
+                    self.error = Some(e);
+                    Param::from_mapped_value(id, tensor, mapper)
+                }
+            }
+        }
+    }
+    let mut n = Narrow { dtype, source, path: Vec::new(), saved: 0, error: None };
+    let model = model.map(&mut n);
+    match n.error {
+        Some(e) => Err(e),
+        None => Ok((model, n.saved)),
+    }
 }
 
 /// Trainable and frozen parameter counts (elements).

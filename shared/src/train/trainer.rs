@@ -249,7 +249,8 @@ fn adamw<B: AutodiffBackend>(c: &TrainConfig) -> Adam<B> {
 impl<B: AutodiffBackend> Trainer<B> {
     /// Prepares `model` (loaded on `devices[0]`) for `config.stage`: folds
     /// router temperatures when the saved layout would, freezes what the
-    /// stage does not train, renumbers parameters, and builds AdamW.
+    /// stage does not train (holding the frozen matrices in
+    /// `config.frozen_dtype`), renumbers parameters, and builds AdamW.
     /// `source` names the model in errors.
     ///
     /// # Errors
@@ -280,6 +281,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         B::seed(&devices[0], config.seed);
         let model = fold_router_temperatures(model);
         let model = apply_stage(model, config.stage, source)?;
+        let (model, _) = super::freeze::hold_frozen_in(model, config.frozen_dtype, source)?;
         let model = assign_param_ids(model);
         let cluster = if config.devices > 1 { join_local(&devices)? } else { None };
         Ok(Trainer {

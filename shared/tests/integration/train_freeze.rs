@@ -140,3 +140,70 @@ fn stages_must_fit_the_model() {
     let e = c.validate(&model).unwrap_err().to_string();
     assert!(e.contains("--seq-len") && e.contains("512"), "{e}");
 }
+
+/// Every 2-D parameter back in f32 (the values a 16-bit model holds).
+struct Widen;
+
+impl burn::module::ModuleMapper<A> for Widen {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<burn::tensor::Tensor<A, D>>,
+    ) -> burn::module::Param<burn::tensor::Tensor<A, D>> {
+        let (id, t, mapper) = param.consume();
+        burn::module::Param::from_mapped_value(id, moe_shared::model::weights::weight_f32(t), mapper)
+    }
+}
+
+#[test]
+fn frozen_weights_in_bf16_train_as_their_f32_values_do() {
+    use burn::module::Module;
+    use moe_shared::model::WeightsDtype;
+    use moe_shared::train::freeze::hold_frozen_in;
+    let Some(dense) = train_util::stories() else { return };
+    let tok = dense.tokenizer.clone().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let device = Default::default();
+    let moe = train_util::upcycled(&dense, dir.path(), 0.5);
+    let stage = Stage::Experts;
+    let config = TrainConfig { steps: 3, seq_len: 64, batch_size: 4, lr: 1e-2, warmup: 0, ..TrainConfig::new(stage) };
+    // The reference: f32 weights holding exactly the bf16-rounded values of the frozen matrices.
+    let staged = apply_stage(load_model::<A>(&moe, &device).unwrap(), stage, "m").unwrap();
+    let (rounded, saved) = hold_frozen_in(staged, WeightsDtype::Bf16, "m").unwrap();
+    let before = snapshot(&rounded);
+    let frozen_elems: usize =
+        before.iter().filter(|(n, _)| !trainable_in(stage, n) && !n.contains("norm")).map(|(_, v)| v.len()).sum();
+    assert_eq!(saved, 2 * frozen_elems, "2 bytes saved per frozen matrix weight");
+    let reference = rounded.map(&mut Widen);
+    let run = |model: Transformer<A>, dtype: WeightsDtype| {
+        let data = train_util::hu_en(&tok, 64, true, 1).unwrap();
+        let c = TrainConfig { frozen_dtype: dtype, ..config.clone() };
+        let mut t = Trainer::new(model, data, c, vec![device], "stories260K-moe").unwrap();
+        let losses: Vec<f64> = (0..3).map(|_| t.step().unwrap().loss).collect();
+        (losses, t)
+    };
+    let (want, _) = run(reference, WeightsDtype::F32);
+    let (got, t) = run(load_model::<A>(&moe, &device).unwrap(), WeightsDtype::Bf16);
+    let m = t.model();
+    assert_eq!(m.layers[0].self_attn.q_proj.weight.val().dtype(), burn::tensor::DType::BF16);
+    assert_eq!(m.embed_tokens.weight.val().dtype(), burn::tensor::DType::BF16);
+    assert_eq!(m.layers[0].input_layernorm.gamma.val().dtype(), burn::tensor::DType::F32, "vectors stay f32");
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "losses {got:?} vs the f32 run on the same values {want:?}");
+    }
+    // Frozen tensors keep their rounded values bit for bit; trainable ones move.
+    for ((name, a), (_, b)) in before.iter().zip(&snapshot(m)) {
+        assert_eq!(a == b, !trainable_in(stage, name), "{name}");
+    }
+    // f16 cannot hold a weight past 65504: refused, naming the parameter.
+    let mut big = load_model::<A>(&moe, &device).unwrap();
+    let w = big.embed_tokens.weight.val();
+    let (dims, v) = (w.dims(), w.into_data().to_vec::<f32>().unwrap());
+    let v: Vec<f32> = v.iter().map(|x| x * 1e6).collect();
+    let w = burn::tensor::Tensor::<A, 2>::from_data(burn::tensor::TensorData::new(v, dims), &device);
+    big.embed_tokens.weight = burn::module::Param::from_tensor(w);
+    let e = hold_frozen_in(apply_stage(big, stage, "m").unwrap(), WeightsDtype::F16, "big.safetensors")
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("big.safetensors") && e.contains("embed_tokens") && e.contains("65504"), "{e}");
+}

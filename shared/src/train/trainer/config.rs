@@ -74,6 +74,12 @@ pub struct TrainConfig {
     /// keep the model's). Saved in the checkpoint's config either way.
     #[serde(default)]
     pub norm_topk: Option<bool>,
+    /// The dtype the frozen matrices are held in during training
+    /// ([`crate::train::freeze::hold_frozen_in`]; issue 38 item 3): f32
+    /// (default, exact) or bf16/f16 (2 bytes a weight; the saved model
+    /// holds the rounded values).
+    #[serde(default)]
+    pub frozen_dtype: crate::model::WeightsDtype,
 }
 
 fn default_bias_rate() -> f64 {
@@ -86,7 +92,7 @@ impl TrainConfig {
     /// weight decay, betas (0.9, 0.999), eps 1e-8, clip 1.0, alpha 0.01,
     /// per-layer load balancing, prior 0.1, seed 0, one device,
     /// `--balance aux`, bias step 1e-3, no z-loss, the model's top-k
-    /// normalisation.
+    /// normalisation, frozen weights in f32.
     pub fn new(stage: Stage) -> Self {
         TrainConfig {
             stage,
@@ -113,6 +119,7 @@ impl TrainConfig {
             bias_update_rate: default_bias_rate(),
             z_loss: 0.0,
             norm_topk: None,
+            frozen_dtype: crate::model::WeightsDtype::F32,
         }
     }
 

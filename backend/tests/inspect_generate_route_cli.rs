@@ -321,6 +321,11 @@ fn every_command_reads_the_same_token_stream() {
     ]));
     let e = failure(&run(&[&["eval", d, "--data", &format!("code={}", small.display()), "--json"][..], &w].concat()));
     assert!(e.contains("small.tokens") && e.contains("vocabulary of 512"), "{e}");
+    // A tokenizer larger than the model's embedding (SmolLM2's 49152 for stories260K's 512 rows)
+    // is refused by name on the text path too, before any id indexes past the embedding.
+    let tok_s = tok.to_str().unwrap();
+    let e = failure(&run(&["eval", stories_bin.to_str().unwrap(), "--tokenizer", tok_s, "--data", &format!("code={text}")]));
+    assert!(e.contains("tokenizer.json") && e.contains("49152 tokens") && e.contains("512 rows"), "{e}");
     let nt = dir.join("neurons-tokens");
     let (en, code) = (format!("en={tf}"), format!("code={text}"));
     let e = failure(&run(&["neurons", d, "--lang", &en, "--lang", &code, "--out", nt.to_str().unwrap()]));
@@ -384,5 +389,10 @@ fn eval_task_gives_lm_eval_s_predictions_and_refuses_bad_lines() {
     assert!(e.contains("cannot be used with"), "{e}");
     let e = failure(&run(&["--backend", "cpu", "eval", m, "--task", &spec, "--routing", "oracle"]));
     assert!(e.contains("--routing oracle"), "{e}");
+    // A token file where a task belongs: named as what it is.
+    let tf = dir.join("corpus.tokens");
+    std::fs::write(&tf, b"MOETOK01").unwrap();
+    let e = failure(&run(&["--backend", "cpu", "eval", m, "--task", &format!("x={}", tf.display())]));
+    assert!(e.contains("corpus.tokens") && e.contains("token file") && e.contains("JSON lines"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

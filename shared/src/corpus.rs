@@ -286,10 +286,23 @@ pub fn text_stream(contents: &str, what: &str, split: DocSplit, tok: &Tokenizer)
 pub fn stream_sha256(ids: &[u32]) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
-    for id in ids {
-        h.update(id.to_le_bytes());
+    let mut buf = Vec::with_capacity(4 * 16384);
+    for chunk in ids.chunks(16384) {
+        buf.clear();
+        buf.extend(chunk.iter().flat_map(|id| id.to_le_bytes()));
+        h.update(&buf);
     }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    hex(&h.finalize())
+}
+
+/// `bytes` (a digest) as lowercase hex, two digits per byte: how every
+/// SHA-256 the studio reports is written.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::with_capacity(2 * bytes.len()), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
 }
 
 /// Reads a file's documents (native only).
@@ -308,8 +321,9 @@ pub fn read_documents(path: &str, split: DocSplit) -> Result<Vec<String>> {
 /// resident memory beyond what is read). Dereferences to the ids, `[tokens]`.
 #[derive(Debug, Clone)]
 pub enum Stream {
-    /// Ids tokenised by this process.
-    Owned(Vec<u32>),
+    /// Ids tokenised by this process, with their [`stream_sha256`] once
+    /// asked for (every report and checkpoint fingerprint asks again).
+    Owned(Vec<u32>, std::sync::OnceLock<String>),
     /// A token file's ids (its SHA-256 is the one recorded when it was written).
     #[cfg(not(target_arch = "wasm32"))]
     Mapped(std::sync::Arc<token_file::TokenFile>),
@@ -320,7 +334,7 @@ impl Stream {
     /// footer for a token file (whose ids are not all read for it).
     pub fn sha256(&self) -> String {
         match self {
-            Stream::Owned(ids) => stream_sha256(ids),
+            Stream::Owned(ids, sha) => sha.get_or_init(|| stream_sha256(ids)).clone(),
             #[cfg(not(target_arch = "wasm32"))]
             Stream::Mapped(f) => f.header().sha256.clone(),
         }
@@ -331,7 +345,7 @@ impl Stream {
     /// token file's footer otherwise (`--docs` does not apply to it).
     pub fn docs_name(&self, given: DocSplit) -> String {
         match self {
-            Stream::Owned(_) => given.name().to_string(),
+            Stream::Owned(..) => given.name().to_string(),
             #[cfg(not(target_arch = "wasm32"))]
             Stream::Mapped(f) => f.header().docs.clone(),
         }
@@ -343,7 +357,7 @@ impl std::ops::Deref for Stream {
 
     fn deref(&self) -> &[u32] {
         match self {
-            Stream::Owned(ids) => ids,
+            Stream::Owned(ids, _) => ids,
             #[cfg(not(target_arch = "wasm32"))]
             Stream::Mapped(f) => f.ids(),
         }
@@ -352,7 +366,7 @@ impl std::ops::Deref for Stream {
 
 impl From<Vec<u32>> for Stream {
     fn from(ids: Vec<u32>) -> Self {
-        Stream::Owned(ids)
+        Stream::Owned(ids, Default::default())
     }
 }
 
@@ -373,7 +387,7 @@ pub fn read_stream(path: &str, split: DocSplit, tok: &Tokenizer) -> Result<Strea
         f.check_tokenizer(tok)?;
         return Ok(Stream::Mapped(std::sync::Arc::new(f)));
     }
-    Ok(Stream::Owned(token_stream(&read_documents(path, split)?, tok)?))
+    Ok(token_stream(&read_documents(path, split)?, tok)?.into())
 }
 
 #[cfg(test)]

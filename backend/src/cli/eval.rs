@@ -2,6 +2,11 @@
 //! per-dataset perplexity (the windows of `perplexity`) and, for MoE
 //! models, the routing load per expert.
 //!
+//! Each dataset's `tokens` is the number of tokens scored: a stream of `T`
+//! ids (the first `--max-tokens` of the file's stream) scores its `T − 1`
+//! next-token predictions (the first id has no context); `perplexity`
+//! counts the same way.
+//!
 //! `--routing oracle` forces dataset i to expert i (DUME's oracle: the
 //! i-th `--data` is expert i's domain); `--routing random` replaces the
 //! routers by seeded Gaussian ones (DUME's random-routing baseline).
@@ -89,7 +94,7 @@ impl WithBackend for Args {
         let mut rows = Vec::new();
         for (i, s) in specs.iter().enumerate() {
             let ids = moe_shared::corpus::read_stream(&s.path, a.docs.docs, &tok)?;
-            let sha = (ids.sha256(), ids.docs_name(a.docs.docs));
+            let stream = (ids.sha256(), ids.docs_name(a.docs.docs));
             let routing = if p.routing == EvalRouting::Oracle { Routing::Forced(i) } else { Routing::Learned };
             let quiet = a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
             let r = evaluate(&model, &ids, opts, routing, &device, |done, total| {
@@ -100,16 +105,16 @@ impl WithBackend for Args {
             if !quiet {
                 eprint!("\r\x1b[2K");
             }
-            rows.push((s, r, sha));
+            rows.push((s, r, stream));
         }
         if a.json {
             let datasets: Vec<serde_json::Value> = rows
                 .iter()
-                .map(|(s, r, sha)| {
+                .map(|(s, r, (sha256, docs))| {
                     serde_json::json!({
                         "name": s.name, "file": s.path, "tokens": r.report.tokens, "nll": r.report.nll,
                         "ppl": r.report.ppl, "load_mean": r.mean_load(), "load_per_layer": r.load,
-                        "stream_sha256": sha.0, "docs": sha.1,
+                        "stream_sha256": sha256, "docs": docs,
                     })
                 })
                 .collect();

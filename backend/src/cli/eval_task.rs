@@ -54,6 +54,12 @@ pub fn run<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
         if tasks.iter().any(|(n, _)| *n == name) {
             bail!("--task `{s}`: the name `{name}` is given twice");
         }
+        if moe_shared::corpus::token_file::is_token_file(&file) {
+            bail!(
+                "--task {name}: {file} is a token file (`moe-studio tokenize`: a corpus for --data); a task is \
+                 multiple-choice JSON lines (NAME=FILE.jsonl, lm-evaluation-harness's multiple_choice: docs/methods.md §8)"
+            );
+        }
         let text = std::fs::read_to_string(&file).with_context(|| format!("--task {name}: reading {file}"))?;
         tasks.push((name, McTask::parse(&text, &file)?.limited(a.task_params.limit)));
     }

@@ -10,7 +10,7 @@ use moe_shared::checkpoint::open_model;
 use moe_shared::config::MoeConfig;
 use moe_shared::layout::{self, LayoutRequest};
 use moe_shared::methods::route::{
-    accuracy_markdown, check_domains, collect_stats, domain_sequences, domain_sequences_from_ids, empty_stats,
+    accuracy_markdown, check_domains, collect_stats, domain_sequences_from_ids, empty_stats,
     mean_accuracy, routed_config, routing_accuracy, routing_accuracy_detail, set_routers, solve_all,
     solve_all_relative, stats_to_safetensors, write_routed, DomainSequences, RouteReport, RoutingAccuracy,
 };
@@ -79,7 +79,8 @@ fn parse_domain(spec: &str) -> anyhow::Result<(String, PathBuf, Option<PathBuf>)
     Ok((name.to_string(), train, held))
 }
 
-/// Reads a domain's files and prepares it as the tab does ([`domain_sequences`]).
+/// Reads a domain's files (text or token files) and prepares it as the tab
+/// does ([`moe_shared::methods::route::domain_sequences`]).
 fn read_domain(
     tok: &moe_shared::tokenizer::Tokenizer,
     name: String,
@@ -88,23 +89,20 @@ fn read_domain(
     split: moe_shared::corpus::DocSplit,
     context: usize,
 ) -> anyhow::Result<DomainSequences> {
-    let (tw, hw) = (train.display().to_string(), held.map(|h| h.display().to_string()));
-    let is_tokens = |p: &str| moe_shared::corpus::token_file::is_token_file(p);
-    if is_tokens(&tw) || hw.as_deref().is_some_and(is_tokens) {
-        // A token file: its ids as written (no text to cut); a text file beside it is read as usual.
-        let read = |p: &str| -> anyhow::Result<(Vec<u32>, String)> {
-            let s = moe_shared::corpus::read_stream(p, split, tok)?;
-            Ok((s.to_vec(), s.sha256()))
-        };
-        let ids = read(&tw)?;
-        let held = hw.as_deref().map(read).transpose()?;
-        return Ok(domain_sequences_from_ids(&name, ids, held, context)?);
-    }
-    let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
-    let text = read(train)?;
-    let held_text = held.map(read).transpose()?;
-    let hw = hw.unwrap_or_default();
-    Ok(domain_sequences(tok, &name, (&text, &tw), held_text.as_deref().map(|h| (h, hw.as_str())), split, context)?)
+    // One reading path for text and token files (`corpus::read_stream`): the
+    // stream every other command reads; a token file's ids are used in place.
+    let read = |p: &PathBuf| -> anyhow::Result<moe_shared::corpus::Stream> {
+        moe_shared::corpus::read_stream(&p.display().to_string(), split, tok)
+            .with_context(|| format!("domain `{name}`"))
+    };
+    let ids = read(train)?;
+    let held = held.map(read).transpose()?;
+    Ok(domain_sequences_from_ids(
+        &name,
+        (&ids, ids.sha256()),
+        held.as_ref().map(|h| (&h[..], h.sha256())),
+        context,
+    )?)
 }
 
 /// The statistics of an earlier `route` (`--stats FILE`) and their token

@@ -357,20 +357,21 @@ pub fn domain_sequences(
         Ok((ids, sha))
     };
     let held = heldout.map(|(h, hw)| encode(h, hw)).transpose()?;
-    domain_sequences_from_ids(name, encode(text, what)?, held, context)
+    let (ids, sha) = encode(text, what)?;
+    domain_sequences_from_ids(name, (&ids, sha), held.as_ref().map(|(h, s)| (&h[..], s.clone())), context)
 }
 
 /// [`domain_sequences`] from token streams already made (`(ids, stream_sha256)`
 /// of the training text and of the held-out text when given): a token file
-/// read by the CLI's `route`. Without held-out ids the last 10% of `train`'s
-/// tokens are held out.
+/// or text read by the CLI's `route` (`corpus::read_stream`). Without
+/// held-out ids the last 10% of `train`'s tokens are held out.
 ///
 /// # Errors
 /// [`StudioError::Invalid`] naming the domain when a stream is empty.
 pub fn domain_sequences_from_ids(
     name: &str,
-    (ids, stream_sha256): (Vec<u32>, String),
-    heldout: Option<(Vec<u32>, String)>,
+    (ids, stream_sha256): (&[u32], String),
+    heldout: Option<(&[u32], String)>,
     context: usize,
 ) -> Result<DomainSequences> {
     if ids.is_empty() || heldout.as_ref().is_some_and(|(h, _)| h.is_empty()) {
@@ -380,13 +381,13 @@ pub fn domain_sequences_from_ids(
         Some((held, sha)) => (ids, held, Some(sha)),
         None => {
             let cut = ids.len() * 9 / 10;
-            (ids[..cut].to_vec(), ids[cut..].to_vec(), None)
+            (&ids[..cut], &ids[cut..], None)
         }
     };
     Ok(DomainSequences {
         name: name.to_string(),
-        train: pack_sequences(&train, context),
-        heldout: pack_sequences(&held, context),
+        train: pack_sequences(train, context),
+        heldout: pack_sequences(held, context),
         stream_sha256,
         heldout_sha256,
     })

@@ -41,7 +41,7 @@
 #   ROUTER_STEPS/ROUTER_LR   stage 2 and cpt-replay's continuation (full: 50 x 4 x 256, router 1e-3)
 #   BASE_STEPS/POST_STEPS    the pair (full: 200 on lang/en, 100 on domain/math, lr 1e-4)
 #   PARTS="2x2 lr tokens ablation"  the analyses to run after the headline (default: none)
-#   PARTS_SEEDS              seeds of the analyses (default: the first seed)
+#   PARTS_SEEDS              seeds of the analyses (default: the first seed; "" none)
 #   EVAL_TOKENS              evaluation tokens per text (full 10000)
 # Resumable: finished steps are skipped, interrupted training resumes from its checkpoint.
 set -euo pipefail
@@ -78,7 +78,7 @@ else
     WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/deltamoe-v2}
     OUT=${OUT:-docs/experiments/deltamoe}
 fi
-PARTS_SEEDS=${PARTS_SEEDS:-${SEEDS%% *}}
+PARTS_SEEDS=${PARTS_SEEDS-${SEEDS%% *}}
 mkdir -p "$WORK" "$OUT"
 source experiments/lib.sh
 exp_bin

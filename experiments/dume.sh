@@ -23,7 +23,7 @@
 #   oracle       every token of domain i sent to expert i (`eval --routing oracle`)
 # Retention of a model on domain D = ppl(expert-D on D) / ppl(model on D), as in DUME (§2.6),
 # and the loss ratio NLL(expert-D on D) / NLL(model on D) beside it.
-# PARTS (default "ffn ood incremental"; PARTS_SEEDS, default all seeds):
+# PARTS (default "ffn ood incremental"; PARTS_SEEDS, default all seeds, "" none):
 #   ffn          the same with FFN-only domain experts (`train --stage ffn`: attention, norms and
 #                embeddings stay the base's, so MoErging averages nothing that moved and the oracle
 #                is the dense experts exactly): what is left is the router
@@ -101,7 +101,7 @@ else
     OUT=${OUT:-docs/experiments/dume}
 fi
 LAMBDAS=${LAMBDAS:-"1e-4,1e-3,1e-1,1"} REL_LAMBDAS=${REL_LAMBDAS:-"1e-8,1e-6,1e-4,1e-2,1"}
-ALPHA=${ALPHA:-0.01} PARTS_SEEDS=${PARTS_SEEDS:-$SEEDS}
+ALPHA=${ALPHA:-0.01} PARTS_SEEDS=${PARTS_SEEDS-$SEEDS}
 mkdir -p "$WORK" "$OUT"
 source experiments/lib.sh
 exp_bin

@@ -324,7 +324,14 @@ fn every_command_reads_the_same_token_stream() {
     // A tokenizer larger than the model's embedding (SmolLM2's 49152 for stories260K's 512 rows)
     // is refused by name on the text path too, before any id indexes past the embedding.
     let tok_s = tok.to_str().unwrap();
-    let e = failure(&run(&["eval", stories_bin.to_str().unwrap(), "--tokenizer", tok_s, "--data", &format!("code={text}")]));
+    let e = failure(&run(&[
+        "eval",
+        stories_bin.to_str().unwrap(),
+        "--tokenizer",
+        tok_s,
+        "--data",
+        &format!("code={text}"),
+    ]));
     assert!(e.contains("tokenizer.json") && e.contains("49152 tokens") && e.contains("512 rows"), "{e}");
     let nt = dir.join("neurons-tokens");
     let (en, code) = (format!("en={tf}"), format!("code={text}"));
@@ -394,5 +401,65 @@ fn eval_task_gives_lm_eval_s_predictions_and_refuses_bad_lines() {
     std::fs::write(&tf, b"MOETOK01").unwrap();
     let e = failure(&run(&["--backend", "cpu", "eval", m, "--task", &format!("x={}", tf.display())]));
     assert!(e.contains("corpus.tokens") && e.contains("token file") && e.contains("JSON lines"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `train --frozen-dtype bf16` (issue 38 item 3): said on the stage line, recorded in the saved
+/// model's provenance, and part of the run's options: a resume with another value is refused
+/// before the run's metrics are touched.
+#[test]
+fn train_frozen_dtype_is_recorded_and_a_mismatched_resume_leaves_the_run_alone() {
+    let Some(model) = common::stories() else { return };
+    let Some(data) = common::data_dir() else { return };
+    let dir = tmp("frozen-dtype");
+    let out = dir.join("run");
+    let en = format!("en={}", data.join("corpora/lang/en/valid.txt").display());
+    let m = model.to_str().unwrap();
+    let o = out.to_str().unwrap();
+    let args = |steps: &str, dtype: &str| -> Vec<String> {
+        [
+            "--backend",
+            "cpu",
+            "train",
+            m,
+            "--stage",
+            "ffn",
+            "--data",
+            &en,
+            "--steps",
+            steps,
+            "--seq-len",
+            "16",
+            "--batch",
+            "1",
+            "--save-every",
+            "1",
+            "--keep",
+            "5",
+            "--frozen-dtype",
+            dtype,
+            "--out",
+            o,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let argv = args("2", "bf16");
+    let t = run(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+    ok(&t);
+    let err = String::from_utf8_lossy(&t.stderr);
+    assert!(err.contains("frozen (matrices in bf16)"), "{err}");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("final/config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["moe_studio"]["provenance"]["frozen_dtype"], "bf16", "{cfg}");
+    let metrics = || std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let before = metrics();
+    assert_eq!(before.lines().count(), 2);
+    let mut argv = args("3", "f32");
+    argv.push("--resume".into());
+    let e = failure(&run(&argv.iter().map(String::as_str).collect::<Vec<_>>()));
+    assert!(e.contains("frozen_dtype") && e.contains("bf16"), "{e}");
+    assert_eq!(metrics(), before, "a refused resume leaves metrics.jsonl as it was");
     std::fs::remove_dir_all(&dir).unwrap();
 }

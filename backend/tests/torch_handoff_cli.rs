@@ -323,6 +323,8 @@ fn train_nodes_prints_the_torchrun_lines_and_starts_nothing() {
         "8",
         "--nodes",
         "2",
+        "--frozen-dtype",
+        "bf16",
         "--out",
         &arg(&dir.join("run")),
     ]);
@@ -333,6 +335,9 @@ fn train_nodes_prints_the_torchrun_lines_and_starts_nothing() {
     let job = format!("{}-torch-job", arg(&dir.join("run")));
     assert!(emit.contains(&format!("--devices 16 --engine torch --emit {job}")), "{emit}");
     assert!(!emit.contains("--nodes") && !emit.contains("--out"), "{emit}");
+    // The PyTorch job refuses --frozen-dtype: the printed command leaves it out, and says so.
+    assert!(!emit.contains("--frozen-dtype"), "{emit}");
+    assert!(lines.iter().any(|l| l.starts_with('#') && l.contains("without --frozen-dtype bf16")), "{lines:?}");
     for r in 0..2 {
         let want = format!(
             "torchrun --nnodes 2 --nproc-per-node 8 --node-rank {r} --rdzv-backend c10d --rdzv-endpoint HOST:29500 \

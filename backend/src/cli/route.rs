@@ -10,9 +10,9 @@ use moe_shared::checkpoint::open_model;
 use moe_shared::config::MoeConfig;
 use moe_shared::layout::{self, LayoutRequest};
 use moe_shared::methods::route::{
-    accuracy_markdown, check_domains, collect_stats, domain_sequences_from_ids, empty_stats,
-    mean_accuracy, routed_config, routing_accuracy, routing_accuracy_detail, set_routers, solve_all,
-    solve_all_relative, stats_to_safetensors, write_routed, DomainSequences, RouteReport, RoutingAccuracy,
+    accuracy_markdown, check_domains, collect_stats, domain_sequences_from_ids, empty_stats, mean_accuracy,
+    routed_config, routing_accuracy, routing_accuracy_detail, set_routers, solve_all, solve_all_relative,
+    stats_to_safetensors, write_routed, DomainSequences, RouteReport, RoutingAccuracy,
 };
 use moe_shared::model::load_model_as;
 use moe_shared::ops::route::RouteParams;
@@ -97,12 +97,7 @@ fn read_domain(
     };
     let ids = read(train)?;
     let held = held.map(read).transpose()?;
-    Ok(domain_sequences_from_ids(
-        &name,
-        (&ids, ids.sha256()),
-        held.as_ref().map(|h| (&h[..], h.sha256())),
-        context,
-    )?)
+    Ok(domain_sequences_from_ids(&name, (&ids, ids.sha256()), held.as_ref().map(|h| (&h[..], h.sha256())), context)?)
 }
 
 /// The statistics of an earlier `route` (`--stats FILE`) and their token

@@ -274,8 +274,12 @@ fn nodes_commands(a: &Args, argv: &[String]) -> (String, Vec<String>) {
         Some(o) => format!("{}-torch-job", o.display().to_string().trim_end_matches('/')),
         None => a.emit.as_ref().map_or("torch-job".to_string(), |e| e.display().to_string()),
     };
-    let mut emit =
-        without_options(argv, &["--nodes", "--out", "--engine", "--emit", "--devices"], &["--resume", "--json"]);
+    // --frozen-dtype is the Burn trainer's (the PyTorch job refuses it).
+    let mut emit = without_options(
+        argv,
+        &["--nodes", "--out", "--engine", "--emit", "--devices", "--frozen-dtype"],
+        &["--resume", "--json"],
+    );
     emit.extend([
         "--devices".to_string(),
         (a.params.devices * a.nodes).to_string(),
@@ -312,6 +316,9 @@ fn nodes_answer(a: &Args, argv: &[String]) -> anyhow::Result<()> {
     }
     let (emit, runs) = nodes_commands(a, argv);
     println!("# 1. write this run as a PyTorch FSDP2 job (once, where the model and --data files are):");
+    if a.params.frozen_dtype != moe_shared::model::WeightsDtype::F32 {
+        println!("#    (without --frozen-dtype {}: the PyTorch job keeps its weights in f32)", a.params.frozen_dtype);
+    }
     println!("{emit}");
     println!(
         "# 2. on each of the {} nodes (HOST: node 0's address; the job directory at the same path on every node):",
@@ -423,8 +430,10 @@ impl WithAutodiff for Args {
             let (step, dir) = existing
                 .with_context(|| format!("--resume: no checkpoint (checkpoint-*/ or final/) in {}", out.display()))?;
             eprintln!("resuming from {} (step {step})", dir.display());
+            // Checked first: a refused resume leaves the run's metrics as they were.
+            let t = Trainer::<B>::resume(&dir, data, config.clone(), devs)?;
             truncate_metrics(&out.join("metrics.jsonl"), step)?;
-            Trainer::<B>::resume(&dir, data, config.clone(), devs)?
+            t
         } else {
             if let Some((step, dir)) = existing {
                 bail!(
@@ -453,13 +462,16 @@ impl WithAutodiff for Args {
         }
         let counts = trainer.param_counts();
         eprintln!(
-            "stage {}: {} trainable parameters in {} tensors, {} frozen (matrices in {}); {} tokens per step ({} x {} \
-             x {} device(s) x {})",
+            "stage {}: {} trainable parameters in {} tensors, {} frozen{}; {} tokens per step ({} x {} x {} \
+             device(s) x {})",
             config.stage.name(),
             counts.trainable,
             counts.trainable_tensors,
             counts.frozen,
-            config.frozen_dtype,
+            match (counts.frozen, config.frozen_dtype) {
+                (0, _) => String::new(),
+                (_, d) => format!(" (matrices in {d})"),
+            },
             config.tokens_per_step(),
             config.batch_size,
             config.seq_len,

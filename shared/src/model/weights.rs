@@ -49,7 +49,9 @@ impl WeightsDtype {
             "f32" | "float32" => Ok(Self::F32),
             "bf16" | "bfloat16" => Ok(Self::Bf16),
             "f16" | "float16" | "half" => Ok(Self::F16),
-            _ => Err(StudioError::Invalid(format!("weights dtype `{s}`: expected f32, bf16 or f16"))),
+            _ => Err(StudioError::Invalid(format!(
+                "weights dtype `{s}`: expected f32, bf16 or f16 (also float32, bfloat16, float16 or half; any case)"
+            ))),
         }
     }
 
@@ -93,13 +95,17 @@ impl std::str::FromStr for WeightsDtype {
     }
 }
 
+/// The smallest magnitude f16 rounds to infinity: halfway between 65504 and
+/// the next binade's 65536 (round to nearest even).
+const F16_OVERFLOW: f32 = 65520.0;
+
 /// A Burn tensor of shape `dims` holding `values` (f32) in `dtype`, rounded
 /// to nearest even.
 ///
 /// # Errors
 /// For [`WeightsDtype::F16`], [`StudioError::Tensor`] naming `source` and
-/// `name` when a finite value lies past f16's largest finite value (65504:
-/// it would become infinite), with the largest magnitude found.
+/// `name` when a finite value would round past f16's largest finite value,
+/// 65504 (|w| ≥ 65520 becomes infinite), with the largest magnitude found.
 pub fn weight_tensor<B: Backend, const D: usize>(
     values: Vec<f32>,
     dims: [usize; D],
@@ -116,14 +122,16 @@ pub fn weight_tensor<B: Backend, const D: usize>(
             TensorData::new(out, dims)
         }
         WeightsDtype::F16 => {
+            // Values below 65520 round to 65504 (f16's largest finite value);
+            // from 65520 on they round to infinity.
             let max = values.iter().filter(|v| v.is_finite()).fold(0f32, |m, v| m.max(v.abs()));
-            if max > half::f16::MAX.to_f32() {
+            if max >= F16_OVERFLOW {
                 return Err(StudioError::tensor(
                     source,
                     name,
                     format!(
-                        "holds |w| = {max:e}, past f16's largest finite value 65504: \
-                         use --weights-dtype bf16 or f32"
+                        "holds |w| = {max:e}, past f16's largest finite value 65504 (it would become infinite): \
+                         hold the weights in bf16 or f32 instead"
                     ),
                 ));
             }
@@ -430,5 +438,10 @@ mod tests {
         assert!(e.contains("m.safetensors") && e.contains("lm_head.weight") && e.contains("65504"), "{e}");
         // bf16 holds it.
         weight_tensor::<B, 1>(vec![1.0, 70000.0], [2], WeightsDtype::Bf16, "m", "w", &Default::default()).unwrap();
+        // 65519 rounds to 65504, f16's largest finite value; 65520 rounds to infinity.
+        let t = weight_tensor::<B, 1>(vec![-65519.0], [1], WeightsDtype::F16, "m", "w", &Default::default()).unwrap();
+        assert_eq!(weight_f32(t).into_data().to_vec::<f32>().unwrap(), vec![-65504.0]);
+        assert!(half::f16::from_f32(65520.0).is_infinite());
+        assert!(weight_tensor::<B, 1>(vec![65520.0], [1], WeightsDtype::F16, "m", "w", &Default::default()).is_err());
     }
 }

@@ -105,13 +105,17 @@ impl<B: AutodiffBackend> Trainer<B> {
         let mut extra: Vec<(&str, Vec<u8>)> = self.extra_files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
         extra.push((STATE_FILE, serde_json::to_vec_pretty(&state).expect("json")));
         extra.push((OPTIMIZER_FILE, opt));
-        let provenance = serde_json::json!({
+        let mut provenance = serde_json::json!({
             "method": format!("train/{}", self.config.stage.name()),
             "source": self.source,
             "step": self.step,
             "steps": self.config.steps,
             "data": self.data.fingerprint(),
         });
+        if self.config.frozen_dtype != crate::model::WeightsDtype::F32 {
+            // The frozen weights hold values rounded to it (`train::freeze::hold_frozen_in`).
+            provenance["frozen_dtype"] = serde_json::json!(self.config.frozen_dtype);
+        }
         save_model(self.model(), dir, DType::F32, extra, provenance, crate::layout::LayoutRequest::Auto)
     }
 

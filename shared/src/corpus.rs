@@ -292,17 +292,7 @@ pub fn stream_sha256(ids: &[u32]) -> String {
         buf.extend(chunk.iter().flat_map(|id| id.to_le_bytes()));
         h.update(&buf);
     }
-    hex(&h.finalize())
-}
-
-/// `bytes` (a digest) as lowercase hex, two digits per byte: how every
-/// SHA-256 the studio reports is written.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(2 * bytes.len()), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    format!("{:x}", h.finalize())
 }
 
 /// Reads a file's documents (native only).

@@ -213,7 +213,7 @@ impl TokenFile {
             file.bytes.release(at..end);
             at = end;
         }
-        let got: String = super::hex(&sha.finalize());
+        let got: String = format!("{:x}", sha.finalize());
         if got != file.header.sha256 {
             return Err(bad(format!(
                 "its ids hash to {got}, its footer records {}: the file was changed after `tokenize` wrote it",
@@ -424,7 +424,7 @@ pub fn write_token_file(
         tokenizer: TokenizerFingerprint::of(tok)?,
         documents,
         tokens,
-        sha256: super::hex(&sha.finalize()),
+        sha256: format!("{:x}", sha.finalize()),
     };
     let footer = serde_json::to_vec(&header).expect("the footer serialises");
     w.write_all(&footer).map_err(|e| io(out, e))?;

@@ -87,38 +87,7 @@ pub fn forward_rows<B: Backend, const D: usize>(linear: &Linear<B>, x: Tensor<B,
     if w.dtype() != x.dtype() {
         let mut dims = x.dims();
         let rows: usize = dims[..D - 1].iter().product();
-        let x = x.reshape([rows, dims[D - 1]]);
-        // Training with a frozen 16-bit weight: one node that keeps the weight in 16 bits.
-        #[cfg(not(target_arch = "wasm32"))]
-        let (x, w) = match super::cpu_grad::frozen_product(x, w, false) {
-            Ok(mut y) => {
-                if let Some(b) = &linear.bias {
-                    y = y + b.val().unsqueeze_dim(0);
-                }
-                dims[D - 1] = y.dims()[1];
-                return y.reshape(dims);
-            }
-            Err(xw) => xw,
-        };
-        #[cfg(not(target_arch = "wasm32"))]
-        if rows <= super::weights::SMALL_ROWS && super::cpu_ops::is_cpu::<B>() && x.dtype() == burn::tensor::DType::F32
-        {
-            // A decoding step: read the 16-bit weights once, no f32 copy.
-            let xf = super::cpu_ops::contiguous(super::cpu_ops::to_flex(x.clone()));
-            let wf = super::cpu_ops::to_flex(w.clone());
-            if let Some(v) =
-                super::weights::small_rows_product(xf.as_slice::<f32>().expect("contiguous f32"), rows, &wf)
-            {
-                let out = wf.layout().shape()[1];
-                let mut y: Tensor<B, 2> = super::cpu_ops::from_flex(super::cpu_ops::flex_from_vec(v, &[rows, out]));
-                if let Some(b) = &linear.bias {
-                    y = y + b.val().unsqueeze_dim(0);
-                }
-                dims[D - 1] = out;
-                return y.reshape(dims);
-            }
-        }
-        let mut y = x.matmul(weight_f32(w));
+        let mut y = product_16bit(x.reshape([rows, dims[D - 1]]), w);
         if let Some(b) = &linear.bias {
             y = y + b.val().unsqueeze_dim(0);
         }
@@ -133,4 +102,33 @@ pub fn forward_rows<B: Backend, const D: usize>(linear: &Linear<B>, x: Tensor<B,
     let y = linear.forward(x.reshape([rows, dims[D - 1]]));
     dims[D - 1] = y.dims()[1];
     y.reshape(dims)
+}
+
+/// `x · w` for `x: [rows, in]` (f32) and a 16-bit weight `w: [in, out]`:
+/// a frozen weight in training takes [`super::cpu_grad::frozen_product`]
+/// (the weight stays 16-bit in the graph); a decoding step on the CPU
+/// reads the 16-bit weight directly ([`super::weights::small_rows_product`]);
+/// anything else multiplies by `w` widened to f32.
+fn product_16bit<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
+    #[cfg(not(target_arch = "wasm32"))]
+    let (x, w) = match super::cpu_grad::frozen_product(x, w, false) {
+        Ok(y) => return y,
+        Err(xw) => xw,
+    };
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let rows = x.dims()[0];
+        if rows <= super::weights::SMALL_ROWS && super::cpu_ops::is_cpu::<B>() && x.dtype() == burn::tensor::DType::F32
+        {
+            let xf = super::cpu_ops::contiguous(super::cpu_ops::to_flex(x.clone()));
+            let wf = super::cpu_ops::to_flex(w.clone());
+            if let Some(v) =
+                super::weights::small_rows_product(xf.as_slice::<f32>().expect("contiguous f32"), rows, &wf)
+            {
+                let out = wf.layout().shape()[1];
+                return super::cpu_ops::from_flex(super::cpu_ops::flex_from_vec(v, &[rows, out]));
+            }
+        }
+    }
+    x.matmul(weight_f32(w))
 }

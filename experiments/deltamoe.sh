@@ -43,6 +43,9 @@
 #   PARTS="2x2 lr tokens ablation"  the analyses to run after the headline (default: none)
 #   PARTS_SEEDS              seeds of the analyses (default: the first seed; "" none)
 #   EVAL_TOKENS              evaluation tokens per text (full 10000)
+#   PUBLISHED_SEEDS          seeds an earlier sitting published in OUT/results.json (its run
+#                            directories gone): the report keeps their rows beside SEEDS', after
+#                            checking that the retrained pair scores what the published one did
 # Resumable: finished steps are skipped, interrupted training resumes from its checkpoint.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

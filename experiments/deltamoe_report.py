@@ -5,18 +5,29 @@ equal FLOPs and with the stage-2 replay (each + Δ) and linear averaging; mean �
 2x2, learning-rate, token and expert-count analyses when they ran. Standard library only.
 
 Usage: deltamoe_report.py WORK OUT SMOKE MODEL "SEEDS" "PARTS_SEEDS" "BUDGET"
-Writes OUT/results.json and OUT/README.md.
+Writes OUT/results.json and OUT/README.md. With PUBLISHED_SEEDS (e.g. "1") the headline rows keep
+those seeds' numbers from OUT/results.json (report_common.published_results), after checking that
+this run's base/post pair and instruct model score what the published ones did.
 """
+import math
 import os
 import statistics
 import sys
 
-from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, nll, open_report, ppl, seeds_with,
-                           stream_hashes, unfinished_note, write_commands)
+from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, merge_published, open_report, ppl,
+                           published_note, published_results, seeds_with, stream_hashes, unfinished_note,
+                           write_commands)
 
 work, out, smoke, model, seeds, parts_seeds, budget = sys.argv[1:]
 seeds, parts_seeds = seeds.split(), parts_seeds.split()
 TEXTS = ["en", "hu", "math"]
+# Seeds published by an earlier sitting (their run directories are gone): their per-seed
+# perplexities come from the published results.json.
+published, prior = published_results(out, budget, seeds)
+# The pair is trained once, with seed 0, so a later sitting retrains the same base and post; the
+# published seeds are relative to the published pair, so this run's must score the same (relative
+# difference at most PAIR_TOLERANCE on every text), or mixing the seeds would compare two pairs.
+PAIR_TOLERANCE = 1e-4
 
 HEADLINE = [
     ("cpt", "dense CPT on hu (stage-1 tokens)"),
@@ -42,7 +53,9 @@ PARTS = [
     ("moe-4-s1-lr1e-3+delta", "lr 1e-3 + Δ"),
 ]
 steps_rows = sorted({f.split(".eval.json")[0] for s in parts_seeds if os.path.isdir(os.path.join(work, f"s{s}"))
-                     for f in os.listdir(os.path.join(work, f"s{s}")) if "-steps" in f and f.endswith(".eval.json")})
+                     for f in os.listdir(os.path.join(work, f"s{s}")) if "-steps" in f and f.endswith(".eval.json")}
+                    | {m for m, have in (prior or {}).get("seeds_per_method", {}).items()
+                       if "-steps" in m and set(have) & set(published)})
 PARTS += [(m, "token sweep: " + m) for m in steps_rows]
 for e in ("2", "3"):
     PARTS += [(f"moe-{e}-s1", f"ablation: {e} experts ({int(e) - 1} trainable), stage 1"),
@@ -54,7 +67,6 @@ base = load(os.path.join(work, "base.eval.json"))
 post = load(os.path.join(work, "post.eval.json"))
 instruct = load(os.path.join(work, "instruct.eval.json"))
 bp = {t: ppl(base, t) for t in TEXTS}
-bn = {t: nll(base, t) for t in TEXTS}
 flops = {}
 if os.path.exists(os.path.join(work, "flops.txt")):
     for line in open(os.path.join(work, "flops.txt")):
@@ -64,26 +76,48 @@ if os.path.exists(os.path.join(work, "flops.txt")):
 results = {"model": model, "seeds": seeds, "parts_seeds": parts_seeds, "budget": budget, "flops": flops,
            "instruct": {t: ppl(instruct, t) for t in TEXTS}, "base": bp, "post": {t: ppl(post, t) for t in TEXTS},
            "methods": {}, "seeds_per_method": {}}
+if prior is not None:
+    worst = 0.0
+    for which in ("instruct", "base", "post"):
+        for t in TEXTS:
+            was, now = prior[which][t], results[which][t]
+            rel = abs(now / was - 1)
+            worst = max(worst, rel)
+            if rel > PAIR_TOLERANCE:
+                sys.exit(f"PUBLISHED_SEEDS: `{which}` scores ppl {now:.6g} on {t} in this run and {was:.6g} in the"
+                         f" published {os.path.join(out, 'results.json')} (relative difference {rel:.2e} >"
+                         f" {PAIR_TOLERANCE:g}): not the same pair, so the seeds cannot be pooled")
+    results["pair_vs_published"] = worst
 missing = []
-evals = {}
+# {method: {seed: {text: ppl}}}, the published seeds first; the per-text NLL is ln(ppl) (eval's
+# ppl is exp of its mean NLL).
+per_seed = {}
 
 
 def collect(m, its_seeds):
+    """Row `m`'s per-seed perplexities: the published seeds' (headline and analyses alike) and this
+    run's seeds `its_seeds` that have its results."""
     have = seeds_with(work, its_seeds, f"{m}.eval.json")
     if len(have) < len(its_seeds):
         missing.append((m, [s for s in its_seeds if s not in have]))
-    evs = {s: load(os.path.join(work, f"s{s}", f"{m}.eval.json")) for s in have}
-    evals[m] = evs
-    results["methods"][m] = [{t: ppl(ev, t) for t in TEXTS} for ev in evs.values()]
-    results["seeds_per_method"][m] = have
-    return evs
+    runs = {}
+    if prior is not None:
+        for s, p in zip(prior["seeds_per_method"].get(m, []), prior["methods"].get(m, [])):
+            if s in published:
+                runs[s] = p
+    for s in have:
+        runs[s] = {t: ppl(load(os.path.join(work, f"s{s}", f"{m}.eval.json")), t) for t in TEXTS}
+    per_seed[m] = runs
+    results["methods"][m] = list(runs.values())
+    results["seeds_per_method"][m] = list(runs)
+    return runs
 
 
-def row(m, label, evs):
-    p = [{t: ppl(ev, t) for t in TEXTS} for ev in evs.values()]
-    n = [{t: nll(ev, t) for t in TEXTS} for ev in evs.values()]
-    return ([f"`{m}`", label, ", ".join(evs) if evs else "not run"] + [fmt([x[t] for x in p]) for t in TEXTS]
-            + [fmt([bp["en"] / x["en"] for x in p], 1, True), fmt([bn["en"] / x["en"] for x in n], 1, True),
+def row(m, label, runs):
+    p = list(runs.values())
+    return ([f"`{m}`", label, ", ".join(runs) if runs else "not run"] + [fmt([x[t] for x in p]) for t in TEXTS]
+            + [fmt([bp["en"] / x["en"] for x in p], 1, True),
+               fmt([math.log(bp["en"]) / math.log(x["en"]) for x in p], 1, True),
                fmt([bp["hu"] / x["hu"] for x in p], 2), fmt([results["post"]["math"] / x["math"] for x in p], 1, True)])
 
 
@@ -93,7 +127,7 @@ fixed = [["`instruct`", "SmolLM2-135M-Instruct as downloaded (what the pair star
          + [f"{bp[t]:.2f}" for t in TEXTS] + ["100.0%", "100.0%", "1.00", "-"],
          ["`post`", "base fine-tuned on domain/math (Δ = post − base)", "-"]
          + [f"{ppl(post, t):.2f}" for t in TEXTS]
-         + [f"{bp['en'] / ppl(post, 'en') * 100:.1f}%", f"{bn['en'] / nll(post, 'en') * 100:.1f}%",
+         + [f"{bp['en'] / ppl(post, 'en') * 100:.1f}%", f"{math.log(bp['en']) / math.log(ppl(post, 'en')) * 100:.1f}%",
             f"{bp['hu'] / ppl(post, 'hu'):.2f}", "100.0%"]]
 head_rows = [row(m, label, collect(m, seeds)) for m, label in HEADLINE]
 part_rows = [row(m, label, collect(m, parts_seeds)) for m, label in PARTS]
@@ -111,8 +145,8 @@ def ran(*ms):
 
 def paired(a, b, t):
     """Per seed both ran: (a - b) / b of text t's perplexity, as a list."""
-    common = [s for s in evals[a] if s in evals[b]]
-    return [ppl(evals[a][s], t) / ppl(evals[b][s], t) - 1 for s in common], common
+    common = [s for s in per_seed[a] if s in per_seed[b]]
+    return [per_seed[a][s][t] / per_seed[b][s][t] - 1 for s in common], common
 
 
 claims = []
@@ -151,6 +185,7 @@ def tasks_at(path):
     return [load(path)] if os.path.exists(path) else []
 
 
+# (Published seeds' task reports are not pooled: the published tables have no task accuracy yet.)
 task_rows = [(m, tasks_at(os.path.join(work, f"{m}.tasks.json"))) for m in ("instruct", "base", "post")]
 task_rows += [(m, [load(os.path.join(work, f"s{s}", f"{m}.tasks.json"))
                    for s in seeds_with(work, seeds, f"{m}.tasks.json")])
@@ -162,16 +197,23 @@ results["task_accuracy"] = {m: [{t["name"]: {k: t[k] for k in ("acc", "acc_norm"
 # Share of the top-k assignments served by the frozen expert 0 (`load_mean[0]`).
 expert0 = {}
 for m in [m for m, _ in HEADLINE + PARTS if m.startswith("moe-") and "+delta" not in m]:
-    per_seed = {}
-    for s, ev in evals.get(m, {}).items():
+    shares = {s: v for s, v in (prior or {}).get("expert0_share", {}).get(m, {}).items()
+              if s in published}
+    for s in seeds_with(work, seeds if m in dict(HEADLINE) else parts_seeds, f"{m}.eval.json"):
+        ev = load(os.path.join(work, f"s{s}", f"{m}.eval.json"))
         loads = {d["name"]: d["load_mean"][0] for d in ev["datasets"] if d.get("load_mean")}
         if len(loads) == len(TEXTS):
-            per_seed[s] = loads
-    if per_seed:
-        expert0[m] = per_seed
+            shares[s] = loads
+    if shares:
+        expert0[m] = shares
 results["expert0_share"] = expert0
 # Every evaluation read the same token streams (the same documents in every command).
-results["eval_streams"] = stream_hashes([base, post, instruct] + [ev for m in evals for ev in evals[m].values()])
+this_run = [load(os.path.join(work, f"s{s}", f"{m}.eval.json")) for m, _ in HEADLINE + PARTS
+            for s in seeds_with(work, seeds + [p for p in parts_seeds if p not in seeds], f"{m}.eval.json")]
+results["eval_streams"] = stream_hashes([base, post, instruct] + this_run)
+merge_published(results, prior, published, seeds)
+if prior is not None:
+    results["parts_seeds"] = [s for s in prior.get("parts_seeds", []) if s in published] + parts_seeds
 
 os.makedirs(out, exist_ok=True)
 fig_models = [m for m, _ in HEADLINE if results["methods"].get(m)]
@@ -216,6 +258,11 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
                 f" MoE stage 1 {flops.get('moe-4-experts', 0):.3f}, stage 2 {flops.get('moe-4-router', 0):.3f},"
                 f" MoE all-trainable {flops.get('moe-4-all', 0):.3f}; `cpt-flops` trains {int(flops.get('flops_steps', 0))}"
                 f" steps for stage 1's 100 (ratio {flops.get('ratio', 0):.3f}).\n\n")
+    f.write(published_note(published))
+    if prior is not None:
+        f.write(f"The base/post pair and the instruct model were trained again by this sitting (seed 0, as"
+                f" before) and score the published pair's perplexities to a relative"
+                f" {results['pair_vs_published']:.1e} at most (checked: at most {PAIR_TOLERANCE:g}).\n\n")
     f.write(unfinished_note(missing))
     f.write(HEAD)
     for r in fixed + head_rows:
@@ -237,7 +284,7 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
             f.write(f"| `{m}` | {n} | " + " | ".join(acc_cell(evs, t) for t in TEXTS) + " | "
                     + " | ".join(acc_cell(evs, t, "acc") for t in TEXTS) + " |\n")
     if part_rows:
-        f.write(f"\n## Analyses (seed {', '.join(parts_seeds)})\n\n" + HEAD)
+        f.write(f"\n## Analyses (seed {', '.join(results['parts_seeds'])})\n\n" + HEAD)
         for r in part_rows:
             f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_curves)

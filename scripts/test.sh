@@ -132,10 +132,18 @@ if want bench; then
 fi
 
 if want experiments; then
-    step "experiments, smoke mode (each paper script on stories260K, a few steps; fresh run directories)"
+    step "experiments, smoke mode (each paper script on stories260K, a few steps; fresh run directories; a second seed pooled with the first)"
     for exp in upcycling dume deltamoe neuronmoe; do
         work=$(mktemp -d)
         MOE_STUDIO_BIN="$CLI" WORK="$work" bash "experiments/$exp.sh" --smoke >/dev/null
+        if [ "$exp" != upcycling ]; then
+            # A later sitting pools this one's seed 1 (its run directory gone) with its own seed 2.
+            cp "$work/report/results.json" "$work/first.json"
+            rm -rf "$work/s1"
+            MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PARTS_SEEDS="" PUBLISHED_SEEDS=1 \
+                bash "experiments/$exp.sh" --smoke >/dev/null
+            python3 experiments/check_pooled.py "$exp" "$work/first.json" "$work/report/results.json"
+        fi
         rm -rf "$work"
     done
 fi

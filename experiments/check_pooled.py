@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Checks that a report pooled an earlier sitting's seeds faithfully (issue 35; CI's experiment
+smoke step): FIRST is the results.json a run of seed(s) P published, SECOND the results.json of a
+later run of other seeds with PUBLISHED_SEEDS=P over the same OUT. SECOND must list P then the new
+seeds, mark P as published, and carry every number P had in FIRST unchanged (the headline rows of
+the three paper reports: deltamoe's per-seed perplexities, dume's per-seed records, neuronmoe's
+per-allocation stages). Exit status 1 with the first difference named.
+
+Usage: check_pooled.py deltamoe|dume|neuronmoe FIRST SECOND
+"""
+import json
+import sys
+
+kind, first_path, second_path = sys.argv[1:]
+first, second = json.load(open(first_path)), json.load(open(second_path))
+published = first["seeds"]
+
+
+def fail(msg):
+    sys.exit(f"check_pooled {kind}: {msg} ({first_path} -> {second_path})")
+
+
+if second.get("published_seeds") != published or second["seeds"][:len(published)] != published \
+        or len(second["seeds"]) <= len(published):
+    fail(f"seeds {second['seeds']} / published {second.get('published_seeds')}, expected {published} then new ones")
+
+checked = 0
+if kind == "deltamoe":
+    for m, runs in first["methods"].items():
+        old = dict(zip(first["seeds_per_method"][m], runs))
+        new = dict(zip(second["seeds_per_method"].get(m, []), second["methods"].get(m, [])))
+        for s in old:
+            if new.get(s) != old[s]:
+                fail(f"row `{m}` seed {s}: {new.get(s)} != published {old[s]}")
+            checked += 1
+elif kind == "dume":
+    for m, recs in first["methods"].items():
+        new = {r.get("seed"): r for r in second["methods"].get(m, []) if isinstance(r, dict)}
+        for r in recs:
+            if isinstance(r, dict) and r.get("seed") in published:
+                if new.get(r["seed"]) != r:
+                    fail(f"method `{m}` seed {r['seed']}: {new.get(r['seed'])} != published {r}")
+                checked += 1
+elif kind == "neuronmoe":
+    for a, old in first["allocations"].items():
+        new = second["allocations"].get(a)
+        if new is None:
+            fail(f"allocation `{a}` dropped")
+        for stage in ("s1", "s2"):
+            for i, s in enumerate(old["seeds"]):
+                if s in published:
+                    j = new["seeds"].index(s)
+                    if new[stage][j] != old[stage][i]:
+                        fail(f"allocation `{a}` {stage} seed {s}: {new[stage][j]} != published {old[stage][i]}")
+                    checked += 1
+else:
+    fail("unknown report kind (expected deltamoe, dume or neuronmoe)")
+if checked == 0:
+    fail("no published number to compare")
+print(f"check_pooled {kind}: seeds {second['seeds']} (published {published}); {checked} published entries unchanged")

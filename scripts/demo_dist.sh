@@ -103,7 +103,7 @@ json.dump({"name": "scratch260K", "files": ["model.safetensors", "config.json", 
            "description": "scratch260K — a 260K-parameter Llama (stories260K's shape, 512-token byte-level BPE) "
                           f"initialised and trained from scratch by the CLI ({p['base_steps']} steps) on GNOME Help in "
                           "German, Spanish, French and Italian fetched with apt-get (Debian's gnome-user-docs); "
-                          "its experts learn English and Hungarian help text and Python code."},
+                          "its experts learn English quotations (Debian's fortunes), Hungarian help text and Python code."},
           open(sys.argv[1], "w"))
 PY
     log "demo model: scratch260K (the fetched preset's base)"

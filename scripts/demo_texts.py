@@ -2,20 +2,27 @@
 """The texts of the fetched teaching preset (scripts/demo_preset.sh without
 stories260K; issue 19 item 3), from what a fresh machine can fetch or has.
 
-    demo_texts.py HELP_DIR STDLIB_DIR OUT_DIR
+    demo_texts.py HELP_DIR STDLIB_DIR FORTUNES_DIR OUT_DIR
     demo_texts.py --math-only OUT_DIR      (math.txt and math.heldout.txt only)
 
-HELP_DIR    /usr/share/help of Debian's `gnome-user-docs` package (GNOME
-            Help, Mallard XML pages in 40+ languages; `apt-get download
-            gnome-user-docs` + `dpkg-deb -x`): C/ (English) and hu/.
-STDLIB_DIR  the local Python standard library (sysconfig's "stdlib").
+HELP_DIR      /usr/share/help of Debian's `gnome-user-docs` package (GNOME
+              Help, Mallard XML pages in 40+ languages; `apt-get download
+              gnome-user-docs` + `dpkg-deb -x`): hu/ and the base's languages.
+STDLIB_DIR    the local Python standard library (sysconfig's "stdlib").
+FORTUNES_DIR  /usr/share/games/fortunes of Debian's `fortunes` package
+              (quotations, literature, jokes in English; `%`-separated).
 
 Writes into OUT_DIR NAME.txt (training) and NAME.heldout.txt (held out),
 documents separated by a blank line (the shared corpora's convention, and
 what the CLI's `.txt` reader splits on), for
-  en    English GNOME Help: one document per page (its titles,
+  en    English quotations and short prose from the fortune files of
+        FORTUNE_FILES (one entry a document): general English unlike the
+        base's help pages. (English GNOME Help, used before, was no new
+        domain for a base that learnt the same pages in four other
+        languages: DUME could not beat averaging on it, see
+        docs/teaching-preset.md.)
+  hu    the Hungarian GNOME Help: one document per page (its titles,
         descriptions and paragraphs, one per line);
-  hu    the Hungarian translation of the same pages;
   code  Python standard-library modules: one file per document group
         (a `# ===== file: NAME =====` line, then the source; the file's own
         blank lines separate its blocks, as in the corpora);
@@ -51,6 +58,11 @@ MIN_CHARS = 40
 # experts' domains.
 GENERAL_LANGS = ("de", "es", "fr", "it")
 SEED = 19
+# The fortune files of the English text: quotations and prose on everyday
+# subjects (the files of computing jokes, Unix lore, politics and group
+# stereotypes are left out: a class sees these texts).
+FORTUNE_FILES = ("art", "education", "food", "humorists", "kids", "literature", "love", "medicine", "people",
+                 "pets", "platitudes", "science", "sports", "wisdom", "work")
 
 
 def held_out(name: str) -> bool:
@@ -91,6 +103,27 @@ def help_text(help_dir: Path, lang: str) -> tuple[list[str], list[str]]:
         ps = [t for t in mallard_paragraphs(p) if len(t) >= MIN_CHARS]
         if ps:
             (held if held_out(f"{p.parent.name}/{p.name}") else train).append("\n".join(ps))
+    return train, held
+
+
+def fortune_text(fortunes: Path) -> tuple[list[str], list[str]]:
+    """(training, held-out) English from the fortune files FORTUNE_FILES in
+    `fortunes`: each `%`-separated entry of at least MIN_CHARS one document
+    (its lines kept, blank lines inside it dropped, tabs made spaces), held
+    out by a hash of its text."""
+    train: list[str] = []
+    held: list[str] = []
+    missing = [n for n in FORTUNE_FILES if not (fortunes / n).is_file()]
+    if missing:
+        sys.exit(f"demo_texts.py: no fortune file(s) {', '.join(missing)} in {fortunes} (expected the `fortunes` package's"
+                 " /usr/share/games/fortunes)")
+    for name in FORTUNE_FILES:
+        raw = (fortunes / name).read_text(encoding="utf-8", errors="replace")
+        for entry in re.split(r"^%[ \t]*$", raw, flags=re.M):
+            lines = [l.replace("\t", " ").rstrip() for l in entry.splitlines()]
+            doc = "\n".join(l for l in lines if l.strip())
+            if len(doc) >= MIN_CHARS:
+                (held if held_out(doc) else train).append(doc)
     return train, held
 
 
@@ -147,12 +180,12 @@ def main() -> None:
         (out / "math.txt").write_text("\n\n".join(train) + "\n", encoding="utf-8")
         (out / "math.heldout.txt").write_text("\n\n".join(held) + "\n", encoding="utf-8")
         return
-    if len(sys.argv) != 4:
+    if len(sys.argv) != 5:
         sys.exit(__doc__)
-    help_dir, stdlib, out = (Path(a) for a in sys.argv[1:])
+    help_dir, stdlib, fortunes, out = (Path(a) for a in sys.argv[1:])
     out.mkdir(parents=True, exist_ok=True)
     texts = {
-        "en": help_text(help_dir, "C"),
+        "en": fortune_text(fortunes),
         "hu": help_text(help_dir, "hu"),
         "code": code_text(stdlib),
         "math": math_text(),

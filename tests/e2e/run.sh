@@ -48,14 +48,14 @@ echo "demos in $(( ($(ms) - t_demo) / 1000 )) s"
 # The same build as a fresh machine without ../shared/data would get it
 # (MOE_STUDIO_DATA=/nonexistent): the fetched preset (texts fetched with
 # apt-get, base scratch260K trained from scratch by this CLI for
-# E2E_DEMO_BASE_STEPS steps, default 300, experts E2E_DEMO_STEPS; cached in
+# E2E_DEMO_BASE_STEPS steps, default 600, experts E2E_DEMO_STEPS; cached in
 # demo-preset-e2e-fetched), walked by run.mjs like the stories260K one.
-step "demos without ../shared/data: the fetched preset (DEMO_BASE_STEPS=${E2E_DEMO_BASE_STEPS:-300})"
+step "demos without ../shared/data: the fetched preset (DEMO_BASE_STEPS=${E2E_DEMO_BASE_STEPS:-600})"
 t_demo=$(ms)
 nodata="$work/dist-nodata"
 mkdir -p "$nodata"
 for f in "$dist"/*; do [ "$(basename "$f")" = demo ] || ln -s "$f" "$nodata/"; done
-MOE_STUDIO_DATA=/nonexistent DEMO_STEPS="${E2E_DEMO_STEPS:-40}" DEMO_BASE_STEPS="${E2E_DEMO_BASE_STEPS:-300}" \
+MOE_STUDIO_DATA=/nonexistent DEMO_STEPS="${E2E_DEMO_STEPS:-40}" DEMO_BASE_STEPS="${E2E_DEMO_BASE_STEPS:-600}" \
   DEMO_PRESET_CACHE="$MOE_STUDIO_CACHE/demo-preset-e2e" bash "$root/scripts/demo_dist.sh" "$nodata" "$cli"
 [ -f "$nodata/demo/preset/preset.json" ] || { echo "the fetched teaching preset was not built (see above)" >&2; exit 1; }
 echo "fetched preset in $(( ($(ms) - t_demo) / 1000 )) s"

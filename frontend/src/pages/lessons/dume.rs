@@ -138,7 +138,7 @@ pub fn DumeLesson() -> impl IntoView {
             claim="Dense models fine-tuned from one base on different domains become one MoE without any training: \
                 each model's FFN is an expert, the rest is averaged, and a ridge-regression router solved in closed form \
                 from a little text per domain beats plain weight averaging and comes close to always picking the right expert."
-            scale="Here: a 260K-parameter base and three experts (English news, Python code, Hungarian) fine-tuned by the CLI; \
+            scale="Here: a 260K-parameter base and three experts (English, Python code, Hungarian) fine-tuned by the CLI; \
                 the paper merges 7B models. The steps and the formulas are the paper's."/>
         <LoadStep slug=SLUG/>
         <LessonStep slug=SLUG n=2 title="MoErge the experts" notice=Signal::derive(move || merge_note.get())

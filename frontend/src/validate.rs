@@ -180,21 +180,11 @@ pub fn upcycle(
         dtype: None,
         params: params.clone(),
     });
-    check(
-        &spec,
-        &[
-            ("experts", "experts per layer"),
-            ("experts_per_layer", "allocation"),
-            ("top_k", "top-k"),
-            ("frozen", "frozen experts"),
-            ("router_init", "router init"),
-            ("router_std", "router std"),
-            ("temperature", "temperature"),
-            ("drop_ratio", "drop ratio"),
-            ("granularity", "granularity"),
-            ("shared_experts", "shared experts"),
-        ],
-    )
+    // The parameters' labels are the operation's own (`form_fields`, the
+    // Jobs page's too); the page adds its two expert-count inputs.
+    let mut labels = vec![("experts", "experts per layer"), ("experts_per_layer", "allocation")];
+    labels.extend(moe_shared::ops::upcycle::UpcycleParams::form_fields().iter().map(|f| (f.key, f.label)));
+    check(&spec, &labels)
 }
 
 /// The training form (DeltaMoE's stages in the tab): stage, steps and the
@@ -280,6 +270,11 @@ mod tests {
         assert!(upcycle(Some(2), None, &up(2, &[0])).is_ok());
         assert_eq!(upcycle(Some(2), None, &up(0, &[0])).unwrap_err().path(), "top_k");
         assert_eq!(upcycle(None, Some(vec![Some(0)]), &up(1, &[])).unwrap_err().path(), "experts_per_layer[0]");
+        // A parameter's label is the operation's (`UpcycleParams::form_fields`).
+        let drop = moe_shared::ops::upcycle::UpcycleParams { drop_ratio: 1.5, ..up(1, &[0]) };
+        let e = upcycle(Some(2), None, &drop).unwrap_err();
+        assert_eq!(e.path(), "drop_ratio");
+        assert!(e.message.starts_with("drop ratio (Drop-Upcycling): "), "{}", e.message);
 
         use moe_shared::train::Stage;
         let tr = |stage, steps, lr, alpha| {

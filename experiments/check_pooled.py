@@ -2,9 +2,9 @@
 """Checks that a report pooled an earlier sitting's seeds faithfully (issue 35; CI's experiment
 smoke step): FIRST is the results.json a run of seed(s) P published, SECOND the results.json of a
 later run of other seeds with PUBLISHED_SEEDS=P over the same OUT. SECOND must list P then the new
-seeds, mark P as published, and carry every number P had in FIRST unchanged (the headline rows of
-the three paper reports: deltamoe's per-seed perplexities, dume's per-seed records, neuronmoe's
-per-allocation stages). Exit status 1 with the first difference named.
+seeds, mark P as published, and carry every number P had in FIRST unchanged (deltamoe: every row's
+per-seed perplexities, the expert-0 shares and the analyses' seeds; dume: every method's per-seed
+records; neuronmoe: every allocation's per-stage perplexities). Exit status 1 with the first difference named.
 
 Usage: check_pooled.py deltamoe|dume|neuronmoe FIRST SECOND
 """
@@ -33,6 +33,15 @@ if kind == "deltamoe":
             if new.get(s) != old[s]:
                 fail(f"row `{m}` seed {s}: {new.get(s)} != published {old[s]}")
             checked += 1
+    for m, shares in first.get("expert0_share", {}).items():
+        for s, v in shares.items():
+            got = second.get("expert0_share", {}).get(m, {}).get(s)
+            if got != v:
+                fail(f"expert-0 share of `{m}` seed {s}: {got} != published {v}")
+            checked += 1
+    lost = [s for s in first.get("parts_seeds", []) if s not in second.get("parts_seeds", [])]
+    if lost:
+        fail(f"parts_seeds {second.get('parts_seeds')} lost the published {lost}")
 elif kind == "dume":
     for m, recs in first["methods"].items():
         new = {r.get("seed"): r for r in second["methods"].get(m, []) if isinstance(r, dict)}
@@ -49,6 +58,8 @@ elif kind == "neuronmoe":
         for stage in ("s1", "s2"):
             for i, s in enumerate(old["seeds"]):
                 if s in published:
+                    if s not in new["seeds"]:
+                        fail(f"allocation `{a}` lost published seed {s} (seeds {new['seeds']})")
                     j = new["seeds"].index(s)
                     if new[stage][j] != old[stage][i]:
                         fail(f"allocation `{a}` {stage} seed {s}: {new[stage][j]} != published {old[stage][i]}")

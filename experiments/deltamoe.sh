@@ -82,6 +82,12 @@ else
     OUT=${OUT:-docs/experiments/deltamoe}
 fi
 PARTS_SEEDS=${PARTS_SEEDS-${SEEDS%% *}}
+# A published seed's rows come from OUT/results.json: refuse, before any work, to run it again.
+for p in ${PUBLISHED_SEEDS:-}; do
+    for s in $SEEDS $PARTS_SEEDS; do
+        [ "$p" != "$s" ] || { echo "PUBLISHED_SEEDS has seed $p, which SEEDS / PARTS_SEEDS would run again" >&2; exit 1; }
+    done
+done
 mkdir -p "$WORK" "$OUT"
 source experiments/lib.sh
 exp_bin

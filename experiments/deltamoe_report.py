@@ -24,6 +24,10 @@ TEXTS = ["en", "hu", "math"]
 # Seeds published by an earlier sitting (their run directories are gone): their per-seed
 # perplexities come from the published results.json.
 published, prior = published_results(out, budget, seeds)
+if set(published) & set(parts_seeds):
+    sys.exit(f"PUBLISHED_SEEDS={' '.join(published)}: seed(s) {' '.join(sorted(set(published) & set(parts_seeds)))}"
+             f" are also among this run's PARTS_SEEDS ({' '.join(parts_seeds)}): a published seed's analyses come from"
+             " the published results.json, so they are not run again")
 # The pair is trained once, with seed 0, so a later sitting retrains the same base and post; the
 # published seeds are relative to the published pair, so this run's must score the same (relative
 # difference at most PAIR_TOLERANCE on every text), or mixing the seeds would compare two pairs.
@@ -81,9 +85,9 @@ if prior is not None:
     for which in ("instruct", "base", "post"):
         for t in TEXTS:
             was, now = prior[which][t], results[which][t]
-            rel = abs(now / was - 1)
+            rel = abs(now / was - 1) if math.isfinite(now) and math.isfinite(was) and was > 0 else math.inf
             worst = max(worst, rel)
-            if rel > PAIR_TOLERANCE:
+            if not rel <= PAIR_TOLERANCE:
                 sys.exit(f"PUBLISHED_SEEDS: `{which}` scores ppl {now:.6g} on {t} in this run and {was:.6g} in the"
                          f" published {os.path.join(out, 'results.json')} (relative difference {rel:.2e} >"
                          f" {PAIR_TOLERANCE:g}): not the same pair, so the seeds cannot be pooled")
@@ -132,6 +136,13 @@ fixed = [["`instruct`", "SmolLM2-135M-Instruct as downloaded (what the pair star
 head_rows = [row(m, label, collect(m, seeds)) for m, label in HEADLINE]
 part_rows = [row(m, label, collect(m, parts_seeds)) for m, label in PARTS]
 part_rows = [r for r in part_rows if r[2] != "not run"]
+if prior is not None:
+    # Every published row must come through: a row this report no longer knows would vanish.
+    lost = [m for m, have in prior.get("seeds_per_method", {}).items()
+            if set(have) & set(published) and not set(have) & set(per_seed.get(m, {}))]
+    if lost:
+        sys.exit(f"PUBLISHED_SEEDS: the published results have row(s) {', '.join(lost)} for seed(s)"
+                 f" {' '.join(published)}, which this report does not know: they would be dropped")
 missing = [(m, s) for m, s in missing if m in dict(HEADLINE) or results["seeds_per_method"][m]]
 
 
@@ -240,7 +251,7 @@ HEAD = ("| model | what | seeds | ppl en | ppl hu | ppl math | en retention (ppl
         "math ability kept |\n|---|---|---|---|---|---|---|---|---|---|\n")
 with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling, then the graft of a delta", smoke) as f:
     f.write(f"Model: SmolLM2-135M-Instruct (`{os.path.basename(model)}`), made into a base/post pair (below); seeds "
-            f"{', '.join(seeds)} (mean ± std); {budget}.\n\n"
+            f"{', '.join(results['seeds'])} (mean ± std); {budget}.\n\n"
             "**Protocol (issue 35, 2026-12-03).** Text is read as the corpora define it: documents separated by blank"
             " lines, each followed by `<|endoftext|>` (docs/methods.md §7); every evaluation below read the same token"
             " streams (their SHA-256 in results.json `eval_streams`). The delta is an alignment-style delta in"
@@ -260,8 +271,8 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
                 f" steps for stage 1's 100 (ratio {flops.get('ratio', 0):.3f}).\n\n")
     f.write(published_note(published))
     if prior is not None:
-        f.write(f"The base/post pair and the instruct model were trained again by this sitting (seed 0, as"
-                f" before) and score the published pair's perplexities to a relative"
+        f.write(f"This sitting evaluated the instruct model and its base/post pair again (the pair retrained with"
+                f" seed 0 unless its run directory was kept): they score the published perplexities to a relative"
                 f" {results['pair_vs_published']:.1e} at most (checked: at most {PAIR_TOLERANCE:g}).\n\n")
     f.write(unfinished_note(missing))
     f.write(HEAD)

@@ -75,6 +75,8 @@ if want rooms; then
     python3 scripts/check_rooms.py --self-test
     python3 scripts/check_rooms.py
     python3 scripts/check_long_files.py
+    python3 scripts/param_spread.py --self-test
+    python3 scripts/param_spread.py
 fi
 
 # Clippy rides on the builds the later steps need instead of a check-mode

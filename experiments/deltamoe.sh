@@ -126,6 +126,16 @@ FLOPS_STEPS=$(python3 -c "print(max(1, round($STEPS * $RATIO)))")
     echo "ratio $RATIO"
     echo "flops_steps $FLOPS_STEPS"
 } >"$WORK/flops.txt"
+# The report's budget line (results.json `budget`: a later sitting pools only with the same).
+budget() {
+    echo "stage 1 and cpt: $STEPS x $BATCH x $SEQ tokens, lr $LR; cpt-flops: $FLOPS_STEPS steps (FLOPs ratio $RATIO); stage 2 and the replay continuation: $ROUTER_STEPS steps (router lr $ROUTER_LR, dense lr $LR); base: $BASE_STEPS steps on lang/en; post: $POST_STEPS steps on domain/math; eval $EVAL_TOKENS tokens per text, window $WINDOW stride $STRIDE; --docs blank (documents separated by blank lines, each followed by <|endoftext|>)"
+}
+# With PUBLISHED_SEEDS the report pools this pair's seeds with the published ones only if the pair
+# scores as the published did: checked here, before hours of training on a pair that would not do.
+if [ -n "${PUBLISHED_SEEDS:-}" ]; then
+    python3 experiments/deltamoe_report.py --pair-only "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$PARTS_SEEDS" \
+        "$(budget)"
+fi
 
 # graft_eval X: X+delta from X (a model directory), both perplexity evaluations and the grafted
 # model's task accuracy.
@@ -198,5 +208,4 @@ for seed in $PARTS_SEEDS; do
     done
 done
 
-python3 experiments/deltamoe_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$PARTS_SEEDS" \
-    "stage 1 and cpt: $STEPS x $BATCH x $SEQ tokens, lr $LR; cpt-flops: $FLOPS_STEPS steps (FLOPs ratio $RATIO); stage 2 and the replay continuation: $ROUTER_STEPS steps (router lr $ROUTER_LR, dense lr $LR); base: $BASE_STEPS steps on lang/en; post: $POST_STEPS steps on domain/math; eval $EVAL_TOKENS tokens per text, window $WINDOW stride $STRIDE; --docs blank (documents separated by blank lines, each followed by <|endoftext|>)"
+python3 experiments/deltamoe_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$PARTS_SEEDS" "$(budget)"

@@ -4,8 +4,9 @@ the grafted ability for the MoE (stage 1, stage 2, each + Δ) against dense CPT 
 equal FLOPs and with the stage-2 replay (each + Δ) and linear averaging; mean ± std over seeds; the
 2x2, learning-rate, token and expert-count analyses when they ran. Standard library only.
 
-Usage: deltamoe_report.py WORK OUT SMOKE MODEL "SEEDS" "PARTS_SEEDS" "BUDGET"
-Writes OUT/results.json and OUT/README.md. With PUBLISHED_SEEDS (e.g. "1") the headline rows keep
+Usage: deltamoe_report.py [--pair-only] WORK OUT SMOKE MODEL "SEEDS" "PARTS_SEEDS" "BUDGET"
+Writes OUT/results.json and OUT/README.md; --pair-only runs only the published-pair check (below)
+and writes nothing, so that deltamoe.sh can stop before the seeds' training when it fails. With PUBLISHED_SEEDS (e.g. "1") the headline rows keep
 those seeds' numbers from OUT/results.json (report_common.published_results), after checking that
 this run's base/post pair and instruct model score what the published ones did.
 """
@@ -18,7 +19,8 @@ from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, mer
                            published_note, published_results, seeds_with, stream_hashes, unfinished_note,
                            write_commands)
 
-work, out, smoke, model, seeds, parts_seeds, budget = sys.argv[1:]
+pair_only = sys.argv[1:2] == ["--pair-only"]
+work, out, smoke, model, seeds, parts_seeds, budget = sys.argv[2:] if pair_only else sys.argv[1:]
 seeds, parts_seeds = seeds.split(), parts_seeds.split()
 TEXTS = ["en", "hu", "math"]
 # Seeds published by an earlier sitting (their run directories are gone): their per-seed
@@ -31,7 +33,9 @@ if set(published) & set(parts_seeds):
 # The pair is trained once, with seed 0, so a later sitting retrains the same base and post; the
 # published seeds are relative to the published pair, so this run's must score the same (relative
 # difference at most PAIR_TOLERANCE on every text), or mixing the seeds would compare two pairs.
-PAIR_TOLERANCE = 1e-4
+# 1e-3 is the precision of the retention columns (0.1 %); another CPU's kernels can move the
+# retrained pair by less than that, an other pair moves it by far more.
+PAIR_TOLERANCE = 1e-3
 
 HEADLINE = [
     ("cpt", "dense CPT on hu (stage-1 tokens)"),
@@ -90,8 +94,14 @@ if prior is not None:
             if not rel <= PAIR_TOLERANCE:
                 sys.exit(f"PUBLISHED_SEEDS: `{which}` scores ppl {now:.6g} on {t} in this run and {was:.6g} in the"
                          f" published {os.path.join(out, 'results.json')} (relative difference {rel:.2e} >"
-                         f" {PAIR_TOLERANCE:g}): not the same pair, so the seeds cannot be pooled")
+                         f" {PAIR_TOLERANCE:g}): not the same pair, so the seeds cannot be pooled; run every seed"
+                         f" here instead (SEEDS=\"1 2 3\" without PUBLISHED_SEEDS, OUT a copy)")
     results["pair_vs_published"] = worst
+if pair_only:
+    if prior is not None:
+        print(f"published pair reproduced: relative difference {results['pair_vs_published']:.1e}"
+              f" <= {PAIR_TOLERANCE:g}")
+    sys.exit(0)
 missing = []
 # {method: {seed: {text: ppl}}}, the published seeds first; the per-text NLL is ln(ppl) (eval's
 # ppl is exp of its mean NLL).

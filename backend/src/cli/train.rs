@@ -452,7 +452,9 @@ impl WithAutodiff for Args {
                 );
                 truncate_metrics(&stale, 0)?;
             }
-            let model = load_model::<B>(&m, &devs[0])?;
+            // The router stage's frozen weights load in --frozen-dtype directly (no f32 copy first).
+            let weights = moe_shared::train::freeze::load_dtype(config.stage, config.frozen_dtype);
+            let model = moe_shared::model::load_model_as::<B>(&m, &devs[0], weights)?;
             Trainer::new(model, data, config.clone(), devs, &m.path)?
         }
         .with_extra_files(tok_files);

@@ -206,6 +206,24 @@ pub fn apply_stage<B: Backend>(model: Transformer<B>, stage: Stage, source: &str
     })
 }
 
+/// The dtype a training run loads its model's large weights in
+/// ([`crate::model::load_model_as`]: projections, experts, embedding and
+/// untied head; norms, routers, biases and shared-expert gates load in f32
+/// whatever it is): `frozen` (the run's `--frozen-dtype`) for
+/// [`Stage::Router`], whose every such weight is frozen, so the model never
+/// exists in f32 first and [`hold_frozen_in`] gives the same values without
+/// that peak (4 bytes per parameter while loading, which for a large MoE is
+/// more than the router stage's training needs); f32 for the other stages,
+/// which train some of those weights from their exact values and narrow the
+/// frozen ones after [`apply_stage`].
+pub fn load_dtype(stage: Stage, frozen: WeightsDtype) -> WeightsDtype {
+    if stage == Stage::Router {
+        frozen
+    } else {
+        WeightsDtype::F32
+    }
+}
+
 /// Holds every frozen matrix of `model` (a 2-D parameter that gets no
 /// gradient: embedding, attention and frozen FFN/expert weights, frozen
 /// routers) in `dtype`, rounded to nearest even; trainable parameters and

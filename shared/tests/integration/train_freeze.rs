@@ -207,3 +207,50 @@ fn frozen_weights_in_bf16_train_as_their_f32_values_do() {
         .to_string();
     assert!(e.contains("big.safetensors") && e.contains("embed_tokens") && e.contains("65504"), "{e}");
 }
+
+/// The router stage loads its frozen weights in the frozen dtype directly
+/// (`freeze::load_dtype`): the same parameters, bit for bit, and the same
+/// losses as loading in f32 and narrowing after `apply_stage`; the other
+/// stages load in f32.
+#[test]
+fn the_router_stage_loads_its_frozen_weights_narrow_with_the_same_result() {
+    use moe_shared::model::{load_model_as, WeightsDtype};
+    use moe_shared::train::freeze::load_dtype;
+    let Some(dense) = train_util::stories() else { return };
+    let tok = dense.tokenizer.clone().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let device = Default::default();
+    let moe = train_util::upcycled(&dense, dir.path(), 0.5);
+    let stage = Stage::Router;
+    assert_eq!(load_dtype(stage, WeightsDtype::Bf16), WeightsDtype::Bf16);
+    for s in [Stage::Experts, Stage::All, Stage::Dense, Stage::Ffn] {
+        assert_eq!(load_dtype(s, WeightsDtype::Bf16), WeightsDtype::F32, "{s:?} trains large weights");
+    }
+    let config = TrainConfig {
+        steps: 2,
+        seq_len: 64,
+        batch_size: 4,
+        lr: 1e-2,
+        warmup: 0,
+        frozen_dtype: WeightsDtype::Bf16,
+        ..TrainConfig::new(stage)
+    };
+    let run = |model: Transformer<A>| {
+        let data = train_util::hu_en(&tok, 64, true, 1).unwrap();
+        let mut t = Trainer::new(model, data, config.clone(), vec![device], "stories260K-moe").unwrap();
+        let start = snapshot(t.model());
+        let dtypes: Vec<_> = {
+            let m = t.model();
+            vec![m.embed_tokens.weight.val().dtype(), m.layers[0].self_attn.q_proj.weight.val().dtype()]
+        };
+        let losses: Vec<f64> = (0..2).map(|_| t.step().unwrap().loss).collect();
+        (start, dtypes, losses, snapshot(t.model()))
+    };
+    let narrowed = run(load_model::<A>(&moe, &device).unwrap());
+    let loaded = run(load_model_as::<A>(&moe, &device, load_dtype(stage, WeightsDtype::Bf16)).unwrap());
+    assert_eq!(loaded.1, vec![burn::tensor::DType::BF16; 2]);
+    assert_eq!(loaded.1, narrowed.1);
+    assert_eq!(loaded.0, narrowed.0, "the same starting parameters, bit for bit");
+    assert_eq!(loaded.2, narrowed.2, "the same losses");
+    assert_eq!(loaded.3, narrowed.3, "the same trained parameters");
+}

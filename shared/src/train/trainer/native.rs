@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::*;
 use crate::checkpoint::open_model;
-use crate::model::{load_model, save_model};
+use crate::model::{load_model_as, save_model};
 use crate::tensor_io::DType;
 use crate::train::checkpoint::{
     latest_checkpoint, list_checkpoints, read_state, record_from_bytes, record_to_bytes, CHECKPOINT_PREFIX, FINAL_DIR,
@@ -73,7 +73,8 @@ impl<B: AutodiffBackend> Trainer<B> {
         }
         data.set_state(st.data.clone())?;
         let m = open_model(dir)?;
-        let model = load_model::<B>(&m, &devices[0])?;
+        let weights = crate::train::freeze::load_dtype(config.stage, config.frozen_dtype);
+        let model = load_model_as::<B>(&m, &devices[0], weights)?;
         let mut t = Trainer::new(model, data, config, devices, &dir.display().to_string())?;
         let p = dir.join(OPTIMIZER_FILE);
         let bytes = std::fs::read(&p).map_err(|e| StudioError::io(p.display(), e))?;

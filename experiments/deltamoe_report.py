@@ -106,6 +106,8 @@ missing = []
 # {method: {seed: {text: ppl}}}, the published seeds first; the per-text NLL is ln(ppl) (eval's
 # ppl is exp of its mean NLL).
 per_seed = {}
+# {(method, seed): this run's `eval --json` report}, read once by collect().
+this_run = {}
 
 
 def collect(m, its_seeds):
@@ -120,7 +122,8 @@ def collect(m, its_seeds):
             if s in published:
                 runs[s] = p
     for s in have:
-        runs[s] = {t: ppl(load(os.path.join(work, f"s{s}", f"{m}.eval.json")), t) for t in TEXTS}
+        ev = this_run[(m, s)] = load(os.path.join(work, f"s{s}", f"{m}.eval.json"))
+        runs[s] = {t: ppl(ev, t) for t in TEXTS}
     per_seed[m] = runs
     results["methods"][m] = list(runs.values())
     results["seeds_per_method"][m] = list(runs)
@@ -220,8 +223,9 @@ expert0 = {}
 for m in [m for m, _ in HEADLINE + PARTS if m.startswith("moe-") and "+delta" not in m]:
     shares = {s: v for s, v in (prior or {}).get("expert0_share", {}).get(m, {}).items()
               if s in published}
-    for s in seeds_with(work, seeds if m in dict(HEADLINE) else parts_seeds, f"{m}.eval.json"):
-        ev = load(os.path.join(work, f"s{s}", f"{m}.eval.json"))
+    for (m2, s), ev in this_run.items():
+        if m2 != m:
+            continue
         loads = {d["name"]: d["load_mean"][0] for d in ev["datasets"] if d.get("load_mean")}
         if len(loads) == len(TEXTS):
             shares[s] = loads
@@ -229,9 +233,7 @@ for m in [m for m, _ in HEADLINE + PARTS if m.startswith("moe-") and "+delta" no
         expert0[m] = shares
 results["expert0_share"] = expert0
 # Every evaluation read the same token streams (the same documents in every command).
-this_run = [load(os.path.join(work, f"s{s}", f"{m}.eval.json")) for m, _ in HEADLINE + PARTS
-            for s in seeds_with(work, seeds + [p for p in parts_seeds if p not in seeds], f"{m}.eval.json")]
-results["eval_streams"] = stream_hashes([base, post, instruct] + this_run)
+results["eval_streams"] = stream_hashes([base, post, instruct] + list(this_run.values()))
 merge_published(results, prior, published, seeds)
 if prior is not None:
     results["parts_seeds"] = [s for s in prior.get("parts_seeds", []) if s in published] + parts_seeds

@@ -338,7 +338,7 @@ unsafe fn run_block(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// Direct evaluation of the definition in f64.
@@ -370,7 +370,9 @@ mod tests {
         out
     }
 
-    fn values(n: usize, seed: u32) -> Vec<f32> {
+    /// `n` deterministic values in [-2, 2) (xorshift32 from `seed`), the
+    /// inputs of this file's and `cpu_grad`'s kernel tests.
+    pub(in crate::model) fn values(n: usize, seed: u32) -> Vec<f32> {
         let mut x = seed.wrapping_mul(2654435761).wrapping_add(12345);
         (0..n)
             .map(|_| {

@@ -4,19 +4,9 @@ use super::*;
 use burn::module::Param;
 use burn::tensor::TensorData;
 
-type A = CpuAutodiff;
+use crate::model::cpu_attention::tests::values;
 
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(2654435761).wrapping_add(12345);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x as f32 / u32::MAX as f32) * 4.0 - 2.0
-        })
-        .collect()
-}
+type A = CpuAutodiff;
 
 fn leaf<const D: usize>(dims: [usize; D], seed: u32) -> Tensor<A, D> {
     let n = dims.iter().product();

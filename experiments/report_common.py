@@ -55,7 +55,8 @@ def published_note(published):
     """The README paragraph saying which seeds come from an earlier sitting's results.json."""
     if not published:
         return ""
-    return (f"Seed(s) {', '.join(published)} ran in an earlier sitting on another machine: their numbers come from"
+    return (f"Seed(s) {', '.join(published)} ran in an earlier sitting (which machine, and when: the run notes in"
+            " docs/experiments/README.md): their numbers come from"
             " the results.json that sitting published (checked here to be the same budget, rows and evaluation"
             " token streams, `eval_streams`), their commands and wall times from that version of this README in"
             " the git history; the command log below is this sitting's.\n\n")

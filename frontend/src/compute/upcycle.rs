@@ -162,12 +162,25 @@ pub fn output_dtype(form: &str, source: &dyn TensorSource) -> Result<Option<DTyp
     }
 }
 
+/// Where the page shows an error about an operation parameter, by the
+/// parameter's key (`UpcycleParams::form_fields`' keys, the server's
+/// `spec.FIELD`): the view decides (`crate::pages::upcycle::slot_of`);
+/// `None` puts it with the expert counts. The worker, which shows only
+/// the message, passes [`no_slot`].
+pub type Slots = fn(&str) -> Option<Field>;
+
+/// The [`Slots`] of a caller that shows only the message.
+pub fn no_slot(_key: &str) -> Option<Field> {
+    None
+}
+
 /// The `UpcycleOptions` of the form for a model with tensors `source`
-/// (errors name the form field, in the page's words).
+/// (errors name the form field, in the page's words; `slots` places the
+/// operation's rules' errors).
 ///
 /// # Errors
 /// A value that does not parse, more than [`MAX_EXPERTS`] experts.
-pub fn options(form: &UpcycleForm, source: &dyn TensorSource) -> Result<UpcycleOptions, (Field, String)> {
+pub fn options(form: &UpcycleForm, source: &dyn TensorSource, slots: Slots) -> Result<UpcycleOptions, (Field, String)> {
     let at = |f: Field| move |e: String| (f, e);
     let (experts, experts_source, field) = match &form.allocation {
         Some(raw) => (
@@ -187,22 +200,7 @@ pub fn options(form: &UpcycleForm, source: &dyn TensorSource) -> Result<UpcycleO
         ExpertCounts::Uniform(e) => (Some(*e), None),
         ExpertCounts::PerLayer(v) => (None, Some(v.clone())),
     };
-    crate::validate::upcycle(uniform, per_layer, p).map_err(|e| {
-        let f = match e.key.as_str() {
-            "experts" => Field::Experts,
-            "experts_per_layer" => Field::Allocation,
-            "top_k" => Field::TopK,
-            "frozen" => Field::Frozen,
-            "router_init" | "router_std" | "temperature" => Field::Router,
-            "drop_ratio" => Field::DropRatio,
-            "granularity" => Field::Granularity,
-            "shared_experts" => Field::Shared,
-            "seed" => Field::Seed,
-            "noise" | "noise_kind" => Field::Model,
-            _ => field,
-        };
-        (f, e.message)
-    })?;
+    crate::validate::upcycle(uniform, per_layer, p).map_err(|e| (slots(&e.key).unwrap_or(field), e.message))?;
     // The tab offers the zero and the random router (no prompts).
     let o = p.options(experts, &experts_source, None).map_err(|e| (Field::Router, e.to_string()))?;
     Ok(UpcycleOptions { dtype: output_dtype(&form.dtype, source)?, ..o })
@@ -220,8 +218,9 @@ pub fn plan(
     form: &UpcycleForm,
     source: &dyn TensorSource,
     config: &ModelConfig,
+    slots: Slots,
 ) -> Result<(UpcycleOptions, UpcyclePlan), (Field, String)> {
-    let o = options(form, source)?;
+    let o = options(form, source, slots)?;
     let field = if form.allocation.is_some() { Field::Allocation } else { Field::Experts };
     let plan = plan_upcycle(source, config, &o).map_err(|e| plan_error(&e, field))?;
     let model = |e: String| (Field::Model, e);
@@ -367,14 +366,15 @@ mod tests {
         let (_, src) = tiny_dense(DType::BF16);
         let form =
             |params: UpcycleParams| UpcycleForm { allocation: None, experts: "3".into(), dtype: "f16".into(), params };
-        let o = options(&form(UpcycleParams { drop_ratio: 0.5, seed: 7, ..Default::default() }), &src).unwrap();
+        let slots = crate::pages::upcycle::slot_of;
+        let o = options(&form(UpcycleParams { drop_ratio: 0.5, seed: 7, ..Default::default() }), &src, slots).unwrap();
         assert!(matches!(o.experts, ExpertCounts::Uniform(3)));
         assert_eq!((o.top_k, o.frozen.as_slice(), o.seed, o.drop_ratio), (2, &[0][..], 7, 0.5));
         assert_eq!(o.dtype, Some(DType::F16));
-        let (f, _) = options(&form(UpcycleParams { top_k: 0, ..Default::default() }), &src).unwrap_err();
+        let (f, _) = options(&form(UpcycleParams { top_k: 0, ..Default::default() }), &src, slots).unwrap_err();
         assert_eq!(f, Field::TopK);
         let (f, m) =
-            options(&form(UpcycleParams { router_init: RouterInitArg::CheapEmbed, ..Default::default() }), &src)
+            options(&form(UpcycleParams { router_init: RouterInitArg::CheapEmbed, ..Default::default() }), &src, slots)
                 .unwrap_err();
         assert_eq!(f, Field::Router, "{m}");
     }

@@ -74,6 +74,28 @@ impl Form {
     }
 }
 
+/// The input next to which the page shows an error about the upcycle
+/// parameter `key` (the operation's form key, `UpcycleParams::form_fields`,
+/// as the shared rules name it): the router's init, std and temperature
+/// share the router input; the noise, which the tab does not offer, goes
+/// with the model; `None` (a key this page has no input for) with the
+/// expert counts.
+pub(crate) fn slot_of(key: &str) -> Option<Field> {
+    Some(match key {
+        "experts" => Field::Experts,
+        "experts_per_layer" => Field::Allocation,
+        "top_k" => Field::TopK,
+        "frozen" => Field::Frozen,
+        "router_init" | "router_std" | "temperature" => Field::Router,
+        "drop_ratio" => Field::DropRatio,
+        "granularity" => Field::Granularity,
+        "shared_experts" => Field::Shared,
+        "seed" => Field::Seed,
+        "noise" | "noise_kind" => Field::Model,
+        _ => return None,
+    })
+}
+
 /// What the plan's statistics show.
 #[derive(Clone, Debug, PartialEq)]
 struct PlanStats {
@@ -157,7 +179,7 @@ pub fn UpcyclePage() -> impl IntoView {
     // page): its parameter counts, or the error and the field it is about.
     let planned = Memo::new(move |_| {
         let m = models.find(&model.get()?)?;
-        let stats = f.values().and_then(|form| plan(&form, &InfoSource::of(&m), &m.config));
+        let stats = f.values().and_then(|form| plan(&form, &InfoSource::of(&m), &m.config, slot_of));
         Some(stats.map(|(_, p)| PlanStats::of(&m.config, &p)))
     });
     // A result or an error is about the inputs it came from: clear it when

@@ -238,7 +238,9 @@ async fn handle(id: u64, progress: &Progress, request: Request, files: JsValue) 
         Request::Upcycle { model, form } => {
             let src = need(&model)?;
             let m = src.model();
-            let (opts, _) = crate::compute::upcycle::plan(&form, m.source.as_ref(), &m.config).map_err(|(_, e)| e)?;
+            let (opts, _) =
+                crate::compute::upcycle::plan(&form, m.source.as_ref(), &m.config, crate::compute::upcycle::no_slot)
+                    .map_err(|(_, e)| e)?;
             let a = crate::compute::upcycle::run(progress, &src, &opts)?;
             add_artifact(progress, a).await
         }

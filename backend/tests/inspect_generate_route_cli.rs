@@ -111,6 +111,35 @@ fn route_with_bias_warns_and_points_to_no_bias() {
     let cfg: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("plain/config.json")).unwrap()).unwrap();
     assert_eq!(cfg["model_type"], "mixtral");
+    // A non-empty --out is refused before the statistics pass, not after it, and kept.
+    let e = failure(&route(&dir.join("plain"), &["--no-bias"]));
+    assert!(e.contains("already exists and is not empty") && !e.contains("statistics"), "{e}");
+    assert!(dir.join("plain/config.json").exists());
+    // A name given twice is refused by route and eval; the oracle needs an expert per dataset.
+    let dup =
+        failure(&run(&["route", moe.to_str().unwrap(), "--domain", &da, "--domain", &da, "--out", "/nonexistent/x"]));
+    assert!(dup.contains("`a` is used twice"), "{dup}");
+    let m = moe.to_str().unwrap();
+    let dup = failure(&run(&["eval", m, "--data", &da, "--data", &da, "--window", "64", "--stride", "64"]));
+    assert!(dup.contains("`a` is used twice"), "{dup}");
+    let dc = format!("c={}", a.display());
+    let e = failure(&run(&[
+        "eval",
+        m,
+        "--data",
+        &da,
+        "--data",
+        &db,
+        "--data",
+        &dc,
+        "--routing",
+        "oracle",
+        "--window",
+        "64",
+        "--stride",
+        "64",
+    ]));
+    assert!(e.contains("dataset 3 to expert 2") && e.contains("2 experts"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -461,5 +490,35 @@ fn train_frozen_dtype_is_recorded_and_a_mismatched_resume_leaves_the_run_alone()
     let e = failure(&run(&argv.iter().map(String::as_str).collect::<Vec<_>>()));
     assert!(e.contains("frozen_dtype") && e.contains("bf16"), "{e}");
     assert_eq!(metrics(), before, "a refused resume leaves metrics.jsonl as it was");
+
+    // A resume asked to stop before the checkpoint's step would report steps it never took.
+    let mut argv = args("1", "bf16");
+    argv.push("--resume".into());
+    let e = failure(&run(&argv.iter().map(String::as_str).collect::<Vec<_>>()));
+    assert!(e.contains("--steps 1 is below the 2 steps"), "{e}");
+    assert_eq!(metrics(), before);
+    // MODEL of another shape than the run's: refused, not silently ignored.
+    let up = dir.join("up2");
+    ok(&run(&["upcycle", m, "--experts", "2", "--out", up.to_str().unwrap()]));
+    let mut argv = args("3", "bf16");
+    argv[3] = up.to_str().unwrap().to_string();
+    argv.push("--resume".into());
+    let e = failure(&run(&argv.iter().map(String::as_str).collect::<Vec<_>>()));
+    assert!(e.contains("is not the model this run trains") && e.contains("up2"), "{e}");
+    assert_eq!(metrics(), before);
+
+    // A fresh run never overwrites what a user keeps in --out (a file, or a metrics.jsonl
+    // that is not a run's); every other writer refuses a non-empty --out the same way.
+    for (file, body) in [("notes.txt", "mine"), ("metrics.jsonl", "my precious metrics\n")] {
+        let user = dir.join(format!("user-{file}"));
+        std::fs::create_dir_all(&user).unwrap();
+        std::fs::write(user.join(file), body).unwrap();
+        let mut argv = args("1", "bf16");
+        let last = argv.len() - 1;
+        argv[last] = user.to_str().unwrap().to_string();
+        let e = failure(&run(&argv.iter().map(String::as_str).collect::<Vec<_>>()));
+        assert!(e.contains("already exists and is not empty"), "{e}");
+        assert_eq!(std::fs::read_to_string(user.join(file)).unwrap(), body);
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -11,7 +11,7 @@ use moe_shared::tensor_io::card::{CardMethod, ModelCard};
 /// The license an input model states (native only): a directory's own
 /// `README.md` front matter `license`, or a GGUF file's `general.license`
 /// (also a directory's single `.gguf`); `None` when it states none.
-fn input_license(path: &std::path::Path) -> Option<String> {
+fn input_license(path: &std::path::Path) -> Option<moe_shared::tensor_io::card::License> {
     if path.is_dir() {
         if let Ok(text) = std::fs::read_to_string(path.join(moe_shared::tensor_io::card::CARD_FILE)) {
             if let Some(l) = moe_shared::tensor_io::card::card_license(&text) {
@@ -31,7 +31,7 @@ fn input_license(path: &std::path::Path) -> Option<String> {
     if path.extension().is_some_and(|e| e == "gguf") {
         let bytes = moe_shared::tensor_io::Bytes::map_file(path).ok()?;
         let model = moe_shared::checkpoint::gguf::open(bytes, &path.display().to_string()).ok()?;
-        return model.file.get_str("general.license").map(str::to_string);
+        return model.file.get_str("general.license").map(moe_shared::tensor_io::card::License::id);
     }
     None
 }

@@ -75,6 +75,10 @@ impl WithBackend for Args {
         }
         let a = self;
         let specs = parse_data(&a.data)?;
+        // A report row per name (and, under --routing oracle, expert i per dataset i).
+        if let Some((i, s)) = specs.iter().enumerate().find(|(i, s)| specs[..*i].iter().any(|p| p.name == s.name)) {
+            bail!("--data: the name `{}` is used twice (dataset {i})", s.name);
+        }
         if specs.iter().any(|s| s.original || s.weight != 1.0) {
             eprintln!("note: eval ignores :weight and :orig in --data");
         }

@@ -291,7 +291,12 @@ pub struct XySeries {
 }
 
 /// A padded `[lo, hi]` range around `values` (never empty).
-fn padded_range(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64) {
+///
+/// # Errors
+/// When the padded range is not finite (values near ±f64::MAX whose span
+/// overflows): the axis could not be drawn, and plotters would loop on its
+/// ticks. The figure functions check it before a file is opened.
+fn padded_range(values: impl Iterator<Item = f64>, from_zero: bool) -> Result<(f64, f64)> {
     let (mut lo, mut hi) =
         values.filter(|v| v.is_finite()).fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(v), h.max(v)));
     if !lo.is_finite() {
@@ -301,7 +306,11 @@ fn padded_range(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64
         lo = lo.min(0.0);
     }
     let pad = ((hi - lo) * 0.06).max(1e-9);
-    (if from_zero && lo >= 0.0 { 0.0 } else { lo - pad }, hi + pad)
+    let range = (if from_zero && lo >= 0.0 { 0.0 } else { lo - pad }, hi + pad);
+    if !(range.0.is_finite() && range.1.is_finite()) {
+        return Err(anyhow!("the values span {lo:e} to {hi:e}, too wide an axis to draw"));
+    }
+    Ok(range)
 }
 
 /// Lines over arbitrary x values (`STEM.svg`, `STEM.png`): loss or
@@ -309,8 +318,11 @@ fn padded_range(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64
 /// y axis spans the data (not from zero), so close curves stay apart.
 ///
 /// # Errors
-/// Drawing or file errors.
+/// Drawing or file errors; values whose axis overflows f64 (nothing written).
 pub fn xy_lines(stem: &Path, title: &str, x_desc: &str, y_desc: &str, series: &[XySeries]) -> Result<Vec<PathBuf>> {
+    // Refused before a file is opened (a backend writes what it has when dropped).
+    padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)), false)?;
+    padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)), false)?;
     render!(stem, (1000, 600), draw_xy(title, x_desc, y_desc, series))
 }
 
@@ -321,8 +333,8 @@ fn draw_xy<DB: DrawingBackend>(
     y_desc: &str,
     series: &[XySeries],
 ) -> Result<()> {
-    let (x0, x1) = padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)), false);
-    let (y0, y1) = padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)), false);
+    let (x0, x1) = padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)), false)?;
+    let (y0, y1) = padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)), false)?;
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 19))
         .margin(12)
@@ -388,6 +400,7 @@ pub fn category_bars(
     if let Some(s) = series.iter().find(|s| s.values.len() > categories.len()) {
         return Err(anyhow!("series `{}` has {} values for {} categories", s.name, s.values.len(), categories.len()));
     }
+    padded_range(series.iter().flat_map(|s| s.values.iter().copied()), true)?;
     let width = (160 + 90 * categories.len() * series.len().max(1)).clamp(700, 1600) as u32;
     render!(stem, (width, 600), draw_category_bars(title, y_desc, categories, series))
 }
@@ -400,7 +413,7 @@ fn draw_category_bars<DB: DrawingBackend>(
     series: &[Series],
 ) -> Result<()> {
     let n = categories.len().max(1);
-    let (_, top) = padded_range(series.iter().flat_map(|s| s.values.iter().copied()), true);
+    let (_, top) = padded_range(series.iter().flat_map(|s| s.values.iter().copied()), true)?;
     // 600 px high: ~500 px of plotting area under the caption and above the x labels.
     let top = top_with_legend(top, series.len(), 500.0);
     let mut chart = ChartBuilder::on(area)

@@ -28,7 +28,7 @@ pub struct Args {
     /// `tokenizer(text)`).
     #[arg(long)]
     pub text: Option<PathBuf>,
-    /// Keep the first N tokens.
+    /// Keep the first N tokens of --text (--ids are run as given).
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
     /// Output file (raw f32, `[tokens, vocab]`).
@@ -52,6 +52,13 @@ impl WithBackend for Args {
         };
         if ids.is_empty() {
             anyhow::bail!("no tokens to run");
+        }
+        if ids.len() > m.config.max_position_embeddings {
+            anyhow::bail!(
+                "{} tokens exceed the model's context {} (max_position_embeddings); give fewer",
+                ids.len(),
+                m.config.max_position_embeddings
+            );
         }
         if let Some(bad) = ids.iter().find(|&&i| i as usize >= m.config.vocab_size) {
             anyhow::bail!("token id {bad} is outside the vocabulary ({} tokens)", m.config.vocab_size);

@@ -160,6 +160,16 @@ mod tests {
         })
         .unwrap_err();
         assert!(format!("{e:#}").contains("not a figure spec"), "{e:#}");
+        // An axis whose span overflows f64 is refused (plotters looped on its ticks).
+        let e = run(Args {
+            spec: spec_file(
+                dir.path(),
+                r#"{"kind":"lines","series":[{"name":"a","points":[[1,1],[2,1e308],[3,-1e308]]}]}"#,
+            ),
+            out: dir.path().join("x"),
+        })
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("too wide an axis"), "{e:#}");
         assert!(!dir.path().join("x.svg").exists(), "nothing is written on refusal");
     }
 }

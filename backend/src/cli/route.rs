@@ -275,6 +275,8 @@ fn layout_warnings(
 
 impl WithBackend for Args {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
+        // Before the statistics pass (hours on a large model), not after it.
+        moe_shared::tensor_io::writer::check_out_dir(&self.out)?;
         if self.add_expert.is_some() {
             return add_expert::<B>(self, device);
         }
@@ -299,9 +301,13 @@ impl WithBackend for Args {
         let (layout, warnings) = layout_warnings(&m.config, &routed_config(&moe, &opts), request)?;
         let tok = m.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer.json beside the model", m.path))?;
         check_domains(&moe, a.domains.len())?;
+        let parsed = a.domains.iter().map(|s| parse_domain(s)).collect::<anyhow::Result<Vec<_>>>()?;
+        // Domain i is expert i's: a name given twice is a mistake (the server refuses it too).
+        if let Some((i, _)) = parsed.iter().enumerate().find(|(i, d)| parsed[..*i].iter().any(|p| p.0 == d.0)) {
+            bail!("--domain: the name `{}` is used twice (domain {} is expert {}'s)", parsed[i].0, i, i);
+        }
         let mut domains = Vec::new();
-        for spec in &a.domains {
-            let (name, train, held) = parse_domain(spec)?;
+        for (name, train, held) in parsed {
             domains.push(read_domain(tok, name, &train, held.as_ref(), a.docs.docs, opts.context)?);
         }
         let mut model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;

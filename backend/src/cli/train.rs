@@ -339,6 +339,69 @@ fn nodes_answer(a: &Args, argv: &[String]) -> anyhow::Result<()> {
 
 /// Keeps the lines of `metrics.jsonl` up to `step` (a resumed run rewrites
 /// what came after its checkpoint).
+/// Refuses a `--out` (without `--resume`) that holds anything but the
+/// metrics of a run of ours that stopped before its first checkpoint: a
+/// `metrics.jsonl` whose every line is a step row. A user's files there
+/// would otherwise be overwritten (the other writers refuse a non-empty
+/// `--out` the same way).
+fn check_fresh_out(out: &Path) -> anyhow::Result<()> {
+    let Ok(entries) = std::fs::read_dir(out) else { return Ok(()) };
+    let not_ours = |what: String| {
+        anyhow::anyhow!(
+            "output directory {} already exists and is not empty ({what}); choose a new --out, or pass --resume \
+             to continue a run there",
+            out.display()
+        )
+    };
+    for e in entries {
+        let e = e.with_context(|| format!("reading {}", out.display()))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        // A checkpoint interrupted while it was written (the writers' hidden temporary sibling).
+        if name.starts_with('.') && name.contains(".tmp") {
+            continue;
+        }
+        if name != "metrics.jsonl" {
+            return Err(not_ours(format!("it holds {name}")));
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let ours = text.lines().all(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .is_some_and(|v| v["step"].is_u64() && (v["loss"].is_number() || v["ce_loss"].is_number()))
+        });
+        if !ours {
+            return Err(not_ours("its metrics.jsonl is not a training run's".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses `--resume` with a MODEL whose shape differs from the
+/// checkpoint's (layers, widths, vocabulary, experts per layer): the run
+/// continues from the checkpoint's weights, so such a MODEL would be
+/// ignored without a word.
+fn check_resume_model(model: &LoadedModel, dir: &Path) -> anyhow::Result<()> {
+    let saved = open_model(dir).with_context(|| format!("opening {}", dir.display()))?;
+    let shape = |m: &LoadedModel| {
+        let c = &m.config;
+        let experts: Vec<usize> =
+            m.moe.iter().flat_map(|moe| moe.layers.iter().map(|l| l.as_ref().map_or(0, |s| s.num_experts))).collect();
+        (c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size, experts)
+    };
+    let (a, b) = (shape(model), shape(&saved));
+    if a != b {
+        bail!(
+            "--resume: MODEL {} is not the model this run trains (layers, d, ffn, vocab, experts per layer: {:?} \
+             here, {:?} in {}); give the run's model, or choose another --out",
+            model.path,
+            a,
+            b,
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 fn truncate_metrics(path: &Path, step: usize) -> anyhow::Result<()> {
     let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
     let kept: Vec<&str> = text
@@ -430,6 +493,9 @@ impl WithAutodiff for Args {
             let (step, dir) = existing
                 .with_context(|| format!("--resume: no checkpoint (checkpoint-*/ or final/) in {}", out.display()))?;
             eprintln!("resuming from {} (step {step})", dir.display());
+            // MODEL names the run's starting model; the weights come from the checkpoint, so a
+            // MODEL of another shape (another expert count, say) is a mistake, not a request.
+            check_resume_model(&m, &dir)?;
             // Checked first: a refused resume leaves the run's metrics as they were.
             let t = Trainer::<B>::resume(&dir, data, config.clone(), devs)?;
             truncate_metrics(&out.join("metrics.jsonl"), step)?;
@@ -444,6 +510,8 @@ impl WithAutodiff for Args {
             }
             // A run that stopped before its first checkpoint leaves only its metrics: this run
             // starts at step 1 again, so its rows replace those (they were appended after them).
+            // Anything else in --out is the user's: refused, as every other writer does.
+            check_fresh_out(&out)?;
             let stale = out.join("metrics.jsonl");
             if stale.exists() {
                 eprintln!(

@@ -84,7 +84,7 @@ async fn gpu_group(
             None => theta,
         };
         let name = plan.choice.as_ref().map_or_else(|| gt.name.clone(), |c| c.disk_name(&gt.name));
-        sink.write_tensor(&name, &to_bytes(gt.dtype, &values).map_err(msg)?).map_err(msg)?;
+        sink.write_tensor(&name, &to_bytes(gt.dtype, &values, &name).map_err(msg)?).map_err(msg)?;
     }
     Ok(stats)
 }

@@ -296,10 +296,11 @@ pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
     out
 }
 
-fn encode(dtype: DType, values: &[f32]) -> Result<Vec<u8>> {
+fn encode(dtype: DType, values: &[f32], name: &str) -> Result<Vec<u8>> {
     match dtype {
         DType::Q8_0 => Ok(quantize_q8_0(values)),
-        d => f32_to_bytes(d, values).ok_or_else(|| StudioError::Invalid(format!("cannot write GGUF tensors as {d}"))),
+        d => f32_to_bytes(d, values, "the GGUF output", name)?
+            .ok_or_else(|| StudioError::Invalid(format!("cannot write GGUF tensors as {d}"))),
     }
 }
 
@@ -557,7 +558,7 @@ fn tensor_data(src: &dyn TensorSource, t: &Planned) -> Result<Vec<u8>> {
         From::Zeros => vec![0.0; t.ne.iter().product::<u64>() as usize],
         From::Values(v) => v.clone(),
     };
-    encode(t.dtype, &values)
+    encode(t.dtype, &values, &t.name)
 }
 
 /// Writes `src` (canonical names; `config`, `moe`) as a GGUF file at `out`

@@ -276,9 +276,15 @@ pub struct HfConfig {
     /// `eos_token_id` (an int or a list; the first is used).
     #[serde(default)]
     pub eos_token_id: Option<serde_json::Value>,
-    /// `torch_dtype` / `dtype`, informational.
-    #[serde(default, alias = "dtype")]
+    /// `torch_dtype` (transformers before v5), informational; written
+    /// back under this name.
+    #[serde(default)]
     pub torch_dtype: Option<String>,
+    /// `dtype` (transformers v5's name for `torch_dtype`; a config may
+    /// carry both, as transformers v5 reads them), informational: read
+    /// only, [`HfConfig::torch_dtype`] is what is written.
+    #[serde(default, skip_serializing)]
+    pub dtype: Option<String>,
     /// `hidden_activation` (Gemma's name for the FFN activation).
     #[serde(default)]
     pub hidden_activation: Option<String>,
@@ -556,6 +562,7 @@ impl HfConfig {
             bos_token_id: c.bos_token_id.map(|x| x.into()),
             eos_token_id: c.eos_token_id.map(|x| x.into()),
             torch_dtype: None,
+            dtype: None,
             hidden_activation: None,
             query_pre_attn_scalar: None,
             attn_logit_softcapping: None,
@@ -616,6 +623,11 @@ mod tests {
         let bytes = serde_json::to_vec(&out).unwrap();
         assert_eq!(HfConfig::from_json(&bytes, "out").unwrap().to_model_config("out").unwrap(), c);
         assert!(c.to_config_json(None).get("torch_dtype").is_none());
+        // transformers v5 writes `dtype`; a config may hold both names (transformers reads it).
+        let both = String::from_utf8(json.to_vec())
+            .unwrap()
+            .replace(r#""eos_token_id":2}"#, r#""eos_token_id":2,"dtype":"bfloat16","torch_dtype":"bfloat16"}"#);
+        assert_eq!(HfConfig::from_json(both.as_bytes(), "c").unwrap().to_model_config("c").unwrap(), c);
     }
 
     #[test]

@@ -63,7 +63,9 @@ const BATCH_BYTES: usize = 4 << 20;
 
 /// What identifies the tokenizer a token file was written with: a file is
 /// only read with a tokenizer that gives the same vocabulary size,
-/// end-of-text token and ids of a probe text.
+/// end-of-text token, ids of a probe text and vocabulary (every id's
+/// token: two tokenizers that differ in a pair of ids the probe never
+/// meets are told apart).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenizerFingerprint {
     /// Vocabulary size.
@@ -72,6 +74,28 @@ pub struct TokenizerFingerprint {
     pub separator: Option<u32>,
     /// [`super::stream_sha256`] of the probe text's ids (special tokens added).
     pub probe_sha256: String,
+    /// [`vocab_sha256`] of the tokenizer; empty in files written before it
+    /// was recorded (those are checked on the other fields only).
+    #[serde(default)]
+    pub vocab_sha256: String,
+}
+
+/// SHA-256 (hex) of a tokenizer's vocabulary: for each id `0..vocab_size`
+/// in order, the byte length (u32 little-endian) and the UTF-8 bytes of
+/// [`Tokenizer::token_text`], `u32::MAX` for an id without one.
+pub fn vocab_sha256(tok: &Tokenizer) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for id in 0..tok.vocab_size() as u32 {
+        match tok.token_text(id) {
+            Some(t) => {
+                h.update((t.len() as u32).to_le_bytes());
+                h.update(t.as_bytes());
+            }
+            None => h.update(u32::MAX.to_le_bytes()),
+        }
+    }
+    format!("{:x}", h.finalize())
 }
 
 impl TokenizerFingerprint {
@@ -84,7 +108,17 @@ impl TokenizerFingerprint {
             vocab_size: tok.vocab_size(),
             separator: document_separator(tok),
             probe_sha256: super::stream_sha256(&tok.encode(PROBE, true)?),
+            vocab_sha256: vocab_sha256(tok),
         })
+    }
+
+    /// Whether a file written with `self` may be read with the tokenizer
+    /// `have` (its fingerprint): every recorded field equal.
+    pub fn accepts(&self, have: &TokenizerFingerprint) -> bool {
+        self.vocab_size == have.vocab_size
+            && self.separator == have.separator
+            && self.probe_sha256 == have.probe_sha256
+            && (self.vocab_sha256.is_empty() || self.vocab_sha256 == have.vocab_sha256)
     }
 }
 
@@ -269,15 +303,17 @@ impl TokenFile {
     pub fn check_tokenizer(&self, tok: &Tokenizer) -> Result<()> {
         let want = &self.header.tokenizer;
         let have = TokenizerFingerprint::of(tok)?;
-        if &have == want {
+        if want.accepts(&have) {
             return Ok(());
         }
         let what = if want.vocab_size != have.vocab_size {
             format!("a vocabulary of {} tokens, this model's tokenizer has {}", want.vocab_size, have.vocab_size)
         } else if want.separator != have.separator {
             format!("end-of-text token {:?}, this model's tokenizer has {:?}", want.separator, have.separator)
-        } else {
+        } else if want.probe_sha256 != have.probe_sha256 {
             "a tokenizer that encodes text differently from this model's (same vocabulary size)".to_string()
+        } else {
+            "a tokenizer whose vocabulary differs from this model's (same size; some ids name other tokens)".to_string()
         };
         Err(StudioError::Invalid(format!(
             "{}: tokenised with {what}; run `moe-studio tokenize` again with this model's tokenizer",
@@ -293,24 +329,6 @@ impl Drop for TmpGuard<'_> {
     fn drop(&mut self) {
         if !self.1 {
             let _ = std::fs::remove_file(self.0);
-        }
-    }
-}
-
-/// Removes the temporary files (`.NAME.tmp-PID` beside `out`) that an
-/// interrupted `tokenize` (Ctrl-C, kill) left behind, where no process `PID`
-/// runs any more (Linux: `/proc/PID`; elsewhere nothing is removed).
-fn remove_stale_temporaries(out: &Path, stem: &str) {
-    let dir = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.strip_prefix(stem).and_then(|p| p.parse::<u32>().ok()) else { continue };
-        if cfg!(target_os = "linux") && pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_file(e.path());
         }
     }
 }
@@ -356,7 +374,7 @@ pub fn write_token_file(
     let total = file.metadata().map_err(|e| io(text, e))?.len();
     let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
     let stem = format!(".{}.tmp-", out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
-    remove_stale_temporaries(out, &stem);
+    crate::tensor_io::writer::remove_stale_temporaries(out);
     let tmp = out.with_file_name(format!("{stem}{}", std::process::id()));
     let mut guard = TmpGuard(&tmp, false);
     let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp).map_err(|e| io(out, e))?);
@@ -435,4 +453,38 @@ pub fn write_token_file(
     std::fs::rename(&tmp, out).map_err(|e| io(out, e))?;
     guard.1 = true;
     Ok(header)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn word_level(vocab: &str) -> Tokenizer {
+        let json = format!(
+            r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+            "pre_tokenizer":{{"type":"Whitespace"}},"post_processor":null,"decoder":null,
+            "model":{{"type":"WordLevel","vocab":{vocab},"unk_token":"[UNK]"}}}}"#
+        );
+        Tokenizer::from_hf_json(json.as_bytes(), "t").unwrap()
+    }
+
+    /// Two tokenizers of one size that encode the probe alike but name two
+    /// ids differently are told apart by the vocabulary hash (the probe
+    /// alone accepted such a file, and its ids were read as other tokens);
+    /// a file written before the hash was recorded is checked as before.
+    #[test]
+    fn a_vocabulary_with_swapped_ids_is_refused() {
+        let a = word_level(r#"{"[UNK]":0,"zz":1,"yy":2}"#);
+        let b = word_level(r#"{"[UNK]":0,"yy":1,"zz":2}"#);
+        let (fa, fb) = (TokenizerFingerprint::of(&a).unwrap(), TokenizerFingerprint::of(&b).unwrap());
+        assert_eq!((fa.vocab_size, &fa.probe_sha256), (fb.vocab_size, &fb.probe_sha256));
+        assert_ne!(fa.vocab_sha256, fb.vocab_sha256);
+        assert!(fa.accepts(&TokenizerFingerprint::of(&a).unwrap()));
+        assert!(!fa.accepts(&fb));
+        let old = TokenizerFingerprint { vocab_sha256: String::new(), ..fa.clone() };
+        assert!(old.accepts(&fb));
+        let parsed: TokenizerFingerprint =
+            serde_json::from_str(r#"{"vocab_size":3,"separator":null,"probe_sha256":"x"}"#).unwrap();
+        assert!(parsed.vocab_sha256.is_empty());
+    }
 }

@@ -80,6 +80,25 @@ pub fn evaluate<B: Backend>(
     if opts.batch == 0 {
         return Err(StudioError::Invalid("batch (windows per forward pass) must be >= 1".into()));
     }
+    if let Routing::Forced(e) = routing {
+        // The oracle sends dataset i to expert i: a layer without expert i
+        // would send it to another expert's FFN without a word.
+        let fewest = model
+            .layers
+            .iter()
+            .filter_map(|b| match &b.mlp {
+                crate::model::Mlp::Moe(m) => Some(m.num_experts()),
+                _ => None,
+            })
+            .min();
+        if let Some(n) = fewest.filter(|&n| e >= n) {
+            return Err(StudioError::Invalid(format!(
+                "oracle routing sends dataset {} to expert {e}, but the model has {n} experts in a layer: give at \
+                 most {n} datasets, in expert order",
+                e + 1
+            )));
+        }
+    }
     // The windows: `[begin, end)` tokens, scoring targets `first..end`.
     let mut windows: Vec<(usize, usize, usize)> = Vec::new();
     let (mut prev_end, mut begin) = (0usize, 0usize);

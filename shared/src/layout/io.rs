@@ -136,7 +136,7 @@ impl<'a> LayoutSink<'a> {
     pub fn finish(self) -> Result<()> {
         for p in self.zeros {
             let n: usize = p.shape.iter().product();
-            self.inner.write_tensor(&p.name, &to_bytes(p.dtype, &vec![0.0; n])?)?;
+            self.inner.write_tensor(&p.name, &to_bytes(p.dtype, &vec![0.0; n], &p.name)?)?;
         }
         Ok(())
     }

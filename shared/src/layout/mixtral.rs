@@ -111,7 +111,7 @@ impl MoeLayout for Mixtral {
             };
         let e = get_usize(v, "num_local_experts", source_name, "mixtral")?;
         let k = get_usize(v, "num_experts_per_tok", source_name, "mixtral")?;
-        let frozen = recorded_frozen(v);
+        let frozen = recorded_frozen(v, base.num_layers, source_name)?;
         let layers = (0..base.num_layers)
             .map(|l| {
                 Some(MoeLayerSpec {
@@ -166,6 +166,20 @@ mod tests {
         assert_eq!(v["num_experts_per_tok"], 2);
         assert_eq!(v["moe_studio"]["frozen_experts"], serde_json::json!([[0], [0]]));
         assert!(v.get("attention_bias").is_none());
+        // A frozen record that does not describe every layer, or is not index lists, is refused
+        // by name (layers past its end were read as unfrozen: training updated expert 0 there).
+        for (bad, says) in
+            [(serde_json::json!([[0]]), "lists 1 layers, the model has 2"), (serde_json::json!("0"), "not a list")]
+        {
+            let mut w = v.clone();
+            w["moe_studio"]["frozen_experts"] = bad;
+            let e = Mixtral.read_config(&w, "m/config.json").unwrap_err().to_string();
+            assert!(e.contains("m/config.json") && e.contains("moe_studio.frozen_experts") && e.contains(says), "{e}");
+        }
+        // An expert listed twice as frozen is refused by the MoE config's rules.
+        let twice = MoeConfig::uniform(2, MoeLayerSpec { frozen: vec![0, 0], ..spec(4, 2) });
+        let e = twice.validate(&base("llama"), "c").unwrap_err().to_string();
+        assert!(e.contains("frozen expert 0 is listed twice"), "{e}");
     }
 
     #[test]

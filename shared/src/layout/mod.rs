@@ -504,12 +504,29 @@ pub(crate) fn recorded_base_type(v: &serde_json::Value) -> Option<&str> {
     v.get("moe_studio").and_then(|s| s.get("base_model_type")).and_then(|t| t.as_str())
 }
 
-/// `moe_studio.frozen_experts` (empty when absent).
-pub(crate) fn recorded_frozen(v: &serde_json::Value) -> Vec<Vec<usize>> {
-    v.get("moe_studio")
-        .and_then(|s| s.get("frozen_experts"))
-        .and_then(|f| serde_json::from_value(f.clone()).ok())
-        .unwrap_or_default()
+/// `moe_studio.frozen_experts`: one list per layer (empty when absent).
+///
+/// # Errors
+/// [`StudioError::Config`] naming `source_name` when it is present but
+/// not a list of `layers` lists of expert indices: a malformed or short
+/// record would otherwise leave experts unfrozen without a word (training
+/// would then update the original FFN that DeltaMoE keeps frozen).
+pub(crate) fn recorded_frozen(v: &serde_json::Value, layers: usize, source_name: &str) -> Result<Vec<Vec<usize>>> {
+    let Some(f) = v.get("moe_studio").and_then(|s| s.get("frozen_experts")) else { return Ok(Vec::new()) };
+    let frozen: Vec<Vec<usize>> = serde_json::from_value(f.clone()).map_err(|e| {
+        StudioError::config(source_name, format!("`moe_studio.frozen_experts` is not a list of index lists: {e}"))
+    })?;
+    if frozen.len() != layers {
+        return Err(StudioError::config(
+            source_name,
+            format!(
+                "`moe_studio.frozen_experts` lists {} layers, the model has {layers} (one list per layer, empty for \
+                 none)",
+                frozen.len()
+            ),
+        ));
+    }
+    Ok(frozen)
 }
 
 /// `moe_studio.shared_frozen` of layer `l` (false when absent).

@@ -549,7 +549,7 @@ impl Packing {
         } else {
             let v = floats_to_f32(piece.dtype, data)
                 .ok_or_else(|| StudioError::Invalid(format!("tensor `{name}`: cannot pack dtype {}", piece.dtype)))?;
-            converted = f32_to_bytes(slot.dtype, &v)
+            converted = f32_to_bytes(slot.dtype, &v, "the output", name)?
                 .ok_or_else(|| StudioError::Invalid(format!("cannot write dtype {}", slot.dtype)))?;
             &converted
         };
@@ -670,7 +670,7 @@ mod tests {
         assert_eq!((packing.file_plan()[3].dtype, packing.file_plan()[4].shape.clone()), (DType::F32, vec![2, 3, 2]));
         let mut sink = MemorySink::new(packing.file_plan().to_vec());
         for (i, t) in planned.iter().enumerate() {
-            let bytes = to_bytes(t.dtype, &values(i, t.shape.iter().product())).unwrap();
+            let bytes = to_bytes(t.dtype, &values(i, t.shape.iter().product()), &t.name).unwrap();
             packing.write(&mut sink, &t.name, &bytes).unwrap();
         }
         let file = SafetensorsFile::parse(Bytes::from_vec(sink.into_safetensors().unwrap()), "mem").unwrap();

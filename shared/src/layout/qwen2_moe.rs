@@ -209,7 +209,7 @@ impl MoeLayout for Qwen2Moe {
         }
         let moe_f = v.get("moe_intermediate_size").and_then(|x| x.as_u64()).map(|x| x as usize);
         let expert_intermediate_size = moe_f.filter(|&f| f != base.intermediate_size);
-        let frozen = recorded_frozen(v);
+        let frozen = recorded_frozen(v, base.num_layers, source_name)?;
         let layers = (0..base.num_layers)
             .map(|l| {
                 is_moe(l).then(|| MoeLayerSpec {

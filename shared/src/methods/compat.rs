@@ -13,7 +13,7 @@
 //! different pieces in the two, the merge is refused, naming both models and
 //! the first differing id.
 
-use crate::config::ModelConfig;
+use crate::config::{Architecture, ModelConfig};
 use crate::error::{Result, StudioError};
 use crate::tokenizer::Tokenizer;
 
@@ -23,8 +23,25 @@ use crate::tokenizer::Tokenizer;
 /// # Errors
 /// [`StudioError::Config`] naming both models and the first differing field.
 pub fn check_architecture(a_name: &str, a: &ModelConfig, b_name: &str, b: &ModelConfig) -> Result<Vec<String>> {
-    let fields: [(&str, String, String); 12] = [
-        ("model_type", a.architecture.model_type().into(), b.architecture.model_type().into()),
+    // Llama, Mistral (its sliding window ignored) and Qwen2 (q/k/v biases: `attention_bias`,
+    // compared below) compute the same blocks: a Mixtral made by mergekit-moe from Llama
+    // experts records `mistral` as its dense type, and its experts are Llamas.
+    let block = |c: &ModelConfig| match c.architecture {
+        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 => "llama, mistral or qwen2".to_string(),
+        other => other.model_type().to_string(),
+    };
+    if block(a) != block(b) {
+        return Err(StudioError::config(
+            b_name,
+            format!(
+                "cannot merge models of different architectures: `model_type` is {} here but {} in {a_name} \
+                 (MoErging needs models fine-tuned from one base)",
+                b.architecture.model_type(),
+                a.architecture.model_type()
+            ),
+        ));
+    }
+    let fields: [(&str, String, String); 11] = [
         ("hidden_size", a.hidden_size.to_string(), b.hidden_size.to_string()),
         ("intermediate_size", a.intermediate_size.to_string(), b.intermediate_size.to_string()),
         ("num_hidden_layers", a.num_layers.to_string(), b.num_layers.to_string()),
@@ -160,6 +177,15 @@ mod tests {
         assert!(e.contains("a.bin") && e.contains("b.bin") && e.contains("rope_theta"), "{e}");
         let w = check_architecture("a", &cfg(""), "b", &cfg(r#","max_position_embeddings":64"#)).unwrap();
         assert_eq!(w.len(), 1);
+        // A Mistral of the same shapes computes a Llama's blocks (mergekit-moe's Mixtral of
+        // Llama experts records `mistral`); another block family is refused by model_type.
+        let mut mistral = cfg("");
+        mistral.architecture = Architecture::Mistral;
+        assert!(check_architecture("moe", &mistral, "dense", &cfg("")).unwrap().is_empty());
+        let mut qwen3 = cfg("");
+        qwen3.architecture = Architecture::Qwen3;
+        let e = check_architecture("moe", &qwen3, "dense", &cfg("")).unwrap_err().to_string();
+        assert!(e.contains("`model_type` is llama here but qwen3 in moe"), "{e}");
     }
 
     #[test]

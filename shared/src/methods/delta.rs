@@ -98,6 +98,11 @@ pub enum DeltaOrigin {
         /// Decoder layer.
         layer: usize,
     },
+    /// A bias the target has and neither the base nor the instruct model
+    /// does (mergekit-moe's Qwen output writes all-zero q/k/v biases for
+    /// experts that have none): a model without a bias adds zero, so its
+    /// delta is zero and the tensor is copied.
+    NoBias,
 }
 
 impl DeltaOrigin {
@@ -105,7 +110,7 @@ impl DeltaOrigin {
     pub fn delta_name(&self) -> Option<&str> {
         match self {
             DeltaOrigin::Shared { delta } | DeltaOrigin::Expert { delta, .. } => Some(delta),
-            DeltaOrigin::Router { .. } => None,
+            DeltaOrigin::Router { .. } | DeltaOrigin::NoBias => None,
         }
     }
 }
@@ -407,6 +412,11 @@ pub fn plan_graft(
             groups.push(vec![gt]);
             continue;
         };
+        if dname == t.name && t.name.ends_with(".bias") && !base_infos.contains_key(&dname) {
+            // Neither base nor instruct has it (their tensors are the same, checked above).
+            groups.push(vec![GraftTensor { origin: DeltaOrigin::NoBias, ..gt }]);
+            continue;
+        }
         let Some(d) = base_infos.get(&dname) else {
             let what = if dname == t.name {
                 format!(
@@ -609,7 +619,7 @@ pub fn write_graft(
                 theta.iter_mut().for_each(|w| *w *= s);
             }
         }
-        sink.write_tensor(&t.name, &to_bytes(t.dtype, &theta)?)?;
+        sink.write_tensor(&t.name, &to_bytes(t.dtype, &theta, &t.name)?)?;
     }
     out.finish()?;
     Ok(stats)

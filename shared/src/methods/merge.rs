@@ -630,7 +630,7 @@ pub fn write_merge(
         };
         let kept_fraction = plan.params.density.map(|_| kept as f64 / (n.max(1) * models.len()) as f64);
         stats.push(MergeTensorStat { name: p.name.clone(), change_l2, kept_fraction });
-        sink.write_tensor(&p.name, &to_bytes(p.dtype, &out)?)?;
+        sink.write_tensor(&p.name, &to_bytes(p.dtype, &out, &p.name)?)?;
     }
     Ok(stats)
 }

@@ -415,7 +415,7 @@ pub fn write_upcycle(
                         write_values(sink, &t.name, p.dtype, values)?;
                     } else {
                         if bytes.is_none() {
-                            *bytes = Some(to_bytes(p.dtype, values)?);
+                            *bytes = Some(to_bytes(p.dtype, values, &t.name)?);
                         }
                         sink.write_tensor(&t.name, bytes.as_deref().expect("set above"))?;
                     }
@@ -682,7 +682,7 @@ mod tests {
             .map(|(k, (name, shape))| {
                 let n: usize = shape.iter().product();
                 let v: Vec<f32> = (0..n).map(|i| ((i * 7 + k) as f32 * 0.1).sin()).collect();
-                (PlannedTensor { name, dtype: DType::F32, shape }, to_bytes(DType::F32, &v).unwrap())
+                (PlannedTensor { name, dtype: DType::F32, shape }, to_bytes(DType::F32, &v, "test").unwrap())
             })
             .collect();
         let pairs: Vec<(PlannedTensor, &[u8])> = tensors.iter().map(|(p, b)| (p.clone(), b.as_slice())).collect();

@@ -18,11 +18,13 @@ use crate::layout::names::{
 };
 use crate::tensor_io::TensorSource;
 
-/// Reads tensor `name`, checking that its shape is `shape`.
+/// Reads tensor `name`, checking that its shape is `shape` and that every
+/// value is finite.
 ///
 /// # Errors
 /// [`StudioError::Tensor`] naming the source, the tensor and the expected
-/// vs found shape (or that it is missing).
+/// vs found shape (or that it is missing), or the count of NaN / infinite
+/// values it holds.
 pub fn read_checked(src: &dyn TensorSource, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
     let info = src
         .info(name)
@@ -37,6 +39,19 @@ pub fn read_checked(src: &dyn TensorSource, name: &str, shape: &[usize]) -> Resu
     let v = src.read_f32(name)?;
     if v.len() != shape.iter().product::<usize>() {
         return Err(StudioError::tensor(src.source_name(), name, "decoded element count does not match its shape"));
+    }
+    // A NaN or infinite weight makes every output NaN (generate printed nothing, perplexity
+    // reported NaN and succeeded): refused by name, as a checkpoint that cannot be computed with.
+    let bad = v.iter().filter(|x| !x.is_finite()).count();
+    if bad > 0 {
+        return Err(StudioError::tensor(
+            src.source_name(),
+            name,
+            format!(
+                "holds {bad} non-finite value(s) (NaN or infinity): the checkpoint is damaged or comes from a run \
+                 that diverged, and every output computed with it would be NaN"
+            ),
+        ));
     }
     Ok(v)
 }

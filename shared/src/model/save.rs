@@ -185,7 +185,7 @@ fn write_tensors<B: Backend>(
                 v.iter_mut().for_each(|x| *x *= s);
             }
         }
-        let bytes = crate::tensor_io::sink::to_bytes(wp.dtype, &v)?;
+        let bytes = crate::tensor_io::sink::to_bytes(wp.dtype, &v, name)?;
         sink.write_tensor(name, &bytes)?;
     }
     sink.finish()

@@ -95,10 +95,6 @@ impl std::str::FromStr for WeightsDtype {
     }
 }
 
-/// The smallest magnitude f16 rounds to infinity: halfway between 65504 and
-/// the next binade's 65536 (round to nearest even).
-const F16_OVERFLOW: f32 = 65520.0;
-
 /// A Burn tensor of shape `dims` holding `values` (f32) in `dtype`, rounded
 /// to nearest even.
 ///
@@ -124,8 +120,7 @@ pub fn weight_tensor<B: Backend, const D: usize>(
         WeightsDtype::F16 => {
             // Values below 65520 round to 65504 (f16's largest finite value);
             // from 65520 on they round to infinity.
-            let max = values.iter().filter(|v| v.is_finite()).fold(0f32, |m, v| m.max(v.abs()));
-            if max >= F16_OVERFLOW {
+            if let Some(max) = crate::tensor_io::dtype::f16_overflow(&values) {
                 return Err(StudioError::tensor(
                     source,
                     name,

@@ -95,7 +95,11 @@ pub fn get<'v>(map: &'v Mapping, key: &str) -> Option<&'v Value> {
 /// `filter` lists are not supported) or another non-number.
 pub fn number(source: &str, path: &str, v: &Value) -> Result<f64> {
     match v {
-        Value::Number(n) => n.as_f64().ok_or_else(|| StudioError::config(source, format!("`{path}`: not a number"))),
+        Value::Number(n) => match n.as_f64() {
+            Some(x) if x.is_finite() => Ok(x),
+            Some(x) => Err(StudioError::config(source, format!("`{path}`: {x} is not a finite number"))),
+            None => Err(StudioError::config(source, format!("`{path}`: not a number"))),
+        },
         Value::Sequence(_) => Err(StudioError::config(
             source,
             format!(
@@ -105,6 +109,37 @@ pub fn number(source: &str, path: &str, v: &Value) -> Result<f64> {
         )),
         other => Err(StudioError::config(source, format!("`{path}`: expected a number, got {}", kind(other)))),
     }
+}
+
+/// The JSON of the YAML value at `path` (a section handed to a serde
+/// type). YAML writes infinities and NaN (`.inf`, `.nan`) that JSON cannot
+/// hold: `serde_json` would make them `null`, which a field with a default
+/// then reads as its default (a recipe's `scale: .inf` ran with scale 1), so
+/// they are refused here, naming the key.
+///
+/// # Errors
+/// [`StudioError::Config`] naming `source` and the key path of a
+/// non-finite number, or what `serde_json` cannot represent.
+pub fn to_json(source: &str, path: &str, v: &Value) -> Result<serde_json::Value> {
+    fn check(source: &str, path: &str, v: &Value) -> Result<()> {
+        match v {
+            Value::Number(n) if n.as_f64().is_some_and(|x| !x.is_finite()) => Err(StudioError::config(
+                source,
+                format!("`{path}`: {} is not a finite number", n.as_f64().unwrap_or_default()),
+            )),
+            Value::Sequence(items) => {
+                items.iter().enumerate().try_for_each(|(i, x)| check(source, &format!("{path}[{i}]"), x))
+            }
+            Value::Mapping(m) => m.iter().try_for_each(|(k, x)| {
+                let key = k.as_str().map(str::to_string).unwrap_or_else(|| format!("{k:?}"));
+                check(source, &if path.is_empty() { key.clone() } else { format!("{path}.{key}") }, x)
+            }),
+            Value::Tagged(t) => check(source, path, &t.value),
+            _ => Ok(()),
+        }
+    }
+    check(source, path, v)?;
+    serde_json::to_value(v).map_err(|e| StudioError::config(source, format!("`{path}`: {e}")))
 }
 
 /// A boolean at `path`.

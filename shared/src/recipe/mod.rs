@@ -309,14 +309,14 @@ fn plan_moe(
                 argv.push(format!("--base={}", s(b)));
             }
             let d = MoergeParams::default();
-            let params = MoergeParams {
+            let mut params = MoergeParams {
                 top_k: r.top_k,
                 temperature: r.temperature.unwrap_or(d.temperature),
-                router_init: Some(r.gate.router_kind()),
-                router_std: if let Gate::Random { std } = r.gate { Some(std) } else { None },
                 frozen: r.frozen.clone().unwrap_or_default(),
                 seed: seed.unwrap_or(d.seed),
+                ..d
             };
+            r.gate.set_moerge(&mut params);
             argv.extend(crate::ops::flags(&params));
             let mut op = MoergeStage {
                 models: experts.iter().map(|e| resolve(ctx, &e.source_model)).collect(),
@@ -368,10 +368,7 @@ fn plan_moe(
             if let Some(f) = &r.frozen {
                 p.frozen = f.clone();
             }
-            p.router_init = r.gate.router_kind();
-            if let Gate::Random { std } = r.gate {
-                p.router_std = std;
-            }
+            r.gate.set_upcycle(p);
             if let Some(t) = r.temperature {
                 p.temperature = t;
             }
@@ -526,6 +523,17 @@ mod tests {
         let bad = y.replace("lambda: 0.5", "lambda: -1");
         let e = plan(&parse(&bad, "p.yml").unwrap(), &ctx()).unwrap_err().to_string();
         assert!(e.contains("`ridge.lambda`"), "{e}");
+        // YAML's infinities and NaN are refused by key, never read as a field's default (JSON
+        // has no infinity: `scale: .inf` once ran as scale 1).
+        for (from, to, key) in [
+            ("scale: 0.5", "scale: .inf", "`graft.scale`: inf"),
+            ("scale: 0.5", "scale: -.inf", "`graft.scale`: -inf"),
+            ("lambda: 0.5", "lambda: .nan", "`ridge.lambda`: NaN"),
+        ] {
+            let e = parse(&y.replace(from, to), "p.yml").map(|r| plan(&r, &ctx()).map(|_| ())).and_then(|r| r);
+            let e = e.unwrap_err().to_string();
+            assert!(e.contains("p.yml") && e.contains(key) && e.contains("not a finite number"), "{to}: {e}");
+        }
     }
 
     #[test]

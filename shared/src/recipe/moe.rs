@@ -38,6 +38,7 @@ use super::shared::{shared_experts, SharedExperts};
 use crate::api::{GraftInputs, UpcycleInputs, UpcycleSpec};
 use crate::error::{Result, StudioError};
 use crate::ops::graft::GraftParams;
+use crate::ops::moerge::MoergeParams;
 use crate::ops::route::RouteParams;
 use crate::ops::upcycle::{RouterInitArg, UpcycleParams};
 use crate::tensor_io::DType;
@@ -135,6 +136,24 @@ impl Gate {
     /// Whether the gate reads the experts' prompts.
     pub fn needs_prompts(&self) -> bool {
         matches!(self, Gate::Hidden | Gate::CheapEmbed)
+    }
+
+    /// The MoErge stage's router parameters: `router_init` this gate's
+    /// kind and, for `random`, its std (mergekit-moe's 1 unless the recipe
+    /// sets `router_std`).
+    pub fn set_moerge(&self, p: &mut MoergeParams) {
+        p.router_init = Some(self.router_kind());
+        p.router_std = if let Gate::Random { std } = self { Some(*std) } else { None };
+    }
+
+    /// The upcycle stage's router parameters: `router_init` this gate's
+    /// kind and, for `random`, its std (the other kinds keep the
+    /// operation's default std, which they do not read).
+    pub fn set_upcycle(&self, p: &mut UpcycleParams) {
+        p.router_init = self.router_kind();
+        if let Gate::Random { std } = self {
+            p.router_std = *std;
+        }
     }
 }
 
@@ -529,7 +548,8 @@ fn params_section_with<I: serde::de::DeserializeOwned, P: serde::de::Deserialize
     let mut json: serde_json::Map<String, serde_json::Value> = serde_json::Map::new();
     for (k, val) in map {
         let k = k.as_str().unwrap_or_default().to_string();
-        json.insert(k, serde_json::to_value(val).map_err(|e| StudioError::config(source, format!("`{path}`: {e}")))?);
+        let at = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+        json.insert(k, super::keys::to_json(source, &at, val)?);
     }
     // Placeholders for what the runner fills (it replaces them).
     for f in filled {
@@ -555,7 +575,8 @@ fn job_section_with<T: serde::de::DeserializeOwned>(
     let mut json: serde_json::Map<String, serde_json::Value> = serde_json::Map::new();
     for (k, val) in map {
         let k = k.as_str().unwrap_or_default().to_string();
-        json.insert(k, serde_json::to_value(val).map_err(|e| StudioError::config(source, format!("`{path}`: {e}")))?);
+        let at = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+        json.insert(k, super::keys::to_json(source, &at, val)?);
     }
     // Placeholders for what the runner fills (never used: the runner
     // replaces them).

@@ -114,7 +114,46 @@ pub struct CardInput {
     pub name: String,
     /// Its license, when it states one (its own card's `license`, a GGUF's
     /// `general.license`).
-    pub license: Option<String>,
+    pub license: Option<License>,
+}
+
+/// A license as a model card states it: the Hub's license id and, for
+/// `other`, the `license_name` and `license_link` that say which one (the
+/// Hub asks for both with `other`; two `other` licenses are the same only
+/// when these agree).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct License {
+    /// The `license` id (`apache-2.0`, `other`, ...).
+    pub id: String,
+    /// `license_name` (with `other`).
+    pub name: Option<String>,
+    /// `license_link` (with `other`).
+    pub link: Option<String>,
+}
+
+impl License {
+    /// A license given by its id alone (a GGUF's `general.license`).
+    pub fn id(id: impl Into<String>) -> Self {
+        License { id: id.into(), name: None, link: None }
+    }
+}
+
+impl std::fmt::Display for License {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.id)?;
+        match (&self.name, &self.link) {
+            (None, None) => Ok(()),
+            (n, l) => write!(
+                f,
+                " ({})",
+                [n.as_deref().map(|n| format!("name {n}")), l.as_deref().map(|l| format!("link {l}"))]
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
 }
 
 /// The front matter of a card (serialised as YAML).
@@ -127,6 +166,12 @@ pub struct FrontMatter {
     /// The inputs' license when they all state the same one.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub license: Option<String>,
+    /// Its `license_name` (a shared `other` license).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub license_name: Option<String>,
+    /// Its `license_link` (a shared `other` license).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub license_link: Option<String>,
     /// `text-generation`.
     pub pipeline_tag: String,
     /// `moe`, `mixture-of-experts`, the method, `moe-studio`.
@@ -173,7 +218,7 @@ impl ModelCard {
 
     /// Adds an input.
     pub fn input(mut self, role: impl Into<String>, name: impl Into<String>, license: Option<String>) -> Self {
-        self.inputs.push(CardInput { role: role.into(), name: name.into(), license });
+        self.inputs.push(CardInput { role: role.into(), name: name.into(), license: license.map(License::id) });
         self
     }
 
@@ -197,10 +242,11 @@ impl ModelCard {
         self.sections.push((heading.into(), body.into()));
     }
 
-    /// The license every input states, when they all state the same one.
-    pub fn common_license(&self) -> Option<String> {
+    /// The license every input states, when they all state the same one
+    /// (id, and name and link for `other`).
+    pub fn common_license(&self) -> Option<License> {
         let first = self.inputs.first()?.license.clone()?;
-        self.inputs.iter().all(|i| i.license.as_deref() == Some(first.as_str())).then_some(first)
+        self.inputs.iter().all(|i| i.license.as_ref() == Some(&first)).then_some(first)
     }
 
     /// The front matter.
@@ -217,10 +263,13 @@ impl ModelCard {
                 base_model.push(i.name.clone());
             }
         }
+        let common = self.common_license();
         FrontMatter {
             base_model,
             library_name: "moe-studio".into(),
-            license: self.common_license(),
+            license: common.as_ref().map(|l| l.id.clone()),
+            license_name: common.as_ref().and_then(|l| l.name.clone()),
+            license_link: common.as_ref().and_then(|l| l.link.clone()),
             pipeline_tag: "text-generation".into(),
             tags,
         }
@@ -243,7 +292,7 @@ impl ModelCard {
                     "| {} | `{}` | {} |\n",
                     cell(&i.role),
                     i.name.replace('`', "'"),
-                    i.license.as_deref().map_or("not stated".to_string(), cell)
+                    i.license.as_ref().map_or("not stated".to_string(), |l| cell(&l.to_string()))
                 ));
             }
         }
@@ -311,13 +360,15 @@ pub fn read_front_matter(text: &str) -> Option<FrontMatter> {
     serde_yaml_ng::from_value(parse_front_matter(text)?).ok()
 }
 
-/// The `license` of a card's front matter.
-pub fn card_license(text: &str) -> Option<String> {
+/// The license of a card's front matter: `license`, with `license_name`
+/// and `license_link` when they are there.
+pub fn card_license(text: &str) -> Option<License> {
     let v = parse_front_matter(text)?;
-    match v.get("license")? {
+    let field = |k: &str| match v.get(k)? {
         serde_yaml_ng::Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
         _ => None,
-    }
+    };
+    Some(License { id: field("license")?, name: field("license_name"), link: field("license_link") })
 }
 
 #[cfg(test)]
@@ -350,7 +401,29 @@ mod tests {
     #[test]
     fn input_cards_give_their_license_only() {
         let text = "---\nlicense: apache-2.0\nbase_model: HuggingFaceTB/SmolLM2-135M\n---\n# SmolLM2\n";
-        assert_eq!(card_license(text).as_deref(), Some("apache-2.0"));
+        assert_eq!(card_license(text), Some(License::id("apache-2.0")));
+        // `other` licenses agree only with the same name and link, which the output carries.
+        let other =
+            |name: &str| format!("---\nlicense: other\nlicense_name: {name}\nlicense_link: https://x/{name}\n---\n");
+        let (llama, gemma) = (card_license(&other("llama3")).unwrap(), card_license(&other("gemma")).unwrap());
+        assert_eq!(llama.name.as_deref(), Some("llama3"));
+        let with = |a: &License, b: &License| {
+            let mut c = ModelCard::new(CardMethod::Dume);
+            for (i, l) in [a, b].into_iter().enumerate() {
+                c.inputs.push(CardInput {
+                    role: format!("expert {i}"),
+                    name: format!("m{i}"),
+                    license: Some(l.clone()),
+                });
+            }
+            c
+        };
+        assert_eq!(with(&llama, &gemma).common_license(), None);
+        let fm = read_front_matter(&with(&llama, &llama).render()).unwrap();
+        assert_eq!(
+            (fm.license.as_deref(), fm.license_name.as_deref(), fm.license_link.as_deref()),
+            (Some("other"), Some("llama3"), Some("https://x/llama3"))
+        );
         assert_eq!(card_license("# no front matter\n"), None);
         assert_eq!(card_license("---\ntags: [a]\n---\n"), None);
         // a code fence with backticks in the command stays closed

@@ -120,13 +120,78 @@ pub fn floats_to_f32(dtype: DType, bytes: &[u8]) -> Option<Vec<f32>> {
     }
 }
 
+/// The smallest magnitude f16 rounds to infinity: halfway between its
+/// largest finite value, 65504, and the next binade's 65536 (round to
+/// nearest even; IEEE 754-2008 binary16).
+pub const F16_OVERFLOW: f32 = 65520.0;
+
+/// The largest finite magnitude in `values` when it would round to
+/// infinity in f16 (≥ [`F16_OVERFLOW`]); `None` when every finite value
+/// fits. Values that are already infinite or NaN are not counted: they stay
+/// what they are in every float dtype.
+pub fn f16_overflow(values: &[f32]) -> Option<f32> {
+    let max = values.iter().filter(|v| v.is_finite()).fold(0f32, |m, v| m.max(v.abs()));
+    (max >= F16_OVERFLOW).then_some(max)
+}
+
 /// Converts f32 values to little-endian bytes of a float `dtype`
 /// (round-to-nearest-even for f16/bf16).
-pub fn f32_to_bytes(dtype: DType, values: &[f32]) -> Option<Vec<u8>> {
-    match dtype {
+///
+/// # Errors
+/// [`crate::StudioError::Tensor`] naming `name` (the tensor) and `file`
+/// (where it is written) when `dtype` is F16 and a finite value would round
+/// to infinity (|w| ≥ 65520: past f16's largest finite value, 65504), with
+/// the largest magnitude found: a writer never turns a weight into `inf`
+/// silently. `None` inside `Ok` when `dtype` is not F32, F16 or BF16.
+pub fn f32_to_bytes(dtype: DType, values: &[f32], file: &str, name: &str) -> crate::Result<Option<Vec<u8>>> {
+    Ok(match dtype {
         DType::F32 => Some(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::F16 => Some(values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect()),
+        DType::F16 => {
+            if let Some(max) = f16_overflow(values) {
+                return Err(crate::StudioError::tensor(
+                    file,
+                    name,
+                    format!(
+                        "holds |w| = {max:e}, past f16's largest finite value 65504 (it would become infinite): \
+                         write it in bf16 or f32 instead (--dtype)"
+                    ),
+                ));
+            }
+            Some(values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect())
+        }
         DType::BF16 => Some(values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect()),
         _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writing f16 never turns a finite weight into `inf`: 65519 rounds to
+    /// 65504, f16's largest finite value, and is written; 65520 and more are
+    /// refused with the tensor's name; values already infinite or NaN stay
+    /// as they are. bf16 and f32 take every finite f32.
+    #[test]
+    fn f16_writes_refuse_values_that_would_become_infinite() {
+        let b = f32_to_bytes(DType::F16, &[65519.0, -1.5, f32::INFINITY, f32::NAN], "out", "w").unwrap().unwrap();
+        assert_eq!(half::f16::from_le_bytes([b[0], b[1]]).to_f32(), 65504.0);
+        let e = f32_to_bytes(DType::F16, &[1.0, -1e6], "out", "model.norm.weight").unwrap_err().to_string();
+        assert!(
+            e.contains("out") && e.contains("model.norm.weight") && e.contains("1e6") && e.contains("65504"),
+            "{e}"
+        );
+        assert!(f32_to_bytes(DType::F16, &[65520.0], "out", "w").is_err());
+        for d in [DType::BF16, DType::F32] {
+            assert!(f32_to_bytes(d, &[1e30], "out", "w").unwrap().is_some());
+        }
+        assert!(f32_to_bytes(DType::Q8_0, &[1.0], "out", "w").unwrap().is_none());
+        let mut sink = crate::tensor_io::sink::MemorySink::new(vec![crate::tensor_io::PlannedTensor {
+            name: "w".into(),
+            dtype: DType::F16,
+            shape: vec![1],
+        }]);
+        let e = crate::tensor_io::sink::write_values(&mut sink, "w", DType::F16, &[3e5]).unwrap_err().to_string();
+        assert!(e.contains("`w`") || e.contains("w:"), "{e}");
     }
 }

@@ -26,12 +26,15 @@ impl TensorSink for crate::tensor_io::SafetensorsWriter {
     }
 }
 
-/// Converts f32 values to the bytes of a float `dtype`.
+/// Converts f32 values of the tensor `name` to the bytes of a float
+/// `dtype`.
 ///
 /// # Errors
-/// [`StudioError::Invalid`] when `dtype` is not F32, F16 or BF16.
-pub fn to_bytes(dtype: DType, values: &[f32]) -> Result<Vec<u8>> {
-    f32_to_bytes(dtype, values).ok_or_else(|| StudioError::Invalid(format!("cannot write dtype {dtype}")))
+/// [`StudioError::Invalid`] when `dtype` is not F32, F16 or BF16; as
+/// [`f32_to_bytes`] for a value past f16's range.
+pub fn to_bytes(dtype: DType, values: &[f32], name: &str) -> Result<Vec<u8>> {
+    f32_to_bytes(dtype, values, "the output", name)?
+        .ok_or_else(|| StudioError::Invalid(format!("cannot write dtype {dtype}")))
 }
 
 /// Writes f32 `values` as the next tensor in `dtype`. F32 on a
@@ -44,7 +47,7 @@ pub fn write_values(sink: &mut dyn TensorSink, name: &str, dtype: DType, values:
     if dtype == DType::F32 && cfg!(target_endian = "little") {
         return sink.write_tensor(name, bytemuck::cast_slice(values));
     }
-    sink.write_tensor(name, &to_bytes(dtype, values)?)
+    sink.write_tensor(name, &to_bytes(dtype, values, name)?)
 }
 
 /// Collects tensors in memory and serialises them as one safetensors file.

@@ -146,7 +146,7 @@ pub fn plan_shards(plan: &[PlannedTensor], max: u64) -> Vec<Vec<PlannedTensor>> 
 }
 
 #[cfg(not(target_arch = "wasm32"))]
-pub use native::SafetensorsWriter;
+pub use native::{check_out_dir, remove_stale_temporaries, SafetensorsWriter};
 
 #[cfg(not(target_arch = "wasm32"))]
 mod native {
@@ -154,6 +154,51 @@ mod native {
     use std::path::{Path, PathBuf};
 
     use super::*;
+
+    /// Removes what an interrupted write for `out` left beside it (Ctrl-C,
+    /// kill, power loss): the temporary `.NAME.tmp-PID` (a directory of
+    /// shards, or a token file) of a process `PID` that no longer runs
+    /// (Linux: `/proc/PID`; elsewhere nothing is removed). Writers call it
+    /// before checking the free space, so that a rerun gets that space back
+    /// instead of leaving a model's worth of orphaned shards per attempt.
+    pub fn remove_stale_temporaries(out: &Path) {
+        let stem = format!(".{}.tmp-", out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+        let dir = match out.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name.strip_prefix(&stem).and_then(|p| p.parse::<u32>().ok()) else { continue };
+            if cfg!(target_os = "linux") && pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+                let p = e.path();
+                let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+            }
+        }
+    }
+
+    /// Refuses an output directory that exists and is not empty (the
+    /// studio never overwrites a user's files). [`SafetensorsWriter::create`]
+    /// checks it; a command whose work comes before the writer (`route`'s
+    /// statistics pass) checks it first too, so that it does not fail after
+    /// the work.
+    ///
+    /// # Errors
+    /// [`StudioError::Invalid`] naming the directory; I/O errors reading it.
+    pub fn check_out_dir(out_dir: &Path) -> Result<()> {
+        if out_dir.exists() {
+            let non_empty =
+                std::fs::read_dir(out_dir).map_err(|e| StudioError::io(out_dir.display(), e))?.next().is_some();
+            if non_empty {
+                return Err(StudioError::Invalid(format!(
+                    "output directory {} already exists and is not empty; choose a new --out",
+                    out_dir.display()
+                )));
+            }
+        }
+        Ok(())
+    }
 
     /// Streaming, sharded, atomic writer of a safetensors checkpoint
     /// directory (see the module docs).
@@ -176,16 +221,7 @@ mod native {
         /// studio never overwrites a user's files), if a dtype is not a
         /// float type or a name repeats; I/O errors.
         pub fn create(out_dir: &Path, plan: Vec<PlannedTensor>, opts: WriteOptions) -> Result<Self> {
-            if out_dir.exists() {
-                let non_empty =
-                    std::fs::read_dir(out_dir).map_err(|e| StudioError::io(out_dir.display(), e))?.next().is_some();
-                if non_empty {
-                    return Err(StudioError::Invalid(format!(
-                        "output directory {} already exists and is not empty; choose a new --out",
-                        out_dir.display()
-                    )));
-                }
-            }
+            check_out_dir(out_dir)?;
             let mut seen = std::collections::HashSet::new();
             for t in &plan {
                 if t.dtype.float_size().is_none() {
@@ -197,6 +233,7 @@ mod native {
             }
             let parent = out_dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
             std::fs::create_dir_all(parent).map_err(|e| StudioError::io(parent.display(), e))?;
+            remove_stale_temporaries(out_dir);
             check_free_space(out_dir, parent, &plan)?;
             let base = out_dir.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "out".into());
             let tmp = parent.join(format!(".{base}.tmp-{}", std::process::id()));
@@ -291,7 +328,9 @@ mod native {
                 .find(|t| t.name == name)
                 .map(|t| t.dtype)
                 .ok_or_else(|| StudioError::Invalid(format!("tensor `{name}` was not planned")))?;
-            let bytes = super::super::dtype::f32_to_bytes(dtype, values).expect("float dtype");
+            let file = self.out_dir.display().to_string();
+            let bytes = super::super::dtype::f32_to_bytes(dtype, values, &file, name)?
+                .ok_or_else(|| StudioError::Invalid(format!("tensor `{name}`: cannot write dtype {dtype}")))?;
             self.write(name, &bytes)
         }
 
@@ -473,6 +512,29 @@ mod tests {
         let e = SafetensorsWriter::create(&out, plan(), WriteOptions::default()).err().unwrap();
         assert!(e.to_string().contains("not empty"));
         assert_eq!(std::fs::read(out.join("mine.txt")).unwrap(), b"user data");
+    }
+
+    /// What a killed write left beside `out` (its temporary, named by a
+    /// process that no longer runs) is removed by the next write to the same
+    /// `out`; a live process's temporary and other names are kept.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_killed_writes_temporary_is_removed_by_the_next_write() {
+        use std::path::Path;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("m");
+        let dead = (1_000_000u32..).find(|p| !Path::new(&format!("/proc/{p}")).exists()).unwrap();
+        let stale = dir.path().join(format!(".m.tmp-{dead}"));
+        std::fs::create_dir(&stale).unwrap();
+        std::fs::write(stale.join("model-00001-of-00002.safetensors"), vec![0u8; 1024]).unwrap();
+        let live = dir.path().join(".m.tmp-1");
+        std::fs::create_dir(&live).unwrap();
+        let other = dir.path().join(".n.tmp-12");
+        std::fs::write(&other, b"x").unwrap();
+        let mut w = SafetensorsWriter::create(&out, plan(), WriteOptions::default()).unwrap();
+        assert!(!stale.exists(), "the dead process's shards are gone");
+        assert!(live.exists() && other.exists());
+        w.write_f32("a", &[0.; 6]).unwrap();
     }
 
     #[test]

@@ -97,3 +97,37 @@ fn missing_path_and_unknown_file_kind() {
     let e = open_model(&p).unwrap_err().to_string();
     assert!(e.contains("weights.pt") && e.contains(".gguf"), "{e}");
 }
+
+/// A NaN or infinite weight is refused when the model is loaded, naming the
+/// tensor (every output would be NaN: `generate` printed nothing and
+/// `perplexity` reported NaN and succeeded).
+#[test]
+fn a_non_finite_weight_is_refused_by_name_when_loading() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), tiny_config("llama")).unwrap();
+    let cfg = moe_shared::config::HfConfig::from_json(tiny_config("llama").as_bytes(), "c")
+        .unwrap()
+        .to_model_config("c")
+        .unwrap();
+    let plan = moe_shared::checkpoint::plan::dense_tensor_plan(&cfg);
+    let data: Vec<Vec<u8>> = plan
+        .iter()
+        .map(|(name, shape)| {
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = (0..n)
+                .map(|i| if name == "model.layers.0.self_attn.q_proj.weight" && i == 3 { f32::NAN } else { 0.01 })
+                .collect();
+            v.iter().flat_map(|x| x.to_le_bytes()).collect()
+        })
+        .collect();
+    let tensors: Vec<(PlannedTensor, &[u8])> = plan
+        .iter()
+        .zip(&data)
+        .map(|((n, s), d)| (PlannedTensor { name: n.clone(), dtype: DType::F32, shape: s.clone() }, &d[..]))
+        .collect();
+    std::fs::write(dir.path().join("model.safetensors"), serialize_to_vec(&tensors, &Default::default()).unwrap())
+        .unwrap();
+    let m = open_model(dir.path()).unwrap();
+    let e = moe_shared::model::load_model::<moe_shared::CpuBackend>(&m, &Default::default()).unwrap_err().to_string();
+    assert!(e.contains("model.layers.0.self_attn.q_proj.weight") && e.contains("1 non-finite value"), "{e}");
+}

@@ -217,6 +217,69 @@ fn graft_f32_mixtral_moe_is_exact_and_experts_share_the_layer_delta() {
     }
 }
 
+/// mergekit-moe's Qwen output of Llama experts carries all-zero q/k/v
+/// biases (`qkv_bias: true`) that neither the base nor the instruct model
+/// has: a missing bias adds zero, so its delta is zero and graft copies it;
+/// every other tensor gets its delta as on the Mixtral target.
+#[test]
+fn a_bias_neither_dense_model_has_is_copied_with_a_zero_delta() {
+    let Some(src) = stories() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let base = dense_dir(&src, dir.path(), DType::F32);
+    let instruct = instruct_of(&base, &dir.path().join("instruct"));
+    let m = open_model(&base).unwrap();
+    let opts = UpcycleOptions {
+        experts: ExpertCounts::Uniform(2),
+        layout: moe_shared::layout::LayoutRequest::parse("qwen2_moe").unwrap(),
+        ..Default::default()
+    };
+    let plain = dir.path().join("qwen2moe");
+    upcycle(m.source.as_ref(), &m.config, &opts, &plain, None, WriteOptions::default()).unwrap();
+    // The same MoE with zero q/k/v biases, as mergekit-moe writes it.
+    let moe = dir.path().join("qwen2moe-bias");
+    let t = SafetensorsModel::open_dir(&plain).unwrap();
+    let c = &src.config;
+    let mut plan: Vec<PlannedTensor> = t
+        .tensors()
+        .iter()
+        .map(|i| PlannedTensor { name: i.name.clone(), dtype: i.dtype, shape: i.shape.clone() })
+        .collect();
+    let mut biases = Vec::new();
+    for l in 0..c.num_layers {
+        for (p, n) in [("q", c.num_heads), ("k", c.num_kv_heads), ("v", c.num_kv_heads)] {
+            let name = format!("model.layers.{l}.self_attn.{p}_proj.bias");
+            plan.push(PlannedTensor { name: name.clone(), dtype: DType::F32, shape: vec![n * c.head_dim] });
+            biases.push(name);
+        }
+    }
+    let mut w = SafetensorsWriter::create(&moe, plan.clone(), WriteOptions::default()).unwrap();
+    for p in &plan {
+        let v = if biases.contains(&p.name) { vec![0.0; p.shape[0]] } else { t.read_f32(&p.name).unwrap() };
+        w.write_f32(&p.name, &v).unwrap();
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(plain.join("config.json")).unwrap()).unwrap();
+    cfg["qkv_bias"] = true.into();
+    w.finish(&[("config.json", serde_json::to_vec(&cfg).unwrap())]).unwrap();
+    assert!(open_model(&moe).unwrap().config.attention_bias);
+
+    let out = dir.path().join("grafted");
+    let report = run_graft(&moe, &base, &instruct, 1.0, &out).unwrap();
+    let (o, before) = (SafetensorsModel::open_dir(&out).unwrap(), SafetensorsModel::open_dir(&moe).unwrap());
+    for b in &biases {
+        assert_eq!(o.read_f32(b).unwrap(), vec![0.0; before.read_f32(b).unwrap().len()], "{b}");
+    }
+    assert!(report.deltas.iter().all(|d| !d.name.ends_with(".bias")));
+    let q = "model.layers.0.self_attn.q_proj.weight";
+    let (ob, bb, ib) = (
+        o.read_f32(q).unwrap(),
+        before.read_f32(q).unwrap(),
+        SafetensorsModel::open_dir(&instruct).unwrap().read_f32(q).unwrap(),
+    );
+    let bs = SafetensorsModel::open_dir(&base).unwrap().read_f32(q).unwrap();
+    assert!(ob.iter().zip(&bb).zip(ib.iter().zip(&bs)).all(|((o, t), (i, b))| (o - (t + (i - b))).abs() <= 1e-6));
+}
+
 #[test]
 fn graft_bf16_studio_moe_rounds_once_and_dense_layers_get_their_own_delta() {
     let Some(src) = stories() else { return };

@@ -38,9 +38,21 @@ impl<B: AutodiffBackend> Trainer<B> {
     /// # Errors
     /// I/O and format errors naming the checkpoint;
     /// [`StudioError::Config`] listing the options that differ;
-    /// [`StudioError::Invalid`] when the data differs.
+    /// [`StudioError::Invalid`] when the data differs, or when `steps` is
+    /// below the step the checkpoint reached (there would be nothing to
+    /// train, and the run would report steps it never took).
     pub fn resume(dir: &Path, mut data: Mixture, config: TrainConfig, devices: Vec<B::Device>) -> Result<Self> {
         let st = read_state(dir)?;
+        if config.steps < st.step {
+            return Err(StudioError::Invalid(format!(
+                "{}: --steps {} is below the {} steps this checkpoint has trained; give --steps {} or more to \
+                 continue it",
+                dir.display(),
+                config.steps,
+                st.step,
+                st.step
+            )));
+        }
         let mut saved = st.config.clone();
         saved.steps = config.steps;
         saved.save_every = config.save_every;

@@ -139,7 +139,7 @@ fn route_with_bias_warns_and_points_to_no_bias() {
         "--stride",
         "64",
     ]));
-    assert!(e.contains("dataset 3 to expert 2") && e.contains("2 experts"), "{e}");
+    assert!(e.contains("3 datasets") && e.contains("2 experts"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

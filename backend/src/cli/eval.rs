@@ -77,7 +77,7 @@ impl WithBackend for Args {
         let specs = parse_data(&a.data)?;
         // A report row per name (and, under --routing oracle, expert i per dataset i).
         if let Some((i, s)) = specs.iter().enumerate().find(|(i, s)| specs[..*i].iter().any(|p| p.name == s.name)) {
-            bail!("--data: the name `{}` is used twice (dataset {i})", s.name);
+            bail!("--data: the name `{}` is used twice (dataset {})", s.name, i + 1);
         }
         if specs.iter().any(|s| s.original || s.weight != 1.0) {
             eprintln!("note: eval ignores :weight and :orig in --data");
@@ -92,7 +92,17 @@ impl WithBackend for Args {
             EvalRouting::Learned => {}
             r if !moe => bail!("--routing {} needs an MoE model; this one is dense", r.name()),
             EvalRouting::Random => model = randomize_routers(model, p.seed),
-            EvalRouting::Oracle => {}
+            EvalRouting::Oracle => {
+                // Before any dataset is evaluated (`evaluate` refuses it too, per dataset).
+                let fewest = m.moe.iter().flat_map(|c| c.layers.iter().flatten().map(|s| s.num_experts)).min();
+                if let Some(n) = fewest.filter(|&n| specs.len() > n) {
+                    bail!(
+                        "--routing oracle sends dataset i to expert i: {} datasets, but the model has {n} experts in \
+                         a layer; give at most {n}, in expert order",
+                        specs.len()
+                    );
+                }
+            }
         }
         let opts = p.perplexity(a.batch);
         let mut rows = Vec::new();

@@ -400,7 +400,10 @@ pub fn category_bars(
     if let Some(s) = series.iter().find(|s| s.values.len() > categories.len()) {
         return Err(anyhow!("series `{}` has {} values for {} categories", s.name, s.values.len(), categories.len()));
     }
-    padded_range(series.iter().flat_map(|s| s.values.iter().copied()), true)?;
+    let (_, top) = padded_range(series.iter().flat_map(|s| s.values.iter().copied()), true)?;
+    if !top_with_legend(top, series.len(), 500.0).is_finite() {
+        return Err(anyhow!("the values reach {top:e}, too high an axis to draw (with the legend's band)"));
+    }
     let width = (160 + 90 * categories.len() * series.len().max(1)).clamp(700, 1600) as u32;
     render!(stem, (width, 600), draw_category_bars(title, y_desc, categories, series))
 }

@@ -170,6 +170,15 @@ mod tests {
         })
         .unwrap_err();
         assert!(format!("{e:#}").contains("too wide an axis"), "{e:#}");
+        let e = run(Args {
+            spec: spec_file(
+                dir.path(),
+                r#"{"kind":"bars","categories":["a"],"series":[{"name":"s","values":[1.6e308]}]}"#,
+            ),
+            out: dir.path().join("x"),
+        })
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("too high an axis"), "{e:#}");
         assert!(!dir.path().join("x.svg").exists(), "nothing is written on refusal");
     }
 }

@@ -304,7 +304,7 @@ impl WithBackend for Args {
         let parsed = a.domains.iter().map(|s| parse_domain(s)).collect::<anyhow::Result<Vec<_>>>()?;
         // Domain i is expert i's: a name given twice is a mistake (the server refuses it too).
         if let Some((i, _)) = parsed.iter().enumerate().find(|(i, d)| parsed[..*i].iter().any(|p| p.0 == d.0)) {
-            bail!("--domain: the name `{}` is used twice (domain {} is expert {}'s)", parsed[i].0, i, i);
+            bail!("--domain: the name `{}` is used twice (domain {}, which would be expert {})", parsed[i].0, i + 1, i);
         }
         let mut domains = Vec::new();
         for (name, train, held) in parsed {

@@ -337,13 +337,12 @@ fn nodes_answer(a: &Args, argv: &[String]) -> anyhow::Result<()> {
     )
 }
 
-/// Keeps the lines of `metrics.jsonl` up to `step` (a resumed run rewrites
-/// what came after its checkpoint).
 /// Refuses a `--out` (without `--resume`) that holds anything but the
 /// metrics of a run of ours that stopped before its first checkpoint: a
-/// `metrics.jsonl` whose every line is a step row. A user's files there
-/// would otherwise be overwritten (the other writers refuse a non-empty
-/// `--out` the same way).
+/// `metrics.jsonl` whose every line is a step row (the last may be cut
+/// short by a kill), besides hidden files (`.DS_Store`, a writer's
+/// temporary), which a run never touches. The metrics would otherwise be
+/// overwritten (the other writers refuse a non-empty `--out` the same way).
 fn check_fresh_out(out: &Path) -> anyhow::Result<()> {
     let Ok(entries) = std::fs::read_dir(out) else { return Ok(()) };
     let not_ours = |what: String| {
@@ -356,15 +355,19 @@ fn check_fresh_out(out: &Path) -> anyhow::Result<()> {
     for e in entries {
         let e = e.with_context(|| format!("reading {}", out.display()))?;
         let name = e.file_name().to_string_lossy().into_owned();
-        // A checkpoint interrupted while it was written (the writers' hidden temporary sibling).
-        if name.starts_with('.') && name.contains(".tmp") {
+        // Hidden files: a checkpoint interrupted while it was written (the writers' temporary
+        // sibling), a file manager's or NFS's own; a run writes none of these names.
+        if name.starts_with('.') {
             continue;
         }
         if name != "metrics.jsonl" {
             return Err(not_ours(format!("it holds {name}")));
         }
         let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-        let ours = text.lines().all(|l| {
+        let lines: Vec<&str> = text.lines().collect();
+        // A run killed while it appended a row leaves that last row cut short.
+        let whole = if text.ends_with('\n') { &lines[..] } else { &lines[..lines.len().saturating_sub(1)] };
+        let ours = whole.iter().all(|l| {
             serde_json::from_str::<serde_json::Value>(l)
                 .ok()
                 .is_some_and(|v| v["step"].is_u64() && (v["loss"].is_number() || v["ce_loss"].is_number()))
@@ -402,6 +405,8 @@ fn check_resume_model(model: &LoadedModel, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Keeps the lines of `metrics.jsonl` up to `step` (a resumed run rewrites
+/// what came after its checkpoint).
 fn truncate_metrics(path: &Path, step: usize) -> anyhow::Result<()> {
     let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
     let kept: Vec<&str> = text
@@ -456,6 +461,12 @@ impl WithAutodiff for Args {
             return nodes_answer(&a, &std::env::args().collect::<Vec<_>>());
         }
         let config = a.config()?;
+        // Before the model and the data are read (tokenising can take minutes).
+        if let (false, Some(out)) = (a.resume, a.out.as_deref()) {
+            if latest_checkpoint(out).is_none() {
+                check_fresh_out(out)?;
+            }
+        }
         let specs = parse_data(&a.data)?;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let (tok, mut tok_files) = resolve_tokenizer(&m, a.tokenizer.as_deref())?;

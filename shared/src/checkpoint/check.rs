@@ -86,7 +86,7 @@ pub fn check_tensors(src: &dyn TensorSource, config: &ModelConfig, moe: Option<&
     if !unexpected.is_empty() {
         parts.push(format!(
             "{} tensor(s) in its layers that the configuration does not describe (a layer or expert past its \
-             counts?): {}",
+             counts, or a weight this studio does not model, such as an `o_proj.bias`): {}",
             unexpected.len(),
             list(&unexpected)
         ));

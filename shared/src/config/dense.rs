@@ -305,8 +305,13 @@ pub struct HfConfig {
     #[serde(default)]
     pub layer_types: Option<Vec<String>>,
     /// `sliding_window_pattern` (Gemma 3 before `layer_types`).
-    #[serde(default, alias = "_sliding_window_pattern")]
+    #[serde(default)]
     pub sliding_window_pattern: Option<usize>,
+    /// `_sliding_window_pattern` (the name some transformers versions save
+    /// it under, possibly beside `sliding_window_pattern`, which wins);
+    /// read only.
+    #[serde(default, rename = "_sliding_window_pattern", skip_serializing)]
+    pub sliding_window_pattern_private: Option<usize>,
     /// `rope_local_base_freq` (Gemma 3: RoPE base of the sliding layers).
     #[serde(default)]
     pub rope_local_base_freq: Option<f64>,
@@ -570,6 +575,7 @@ impl HfConfig {
             sliding_window: None,
             layer_types: None,
             sliding_window_pattern: None,
+            sliding_window_pattern_private: None,
             rope_local_base_freq: None,
             partial_rotary_factor: None,
             original_max_position_embeddings: match &c.rope_scaling {
@@ -628,6 +634,11 @@ mod tests {
             .unwrap()
             .replace(r#""eos_token_id":2}"#, r#""eos_token_id":2,"dtype":"bfloat16","torch_dtype":"bfloat16"}"#);
         assert_eq!(HfConfig::from_json(both.as_bytes(), "c").unwrap().to_model_config("c").unwrap(), c);
+        let both = String::from_utf8(json.to_vec()).unwrap().replace(
+            r#""eos_token_id":2}"#,
+            r#""eos_token_id":2,"sliding_window_pattern":6,"_sliding_window_pattern":6}"#,
+        );
+        assert_eq!(HfConfig::from_json(both.as_bytes(), "c").unwrap().sliding_window_pattern, Some(6));
     }
 
     #[test]

@@ -193,9 +193,6 @@ impl MoeConfig {
                     format!("layer {l}: frozen expert {f} does not exist ({} experts)", s.num_experts),
                 );
             }
-            if let Some((i, f)) = s.frozen.iter().enumerate().find(|(i, f)| s.frozen[..*i].contains(f)) {
-                return err(Param::Frozen, format!("layer {l}: frozen expert {f} is listed twice (entry {i})"));
-            }
             if !(s.temperature > 0.0 && s.temperature.is_finite()) {
                 return err(
                     Param::Temperature,

@@ -80,17 +80,19 @@ pub struct TokenizerFingerprint {
     pub vocab_sha256: String,
 }
 
-/// SHA-256 (hex) of a tokenizer's vocabulary: for each id `0..vocab_size`
-/// in order, the byte length (u32 little-endian) and the UTF-8 bytes of
-/// [`Tokenizer::token_text`], `u32::MAX` for an id without one.
+/// SHA-256 (hex) of a tokenizer's vocabulary: for each id in order, the
+/// byte length (u32 little-endian) and the bytes of its piece as Hugging
+/// Face spells it (`crate::methods::compat::pieces`: a llama2.c `.bin` and
+/// its converted `tokenizer.json` give the same hash), `u32::MAX` for an id
+/// without one.
 pub fn vocab_sha256(tok: &Tokenizer) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
-    for id in 0..tok.vocab_size() as u32 {
-        match tok.token_text(id) {
-            Some(t) => {
-                h.update((t.len() as u32).to_le_bytes());
-                h.update(t.as_bytes());
+    for p in crate::methods::compat::pieces(tok) {
+        match p {
+            Some(b) => {
+                h.update((b.len() as u32).to_le_bytes());
+                h.update(&b);
             }
             None => h.update(u32::MAX.to_le_bytes()),
         }

@@ -176,10 +176,14 @@ mod tests {
             let e = Mixtral.read_config(&w, "m/config.json").unwrap_err().to_string();
             assert!(e.contains("m/config.json") && e.contains("moe_studio.frozen_experts") && e.contains(says), "{e}");
         }
-        // An expert listed twice as frozen is refused by the MoE config's rules.
-        let twice = MoeConfig::uniform(2, MoeLayerSpec { frozen: vec![0, 0], ..spec(4, 2) });
-        let e = twice.validate(&base("llama"), "c").unwrap_err().to_string();
-        assert!(e.contains("frozen expert 0 is listed twice"), "{e}");
+        // Freezing is a set: an expert recorded twice (an earlier `--frozen 0,0`) reads once.
+        let mut w = v.clone();
+        w["moe_studio"]["frozen_experts"] = serde_json::json!([[0, 0], [1, 0, 1]]);
+        let (_, m) = Mixtral.read_config(&w, "c").unwrap();
+        assert_eq!(
+            (m.layers[0].as_ref().unwrap().frozen.clone(), m.layers[1].as_ref().unwrap().frozen.clone()),
+            (vec![0], vec![1, 0])
+        );
     }
 
     #[test]

@@ -526,7 +526,19 @@ pub(crate) fn recorded_frozen(v: &serde_json::Value, layers: usize, source_name:
             ),
         ));
     }
-    Ok(frozen)
+    // Freezing is a set: a checkpoint an earlier version wrote with `--frozen 0,0` reads as `[0]`.
+    Ok(frozen.into_iter().map(dedup).collect())
+}
+
+/// `v` without its repeated entries, first occurrences kept in order.
+pub(crate) fn dedup(v: Vec<usize>) -> Vec<usize> {
+    let mut out: Vec<usize> = Vec::with_capacity(v.len());
+    for x in v {
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    out
 }
 
 /// `moe_studio.shared_frozen` of layer `l` (false when absent).

@@ -91,7 +91,7 @@ pub fn check_architecture(a_name: &str, a: &ModelConfig, b_name: &str, b: &Model
 /// The pieces of a tokenizer, by id, as Hugging Face spells them (a
 /// llama2.c vocabulary through its `tokenizer.json` form: `▁` for spaces,
 /// `<0x00>` byte pieces), so that a `.bin` and a converted copy compare.
-fn pieces(t: &Tokenizer) -> Vec<Option<Vec<u8>>> {
+pub(crate) fn pieces(t: &Tokenizer) -> Vec<Option<Vec<u8>>> {
     let hf_pieces = |t: &tokenizers::Tokenizer| {
         (0..t.get_vocab_size(true) as u32).map(|id| t.id_to_token(id).map(String::into_bytes)).collect()
     };

@@ -177,7 +177,7 @@ impl UpcycleParams {
     /// The rules every caller checks before any model is read (what needs
     /// the model — top-k and frozen experts against a layer's experts, a
     /// granularity that divides the FFN width — the method checks):
-    /// `top_k` 1..=256, frozen experts 0..=255, a router computed from
+    /// `top_k` 1..=256, frozen experts 0..=255 and each once, a router computed from
     /// prompts only when `has_prompts` (the CLI's `--expert-prompts`; a job
     /// and the tab have none), `router_std` finite > 0, `noise` finite in
     /// 0..=10, `temperature` finite > 0, `drop_ratio` in [0, 1],
@@ -192,6 +192,9 @@ impl UpcycleParams {
         }
         if let Some(f) = self.frozen.iter().find(|f| **f > 255) {
             return bad("frozen", format!("expert {f}: expected expert indices 0 to 255"));
+        }
+        if let Some((i, f)) = self.frozen.iter().enumerate().find(|(i, f)| self.frozen[..*i].contains(f)) {
+            return bad("frozen", format!("expert {f} is listed twice (entry {})", i + 1));
         }
         if self.router_init.needs_prompts() && !has_prompts {
             return bad(
@@ -364,6 +367,7 @@ mod tests {
         let field = |p: UpcycleParams| p.check(false).unwrap_err().field;
         assert_eq!(field(UpcycleParams { top_k: 0, ..d() }), "top_k");
         assert_eq!(field(UpcycleParams { frozen: vec![0, 256], ..d() }), "frozen");
+        assert_eq!(field(UpcycleParams { frozen: vec![0, 0], ..d() }), "frozen");
         assert_eq!(field(UpcycleParams { router_init: RouterInitArg::Hidden, ..d() }), "router_init");
         assert_eq!(UpcycleParams { router_init: RouterInitArg::CheapEmbed, ..d() }.check(true), Ok(()));
         assert_eq!(field(UpcycleParams { router_std: 0.0, ..d() }), "router_std");

@@ -368,7 +368,14 @@ pub fn card_license(text: &str) -> Option<License> {
         serde_yaml_ng::Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
         _ => None,
     };
-    Some(License { id: field("license")?, name: field("license_name"), link: field("license_link") })
+    let id = field("license")?;
+    // The name and link say which license only for `other`: a standard id is one license
+    // whatever link a card adds (Qwen's and Phi's cards link their own copies).
+    if id == "other" {
+        Some(License { id, name: field("license_name"), link: field("license_link") })
+    } else {
+        Some(License::id(id))
+    }
 }
 
 #[cfg(test)]
@@ -402,6 +409,8 @@ mod tests {
     fn input_cards_give_their_license_only() {
         let text = "---\nlicense: apache-2.0\nbase_model: HuggingFaceTB/SmolLM2-135M\n---\n# SmolLM2\n";
         assert_eq!(card_license(text), Some(License::id("apache-2.0")));
+        let linked = "---\nlicense: apache-2.0\nlicense_link: https://x/LICENSE\n---\n";
+        assert_eq!(card_license(linked), Some(License::id("apache-2.0")));
         // `other` licenses agree only with the same name and link, which the output carries.
         let other =
             |name: &str| format!("---\nlicense: other\nlicense_name: {name}\nlicense_link: https://x/{name}\n---\n");

@@ -146,7 +146,7 @@ pub fn plan_shards(plan: &[PlannedTensor], max: u64) -> Vec<Vec<PlannedTensor>> 
 }
 
 #[cfg(not(target_arch = "wasm32"))]
-pub use native::{check_out_dir, remove_stale_temporaries, SafetensorsWriter};
+pub use native::{check_out_dir, remove_stale_temporaries, SafetensorsWriter, STALE_AFTER};
 
 #[cfg(not(target_arch = "wasm32"))]
 mod native {
@@ -158,10 +158,17 @@ mod native {
     /// Removes what an interrupted write for `out` left beside it (Ctrl-C,
     /// kill, power loss): the temporary `.NAME.tmp-PID` (a directory of
     /// shards, or a token file) of a process `PID` that no longer runs
-    /// (Linux: `/proc/PID`; elsewhere nothing is removed). Writers call it
-    /// before checking the free space, so that a rerun gets that space back
-    /// instead of leaving a model's worth of orphaned shards per attempt.
+    /// (Linux with `/proc` mounted: `/proc/PID`; elsewhere nothing is
+    /// removed) and that nothing has written to for [`STALE_AFTER`] (a live
+    /// writer on another machine sharing the filesystem, or in another PID
+    /// namespace, is not in our `/proc`). The safetensors and token-file
+    /// writers call it before checking the free space, so that a rerun gets
+    /// that space back instead of leaving a model's worth of orphaned shards
+    /// per attempt.
     pub fn remove_stale_temporaries(out: &Path) {
+        if !cfg!(target_os = "linux") || !Path::new("/proc/self").exists() {
+            return;
+        }
         let stem = format!(".{}.tmp-", out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
         let dir = match out.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
@@ -171,11 +178,28 @@ mod native {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let Some(pid) = name.strip_prefix(&stem).and_then(|p| p.parse::<u32>().ok()) else { continue };
-            if cfg!(target_os = "linux") && pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-                let p = e.path();
+            let p = e.path();
+            if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() && untouched(&p) {
                 let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
             }
         }
+    }
+
+    /// How long a dead process's temporary must have been left alone
+    /// before [`remove_stale_temporaries`] removes it.
+    pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
+
+    /// Whether `p` (and, for a directory, every entry in it) was last
+    /// modified at least [`STALE_AFTER`] ago.
+    fn untouched(p: &Path) -> bool {
+        let old = |q: &Path| {
+            std::fs::metadata(q)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= STALE_AFTER)
+        };
+        old(p) && std::fs::read_dir(p).map_or(true, |es| es.flatten().all(|e| old(&e.path())))
     }
 
     /// Refuses an output directory that exists and is not empty (the
@@ -526,14 +550,28 @@ mod tests {
         let dead = (1_000_000u32..).find(|p| !Path::new(&format!("/proc/{p}")).exists()).unwrap();
         let stale = dir.path().join(format!(".m.tmp-{dead}"));
         std::fs::create_dir(&stale).unwrap();
-        std::fs::write(stale.join("model-00001-of-00002.safetensors"), vec![0u8; 1024]).unwrap();
+        let shard = stale.join("model-00001-of-00002.safetensors");
+        std::fs::write(&shard, vec![0u8; 1024]).unwrap();
+        // A dead PID's temporary written to a moment ago may be a live writer's elsewhere: kept.
+        let fresh = dir.path().join(format!(".m.tmp-{}", dead + 1));
+        std::fs::create_dir(&fresh).unwrap();
+        let long_ago = std::time::SystemTime::now() - STALE_AFTER - std::time::Duration::from_secs(60);
+        for p in [&shard, &stale] {
+            std::fs::File::options()
+                .write(true)
+                .open(p)
+                .or_else(|_| std::fs::File::open(p))
+                .unwrap()
+                .set_modified(long_ago)
+                .unwrap();
+        }
         let live = dir.path().join(".m.tmp-1");
         std::fs::create_dir(&live).unwrap();
         let other = dir.path().join(".n.tmp-12");
         std::fs::write(&other, b"x").unwrap();
         let mut w = SafetensorsWriter::create(&out, plan(), WriteOptions::default()).unwrap();
         assert!(!stale.exists(), "the dead process's shards are gone");
-        assert!(live.exists() && other.exists());
+        assert!(live.exists() && other.exists() && fresh.exists());
         w.write_f32("a", &[0.; 6]).unwrap();
     }
 

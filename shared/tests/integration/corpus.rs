@@ -134,11 +134,19 @@ fn token_file_is_the_text_stream_and_refuses_what_it_is_not() {
     std::fs::write(&edited, &e_bytes).unwrap();
     let e = TokenFile::open(&edited).unwrap_err().to_string();
     assert!(e.contains("edited.tokens") && e.contains("changed after"), "{e}");
-    // A temporary left by an interrupted run (its process gone) is removed by the next run.
+    // A temporary left by an interrupted run (its process gone, untouched for STALE_AFTER) is
+    // removed by the next run; one written a moment ago may be a live writer's elsewhere: kept.
     let stale = dir.path().join(".again.tokens.tmp-4194303");
     std::fs::write(&stale, b"half").unwrap();
+    let long_ago =
+        std::time::SystemTime::now() - moe_shared::tensor_io::writer::STALE_AFTER - std::time::Duration::from_secs(60);
+    std::fs::File::options().write(true).open(&stale).unwrap().set_modified(long_ago).unwrap();
+    let fresh = dir.path().join(".again.tokens.tmp-4194302");
+    std::fs::write(&fresh, b"half").unwrap();
     write_token_file(&odd, DocSplit::Blank, &tok, &dir.path().join("again.tokens"), |_, _| {}).unwrap();
     assert_eq!(stale.exists(), !cfg!(target_os = "linux"), "the stale temporary is gone (Linux)");
+    assert!(fresh.exists(), "a temporary written to a moment ago is kept");
+    std::fs::remove_file(&fresh).unwrap();
     std::fs::remove_file(dir.path().join("again.tokens")).unwrap();
     // A token file as the text to tokenize.
     let e = write_token_file(&good, DocSplit::Blank, &tok, &dir.path().join("again.tokens"), |_, _| {})

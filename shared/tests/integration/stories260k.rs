@@ -114,6 +114,12 @@ fn llama2c_vocabulary_is_compatible_with_its_converted_tokenizer() {
     assert_eq!(check_tokenizer("bin", Some(&tok), "converted", Some(&same)).unwrap(), None);
     let w = check_tokenizer("bin", Some(&tok), "old", Some(&old)).unwrap();
     assert!(w.is_some_and(|w| w.contains("share their vocabulary")));
+    // A token file made with one reads with the other: their fingerprints agree (the vocabulary
+    // hash spells pieces as Hugging Face does).
+    use moe_shared::corpus::token_file::TokenizerFingerprint;
+    let (a, b) = (TokenizerFingerprint::of(&tok).unwrap(), TokenizerFingerprint::of(&same).unwrap());
+    assert_eq!(a.vocab_sha256, b.vocab_sha256);
+    assert!(a.accepts(&b) && b.accepts(&a), "{a:?} {b:?}");
 }
 
 /// A directory without config.json opens its one llama2.c `.bin` (the

@@ -221,7 +221,7 @@ pub(crate) fn layer_types(hf: &HfConfig, pattern: usize, src: &str) -> Result<Ve
                 .collect()
         }
         None => {
-            let p = hf.sliding_window_pattern.unwrap_or(pattern).max(1);
+            let p = hf.sliding_window_pattern.or(hf.sliding_window_pattern_private).unwrap_or(pattern).max(1);
             Ok((0..n)
                 .map(|l| if (l + 1) % p == 0 { LayerType::FullAttention } else { LayerType::SlidingAttention })
                 .collect())

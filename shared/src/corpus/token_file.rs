@@ -82,13 +82,13 @@ pub struct TokenizerFingerprint {
 
 /// SHA-256 (hex) of a tokenizer's vocabulary: for each id in order, the
 /// byte length (u32 little-endian) and the bytes of its piece as Hugging
-/// Face spells it (`crate::methods::compat::pieces`: a llama2.c `.bin` and
+/// Face spells it ([`Tokenizer::hf_pieces`]: a llama2.c `.bin` and
 /// its converted `tokenizer.json` give the same hash), `u32::MAX` for an id
 /// without one.
 pub fn vocab_sha256(tok: &Tokenizer) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
-    for p in crate::methods::compat::pieces(tok) {
+    for p in tok.hf_pieces() {
         match p {
             Some(b) => {
                 h.update((b.len() as u32).to_le_bytes());

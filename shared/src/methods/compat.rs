@@ -88,22 +88,6 @@ pub fn check_architecture(a_name: &str, a: &ModelConfig, b_name: &str, b: &Model
     Ok(warnings)
 }
 
-/// The pieces of a tokenizer, by id, as Hugging Face spells them (a
-/// llama2.c vocabulary through its `tokenizer.json` form: `▁` for spaces,
-/// `<0x00>` byte pieces), so that a `.bin` and a converted copy compare.
-pub(crate) fn pieces(t: &Tokenizer) -> Vec<Option<Vec<u8>>> {
-    let hf_pieces = |t: &tokenizers::Tokenizer| {
-        (0..t.get_vocab_size(true) as u32).map(|id| t.id_to_token(id).map(String::into_bytes)).collect()
-    };
-    match t {
-        Tokenizer::Hf(t) => hf_pieces(t),
-        Tokenizer::Llama2c(t) => match t.to_hf("llama2.c vocabulary") {
-            Ok(h) => hf_pieces(&h),
-            Err(_) => (0..t.vocab_size() as u32).map(|id| Some(t.piece_bytes(0, id))).collect(),
-        },
-    }
-}
-
 /// Checks that `b`'s tokenizer is `a`'s (or a grown version of it, or `a`
 /// grown); returns a warning when they are not identical but compatible, or
 /// when one model has no tokenizer to compare.
@@ -131,7 +115,7 @@ pub fn check_tokenizer(
             return Ok(None);
         }
     }
-    let (pa, pb) = (pieces(a), pieces(b));
+    let (pa, pb) = (a.hf_pieces(), b.hf_pieces());
     if let Some(id) = pa.iter().zip(&pb).position(|(x, y)| x != y) {
         let show =
             |p: &Option<Vec<u8>>| p.as_ref().map(|p| String::from_utf8_lossy(p).into_owned()).unwrap_or_default();

@@ -89,6 +89,24 @@ impl Tokenizer {
         }
     }
 
+    /// The pieces of the vocabulary, by id, as Hugging Face spells them (a
+    /// llama2.c vocabulary through its `tokenizer.json` form: `▁` for
+    /// spaces, `<0x00>` byte pieces), so that a `.bin` and a converted copy
+    /// compare equal (MoErge's tokenizer check, a token file's vocabulary
+    /// hash); `None` for an id without a piece.
+    pub fn hf_pieces(&self) -> Vec<Option<Vec<u8>>> {
+        let hf_pieces = |t: &tokenizers::Tokenizer| {
+            (0..t.get_vocab_size(true) as u32).map(|id| t.id_to_token(id).map(String::into_bytes)).collect()
+        };
+        match self {
+            Tokenizer::Hf(t) => hf_pieces(t),
+            Tokenizer::Llama2c(t) => match t.to_hf("llama2.c vocabulary") {
+                Ok(h) => hf_pieces(&h),
+                Err(_) => (0..t.vocab_size() as u32).map(|id| Some(t.piece_bytes(0, id))).collect(),
+            },
+        }
+    }
+
     /// Vocabulary size (with added tokens).
     pub fn vocab_size(&self) -> usize {
         match self {

@@ -76,8 +76,9 @@ impl WithBackend for Args {
         let a = self;
         let specs = parse_data(&a.data)?;
         // A report row per name (and, under --routing oracle, expert i per dataset i).
-        if let Some((i, s)) = specs.iter().enumerate().find(|(i, s)| specs[..*i].iter().any(|p| p.name == s.name)) {
-            bail!("--data: the name `{}` is used twice (dataset {})", s.name, i + 1);
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        if let Some(i) = moe_shared::ops::first_repeat(&names) {
+            bail!("--data: the name `{}` is used twice (dataset {})", names[i], i + 1);
         }
         if specs.iter().any(|s| s.original || s.weight != 1.0) {
             eprintln!("note: eval ignores :weight and :orig in --data");

@@ -320,10 +320,10 @@ fn padded_range(values: impl Iterator<Item = f64>, from_zero: bool) -> Result<(f
 /// # Errors
 /// Drawing or file errors; values whose axis overflows f64 (nothing written).
 pub fn xy_lines(stem: &Path, title: &str, x_desc: &str, y_desc: &str, series: &[XySeries]) -> Result<Vec<PathBuf>> {
-    // Refused before a file is opened (a backend writes what it has when dropped).
-    padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)), false)?;
-    padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)), false)?;
-    render!(stem, (1000, 600), draw_xy(title, x_desc, y_desc, series))
+    // The axes, once, before a file is opened (a backend writes what it has when dropped).
+    let x = padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)), false)?;
+    let y = padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)), false)?;
+    render!(stem, (1000, 600), draw_xy(title, x_desc, y_desc, series, x, y))
 }
 
 fn draw_xy<DB: DrawingBackend>(
@@ -332,9 +332,9 @@ fn draw_xy<DB: DrawingBackend>(
     x_desc: &str,
     y_desc: &str,
     series: &[XySeries],
+    (x0, x1): (f64, f64),
+    (y0, y1): (f64, f64),
 ) -> Result<()> {
-    let (x0, x1) = padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)), false)?;
-    let (y0, y1) = padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)), false)?;
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 19))
         .margin(12)
@@ -400,12 +400,15 @@ pub fn category_bars(
     if let Some(s) = series.iter().find(|s| s.values.len() > categories.len()) {
         return Err(anyhow!("series `{}` has {} values for {} categories", s.name, s.values.len(), categories.len()));
     }
+    // The y axis, once, before a file is opened. 600 px high: ~500 px of plotting area under
+    // the caption and above the x labels.
     let (_, top) = padded_range(series.iter().flat_map(|s| s.values.iter().copied()), true)?;
-    if !top_with_legend(top, series.len(), 500.0).is_finite() {
-        return Err(anyhow!("the values reach {top:e}, too high an axis to draw (with the legend's band)"));
+    let top = top_with_legend(top, series.len(), 500.0);
+    if !top.is_finite() {
+        return Err(anyhow!("the values reach past {:e}, too high an axis to draw (with the legend's band)", f64::MAX));
     }
     let width = (160 + 90 * categories.len() * series.len().max(1)).clamp(700, 1600) as u32;
-    render!(stem, (width, 600), draw_category_bars(title, y_desc, categories, series))
+    render!(stem, (width, 600), draw_category_bars(title, y_desc, categories, series, top))
 }
 
 fn draw_category_bars<DB: DrawingBackend>(
@@ -414,11 +417,9 @@ fn draw_category_bars<DB: DrawingBackend>(
     y_desc: &str,
     categories: &[String],
     series: &[Series],
+    top: f64,
 ) -> Result<()> {
     let n = categories.len().max(1);
-    let (_, top) = padded_range(series.iter().flat_map(|s| s.values.iter().copied()), true)?;
-    // 600 px high: ~500 px of plotting area under the caption and above the x labels.
-    let top = top_with_legend(top, series.len(), 500.0);
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 19))
         .margin(12)

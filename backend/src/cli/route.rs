@@ -303,7 +303,8 @@ impl WithBackend for Args {
         check_domains(&moe, a.domains.len())?;
         let parsed = a.domains.iter().map(|s| parse_domain(s)).collect::<anyhow::Result<Vec<_>>>()?;
         // Domain i is expert i's: a name given twice is a mistake (the server refuses it too).
-        if let Some((i, _)) = parsed.iter().enumerate().find(|(i, d)| parsed[..*i].iter().any(|p| p.0 == d.0)) {
+        let names: Vec<&str> = parsed.iter().map(|d| d.0.as_str()).collect();
+        if let Some(i) = moe_shared::ops::first_repeat(&names) {
             bail!("--domain: the name `{}` is used twice (domain {}, which would be expert {})", parsed[i].0, i + 1, i);
         }
         let mut domains = Vec::new();

@@ -461,7 +461,8 @@ impl WithAutodiff for Args {
             return nodes_answer(&a, &std::env::args().collect::<Vec<_>>());
         }
         let config = a.config()?;
-        // Before the model and the data are read (tokenising can take minutes).
+        // Before the model and the data are read (tokenising can take minutes): anything in --out
+        // but a stale run's metrics is the user's, refused as every other writer does.
         if let (false, Some(out)) = (a.resume, a.out.as_deref()) {
             if latest_checkpoint(out).is_none() {
                 check_fresh_out(out)?;
@@ -521,8 +522,6 @@ impl WithAutodiff for Args {
             }
             // A run that stopped before its first checkpoint leaves only its metrics: this run
             // starts at step 1 again, so its rows replace those (they were appended after them).
-            // Anything else in --out is the user's: refused, as every other writer does.
-            check_fresh_out(&out)?;
             let stale = out.join("metrics.jsonl");
             if stale.exists() {
                 eprintln!(

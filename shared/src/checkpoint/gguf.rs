@@ -616,22 +616,12 @@ impl GgufModel {
             }
         };
         let frozen: Vec<Vec<usize>> = match json_meta("moe_studio.frozen_experts")? {
-            Some(v) => {
-                let f: Vec<Vec<usize>> = serde_json::from_value(v).map_err(|e| {
-                    StudioError::config(&self.file.file, format!("GGUF metadata `moe_studio.frozen_experts`: {e}"))
-                })?;
-                // One list per layer, as in config.json (`layout::recorded_frozen`).
-                if f.len() != num_layers {
-                    return Err(StudioError::config(
-                        &self.file.file,
-                        format!(
-                            "GGUF metadata `moe_studio.frozen_experts` lists {} layers, the model has {num_layers}",
-                            f.len()
-                        ),
-                    ));
-                }
-                f.into_iter().map(crate::layout::dedup).collect()
-            }
+            Some(v) => crate::layout::frozen_record(
+                v,
+                num_layers,
+                &self.file.file,
+                "GGUF metadata `moe_studio.frozen_experts`",
+            )?,
             None => Vec::new(),
         };
         let shared_frozen: Vec<bool> = match json_meta("moe_studio.shared_frozen")? {

@@ -299,8 +299,7 @@ pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
 fn encode(dtype: DType, values: &[f32], name: &str) -> Result<Vec<u8>> {
     match dtype {
         DType::Q8_0 => Ok(quantize_q8_0(values)),
-        d => f32_to_bytes(d, values, "the GGUF output", name)?
-            .ok_or_else(|| StudioError::Invalid(format!("cannot write GGUF tensors as {d}"))),
+        d => f32_to_bytes(d, values, "the GGUF output", name),
     }
 }
 

@@ -512,26 +512,40 @@ pub(crate) fn recorded_base_type(v: &serde_json::Value) -> Option<&str> {
 /// record would otherwise leave experts unfrozen without a word (training
 /// would then update the original FFN that DeltaMoE keeps frozen).
 pub(crate) fn recorded_frozen(v: &serde_json::Value, layers: usize, source_name: &str) -> Result<Vec<Vec<usize>>> {
-    let Some(f) = v.get("moe_studio").and_then(|s| s.get("frozen_experts")) else { return Ok(Vec::new()) };
-    let frozen: Vec<Vec<usize>> = serde_json::from_value(f.clone()).map_err(|e| {
-        StudioError::config(source_name, format!("`moe_studio.frozen_experts` is not a list of index lists: {e}"))
-    })?;
+    match v.get("moe_studio").and_then(|s| s.get("frozen_experts")) {
+        Some(f) => frozen_record(f.clone(), layers, source_name, "`moe_studio.frozen_experts`"),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// A frozen-experts record (`record`, named `key` in messages: config.json's
+/// `moe_studio.frozen_experts` or the same GGUF metadata) read for a model
+/// of `layers` layers: one index list per layer, each deduplicated (freezing
+/// is a set: a checkpoint an earlier version wrote with `--frozen 0,0` reads
+/// as `[0]`).
+///
+/// # Errors
+/// [`StudioError::Config`] naming `source_name` and `key` when it is not a
+/// list of index lists or does not have one per layer.
+pub(crate) fn frozen_record(
+    record: serde_json::Value,
+    layers: usize,
+    source_name: &str,
+    key: &str,
+) -> Result<Vec<Vec<usize>>> {
+    let frozen: Vec<Vec<usize>> = serde_json::from_value(record)
+        .map_err(|e| StudioError::config(source_name, format!("{key} is not a list of index lists: {e}")))?;
     if frozen.len() != layers {
         return Err(StudioError::config(
             source_name,
-            format!(
-                "`moe_studio.frozen_experts` lists {} layers, the model has {layers} (one list per layer, empty for \
-                 none)",
-                frozen.len()
-            ),
+            format!("{key} lists {} layers, the model has {layers} (one list per layer, empty for none)", frozen.len()),
         ));
     }
-    // Freezing is a set: a checkpoint an earlier version wrote with `--frozen 0,0` reads as `[0]`.
     Ok(frozen.into_iter().map(dedup).collect())
 }
 
 /// `v` without its repeated entries, first occurrences kept in order.
-pub(crate) fn dedup(v: Vec<usize>) -> Vec<usize> {
+fn dedup(v: Vec<usize>) -> Vec<usize> {
     let mut out: Vec<usize> = Vec::with_capacity(v.len());
     for x in v {
         if !out.contains(&x) {

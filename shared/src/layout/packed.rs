@@ -549,8 +549,7 @@ impl Packing {
         } else {
             let v = floats_to_f32(piece.dtype, data)
                 .ok_or_else(|| StudioError::Invalid(format!("tensor `{name}`: cannot pack dtype {}", piece.dtype)))?;
-            converted = f32_to_bytes(slot.dtype, &v, "the output", name)?
-                .ok_or_else(|| StudioError::Invalid(format!("cannot write dtype {}", slot.dtype)))?;
+            converted = f32_to_bytes(slot.dtype, &v, "the output", name)?;
             &converted
         };
         if slot.buf.is_empty() {

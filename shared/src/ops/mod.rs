@@ -33,6 +33,12 @@ pub use form::{Field, Input};
 use serde::de::{self, DeserializeOwned, Visitor};
 use serde::{Deserialize, Serialize};
 
+/// The index of the first item equal to an earlier one (a frozen expert,
+/// a dataset or domain name given twice); `None` when all differ.
+pub fn first_repeat<T: PartialEq>(items: &[T]) -> Option<usize> {
+    (1..items.len()).find(|&i| items[..i].contains(&items[i]))
+}
+
 /// A parameter an operation refuses (its `check`): the field (the serde
 /// name, `top_k`) and what was expected. Each caller names it its own way:
 /// the CLI as a flag ([`ParamError::flag`]), the server as `spec.FIELD`,

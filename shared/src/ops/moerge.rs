@@ -161,8 +161,8 @@ impl MoergeParams {
         if let Some(f) = self.frozen.iter().find(|f| **f >= models) {
             return bad("frozen", format!("expert {f} does not exist (experts 0 to {}, one per model)", models - 1));
         }
-        if let Some((i, f)) = self.frozen.iter().enumerate().find(|(i, f)| self.frozen[..*i].contains(f)) {
-            return bad("frozen", format!("expert {f} is listed twice (entry {})", i + 1));
+        if let Some(i) = super::first_repeat(&self.frozen) {
+            return bad("frozen", format!("expert {} is listed twice (entry {})", self.frozen[i], i + 1));
         }
         Ok(())
     }

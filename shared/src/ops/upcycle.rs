@@ -193,8 +193,8 @@ impl UpcycleParams {
         if let Some(f) = self.frozen.iter().find(|f| **f > 255) {
             return bad("frozen", format!("expert {f}: expected expert indices 0 to 255"));
         }
-        if let Some((i, f)) = self.frozen.iter().enumerate().find(|(i, f)| self.frozen[..*i].contains(f)) {
-            return bad("frozen", format!("expert {f} is listed twice (entry {})", i + 1));
+        if let Some(i) = super::first_repeat(&self.frozen) {
+            return bad("frozen", format!("expert {} is listed twice (entry {})", self.frozen[i], i + 1));
         }
         if self.router_init.needs_prompts() && !has_prompts {
             return bad(

@@ -142,10 +142,11 @@ pub fn f16_overflow(values: &[f32]) -> Option<f32> {
 /// (where it is written) when `dtype` is F16 and a finite value would round
 /// to infinity (|w| ≥ 65520: past f16's largest finite value, 65504), with
 /// the largest magnitude found: a writer never turns a weight into `inf`
-/// silently. `None` inside `Ok` when `dtype` is not F32, F16 or BF16.
-pub fn f32_to_bytes(dtype: DType, values: &[f32], file: &str, name: &str) -> crate::Result<Option<Vec<u8>>> {
+/// silently; [`crate::StudioError::Invalid`] naming the tensor when `dtype`
+/// is not F32, F16 or BF16.
+pub fn f32_to_bytes(dtype: DType, values: &[f32], file: &str, name: &str) -> crate::Result<Vec<u8>> {
     Ok(match dtype {
-        DType::F32 => Some(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
         DType::F16 => {
             if let Some(max) = f16_overflow(values) {
                 return Err(crate::StudioError::tensor(
@@ -157,10 +158,10 @@ pub fn f32_to_bytes(dtype: DType, values: &[f32], file: &str, name: &str) -> cra
                     ),
                 ));
             }
-            Some(values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect())
+            values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect()
         }
-        DType::BF16 => Some(values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect()),
-        _ => None,
+        DType::BF16 => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+        d => return Err(crate::StudioError::Invalid(format!("tensor `{name}`: cannot write dtype {d}"))),
     })
 }
 
@@ -174,7 +175,7 @@ mod tests {
     /// as they are. bf16 and f32 take every finite f32.
     #[test]
     fn f16_writes_refuse_values_that_would_become_infinite() {
-        let b = f32_to_bytes(DType::F16, &[65519.0, -1.5, f32::INFINITY, f32::NAN], "out", "w").unwrap().unwrap();
+        let b = f32_to_bytes(DType::F16, &[65519.0, -1.5, f32::INFINITY, f32::NAN], "out", "w").unwrap();
         assert_eq!(half::f16::from_le_bytes([b[0], b[1]]).to_f32(), 65504.0);
         let e = f32_to_bytes(DType::F16, &[1.0, -1e6], "out", "model.norm.weight").unwrap_err().to_string();
         assert!(
@@ -183,9 +184,9 @@ mod tests {
         );
         assert!(f32_to_bytes(DType::F16, &[65520.0], "out", "w").is_err());
         for d in [DType::BF16, DType::F32] {
-            assert!(f32_to_bytes(d, &[1e30], "out", "w").unwrap().is_some());
+            assert!(f32_to_bytes(d, &[1e30], "out", "w").is_ok());
         }
-        assert!(f32_to_bytes(DType::Q8_0, &[1.0], "out", "w").unwrap().is_none());
+        assert!(f32_to_bytes(DType::Q8_0, &[1.0], "out", "w").is_err());
         let mut sink = crate::tensor_io::sink::MemorySink::new(vec![crate::tensor_io::PlannedTensor {
             name: "w".into(),
             dtype: DType::F16,

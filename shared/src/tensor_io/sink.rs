@@ -30,11 +30,10 @@ impl TensorSink for crate::tensor_io::SafetensorsWriter {
 /// `dtype`.
 ///
 /// # Errors
-/// [`StudioError::Invalid`] when `dtype` is not F32, F16 or BF16; as
-/// [`f32_to_bytes`] for a value past f16's range.
+/// As [`f32_to_bytes`]: a dtype other than F32, F16 or BF16, a value past
+/// f16's range.
 pub fn to_bytes(dtype: DType, values: &[f32], name: &str) -> Result<Vec<u8>> {
-    f32_to_bytes(dtype, values, "the output", name)?
-        .ok_or_else(|| StudioError::Invalid(format!("cannot write dtype {dtype}")))
+    f32_to_bytes(dtype, values, "the output", name)
 }
 
 /// Writes f32 `values` as the next tensor in `dtype`. F32 on a

@@ -353,8 +353,7 @@ mod native {
                 .map(|t| t.dtype)
                 .ok_or_else(|| StudioError::Invalid(format!("tensor `{name}` was not planned")))?;
             let file = self.out_dir.display().to_string();
-            let bytes = super::super::dtype::f32_to_bytes(dtype, values, &file, name)?
-                .ok_or_else(|| StudioError::Invalid(format!("tensor `{name}`: cannot write dtype {dtype}")))?;
+            let bytes = super::super::dtype::f32_to_bytes(dtype, values, &file, name)?;
             self.write(name, &bytes)
         }
 

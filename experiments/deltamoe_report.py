@@ -15,8 +15,8 @@ import os
 import statistics
 import sys
 
-from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, merge_published, open_report, ppl,
-                           published_note, published_results, seeds_with, stream_hashes, unfinished_note,
+from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, merge_published, open_report,
+                           paired_acc, ppl, published_note, published_results, seeds_with, stream_hashes, unfinished_note,
                            write_commands)
 
 pair_only = sys.argv[1:2] == ["--pair-only"]
@@ -215,8 +215,22 @@ task_rows += [(m, [load(os.path.join(work, f"s{s}", f"{m}.tasks.json"))
                    for s in seeds_with(work, seeds, f"{m}.tasks.json")])
               for m, _ in HEADLINE if m.endswith("+delta")]
 task_rows = [(m, evs) for m, evs in task_rows if evs]
-results["task_accuracy"] = {m: [{t["name"]: {k: t[k] for k in ("acc", "acc_norm", "items") if k in t}
+TASK_KEYS = ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "items")
+results["task_accuracy"] = {m: [{t["name"]: {k: t[k] for k in TASK_KEYS if k in t}
                                  for t in ev.get("tasks", [])} for ev in evs] for m, evs in task_rows}
+# The headline comparisons paired on the same items (report_common.paired_acc), per seed that scored both.
+TASK_PAIRS = [("moe-4-s1+delta", "cpt+delta"), ("moe-4-s1+delta", "cpt-flops+delta"),
+              ("moe-4-s2+delta", "cpt-replay+delta")]
+paired_tasks = []
+for a, b in TASK_PAIRS:
+    for s in seeds_with(work, seeds, f"{a}.tasks.json"):
+        pb = os.path.join(work, f"s{s}", f"{b}.tasks.json")
+        if os.path.exists(pb):
+            ea, eb = load(os.path.join(work, f"s{s}", f"{a}.tasks.json")), load(pb)
+            paired_tasks.append({"a": a, "b": b, "seed": s, "acc_norm": {
+                t: (None if (r := paired_acc(ea, eb, t)) is None else {"diff": r[0], "se": r[1], "items": r[2]})
+                for t in TEXTS}})
+results["task_accuracy_paired"] = paired_tasks
 
 # Share of the top-k assignments served by the frozen expert 0 (`load_mean[0]`).
 expert0 = {}
@@ -299,13 +313,21 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
                 " lm-evaluation-harness scores a `multiple_choice` task (acc_norm: log-likelihood per character;"
                 " parity with lm-eval 0.4.13 in docs/methods.md §8). The paper's metric is benchmark accuracy on the"
                 " new language and on the aligned abilities; this is its small-scale stand-in beside the"
-                " perplexities above. Mean ± std over the runs (the seeds that ran; the pair is trained once).\n\n"
+                " perplexities above. Mean ± std over the runs (the seeds that ran; the pair is trained once); a single run shows its standard error over the items (s.e., lm-eval's `acc_stderr`).\n\n"
                 "| model | runs | acc_norm en | acc_norm hu | acc_norm math | acc en | acc hu | acc math |\n"
                 "|---|---|---|---|---|---|---|---|\n")
         for m, evs in task_rows:
             n = len(evs)
             f.write(f"| `{m}` | {n} | " + " | ".join(acc_cell(evs, t) for t in TEXTS) + " | "
                     + " | ".join(acc_cell(evs, t, "acc") for t in TEXTS) + " |\n")
+        lines = []
+        for p in paired_tasks:
+            cells = [f"{t} -" if r is None else f"{t} {r['diff'] * 100:+.1f} (s.e. {r['se'] * 100:.1f})"
+                     for t, r in p["acc_norm"].items()]
+            lines.append(f"- `{p['a']}` − `{p['b']}`, seed {p['seed']}: " + ", ".join(cells) + "\n")
+        if lines:
+            f.write("\nPaired on the same items (acc_norm points; s.e. of the per-item differences, so a"
+                    " difference within about two s.e. of 0 is not a finding):\n\n" + "".join(lines))
     if part_rows:
         f.write(f"\n## Analyses (seed {', '.join(results['parts_seeds'])})\n\n" + HEAD)
         for r in part_rows:

@@ -340,7 +340,8 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
                 " lm-evaluation-harness scores a `multiple_choice` task (acc_norm: log-likelihood per character;"
                 " parity with lm-eval 0.4.13 in docs/methods.md §8). The paper reports downstream accuracy beside"
                 " perplexity; this is the small-scale stand-in. Mean ± std over the runs (the seeds that ran; the"
-                " base is evaluated once).\n\n"
+                " base is evaluated once); a single run shows its standard error over the items (s.e., lm-eval's"
+                " `acc_stderr`).\n\n"
                 "| model | what | runs | " + " | ".join(f"acc_norm {d}" for d in DOMAINS) + " | "
                 + " | ".join(f"acc {d}" for d in DOMAINS) + " |\n|---|---|---|" + "---|" * (2 * len(DOMAINS)) + "\n")
         for m, label, evs in task_rows:

@@ -259,7 +259,7 @@ with open(os.path.join(out, "README.md"), "w") as f:
                 " text of the English perplexity), scored by `eval --task` as lm-evaluation-harness scores a"
                 " `multiple_choice` task (acc_norm: log-likelihood per character; parity with lm-eval 0.4.13 in"
                 " docs/methods.md §8). The paper reports benchmark accuracy per language; this is its small-scale"
-                " stand-in. Mean ± std over the runs (the seeds that ran).\n\n"
+                " stand-in. Mean ± std over the runs (the seeds that ran); a single run shows its standard error over the items (s.e., lm-eval's `acc_stderr`).\n\n"
                 "| allocation | runs | acc_norm en | acc_norm hu | acc_norm el | acc_norm tr | acc en | acc hu | acc el |"
                 " acc tr |\n|---|---|---|---|---|---|---|---|---|---|\n")
         for a, evs in task_rows:

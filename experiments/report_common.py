@@ -76,13 +76,38 @@ def task_acc(ev, name, metric="acc_norm"):
     """Accuracy (0-1) of task `name` in an `eval --task ... --json` report (lm-eval's metric names:
     `acc`, `acc_norm` per character, `acc_bytes` per byte); None when the report has no such task,
     so a report column can stay empty for runs made before the tasks were scored."""
-    return next((t[metric] for t in ev.get("tasks", []) if t["name"] == name), None)
+    return next((t.get(metric) for t in ev.get("tasks", []) if t["name"] == name), None)
 
 
 def acc_cell(evs, name, metric="acc_norm"):
     """A report's accuracy column: `mean ± std` over the seeds' `eval --task` reports `evs`, in
-    percent (`-` when none has task `name`)."""
-    return fmt([task_acc(ev, name, metric) for ev in evs], digits=1, pct=True)
+    percent (`-` when none has task `name`). With one report, its standard error instead
+    (lm-eval's `<metric>_stderr`, the sample standard deviation over items / sqrt(items)),
+    written `45.0% (s.e. 5.0)`: one run of 100 items is a measurement with that uncertainty."""
+    xs = [task_acc(ev, name, metric) for ev in evs]
+    if len([x for x in xs if x is not None]) == 1:
+        se = next(task_acc(ev, name, f"{metric}_stderr") for ev, x in zip(evs, xs) if x is not None)
+        if se is not None:
+            return f"{fmt(xs, digits=1, pct=True)} (s.e. {se * 100:.1f})"
+    return fmt(xs, digits=1, pct=True)
+
+
+def paired_acc(ev_a, ev_b, name, metric="acc_norm"):
+    """Model a minus model b on the SAME items of task `name` (two `eval --task --json` reports of
+    the same task file): (mean difference, its standard error, items), the difference and s.e. as
+    fractions. The s.e. is the sample standard deviation of the per-item differences / sqrt(items),
+    the paired counterpart of lm-eval's `acc_stderr`; it is below the unpaired sqrt(se_a² + se_b²)
+    when the two models tend to get the same items right. None when either report lacks the task or
+    the two did not score the same items (same lines with the same gold answers)."""
+    def samples(ev):
+        return next((t.get("samples") for t in ev.get("tasks", []) if t["name"] == name), None)
+    sa, sb = samples(ev_a), samples(ev_b)
+    if not sa or not sb or [(x["line"], x["gold"]) for x in sa] != [(x["line"], x["gold"]) for x in sb]:
+        return None
+    d = [x[metric] - y[metric] for x, y in zip(sa, sb)]
+    n = len(d)
+    se = statistics.stdev(d) / n ** 0.5 if n > 1 else float("nan")
+    return statistics.mean(d), se, n
 
 
 def stream_hashes(evs):

@@ -522,3 +522,80 @@ fn train_frozen_dtype_is_recorded_and_a_mismatched_resume_leaves_the_run_alone()
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `train` stopped by SIGTERM (what `kill`, `timeout`, Slurm and Kubernetes send) finishes its
+/// step, saves a checkpoint that `--resume` continues, and exits with 128 + 15; before, SIGTERM
+/// killed it with nothing saved since the last `--save-every`. A second signal right behind the
+/// first (a service manager's SIGTERM to the group, then the server's SIGINT to its job) is the
+/// same stop and still saves.
+#[test]
+fn sigterm_saves_a_checkpoint_that_resume_continues() {
+    let Some(model) = common::stories() else { return };
+    let Some(data) = common::data_dir() else { return };
+    let dir = tmp("sigterm");
+    let out = dir.join("run");
+    let en = format!("en={}", data.join("corpora/lang/en/valid.txt").display());
+    let args = |steps: &str| -> Vec<String> {
+        let m = model.to_str().unwrap();
+        let o = out.to_str().unwrap();
+        ["--backend", "cpu", "train", m, "--stage", "ffn", "--data", &en, "--steps", steps, "--seq-len", "16"]
+            .iter()
+            .chain(&["--batch", "1", "--save-every", "1000000", "--out", o])
+            .map(|s| s.to_string())
+            .collect()
+    };
+    /// Kills the run when the test fails before it ends (it would train for hours).
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_moe-studio"))
+            .args(args("1000000"))
+            .stderr(std::fs::File::create(dir.join("stderr.txt")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    // Wait for a few steps' metrics, then stop it as a scheduler would.
+    let metrics = out.join("metrics.jsonl");
+    let t0 = std::time::Instant::now();
+    while std::fs::read_to_string(&metrics).map(|s| s.lines().count()).unwrap_or(0) < 3 {
+        assert!(t0.elapsed().as_secs() < 300, "no training steps within 300 s");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let pid = child.0.id() as i32;
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    // Once it has taken the SIGTERM, the SIGINT that follows at once is the same stop.
+    let t1 = std::time::Instant::now();
+    while !std::fs::read_to_string(dir.join("stderr.txt")).unwrap().contains("SIGTERM: finishing this step") {
+        assert!(t1.elapsed().as_secs() < 120, "no SIGTERM message within 120 s");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t1.elapsed().as_secs() < 120, "train did not stop within 120 s of SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let err = std::fs::read_to_string(dir.join("stderr.txt")).unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}: {err}");
+    assert!(err.contains("SIGTERM: finishing this step") && err.contains("stopped after step"), "{err}");
+    let steps = std::fs::read_to_string(&metrics).unwrap().lines().count();
+    let (saved, ckpt) = moe_shared::train::checkpoint::latest_checkpoint(&out).expect("a checkpoint was saved");
+    assert_eq!(saved, steps, "the checkpoint holds every step metrics.jsonl reports");
+    assert!(ckpt.file_name().unwrap().to_string_lossy().starts_with("checkpoint-"), "{}", ckpt.display());
+    // The same command plus --resume continues from it to the end.
+    let mut argv = args(&(steps + 2).to_string());
+    argv.push("--resume".into());
+    let r = run(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+    ok(&r);
+    assert_eq!(std::fs::read_to_string(&metrics).unwrap().lines().count(), steps + 2);
+    assert!(out.join("final/config.json").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

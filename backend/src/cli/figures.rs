@@ -402,10 +402,10 @@ pub fn category_bars(
     }
     // The y axis, once, before a file is opened. 600 px high: ~500 px of plotting area under
     // the caption and above the x labels.
-    let (_, top) = padded_range(series.iter().flat_map(|s| s.values.iter().copied()), true)?;
-    let top = top_with_legend(top, series.len(), 500.0);
+    let (_, padded) = padded_range(series.iter().flat_map(|s| s.values.iter().copied()), true)?;
+    let top = top_with_legend(padded, series.len(), 500.0);
     if !top.is_finite() {
-        return Err(anyhow!("the values reach past {:e}, too high an axis to draw (with the legend's band)", f64::MAX));
+        return Err(anyhow!("the values reach {padded:e}, too high an axis to draw (with the legend's band)"));
     }
     let width = (160 + 90 * categories.len() * series.len().max(1)).clamp(700, 1600) as u32;
     render!(stem, (width, 600), draw_category_bars(title, y_desc, categories, series, top))

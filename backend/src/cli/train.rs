@@ -7,8 +7,9 @@
 //! `checkpoint-NNNNNN/` every `--save-every` steps (the newest `--keep`),
 //! `final/` at the end. Every checkpoint is a loadable model directory plus
 //! `trainer_state.json` and `optimizer.bin`; `--resume` continues from the
-//! newest one exactly. Ctrl-C finishes the current step, saves a
-//! checkpoint and exits (a second Ctrl-C exits at once).
+//! newest one exactly. Ctrl-C or SIGTERM finishes the current step, saves a
+//! checkpoint and exits with status 128 + the signal (a second one exits at
+//! once, without a checkpoint).
 //!
 //! One process, Burn: `--devices N` runs N data-parallel replicas as
 //! threads of this process (Burn's collective all-reduce,
@@ -20,7 +21,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
@@ -438,21 +439,60 @@ fn load_summary(m: &StepMetrics) -> String {
     format!(" load [{}]", mean.join(" "))
 }
 
-fn stop_flag() -> Arc<AtomicBool> {
+/// The stop flag of a run: set by the first SIGINT (Ctrl-C) or SIGTERM (what
+/// `kill`, `timeout`, Slurm and Kubernetes send before they kill), after which
+/// the trainer finishes its step and saves a checkpoint; the exit status is
+/// then 128 + that signal. A second signal exits at once, without a
+/// checkpoint, only when it comes [`SECOND_SIGNAL_AFTER`] or more after the
+/// first: a service manager's SIGTERM to the whole process group followed by
+/// the server's own SIGINT to its job (`systemctl stop`), or a double click on
+/// cancel, still saves. SIGHUP is left alone, so `nohup moe-studio train ...`
+/// keeps running when its terminal closes. Messages ignore a closed stderr
+/// (`train ... 2>&1 | tee log` with tee killed by the same Ctrl-C).
+fn stop_flag() -> (Arc<AtomicBool>, Arc<AtomicI32>) {
+    use signal_hook::consts::{SIGINT, SIGTERM};
     let flag = Arc::new(AtomicBool::new(false));
-    let f = flag.clone();
-    let installed = ctrlc::set_handler(move || {
-        if f.swap(true, Ordering::SeqCst) {
-            eprintln!("\nsecond Ctrl-C: exiting without a checkpoint");
-            std::process::exit(130);
+    let signal = Arc::new(AtomicI32::new(SIGINT));
+    match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+        Ok(mut signals) => {
+            let (f, s) = (flag.clone(), signal.clone());
+            std::thread::spawn(move || {
+                let mut first: Option<std::time::Instant> = None;
+                for sig in signals.forever() {
+                    let name = if sig == SIGTERM { "SIGTERM" } else { "Ctrl-C" };
+                    match first {
+                        Some(t) if t.elapsed() >= SECOND_SIGNAL_AFTER => {
+                            let _ = writeln!(
+                                std::io::stderr(),
+                                "\nsecond interrupt ({name}): exiting without a checkpoint"
+                            );
+                            std::process::exit(128 + sig);
+                        }
+                        Some(_) => {}
+                        None => {
+                            // The signal before the flag: the trainer reads it after it sees the flag.
+                            s.store(sig, Ordering::SeqCst);
+                            f.store(true, Ordering::SeqCst);
+                            first = Some(std::time::Instant::now());
+                            let _ = writeln!(
+                                std::io::stderr(),
+                                "\n{name}: finishing this step, then saving a checkpoint (interrupt again, 2 s from now or later, to quit without one)"
+                            );
+                        }
+                    }
+                }
+            });
         }
-        eprintln!("\nCtrl-C: finishing this step, then saving a checkpoint (Ctrl-C again to quit now)");
-    });
-    if let Err(e) = installed {
-        eprintln!("warning: Ctrl-C handler not installed ({e}); an interrupt will not save a checkpoint");
+        Err(e) => {
+            eprintln!("warning: interrupt handler not installed ({e}); Ctrl-C or SIGTERM will not save a checkpoint")
+        }
     }
-    flag
+    (flag, signal)
 }
+
+/// How long after the first interrupt a second one quits without a checkpoint
+/// (sooner ones are the same stop, sent twice).
+const SECOND_SIGNAL_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl WithAutodiff for Args {
     fn run<B: AutodiffBackend>(self) -> anyhow::Result<()> {
@@ -579,7 +619,7 @@ impl WithAutodiff for Args {
         };
         bar.set_position(trainer.step_count() as u64);
         bar.reset_eta();
-        let stop = stop_flag();
+        let (stop, signal) = stop_flag();
         let mut write_err: Option<std::io::Error> = None;
         let outcome = trainer.run(&out, &stop, |m| {
             let line = serde_json::to_string(m).expect("json");
@@ -587,7 +627,8 @@ impl WithAutodiff for Args {
                 write_err.get_or_insert(e);
             }
             if a.json {
-                println!("{line}");
+                // A closed stdout (`--json | jq` with jq gone) must not stop the run before it saves.
+                let _ = writeln!(std::io::stdout(), "{line}");
             }
             bar.set_position(m.step as u64);
             bar.set_message(format!(
@@ -613,17 +654,20 @@ impl WithAutodiff for Args {
                 }
             }
             RunOutcome::Stopped { step, checkpoint } => {
-                match &checkpoint {
-                    Some(c) => eprintln!(
+                // Stopped by a signal that may have closed the pipes too: report what we can.
+                let _ = match &checkpoint {
+                    Some(c) => writeln!(
+                        std::io::stderr(),
                         "stopped after step {step}; checkpoint {} (continue with the same command plus --resume)",
                         c.display()
                     ),
-                    None => eprintln!("stopped before the first step; nothing saved"),
-                }
+                    None => writeln!(std::io::stderr(), "stopped before the first step; nothing saved"),
+                };
                 if a.json {
-                    println!("{}", serde_json::json!({"finished": false, "step": step, "checkpoint": checkpoint}));
+                    let done = serde_json::json!({"finished": false, "step": step, "checkpoint": checkpoint});
+                    let _ = writeln!(std::io::stdout(), "{done}");
                 }
-                std::process::exit(130);
+                std::process::exit(128 + signal.load(Ordering::SeqCst));
             }
         }
         Ok(())

@@ -160,6 +160,7 @@ impl ModelConfig {
             ("num_attention_heads", self.num_heads),
             ("num_key_value_heads", self.num_kv_heads),
             ("head_dim", self.head_dim),
+            ("max_position_embeddings", self.max_position_embeddings),
         ] {
             if v == 0 {
                 return err(format!("`{name}` must be > 0"));
@@ -639,6 +640,34 @@ mod tests {
             r#""eos_token_id":2,"sliding_window_pattern":6,"_sliding_window_pattern":6}"#,
         );
         assert_eq!(HfConfig::from_json(both.as_bytes(), "c").unwrap().sliding_window_pattern, Some(6));
+    }
+
+    /// A zero count is refused by name; `max_position_embeddings: 0` loaded before and left
+    /// every context empty (perplexity, `eval --task` and generation then had no window).
+    #[test]
+    fn a_zero_count_is_refused_by_name() {
+        let base = r#"{"architectures":["LlamaForCausalLM"],"model_type":"llama","vocab_size":64,
+            "hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,
+            "num_key_value_heads":1,"max_position_embeddings":32}"#;
+        let ok = HfConfig::from_json(base.as_bytes(), "c").unwrap().to_model_config("c").unwrap();
+        assert!(ok.validate("c").is_ok());
+        for field in ["vocab_size", "hidden_size", "num_hidden_layers", "max_position_embeddings"] {
+            let json = regex_free_set(base, field, "0");
+            let e = HfConfig::from_json(json.as_bytes(), "m/config.json")
+                .and_then(|h| h.to_model_config("m/config.json"))
+                .and_then(|c| c.validate("m/config.json").map(|_| c))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("m/config.json") && e.contains(field), "{field}: {e}");
+        }
+    }
+
+    /// `json` with `"field":<number>` replaced by `"field":value`.
+    fn regex_free_set(json: &str, field: &str, value: &str) -> String {
+        let key = format!("\"{field}\":");
+        let at = json.find(&key).expect("field present") + key.len();
+        let end = at + json[at..].find([',', '}']).expect("a value ends");
+        format!("{}{value}{}", &json[..at], &json[end..])
     }
 
     #[test]

@@ -433,6 +433,34 @@ fn eval_task_gives_lm_eval_s_predictions_and_refuses_bad_lines() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--backend cpu train MODEL --stage ffn` on the shared data's lang/en/valid.txt, 1 × 16 tokens
+/// per step, `steps` steps, then `extra`, and `--out OUT` last (tests replace it).
+fn train_args(model: &Path, data: &Path, out: &Path, steps: &str, extra: &[&str]) -> Vec<String> {
+    let en = format!("en={}", data.join("corpora/lang/en/valid.txt").display());
+    let (m, o) = (model.to_str().unwrap(), out.to_str().unwrap());
+    [
+        "--backend",
+        "cpu",
+        "train",
+        m,
+        "--stage",
+        "ffn",
+        "--data",
+        &en,
+        "--steps",
+        steps,
+        "--seq-len",
+        "16",
+        "--batch",
+        "1",
+    ]
+    .iter()
+    .chain(extra)
+    .chain(&["--out", o])
+    .map(|s| s.to_string())
+    .collect()
+}
+
 /// `train --frozen-dtype bf16` (issue 38 item 3): said on the stage line, recorded in the saved
 /// model's provenance, and part of the run's options: a resume with another value is refused
 /// before the run's metrics are touched.
@@ -442,37 +470,8 @@ fn train_frozen_dtype_is_recorded_and_a_mismatched_resume_leaves_the_run_alone()
     let Some(data) = common::data_dir() else { return };
     let dir = tmp("frozen-dtype");
     let out = dir.join("run");
-    let en = format!("en={}", data.join("corpora/lang/en/valid.txt").display());
-    let m = model.to_str().unwrap();
-    let o = out.to_str().unwrap();
-    let args = |steps: &str, dtype: &str| -> Vec<String> {
-        [
-            "--backend",
-            "cpu",
-            "train",
-            m,
-            "--stage",
-            "ffn",
-            "--data",
-            &en,
-            "--steps",
-            steps,
-            "--seq-len",
-            "16",
-            "--batch",
-            "1",
-            "--save-every",
-            "1",
-            "--keep",
-            "5",
-            "--frozen-dtype",
-            dtype,
-            "--out",
-            o,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    let args = |steps: &str, dtype: &str| {
+        train_args(&model, &data, &out, steps, &["--save-every", "1", "--keep", "5", "--frozen-dtype", dtype])
     };
     let argv = args("2", "bf16");
     let t = run(&argv.iter().map(String::as_str).collect::<Vec<_>>());
@@ -499,7 +498,7 @@ fn train_frozen_dtype_is_recorded_and_a_mismatched_resume_leaves_the_run_alone()
     assert_eq!(metrics(), before);
     // MODEL of another shape than the run's: refused, not silently ignored.
     let up = dir.join("up2");
-    ok(&run(&["upcycle", m, "--experts", "2", "--out", up.to_str().unwrap()]));
+    ok(&run(&["upcycle", model.to_str().unwrap(), "--experts", "2", "--out", up.to_str().unwrap()]));
     let mut argv = args("3", "bf16");
     argv[3] = up.to_str().unwrap().to_string();
     argv.push("--resume".into());
@@ -534,16 +533,7 @@ fn sigterm_saves_a_checkpoint_that_resume_continues() {
     let Some(data) = common::data_dir() else { return };
     let dir = tmp("sigterm");
     let out = dir.join("run");
-    let en = format!("en={}", data.join("corpora/lang/en/valid.txt").display());
-    let args = |steps: &str| -> Vec<String> {
-        let m = model.to_str().unwrap();
-        let o = out.to_str().unwrap();
-        ["--backend", "cpu", "train", m, "--stage", "ffn", "--data", &en, "--steps", steps, "--seq-len", "16"]
-            .iter()
-            .chain(&["--batch", "1", "--save-every", "1000000", "--out", o])
-            .map(|s| s.to_string())
-            .collect()
-    };
+    let args = |steps: &str| train_args(&model, &data, &out, steps, &["--save-every", "1000000"]);
     /// Kills the run when the test fails before it ends (it would train for hours).
     struct KillOnDrop(std::process::Child);
     impl Drop for KillOnDrop {

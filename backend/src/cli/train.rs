@@ -8,8 +8,9 @@
 //! `final/` at the end. Every checkpoint is a loadable model directory plus
 //! `trainer_state.json` and `optimizer.bin`; `--resume` continues from the
 //! newest one exactly. Ctrl-C or SIGTERM finishes the current step, saves a
-//! checkpoint and exits with status 128 + the signal (a second one exits at
-//! once, without a checkpoint).
+//! checkpoint and exits with status 128 + the signal (a second one 2 s or
+//! more after the first exits at once, without a checkpoint; sooner, it is
+//! taken as the same stop).
 //!
 //! One process, Burn: `--devices N` runs N data-parallel replicas as
 //! threads of this process (Burn's collective all-reduce,
@@ -644,7 +645,8 @@ impl WithAutodiff for Args {
         })?;
         bar.finish();
         if let Some(e) = write_err {
-            eprintln!("warning: could not write {}: {e}", metrics_path.display());
+            // Not `eprintln!`: a signal may have closed stderr, and a panic here would lose the exit status.
+            let _ = writeln!(std::io::stderr(), "warning: could not write {}: {e}", metrics_path.display());
         }
         match outcome {
             RunOutcome::Finished(dir) => {

@@ -116,6 +116,27 @@ impl Runner {
         self.live.lock().unwrap_or_else(|e| e.into_inner()).values().filter_map(|l| l.pid).collect()
     }
 
+    /// The pids of running jobs no cancel has signalled yet (the ones a
+    /// shutdown's SIGINT goes to: a cancelled job has had its SIGINT).
+    fn uncancelled_pids(&self) -> Vec<u32> {
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.values().filter(|l| !l.cancel).filter_map(|l| l.pid).collect()
+    }
+
+    /// Marks job `id` cancelled: `(true, pid)` the first time (the caller
+    /// sends the one SIGINT when the pid is known, else the worker does
+    /// right after spawning, and starts the grace timer), `(false, pid)`
+    /// when a cancel came before. `train` takes a second SIGINT 2 s or
+    /// more after the first as "quit without a checkpoint", so a repeated
+    /// cancel (a second click, a retried request) must send nothing.
+    fn mark_cancel(&self, id: &str) -> (bool, Option<u32>) {
+        self.with_live(id, |l| {
+            let first = !l.cancel;
+            l.cancel = true;
+            (first, l.pid)
+        })
+    }
+
     /// The memory of running job `id` now.
     fn memory(&self, id: &str) -> Option<JobMemory> {
         self.if_live(id, |l| {
@@ -168,4 +189,25 @@ fn data_ext(file_name: &str) -> &'static str {
 /// Relative path (from the job directory) of a dataset's file.
 fn data_rel(d: &DataRef, heldout: bool, ext: &str) -> String {
     format!("data/{}{}{ext}", d.name, if heldout { ".heldout" } else { "" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cancel signals once: the second cancel of the same run, and a
+    /// shutdown after it, send no second SIGINT (which would stop `train`
+    /// without its checkpoint); the final SIGKILL sweep still sees it.
+    #[test]
+    fn a_job_gets_one_sigint_however_often_it_is_stopped() {
+        let r = Runner::new(1).unwrap();
+        r.with_live("a", |l| l.pid = Some(41));
+        r.with_live("b", |l| l.pid = Some(42));
+        assert_eq!(r.mark_cancel("a"), (true, Some(41)));
+        assert_eq!(r.mark_cancel("a"), (false, Some(41)));
+        assert_eq!(r.uncancelled_pids(), vec![42]);
+        let mut all = r.live_pids();
+        all.sort_unstable();
+        assert_eq!(all, vec![41, 42]);
+    }
 }

@@ -534,12 +534,14 @@ pub async fn recover(st: &AppStateRef) -> AppResult<()> {
 }
 
 /// Marks the pool as stopping (queued jobs stay queued for the next start,
-/// event streams end) and sends SIGINT to every running job once.
+/// event streams end) and sends SIGINT once to every running job that a
+/// cancel has not already signalled (a second SIGINT would stop `train`
+/// without its checkpoint).
 pub fn begin_shutdown(st: &AppStateRef) {
     if st.jobs.shutdown.send_replace(true) {
         return;
     }
-    for pid in st.jobs.live_pids() {
+    for pid in st.jobs.uncancelled_pids() {
         signal_group(pid, libc::SIGINT);
     }
 }

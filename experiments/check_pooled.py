@@ -4,7 +4,8 @@ smoke step): FIRST is the results.json a run of seed(s) P published, SECOND the 
 later run of other seeds with PUBLISHED_SEEDS=P over the same OUT. SECOND must list P then the new
 seeds, mark P as published, and carry every number P had in FIRST unchanged (deltamoe: every row's
 per-seed perplexities, the expert-0 shares and the analyses' seeds; dume: every method's per-seed
-records; neuronmoe: every allocation's per-stage perplexities). Exit status 1 with the first difference named.
+records; neuronmoe: every allocation's per-stage perplexities; every report: the task accuracy records and
+paired differences of the published seeds). Exit status 1 with the first difference named.
 
 Usage: check_pooled.py deltamoe|dume|neuronmoe FIRST SECOND
 """
@@ -66,6 +67,18 @@ elif kind == "neuronmoe":
                     checked += 1
 else:
     fail("unknown report kind (expected deltamoe, dume or neuronmoe)")
+# Every report: the published seeds' task accuracy records and paired differences.
+for m, recs in first.get("task_accuracy", {}).items():
+    new = [r for r in second.get("task_accuracy", {}).get(m, []) if r.get("seed") in published]
+    old = [r for r in recs if r.get("seed") in published]
+    if new != old:
+        fail(f"task accuracy of `{m}`: {new} != published {old}")
+    checked += len(old)
+pairs = [p for p in first.get("task_accuracy_paired", []) if p.get("seed") in published]
+got = [p for p in second.get("task_accuracy_paired", []) if p.get("seed") in published]
+if got != pairs:
+    fail(f"paired task accuracy: {got} != published {pairs}")
+checked += len(pairs)
 if checked == 0:
     fail("no published number to compare")
 print(f"check_pooled {kind}: seeds {second['seeds']} (published {published}); {checked} published entries unchanged")

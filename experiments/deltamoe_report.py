@@ -16,7 +16,7 @@ import statistics
 import sys
 
 from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, merge_published, open_report,
-                           paired_acc, ppl, published_note, published_results, seeds_with, stream_hashes, unfinished_note,
+                           paired_acc, pooled_tasks, ppl, published_note, published_results, seeds_with, stream_hashes, unfinished_note,
                            write_commands)
 
 pair_only = sys.argv[1:2] == ["--pair-only"]
@@ -204,20 +204,13 @@ if ran("moe-4-s2+delta", "cpt-replay+delta"):
                    all(x < 0 for x in d_en), f"en {fmt(d_en, 1, True)}, hu {fmt(d_hu, 1, True)} (MoE relative to dense)"))
 results["claims"] = [{"claim": c, "holds": ok, "numbers": n} for c, ok, n in claims]
 
-# Task accuracy (issue 36): `eval --task` reports of the pair and of every grafted model, when run.
-def tasks_at(path):
-    return [load(path)] if os.path.exists(path) else []
-
-
-# (Published seeds' task reports are not pooled: the published tables have no task accuracy yet.)
-task_rows = [(m, tasks_at(os.path.join(work, f"{m}.tasks.json"))) for m in ("instruct", "base", "post")]
-task_rows += [(m, [load(os.path.join(work, f"s{s}", f"{m}.tasks.json"))
-                   for s in seeds_with(work, seeds, f"{m}.tasks.json")])
+# Task accuracy (issue 36): `eval --task` reports of the pair and of every grafted model, when run,
+# with the published seeds' records (report_common.pooled_tasks).
+task_rows = [(m, *pooled_tasks(work, None, prior, published, m, f"{m}.tasks.json")) for m in ("instruct", "base", "post")]
+task_rows += [(m, *pooled_tasks(work, seeds, prior, published, m, f"{m}.tasks.json"))
               for m, _ in HEADLINE if m.endswith("+delta")]
-task_rows = [(m, evs) for m, evs in task_rows if evs]
-TASK_KEYS = ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "items")
-results["task_accuracy"] = {m: [{t["name"]: {k: t[k] for k in TASK_KEYS if k in t}
-                                 for t in ev.get("tasks", [])} for ev in evs] for m, evs in task_rows}
+task_rows = [(m, evs, recs) for m, evs, recs in task_rows if evs]
+results["task_accuracy"] = {m: recs for m, _, recs in task_rows}
 # The headline comparisons paired on the same items (report_common.paired_acc), per seed that scored both.
 TASK_PAIRS = [("moe-4-s1+delta", "cpt+delta"), ("moe-4-s1+delta", "cpt-flops+delta"),
               ("moe-4-s2+delta", "cpt-replay+delta")]
@@ -230,6 +223,8 @@ for a, b in TASK_PAIRS:
             paired_tasks.append({"a": a, "b": b, "seed": s, "acc_norm": {
                 t: (None if (r := paired_acc(ea, eb, t)) is None else {"diff": r[0], "se": r[1], "items": r[2]})
                 for t in TEXTS}})
+# A published seed's pairs come through as they were (its per-item samples are not in results.json).
+paired_tasks = [p for p in (prior or {}).get("task_accuracy_paired", []) if p.get("seed") in published] + paired_tasks
 results["task_accuracy_paired"] = paired_tasks
 
 # Share of the top-k assignments served by the frozen expert 0 (`load_mean[0]`).
@@ -306,7 +301,7 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_ppl)
     if task_rows:
-        items = sorted({t.get("items") for _, evs in task_rows for ev in evs for t in ev.get("tasks", [])} - {None})
+        items = sorted({t.get("items") for _, evs, _ in task_rows for ev in evs for t in ev.get("tasks", [])} - {None})
         f.write("\n## Task accuracy\n\n"
                 "Next-paragraph multiple choice on the held-out text of each corpus (`tests/reference/make_tasks.py`,"
                 f" {', '.join(map(str, items))} items per task, 4 choices: chance 25 %), scored by `eval --task` as"
@@ -316,7 +311,7 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
                 " perplexities above. Mean ± std over the runs (the seeds that ran; the pair is trained once); a single run shows its standard error over the items (s.e., lm-eval's `acc_stderr`).\n\n"
                 "| model | runs | acc_norm en | acc_norm hu | acc_norm math | acc en | acc hu | acc math |\n"
                 "|---|---|---|---|---|---|---|---|\n")
-        for m, evs in task_rows:
+        for m, evs, _ in task_rows:
             n = len(evs)
             f.write(f"| `{m}` | {n} | " + " | ".join(acc_cell(evs, t) for t in TEXTS) + " | "
                     + " | ".join(acc_cell(evs, t, "acc") for t in TEXTS) + " |\n")

@@ -17,7 +17,7 @@ import shutil
 import statistics
 import sys
 
-from report_common import (acc_cell, figure, fmt, load, mean_or_none, merge_published, ppl, published_note,
+from report_common import (acc_cell, figure, fmt, load, mean_or_none, merge_published, pooled_tasks, ppl, published_note,
                            published_results, seeds_with, stream_hashes, unfinished_note, write_commands)
 
 work, out, smoke, model, seeds, allocs, analyse, budget = sys.argv[1:]
@@ -207,12 +207,11 @@ if analysis:
 
 os.makedirs(out, exist_ok=True)
 # Task accuracy (issue 36): `eval --task` reports of the base and of every allocation after stage 2.
-task_rows = [("base", [load(os.path.join(work, "base.tasks.json"))] if os.path.exists(os.path.join(work, "base.tasks.json")) else [])]
-task_rows += [(a, [load(os.path.join(work, f"s{s}", f"{a}-s2.tasks.json")) for s in seeds_with(work, seeds, f"{a}-s2.tasks.json")])
-              for a in allocs]
-task_rows = [(a, evs) for a, evs in task_rows if evs]
-results["task_accuracy"] = {a: [{t["name"]: {k: t[k] for k in ("acc", "acc_norm", "items") if k in t}
-                                 for t in ev.get("tasks", [])} for ev in evs] for a, evs in task_rows}
+# With the published seeds' records (report_common.pooled_tasks).
+task_rows = [("base", *pooled_tasks(work, None, prior, published, "base", "base.tasks.json"))]
+task_rows += [(a, *pooled_tasks(work, seeds, prior, published, a, f"{a}-s2.tasks.json")) for a in allocs]
+task_rows = [(a, evs, recs) for a, evs, recs in task_rows if evs]
+results["task_accuracy"] = {a: recs for a, _, recs in task_rows}
 
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
@@ -252,7 +251,7 @@ with open(os.path.join(out, "README.md"), "w") as f:
     f.write(fig_ppl)
     if task_rows:
         TASKS = ["docs"] + LANGS[1:]
-        items = sorted({t.get("items") for _, evs in task_rows for ev in evs for t in ev.get("tasks", [])} - {None})
+        items = sorted({t.get("items") for _, evs, _ in task_rows for ev in evs for t in ev.get("tasks", [])} - {None})
         f.write("\n## Task accuracy after stage 2\n\n"
                 "Next-paragraph multiple choice on the held-out text (`tests/reference/make_tasks.py`,"
                 f" {', '.join(map(str, items))} items per task, 4 choices: chance 25 %; English = `domain/docs`, the"
@@ -262,7 +261,7 @@ with open(os.path.join(out, "README.md"), "w") as f:
                 " stand-in. Mean ± std over the runs (the seeds that ran); a single run shows its standard error over the items (s.e., lm-eval's `acc_stderr`).\n\n"
                 "| allocation | runs | acc_norm en | acc_norm hu | acc_norm el | acc_norm tr | acc en | acc hu | acc el |"
                 " acc tr |\n|---|---|---|---|---|---|---|---|---|---|\n")
-        for a, evs in task_rows:
+        for a, evs, _ in task_rows:
             f.write(f"| `{a}` | {len(evs)} | " + " | ".join(acc_cell(evs, t) for t in TASKS) + " | "
                     + " | ".join(acc_cell(evs, t, "acc") for t in TASKS) + " |\n")
     if paired:

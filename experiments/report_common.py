@@ -92,6 +92,40 @@ def acc_cell(evs, name, metric="acc_norm"):
     return fmt(xs, digits=1, pct=True)
 
 
+TASK_KEYS = ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "items")
+
+
+def task_entry(ev, seed):
+    """results.json's record of one `eval --task --json` report `ev`: each task's scores and
+    standard errors (TASK_KEYS, no per-item samples) and the `seed` that trained the model (None
+    for a model made once per run, e.g. the base)."""
+    e = {t["name"]: {k: t[k] for k in TASK_KEYS if k in t} for t in ev.get("tasks", [])}
+    e["seed"] = seed
+    return e
+
+
+def pooled_tasks(work, seeds, prior, published, name, rel):
+    """The task reports of model `name`, pooled across sittings: (reports for acc_cell, records for
+    results.json's `task_accuracy[name]`). This run's: `work/s<seed>/<rel>` for each of `seeds` that
+    has it, or `work/<rel>` with `seeds` None (a model made once per run). The earlier sitting's
+    (PUBLISHED_SEEDS, `prior` its results.json): its records of the published seeds, and for a
+    once-per-run model its record when this run scored none. A published record is carried as it
+    was (a report rebuilt from it has no per-item samples, so it is not paired again)."""
+    if seeds is None:
+        path = os.path.join(work, rel)
+        mine = [(None, load(path))] if os.path.exists(path) else []
+    else:
+        mine = [(s, load(os.path.join(work, f"s{s}", rel))) for s in seeds_with(work, seeds, rel)]
+    old = (prior or {}).get("task_accuracy", {}).get(name, [])
+    if seeds is None:
+        old = [] if mine else [e for e in old if e.get("seed") is None][:1]
+    else:
+        old = [e for e in old if e.get("seed") in published]
+    reports = [{"tasks": [{"name": n, **v} for n, v in e.items() if n != "seed"]} for e in old]
+    reports += [ev for _, ev in mine]
+    return reports, old + [task_entry(ev, s) for s, ev in mine]
+
+
 def paired_acc(ev_a, ev_b, name, metric="acc_norm"):
     """Model a minus model b on the SAME items of task `name` (two `eval --task --json` reports of
     the same task file): (mean difference, its standard error, items), the difference and s.e. as

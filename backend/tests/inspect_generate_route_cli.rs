@@ -423,6 +423,11 @@ fn eval_task_gives_lm_eval_s_predictions_and_refuses_bad_lines() {
     }
     let e = failure(&run(&["eval", m, "--task", &spec, "--data", &spec]));
     assert!(e.contains("cannot be used with"), "{e}");
+    // The perplexity-only flags are refused with --task, not silently ignored.
+    for flag in [["--window", "64"], ["--stride", "32"], ["--max-tokens", "100"], ["--docs", "line"]] {
+        let e = failure(&run(&["eval", m, "--task", &spec, flag[0], flag[1]]));
+        assert!(e.contains("cannot be used with") && e.contains(flag[0]), "{flag:?}: {e}");
+    }
     let e = failure(&run(&["--backend", "cpu", "eval", m, "--task", &spec, "--routing", "oracle"]));
     assert!(e.contains("--routing oracle"), "{e}");
     // A token file where a task belongs: named as what it is.

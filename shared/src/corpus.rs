@@ -4,7 +4,10 @@
 //!
 //! **Documents.** A `.jsonl`/`.json` file holds one document per line (the
 //! string field `text`). A plain-text file is cut by a [`DocSplit`], the
-//! `sample_by` of Hugging Face `datasets`' text loader:
+//! `sample_by` of Hugging Face `datasets`' text loader, close to it but not
+//! byte for byte (`datasets` splits on exactly `"\n\n"`, so a whitespace-only
+//! line or a third newline stays inside its neighbour; the studio takes a
+//! run of blank or whitespace-only lines as one separator):
 //! - [`DocSplit::Blank`] (the default; `datasets`' `paragraph`): documents
 //!   are separated by one or more blank lines (empty or whitespace only);
 //!   the lines of a document are kept as they are (indentation included,

@@ -43,8 +43,9 @@ pub struct Args {
     #[command(flatten)]
     pub docs: super::args::DocsArg,
     /// `NAME=FILE.jsonl`: a multiple-choice task (one JSON object per line: `context`, `choices`, `gold`),
-    /// scored as lm-evaluation-harness does (acc, acc_norm); repeat for several. Instead of --data.
-    #[arg(long = "task", conflicts_with = "data")]
+    /// scored as lm-evaluation-harness does (acc, acc_norm); repeat for several. Instead of --data,
+    /// and without --window, --stride, --max-tokens and --docs (a task scores whole requests).
+    #[arg(long = "task", conflicts_with_all = ["data", "window", "stride", "max_tokens", "docs"])]
     pub task: Vec<String>,
     /// With --task: what the task evaluation does (delimiter, items per
     /// task): the operation's own parameters, shared with the server's job.

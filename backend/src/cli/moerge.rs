@@ -21,9 +21,9 @@ use anyhow::Context;
 use burn::tensor::backend::Backend;
 use moe_shared::checkpoint::open_model;
 use moe_shared::checkpoint::LoadedModel;
-use moe_shared::methods::{hidden_router_rows, moerge_with_base, MoergeInput, RouterInit, SharedGate};
+use moe_shared::methods::{hidden_router_rows, moerge_with_base, MoergeInput, RouterInit};
 use moe_shared::model::load_model;
-use moe_shared::ops::moerge::MoergeParams;
+use moe_shared::ops::moerge::{MoergeParams, MoergeShared};
 use moe_shared::tensor_io::card::CardMethod;
 
 use super::backend::WithBackend;
@@ -51,19 +51,10 @@ pub struct Args {
     /// Freeze no expert (the default; accepted for symmetry with upcycle).
     #[arg(long, conflicts_with = "frozen")]
     pub no_frozen: bool,
-    /// A model whose FFN becomes an always-on shared expert of every layer (mergekit-moe's
-    /// `shared_experts`; repeat for more; needs --base). One gated shared expert fits the
-    /// qwen2_moe layout, anything else the studio layout.
-    #[arg(long)]
-    pub shared_expert: Vec<PathBuf>,
-    /// Gate each shared expert by sigmoid(g·x) (Qwen2-MoE), `g` initialised as --router-init says;
-    /// without it they are added as they are (DeepSeek-MoE).
-    #[arg(long)]
-    pub shared_gate: bool,
-    /// Prompts per shared expert for a hidden / cheap-embed shared gate (the JSON of
-    /// --expert-prompts, one entry per --shared-expert).
-    #[arg(long)]
-    pub shared_prompts: Option<PathBuf>,
+    /// Shared experts: `--shared-expert MODEL` (repeatable), `--shared-gate`,
+    /// `--shared-prompts FILE` (ops/moerge.rs).
+    #[command(flatten)]
+    pub shared: MoergeShared,
     #[command(flatten)]
     pub layout: super::args::LayoutArg,
     #[command(flatten)]
@@ -95,32 +86,25 @@ impl WithBackend for Args {
         if let Err(e) = a.params.check(a.models.len(), a.base.is_some()) {
             anyhow::bail!("{} {}", e.flag(), e.message);
         }
+        let flag = |e: moe_shared::ops::ParamError| anyhow::anyhow!("{} {}", e.flag(), e.message);
+        let kind = a.params.router_kind().map_err(flag)?;
+        a.shared.check(kind).map_err(flag)?;
         let open = |p: &PathBuf| open_model(p).with_context(|| format!("opening {}", p.display()));
         let models = a.models.iter().map(open).collect::<anyhow::Result<Vec<_>>>()?;
         let base = a.base.as_ref().map(open).transpose()?;
         if let Some(m) = models.iter().chain(&base).find(|m| m.moe.is_some()) {
             anyhow::bail!("{}: the model is already an MoE; moerge takes dense models", m.path);
         }
-        let shared = a.shared_expert.iter().map(open).collect::<anyhow::Result<Vec<_>>>()?;
+        let shared = a.shared.shared_expert.iter().map(open).collect::<anyhow::Result<Vec<_>>>()?;
         if let Some(m) = shared.iter().find(|m| m.moe.is_some()) {
             anyhow::bail!("{}: the model is already an MoE; a shared expert is a dense model's FFN", m.path);
         }
-        if a.shared_gate && shared.is_empty() {
-            anyhow::bail!("--shared-gate needs --shared-expert MODEL");
-        }
-        let flag = |e: moe_shared::ops::ParamError| anyhow::anyhow!("{} {}", e.flag(), e.message);
-        let kind = a.params.router_kind().map_err(flag)?;
         let plain = a.params.plain_router().map_err(flag)?;
-        let prompt_gate = a.shared_gate && kind.needs_prompts();
-        if a.shared_prompts.is_some() && !prompt_gate {
-            anyhow::bail!(
-                "--shared-prompts is read by a gated shared expert (--shared-gate) under --router-init hidden or \
-                 cheap-embed only"
-            );
-        }
+        let prompt_gate = a.shared.prompt_gate(kind);
         let router_prompts = || a.expert_prompts.as_ref().context("this --router-init needs --expert-prompts FILE");
         let shared_prompts = || {
-            a.shared_prompts
+            a.shared
+                .shared_prompts
                 .as_ref()
                 .context("a gated shared expert under this --router-init needs --shared-prompts FILE")
         };
@@ -146,7 +130,6 @@ impl WithBackend for Args {
                 (router, gate)
             }
         };
-        let shared_gate = if a.shared_gate { SharedGate::Gated(shared_init) } else { SharedGate::Ungated };
         let inputs: Vec<MoergeInput<'_>> = models.iter().map(MoergeInput::from).collect();
         let shared_inputs: Vec<MoergeInput<'_>> = shared.iter().map(MoergeInput::from).collect();
         let mut opts = a.params.options(router_init);
@@ -156,7 +139,7 @@ impl WithBackend for Args {
         opts.dtype = dtype;
         opts.layout = layout;
         opts.experts_format = a.layout.experts_format()?;
-        opts.shared_gate = shared_gate;
+        a.shared.configure(&mut opts, shared_init);
         let first = base.as_ref().unwrap_or(&models[0]);
         let tok = first.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);
         let roles = a
@@ -164,7 +147,7 @@ impl WithBackend for Args {
             .iter()
             .map(|p| ("base".to_string(), p.as_path()))
             .chain(a.models.iter().enumerate().map(|(i, p)| (format!("expert {i}"), p.as_path())))
-            .chain(a.shared_expert.iter().enumerate().map(|(i, p)| (format!("shared expert {i}"), p.as_path())));
+            .chain(a.shared.shared_expert.iter().enumerate().map(|(i, p)| (format!("shared expert {i}"), p.as_path())));
         let card = super::card::card(CardMethod::Dume, roles);
         let write_opts = a.output.write_options().with_card(Some(card));
         let report = moerge_with_base(

@@ -11,8 +11,8 @@ use moe_shared::eval::{evaluate, PerplexityOptions};
 use moe_shared::methods::ridge::RidgeStats;
 use moe_shared::methods::route::{
     accuracy_markdown, check_domains, collect_stats, domain_sequences, empty_stats, forced_ffn_inputs, plan_routed,
-    routed_config, routing_accuracy_detail, set_routers, stats_to_safetensors, write_routed_tensors, DomainSequences,
-    RouteReport, SEQUENCES_PER_PASS,
+    routed_config, routing_accuracy_detail, set_routers, stats_to_safetensors, within_budget, write_routed_tensors,
+    DomainSequences, RouteReport, SEQUENCES_PER_PASS,
 };
 use moe_shared::model::Transformer;
 use moe_shared::model::{load_transformer, Routing};
@@ -143,15 +143,9 @@ pub async fn gpu_collect_stats(
         .collect::<Result<_, _>>()
         .map_err(gpu_err)?;
     let (mut used, mut in_block) = (0usize, 0usize);
-    for seq in sequences {
-        if used >= max_tokens {
-            break;
-        }
-        let take = seq.len().min(max_tokens - used);
-        if take == 0 {
-            continue;
-        }
-        let (inputs, _) = forced_ffn_inputs(model, domain, &[&seq[..take]], &want).map_err(msg)?;
+    for seq in within_budget(sequences, Some(max_tokens)) {
+        let take = seq.len();
+        let (inputs, _) = forced_ffn_inputs(model, domain, &[seq], &want).map_err(msg)?;
         for (l, x) in inputs.into_iter().enumerate() {
             let (Some(acc), Some(x), Some(s)) = (accs[l].as_mut(), x, stats[l].as_ref()) else { continue };
             let (d, e) = (s.dim, s.num_experts());

@@ -69,8 +69,10 @@ pub fn pack_sequences(ids: &[u32], context: usize) -> Vec<Vec<u32>> {
 pub const SEQUENCES_PER_PASS: usize = 4;
 
 /// The prefixes of `sequences` that fit in `max_tokens` tokens in total
-/// (the last one cut short; `None`: all of them), skipping empty ones.
-fn within_budget(sequences: &[Vec<u32>], max_tokens: Option<usize>) -> Vec<&[u32]> {
+/// (the last one cut short; `None`: all of them), skipping empty ones: the
+/// statistics tokens of one domain (docs/methods.md §2), the same on the CPU path
+/// here and on the tab's WebGPU Gram path.
+pub fn within_budget(sequences: &[Vec<u32>], max_tokens: Option<usize>) -> Vec<&[u32]> {
     let max_tokens = max_tokens.unwrap_or(usize::MAX);
     let mut out = Vec::new();
     let mut used = 0usize;

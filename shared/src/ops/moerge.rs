@@ -12,12 +12,14 @@
 //! their own: models and, for a prompt gate, prompts), the output dtype,
 //! layout and path.
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
 
 use super::upcycle::{RouterInitArg, UpcycleParams};
 use super::{Field, Input, ParamError};
 use crate::methods::moerge::MoergeOptions;
-use crate::methods::RouterInit;
+use crate::methods::{RouterInit, SharedGate};
 
 /// The most models a MoErge takes (one expert each; the server's cap on a
 /// job's checkpoints).
@@ -184,9 +186,106 @@ impl MoergeParams {
     }
 }
 
+/// A MoErge's shared experts (mergekit-moe's `shared_experts`, MoErge on a
+/// base model only): dense models whose FFN becomes an always-on expert of
+/// every layer, added as they are (DeepSeekMoE) or gated by `sigmoid(g·x)`
+/// (Qwen2-MoE) with `g` initialised as the router is. One struct for the
+/// CLI (`moe-studio moerge`, flattened: `--shared-expert`, `--shared-gate`,
+/// `--shared-prompts`) and the recipe runner's moerge stage; the server's
+/// and the tab's MoErge take no shared experts (`Default`: none).
+///
+/// Source: mergekit-moe (`mergekit/moe/config.py`, `shared_experts`;
+/// `qwen.py` for the gate); docs/methods.md §2.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct MoergeShared {
+    /// A model whose FFN becomes an always-on shared expert of every layer
+    /// (mergekit-moe's `shared_experts`; repeat for more; needs --base).
+    /// One gated shared expert fits the qwen2_moe layout, anything else the
+    /// studio layout.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub shared_expert: Vec<PathBuf>,
+    /// Gate each shared expert by sigmoid(g·x) (Qwen2-MoE), `g` initialised
+    /// as --router-init says; without it they are added as they are
+    /// (DeepSeek-MoE).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub shared_gate: bool,
+    /// Prompts per shared expert for a hidden / cheap-embed shared gate
+    /// (the JSON of --expert-prompts, one entry per --shared-expert).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub shared_prompts: Option<PathBuf>,
+}
+
+impl MoergeShared {
+    /// The shared experts `models`, gated or not, with no prompt file yet.
+    pub fn new(models: Vec<PathBuf>, gated: bool) -> Self {
+        MoergeShared { shared_expert: models, shared_gate: gated, shared_prompts: None }
+    }
+
+    /// Whether the gate is computed from prompts (gated, under a `hidden`
+    /// or `cheap-embed` router `kind`): then `shared_prompts` is needed.
+    pub fn prompt_gate(&self, kind: RouterInitArg) -> bool {
+        self.shared_gate && kind.needs_prompts()
+    }
+
+    /// The rules the CLI checks before any model is read: a gate needs
+    /// shared experts, and prompts are read only by a prompt gate (`kind`:
+    /// the router's initialisation, [`MoergeParams::router_kind`]).
+    ///
+    /// # Errors
+    /// A [`ParamError`] on `shared_gate` or `shared_prompts`.
+    pub fn check(&self, kind: RouterInitArg) -> Result<(), ParamError> {
+        if self.shared_gate && self.shared_expert.is_empty() {
+            return Err(ParamError { field: "shared_gate", message: "needs --shared-expert MODEL".into() });
+        }
+        if self.shared_prompts.is_some() && !self.prompt_gate(kind) {
+            return Err(ParamError {
+                field: "shared_prompts",
+                message: "is read by a gated shared expert (--shared-gate) under --router-init hidden or \
+                          cheap-embed only"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Sets the method's shared gate in `opts`: [`SharedGate::Gated`] with
+    /// `init` (the gate's rows, computed like the router's) when gated, else
+    /// ungated.
+    pub fn configure(&self, opts: &mut MoergeOptions, init: RouterInit) {
+        opts.shared_gate = if self.shared_gate { SharedGate::Gated(init) } else { SharedGate::Ungated };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shared experts' rules, by field: a gate without shared experts,
+    /// prompts without a prompt gate (ungated, or gated under a plain
+    /// router); gated prompts under `hidden` pass.
+    #[test]
+    fn shared_expert_rules_name_their_flag() {
+        let s = |models: usize, gated: bool, prompts: bool| MoergeShared {
+            shared_expert: vec![PathBuf::from("m"); models],
+            shared_gate: gated,
+            shared_prompts: prompts.then(|| "p.json".into()),
+        };
+        let field = |x: MoergeShared, k| x.check(k).unwrap_err().field;
+        assert_eq!(field(s(0, true, false), RouterInitArg::Zeros), "shared_gate");
+        assert_eq!(field(s(1, false, true), RouterInitArg::Hidden), "shared_prompts");
+        assert_eq!(field(s(1, true, true), RouterInitArg::Random), "shared_prompts");
+        assert_eq!(s(1, true, true).check(RouterInitArg::Hidden), Ok(()));
+        assert!(s(1, true, false).prompt_gate(RouterInitArg::CheapEmbed));
+        assert!(!s(1, false, false).prompt_gate(RouterInitArg::CheapEmbed));
+        let gate = |x: MoergeShared| {
+            let mut o = MoergeOptions::default();
+            x.configure(&mut o, RouterInit::Zeros);
+            o.shared_gate
+        };
+        assert!(matches!(gate(s(1, false, false)), SharedGate::Ungated));
+        assert!(matches!(gate(s(1, true, false)), SharedGate::Gated(RouterInit::Zeros)));
+    }
 
     #[test]
     fn defaults_are_the_methods_defaults() {

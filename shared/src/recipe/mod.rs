@@ -32,7 +32,7 @@ use serde_yaml_ng::Value;
 use crate::api::{DataRef, JobSpec};
 use crate::error::{Result, StudioError};
 use crate::jobs::PathInputs;
-use crate::ops::moerge::MoergeParams;
+use crate::ops::moerge::{MoergeParams, MoergeShared};
 pub use mergekit::MergeRecipe;
 pub use moe::{Gate, MoeRecipe, MoeSource};
 
@@ -161,12 +161,9 @@ pub struct MoergeStage {
     pub params: MoergeParams,
     /// The routing prompts per expert (JSON, written by the runner).
     pub expert_prompts: Option<PathBuf>,
-    /// Shared experts' source models.
-    pub shared_experts: Vec<PathBuf>,
-    /// A sigmoid gate on the shared experts.
-    pub shared_gate: bool,
-    /// The shared experts' gate prompts (JSON, written by the runner).
-    pub shared_prompts: Option<PathBuf>,
+    /// The shared experts: source models, a sigmoid gate, the gate's
+    /// prompts (JSON, written by the runner).
+    pub shared: MoergeShared,
     /// Output dtype (`f32`, `f16`, `bf16`; `None`: the input's).
     pub dtype: Option<String>,
     /// `--layout` (`None`: auto).
@@ -323,9 +320,10 @@ fn plan_moe(
                 base: base.clone(),
                 params,
                 expert_prompts: None,
-                shared_experts: r.shared.experts.iter().map(|e| resolve(ctx, &e.source_model)).collect(),
-                shared_gate: r.shared.gated,
-                shared_prompts: None,
+                shared: MoergeShared::new(
+                    r.shared.experts.iter().map(|e| resolve(ctx, &e.source_model)).collect(),
+                    r.shared.gated,
+                ),
                 dtype: r.dtype.map(|d| d.to_string().to_ascii_lowercase()),
                 layout: r.layout.clone(),
             };
@@ -352,7 +350,7 @@ fn plan_moe(
             if r.shared.prompt_gate(&r.gate) {
                 let p = prompt_file("shared_prompts.json", &r.shared.experts, files);
                 argv.push(format!("--shared-prompts={}", s(&p)));
-                op.shared_prompts = Some(p);
+                op.shared.shared_prompts = Some(p);
             }
             argv.extend(common.iter().cloned());
             argv.push(format!("--out={}", s(&first_out)));

@@ -121,6 +121,14 @@ def pooled_tasks(work, seeds, prior, published, name, rel):
         old = [] if mine else [e for e in old if e.get("seed") is None][:1]
     else:
         old = [e for e in old if e.get("seed") in published]
+    # Pooled seeds must have scored the same tasks: a sitting run with another TASK_ITEMS is another
+    # measurement (mean ± std over both would hide it).
+    items = lambda e: {n: v.get("items") for n, v in e.items() if n != "seed"}
+    for e in old:
+        for s, ev in mine:
+            if items(e) != items(task_entry(ev, s)):
+                sys.exit(f"PUBLISHED_SEEDS: `{name}` seed {e.get('seed')} was scored on {items(e)} items per task,"
+                         f" seed {s} of this run on {items(task_entry(ev, s))}: set TASK_ITEMS as the published run did")
     reports = [{"tasks": [{"name": n, **v} for n, v in e.items() if n != "seed"]} for e in old]
     reports += [ev for _, ev in mine]
     return reports, old + [task_entry(ev, s) for s, ev in mine]

@@ -10,7 +10,8 @@
 //!    releases its upload;
 //! 5. cancel of a queued job wins; `complete` survives a crash in its
 //!    rename; a killed registration strands nothing; interrupted jobs'
-//!    temporary directories are removed;
+//!    temporary directories are removed; `--auto-resume` resumes a train
+//!    job a clean stop recorded `interrupted`;
 //! 6. announced uploads count against the free space;
 //! 7. names are checked the same everywhere;
 //! 8. checkpoints are checked against their configuration (and Git LFS
@@ -238,6 +239,53 @@ fn a_cancel_that_outlasts_its_grace_kills_and_says_so() {
         }
         None => eprintln!("NOTICE: the job saved its checkpoint within the zero grace"),
     }
+}
+
+/// A clean stop (SIGTERM) records a running train job `interrupted`
+/// itself; `--auto-resume` at the next start resumes it from the
+/// checkpoint its SIGINT saved (before, only jobs a dead server left
+/// `running` were resumed).
+#[test]
+fn auto_resume_resumes_a_train_job_a_clean_stop_interrupted() {
+    let d = tmp("autoresume");
+    let s = Server::start(&d.join("data"), &["--auto-resume"]);
+    let cid = tiny_checkpoint(&s, "tiny");
+    let text = upload(&s, "a.txt", " a a a a a a a a a a a a\n".repeat(200).as_bytes(), 4096);
+    let spec = json!({"kind": "train", "model": cid, "stage": "dense", "steps": 1000000, "save_every": 1000000,
+                      "data": [{"name": "a", "upload": text}], "seq_len": 32, "batch": 4});
+    let (code, j) = submit(&s, spec);
+    assert_eq!(code, 201, "{j}");
+    let id = j["id"].as_str().unwrap().to_string();
+    let t = Instant::now();
+    while s.get(&format!("/api/jobs/{id}"))["progress"]["step"].as_u64().unwrap_or(0) < 2 {
+        assert!(t.elapsed() < Duration::from_secs(60), "the job did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut s = s;
+    std::process::Command::new("kill").args(["-TERM", &s.pid().to_string()]).status().unwrap();
+    let t = Instant::now();
+    while s.child.try_wait().unwrap().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(60), "the server did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let s = s.restart();
+    let t = Instant::now();
+    loop {
+        let j = s.get(&format!("/api/jobs/{id}"));
+        if j["state"] == "running" {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "not resumed at start: {j}");
+        assert!(j["state"] == "queued" || j["state"] == "interrupted", "{j}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, _) = s.call("POST", &format!("/api/jobs/{id}/cancel"), None);
+    assert_eq!(code, 200);
+    let j = wait_job(&s, &id, 60);
+    assert_eq!(j["state"], "cancelled", "{j}");
+    // It continued from the checkpoint of the stop, not from step 0.
+    let log = std::fs::read_to_string(d.join("data").join("jobs").join(&id).join("log.txt")).unwrap();
+    assert!(log.contains("resuming from"), "{log}");
 }
 
 #[test]

@@ -354,11 +354,11 @@ pub async fn cancel(State(st): State<AppStateRef>, P(id): P<String>) -> AppResul
             // `cancel` is set under the same lock the worker takes to record
             // the pid: either the pid is known here, or the worker sees the
             // flag right after spawning and sends the SIGINT itself.
-            let (first, pid) = st.jobs.mark_cancel(&id);
-            if !first {
-                // Already stopping: one SIGINT and one grace timer per run.
+            let Some((true, pid)) = st.jobs.mark_cancel(&id) else {
+                // Already stopping (one SIGINT and one grace timer per run),
+                // or it has just finished.
                 return Ok(Json(load(&st, &id).await?));
-            }
+            };
             if let Some(pid) = pid {
                 signal_group(pid, libc::SIGINT);
             }

@@ -129,8 +129,10 @@ impl Runner {
     /// when a cancel came before. `train` takes a second SIGINT 2 s or
     /// more after the first as "quit without a checkpoint", so a repeated
     /// cancel (a second click, a retried request) must send nothing.
-    fn mark_cancel(&self, id: &str) -> (bool, Option<u32>) {
-        self.with_live(id, |l| {
+    /// `None` when `id` has no live state (it has just finished: nothing
+    /// to signal, and no entry is made that nothing would remove).
+    fn mark_cancel(&self, id: &str) -> Option<(bool, Option<u32>)> {
+        self.if_live(id, |l| {
             let first = !l.cancel;
             l.cancel = true;
             (first, l.pid)
@@ -203,8 +205,11 @@ mod tests {
         let r = Runner::new(1).unwrap();
         r.with_live("a", |l| l.pid = Some(41));
         r.with_live("b", |l| l.pid = Some(42));
-        assert_eq!(r.mark_cancel("a"), (true, Some(41)));
-        assert_eq!(r.mark_cancel("a"), (false, Some(41)));
+        assert_eq!(r.mark_cancel("a"), Some((true, Some(41))));
+        assert_eq!(r.mark_cancel("a"), Some((false, Some(41))));
+        // A job that has just finished: nothing to signal, no entry left behind.
+        assert_eq!(r.mark_cancel("gone"), None);
+        assert!(r.if_live("gone", |_| ()).is_none());
         assert_eq!(r.uncancelled_pids(), vec![42]);
         let mut all = r.live_pids();
         all.sort_unstable();

@@ -275,7 +275,8 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
         vec![(pid as i64).into(), (limit as i64).into()],
     )
     .await?;
-    if cancel_early {
+    // Likewise a job spawned after a shutdown's SIGINT pass.
+    if cancel_early || *st.jobs.shutdown.borrow() {
         signal_group(pid, libc::SIGINT);
     }
     st.jobs.emit(id, JobEvent::State { state: JobState::Running, error: None, output_checkpoint: None });
@@ -464,7 +465,8 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
 
 /// At start-up: jobs left `running` by a dead server become `interrupted`
 /// (a surviving child is killed first); queued jobs are queued again;
-/// with `--auto-resume` interrupted train jobs too.
+/// with `--auto-resume` every interrupted train job too (a dead server's,
+/// and those a clean stop recorded `interrupted`).
 ///
 /// # Errors
 /// Database errors.
@@ -511,14 +513,6 @@ pub async fn recover(st: &AppStateRef) -> AppResult<()> {
             remove_hidden_temporaries(&e.path().join("out"));
         }
     }
-    if st.args.auto_resume {
-        for (id, _) in &running {
-            let job = load(st, id).await?;
-            if matches!(job.spec, JobSpec::Train(_)) {
-                requeue(st, &job).await?;
-            }
-        }
-    }
     let queued: Vec<String> = st
         .db
         .call(|c| {
@@ -529,6 +523,27 @@ pub async fn recover(st: &AppStateRef) -> AppResult<()> {
         .await?;
     for id in queued {
         enqueue(st.clone(), id);
+    }
+    if st.args.auto_resume {
+        // Every interrupted train job: those a dead server left running
+        // (just marked) and those a clean stop recorded `interrupted`
+        // itself. After the queued ones, so that `requeue` (which enqueues)
+        // gives none of them a second task.
+        let interrupted: Vec<String> = st
+            .db
+            .call(|c| {
+                let mut s = c.prepare("SELECT id FROM jobs WHERE state = 'interrupted' ORDER BY seq")?;
+                let v = s.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<Vec<String>>>()?;
+                Ok(v)
+            })
+            .await?;
+        for id in &interrupted {
+            let job = load(st, id).await?;
+            if matches!(job.spec, JobSpec::Train(_)) {
+                tracing::info!("job {id}: resumed at start (--auto-resume)");
+                requeue(st, &job).await?;
+            }
+        }
     }
     Ok(())
 }
@@ -547,10 +562,27 @@ pub fn begin_shutdown(st: &AppStateRef) {
 }
 
 /// Stops the pool: SIGINT to every running job (train saves a
-/// checkpoint), then waits up to 20 s for them to be recorded `interrupted`.
+/// checkpoint), then waits for them to be recorded `interrupted`: 20 s, or
+/// the longest [`cancel_grace`] of a running job when longer (a large
+/// model's checkpoint takes minutes to write), then SIGKILL.
 pub async fn shutdown(st: &AppStateRef) {
     begin_shutdown(st);
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut wait = Duration::from_secs(20);
+    let running: Vec<String> = st
+        .db
+        .call(|c| {
+            let mut s = c.prepare("SELECT id FROM jobs WHERE state = 'running'")?;
+            let v = s.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<Vec<String>>>()?;
+            Ok(v)
+        })
+        .await
+        .unwrap_or_default();
+    for id in &running {
+        if let Ok(job) = load(st, id).await {
+            wait = wait.max(cancel_grace(st, &job).await);
+        }
+    }
+    let deadline = Instant::now() + wait;
     while Instant::now() < deadline {
         let running: i64 = st
             .db

@@ -31,6 +31,16 @@ fn checkpoint_note(dir: &Path, spec: &JobSpec) -> String {
     }
 }
 
+/// Stops a job's memory watch ([`crate::server::limits::Watch::stop`])
+/// when dropped.
+struct StopWatch(std::sync::Arc<crate::server::limits::Watch>);
+
+impl Drop for StopWatch {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
 /// How long a cancelled job gets between SIGINT and SIGKILL: `serve
 /// --cancel-grace-secs`, plus for a train job (which finishes its step,
 /// then saves a checkpoint of the weights and the AdamW moments) two
@@ -263,6 +273,10 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
     // set `cancel` and could not signal: do it now.
     let limit = st.job_memory_limit;
     let memory = crate::server::limits::watch(pid, limit, &format!("moe-studio-job-{id}"));
+    // Stopped however this function leaves (an error after the spawn
+    // included): a watch left polling a dead pid could, without a cgroup,
+    // SIGKILL a later process group that reuses it.
+    let _stop_watch = StopWatch(memory.clone());
     let cancel_early = st.jobs.with_live(id, |l| {
         l.pid = Some(pid);
         l.memory = Some(memory.clone());

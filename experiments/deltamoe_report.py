@@ -16,8 +16,8 @@ import statistics
 import sys
 
 from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, merge_published, open_report,
-                           paired_acc, pooled_tasks, ppl, published_note, published_results, seeds_with, stream_hashes, unfinished_note,
-                           write_commands)
+                           paired_tasks, paired_tasks_markdown, pooled_tasks, ppl, published_note, published_results,
+                           seeds_with, stream_hashes, unfinished_note, write_commands)
 
 pair_only = sys.argv[1:2] == ["--pair-only"]
 work, out, smoke, model, seeds, parts_seeds, budget = sys.argv[2:] if pair_only else sys.argv[1:]
@@ -211,21 +211,12 @@ task_rows += [(m, *pooled_tasks(work, seeds, prior, published, m, f"{m}.tasks.js
               for m, _ in HEADLINE if m.endswith("+delta")]
 task_rows = [(m, evs, recs) for m, evs, recs in task_rows if evs]
 results["task_accuracy"] = {m: recs for m, _, recs in task_rows}
-# The headline comparisons paired on the same items (report_common.paired_acc), per seed that scored both.
+# The headline comparisons paired on the same items (report_common.paired_tasks), per seed that scored
+# both; a published seed's pairs come through as they were.
 TASK_PAIRS = [("moe-4-s1+delta", "cpt+delta"), ("moe-4-s1+delta", "cpt-flops+delta"),
               ("moe-4-s2+delta", "cpt-replay+delta")]
-paired_tasks = []
-for a, b in TASK_PAIRS:
-    for s in seeds_with(work, seeds, f"{a}.tasks.json"):
-        pb = os.path.join(work, f"s{s}", f"{b}.tasks.json")
-        if os.path.exists(pb):
-            ea, eb = load(os.path.join(work, f"s{s}", f"{a}.tasks.json")), load(pb)
-            paired_tasks.append({"a": a, "b": b, "seed": s, "acc_norm": {
-                t: (None if (r := paired_acc(ea, eb, t)) is None else {"diff": r[0], "se": r[1], "items": r[2]})
-                for t in TEXTS}})
-# A published seed's pairs come through as they were (its per-item samples are not in results.json).
-paired_tasks = [p for p in (prior or {}).get("task_accuracy_paired", []) if p.get("seed") in published] + paired_tasks
-results["task_accuracy_paired"] = paired_tasks
+task_pairs = paired_tasks(work, seeds, prior, published, TASK_PAIRS, TEXTS)
+results["task_accuracy_paired"] = task_pairs
 
 # Share of the top-k assignments served by the frozen expert 0 (`load_mean[0]`).
 expert0 = {}
@@ -315,14 +306,7 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
             n = len(evs)
             f.write(f"| `{m}` | {n} | " + " | ".join(acc_cell(evs, t) for t in TEXTS) + " | "
                     + " | ".join(acc_cell(evs, t, "acc") for t in TEXTS) + " |\n")
-        lines = []
-        for p in paired_tasks:
-            cells = [f"{t} -" if r is None else f"{t} {r['diff'] * 100:+.1f} (s.e. {r['se'] * 100:.1f})"
-                     for t, r in p["acc_norm"].items()]
-            lines.append(f"- `{p['a']}` − `{p['b']}`, seed {p['seed']}: " + ", ".join(cells) + "\n")
-        if lines:
-            f.write("\nPaired on the same items (acc_norm points; s.e. of the per-item differences, so a"
-                    " difference within about two s.e. of 0 is not a finding):\n\n" + "".join(lines))
+        f.write(paired_tasks_markdown(task_pairs))
     if part_rows:
         f.write(f"\n## Analyses (seed {', '.join(results['parts_seeds'])})\n\n" + HEAD)
         for r in part_rows:

@@ -16,8 +16,8 @@ import struct
 import sys
 
 from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, merge_published, nll, open_report,
-                           paired_acc, pooled_tasks, ppl, published_note, published_results, seeds_with, stream_hashes,
-                           write_commands)
+                           paired_tasks, paired_tasks_markdown, pooled_tasks, ppl, published_note, published_results,
+                           seeds_with, stream_hashes, write_commands)
 
 work, out, smoke, model, seeds, parts_seeds, budget = sys.argv[1:]
 seeds, parts_seeds = seeds.split(), parts_seeds.split()
@@ -305,18 +305,11 @@ task_rows = [("base", "the dense base", *pooled_tasks(work, None, prior, publish
 task_rows += [(m, label, *pooled_tasks(work, seeds, prior, published, m, f"{m}.tasks.json")) for m, label in TASK_MODELS]
 task_rows = [r for r in task_rows if r[2]]
 results["task_accuracy"] = {m: recs for m, _, _, recs in task_rows}
-# DUME top-1 against averaging on the same items (report_common.paired_acc), per seed that scored
+# DUME top-1 against averaging on the same items (report_common.paired_tasks), per seed that scored
 # both; a published seed's pairs come through as they were.
-paired_tasks = [p for p in (prior or {}).get("task_accuracy_paired", []) if p.get("seed") in published]
-for a, b in [("dume-top1", "average"), ("dume-top1", "dume-top2"), ("dume-plus", "btx")]:
-    for s in seeds_with(work, seeds, f"{a}.tasks.json"):
-        pb = os.path.join(work, f"s{s}", f"{b}.tasks.json")
-        if os.path.exists(pb):
-            ea, eb = load(os.path.join(work, f"s{s}", f"{a}.tasks.json")), load(pb)
-            paired_tasks.append({"a": a, "b": b, "seed": s, "acc_norm": {
-                d: (None if (r := paired_acc(ea, eb, d)) is None else {"diff": r[0], "se": r[1], "items": r[2]})
-                for d in DOMAINS}})
-results["task_accuracy_paired"] = paired_tasks
+task_pairs = paired_tasks(work, seeds, prior, published,
+                          [("dume-top1", "average"), ("dume-top1", "dume-top2"), ("dume-plus", "btx")], DOMAINS)
+results["task_accuracy_paired"] = task_pairs
 
 with open_report(out, results, "DUME on a real model: MoErging dense domain experts with a ridge router", smoke) as f:
     f.write(f"Model `{os.path.basename(model)}`; seeds {', '.join(results['seeds'])} (mean ± std over seeds); {budget}.\n"
@@ -356,14 +349,7 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
         for m, label, evs, _ in task_rows:
             f.write(f"| `{m}` | {label} | {len(evs)} | " + " | ".join(acc_cell(evs, d) for d in DOMAINS) + " | "
                     + " | ".join(acc_cell(evs, d, "acc") for d in DOMAINS) + " |\n")
-        lines = []
-        for p in paired_tasks:
-            cells = [f"{d} -" if r is None else f"{d} {r['diff'] * 100:+.1f} (s.e. {r['se'] * 100:.1f})"
-                     for d, r in p["acc_norm"].items()]
-            lines.append(f"- `{p['a']}` − `{p['b']}`, seed {p['seed']}: " + ", ".join(cells) + "\n")
-        if lines:
-            f.write("\nPaired on the same items (acc_norm points; s.e. of the per-item differences, so a"
-                    " difference within about two s.e. of 0 is not a finding):\n\n" + "".join(lines))
+        f.write(paired_tasks_markdown(task_pairs))
     f.write("\nThe paper's ordering on mean retention (oracle ≥ DUME+ ≥ DUME > averaging > random), over seeds "
             f"{', '.join(order_seeds) or '(none has all five yet)'}"
             + "".join(f"; seed {s}: {'holds' if ok else 'does not hold'} in full" for s, ok in per_seed_order.items())

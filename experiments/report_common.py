@@ -178,6 +178,36 @@ def fmt(xs, digits=2, pct=False):
     return s + ("%" if pct else "")
 
 
+def paired_tasks(work, seeds, prior, published, pairs, names, rel="{}.tasks.json"):
+    """`a` minus `b` on the same items (paired_acc, acc_norm) for each (a, b) in `pairs` and each of
+    `seeds` whose run directory scored both (`rel` formatted with the model name), each task in
+    `names`; the published seeds' pairs from `prior` first, as they were (their per-item samples
+    are not in results.json). Records for results.json's `task_accuracy_paired`."""
+    out = [p for p in (prior or {}).get("task_accuracy_paired", []) if p.get("seed") in published]
+    for a, b in pairs:
+        for s in seeds_with(work, seeds, rel.format(a)):
+            pb = os.path.join(work, f"s{s}", rel.format(b))
+            if os.path.exists(pb):
+                ea, eb = load(os.path.join(work, f"s{s}", rel.format(a))), load(pb)
+                out.append({"a": a, "b": b, "seed": s, "acc_norm": {
+                    t: (None if (r := paired_acc(ea, eb, t)) is None else {"diff": r[0], "se": r[1], "items": r[2]})
+                    for t in names}})
+    return out
+
+
+def paired_tasks_markdown(pairs):
+    """The README lines of `paired_tasks` records (empty without any)."""
+    lines = []
+    for p in pairs:
+        cells = [f"{t} -" if r is None else f"{t} {r['diff'] * 100:+.1f} (s.e. {r['se'] * 100:.1f})"
+                 for t, r in p["acc_norm"].items()]
+        lines.append(f"- `{p['a']}` − `{p['b']}`, seed {p['seed']}: " + ", ".join(cells) + "\n")
+    if not lines:
+        return ""
+    return ("\nPaired on the same items (acc_norm points; s.e. of the per-item differences, so a"
+            " difference within about two s.e. of 0 is not a finding):\n\n" + "".join(lines))
+
+
 def seeds_with(work, seeds, name):
     """The seeds whose run directory WORK/s{seed} holds the result file `name` (a run spanning
     several sittings may have finished it for only some seeds)."""

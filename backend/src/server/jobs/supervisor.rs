@@ -31,6 +31,17 @@ fn checkpoint_note(dir: &Path, spec: &JobSpec) -> String {
     }
 }
 
+/// The ids of the jobs in `state`, in submission order.
+async fn ids_in_state(st: &AppStateRef, state: &'static str) -> AppResult<Vec<String>> {
+    st.db
+        .call(move |c| {
+            let mut s = c.prepare("SELECT id FROM jobs WHERE state = ?1 ORDER BY seq")?;
+            let v = s.query_map([state], |r| r.get(0))?.collect::<rusqlite::Result<Vec<String>>>()?;
+            Ok(v)
+        })
+        .await
+}
+
 /// Stops a job's memory watch ([`crate::server::limits::Watch::stop`])
 /// when dropped.
 struct StopWatch(std::sync::Arc<crate::server::limits::Watch>);
@@ -527,15 +538,7 @@ pub async fn recover(st: &AppStateRef) -> AppResult<()> {
             remove_hidden_temporaries(&e.path().join("out"));
         }
     }
-    let queued: Vec<String> = st
-        .db
-        .call(|c| {
-            let mut s = c.prepare("SELECT id FROM jobs WHERE state = 'queued' ORDER BY seq")?;
-            let v = s.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<Vec<String>>>()?;
-            Ok(v)
-        })
-        .await?;
-    for id in queued {
+    for id in ids_in_state(st, "queued").await? {
         enqueue(st.clone(), id);
     }
     if st.args.auto_resume {
@@ -543,15 +546,7 @@ pub async fn recover(st: &AppStateRef) -> AppResult<()> {
         // (just marked) and those a clean stop recorded `interrupted`
         // itself. After the queued ones, so that `requeue` (which enqueues)
         // gives none of them a second task.
-        let interrupted: Vec<String> = st
-            .db
-            .call(|c| {
-                let mut s = c.prepare("SELECT id FROM jobs WHERE state = 'interrupted' ORDER BY seq")?;
-                let v = s.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<Vec<String>>>()?;
-                Ok(v)
-            })
-            .await?;
-        for id in &interrupted {
+        for id in &ids_in_state(st, "interrupted").await? {
             let job = load(st, id).await?;
             if matches!(job.spec, JobSpec::Train(_)) {
                 tracing::info!("job {id}: resumed at start (--auto-resume)");
@@ -582,16 +577,7 @@ pub fn begin_shutdown(st: &AppStateRef) {
 pub async fn shutdown(st: &AppStateRef) {
     begin_shutdown(st);
     let mut wait = Duration::from_secs(20);
-    let running: Vec<String> = st
-        .db
-        .call(|c| {
-            let mut s = c.prepare("SELECT id FROM jobs WHERE state = 'running'")?;
-            let v = s.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<Vec<String>>>()?;
-            Ok(v)
-        })
-        .await
-        .unwrap_or_default();
-    for id in &running {
+    for id in &ids_in_state(st, "running").await.unwrap_or_default() {
         if let Ok(job) = load(st, id).await {
             wait = wait.max(cancel_grace(st, &job).await);
         }

@@ -2,7 +2,7 @@
 """Checks that a report pooled an earlier sitting's seeds faithfully (issue 35; CI's experiment
 smoke step): FIRST is the results.json a run of seed(s) P published, SECOND the results.json of a
 later run of other seeds with PUBLISHED_SEEDS=P over the same OUT. SECOND must list P then the new
-seeds, mark P as published, and carry every number P had in FIRST unchanged (deltamoe: every row's
+seeds (neuronmoe, pooled per allocation: or at least one allocation with a new seed), mark P as published, and carry every number P had in FIRST unchanged (deltamoe: every row's
 per-seed perplexities, the expert-0 shares and the analyses' seeds; dume: every method's per-seed
 records; neuronmoe: every allocation's per-stage perplexities; every report: the task accuracy records and
 paired differences of the published seeds). Exit status 1 with the first difference named.
@@ -21,9 +21,15 @@ def fail(msg):
     sys.exit(f"check_pooled {kind}: {msg} ({first_path} -> {second_path})")
 
 
+# NeuronMoE pools allocation by allocation: a later sitting may run published seeds of allocations
+# the earlier one did not run, so its new results can be new (allocation, seed) pairs only.
+per_row = kind == "neuronmoe"
 if second.get("published_seeds") != published or second["seeds"][:len(published)] != published \
-        or len(second["seeds"]) <= len(published):
+        or (len(second["seeds"]) <= len(published) and not per_row):
     fail(f"seeds {second['seeds']} / published {second.get('published_seeds')}, expected {published} then new ones")
+if per_row and not any(len(v["seeds"]) > len(first["allocations"].get(a, {"seeds": []})["seeds"])
+                       for a, v in second["allocations"].items()):
+    fail("no allocation gained a seed")
 
 checked = 0
 if kind == "deltamoe":
@@ -69,8 +75,9 @@ else:
     fail("unknown report kind (expected deltamoe, dume or neuronmoe)")
 # Every report: the published seeds' task accuracy records and paired differences.
 for m, recs in first.get("task_accuracy", {}).items():
-    new = [r for r in second.get("task_accuracy", {}).get(m, []) if r.get("seed") in published]
     old = [r for r in recs if r.get("seed") in published]
+    # (a per-row pooling may add a published seed to a row that lacked it: compare the old seeds)
+    new = [r for r in second.get("task_accuracy", {}).get(m, []) if r.get("seed") in {o.get("seed") for o in old}]
     if new != old:
         fail(f"task accuracy of `{m}`: {new} != published {old}")
     checked += len(old)

@@ -24,8 +24,16 @@ work, out, smoke, model, seeds, allocs, analyse, budget = sys.argv[1:]
 seeds, allocs, analyse = seeds.split(), allocs.split(), analyse.split()
 LANGS = ["en", "hu", "el", "tr"]
 
-# Seeds published by an earlier sitting on another machine (report_common.published_results).
-published, prior = published_results(out, budget, seeds)
+# Seeds published by an earlier sitting on another machine (report_common.published_results),
+# pooled allocation by allocation: a later sitting may run published seeds of allocations the
+# earlier one did not run (ALLOCS naming only those); the published allocations it does not run
+# keep their rows.
+published, prior = published_results(out, budget, seeds, per_row=True)
+run_allocs = allocs
+allocs = [a for a in (prior or {}).get("allocations", {}) if a not in run_allocs] + run_allocs
+if prior is not None:
+    order = list(prior["allocations"])
+    allocs.sort(key=lambda a: order.index(a) if a in order else len(order))
 
 
 def published_entries(a, per_layer):
@@ -40,16 +48,25 @@ def published_entries(a, per_layer):
     return [p["seeds"][i] for i in idx], {st: [p[st][i] for i in idx] for st in ("s1", "s2")}
 
 
+def allocation_of(a):
+    """Experts per layer of allocation `a`: this run's `allocate` output, or the published row's
+    for an allocation this run did not train."""
+    path = os.path.join(work, f"alloc-{a}.json")
+    if os.path.exists(path) or a in run_allocs:
+        return load(path)["new_experts_per_layer"]
+    return prior["allocations"][a]["new_experts_per_layer"]
+
+
 base = load(os.path.join(work, "base.eval.json"))
 base_params = load(os.path.join(work, "base.inspect.json"))["parameters"]
 results = {"model": model, "seeds": seeds, "budget": budget, "base_parameters": base_params, "allocations": {}}
 rows = [["`base`", "-", "-", "0", "-"] + [f"{ppl(base, l):.2f}" for l in LANGS] + ["-"]]
 missing = []  # (allocation, seeds without its stage-2 evaluation): a run spread over sittings
+provenance = {}  # allocation -> (seeds from the published results.json, seeds of this run)
 for a in allocs:
-    al = load(os.path.join(work, f"alloc-{a}.json"))
-    per_layer = al["new_experts_per_layer"]
-    have = seeds_with(work, seeds, f"{a}-s2.eval.json")
-    if len(have) < len(seeds):
+    per_layer = allocation_of(a)
+    have = seeds_with(work, seeds, f"{a}-s2.eval.json") if a in run_allocs else []
+    if a in run_allocs and len(have) < len(seeds):
         missing.append((a, [s for s in seeds if s not in have]))
     inspect = os.path.join(work, f"s{seeds[0]}", f"{a}.inspect.json")
     params = load(inspect)["parameters"] if os.path.exists(inspect) else None
@@ -57,8 +74,13 @@ for a in allocs:
     for st in ("s1", "s2"):
         stages[st] = [{l: ppl(load(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json")), l) for l in LANGS} for s in have]
     old_seeds, old_stages = published_entries(a, per_layer)
-    have = old_seeds + have
-    stages = {st: old_stages[st] + stages[st] for st in stages}
+    if set(old_seeds) & set(have):
+        sys.exit(f"PUBLISHED_SEEDS: allocation `{a}` seed(s) {sorted(set(old_seeds) & set(have))} are both published"
+                 " and run here: leave them out of SEEDS or ALLOCS, or out of PUBLISHED_SEEDS")
+    order = sorted(range(len(old_seeds) + len(have)), key=lambda i: int((old_seeds + have)[i]))
+    stages = {st: [(old_stages[st] + stages[st])[i] for i in order] for st in stages}
+    provenance[a] = (old_seeds, have)
+    have = [(old_seeds + have)[i] for i in order]
     if params is None and prior is not None and a in prior["allocations"]:
         params = prior["allocations"][a]["parameters"]
     results["allocations"][a] = {"new_experts_per_layer": per_layer, "parameters": params, "seeds": have, **stages}
@@ -81,15 +103,16 @@ if "neuronmoe" in results["allocations"]:
         if a == "neuronmoe":
             continue
         al = results["allocations"][a]
-        d = [geo(x) / geo(nm[s]) - 1 for s, x in zip(al["seeds"], al["s2"]) if s in nm]
+        both = sorted((s, x) for s, x in zip(al["seeds"], al["s2"]) if s in nm)
+        d = [geo(x) / geo(nm[s]) - 1 for s, x in both]
         if d:
-            paired[a] = {"seeds": [s for s in al["seeds"] if s in nm], "relative_geo_ppl": d,
+            paired[a] = {"seeds": [s for s, _ in both], "relative_geo_ppl": d,
                          "same_total": sum(al["new_experts_per_layer"]) == sum(results["allocations"]["neuronmoe"]["new_experts_per_layer"])}
 results["paired_vs_neuronmoe"] = paired
 hu_only = os.path.join(work, "alloc-hu-only.json")
 if os.path.exists(hu_only):
     results["hu_only_new_experts_per_layer"] = load(hu_only)["new_experts_per_layer"]
-evs = [load(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json")) for a in allocs for s in seeds for st in ("s1", "s2")
+evs = [load(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json")) for a in run_allocs for s in seeds for st in ("s1", "s2")
        if os.path.exists(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json"))]
 results["eval_streams"] = stream_hashes(evs + [base])
 merge_published(results, prior, published, seeds)
@@ -209,7 +232,8 @@ os.makedirs(out, exist_ok=True)
 # Task accuracy (issue 36): `eval --task` reports of the base and of every allocation after stage 2.
 # With the published seeds' records (report_common.pooled_tasks).
 task_rows = [("base", *pooled_tasks(work, None, prior, published, "base", "base.tasks.json"))]
-task_rows += [(a, *pooled_tasks(work, seeds, prior, published, a, f"{a}-s2.tasks.json")) for a in allocs]
+task_rows += [(a, *pooled_tasks(work, seeds if a in run_allocs else [], prior, published, a, f"{a}-s2.tasks.json"))
+              for a in allocs]
 task_rows = [(a, evs, recs) for a, evs, recs in task_rows if evs]
 results["task_accuracy"] = {a: recs for a, _, recs in task_rows}
 
@@ -242,7 +266,21 @@ with open(os.path.join(out, "README.md"), "w") as f:
             " exactly as many experts as NeuronMoE (the earlier uniform baseline added 60 against 51), so they"
             " differ from it only in where the experts go: NeuronMoE's claim is about placement. LayerMoE-style"
             " (`layermoe`) keeps its own total.\n\n")
-    f.write(published_note(published))
+    if published and any(p[1] for p in provenance.values()) and set(published) & set(seeds):
+        # Pooled row by row: say which seeds of which allocation came from where.
+        def group(i):
+            by = {}
+            for a, p in provenance.items():
+                if p[i]:
+                    by.setdefault(", ".join(p[i]), []).append(f"`{a}`")
+            return "; ".join(f"seed(s) {k} of {', '.join(v)}" for k, v in by.items())
+        f.write(f"Pooled allocation by allocation. From an earlier sitting: {group(0)} — their numbers come from the"
+                " results.json it published (checked here to be the same budget, allocations and evaluation token"
+                " streams, `eval_streams`; which machine, and when: the run notes in docs/experiments/README.md;"
+                f" their commands and wall times: that version of this README in the git history). This sitting:"
+                f" {group(1)}; the command log below is this sitting's.\n\n")
+    else:
+        f.write(published_note(published))
     f.write(unfinished_note(missing))
     f.write("| allocation | new experts per layer | experts added | parameters added | seeds | ppl en | ppl hu |"
             " ppl el | ppl tr | geometric mean ppl, new languages |\n|---|---|---|---|---|---|---|---|---|---|\n")

@@ -13,13 +13,15 @@ def load(path):
         return json.load(f)
 
 
-def published_results(out, budget, seeds):
+def published_results(out, budget, seeds, per_row=False):
     """The results.json an earlier sitting published in `out`, when the environment names seeds it
     ran (`PUBLISHED_SEEDS`, e.g. "1": that sitting's machine and run directories are gone), so that
     a report keeps their numbers beside this run's `seeds`; None when PUBLISHED_SEEDS is unset.
     Exits with a message naming the file when it is missing, was made with another `budget` string
     (another experiment), lacks one of the published seeds, or when a published seed is also one of
-    this run's. Returns (published seed list, results dict)."""
+    this run's — unless `per_row`: a report that pools row by row (NeuronMoE's allocations) lets a
+    later sitting run published seeds of rows the earlier one did not run, and refuses a (row,
+    seed) that both have itself. Returns (published seed list, results dict)."""
     published = os.environ.get("PUBLISHED_SEEDS", "").split()
     if not published:
         return [], None
@@ -29,7 +31,7 @@ def published_results(out, budget, seeds):
     prior = load(path)
     if prior.get("budget") != budget:
         sys.exit(f"PUBLISHED_SEEDS: {path} was made with budget `{prior.get('budget')}`, this run's is `{budget}`")
-    if any(s not in prior.get("seeds", []) for s in published) or set(published) & set(seeds):
+    if any(s not in prior.get("seeds", []) for s in published) or (set(published) & set(seeds) and not per_row):
         sys.exit(f"PUBLISHED_SEEDS={' '.join(published)}: {path} holds seeds {prior.get('seeds')}; the published"
                  f" seeds must be among them and not among this run's SEEDS ({' '.join(seeds)})")
     return published, prior
@@ -47,7 +49,7 @@ def merge_published(results, prior, published, seeds):
             sys.exit(f"PUBLISHED_SEEDS: the published results scored `{name}` as token stream(s) {hashes}, this run"
                      f" as {results['eval_streams'][name]}: not the same evaluation text")
         results["eval_streams"].setdefault(name, hashes)
-    results["seeds"] = published + seeds
+    results["seeds"] = published + [s for s in seeds if s not in published]
     results["published_seeds"] = published
 
 
@@ -121,6 +123,9 @@ def pooled_tasks(work, seeds, prior, published, name, rel):
         old = [] if mine else [e for e in old if e.get("seed") is None][:1]
     else:
         old = [e for e in old if e.get("seed") in published]
+        both = sorted({e.get("seed") for e in old} & {s for s, _ in mine})
+        if both:
+            sys.exit(f"PUBLISHED_SEEDS: `{name}` seed(s) {', '.join(both)} are both published and scored by this run")
     # Pooled seeds must have scored the same tasks: a sitting run with another TASK_ITEMS is another
     # measurement (mean ± std over both would hide it).
     items = lambda e: {n: v.get("items") for n, v in e.items() if n != "seed"}

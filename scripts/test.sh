@@ -143,9 +143,20 @@ if want experiments; then
             # A later sitting pools this one's seed 1 (its run directory gone) with its own seed 2.
             cp "$work/report/results.json" "$work/first.json"
             rm -rf "$work/s1"
-            MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PARTS_SEEDS="" PUBLISHED_SEEDS=1 \
+            # NeuronMoE pools per allocation: the later sitting trains four of the six, and a third
+            # trains seed 2 of a published allocation that lacked it.
+            allocs=()
+            [ "$exp" = neuronmoe ] && allocs=(ALLOCS="neuronmoe uniform shuffled inverted")
+            env MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PARTS_SEEDS="" PUBLISHED_SEEDS=1 "${allocs[@]}" \
                 bash "experiments/$exp.sh" --smoke >/dev/null
             python3 experiments/check_pooled.py "$exp" "$work/first.json" "$work/report/results.json"
+            if [ "$exp" = neuronmoe ]; then
+                cp "$work/report/results.json" "$work/second.json"
+                rm -rf "$work/s2"
+                MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PUBLISHED_SEEDS="1 2" ALLOCS=layermoe \
+                    bash "experiments/$exp.sh" --smoke >/dev/null
+                python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
+            fi
         fi
         rm -rf "$work"
     done

@@ -279,13 +279,52 @@ fn auto_resume_resumes_a_train_job_a_clean_stop_interrupted() {
         assert!(j["state"] == "queued" || j["state"] == "interrupted", "{j}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // It continues from the checkpoint of the stop, not from step 0 (waited for before the
+    // cancel: a SIGINT before the resumed process has read its checkpoint ends it first).
+    let log_path = d.join("data").join("jobs").join(&id).join("log.txt");
+    let t = Instant::now();
+    while !std::fs::read_to_string(&log_path).unwrap_or_default().contains("resuming from") {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        assert!(t.elapsed() < Duration::from_secs(60), "the resumed run did not say it resumed: {log}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let (code, _) = s.call("POST", &format!("/api/jobs/{id}/cancel"), None);
     assert_eq!(code, 200);
     let j = wait_job(&s, &id, 60);
     assert_eq!(j["state"], "cancelled", "{j}");
-    // It continued from the checkpoint of the stop, not from step 0.
-    let log = std::fs::read_to_string(d.join("data").join("jobs").join(&id).join("log.txt")).unwrap();
-    assert!(log.contains("resuming from"), "{log}");
+}
+
+/// A cancel is stored with the job: when the server dies (SIGKILL) after
+/// a running job's cancel was accepted but before its end was recorded, the
+/// next start records it `cancelled`, and `--auto-resume` does not run it
+/// again (before, it became `interrupted` and was resumed).
+#[test]
+fn a_cancel_survives_a_server_that_dies_before_the_job_stopped() {
+    let d = tmp("cancelkill");
+    let s = Server::start(&d.join("data"), &["--auto-resume"]);
+    let cid = tiny_checkpoint(&s, "tiny");
+    let text = upload(&s, "a.txt", " a a a a a a a a a a a a\n".repeat(200).as_bytes(), 4096);
+    let spec = json!({"kind": "train", "model": cid, "stage": "dense", "steps": 1000000, "save_every": 1000000,
+                      "data": [{"name": "a", "upload": text}], "seq_len": 32, "batch": 4});
+    let (code, j) = submit(&s, spec);
+    assert_eq!(code, 201, "{j}");
+    let id = j["id"].as_str().unwrap().to_string();
+    let t = Instant::now();
+    while s.get(&format!("/api/jobs/{id}"))["progress"]["step"].as_u64().unwrap_or(0) < 2 {
+        assert!(t.elapsed() < Duration::from_secs(60), "the job did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, _) = s.call("POST", &format!("/api/jobs/{id}/cancel"), None);
+    assert_eq!(code, 200);
+    let mut s = s;
+    std::process::Command::new("kill").args(["-KILL", &s.pid().to_string()]).status().unwrap();
+    let _ = s.child.wait();
+    let s = s.restart();
+    let j = s.get(&format!("/api/jobs/{id}"));
+    assert_eq!(j["state"], "cancelled", "{j}");
+    std::thread::sleep(Duration::from_secs(2));
+    let j = s.get(&format!("/api/jobs/{id}"));
+    assert_eq!(j["state"], "cancelled", "not resumed by --auto-resume: {j}");
 }
 
 #[test]

@@ -19,6 +19,7 @@ use super::error::AppError;
 const MIGRATIONS: &[(&str, &str)] = &[
     ("0001_init.sql", include_str!("../../migrations/0001_init.sql")),
     ("0002_job_memory.sql", include_str!("../../migrations/0002_job_memory.sql")),
+    ("0003_job_cancel.sql", include_str!("../../migrations/0003_job_cancel.sql")),
 ];
 
 /// A shared handle on the database.

@@ -222,6 +222,21 @@ impl MoergeShared {
         MoergeShared { shared_expert: models, shared_gate: gated, shared_prompts: None }
     }
 
+    /// The `moerge` flags that give these values (`--shared-expert=P` per
+    /// model, `--shared-gate`, `--shared-prompts=P`): what clap parses back
+    /// into this struct (the backend's recipe test checks it).
+    pub fn flags(&self) -> Vec<String> {
+        let mut v: Vec<String> =
+            self.shared_expert.iter().map(|p| format!("--shared-expert={}", p.display())).collect();
+        if self.shared_gate {
+            v.push("--shared-gate".into());
+        }
+        if let Some(p) = &self.shared_prompts {
+            v.push(format!("--shared-prompts={}", p.display()));
+        }
+        v
+    }
+
     /// Whether the gate is computed from prompts (gated, under a `hidden`
     /// or `cheap-embed` router `kind`): then `shared_prompts` is needed.
     pub fn prompt_gate(&self, kind: RouterInitArg) -> bool {

@@ -170,6 +170,32 @@ pub struct MoergeStage {
     pub layout: Option<String>,
 }
 
+impl MoergeStage {
+    /// The `moerge` command line that does this stage, writing `out`: the
+    /// one place its argv is made from the typed stage (the backend's
+    /// recipe test parses it back and compares).
+    pub fn argv(&self, out: &Path) -> Vec<String> {
+        let mut argv = vec!["moerge".to_string()];
+        argv.extend(self.models.iter().map(|p| s(p)));
+        if let Some(b) = &self.base {
+            argv.push(format!("--base={}", s(b)));
+        }
+        argv.extend(crate::ops::flags(&self.params));
+        if let Some(p) = &self.expert_prompts {
+            argv.push(format!("--expert-prompts={}", s(p)));
+        }
+        argv.extend(self.shared.flags());
+        if let Some(d) = &self.dtype {
+            argv.push(format!("--dtype={d}"));
+        }
+        if let Some(l) = &self.layout {
+            argv.push(format!("--layout={l}"));
+        }
+        argv.push(format!("--out={}", s(out)));
+        argv
+    }
+}
+
 /// A recipe as commands, with the files they read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RecipePlan {
@@ -285,25 +311,12 @@ fn plan_moe(
     if let Some(b) = &base {
         inputs.push(("base_model".into(), b.clone()));
     }
-    let mut common = Vec::new();
-    if let Some(d) = r.dtype {
-        common.push(format!("--dtype={}", d.to_string().to_ascii_lowercase()));
-    }
-    if let Some(l) = &r.layout {
-        common.push(format!("--layout={l}"));
-    }
     // Stage 1: the MoE.
     let first_out = stage_out(0, "moe");
     match &r.source {
         MoeSource::Experts(experts) => {
-            let mut argv = vec!["moerge".to_string()];
             for (i, e) in experts.iter().enumerate() {
-                let p = resolve(ctx, &e.source_model);
-                argv.push(s(&p));
-                inputs.push((format!("experts[{i}].source_model"), p));
-            }
-            if let Some(b) = &base {
-                argv.push(format!("--base={}", s(b)));
+                inputs.push((format!("experts[{i}].source_model"), resolve(ctx, &e.source_model)));
             }
             let d = MoergeParams::default();
             let mut params = MoergeParams {
@@ -314,7 +327,6 @@ fn plan_moe(
                 ..d
             };
             r.gate.set_moerge(&mut params);
-            argv.extend(crate::ops::flags(&params));
             let mut op = MoergeStage {
                 models: experts.iter().map(|e| resolve(ctx, &e.source_model)).collect(),
                 base: base.clone(),
@@ -335,25 +347,15 @@ fn plan_moe(
                 path
             };
             if r.gate.needs_prompts() {
-                let p = prompt_file("expert_prompts.json", experts, files);
-                argv.push(format!("--expert-prompts={}", s(&p)));
-                op.expert_prompts = Some(p);
+                op.expert_prompts = Some(prompt_file("expert_prompts.json", experts, files));
             }
-            for (i, e) in r.shared.experts.iter().enumerate() {
-                let p = resolve(ctx, &e.source_model);
-                argv.push(format!("--shared-expert={}", s(&p)));
-                inputs.push((format!("shared_experts[{i}].source_model"), p));
-            }
-            if r.shared.gated {
-                argv.push("--shared-gate".into());
+            for (i, p) in op.shared.shared_expert.iter().enumerate() {
+                inputs.push((format!("shared_experts[{i}].source_model"), p.clone()));
             }
             if r.shared.prompt_gate(&r.gate) {
-                let p = prompt_file("shared_prompts.json", &r.shared.experts, files);
-                argv.push(format!("--shared-prompts={}", s(&p)));
-                op.shared.shared_prompts = Some(p);
+                op.shared.shared_prompts = Some(prompt_file("shared_prompts.json", &r.shared.experts, files));
             }
-            argv.extend(common.iter().cloned());
-            argv.push(format!("--out={}", s(&first_out)));
+            let argv = op.argv(&first_out);
             stages.push(Stage { command: "moerge", op: StageOp::Moerge(op), argv, out: first_out.clone() });
         }
         MoeSource::Upcycle { spec, allocation } => {

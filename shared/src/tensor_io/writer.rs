@@ -412,13 +412,15 @@ mod native {
                 if card.is_some() && *name == crate::tensor_io::card::CARD_FILE {
                     continue;
                 }
-                let p = self.tmp().join(name);
-                std::fs::write(&p, bytes).map_err(|e| StudioError::io(p.display(), e))?;
+                write_synced(&self.tmp().join(name), bytes)?;
             }
             if let Some(card) = card {
-                let p = self.tmp().join(crate::tensor_io::card::CARD_FILE);
-                std::fs::write(&p, card).map_err(|e| StudioError::io(p.display(), e))?;
+                write_synced(&self.tmp().join(crate::tensor_io::card::CARD_FILE), &card)?;
             }
+            // Durable before it is visible: every file above is on disk, then the directory's
+            // entries, then (after the rename) the parent's. A training run prunes its older
+            // checkpoints once this returns, so after a power cut the newest must be whole.
+            sync_dir(self.tmp())?;
             let tmp = self.tmp_dir.take().expect("open");
             if self.out_dir.exists() {
                 // Only an empty directory can be here (checked at create).
@@ -428,8 +430,35 @@ mod native {
                 let _ = std::fs::remove_dir_all(&tmp);
                 StudioError::io(self.out_dir.display(), e)
             })?;
+            if let Some(parent) = self.out_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                sync_dir(parent)?;
+            }
             Ok(self.out_dir.clone())
         }
+    }
+
+    /// Writes `bytes` to `path` and flushes them to the device (`fsync`).
+    ///
+    /// # Errors
+    /// [`StudioError::Io`] naming `path`.
+    fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+        let mut f = std::fs::File::create(path).map_err(|e| StudioError::io(path.display(), e))?;
+        f.write_all(bytes).map_err(|e| StudioError::io(path.display(), e))?;
+        f.sync_all().map_err(|e| StudioError::io(path.display(), e))
+    }
+
+    /// Flushes a directory's entries to the device (`fsync` on the
+    /// directory: a rename or a new file in it survives a power cut). A
+    /// no-op where directories cannot be opened as files (Windows).
+    ///
+    /// # Errors
+    /// [`StudioError::Io`] naming `dir`.
+    fn sync_dir(dir: &Path) -> Result<()> {
+        #[cfg(unix)]
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| StudioError::io(dir.display(), e))?;
+        #[cfg(not(unix))]
+        let _ = dir;
+        Ok(())
     }
 
     /// Refuses a write that cannot fit: the tensor bytes of `plan` against

@@ -148,28 +148,55 @@ pub fn read_state(dir: &std::path::Path) -> crate::Result<TrainerState> {
         .map_err(|e| crate::StudioError::format(p.display(), "trainer_state.json", e.to_string()))
 }
 
-/// Checkpoint directories (`checkpoint-*` and `final`) under `out`, with
-/// their steps, oldest first (native only). Directories without a readable
-/// state are skipped.
+/// Directory name of the previous final checkpoint while a run that was
+/// resumed past its end saves the new one (`final` is renamed to it, and
+/// removed once the new `final` is written).
+pub const FINAL_OLD_DIR: &str = "final.old";
+
+/// Rank of a checkpoint directory name among those of one step (higher
+/// wins a tie), `None` when the name is not a checkpoint's.
+#[cfg(not(target_arch = "wasm32"))]
+fn checkpoint_rank(name: &str) -> Option<u8> {
+    match name {
+        FINAL_DIR => Some(2),
+        FINAL_OLD_DIR => Some(0),
+        n if n.starts_with(CHECKPOINT_PREFIX) => Some(1),
+        _ => None,
+    }
+}
+
+/// Checkpoint directories (`checkpoint-*`, `final`, and `final.old` — left
+/// by a run stopped while it re-saved `final`) under `out`, with their
+/// steps, oldest first (native only). Directories without a readable state
+/// are left out: [`unreadable_checkpoints`] lists them.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn list_checkpoints(out: &std::path::Path) -> Vec<(usize, std::path::PathBuf)> {
+    let mut found: Vec<(usize, u8, std::path::PathBuf)> =
+        checkpoint_dirs(out).into_iter().filter_map(|(rank, p)| Some((read_state(&p).ok()?.step, rank, p))).collect();
+    found.sort();
+    found.into_iter().map(|(s, _, p)| (s, p)).collect()
+}
+
+/// Checkpoint directories under `out` whose `trainer_state.json` cannot be
+/// read (a copy cut short, a file edited by hand), each with the reason
+/// (native only). They are never resumed from; `train --resume` names them.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn unreadable_checkpoints(out: &std::path::Path) -> Vec<(std::path::PathBuf, crate::StudioError)> {
+    let mut bad: Vec<_> =
+        checkpoint_dirs(out).into_iter().filter_map(|(_, p)| read_state(&p).err().map(|e| (p, e))).collect();
+    bad.sort_by(|a, b| a.0.cmp(&b.0));
+    bad
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn checkpoint_dirs(out: &std::path::Path) -> Vec<(u8, std::path::PathBuf)> {
     let Ok(rd) = std::fs::read_dir(out) else {
         return Vec::new();
     };
-    let mut found: Vec<(usize, bool, std::path::PathBuf)> = rd
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().to_string();
-            let is_final = name == FINAL_DIR;
-            if !(is_final || name.starts_with(CHECKPOINT_PREFIX)) {
-                return None;
-            }
-            let st = read_state(&e.path()).ok()?;
-            Some((st.step, is_final, e.path()))
-        })
-        .collect();
-    found.sort();
-    found.into_iter().map(|(s, _, p)| (s, p)).collect()
+    rd.flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| Some((checkpoint_rank(&e.file_name().to_string_lossy())?, e.path())))
+        .collect()
 }
 
 /// The checkpoint to resume from: the highest step (the final one on a

@@ -85,3 +85,68 @@ fn resumed_run_repeats_the_uninterrupted_loss_curve() {
         .to_string();
     assert!(e.contains("same --data"), "{e}");
 }
+
+/// A damaged checkpoint (its `trainer_state.json` unreadable, as after a
+/// power cut or a copy cut short) is never resumed from and is listed by
+/// `unreadable_checkpoints`; the resumed run replaces a damaged directory
+/// of a step it saves again and prunes damaged ones of earlier steps; a
+/// `final.old` left by a stop while `final` was re-saved is resumable.
+#[test]
+fn damaged_checkpoints_are_skipped_replaced_and_pruned() {
+    use moe_shared::train::checkpoint::{list_checkpoints, read_state, unreadable_checkpoints};
+    let Some(dense) = train_util::stories() else { return };
+    let tok = dense.tokenizer.clone().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let moe = train_util::upcycled(&dense, dir.path(), 0.1);
+    let device = Default::default();
+    let config = TrainConfig {
+        steps: 8,
+        seq_len: 32,
+        batch_size: 2,
+        lr: 3e-3,
+        warmup: 1,
+        save_every: 2,
+        keep: 2,
+        seed: 7,
+        ..TrainConfig::new(Stage::Experts)
+    };
+    let data = || train_util::hu_en(&tok, 32, true, 7).unwrap();
+    let out = dir.path().join("run");
+    let stop = AtomicBool::new(false);
+    let mut t =
+        Trainer::new(load_model::<A>(&moe, &device).unwrap(), data(), config.clone(), vec![device], "moe").unwrap();
+    t.run(&out, &stop, |m| {
+        if m.step == 4 {
+            stop.store(true, Ordering::SeqCst);
+        }
+    })
+    .unwrap();
+    drop(t);
+    let names = |out: &std::path::Path| {
+        let mut v: Vec<String> =
+            std::fs::read_dir(out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&out), vec!["checkpoint-000002", "checkpoint-000004"]);
+    // Step 4's state cut short; a damaged directory of an earlier step beside it.
+    let state = out.join("checkpoint-000004").join("trainer_state.json");
+    let raw = std::fs::read(&state).unwrap();
+    std::fs::write(&state, &raw[..raw.len() / 2]).unwrap();
+    std::fs::create_dir(out.join("checkpoint-000001")).unwrap();
+    assert_eq!(latest_checkpoint(&out).unwrap().0, 2, "the damaged step 4 is not resumed from");
+    let bad: Vec<_> = unreadable_checkpoints(&out).into_iter().map(|(p, _)| p).collect();
+    assert_eq!(bad, vec![out.join("checkpoint-000001"), out.join("checkpoint-000004")]);
+
+    let (_, ck) = latest_checkpoint(&out).unwrap();
+    let mut t = Trainer::<A>::resume(&ck, data(), config.clone(), vec![device]).unwrap();
+    t.run(&out, &AtomicBool::new(false), |_| {}).unwrap();
+    assert_eq!(names(&out), vec!["checkpoint-000004", "checkpoint-000006", "final"]);
+    assert_eq!(read_state(&out.join("checkpoint-000004")).unwrap().step, 4, "step 4 saved again, whole");
+    assert!(unreadable_checkpoints(&out).is_empty());
+
+    // A stop while `final` was re-saved leaves `final.old`: still a checkpoint, resumable.
+    std::fs::rename(out.join("final"), out.join("final.old")).unwrap();
+    assert_eq!(latest_checkpoint(&out).unwrap(), (8, out.join("final.old")));
+    assert_eq!(list_checkpoints(&out).len(), 3);
+}

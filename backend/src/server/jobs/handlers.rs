@@ -353,12 +353,25 @@ pub async fn cancel(State(st): State<AppStateRef>, P(id): P<String>) -> AppResul
         JobState::Running => {
             // `cancel` is set under the same lock the worker takes to record
             // the pid: either the pid is known here, or the worker sees the
-            // flag right after spawning and sends the SIGINT itself.
+            // flag right after spawning and sends the SIGINT itself. No pid
+            // either when a server stop has already sent the run its SIGINT.
             let Some((true, pid)) = st.jobs.mark_cancel(&id) else {
                 // Already stopping (one SIGINT and one grace timer per run),
                 // or it has just finished.
                 return Ok(Json(load(&st, &id).await?));
             };
+            // Recorded before the signal: a server that dies before the job's end is recorded
+            // makes it `cancelled` at the next start, not `interrupted` (--auto-resume would
+            // run it again).
+            let idc = id.clone();
+            st.db
+                .call(move |c| {
+                    Ok(c.execute(
+                        "UPDATE jobs SET cancel_requested_at = ?2 WHERE id = ?1 AND state = 'running'",
+                        rusqlite::params![idc, now_ms()],
+                    )?)
+                })
+                .await?;
             if let Some(pid) = pid {
                 signal_group(pid, libc::SIGINT);
             }

@@ -46,7 +46,12 @@ enum Killed {
 struct Live {
     tx: broadcast::Sender<JobEvent>,
     pid: Option<u32>,
+    /// The user cancelled this run (it ends `cancelled`).
     cancel: bool,
+    /// This run has had its one SIGINT (from a cancel, or from a server
+    /// stop): `train` takes a second one 2 s or more later as "quit without
+    /// a checkpoint", so nothing sends another.
+    interrupted: bool,
     /// Which start of a job this is (a cancel's SIGKILL timer kills only the start it cancelled).
     run: u64,
     /// Why the server killed it, if it did.
@@ -90,6 +95,7 @@ impl Runner {
             tx: broadcast::channel(256).0,
             pid: None,
             cancel: false,
+            interrupted: false,
             run: 0,
             killed: None,
             memory: None,
@@ -116,26 +122,40 @@ impl Runner {
         self.live.lock().unwrap_or_else(|e| e.into_inner()).values().filter_map(|l| l.pid).collect()
     }
 
-    /// The pids of running jobs no cancel has signalled yet (the ones a
-    /// shutdown's SIGINT goes to: a cancelled job has had its SIGINT).
-    fn uncancelled_pids(&self) -> Vec<u32> {
-        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
-        live.values().filter(|l| !l.cancel).filter_map(|l| l.pid).collect()
+    /// The pids of running jobs that have had no SIGINT yet (a cancel's or
+    /// the worker's), each marked as having had it: the ones a server
+    /// stop's SIGINT goes to.
+    fn take_uninterrupted_pids(&self) -> Vec<u32> {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.values_mut()
+            .filter(|l| !l.interrupted)
+            .filter_map(|l| {
+                let pid = l.pid?;
+                l.interrupted = true;
+                Some(pid)
+            })
+            .collect()
     }
 
-    /// Marks job `id` cancelled: `(true, pid)` the first time (the caller
-    /// sends the one SIGINT when the pid is known, else the worker does
-    /// right after spawning, and starts the grace timer), `(false, pid)`
-    /// when a cancel came before. `train` takes a second SIGINT 2 s or
-    /// more after the first as "quit without a checkpoint", so a repeated
-    /// cancel (a second click, a retried request) must send nothing.
-    /// `None` when `id` has no live state (it has just finished: nothing
-    /// to signal, and no entry is made that nothing would remove).
+    /// Marks job `id` cancelled: `(true, pid to signal)` the first time
+    /// (the caller records the cancel, sends the SIGINT to the pid given,
+    /// and starts the grace timer; no pid when the process is not spawned
+    /// yet — the worker signals right after spawning — or when a server
+    /// stop has already sent its SIGINT), `(false, None)` when a cancel came
+    /// before. `train` takes a second SIGINT 2 s or more after the first as
+    /// "quit without a checkpoint", so a run gets one SIGINT however often
+    /// it is stopped. `None` when `id` has no live state (it has just
+    /// finished: nothing to signal, and no entry is made that nothing would
+    /// remove).
     fn mark_cancel(&self, id: &str) -> Option<(bool, Option<u32>)> {
         self.if_live(id, |l| {
             let first = !l.cancel;
             l.cancel = true;
-            (first, l.pid)
+            let signal = if first && !l.interrupted { l.pid } else { None };
+            if signal.is_some() {
+                l.interrupted = true;
+            }
+            (first, signal)
         })
     }
 
@@ -197,20 +217,26 @@ fn data_rel(d: &DataRef, heldout: bool, ext: &str) -> String {
 mod tests {
     use super::*;
 
-    /// A cancel signals once: the second cancel of the same run, and a
-    /// shutdown after it, send no second SIGINT (which would stop `train`
-    /// without its checkpoint); the final SIGKILL sweep still sees it.
+    /// A run gets one SIGINT: a second cancel, a server stop after a cancel,
+    /// and a cancel during a server stop send no second one (which would
+    /// stop `train` without its checkpoint); the final SIGKILL sweep still
+    /// sees every job.
     #[test]
     fn a_job_gets_one_sigint_however_often_it_is_stopped() {
         let r = Runner::new(1).unwrap();
         r.with_live("a", |l| l.pid = Some(41));
         r.with_live("b", |l| l.pid = Some(42));
+        r.with_live("c", |l| l.pid = None);
         assert_eq!(r.mark_cancel("a"), Some((true, Some(41))));
-        assert_eq!(r.mark_cancel("a"), Some((false, Some(41))));
+        assert_eq!(r.mark_cancel("a"), Some((false, None)));
         // A job that has just finished: nothing to signal, no entry left behind.
         assert_eq!(r.mark_cancel("gone"), None);
         assert!(r.if_live("gone", |_| ()).is_none());
-        assert_eq!(r.uncancelled_pids(), vec![42]);
+        // The stop signals the others once, and a job not spawned yet not at all.
+        assert_eq!(r.take_uninterrupted_pids(), vec![42]);
+        assert_eq!(r.take_uninterrupted_pids(), Vec::<u32>::new());
+        // A cancel during the stop is recorded but sends no second SIGINT.
+        assert_eq!(r.mark_cancel("b"), Some((true, None)));
         let mut all = r.live_pids();
         all.sort_unstable();
         assert_eq!(all, vec![41, 42]);

@@ -237,6 +237,7 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
     st.jobs.with_live(id, |l| {
         l.pid = None;
         l.cancel = false;
+        l.interrupted = false;
         l.run = run;
         l.killed = None;
         l.memory = None;
@@ -247,7 +248,7 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
         .db
         .call(move |c| {
             Ok(c.execute(
-                "UPDATE jobs SET state = 'running', pid = NULL, attempts = attempts + 1, started_at = ?2, \
+                "UPDATE jobs SET state = 'running', pid = NULL, cancel_requested_at = NULL, attempts = attempts + 1, started_at = ?2, \
                  finished_at = NULL, error = NULL WHERE id = ?1 AND state = 'queued'",
                 rusqlite::params![idc, started as i64],
             )?)
@@ -280,18 +281,21 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
     // Held until the child exits: closing it tells the child to exit.
     let _stdin = child.stdin.take();
     let pid = child.id().unwrap_or(0);
-    // A cancel that came after the transition but before the pid was known
-    // set `cancel` and could not signal: do it now.
     let limit = st.job_memory_limit;
     let memory = crate::server::limits::watch(pid, limit, &format!("moe-studio-job-{id}"));
     // Stopped however this function leaves (an error after the spawn
     // included): a watch left polling a dead pid could, without a cgroup,
     // SIGKILL a later process group that reuses it.
     let _stop_watch = StopWatch(memory.clone());
-    let cancel_early = st.jobs.with_live(id, |l| {
+    // A cancel that came after the transition but before the pid was known, or a server stop
+    // whose SIGINT pass ran before it: this run's one SIGINT is sent here (decided under the
+    // lock both of those take, so it is sent once).
+    let signal_now = st.jobs.with_live(id, |l| {
         l.pid = Some(pid);
         l.memory = Some(memory.clone());
-        l.cancel
+        let now = (l.cancel || *st.jobs.shutdown.borrow()) && !l.interrupted;
+        l.interrupted |= now;
+        now
     });
     set_state(
         st,
@@ -300,8 +304,7 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
         vec![(pid as i64).into(), (limit as i64).into()],
     )
     .await?;
-    // Likewise a job spawned after a shutdown's SIGINT pass.
-    if cancel_early || *st.jobs.shutdown.borrow() {
+    if signal_now {
         signal_group(pid, libc::SIGINT);
     }
     st.jobs.emit(id, JobEvent::State { state: JobState::Running, error: None, output_checkpoint: None });
@@ -496,15 +499,16 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
 /// # Errors
 /// Database errors.
 pub async fn recover(st: &AppStateRef) -> AppResult<()> {
-    let running: Vec<(String, Option<i64>)> = st
+    let running: Vec<(String, Option<i64>, Option<i64>)> = st
         .db
         .call(|c| {
-            let mut s = c.prepare("SELECT id, pid FROM jobs WHERE state = 'running'")?;
-            let v = s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<Vec<_>>>()?;
+            let mut s = c.prepare("SELECT id, pid, cancel_requested_at FROM jobs WHERE state = 'running'")?;
+            let v =
+                s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect::<rusqlite::Result<Vec<_>>>()?;
             Ok(v)
         })
         .await?;
-    for (id, pid) in &running {
+    for (id, pid, cancel_requested) in &running {
         if let Some(pid) = pid.map(|p| p as u32) {
             // The pid may have been reused since: only a process working in
             // this job's directory is the job's (its command line need not
@@ -520,6 +524,19 @@ pub async fn recover(st: &AppStateRef) -> AppResult<()> {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
+        }
+        if cancel_requested.is_some() {
+            // The user had cancelled it; the server stopped before the job's end was recorded.
+            set_state(
+                st,
+                id,
+                "UPDATE jobs SET state = 'cancelled', pid = NULL, error = 'cancelled; the server stopped before the \
+                 job had finished stopping', finished_at = ?2 WHERE id = ?1",
+                vec![(now_ms() as i64).into()],
+            )
+            .await?;
+            tracing::info!("job {id}: cancelled (its cancel was requested before the previous server stopped)");
+            continue;
         }
         set_state(
             st,
@@ -558,14 +575,14 @@ pub async fn recover(st: &AppStateRef) -> AppResult<()> {
 }
 
 /// Marks the pool as stopping (queued jobs stay queued for the next start,
-/// event streams end) and sends SIGINT once to every running job that a
-/// cancel has not already signalled (a second SIGINT would stop `train`
-/// without its checkpoint).
+/// event streams end) and sends SIGINT to every running job that has not
+/// had one (from a cancel; a second SIGINT would stop `train` without its
+/// checkpoint).
 pub fn begin_shutdown(st: &AppStateRef) {
     if st.jobs.shutdown.send_replace(true) {
         return;
     }
-    for pid in st.jobs.uncancelled_pids() {
+    for pid in st.jobs.take_uninterrupted_pids() {
         signal_group(pid, libc::SIGINT);
     }
 }

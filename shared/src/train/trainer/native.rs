@@ -10,8 +10,8 @@ use crate::checkpoint::open_model;
 use crate::model::{load_model_as, save_model};
 use crate::tensor_io::DType;
 use crate::train::checkpoint::{
-    latest_checkpoint, list_checkpoints, read_state, record_from_bytes, record_to_bytes, CHECKPOINT_PREFIX, FINAL_DIR,
-    OPTIMIZER_FILE, STATE_FILE,
+    latest_checkpoint, list_checkpoints, read_state, record_from_bytes, record_to_bytes, unreadable_checkpoints,
+    CHECKPOINT_PREFIX, FINAL_DIR, FINAL_OLD_DIR, OPTIMIZER_FILE, STATE_FILE,
 };
 
 /// How [`Trainer::run`] ended.
@@ -154,7 +154,7 @@ impl<B: AutodiffBackend> Trainer<B> {
             }
         }
         let fin = out.join(FINAL_DIR);
-        let old = out.join(format!("{FINAL_DIR}.old"));
+        let old = out.join(FINAL_OLD_DIR);
         if fin.exists() {
             if old.exists() {
                 std::fs::remove_dir_all(&old).map_err(|e| StudioError::io(old.display(), e))?;
@@ -174,18 +174,25 @@ impl<B: AutodiffBackend> Trainer<B> {
 
     fn save_periodic(&self, out: &Path) -> Result<PathBuf> {
         let dir = self.periodic_dir(out);
+        // Our own directory name without a readable state is a damaged copy of this step
+        // (a power cut on an older version, a hand edit): it is replaced, not kept.
+        if dir.exists() && read_state(&dir).is_err() {
+            std::fs::remove_dir_all(&dir).map_err(|e| StudioError::io(dir.display(), e))?;
+        }
         if !dir.exists() {
             self.save_checkpoint(&dir)?;
         }
-        let periodic: Vec<(usize, PathBuf)> = list_checkpoints(out)
-            .into_iter()
-            .filter(|(_, p)| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(CHECKPOINT_PREFIX)))
-            .collect();
+        let is_periodic = |p: &Path| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(CHECKPOINT_PREFIX));
+        let periodic: Vec<(usize, PathBuf)> =
+            list_checkpoints(out).into_iter().filter(|(_, p)| is_periodic(p)).collect();
         let keep = self.config.keep.max(1);
-        if periodic.len() > keep {
-            for (_, p) in &periodic[..periodic.len() - keep] {
-                std::fs::remove_dir_all(p).map_err(|e| StudioError::io(p.display(), e))?;
-            }
+        let mut prune: Vec<PathBuf> =
+            periodic[..periodic.len().saturating_sub(keep)].iter().map(|(_, p)| p.clone()).collect();
+        // Damaged periodic checkpoints of earlier steps go with the pruned ones (never resumable,
+        // they would otherwise stay forever).
+        prune.extend(unreadable_checkpoints(out).into_iter().map(|(p, _)| p).filter(|p| is_periodic(p) && *p < dir));
+        for p in &prune {
+            std::fs::remove_dir_all(p).map_err(|e| StudioError::io(p.display(), e))?;
         }
         Ok(dir)
     }

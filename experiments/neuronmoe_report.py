@@ -44,8 +44,19 @@ def published_entries(a, per_layer):
     if p["new_experts_per_layer"] != per_layer:
         sys.exit(f"PUBLISHED_SEEDS: allocation `{a}` was {p['new_experts_per_layer']} in the published results,"
                  f" {per_layer} in this run: not the same experiment")
+    # Every seed the published row holds is carried (PUBLISHED_SEEDS) or run again here: a seed in
+    # neither would vanish from the only copy of the results when this report overwrites it.
+    lost = [s for s in p["seeds"] if s not in published and not (a in run_allocs and s in seeds)]
+    if lost:
+        sys.exit(f"PUBLISHED_SEEDS: allocation `{a}` has seed(s) {', '.join(lost)} in the published results, which"
+                 " this run neither carries (add them to PUBLISHED_SEEDS) nor runs again")
     idx = [i for i, s in enumerate(p["seeds"]) if s in published]
     return [p["seeds"][i] for i in idx], {st: [p[st][i] for i in idx] for st in ("s1", "s2")}
+
+
+def seed_key(s):
+    """Sort key of a seed: numbers in numeric order ("2" before "10"), then any other name."""
+    return (0, int(s), "") if s.isdigit() else (1, 0, s)
 
 
 def allocation_of(a):
@@ -77,7 +88,7 @@ for a in allocs:
     if set(old_seeds) & set(have):
         sys.exit(f"PUBLISHED_SEEDS: allocation `{a}` seed(s) {sorted(set(old_seeds) & set(have))} are both published"
                  " and run here: leave them out of SEEDS or ALLOCS, or out of PUBLISHED_SEEDS")
-    order = sorted(range(len(old_seeds) + len(have)), key=lambda i: int((old_seeds + have)[i]))
+    order = sorted(range(len(old_seeds) + len(have)), key=lambda i: seed_key((old_seeds + have)[i]))
     stages = {st: [(old_stages[st] + stages[st])[i] for i in order] for st in stages}
     provenance[a] = (old_seeds, have)
     have = [(old_seeds + have)[i] for i in order]
@@ -103,7 +114,7 @@ if "neuronmoe" in results["allocations"]:
         if a == "neuronmoe":
             continue
         al = results["allocations"][a]
-        both = sorted((s, x) for s, x in zip(al["seeds"], al["s2"]) if s in nm)
+        both = sorted(((s, x) for s, x in zip(al["seeds"], al["s2"]) if s in nm), key=lambda sx: seed_key(sx[0]))
         d = [geo(x) / geo(nm[s]) - 1 for s, x in both]
         if d:
             paired[a] = {"seeds": [s for s, _ in both], "relative_geo_ppl": d,

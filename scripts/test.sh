@@ -147,15 +147,25 @@ if want experiments; then
             # trains seed 2 of a published allocation that lacked it.
             allocs=()
             [ "$exp" = neuronmoe ] && allocs=(ALLOCS="neuronmoe uniform shuffled inverted")
-            env MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PARTS_SEEDS="" PUBLISHED_SEEDS=1 "${allocs[@]}" \
+            env MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PARTS_SEEDS="" PUBLISHED_SEEDS=1 ${allocs[@]+"${allocs[@]}"} \
                 bash "experiments/$exp.sh" --smoke >/dev/null
             python3 experiments/check_pooled.py "$exp" "$work/first.json" "$work/report/results.json"
             if [ "$exp" = neuronmoe ]; then
                 cp "$work/report/results.json" "$work/second.json"
-                rm -rf "$work/s2"
+                # (the allocations it does not train are read from the published rows)
+                rm -rf "$work/s2" "$work"/alloc-*.json
                 MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PUBLISHED_SEEDS="1 2" ALLOCS=layermoe \
                     bash "experiments/$exp.sh" --smoke >/dev/null
                 python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
+                grep -q "Pooled allocation by allocation" "$work/report/README.md"
+                # A published seed that would be lost (not carried, not run again) is refused.
+                if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PUBLISHED_SEEDS=1 ALLOCS=layermoe \
+                    bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
+                    || ! grep -q "neither carries" "$work/refused.log"; then
+                    echo "neuronmoe report: dropping published seed 2 of the other allocations was not refused" >&2
+                    tail -3 "$work/refused.log" >&2
+                    exit 1
+                fi
             fi
         fi
         rm -rf "$work"

@@ -296,8 +296,9 @@ fn auto_resume_resumes_a_train_job_a_clean_stop_interrupted() {
 
 /// A cancel is stored with the job: when the server dies (SIGKILL) after
 /// a running job's cancel was accepted but before its end was recorded, the
-/// next start records it `cancelled`, and `--auto-resume` does not run it
-/// again (before, it became `interrupted` and was resumed).
+/// next start records it `cancelled` (and kills the job's process left
+/// behind), and `--auto-resume` does not run it again (before, it became
+/// `interrupted` and was resumed).
 #[test]
 fn a_cancel_survives_a_server_that_dies_before_the_job_stopped() {
     let d = tmp("cancelkill");
@@ -313,6 +314,19 @@ fn a_cancel_survives_a_server_that_dies_before_the_job_stopped() {
     while s.get(&format!("/api/jobs/{id}"))["progress"]["step"].as_u64().unwrap_or(0) < 2 {
         assert!(t.elapsed() < Duration::from_secs(60), "the job did not start");
         std::thread::sleep(Duration::from_millis(50));
+    }
+    // The job's process is stopped (SIGSTOP) first, so it cannot finish stopping and be
+    // recorded before the server dies: the test does not depend on timing.
+    let job_dir = std::fs::canonicalize(d.join("data").join("jobs").join(&id)).unwrap();
+    let pids: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read_link(e.path().join("cwd")).is_ok_and(|c| c == job_dir))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!pids.is_empty(), "no process works in {}", job_dir.display());
+    for p in &pids {
+        std::process::Command::new("kill").args(["-STOP", p]).status().unwrap();
     }
     let (code, _) = s.call("POST", &format!("/api/jobs/{id}/cancel"), None);
     assert_eq!(code, 200);

@@ -542,8 +542,8 @@ impl WithAutodiff for Args {
         }
         let out = a.out.clone().context("--out is required with --engine burn")?;
         let existing = latest_checkpoint(&out);
-        for (dir, e) in moe_shared::train::checkpoint::unreadable_checkpoints(&out) {
-            eprintln!("warning: {} is not a usable checkpoint ({e}); it is skipped", dir.display());
+        for u in moe_shared::train::checkpoint::unreadable_checkpoints(&out) {
+            eprintln!("warning: {} is not a usable checkpoint ({}); it is skipped", u.dir.display(), u.error);
         }
         let mut trainer = if a.resume {
             let (step, dir) = existing

@@ -397,9 +397,10 @@ mod native {
                     }
                 }
                 let idx = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-                let p = self.tmp().join("model.safetensors.index.json");
-                std::fs::write(&p, serde_json::to_vec_pretty(&idx).expect("json"))
-                    .map_err(|e| StudioError::io(p.display(), e))?;
+                write_synced(
+                    &self.tmp().join("model.safetensors.index.json"),
+                    &serde_json::to_vec_pretty(&idx).expect("json"),
+                )?;
             }
             let card = self.opts.card.take().map(|mut c| {
                 if c.title.is_empty() {
@@ -430,9 +431,8 @@ mod native {
                 let _ = std::fs::remove_dir_all(&tmp);
                 StudioError::io(self.out_dir.display(), e)
             })?;
-            if let Some(parent) = self.out_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                sync_dir(parent)?;
-            }
+            let parent = self.out_dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            sync_dir(parent)?;
             Ok(self.out_dir.clone())
         }
     }
@@ -449,13 +449,18 @@ mod native {
 
     /// Flushes a directory's entries to the device (`fsync` on the
     /// directory: a rename or a new file in it survives a power cut). A
-    /// no-op where directories cannot be opened as files (Windows).
+    /// no-op where directories cannot be opened as files (Windows) and on
+    /// filesystems that do not sync directories (some FUSE, CIFS, 9p mounts
+    /// answer EINVAL or ENOTSUP: the write is then as durable as they allow).
     ///
     /// # Errors
-    /// [`StudioError::Io`] naming `dir`.
+    /// [`StudioError::Io`] naming `dir`, for any other error.
     fn sync_dir(dir: &Path) -> Result<()> {
         #[cfg(unix)]
-        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| StudioError::io(dir.display(), e))?;
+        match std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::InvalidInput | std::io::ErrorKind::Unsupported) => {}
+            r => r.map_err(|e| StudioError::io(dir.display(), e))?,
+        }
         #[cfg(not(unix))]
         let _ = dir;
         Ok(())

@@ -138,20 +138,49 @@ pub fn record_from_bytes<B: Backend, R: burn::record::Record<B>>(
     }
 }
 
-/// Step recorded in a checkpoint directory's `trainer_state.json`
-/// (native only); `None` when it has none or it does not parse.
+/// The trainer state of a checkpoint directory (native only).
+///
+/// # Errors
+/// [`crate::StudioError::Io`] when `trainer_state.json` cannot be read,
+/// [`crate::StudioError::Format`] when it does not parse.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn read_state(dir: &std::path::Path) -> crate::Result<TrainerState> {
+    read_state_classified(dir).map_err(|(e, _)| e)
+}
+
+/// [`read_state`], with whether a failure shows the directory is damaged:
+/// its state file is missing, or cut short / not JSON (a syntax or EOF
+/// error) — what a copy cut short or a power cut leaves. Other failures (a
+/// permission error, a state a newer build wrote) are not damage: nothing
+/// removes such a directory.
+#[cfg(not(target_arch = "wasm32"))]
+fn read_state_classified(dir: &std::path::Path) -> Result<TrainerState, (crate::StudioError, bool)> {
     let p = dir.join(STATE_FILE);
-    let raw = std::fs::read(&p).map_err(|e| crate::StudioError::io(p.display(), e))?;
-    serde_json::from_slice(&raw)
-        .map_err(|e| crate::StudioError::format(p.display(), "trainer_state.json", e.to_string()))
+    let raw = std::fs::read(&p).map_err(|e| {
+        let missing = e.kind() == std::io::ErrorKind::NotFound;
+        (crate::StudioError::io(p.display(), e), missing)
+    })?;
+    serde_json::from_slice(&raw).map_err(|e| {
+        let damaged = matches!(e.classify(), serde_json::error::Category::Syntax | serde_json::error::Category::Eof);
+        (crate::StudioError::format(p.display(), "trainer_state.json", e.to_string()), damaged)
+    })
 }
 
 /// Directory name of the previous final checkpoint while a run that was
 /// resumed past its end saves the new one (`final` is renamed to it, and
 /// removed once the new `final` is written).
 pub const FINAL_OLD_DIR: &str = "final.old";
+
+/// The step a periodic checkpoint's directory name gives
+/// (`checkpoint-000040` -> 40); `None` for any other name.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn periodic_step(name: &str) -> Option<usize> {
+    let digits = name.strip_prefix(CHECKPOINT_PREFIX)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
 
 /// Rank of a checkpoint directory name among those of one step (higher
 /// wins a tie), `None` when the name is not a checkpoint's.
@@ -160,13 +189,13 @@ fn checkpoint_rank(name: &str) -> Option<u8> {
     match name {
         FINAL_DIR => Some(2),
         FINAL_OLD_DIR => Some(0),
-        n if n.starts_with(CHECKPOINT_PREFIX) => Some(1),
+        n if periodic_step(n).is_some() => Some(1),
         _ => None,
     }
 }
 
-/// Checkpoint directories (`checkpoint-*`, `final`, and `final.old` — left
-/// by a run stopped while it re-saved `final`) under `out`, with their
+/// Checkpoint directories (`checkpoint-NNNNNN`, `final`, and `final.old` —
+/// left by a run stopped while it re-saved `final`) under `out`, with their
 /// steps, oldest first (native only). Directories without a readable state
 /// are left out: [`unreadable_checkpoints`] lists them.
 #[cfg(not(target_arch = "wasm32"))]
@@ -177,14 +206,33 @@ pub fn list_checkpoints(out: &std::path::Path) -> Vec<(usize, std::path::PathBuf
     found.into_iter().map(|(s, _, p)| (s, p)).collect()
 }
 
-/// Checkpoint directories under `out` whose `trainer_state.json` cannot be
-/// read (a copy cut short, a file edited by hand), each with the reason
-/// (native only). They are never resumed from; `train --resume` names them.
+/// A checkpoint directory whose `trainer_state.json` cannot be read.
 #[cfg(not(target_arch = "wasm32"))]
-pub fn unreadable_checkpoints(out: &std::path::Path) -> Vec<(std::path::PathBuf, crate::StudioError)> {
-    let mut bad: Vec<_> =
-        checkpoint_dirs(out).into_iter().filter_map(|(_, p)| read_state(&p).err().map(|e| (p, e))).collect();
-    bad.sort_by(|a, b| a.0.cmp(&b.0));
+#[derive(Debug)]
+pub struct Unreadable {
+    /// The directory.
+    pub dir: std::path::PathBuf,
+    /// Why its state cannot be read.
+    pub error: crate::StudioError,
+    /// Whether that shows damage (state missing, cut short or not JSON):
+    /// the trainer replaces or prunes a damaged periodic checkpoint, and
+    /// never touches the others.
+    pub damaged: bool,
+}
+
+/// Checkpoint directories under `out` whose `trainer_state.json` cannot be
+/// read (a copy cut short, a file edited by hand, a newer build's state),
+/// in name order (native only). They are never resumed from; `train`
+/// names them.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn unreadable_checkpoints(out: &std::path::Path) -> Vec<Unreadable> {
+    let mut bad: Vec<Unreadable> = checkpoint_dirs(out)
+        .into_iter()
+        .filter_map(|(_, dir)| {
+            read_state_classified(&dir).err().map(|(error, damaged)| Unreadable { dir, error, damaged })
+        })
+        .collect();
+    bad.sort_by(|a, b| a.dir.cmp(&b.dir));
     bad
 }
 

@@ -135,13 +135,15 @@ fn damaged_checkpoints_are_skipped_replaced_and_pruned() {
     std::fs::write(&state, &raw[..raw.len() / 2]).unwrap();
     std::fs::create_dir(out.join("checkpoint-000001")).unwrap();
     assert_eq!(latest_checkpoint(&out).unwrap().0, 2, "the damaged step 4 is not resumed from");
-    let bad: Vec<_> = unreadable_checkpoints(&out).into_iter().map(|(p, _)| p).collect();
-    assert_eq!(bad, vec![out.join("checkpoint-000001"), out.join("checkpoint-000004")]);
+    // Not checkpoints: a user's directory whose name only starts like one.
+    std::fs::create_dir(out.join("checkpoint-000001-notes")).unwrap();
+    let bad: Vec<_> = unreadable_checkpoints(&out).into_iter().map(|u| (u.dir, u.damaged)).collect();
+    assert_eq!(bad, vec![(out.join("checkpoint-000001"), true), (out.join("checkpoint-000004"), true)]);
 
     let (_, ck) = latest_checkpoint(&out).unwrap();
     let mut t = Trainer::<A>::resume(&ck, data(), config.clone(), vec![device]).unwrap();
     t.run(&out, &AtomicBool::new(false), |_| {}).unwrap();
-    assert_eq!(names(&out), vec!["checkpoint-000004", "checkpoint-000006", "final"]);
+    assert_eq!(names(&out), vec!["checkpoint-000001-notes", "checkpoint-000004", "checkpoint-000006", "final"]);
     assert_eq!(read_state(&out.join("checkpoint-000004")).unwrap().step, 4, "step 4 saved again, whole");
     assert!(unreadable_checkpoints(&out).is_empty());
 
@@ -149,4 +151,13 @@ fn damaged_checkpoints_are_skipped_replaced_and_pruned() {
     std::fs::rename(out.join("final"), out.join("final.old")).unwrap();
     assert_eq!(latest_checkpoint(&out).unwrap(), (8, out.join("final.old")));
     assert_eq!(list_checkpoints(&out).len(), 3);
+
+    // A state this build cannot read but that is whole JSON (a newer build's, say) is not
+    // damage: the run refuses to overwrite it rather than remove it.
+    std::fs::rename(out.join("final.old"), out.join("final")).unwrap();
+    let st = out.join("checkpoint-000006").join("trainer_state.json");
+    std::fs::write(&st, br#"{"format": "moe-studio-trainer-state", "version": 99}"#).unwrap();
+    let u = unreadable_checkpoints(&out);
+    assert_eq!(u.len(), 1);
+    assert!(!u[0].damaged, "{:?}", u[0].error);
 }

@@ -351,18 +351,10 @@ pub async fn cancel(State(st): State<AppStateRef>, P(id): P<String>) -> AppResul
     }
     match state {
         JobState::Running => {
-            // `cancel` is set under the same lock the worker takes to record
-            // the pid: either the pid is known here, or the worker sees the
-            // flag right after spawning and sends the SIGINT itself. No pid
-            // either when a server stop has already sent the run its SIGINT.
-            let Some((true, pid)) = st.jobs.mark_cancel(&id) else {
-                // Already stopping (one SIGINT and one grace timer per run),
-                // or it has just finished.
-                return Ok(Json(load(&st, &id).await?));
-            };
-            // Recorded before the signal: a server that dies before the job's end is recorded
-            // makes it `cancelled` at the next start, not `interrupted` (--auto-resume would
-            // run it again).
+            // Stored first (idempotent, and only while it runs): a server that dies before the
+            // job's end is recorded makes it `cancelled` at the next start, not `interrupted`
+            // (--auto-resume would run it again). A failed write leaves nothing marked, so the
+            // user can cancel again.
             let idc = id.clone();
             st.db
                 .call(move |c| {
@@ -372,11 +364,23 @@ pub async fn cancel(State(st): State<AppStateRef>, P(id): P<String>) -> AppResul
                     )?)
                 })
                 .await?;
+            let grace = cancel_grace(&st, &job).await;
+            // From here to the timer's spawn nothing awaits: this request cannot be dropped
+            // between marking the run signalled and signalling it.
+            // `cancel` is set under the same lock the worker takes to record
+            // the pid: either the pid is known here, or the worker sees the
+            // flag right after spawning and sends the SIGINT itself. No pid
+            // either when a server stop has already sent the run its SIGINT.
+            let Some((true, pid)) = st.jobs.mark_cancel(&id) else {
+                // Already stopping (one SIGINT and one grace timer per run),
+                // or it has just finished.
+                return Ok(Json(load(&st, &id).await?));
+            };
             if let Some(pid) = pid {
                 signal_group(pid, libc::SIGINT);
             }
-            let run = st.jobs.with_live(&id, |l| l.run);
-            let grace = cancel_grace(&st, &job).await;
+            // (`if_live`: a job that ended just now gets no new entry; its timer then matches nothing)
+            let run = st.jobs.if_live(&id, |l| l.run).unwrap_or(u64::MAX);
             let st2 = st.clone();
             let id2 = id.clone();
             tokio::spawn(async move {

@@ -54,6 +54,11 @@ struct Live {
     interrupted: bool,
     /// Which start of a job this is (a cancel's SIGKILL timer kills only the start it cancelled).
     run: u64,
+    /// The worker task that has claimed this job (its `run`), from its
+    /// claim until the job's end is recorded: a second task for the same
+    /// job (a resume while the first waited for a worker, two workers) sees
+    /// it and leaves, touching none of the first's state or files.
+    owner: Option<u64>,
     /// Why the server killed it, if it did.
     killed: Option<Killed>,
     /// The memory watch of the running child.
@@ -96,11 +101,32 @@ impl Runner {
             pid: None,
             cancel: false,
             interrupted: false,
+            owner: None,
             run: 0,
             killed: None,
             memory: None,
         });
         f(l)
+    }
+
+    /// Claims job `id` for the worker task starting its run `run`: resets
+    /// the live state for that run and returns `true`, or returns `false`
+    /// and changes nothing when another task holds it (until [`Runner::finish`]
+    /// removes the entry).
+    fn claim(&self, id: &str, run: u64) -> bool {
+        self.with_live(id, |l| {
+            if l.owner.is_some() {
+                return false;
+            }
+            l.owner = Some(run);
+            l.pid = None;
+            l.cancel = false;
+            l.interrupted = false;
+            l.run = run;
+            l.killed = None;
+            l.memory = None;
+            true
+        })
     }
 
     /// `f` on the live state of `id` when there is one (never creates it).
@@ -240,5 +266,22 @@ mod tests {
         let mut all = r.live_pids();
         all.sort_unstable();
         assert_eq!(all, vec![41, 42]);
+    }
+
+    /// A second worker task for a job that a first has claimed leaves it
+    /// alone (before, it reset the running job's pid and cancel flag and
+    /// removed its temporaries); once the job's end is recorded it can be
+    /// claimed again.
+    #[test]
+    fn a_second_task_for_a_claimed_job_touches_nothing() {
+        let r = Runner::new(2).unwrap();
+        assert!(r.claim("a", 1));
+        r.with_live("a", |l| l.pid = Some(7));
+        assert_eq!(r.mark_cancel("a"), Some((true, Some(7))));
+        assert!(!r.claim("a", 2));
+        assert_eq!(r.if_live("a", |l| (l.pid, l.cancel, l.interrupted, l.run)), Some((Some(7), true, true, 1)));
+        r.finish("a");
+        assert!(r.claim("a", 3));
+        assert_eq!(r.if_live("a", |l| (l.pid, l.cancel, l.run)), Some((None, false, 3)));
     }
 }

@@ -221,6 +221,14 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
     if job.state != JobState::Queued {
         return Ok(());
     }
+    // Claimed before anything is touched: a second task for this job (a resume while this one
+    // waited for a worker, two workers) leaves here, before it could remove the first's
+    // temporaries or reset its live state. Released when the job's end is recorded
+    // (`finish`, on every path out of this function and in `enqueue`'s error handler).
+    let run = st.jobs.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if !st.jobs.claim(id, run) {
+        return Ok(());
+    }
     let resume: bool = {
         let idc = id.to_string();
         st.db.call(move |c| Ok(c.query_row("SELECT resume FROM jobs WHERE id = ?1", [idc], |r| r.get(0))?)).await?
@@ -233,15 +241,6 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
     remove_hidden_temporaries(&dir.join("out"));
     // queued -> running in one conditional statement: a cancel that won
     // (state already `cancelled`) leaves 0 rows changed and nothing starts.
-    let run = st.jobs.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    st.jobs.with_live(id, |l| {
-        l.pid = None;
-        l.cancel = false;
-        l.interrupted = false;
-        l.run = run;
-        l.killed = None;
-        l.memory = None;
-    });
     let started = now_ms();
     let idc = id.to_string();
     let won = st
@@ -297,6 +296,11 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
         l.interrupted |= now;
         now
     });
+    // Before the database write below: a run marked signalled gets its signal even if that
+    // write fails.
+    if signal_now {
+        signal_group(pid, libc::SIGINT);
+    }
     set_state(
         st,
         id,
@@ -304,9 +308,6 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
         vec![(pid as i64).into(), (limit as i64).into()],
     )
     .await?;
-    if signal_now {
-        signal_group(pid, libc::SIGINT);
-    }
     st.jobs.emit(id, JobEvent::State { state: JobState::Running, error: None, output_checkpoint: None });
 
     let (tx, mut rx) = mpsc::channel::<Line>(256);

@@ -10,8 +10,8 @@ use crate::checkpoint::open_model;
 use crate::model::{load_model_as, save_model};
 use crate::tensor_io::DType;
 use crate::train::checkpoint::{
-    latest_checkpoint, list_checkpoints, read_state, record_from_bytes, record_to_bytes, unreadable_checkpoints,
-    CHECKPOINT_PREFIX, FINAL_DIR, FINAL_OLD_DIR, OPTIMIZER_FILE, STATE_FILE,
+    latest_checkpoint, list_checkpoints, periodic_step, read_state, record_from_bytes, record_to_bytes,
+    unreadable_checkpoints, CHECKPOINT_PREFIX, FINAL_DIR, FINAL_OLD_DIR, OPTIMIZER_FILE, STATE_FILE,
 };
 
 /// How [`Trainer::run`] ended.
@@ -174,23 +174,37 @@ impl<B: AutodiffBackend> Trainer<B> {
 
     fn save_periodic(&self, out: &Path) -> Result<PathBuf> {
         let dir = self.periodic_dir(out);
-        // Our own directory name without a readable state is a damaged copy of this step
-        // (a power cut on an older version, a hand edit): it is replaced, not kept.
-        if dir.exists() && read_state(&dir).is_err() {
+        let unreadable = unreadable_checkpoints(out);
+        // Our own directory name with a damaged state is a copy of this step cut short (a power
+        // cut on an older version, a hand edit): replaced. One unreadable for another reason
+        // (permissions, a newer build's state) is not ours to remove.
+        if let Some(u) = unreadable.iter().find(|u| u.dir == dir) {
+            if !u.damaged {
+                return Err(StudioError::Invalid(format!(
+                    "{} exists and its state cannot be read ({}); not overwritten: move it away to continue",
+                    dir.display(),
+                    u.error
+                )));
+            }
             std::fs::remove_dir_all(&dir).map_err(|e| StudioError::io(dir.display(), e))?;
         }
         if !dir.exists() {
             self.save_checkpoint(&dir)?;
         }
-        let is_periodic = |p: &Path| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(CHECKPOINT_PREFIX));
+        let step_of = |p: &Path| p.file_name().and_then(|n| periodic_step(&n.to_string_lossy()));
         let periodic: Vec<(usize, PathBuf)> =
-            list_checkpoints(out).into_iter().filter(|(_, p)| is_periodic(p)).collect();
+            list_checkpoints(out).into_iter().filter(|(_, p)| step_of(p).is_some()).collect();
         let keep = self.config.keep.max(1);
         let mut prune: Vec<PathBuf> =
             periodic[..periodic.len().saturating_sub(keep)].iter().map(|(_, p)| p.clone()).collect();
         // Damaged periodic checkpoints of earlier steps go with the pruned ones (never resumable,
         // they would otherwise stay forever).
-        prune.extend(unreadable_checkpoints(out).into_iter().map(|(p, _)| p).filter(|p| is_periodic(p) && *p < dir));
+        prune.extend(
+            unreadable
+                .into_iter()
+                .filter(|u| u.damaged && step_of(&u.dir).is_some_and(|s| s < self.step))
+                .map(|u| u.dir),
+        );
         for p in &prune {
             std::fs::remove_dir_all(p).map_err(|e| StudioError::io(p.display(), e))?;
         }

@@ -71,13 +71,19 @@ elif kind == "neuronmoe":
                     if new[stage][j] != old[stage][i]:
                         fail(f"allocation `{a}` {stage} seed {s}: {new[stage][j]} != published {old[stage][i]}")
                     checked += 1
+    for name, entry in first.get("post_training", {}).items():
+        if name.rsplit(" s", 1)[-1] in published:
+            if second.get("post_training", {}).get(name) != entry:
+                fail(f"post-training analysis `{name}` changed or dropped")
+            checked += 1
 else:
     fail("unknown report kind (expected deltamoe, dume or neuronmoe)")
 # Every report: the published seeds' task accuracy records and paired differences.
 for m, recs in first.get("task_accuracy", {}).items():
     old = [r for r in recs if r.get("seed") in published]
     # (a per-row pooling may add a published seed to a row that lacked it: compare the old seeds)
-    new = [r for r in second.get("task_accuracy", {}).get(m, []) if r.get("seed") in {o.get("seed") for o in old}]
+    keep = {o.get("seed") for o in old} if per_row else set(published)
+    new = [r for r in second.get("task_accuracy", {}).get(m, []) if r.get("seed") in keep]
     if new != old:
         fail(f"task accuracy of `{m}`: {new} != published {old}")
     checked += len(old)

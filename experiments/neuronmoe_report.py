@@ -36,7 +36,7 @@ if prior is not None:
     allocs.sort(key=lambda a: order.index(a) if a in order else len(order))
 
 
-def published_entries(a, per_layer):
+def published_entries(a, per_layer, have):
     """(seeds, {stage: [per-language ppl]}) of allocation `a` from the published results.json."""
     if prior is None or a not in prior["allocations"]:
         return [], {"s1": [], "s2": []}
@@ -46,10 +46,10 @@ def published_entries(a, per_layer):
                  f" {per_layer} in this run: not the same experiment")
     # Every seed the published row holds is carried (PUBLISHED_SEEDS) or run again here: a seed in
     # neither would vanish from the only copy of the results when this report overwrites it.
-    lost = [s for s in p["seeds"] if s not in published and not (a in run_allocs and s in seeds)]
+    lost = [s for s in p["seeds"] if s not in published and s not in have]
     if lost:
         sys.exit(f"PUBLISHED_SEEDS: allocation `{a}` has seed(s) {', '.join(lost)} in the published results, which"
-                 " this run neither carries (add them to PUBLISHED_SEEDS) nor runs again")
+                 " this run neither carries (add them to PUBLISHED_SEEDS) nor has run again (finished)")
     idx = [i for i, s in enumerate(p["seeds"]) if s in published]
     return [p["seeds"][i] for i in idx], {st: [p[st][i] for i in idx] for st in ("s1", "s2")}
 
@@ -84,7 +84,7 @@ for a in allocs:
     stages = {}
     for st in ("s1", "s2"):
         stages[st] = [{l: ppl(load(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json")), l) for l in LANGS} for s in have]
-    old_seeds, old_stages = published_entries(a, per_layer)
+    old_seeds, old_stages = published_entries(a, per_layer, have)
     if set(old_seeds) & set(have):
         sys.exit(f"PUBLISHED_SEEDS: allocation `{a}` seed(s) {sorted(set(old_seeds) & set(have))} are both published"
                  " and run here: leave them out of SEEDS or ALLOCS, or out of PUBLISHED_SEEDS")
@@ -219,7 +219,7 @@ def twins(out_dir, new_langs):
 
 
 analysis = {}
-for a in allocs:
+for a in run_allocs:
     for sd in analyse:
         path = os.path.join(work, f"s{sd}", f"{a}-s2.neurons", "neurons.json")
         if not os.path.exists(path):
@@ -236,6 +236,13 @@ for a in allocs:
             entry["pearson_trainable_vs_dense"] = pearson(per["trainable"], results["specific_neurons_per_layer"])
             entry["pearson_frozen_vs_dense"] = pearson(per["frozen"], results["specific_neurons_per_layer"])
         analysis[f"{a} s{sd}"] = entry
+# The published seeds' analyses come through (pooling one allocation at a time would otherwise drop
+# them); one this run made again is refused, as a row's seed is.
+for name, entry in ((prior or {}).get("post_training") or {}).items():
+    if name.rsplit(" s", 1)[-1] in published:
+        if name in analysis:
+            sys.exit(f"PUBLISHED_SEEDS: the post-training analysis `{name}` is both published and made by this run")
+        analysis[name] = entry
 if analysis:
     results["post_training"] = analysis
 

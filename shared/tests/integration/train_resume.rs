@@ -152,9 +152,18 @@ fn damaged_checkpoints_are_skipped_replaced_and_pruned() {
     assert_eq!(latest_checkpoint(&out).unwrap(), (8, out.join("final.old")));
     assert_eq!(list_checkpoints(&out).len(), 3);
 
+    // A damaged `final` beside it (a stop while it was written by an older build): the run
+    // resumed from `final.old` replaces the damaged one, and only then removes `final.old`.
+    std::fs::create_dir(out.join("final")).unwrap();
+    let (_, ck) = latest_checkpoint(&out).unwrap();
+    assert_eq!(ck, out.join("final.old"));
+    let mut t = Trainer::<A>::resume(&ck, data(), config.clone(), vec![device]).unwrap();
+    t.run(&out, &AtomicBool::new(false), |_| {}).unwrap();
+    assert_eq!(read_state(&out.join("final")).unwrap().step, 8);
+    assert!(!out.join("final.old").exists());
+
     // A state this build cannot read but that is whole JSON (a newer build's, say) is not
     // damage: the run refuses to overwrite it rather than remove it.
-    std::fs::rename(out.join("final.old"), out.join("final")).unwrap();
     let st = out.join("checkpoint-000006").join("trainer_state.json");
     std::fs::write(&st, br#"{"format": "moe-studio-trainer-state", "version": 99}"#).unwrap();
     let u = unreadable_checkpoints(&out);

@@ -344,13 +344,15 @@ pub async fn cancel(State(st): State<AppStateRef>, P(id): P<String>) -> AppResul
             .await?;
         if n == 1 {
             st.jobs.emit(&id, JobEvent::State { state: JobState::Cancelled, error: None, output_checkpoint: None });
-            st.jobs.finish(&id);
+            // (a task that has claimed it but not started it releases it when it loses the start)
+            st.jobs.finish_unclaimed(&id);
             return Ok(Json(load(&st, &id).await?));
         }
         state = load(&st, &id).await?.state;
     }
     match state {
         JobState::Running => {
+            let grace = cancel_grace(&st, &job).await;
             // Stored first (idempotent, and only while it runs): a server that dies before the
             // job's end is recorded makes it `cancelled` at the next start, not `interrupted`
             // (--auto-resume would run it again). A failed write leaves nothing marked, so the
@@ -364,7 +366,6 @@ pub async fn cancel(State(st): State<AppStateRef>, P(id): P<String>) -> AppResul
                     )?)
                 })
                 .await?;
-            let grace = cancel_grace(&st, &job).await;
             // From here to the timer's spawn nothing awaits: this request cannot be dropped
             // between marking the run signalled and signalling it.
             // `cancel` is set under the same lock the worker takes to record

@@ -140,8 +140,24 @@ impl Runner {
         });
     }
 
-    fn finish(&self, id: &str) {
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+    /// Removes job `id`'s live state when the task that claimed it for run
+    /// `run` is done with it (its end recorded, or its start lost); an entry
+    /// another run owns is left alone.
+    fn release(&self, id: &str, run: u64) {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        if live.get(id).is_some_and(|l| l.owner == Some(run)) {
+            live.remove(id);
+        }
+    }
+
+    /// Removes job `id`'s live state when no worker task has claimed it (a
+    /// queued job cancelled before any task took it); a claimed entry is
+    /// released by its task.
+    fn finish_unclaimed(&self, id: &str) {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        if live.get(id).is_some_and(|l| l.owner.is_none()) {
+            live.remove(id);
+        }
     }
 
     fn live_pids(&self) -> Vec<u32> {
@@ -280,8 +296,15 @@ mod tests {
         assert_eq!(r.mark_cancel("a"), Some((true, Some(7))));
         assert!(!r.claim("a", 2));
         assert_eq!(r.if_live("a", |l| (l.pid, l.cancel, l.interrupted, l.run)), Some((Some(7), true, true, 1)));
-        r.finish("a");
+        // Only its owner's release (or none) removes a claimed entry.
+        r.finish_unclaimed("a");
+        r.release("a", 2);
+        assert!(r.if_live("a", |_| ()).is_some());
+        r.release("a", 1);
         assert!(r.claim("a", 3));
         assert_eq!(r.if_live("a", |l| (l.pid, l.cancel, l.run)), Some((None, false, 3)));
+        r.with_live("q", |_| ());
+        r.finish_unclaimed("q");
+        assert!(r.if_live("q", |_| ()).is_none());
     }
 }

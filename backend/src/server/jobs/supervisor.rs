@@ -111,7 +111,13 @@ fn hide_data_dir(st: &AppStateRef, text: &str) -> String {
 /// Starts a task that waits for a worker slot and runs job `id`.
 pub(super) fn enqueue(st: AppStateRef, id: String) {
     tokio::spawn(async move {
-        if let Err(e) = run_job(&st, &id).await {
+        let (job, run, _permit) = match claim_job(&st, &id).await {
+            Ok(Some(c)) => c,
+            Ok(None) => return,
+            // Before the claim nothing of the job was touched (another task may be running it).
+            Err(e) => return tracing::error!("job {id}: {}", e.body.error),
+        };
+        if let Err(e) = run_job(&st, &id, job, run).await {
             tracing::error!("job {id}: {}", e.body.error);
             let msg = hide_data_dir(&st, &e.body.error);
             let (idc, m2) = (id.clone(), msg.clone());
@@ -127,9 +133,34 @@ pub(super) fn enqueue(st: AppStateRef, id: String) {
                 })
                 .await;
             st.jobs.emit(&id, JobEvent::State { state: JobState::Failed, error: Some(msg), output_checkpoint: None });
-            st.jobs.finish(&id);
+            st.jobs.release(&id, run);
         }
     });
+}
+
+/// Waits for a worker slot and claims job `id` when it is still queued:
+/// the job, the claim's run number (released by [`Runner::release`] when the
+/// job's end is recorded) and the slot. `None` when the job is no longer
+/// queued, another task holds it, or the server is stopping.
+///
+/// Claimed before anything is touched: a second task for this job (a resume
+/// while this one waited for a worker, two workers) leaves here, before it
+/// could remove the first's temporaries or reset its live state.
+async fn claim_job(st: &AppStateRef, id: &str) -> AppResult<Option<(JobInfo, u64, tokio::sync::OwnedSemaphorePermit)>> {
+    let mut shutdown = st.jobs.shutdown.subscribe();
+    let permit = tokio::select! {
+        p = st.jobs.sem.clone().acquire_owned() => p.map_err(|e| AppError::internal(e.to_string()))?,
+        _ = shutdown.wait_for(|s| *s) => return Ok(None),
+    };
+    if *st.jobs.shutdown.borrow() {
+        return Ok(None);
+    }
+    let job = load(st, id).await?;
+    if job.state != JobState::Queued {
+        return Ok(None);
+    }
+    let run = st.jobs.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(st.jobs.claim(id, run).then_some((job, run, permit)))
 }
 
 /// What a job's child process is told, and where its model lands.
@@ -208,27 +239,10 @@ enum Line {
     Err(String),
 }
 
-async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
-    let mut shutdown = st.jobs.shutdown.subscribe();
-    let _permit = tokio::select! {
-        p = st.jobs.sem.clone().acquire_owned() => p.map_err(|e| AppError::internal(e.to_string()))?,
-        _ = shutdown.wait_for(|s| *s) => return Ok(()),
-    };
-    if *st.jobs.shutdown.borrow() {
-        return Ok(());
-    }
-    let job = load(st, id).await?;
-    if job.state != JobState::Queued {
-        return Ok(());
-    }
-    // Claimed before anything is touched: a second task for this job (a resume while this one
-    // waited for a worker, two workers) leaves here, before it could remove the first's
-    // temporaries or reset its live state. Released when the job's end is recorded
-    // (`finish`, on every path out of this function and in `enqueue`'s error handler).
-    let run = st.jobs.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    if !st.jobs.claim(id, run) {
-        return Ok(());
-    }
+/// Runs job `id`, claimed for run `run` by [`claim_job`]: queued -> running,
+/// the child process, its recorded end; releases the claim on every `Ok`
+/// path (on `Err`, [`enqueue`] records the job failed and releases it).
+async fn run_job(st: &AppStateRef, id: &str, job: JobInfo, run: u64) -> AppResult<()> {
     let resume: bool = {
         let idc = id.to_string();
         st.db.call(move |c| Ok(c.query_row("SELECT resume FROM jobs WHERE id = ?1", [idc], |r| r.get(0))?)).await?
@@ -254,7 +268,12 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
         })
         .await?;
     if won != 1 {
-        st.jobs.finish(id);
+        st.jobs.release(id, run);
+        // Cancelled while this task prepared, then resumed before it lost the start: the
+        // resume's own task left because this one held the claim, so it is queued again.
+        if load(st, id).await?.state == JobState::Queued {
+            enqueue(st.clone(), id.to_string());
+        }
         return Ok(());
     }
     let log_path = dir.join("log.txt");
@@ -488,7 +507,7 @@ async fn run_job(st: &AppStateRef, id: &str) -> AppResult<()> {
     )
     .await?;
     st.jobs.emit(id, JobEvent::State { state, error, output_checkpoint: output });
-    st.jobs.finish(id);
+    st.jobs.release(id, run);
     Ok(())
 }
 

@@ -156,10 +156,24 @@ impl<B: AutodiffBackend> Trainer<B> {
         let fin = out.join(FINAL_DIR);
         let old = out.join(FINAL_OLD_DIR);
         if fin.exists() {
-            if old.exists() {
-                std::fs::remove_dir_all(&old).map_err(|e| StudioError::io(old.display(), e))?;
+            match unreadable_checkpoints(out).into_iter().find(|u| u.dir == fin) {
+                // A damaged `final` (cut short): removed; `final.old`, if any, stays until the
+                // new one is written.
+                Some(u) if u.damaged => std::fs::remove_dir_all(&fin).map_err(|e| StudioError::io(fin.display(), e))?,
+                Some(u) => {
+                    return Err(StudioError::Invalid(format!(
+                        "{} exists and its state cannot be read ({}); not overwritten: move it away to finish",
+                        fin.display(),
+                        u.error
+                    )))
+                }
+                None => {
+                    if old.exists() {
+                        std::fs::remove_dir_all(&old).map_err(|e| StudioError::io(old.display(), e))?;
+                    }
+                    std::fs::rename(&fin, &old).map_err(|e| StudioError::io(fin.display(), e))?;
+                }
             }
-            std::fs::rename(&fin, &old).map_err(|e| StudioError::io(fin.display(), e))?;
         }
         self.save_checkpoint(&fin)?;
         if old.exists() {
@@ -195,18 +209,16 @@ impl<B: AutodiffBackend> Trainer<B> {
         let periodic: Vec<(usize, PathBuf)> =
             list_checkpoints(out).into_iter().filter(|(_, p)| step_of(p).is_some()).collect();
         let keep = self.config.keep.max(1);
-        let mut prune: Vec<PathBuf> =
+        let prune: Vec<PathBuf> =
             periodic[..periodic.len().saturating_sub(keep)].iter().map(|(_, p)| p.clone()).collect();
-        // Damaged periodic checkpoints of earlier steps go with the pruned ones (never resumable,
-        // they would otherwise stay forever).
-        prune.extend(
-            unreadable
-                .into_iter()
-                .filter(|u| u.damaged && step_of(&u.dir).is_some_and(|s| s < self.step))
-                .map(|u| u.dir),
-        );
         for p in &prune {
             std::fs::remove_dir_all(p).map_err(|e| StudioError::io(p.display(), e))?;
+        }
+        // Damaged periodic checkpoints of earlier steps: removed when possible (never
+        // resumable, they would otherwise stay forever); one that cannot be removed (its owner,
+        // say) does not stop the run.
+        for u in unreadable.into_iter().filter(|u| u.damaged && step_of(&u.dir).is_some_and(|s| s < self.step)) {
+            let _ = std::fs::remove_dir_all(&u.dir);
         }
         Ok(dir)
     }

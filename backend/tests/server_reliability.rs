@@ -38,6 +38,24 @@ fn upcycle(model: &str) -> Value {
 }
 
 /// Raw request `head` (and `body`) on a new connection; the status line's code.
+/// Submits a train job of a million steps on a tiny model and waits until
+/// it has done two: its id.
+fn start_long_train(s: &Server) -> String {
+    let cid = tiny_checkpoint(s, "tiny");
+    let text = upload(s, "a.txt", " a a a a a a a a a a a a\n".repeat(200).as_bytes(), 4096);
+    let spec = json!({"kind": "train", "model": cid, "stage": "dense", "steps": 1000000, "save_every": 1000000,
+                      "data": [{"name": "a", "upload": text}], "seq_len": 32, "batch": 4});
+    let (code, j) = submit(s, spec);
+    assert_eq!(code, 201, "{j}");
+    let id = j["id"].as_str().unwrap().to_string();
+    let t = Instant::now();
+    while s.get(&format!("/api/jobs/{id}"))["progress"]["step"].as_u64().unwrap_or(0) < 2 {
+        assert!(t.elapsed() < Duration::from_secs(60), "the job did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    id
+}
+
 fn raw_status(s: &Server, head: &str) -> u16 {
     raw(s, head).0
 }
@@ -249,18 +267,7 @@ fn a_cancel_that_outlasts_its_grace_kills_and_says_so() {
 fn auto_resume_resumes_a_train_job_a_clean_stop_interrupted() {
     let d = tmp("autoresume");
     let s = Server::start(&d.join("data"), &["--auto-resume"]);
-    let cid = tiny_checkpoint(&s, "tiny");
-    let text = upload(&s, "a.txt", " a a a a a a a a a a a a\n".repeat(200).as_bytes(), 4096);
-    let spec = json!({"kind": "train", "model": cid, "stage": "dense", "steps": 1000000, "save_every": 1000000,
-                      "data": [{"name": "a", "upload": text}], "seq_len": 32, "batch": 4});
-    let (code, j) = submit(&s, spec);
-    assert_eq!(code, 201, "{j}");
-    let id = j["id"].as_str().unwrap().to_string();
-    let t = Instant::now();
-    while s.get(&format!("/api/jobs/{id}"))["progress"]["step"].as_u64().unwrap_or(0) < 2 {
-        assert!(t.elapsed() < Duration::from_secs(60), "the job did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let id = start_long_train(&s);
     let mut s = s;
     std::process::Command::new("kill").args(["-TERM", &s.pid().to_string()]).status().unwrap();
     let t = Instant::now();
@@ -303,18 +310,7 @@ fn auto_resume_resumes_a_train_job_a_clean_stop_interrupted() {
 fn a_cancel_survives_a_server_that_dies_before_the_job_stopped() {
     let d = tmp("cancelkill");
     let s = Server::start(&d.join("data"), &["--auto-resume"]);
-    let cid = tiny_checkpoint(&s, "tiny");
-    let text = upload(&s, "a.txt", " a a a a a a a a a a a a\n".repeat(200).as_bytes(), 4096);
-    let spec = json!({"kind": "train", "model": cid, "stage": "dense", "steps": 1000000, "save_every": 1000000,
-                      "data": [{"name": "a", "upload": text}], "seq_len": 32, "batch": 4});
-    let (code, j) = submit(&s, spec);
-    assert_eq!(code, 201, "{j}");
-    let id = j["id"].as_str().unwrap().to_string();
-    let t = Instant::now();
-    while s.get(&format!("/api/jobs/{id}"))["progress"]["step"].as_u64().unwrap_or(0) < 2 {
-        assert!(t.elapsed() < Duration::from_secs(60), "the job did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let id = start_long_train(&s);
     // The job's process is stopped (SIGSTOP) first, so it cannot finish stopping and be
     // recorded before the server dies: the test does not depend on timing.
     let job_dir = std::fs::canonicalize(d.join("data").join("jobs").join(&id)).unwrap();

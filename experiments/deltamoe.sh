@@ -82,10 +82,12 @@ else
     OUT=${OUT:-docs/experiments/deltamoe}
 fi
 PARTS_SEEDS=${PARTS_SEEDS-${SEEDS%% *}}
-# A published seed's rows come from OUT/results.json: refuse, before any work, to run it again.
+# A published seed's headline rows come from OUT/results.json: refuse, before any work, to run them
+# again. Its analyses (PARTS_SEEDS) may run in a later sitting: they are paired with its published
+# headline rows; the report refuses an analysis row that the published results already have.
 for p in ${PUBLISHED_SEEDS:-}; do
-    for s in $SEEDS $PARTS_SEEDS; do
-        [ "$p" != "$s" ] || { echo "PUBLISHED_SEEDS has seed $p, which SEEDS / PARTS_SEEDS would run again" >&2; exit 1; }
+    for s in $SEEDS; do
+        [ "$p" != "$s" ] || { echo "PUBLISHED_SEEDS has seed $p, which SEEDS would run again" >&2; exit 1; }
     done
 done
 mkdir -p "$WORK" "$OUT"

@@ -26,10 +26,8 @@ TEXTS = ["en", "hu", "math"]
 # Seeds published by an earlier sitting (their run directories are gone): their per-seed
 # perplexities come from the published results.json.
 published, prior = published_results(out, budget, seeds)
-if set(published) & set(parts_seeds):
-    sys.exit(f"PUBLISHED_SEEDS={' '.join(published)}: seed(s) {' '.join(sorted(set(published) & set(parts_seeds)))}"
-             f" are also among this run's PARTS_SEEDS ({' '.join(parts_seeds)}): a published seed's analyses come from"
-             " the published results.json, so they are not run again")
+# A published seed may be among PARTS_SEEDS: its analyses run in a later sitting and are paired with
+# its published headline rows (collect() refuses a row that both sittings have for the same seed).
 # The pair is trained once, with seed 0, so a later sitting retrains the same base and post; the
 # published seeds are relative to the published pair, so this run's must score the same (relative
 # difference at most PAIR_TOLERANCE on every text), or mixing the seeds would compare two pairs.
@@ -121,6 +119,10 @@ def collect(m, its_seeds):
         for s, p in zip(prior["seeds_per_method"].get(m, []), prior["methods"].get(m, [])):
             if s in published:
                 runs[s] = p
+    both = [s for s in have if s in runs]
+    if both:
+        sys.exit(f"PUBLISHED_SEEDS: row {m} of seed(s) {' '.join(both)} is in the published results.json and in"
+                 f" this run ({work}/s<seed>/{m}.eval.json): one of the two would be dropped")
     for s in have:
         ev = this_run[(m, s)] = load(os.path.join(work, f"s{s}", f"{m}.eval.json"))
         runs[s] = {t: ppl(ev, t) for t in TEXTS}
@@ -236,7 +238,8 @@ results["expert0_share"] = expert0
 results["eval_streams"] = stream_hashes([base, post, instruct] + list(this_run.values()))
 merge_published(results, prior, published, seeds)
 if prior is not None:
-    results["parts_seeds"] = [s for s in prior.get("parts_seeds", []) if s in published] + parts_seeds
+    results["parts_seeds"] = sorted({s for s in prior.get("parts_seeds", []) if s in published} | set(parts_seeds),
+                                    key=int)
 
 os.makedirs(out, exist_ok=True)
 fig_models = [m for m, _ in HEADLINE if results["methods"].get(m)]
@@ -246,7 +249,7 @@ fig_ppl = figure(out, "ppl_change", {
     "series": [{"name": m, "values": [mean_or_none([x[t] / bp[t] for x in results["methods"][m]]) for t in TEXTS]}
                for m in fig_models],
 })
-curve_seed = (seeds_with(work, seeds, "cpt/metrics.jsonl") or seeds)[0]
+curve_seed = (seeds_with(work, seeds, "cpt/metrics.jsonl") or seeds or parts_seeds or published or ["1"])[0]
 S0 = os.path.join(work, f"s{curve_seed}")
 fig_curves = figure(out, "training", {
     "kind": "lines", "title": f"Training (seed {curve_seed}): next-token loss per step", "x": "step",

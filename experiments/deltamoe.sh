@@ -36,7 +36,7 @@
 #
 # Usage: experiments/deltamoe.sh [--smoke]
 #   --smoke   stories260K, 2 steps per training: checks the pipeline (CI runs it)
-#   MOE_STUDIO_BIN, WORK, OUT, SEEDS (default "1 2 3")  as in experiments/dume.sh
+#   MOE_STUDIO_BIN, WORK, OUT, SEEDS (default "1 2 3"; "" runs only the analyses of PARTS_SEEDS)  as in experiments/dume.sh
 #   STEPS/SEQ/BATCH/LR       stage 1 and the dense CPT (full: 100 x 4 x 256 = 102,400 tokens, 1e-4)
 #   ROUTER_STEPS/ROUTER_LR   stage 2 and cpt-replay's continuation (full: 50 x 4 x 256, router 1e-3)
 #   BASE_STEPS/POST_STEPS    the pair (full: 200 on lang/en, 100 on domain/math, lr 1e-4)
@@ -77,7 +77,7 @@ else
     STEPS=${STEPS:-100} SEQ=${SEQ:-256} BATCH=${BATCH:-4} LR=${LR:-1e-4}
     BASE_STEPS=${BASE_STEPS:-200} POST_STEPS=${POST_STEPS:-100}
     ROUTER_STEPS=${ROUTER_STEPS:-50} ROUTER_LR=${ROUTER_LR:-1e-3} EVAL_TOKENS=${EVAL_TOKENS:-10000} WINDOW=512
-    SEEDS=${SEEDS:-"1 2 3"} PARTS=${PARTS-} TOKEN_STEPS=${TOKEN_STEPS:-300}
+    SEEDS=${SEEDS-"1 2 3"} PARTS=${PARTS-} TOKEN_STEPS=${TOKEN_STEPS:-300}
     WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/deltamoe-v2}
     OUT=${OUT:-docs/experiments/deltamoe}
 fi

@@ -30,6 +30,8 @@
 #            cpt-ffn (`--stage ffn`), cpt (all), moe-4-s1 (FFN-only: experts + router),
 #            moe-4-all (`--stage all`: everything but expert 0); each + Δ
 #   lr       the MoE stage 1 at expert learning rates 3e-4 and 1e-3 (1e-4 is the headline)
+#   (2x2 and tokens: the report's "Scale or recipe" splits the MoE's gap over dense CPT, each + Δ,
+#            into the recipe, FFN-only training, and the MoE at that recipe; and the gap with tokens)
 #   tokens   the headline pair (cpt, moe-4-s1) at TOKEN_STEPS steps each (default "300": 3x the
 #            tokens; lang/hu/train.txt holds ~270k tokens, so 300 x 4 x 256 repeats it ~1.1 times)
 #   ablation 2 and 3 experts (1 and 2 trainable), stage 1 + stage 2 + Δ
@@ -68,7 +70,7 @@ if [ "$SMOKE" = 1 ]; then
     BASE_STEPS=${BASE_STEPS:-2} POST_STEPS=${POST_STEPS:-2}
     ROUTER_STEPS=${ROUTER_STEPS:-2} ROUTER_LR=${ROUTER_LR:-1e-2} EVAL_TOKENS=${EVAL_TOKENS:-256} WINDOW=64
     export TASK_ITEMS=${TASK_ITEMS:-5}
-    SEEDS=${SEEDS:-1} PARTS=${PARTS-"2x2 lr tokens ablation"} TOKEN_STEPS=${TOKEN_STEPS:-3}
+    SEEDS=${SEEDS-1} PARTS=${PARTS-"2x2 lr tokens ablation"} TOKEN_STEPS=${TOKEN_STEPS:-3}
     WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/deltamoe-smoke}
     OUT=${OUT:-$WORK/report}
 else

@@ -12,6 +12,7 @@ this run's base/post pair and instruct model score what the published ones did.
 """
 import math
 import os
+import re
 import statistics
 import sys
 
@@ -206,6 +207,60 @@ if ran("moe-4-s2+delta", "cpt-replay+delta"):
                    all(x < 0 for x in d_en), f"en {fmt(d_en, 1, True)}, hu {fmt(d_hu, 1, True)} (MoE relative to dense)"))
 results["claims"] = [{"claim": c, "holds": ok, "numbers": n} for c, ok, n in claims]
 
+
+# Scale or recipe (issue 35 item 3): the MoE's edge over dense CPT, each + Δ, split in log space
+# into what freezing attention does to the dense model (the recipe: cpt-ffn against cpt) and what
+# the MoE adds at that same recipe (moe-4-s1 against cpt-ffn):
+#   ln(moe/cpt) = ln(cpt_ffn/cpt) + ln(moe/cpt_ffn)   (per seed, per text)
+# and the same gap at the token sweep's longer training (TOKEN_STEPS): does it close with tokens?
+def log_gap(a, b, t):
+    """Per seed both ran: ln(ppl_a / ppl_b) on text t, and those seeds."""
+    common = [s for s in per_seed.get(a, {}) if s in per_seed.get(b, {})]
+    return [math.log(per_seed[a][s][t] / per_seed[b][s][t]) for s in common], common
+
+
+def mean_pct(xs):
+    """Mean of log ratios as a percentage change of perplexity; None without values."""
+    return (math.exp(statistics.mean(xs)) - 1) * 100 if xs else None
+
+
+scale = {}
+if ran("cpt-ffn+delta", "cpt+delta", "moe-4-s1+delta"):
+    for t in TEXTS:
+        total, c = log_gap("moe-4-s1+delta", "cpt+delta", t)
+        recipe, c2 = log_gap("cpt-ffn+delta", "cpt+delta", t)
+        moe, c3 = log_gap("moe-4-s1+delta", "cpt-ffn+delta", t)
+        both = [s for s in c if s in c2 and s in c3]
+        if not both:
+            continue
+        pick = lambda xs, cs: [x for x, s in zip(xs, cs) if s in both]
+        total, recipe, moe = pick(total, c), pick(recipe, c2), pick(moe, c3)
+        entry = {"seeds": both, "moe_vs_dense_pct": mean_pct(total), "recipe_pct": mean_pct(recipe),
+                 "moe_at_same_recipe_pct": mean_pct(moe),
+                 "recipe_share": statistics.mean(recipe) / statistics.mean(total) if statistics.mean(total) else None}
+        all_gap, c4 = log_gap("moe-4-all+delta", "cpt+delta", t)
+        if all_gap:
+            entry["moe_all_vs_dense_pct"] = mean_pct(all_gap)
+        scale[t] = entry
+tokens = {}
+for m in steps_rows:
+    if not m.startswith("cpt-steps") or m.endswith("+delta"):
+        continue
+    n = m[len("cpt-steps"):]
+    moe_m = f"moe-4-s1-steps{n}"
+    for t in TEXTS:
+        short, c = log_gap("moe-4-s1+delta", "cpt+delta", t)
+        long, c2 = log_gap(f"{moe_m}+delta", f"{m}+delta", t)
+        both = [s for s in c if s in c2]
+        if both:
+            tokens.setdefault(n, {})[t] = {
+                "seeds": both, "gap_at_stage1_tokens_pct": mean_pct([x for x, s in zip(short, c) if s in both]),
+                "gap_at_more_tokens_pct": mean_pct([x for x, s in zip(long, c2) if s in both])}
+results["scale_or_recipe"] = {"two_by_two": scale, "tokens": tokens}
+# The stage-1 shape from the budget line ("stage 1 and cpt: STEPS x BATCH x SEQ tokens").
+_shape = re.search(r"stage 1 and cpt: (\d+) x (\d+) x (\d+) tokens", budget)
+STEPS, BATCH_SEQ = (int(_shape[1]), int(_shape[2]) * int(_shape[3])) if _shape else (0, 0)
+
 # Task accuracy (issue 36): `eval --task` reports of the pair and of every grafted model, when run,
 # with the published seeds' records (report_common.pooled_tasks).
 task_rows = [(m, *pooled_tasks(work, None, prior, published, m, f"{m}.tasks.json")) for m in ("instruct", "base", "post")]
@@ -314,6 +369,32 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
         f.write(f"\n## Analyses (seed {', '.join(results['parts_seeds'])})\n\n" + HEAD)
         for r in part_rows:
             f.write("| " + " | ".join(r) + " |\n")
+    if scale or tokens:
+        f.write("\n## Scale or recipe\n\n"
+                "The MoE stage 1 + Δ against dense CPT + Δ (same Hungarian tokens), as a change in perplexity,"
+                " split in log space into the recipe (the dense model with attention, embeddings, norms and LM head frozen,"
+                " `cpt-ffn`, against `cpt`) and what the MoE adds at that same recipe (`moe-4-s1` against `cpt-ffn`);"
+                " the two add up (in log ppl) to the whole gap. Negative: lower perplexity. Paired per seed;"
+                " a trend from the analysis seeds, not a 3-seed result.\n\n")
+        if scale:
+            f.write("| text | seeds | MoE vs dense (all trainable) | recipe: dense FFN-only vs dense | MoE vs dense, both FFN-only"
+                    " | share of the gap from the recipe | MoE all-trainable vs dense |\n|---|---|---|---|---|---|---|\n")
+            pc = lambda x: "-" if x is None else f"{x:+.1f}%"
+            for t, e in scale.items():
+                share = "-" if e["recipe_share"] is None else f"{e['recipe_share'] * 100:.0f}%"
+                f.write(f"| {t} | {', '.join(e['seeds'])} | {pc(e['moe_vs_dense_pct'])} | {pc(e['recipe_pct'])} |"
+                        f" {pc(e['moe_at_same_recipe_pct'])} | {share} | {pc(e.get('moe_all_vs_dense_pct'))} |\n")
+            en = scale.get("en")
+            if en and en["recipe_share"] is not None:
+                which = "the recipe (what is trained)" if en["recipe_share"] > 0.5 else "the MoE (added capacity, expert 0 kept)"
+                f.write(f"\nEnglish: of the MoE's {pc(en['moe_vs_dense_pct'])} against dense CPT + Δ, freezing the"
+                        f" dense model's attention gives {pc(en['recipe_pct'])} and the MoE at the same recipe"
+                        f" {pc(en['moe_at_same_recipe_pct'])}: mostly **{which}** (seeds {', '.join(en['seeds'])}).\n")
+        for n, per_text in tokens.items():
+            f.write(f"\nToken sweep: the gap MoE stage 1 + Δ against dense CPT + Δ at {STEPS} steps and at {n} steps"
+                    f" ({int(n) * BATCH_SEQ} tokens) of the same data: "
+                    + "; ".join(f"{t} {v['gap_at_stage1_tokens_pct']:+.1f}% → {v['gap_at_more_tokens_pct']:+.1f}%"
+                                f" (seeds {', '.join(v['seeds'])})" for t, v in per_text.items()) + ".\n")
     f.write(fig_curves)
     if expert0:
         f.write("\n## Share of the top-k assignments served by the frozen expert 0\n\n"

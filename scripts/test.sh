@@ -150,6 +150,27 @@ if want experiments; then
             env MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PARTS_SEEDS="" PUBLISHED_SEEDS=1 ${allocs[@]+"${allocs[@]}"} \
                 bash "experiments/$exp.sh" --smoke >/dev/null
             python3 experiments/check_pooled.py "$exp" "$work/first.json" "$work/report/results.json"
+            if [ "$exp" = deltamoe ]; then
+                grep -q "## Scale or recipe" "$work/report/README.md"
+                # A third sitting runs only the 2x2 of the published seed 2 (its run directory gone),
+                # paired with seed 2's published headline rows.
+                cp "$work/report/results.json" "$work/second.json"
+                rm -rf "$work/s2"
+                MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
+                    bash "experiments/$exp.sh" --smoke >/dev/null
+                python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
+                python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
+assert r['seeds_per_method']['cpt-ffn'] == ['1', '2'] and r['scale_or_recipe']['two_by_two']['en']['seeds'] == ['1', '2'], r['scale_or_recipe']" \
+                    "$work/report/results.json"
+                # Its 2x2 rows are published now: the same analyses again would give two copies.
+                if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
+                    bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
+                    || ! grep -q "is in the published results.json and in" "$work/refused.log"; then
+                    echo "deltamoe report: a published analysis row run again was not refused" >&2
+                    tail -3 "$work/refused.log" >&2
+                    exit 1
+                fi
+            fi
             if [ "$exp" = neuronmoe ]; then
                 cp "$work/report/results.json" "$work/second.json"
                 # (the allocations it does not train are read from the published rows)

@@ -37,6 +37,8 @@
 #   PUBLISHED_SEEDS  seeds an earlier sitting published in OUT/results.json (its run directories
 #                  gone with its machine): the report keeps their numbers beside this run's SEEDS,
 #                  after checking the allocations, budget and evaluation streams are the same
+#                  (the budget, and that no published seed is dropped or run twice, are checked
+#                  before any training)
 #   ANALYSE        seeds whose trained models (every allocation) get the post-training analysis
 #                  (default: the first of SEEDS; "" skips it; ≈ 20–30 min per model here)
 # Resumable like the other scripts.
@@ -80,6 +82,13 @@ fi
 mkdir -p "$WORK" "$OUT"
 source experiments/lib.sh
 exp_bin
+ALLOCS=${ALLOCS:-"neuronmoe uniform shuffled inverted layermoe layermoe-placed"}
+# The report's budget line (results.json `budget`: a later sitting pools only with the same).
+BUDGET="texts=$TEXTS paragraphs per language (--docs line; English: domain/docs) top_n=$TOP_N; stage 1: $STEPS x $BATCH x $SEQ tokens lr $LR; stage 2: $ROUTER_STEPS steps lr $ROUTER_LR; eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE"
+# A PUBLISHED_SEEDS the report would refuse at the end is refused now, before hours of training.
+if [ -n "${PUBLISHED_SEEDS:-}" ]; then
+    python3 experiments/neuronmoe_report.py --check-published "$OUT" "$SEEDS" "$ALLOCS" "$BUDGET"
+fi
 
 # Neurons (the `neurons` command reads a model with a tokenizer beside it or given).
 langs=(--lang "en=$EN_TRAIN" --docs line)
@@ -89,7 +98,6 @@ if [ ! -f "$WORK/neurons/neurons.json" ]; then
     run "$BIN" neurons "$MODEL" "${langs[@]}" --new "${NEW// /,}" --max-texts "$TEXTS" \
         --top-n "$TOP_N" --out "$WORK/neurons" >/dev/null
 fi
-ALLOCS=${ALLOCS:-"neuronmoe uniform shuffled inverted layermoe layermoe-placed"}
 for a in $ALLOCS; do
     [ -f "$WORK/alloc-$a.json" ] && continue
     base=()
@@ -144,5 +152,4 @@ for seed in $ANALYSE; do
     done
 done
 
-python3 experiments/neuronmoe_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$ALLOCS" "$ANALYSE" \
-    "texts=$TEXTS paragraphs per language (--docs line; English: domain/docs) top_n=$TOP_N; stage 1: $STEPS x $BATCH x $SEQ tokens lr $LR; stage 2: $ROUTER_STEPS steps lr $ROUTER_LR; eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE"
+python3 experiments/neuronmoe_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$ALLOCS" "$ANALYSE" "$BUDGET"

@@ -8,7 +8,11 @@ With the post-training analysis (methods.md §3.7) of the seeds in ANALYSE: wher
 models' language-specific neurons sit, per trainable expert and layer, against the dense model's.
 
 Usage: neuronmoe_report.py WORK OUT SMOKE MODEL "SEEDS" "ALLOCS" "ANALYSE" "BUDGET"
+       neuronmoe_report.py --check-published OUT "SEEDS" "ALLOCS" "BUDGET"
 Writes OUT/results.json and OUT/README.md (and copies the allocation comparison figure).
+--check-published: before any training, the PUBLISHED_SEEDS checks the report would make at the
+end, assuming every (allocation, seed) of this run finishes: the same budget, no (allocation, seed)
+both published and run here, no published seed neither carried nor run again. Exit 1 naming it.
 """
 import json
 import math
@@ -19,6 +23,37 @@ import sys
 
 from report_common import (acc_cell, figure, fmt, load, mean_or_none, merge_published, pooled_tasks, ppl, published_note,
                            published_results, seeds_with, stream_hashes, unfinished_note, write_commands)
+
+
+
+def lost_seeds(p, published, have):
+    """Seeds of a published allocation row `p` that would vanish from the only copy of the
+    results: neither carried (`published`, PUBLISHED_SEEDS) nor run again here (`have`)."""
+    return [s for s in p["seeds"] if s not in published and s not in have]
+
+
+def refuse_lost(a, lost):
+    sys.exit(f"PUBLISHED_SEEDS: allocation `{a}` has seed(s) {', '.join(lost)} in the published results, which"
+             " this run neither carries (add them to PUBLISHED_SEEDS) nor has run again (finished)")
+
+
+def refuse_both(a, both):
+    sys.exit(f"PUBLISHED_SEEDS: allocation `{a}` seed(s) {sorted(both)} are both published"
+             " and run here: leave them out of SEEDS or ALLOCS, or out of PUBLISHED_SEEDS")
+
+
+if sys.argv[1:2] == ["--check-published"]:
+    out, seeds, allocs, budget = sys.argv[2:]
+    seeds, allocs = seeds.split(), allocs.split()
+    published, prior = published_results(out, budget, seeds, per_row=True)
+    for a, p in (prior or {}).get("allocations", {}).items():
+        runs = seeds if a in allocs else []
+        if lost_seeds(p, published, runs):
+            refuse_lost(a, lost_seeds(p, published, runs))
+        both = {s for s in p["seeds"] if s in published} & set(runs)
+        if both:
+            refuse_both(a, both)
+    sys.exit(0)
 
 work, out, smoke, model, seeds, allocs, analyse, budget = sys.argv[1:]
 seeds, allocs, analyse = seeds.split(), allocs.split(), analyse.split()
@@ -46,10 +81,9 @@ def published_entries(a, per_layer, have):
                  f" {per_layer} in this run: not the same experiment")
     # Every seed the published row holds is carried (PUBLISHED_SEEDS) or run again here: a seed in
     # neither would vanish from the only copy of the results when this report overwrites it.
-    lost = [s for s in p["seeds"] if s not in published and s not in have]
+    lost = lost_seeds(p, published, have)
     if lost:
-        sys.exit(f"PUBLISHED_SEEDS: allocation `{a}` has seed(s) {', '.join(lost)} in the published results, which"
-                 " this run neither carries (add them to PUBLISHED_SEEDS) nor has run again (finished)")
+        refuse_lost(a, lost)
     idx = [i for i, s in enumerate(p["seeds"]) if s in published]
     return [p["seeds"][i] for i in idx], {st: [p[st][i] for i in idx] for st in ("s1", "s2")}
 
@@ -86,8 +120,7 @@ for a in allocs:
         stages[st] = [{l: ppl(load(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json")), l) for l in LANGS} for s in have]
     old_seeds, old_stages = published_entries(a, per_layer, have)
     if set(old_seeds) & set(have):
-        sys.exit(f"PUBLISHED_SEEDS: allocation `{a}` seed(s) {sorted(set(old_seeds) & set(have))} are both published"
-                 " and run here: leave them out of SEEDS or ALLOCS, or out of PUBLISHED_SEEDS")
+        refuse_both(a, set(old_seeds) & set(have))
     order = sorted(range(len(old_seeds) + len(have)), key=lambda i: seed_key((old_seeds + have)[i]))
     stages = {st: [(old_stages[st] + stages[st])[i] for i in order] for st in stages}
     provenance[a] = (old_seeds, have)

@@ -179,11 +179,12 @@ assert r['seeds_per_method']['cpt-ffn'] == ['1', '2'] and r['scale_or_recipe']['
                     bash "experiments/$exp.sh" --smoke >/dev/null
                 python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
                 grep -q "Pooled allocation by allocation" "$work/report/README.md"
-                # A published seed that would be lost (not carried, not run again) is refused.
-                if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PUBLISHED_SEEDS=1 ALLOCS=layermoe \
+                # A published seed that would be lost (not carried, not run again) is refused, before
+                # any training (no run directory of seed 3).
+                if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=3 PUBLISHED_SEEDS=1 ALLOCS=layermoe \
                     bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
-                    || ! grep -q "neither carries" "$work/refused.log"; then
-                    echo "neuronmoe report: dropping published seed 2 of the other allocations was not refused" >&2
+                    || ! grep -q "neither carries" "$work/refused.log" || [ -e "$work/s3" ]; then
+                    echo "neuronmoe: dropping published seed 2 of the other allocations was not refused up front" >&2
                     tail -3 "$work/refused.log" >&2
                     exit 1
                 fi

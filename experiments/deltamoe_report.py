@@ -384,12 +384,17 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
                 share = "-" if e["recipe_share"] is None else f"{e['recipe_share'] * 100:.0f}%"
                 f.write(f"| {t} | {', '.join(e['seeds'])} | {pc(e['moe_vs_dense_pct'])} | {pc(e['recipe_pct'])} |"
                         f" {pc(e['moe_at_same_recipe_pct'])} | {share} | {pc(e.get('moe_all_vs_dense_pct'))} |\n")
-            en = scale.get("en")
-            if en and en["recipe_share"] is not None:
-                which = "the recipe (what is trained)" if en["recipe_share"] > 0.5 else "the MoE (added capacity, expert 0 kept)"
-                f.write(f"\nEnglish: of the MoE's {pc(en['moe_vs_dense_pct'])} against dense CPT + Δ, freezing the"
-                        f" dense model's attention gives {pc(en['recipe_pct'])} and the MoE at the same recipe"
-                        f" {pc(en['moe_at_same_recipe_pct'])}: mostly **{which}** (seeds {', '.join(en['seeds'])}).\n")
+            for t in ("en", "hu"):
+                e = scale.get(t)
+                if not e:
+                    continue
+                r, m = e["recipe_pct"], e["moe_at_same_recipe_pct"]
+                which = ("the recipe (what is trained, attention frozen)" if abs(r) >= abs(m)
+                         else "the MoE (added experts, expert 0 kept)")
+                against = ("; the other part goes the other way" if r * m < 0 else "")
+                f.write(f"\n{t}: of the MoE's {pc(e['moe_vs_dense_pct'])} against dense CPT + Δ, freezing the"
+                        f" dense model's attention gives {pc(r)} and the MoE at that recipe {pc(m)}: mostly"
+                        f" **{which}**{against} (seeds {', '.join(e['seeds'])}).\n")
         for n, per_text in tokens.items():
             f.write(f"\nToken sweep: the gap MoE stage 1 + Δ against dense CPT + Δ at {STEPS} steps and at {n} steps"
                     f" ({int(n) * BATCH_SEQ} tokens) of the same data: "

@@ -84,17 +84,29 @@ else
     OUT=${OUT:-docs/experiments/deltamoe}
 fi
 PARTS_SEEDS=${PARTS_SEEDS-${SEEDS%% *}}
-# A published seed's headline rows come from OUT/results.json: refuse, before any work, to run them
-# again. Its analyses (PARTS_SEEDS) may run in a later sitting: they are paired with its published
-# headline rows; the report refuses an analysis row that the published results already have.
-for p in ${PUBLISHED_SEEDS:-}; do
-    for s in $SEEDS; do
-        [ "$p" != "$s" ] || { echo "PUBLISHED_SEEDS has seed $p, which SEEDS would run again" >&2; exit 1; }
-    done
+# No SEEDS: the analyses of published seeds only (their headline rows from OUT/results.json).
+PUB=${PUBLISHED_SEEDS:-}
+if [ -z "${SEEDS// /}" ] && { [ -z "${PUB// /}" ] || [ -z "${PARTS_SEEDS// /}" ]; }; then
+    echo "SEEDS is empty: name the seeds to run, or PUBLISHED_SEEDS and PARTS_SEEDS to run only analyses of published seeds" >&2
+    exit 1
+fi
+# Each analysis seed's headline rows are this run's or published: the report pairs with them.
+for s in $PARTS_SEEDS; do
+    case " $SEEDS $PUB " in
+    *" $s "*) ;;
+    *) echo "PARTS_SEEDS has seed $s, which is neither in SEEDS nor in PUBLISHED_SEEDS" >&2; exit 1 ;;
+    esac
 done
 mkdir -p "$WORK" "$OUT"
 source experiments/lib.sh
 exp_bin
+# A published seed's headline rows come from OUT/results.json: refuse, before any work, to run them
+# again, to drop a published seed, or to run a published analysis again (its analyses may run in a
+# later sitting: they are paired with its published headline rows).
+if [ -n "${PUBLISHED_SEEDS:-}" ]; then
+    python3 experiments/deltamoe_report.py --check-published "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" \
+        "$PARTS_SEEDS" "" "$PARTS" "$TOKEN_STEPS"
+fi
 
 EVAL=(--data "en=$EN_VALID" --data "hu=$HU_VALID" --data "math=$MATH_VALID" --max-tokens "$EVAL_TOKENS"
     --window "$WINDOW" --stride "$STRIDE" --json)
@@ -138,7 +150,7 @@ budget() {
 # scores as the published did: checked here, before hours of training on a pair that would not do.
 if [ -n "${PUBLISHED_SEEDS:-}" ]; then
     python3 experiments/deltamoe_report.py --pair-only "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$PARTS_SEEDS" \
-        "$(budget)"
+        "$(budget)" "$PARTS" "$TOKEN_STEPS"
 fi
 
 # graft_eval X: X+delta from X (a model directory), both perplexity evaluations and the grafted
@@ -212,4 +224,5 @@ for seed in $PARTS_SEEDS; do
     done
 done
 
-python3 experiments/deltamoe_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$PARTS_SEEDS" "$(budget)"
+python3 experiments/deltamoe_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$PARTS_SEEDS" "$(budget)" \
+    "$PARTS" "$TOKEN_STEPS"

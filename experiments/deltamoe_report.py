@@ -4,9 +4,13 @@ the grafted ability for the MoE (stage 1, stage 2, each + Δ) against dense CPT 
 equal FLOPs and with the stage-2 replay (each + Δ) and linear averaging; mean ± std over seeds; the
 2x2, learning-rate, token and expert-count analyses when they ran. Standard library only.
 
-Usage: deltamoe_report.py [--pair-only] WORK OUT SMOKE MODEL "SEEDS" "PARTS_SEEDS" "BUDGET"
+Usage: deltamoe_report.py [--check-published|--pair-only] WORK OUT SMOKE MODEL "SEEDS" "PARTS_SEEDS" "BUDGET"
+                          ["PARTS" [TOKEN_STEPS]]
 Writes OUT/results.json and OUT/README.md; --pair-only runs only the published-pair check (below)
-and writes nothing, so that deltamoe.sh can stop before the seeds' training when it fails. With PUBLISHED_SEEDS (e.g. "1") the headline rows keep
+and writes nothing, so that deltamoe.sh can stop before the seeds' training when it fails;
+--check-published, before anything is trained, only the PUBLISHED_SEEDS checks that need no run
+(the budget, no published seed dropped, no published analysis run again). PARTS (default all four)
+are the analyses this run was asked for: only their rows count as unfinished or repeated. With PUBLISHED_SEEDS (e.g. "1") the headline rows keep
 those seeds' numbers from OUT/results.json (report_common.published_results), after checking that
 this run's base/post pair and instruct model score what the published ones did.
 """
@@ -21,12 +25,16 @@ from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, mer
                            seeds_with, stream_hashes, unfinished_note, write_commands)
 
 pair_only = sys.argv[1:2] == ["--pair-only"]
-work, out, smoke, model, seeds, parts_seeds, budget = sys.argv[2:] if pair_only else sys.argv[1:]
+check_only = sys.argv[1:2] == ["--check-published"]
+args = sys.argv[2:] if pair_only or check_only else sys.argv[1:]
+work, out, smoke, model, seeds, parts_seeds, budget = args[:7]
+parts_asked = (args[7] if len(args) > 7 else "2x2 lr tokens ablation").split()
+token_steps = args[8] if len(args) > 8 else None
 seeds, parts_seeds = seeds.split(), parts_seeds.split()
 TEXTS = ["en", "hu", "math"]
 # Seeds published by an earlier sitting (their run directories are gone): their per-seed
 # perplexities come from the published results.json.
-published, prior = published_results(out, budget, seeds)
+published, prior = published_results(out, None if check_only else budget, seeds)
 # A published seed may be among PARTS_SEEDS: its analyses run in a later sitting and are paired with
 # its published headline rows (collect() refuses a row that both sittings have for the same seed).
 # The pair is trained once, with seed 0, so a later sitting retrains the same base and post; the
@@ -63,12 +71,50 @@ steps_rows = sorted({f.split(".eval.json")[0] for s in parts_seeds if os.path.is
                      for f in os.listdir(os.path.join(work, f"s{s}")) if "-steps" in f and f.endswith(".eval.json")}
                     | {m for m, have in (prior or {}).get("seeds_per_method", {}).items()
                        if "-steps" in m and set(have) & set(published)})
+if "tokens" in parts_asked and token_steps is not None:
+    steps_rows = sorted(set(steps_rows) | {f"{m}-steps{token_steps}{d}" for m in ("cpt", "moe-4-s1") for d in ("", "+delta")})
 PARTS += [(m, "token sweep: " + m) for m in steps_rows]
 for e in ("2", "3"):
     PARTS += [(f"moe-{e}-s1", f"ablation: {e} experts ({int(e) - 1} trainable), stage 1"),
               (f"moe-{e}-s1+delta", f"ablation: {e} experts, stage 1 + Δ"),
               (f"moe-{e}-s2", f"ablation: {e} experts, stage 2"),
               (f"moe-{e}-s2+delta", f"ablation: {e} experts, stage 2 + Δ")]
+
+
+def part_of(m):
+    """The PARTS analysis that makes row `m` (None for a headline row)."""
+    if m.startswith(("cpt-ffn", "moe-4-all")):
+        return "2x2"
+    if "-lr" in m:
+        return "lr"
+    if "-steps" in m:
+        return "tokens"
+    if m.startswith(("moe-2-", "moe-3-")):
+        return "ablation"
+    return None
+
+
+def asked(m):
+    """Whether this run was asked for row `m` (the token sweep: at its TOKEN_STEPS, when given)."""
+    p = part_of(m)
+    if p is None:
+        return True
+    if p == "tokens" and token_steps is not None:
+        return p in parts_asked and m.split("-steps")[1].split("+")[0] == token_steps
+    return p in parts_asked
+
+
+# An analysis of a published seed that the published results already have would be trained for
+# hours and then refused: refuse it before (deltamoe.sh runs --check-published first).
+if prior is not None:
+    again = [(m, s) for m, _ in PARTS if asked(m) for s in parts_seeds
+             if s in published and s in prior.get("seeds_per_method", {}).get(m, [])]
+    if again:
+        sys.exit("PUBLISHED_SEEDS: the published results.json already has "
+                 + ", ".join(f"row {m} of seed {s}" for m, s in again)
+                 + ": this run's PARTS would run them again (leave those parts or seeds out)")
+if check_only:
+    sys.exit(0)
 
 base = load(os.path.join(work, "base.eval.json"))
 post = load(os.path.join(work, "post.eval.json"))
@@ -111,15 +157,18 @@ this_run = {}
 
 def collect(m, its_seeds):
     """Row `m`'s per-seed perplexities: the published seeds' (headline and analyses alike) and this
-    run's seeds `its_seeds` that have its results."""
+    run's seeds `its_seeds` that have its results. A row this run was not asked for (`asked`)
+    takes this run's results only for seeds the published results lack, and is never unfinished."""
     have = seeds_with(work, its_seeds, f"{m}.eval.json")
-    if len(have) < len(its_seeds):
-        missing.append((m, [s for s in its_seeds if s not in have]))
     runs = {}
     if prior is not None:
         for s, p in zip(prior["seeds_per_method"].get(m, []), prior["methods"].get(m, [])):
             if s in published:
                 runs[s] = p
+    if not asked(m):
+        have = [s for s in have if s not in runs]
+    elif len(have) < len(its_seeds):
+        missing.append((m, [s for s in its_seeds if s not in have and s not in runs]))
     both = [s for s in have if s in runs]
     if both:
         sys.exit(f"PUBLISHED_SEEDS: row {m} of seed(s) {' '.join(both)} is in the published results.json and in"
@@ -159,7 +208,7 @@ if prior is not None:
     if lost:
         sys.exit(f"PUBLISHED_SEEDS: the published results have row(s) {', '.join(lost)} for seed(s)"
                  f" {' '.join(published)}, which this report does not know: they would be dropped")
-missing = [(m, s) for m, s in missing if m in dict(HEADLINE) or results["seeds_per_method"][m]]
+missing = [(m, s) for m, s in missing if s and (m in dict(HEADLINE) or asked(m))]
 
 
 def mean_of(m, t):
@@ -235,10 +284,14 @@ if ran("cpt-ffn+delta", "cpt+delta", "moe-4-s1+delta"):
             continue
         pick = lambda xs, cs: [x for x, s in zip(xs, cs) if s in both]
         total, recipe, moe = pick(total, c), pick(recipe, c2), pick(moe, c3)
+        r_, m_ = statistics.mean(recipe), statistics.mean(moe)
+        # The recipe's share of the whole gap, only where both parts go the same way (else a share
+        # is negative or above 1 and says nothing).
+        share = r_ / (r_ + m_) if r_ * m_ > 0 else None
         entry = {"seeds": both, "moe_vs_dense_pct": mean_pct(total), "recipe_pct": mean_pct(recipe),
-                 "moe_at_same_recipe_pct": mean_pct(moe),
-                 "recipe_share": statistics.mean(recipe) / statistics.mean(total) if statistics.mean(total) else None}
+                 "moe_at_same_recipe_pct": mean_pct(moe), "recipe_share": share}
         all_gap, c4 = log_gap("moe-4-all+delta", "cpt+delta", t)
+        all_gap = [x for x, s in zip(all_gap, c4) if s in both]
         if all_gap:
             entry["moe_all_vs_dense_pct"] = mean_pct(all_gap)
         scale[t] = entry
@@ -304,9 +357,13 @@ fig_ppl = figure(out, "ppl_change", {
     "series": [{"name": m, "values": [mean_or_none([x[t] / bp[t] for x in results["methods"][m]]) for t in TEXTS]}
                for m in fig_models],
 })
-curve_seed = (seeds_with(work, seeds, "cpt/metrics.jsonl") or seeds or parts_seeds or published or ["1"])[0]
+# The training curves of a seed this run trained the headline of; a run of analyses only keeps the
+# published figure.
+trained = seeds_with(work, seeds, "cpt/metrics.jsonl")
+curve_seed = (trained or seeds or ["1"])[0]
 S0 = os.path.join(work, f"s{curve_seed}")
-fig_curves = figure(out, "training", {
+fig_curves = (f"\n![Training: next-token loss per step (from the sitting that trained the headline)](training.png)\n"
+              if os.path.exists(os.path.join(out, "training.png")) else "") if not trained else figure(out, "training", {
     "kind": "lines", "title": f"Training (seed {curve_seed}): next-token loss per step", "x": "step",
     "y": "cross-entropy (nats/token)",
     "series": [{"name": n, "points": curve(p)} for n, p in
@@ -374,11 +431,19 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
                 "The MoE stage 1 + Δ against dense CPT + Δ (same Hungarian tokens), as a change in perplexity,"
                 " split in log space into the recipe (the dense model with attention, embeddings, norms and LM head frozen,"
                 " `cpt-ffn`, against `cpt`) and what the MoE adds at that same recipe (`moe-4-s1` against `cpt-ffn`);"
-                " the two add up (in log ppl) to the whole gap. Negative: lower perplexity. Paired per seed;"
-                " a trend from the analysis seeds, not a 3-seed result.\n\n")
+                " the two add up (in log ppl) to the whole gap. Negative: lower perplexity. Paired per seed,"
+                " as the geometric mean over the analysis seeds (the claims below average the per-seed"
+                " percentages over every seed, so their numbers for the same comparison differ slightly);"
+                " a trend, not a 3-seed result."
+                + (f" Rows of a published seed's headline (`cpt`, `moe-4-s1`) come from the sitting that"
+                   f" published them, the analyses from this one: the retrained pair scores the published"
+                   f" one to a relative {results['pair_vs_published']:.1e} in perplexity."
+                   if results.get("pair_vs_published") is not None and set(published) & set(parts_seeds) else "")
+                + "\n\n")
         if scale:
-            f.write("| text | seeds | MoE vs dense (all trainable) | recipe: dense FFN-only vs dense | MoE vs dense, both FFN-only"
-                    " | share of the gap from the recipe | MoE all-trainable vs dense |\n|---|---|---|---|---|---|---|\n")
+            f.write("| text | seeds | MoE stage 1 (FFN side) vs dense CPT (all) | recipe: dense FFN-only vs dense all"
+                    " | MoE vs dense, both FFN-only | share of the gap from the recipe | MoE all-trainable vs dense all |\n"
+                    "|---|---|---|---|---|---|---|\n")
             pc = lambda x: "-" if x is None else f"{x:+.1f}%"
             for t, e in scale.items():
                 share = "-" if e["recipe_share"] is None else f"{e['recipe_share'] * 100:.0f}%"
@@ -389,11 +454,11 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
                 if not e:
                     continue
                 r, m = e["recipe_pct"], e["moe_at_same_recipe_pct"]
-                which = ("the recipe (what is trained, attention frozen)" if abs(r) >= abs(m)
+                which = ("the recipe (training the FFNs alone)" if abs(r) >= abs(m)
                          else "the MoE (added experts, expert 0 kept)")
                 against = ("; the other part goes the other way" if r * m < 0 else "")
-                f.write(f"\n{t}: of the MoE's {pc(e['moe_vs_dense_pct'])} against dense CPT + Δ, freezing the"
-                        f" dense model's attention gives {pc(r)} and the MoE at that recipe {pc(m)}: mostly"
+                f.write(f"\n{t}: of the MoE's {pc(e['moe_vs_dense_pct'])} against dense CPT + Δ, freezing all but"
+                        f" the dense model's FFNs gives {pc(r)} and the MoE at that recipe {pc(m)}: mostly"
                         f" **{which}**{against} (seeds {', '.join(e['seeds'])}).\n")
         for n, per_text in tokens.items():
             f.write(f"\nToken sweep: the gap MoE stage 1 + Δ against dense CPT + Δ at {STEPS} steps and at {n} steps"

@@ -18,10 +18,11 @@ def published_results(out, budget, seeds, per_row=False):
     ran (`PUBLISHED_SEEDS`, e.g. "1": that sitting's machine and run directories are gone), so that
     a report keeps their numbers beside this run's `seeds`; None when PUBLISHED_SEEDS is unset.
     Exits with a message naming the file when it is missing, was made with another `budget` string
-    (another experiment), lacks one of the published seeds, or when a published seed is also one of
-    this run's — unless `per_row`: a report that pools row by row (NeuronMoE's allocations) lets a
+    (another experiment; None: not checked, for a check before the budget is known), lacks one of the published seeds, or when a published seed is also one of
+    this run's, or when it holds a seed that is neither published nor this run's (it would be
+    dropped) — unless `per_row`: a report that pools row by row (NeuronMoE's allocations) lets a
     later sitting run published seeds of rows the earlier one did not run, and refuses a (row,
-    seed) that both have itself. Returns (published seed list, results dict)."""
+    seed) that both have, and a dropped one, itself. Returns (published seed list, results dict)."""
     published = os.environ.get("PUBLISHED_SEEDS", "").split()
     if not published:
         return [], None
@@ -29,11 +30,17 @@ def published_results(out, budget, seeds, per_row=False):
     if not os.path.exists(path):
         sys.exit(f"PUBLISHED_SEEDS={' '.join(published)}: {path} does not exist")
     prior = load(path)
-    if prior.get("budget") != budget:
+    if budget is not None and prior.get("budget") != budget:
         sys.exit(f"PUBLISHED_SEEDS: {path} was made with budget `{prior.get('budget')}`, this run's is `{budget}`")
     if any(s not in prior.get("seeds", []) for s in published) or (set(published) & set(seeds) and not per_row):
         sys.exit(f"PUBLISHED_SEEDS={' '.join(published)}: {path} holds seeds {prior.get('seeds')}; the published"
                  f" seeds must be among them and not among this run's SEEDS ({' '.join(seeds)})")
+    # A published seed neither carried nor run again would vanish from the only copy of the results
+    # when the report overwrites it (a per-row report checks this row by row itself).
+    lost = [s for s in prior.get("seeds", []) if s not in published and s not in seeds]
+    if lost and not per_row:
+        sys.exit(f"PUBLISHED_SEEDS={' '.join(published)}: {path} also holds seed(s) {' '.join(lost)}, which this run"
+                 f" neither carries (add them to PUBLISHED_SEEDS) nor runs again (SEEDS {' '.join(seeds)})")
     return published, prior
 
 

@@ -162,14 +162,17 @@ if want experiments; then
                 python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
 assert r['seeds_per_method']['cpt-ffn'] == ['1', '2'] and r['scale_or_recipe']['two_by_two']['en']['seeds'] == ['1', '2'], r['scale_or_recipe']" \
                     "$work/report/results.json"
-                # Its 2x2 rows are published now: the same analyses again would give two copies.
-                if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
-                    bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
-                    || ! grep -q "is in the published results.json and in" "$work/refused.log"; then
-                    echo "deltamoe report: a published analysis row run again was not refused" >&2
-                    tail -3 "$work/refused.log" >&2
-                    exit 1
-                fi
+                # Refused before any training: seed 2's 2x2 rows are published now, so the same
+                # analyses again (would give two copies); seed 1 neither carried nor run (dropped).
+                for refuse in "1 2:already has row cpt-ffn of seed 2" "2:neither carries"; do
+                    if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 \
+                        PUBLISHED_SEEDS="${refuse%%:*}" bash "experiments/$exp.sh" --smoke >/dev/null \
+                        2>"$work/refused.log" || ! grep -q "${refuse#*:}" "$work/refused.log"; then
+                        echo "deltamoe: PUBLISHED_SEEDS=${refuse%%:*} was not refused (${refuse#*:})" >&2
+                        tail -3 "$work/refused.log" >&2
+                        exit 1
+                    fi
+                done
             fi
             if [ "$exp" = neuronmoe ]; then
                 cp "$work/report/results.json" "$work/second.json"

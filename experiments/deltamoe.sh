@@ -33,7 +33,9 @@
 #   (2x2 and tokens: the report's "Scale or recipe" splits the MoE's gap over dense CPT, each + Δ,
 #            into the recipe, FFN-only training, and the MoE at that recipe; and the gap with tokens)
 #   tokens   the headline pair (cpt, moe-4-s1) at TOKEN_STEPS steps each (default "300": 3x the
-#            tokens; lang/hu/train.txt holds ~270k tokens, so 300 x 4 x 256 repeats it ~1.1 times)
+#            tokens; lang/hu/train.txt holds 425,809 tokens in 1,663 sequences of 256, so the
+#            stage-1 budget, 100 x 4 x 256, reads 0.24 of an epoch and 300 steps 0.72: no text is
+#            repeated; the report states the fraction from the trainer's state)
 #   ablation 2 and 3 experts (1 and 2 trainable), stage 1 + stage 2 + Δ
 #
 # Usage: experiments/deltamoe.sh [--smoke]

@@ -310,6 +310,20 @@ for m in steps_rows:
                 "seeds": both, "gap_at_stage1_tokens_pct": mean_pct([x for x, s in zip(short, c) if s in both]),
                 "gap_at_more_tokens_pct": mean_pct([x for x, s in zip(long, c2) if s in both])}
 results["scale_or_recipe"] = {"two_by_two": scale, "tokens": tokens}
+
+
+def epochs_note(n):
+    """", E epochs of the Hungarian training text" for the token sweep at n steps, from the trainer
+    state of its dense run (the corpus's token count as the trainer read it); "" when absent."""
+    for s_ in parts_seeds:
+        path = os.path.join(work, f"s{s_}", f"cpt-steps{n}", "final", "trainer_state.json")
+        if os.path.exists(path):
+            corpus = sum(src["tokens"] for src in load(path)["sources"])
+            return f", {int(n) * BATCH_SEQ / corpus:.2f} of an epoch of the {corpus:,}-token text against" \
+                   f" {STEPS * BATCH_SEQ / corpus:.2f} at {STEPS} steps"
+    return ""
+
+
 # The stage-1 shape from the budget line ("stage 1 and cpt: STEPS x BATCH x SEQ tokens").
 _shape = re.search(r"stage 1 and cpt: (\d+) x (\d+) x (\d+) tokens", budget)
 STEPS, BATCH_SEQ = (int(_shape[1]), int(_shape[2]) * int(_shape[3])) if _shape else (0, 0)
@@ -462,7 +476,7 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
                         f" **{which}**{against} (seeds {', '.join(e['seeds'])}).\n")
         for n, per_text in tokens.items():
             f.write(f"\nToken sweep: the gap MoE stage 1 + Δ against dense CPT + Δ at {STEPS} steps and at {n} steps"
-                    f" ({int(n) * BATCH_SEQ} tokens) of the same data: "
+                    f" ({int(n) * BATCH_SEQ} tokens{epochs_note(n)}) of the same data: "
                     + "; ".join(f"{t} {v['gap_at_stage1_tokens_pct']:+.1f}% → {v['gap_at_more_tokens_pct']:+.1f}%"
                                 f" (seeds {', '.join(v['seeds'])})" for t, v in per_text.items()) + ".\n")
     f.write(fig_curves)

@@ -106,13 +106,31 @@ def asked(m):
 
 # An analysis of a published seed that the published results already have would be trained for
 # hours and then refused: refuse it before (deltamoe.sh runs --check-published first).
+def published_value(m, s):
+    """Row `m`'s published perplexities of seed `s` ({text: ppl}), or None."""
+    pm = (prior or {}).get("seeds_per_method", {})
+    return dict(zip(pm.get(m, []), (prior or {}).get("methods", {}).get(m, []))).get(s) if s in published else None
+
+
+def same_run(m, s):
+    """Whether this run's result of row `m`, seed `s` is the published one itself (the run directory
+    kept from the sitting that published it, e.g. a part published while another part of the same
+    analysis still trained): the same perplexities on every text, to the bit."""
+    path = os.path.join(work, f"s{s}", f"{m}.eval.json")
+    if not os.path.exists(path):
+        return False
+    ev = load(path)
+    return published_value(m, s) == {t: ppl(ev, t) for t in TEXTS}
+
+
 if prior is not None:
     again = [(m, s) for m, _ in PARTS if asked(m) for s in parts_seeds
-             if s in published and s in prior.get("seeds_per_method", {}).get(m, [])]
+             if published_value(m, s) is not None and not same_run(m, s)]
     if again:
         sys.exit("PUBLISHED_SEEDS: the published results.json already has "
                  + ", ".join(f"row {m} of seed {s}" for m, s in again)
-                 + ": this run's PARTS would run them again (leave those parts or seeds out)")
+                 + ": this run's PARTS would run them again (leave those parts or seeds out; a row whose"
+                 " run directory is kept here, with the published result, is taken as it is)")
 if check_only:
     sys.exit(0)
 
@@ -169,6 +187,8 @@ def collect(m, its_seeds):
         have = [s for s in have if s not in runs]
     elif len(have) < len(its_seeds):
         missing.append((m, [s for s in its_seeds if s not in have and s not in runs]))
+    # The published result itself, from its kept run directory, is the same number: not a second copy.
+    have = [s for s in have if not (s in runs and same_run(m, s))]
     both = [s for s in have if s in runs]
     if both:
         sys.exit(f"PUBLISHED_SEEDS: row {m} of seed(s) {' '.join(both)} is in the published results.json and in"

@@ -162,8 +162,17 @@ if want experiments; then
                 python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
 assert r['seeds_per_method']['cpt-ffn'] == ['1', '2'] and r['scale_or_recipe']['two_by_two']['en']['seeds'] == ['1', '2'], r['scale_or_recipe']" \
                     "$work/report/results.json"
-                # Refused before any training: seed 2's 2x2 rows are published now, so the same
-                # analyses again (would give two copies); seed 1 neither carried nor run (dropped).
+                # The same sitting again with its run directory kept: the published rows are this
+                # run's own results, taken as they are (a part published while another trained on).
+                cp "$work/report/results.json" "$work/third.json"
+                MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
+                    bash "experiments/$exp.sh" --smoke >/dev/null
+                cmp <(python3 -c "import json, sys; r = json.load(open(sys.argv[1])); print(r['methods'], r['seeds_per_method'])" "$work/third.json") \
+                    <(python3 -c "import json, sys; r = json.load(open(sys.argv[1])); print(r['methods'], r['seeds_per_method'])" "$work/report/results.json")
+                # Refused before any training, the run directory gone: seed 2's 2x2 rows are
+                # published, so the same analyses again (would give two copies); seed 1 neither
+                # carried nor run (dropped).
+                rm -rf "$work/s2"
                 for refuse in "1 2:already has row cpt-ffn of seed 2" "2:neither carries"; do
                     if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 \
                         PUBLISHED_SEEDS="${refuse%%:*}" bash "experiments/$exp.sh" --smoke >/dev/null \

@@ -105,10 +105,20 @@ exp_bin
 # A published seed's headline rows come from OUT/results.json: refuse, before any work, to run them
 # again, to drop a published seed, or to run a published analysis again (its analyses may run in a
 # later sitting: they are paired with its published headline rows).
+# An analysis row the published results already have for a seed is not trained again ("row@seed"
+# in PUBLISHED_ROWS): e.g. the token sweep's dense point, published while its MoE point trained.
+PUBLISHED_ROWS=""
 if [ -n "${PUBLISHED_SEEDS:-}" ]; then
     python3 experiments/deltamoe_report.py --check-published "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" \
         "$PARTS_SEEDS" "" "$PARTS" "$TOKEN_STEPS"
+    PUBLISHED_ROWS=$(python3 -c 'import json, sys
+r = json.load(open(sys.argv[1])); pub = sys.argv[2].split()
+print(" ".join(f"{m}@{s}" for m, have in r["seeds_per_method"].items() for s in have if s in pub))' \
+        "$OUT/results.json" "$PUBLISHED_SEEDS")
 fi
+published_row() { # published_row NAME: NAME of this seed is published and has no result here
+    case " $PUBLISHED_ROWS " in *" $1@$seed "*) [ ! -f "$S/$1.eval.json" ] ;; *) return 1 ;; esac
+}
 
 EVAL=(--data "en=$EN_VALID" --data "hu=$HU_VALID" --data "math=$MATH_VALID" --max-tokens "$EVAL_TOKENS"
     --window "$WINDOW" --stride "$STRIDE" --json)
@@ -165,12 +175,14 @@ graft_eval() {
     task_report "$S/$name+delta.tasks.json" "$S/$name+delta" "${TASKS[@]}"
 }
 dense_run() { # dense_run NAME STAGE STEPS [LR]
+    if published_row "$1"; then echo "$1 (seed $seed): published, not trained again"; return 0; fi
     train_run "$S/$1" "$BASE" --stage "$2" --data "hu=$HU_TRAIN" --steps "$3" --lr "${4:-$LR}" \
         --seq-len "$SEQ" --batch "$BATCH" --warmup $(($3 / 10)) --seed "$seed"
     graft_eval "$1" "$S/$1/final"
 }
 moe_s1() { # moe_s1 NAME EXPERTS STAGE STEPS LR
     local M="$S/moe-$2"
+    if published_row "$1"; then echo "$1 (seed $seed): published, not trained again"; return 0; fi
     make_dir "$M-init" "$BIN" upcycle "$BASE" --experts "$2" --top-k 2 --frozen 0 \
         --router-init random --router-std 0.02 --seed "$seed" --out "$M-init"
     train_run "$S/$1" "$M-init" --stage "$3" --data "hu=$HU_TRAIN" --steps "$4" --lr "$5" \
@@ -179,6 +191,7 @@ moe_s1() { # moe_s1 NAME EXPERTS STAGE STEPS LR
 }
 moe_s2() { # moe_s2 EXPERTS: stage 2 of moe-E-s1
     local M="$S/moe-$1"
+    if published_row "moe-$1-s2"; then echo "moe-$1-s2 (seed $seed): published, not trained again"; return 0; fi
     train_run "$M-s2" "$M-s1/final" --stage router "${MIX2[@]}" --steps "$ROUTER_STEPS" --lr "$ROUTER_LR" \
         --seq-len "$SEQ" --batch "$BATCH" --warmup $((ROUTER_STEPS / 10)) --seed "$seed"
     graft_eval "moe-$1-s2" "$M-s2/final"

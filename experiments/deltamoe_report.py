@@ -9,7 +9,8 @@ Usage: deltamoe_report.py [--check-published|--pair-only] WORK OUT SMOKE MODEL "
 Writes OUT/results.json and OUT/README.md; --pair-only runs only the published-pair check (below)
 and writes nothing, so that deltamoe.sh can stop before the seeds' training when it fails;
 --check-published, before anything is trained, only the PUBLISHED_SEEDS checks that need no run
-(the budget, no published seed dropped, no published analysis run again). PARTS (default all four)
+(no published seed dropped, no published analysis with another result here; the budget is checked
+by --pair-only, once the pair is trained). PARTS (default all four)
 are the analyses this run was asked for: only their rows count as unfinished or repeated. With PUBLISHED_SEEDS (e.g. "1") the headline rows keep
 those seeds' numbers from OUT/results.json (report_common.published_results), after checking that
 this run's base/post pair and instruct model score what the published ones did.
@@ -69,8 +70,7 @@ PARTS = [
 ]
 steps_rows = sorted({f.split(".eval.json")[0] for s in parts_seeds if os.path.isdir(os.path.join(work, f"s{s}"))
                      for f in os.listdir(os.path.join(work, f"s{s}")) if "-steps" in f and f.endswith(".eval.json")}
-                    | {m for m, have in (prior or {}).get("seeds_per_method", {}).items()
-                       if "-steps" in m and set(have) & set(published)})
+                    | {m for m in (prior or {}).get("seeds_per_method", {}) if "-steps" in m})
 if "tokens" in parts_asked and token_steps is not None:
     steps_rows = sorted(set(steps_rows) | {f"{m}-steps{token_steps}{d}" for m in ("cpt", "moe-4-s1") for d in ("", "+delta")})
 PARTS += [(m, "token sweep: " + m) for m in steps_rows]
@@ -123,14 +123,17 @@ def same_run(m, s):
     return published_value(m, s) == {t: ppl(ev, t) for t in TEXTS}
 
 
+# deltamoe.sh does not train an analysis row the published results have (PUBLISHED_ROWS); one whose
+# result here differs from the published one would be two copies of it: refused before training.
 if prior is not None:
     again = [(m, s) for m, _ in PARTS if asked(m) for s in parts_seeds
-             if published_value(m, s) is not None and not same_run(m, s)]
+             if published_value(m, s) is not None
+             and os.path.exists(os.path.join(work, f"s{s}", f"{m}.eval.json")) and not same_run(m, s)]
     if again:
         sys.exit("PUBLISHED_SEEDS: the published results.json already has "
                  + ", ".join(f"row {m} of seed {s}" for m, s in again)
-                 + ": this run's PARTS would run them again (leave those parts or seeds out; a row whose"
-                 " run directory is kept here, with the published result, is taken as it is)")
+                 + f", and {work} has another result of it: one of the two would be dropped (move that"
+                 " run directory away, or leave those parts or seeds out)")
 if check_only:
     sys.exit(0)
 
@@ -228,7 +231,15 @@ if prior is not None:
     if lost:
         sys.exit(f"PUBLISHED_SEEDS: the published results have row(s) {', '.join(lost)} for seed(s)"
                  f" {' '.join(published)}, which this report does not know: they would be dropped")
-missing = [(m, s) for m, s in missing if s and (m in dict(HEADLINE) or asked(m))]
+# A token-sweep point whose partner (the dense or the MoE run at the same steps) has a seed it lacks
+# is unfinished whatever this run was asked for (e.g. a dense point published while the MoE trained).
+for m in steps_rows:
+    n = m.split("-steps")[1]
+    partner = (m.replace("cpt-steps", "moe-4-s1-steps") if m.startswith("cpt-") else m.replace("moe-4-s1-steps", "cpt-steps"))
+    lack = [s for s in results["seeds_per_method"].get(partner, []) if s not in results["seeds_per_method"].get(m, [])]
+    if lack and not asked(m):
+        missing.append((m, lack))
+missing = [(m, s) for m, s in missing if s and (m in dict(HEADLINE) or asked(m) or part_of(m) == "tokens")]
 
 
 def mean_of(m, t):

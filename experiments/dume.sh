@@ -105,6 +105,12 @@ ALPHA=${ALPHA:-0.01} PARTS_SEEDS=${PARTS_SEEDS-$SEEDS}
 mkdir -p "$WORK" "$OUT"
 source experiments/lib.sh
 exp_bin
+# A PUBLISHED_SEEDS the report would refuse at the end (a published seed neither carried nor run
+# again, one run twice) is refused now, before hours of training.
+if [ -n "${PUBLISHED_SEEDS:-}" ]; then
+    python3 -c 'import sys; sys.path.insert(0, "experiments"); from report_common import published_results
+published_results(sys.argv[1], None, sys.argv[2].split())' "$OUT" "$SEEDS"
+fi
 
 # The out-of-distribution statistics texts (see the header): each selected line one document
 # (a blank line after each).

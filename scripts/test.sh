@@ -169,19 +169,32 @@ assert r['seeds_per_method']['cpt-ffn'] == ['1', '2'] and r['scale_or_recipe']['
                     bash "experiments/$exp.sh" --smoke >/dev/null
                 cmp <(python3 -c "import json, sys; r = json.load(open(sys.argv[1])); print(r['methods'], r['seeds_per_method'])" "$work/third.json") \
                     <(python3 -c "import json, sys; r = json.load(open(sys.argv[1])); print(r['methods'], r['seeds_per_method'])" "$work/report/results.json")
-                # Refused before any training, the run directory gone: seed 2's 2x2 rows are
-                # published, so the same analyses again (would give two copies); seed 1 neither
-                # carried nor run (dropped).
+                # The run directory gone: a published seed neither carried nor run again is refused
+                # before any training; the published 2x2 rows are not trained again; a result here
+                # that differs from the published one is refused before any training.
+                cp "$work/s2/cpt-ffn.eval.json" "$work/cpt-ffn.eval.json"
                 rm -rf "$work/s2"
-                for refuse in "1 2:already has row cpt-ffn of seed 2" "2:neither carries"; do
-                    if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 \
-                        PUBLISHED_SEEDS="${refuse%%:*}" bash "experiments/$exp.sh" --smoke >/dev/null \
-                        2>"$work/refused.log" || ! grep -q "${refuse#*:}" "$work/refused.log"; then
-                        echo "deltamoe: PUBLISHED_SEEDS=${refuse%%:*} was not refused (${refuse#*:})" >&2
-                        tail -3 "$work/refused.log" >&2
-                        exit 1
-                    fi
-                done
+                if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS=2 \
+                    bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
+                    || ! grep -q "neither carries" "$work/refused.log" || [ -e "$work/s2" ]; then
+                    echo "deltamoe: dropping published seed 1 was not refused up front" >&2
+                    tail -3 "$work/refused.log" >&2
+                    exit 1
+                fi
+                MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
+                    bash "experiments/$exp.sh" --smoke >/dev/null
+                [ ! -e "$work/s2/cpt-ffn" ] || { echo "deltamoe: a published 2x2 row was trained again" >&2; exit 1; }
+                python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
+                mkdir -p "$work/s2"
+                python3 -c "import json, sys; e = json.load(open(sys.argv[1])); e['datasets'][0]['ppl'] *= 1.01
+json.dump(e, open(sys.argv[2], 'w'))" "$work/cpt-ffn.eval.json" "$work/s2/cpt-ffn.eval.json"
+                if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
+                    bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
+                    || ! grep -q "has another result of it" "$work/refused.log" || [ -e "$work/s2/moe-4-all" ]; then
+                    echo "deltamoe: a published row with another result here was not refused up front" >&2
+                    tail -3 "$work/refused.log" >&2
+                    exit 1
+                fi
             fi
             if [ "$exp" = neuronmoe ]; then
                 cp "$work/report/results.json" "$work/second.json"

@@ -109,12 +109,8 @@ exp_bin
 # in PUBLISHED_ROWS): e.g. the token sweep's dense point, published while its MoE point trained.
 PUBLISHED_ROWS=""
 if [ -n "${PUBLISHED_SEEDS:-}" ]; then
-    python3 experiments/deltamoe_report.py --check-published "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" \
-        "$PARTS_SEEDS" "" "$PARTS" "$TOKEN_STEPS"
-    PUBLISHED_ROWS=$(python3 -c 'import json, sys
-r = json.load(open(sys.argv[1])); pub = sys.argv[2].split()
-print(" ".join(f"{m}@{s}" for m, have in r["seeds_per_method"].items() for s in have if s in pub))' \
-        "$OUT/results.json" "$PUBLISHED_SEEDS")
+    PUBLISHED_ROWS=$(python3 experiments/deltamoe_report.py --check-published "$WORK" "$OUT" "$SMOKE" "$MODEL" \
+        "$SEEDS" "$PARTS_SEEDS" "" "$PARTS" "$TOKEN_STEPS")
 fi
 published_row() { # published_row NAME: NAME of this seed is published and has no result here
     case " $PUBLISHED_ROWS " in *" $1@$seed "*) [ ! -f "$S/$1.eval.json" ] ;; *) return 1 ;; esac

@@ -104,8 +104,6 @@ def asked(m):
     return p in parts_asked
 
 
-# An analysis of a published seed that the published results already have would be trained for
-# hours and then refused: refuse it before (deltamoe.sh runs --check-published first).
 def published_value(m, s):
     """Row `m`'s published perplexities of seed `s` ({text: ppl}), or None."""
     pm = (prior or {}).get("seeds_per_method", {})
@@ -135,6 +133,9 @@ if prior is not None:
                  + f", and {work} has another result of it: one of the two would be dropped (move that"
                  " run directory away, or leave those parts or seeds out)")
 if check_only:
+    # The published analysis rows ("row@seed"): deltamoe.sh does not train them again.
+    pm = (prior or {}).get("seeds_per_method", {})
+    print(" ".join(f"{m}@{s}" for m, have in pm.items() if part_of(m) for s in have if s in published))
     sys.exit(0)
 
 base = load(os.path.join(work, "base.eval.json"))
@@ -234,7 +235,6 @@ if prior is not None:
 # A token-sweep point whose partner (the dense or the MoE run at the same steps) has a seed it lacks
 # is unfinished whatever this run was asked for (e.g. a dense point published while the MoE trained).
 for m in steps_rows:
-    n = m.split("-steps")[1]
     partner = (m.replace("cpt-steps", "moe-4-s1-steps") if m.startswith("cpt-") else m.replace("moe-4-s1-steps", "cpt-steps"))
     lack = [s for s in results["seeds_per_method"].get(partner, []) if s not in results["seeds_per_method"].get(m, [])]
     if lack and not asked(m):
@@ -289,14 +289,16 @@ results["claims"] = [{"claim": c, "holds": ok, "numbers": n} for c, ok, n in cla
 
 
 # Scale or recipe (issue 35 item 3): the MoE's edge over dense CPT, each + Δ, split in log space
-# into what freezing attention does to the dense model (the recipe: cpt-ffn against cpt) and what
+# into what training the FFNs alone does to the dense model (the recipe: cpt-ffn against cpt) and what
 # the MoE adds at that same recipe (moe-4-s1 against cpt-ffn):
 #   ln(moe/cpt) = ln(cpt_ffn/cpt) + ln(moe/cpt_ffn)   (per seed, per text)
 # and the same gap at the token sweep's longer training (TOKEN_STEPS): does it close with tokens?
 def log_gap(a, b, t):
-    """Per seed both ran: ln(ppl_a / ppl_b) on text t, and those seeds."""
-    common = [s for s in per_seed.get(a, {}) if s in per_seed.get(b, {})]
-    return [math.log(per_seed[a][s][t] / per_seed[b][s][t]) for s in common], common
+    """Per seed both ran: ln(ppl_a / ppl_b) on text t (from `paired`), and those seeds."""
+    if a not in per_seed or b not in per_seed:
+        return [], []
+    d, common = paired(a, b, t)
+    return [math.log1p(x) for x in d], common
 
 
 def mean_pct(xs):

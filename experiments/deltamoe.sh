@@ -29,7 +29,8 @@
 #   2x2      {dense, MoE} x {FFN-only trainable, all trainable} at the stage-1 tokens:
 #            cpt-ffn (`--stage ffn`), cpt (all), moe-4-s1 (FFN-only: experts + router),
 #            moe-4-all (`--stage all`: everything but expert 0); each + Δ
-#   lr       the MoE stage 1 at expert learning rates 3e-4 and 1e-3 (1e-4 is the headline)
+#   lr       the MoE stage 1 and the dense CPT, each + Δ, at learning rates 3e-4 and 1e-3
+#            (1e-4 is the headline)
 #   (2x2 and tokens: the report's "Scale or recipe" splits the MoE's gap over dense CPT, each + Δ,
 #            into the recipe, FFN-only training, and the MoE at that recipe; and the gap with tokens)
 #   tokens   the headline pair (cpt, moe-4-s1) at TOKEN_STEPS steps each (default "300": 3x the
@@ -218,7 +219,12 @@ for seed in $PARTS_SEEDS; do
             moe_s1 moe-4-all 4 all "$STEPS" "$LR"
             ;;
         lr)
-            for lr in 3e-4 1e-3; do moe_s1 "moe-4-s1-lr$lr" 4 experts "$STEPS" "$lr"; done
+            # Like for like: the dense CPT at each learning rate too, so the MoE's gap is measured
+            # at equal lr (a tuned dense baseline is what a critic would ask for first).
+            for lr in 3e-4 1e-3; do
+                dense_run "cpt-lr$lr" dense "$STEPS" "$lr"
+                moe_s1 "moe-4-s1-lr$lr" 4 experts "$STEPS" "$lr"
+            done
             ;;
         tokens)
             dense_run "cpt-steps$TOKEN_STEPS" dense "$TOKEN_STEPS"

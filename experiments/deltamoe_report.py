@@ -63,11 +63,16 @@ PARTS = [
     ("cpt-ffn+delta", "2x2: dense FFN-only + Δ"),
     ("moe-4-all", "2x2: MoE, all but expert 0 trainable (`--stage all`)"),
     ("moe-4-all+delta", "2x2: MoE all-trainable + Δ"),
-    ("moe-4-s1-lr3e-4", "stage 1 at expert lr 3e-4"),
-    ("moe-4-s1-lr3e-4+delta", "lr 3e-4 + Δ"),
-    ("moe-4-s1-lr1e-3", "stage 1 at expert lr 1e-3"),
-    ("moe-4-s1-lr1e-3+delta", "lr 1e-3 + Δ"),
 ]
+SWEEP_LRS = ("3e-4", "1e-3")  # deltamoe.sh's lr part; the headline's lr is LR (1e-4)
+# The headline's learning rate, from the budget line ("stage 1 and cpt: ... tokens, lr LR; ...").
+_lr = re.search(r" tokens, lr ([^;]+);", budget)
+LR_HEAD = _lr[1] if _lr else "of the headline"
+for lr in SWEEP_LRS:
+    PARTS += [(f"cpt-lr{lr}", f"lr sweep: dense CPT at lr {lr}"),
+              (f"cpt-lr{lr}+delta", f"lr sweep: dense CPT at lr {lr} + Δ"),
+              (f"moe-4-s1-lr{lr}", f"lr sweep: stage 1 at expert lr {lr}"),
+              (f"moe-4-s1-lr{lr}+delta", f"lr sweep: stage 1 at lr {lr} + Δ")]
 steps_rows = sorted({f.split(".eval.json")[0] for s in parts_seeds if os.path.isdir(os.path.join(work, f"s{s}"))
                      for f in os.listdir(os.path.join(work, f"s{s}")) if "-steps" in f and f.endswith(".eval.json")}
                     | {m for m in (prior or {}).get("seeds_per_method", {}) if "-steps" in m})
@@ -342,7 +347,20 @@ for m in steps_rows:
             tokens.setdefault(n, {})[t] = {
                 "seeds": both, "gap_at_stage1_tokens_pct": mean_pct([x for x, s in zip(short, c) if s in both]),
                 "gap_at_more_tokens_pct": mean_pct([x for x, s in zip(long, c2) if s in both])}
-results["scale_or_recipe"] = {"two_by_two": scale, "tokens": tokens}
+# The lr sweep, like for like: the MoE stage 1 + Δ against dense CPT + Δ trained at the same lr.
+lrs = {}
+for lr in SWEEP_LRS:
+    if lr == LR_HEAD:  # the smoke's lr: the headline's own runs again, no comparison
+        continue
+    for t in TEXTS:
+        short, c = log_gap("moe-4-s1+delta", "cpt+delta", t)
+        at_lr, c2 = log_gap(f"moe-4-s1-lr{lr}+delta", f"cpt-lr{lr}+delta", t)
+        both = [s for s in c if s in c2]
+        if both:
+            lrs.setdefault(lr, {})[t] = {
+                "seeds": both, "gap_at_headline_lr_pct": mean_pct([x for x, s in zip(short, c) if s in both]),
+                "gap_at_lr_pct": mean_pct([x for x, s in zip(at_lr, c2) if s in both])}
+results["scale_or_recipe"] = {"two_by_two": scale, "tokens": tokens, "lr": lrs}
 
 
 def epochs_note(n):
@@ -473,7 +491,7 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
         f.write(f"\n## Analyses (seed {', '.join(results['parts_seeds'])})\n\n" + HEAD)
         for r in part_rows:
             f.write("| " + " | ".join(r) + " |\n")
-    if scale or tokens:
+    if scale or tokens or lrs:
         f.write("\n## Scale or recipe\n\n"
                 "The MoE stage 1 + Δ against dense CPT + Δ (same Hungarian tokens), as a change in perplexity,"
                 " split in log space into the recipe (the dense model with attention, embeddings, norms and LM head frozen,"
@@ -511,6 +529,11 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
             f.write(f"\nToken sweep: the gap MoE stage 1 + Δ against dense CPT + Δ at {STEPS} steps and at {n} steps"
                     f" ({int(n) * BATCH_SEQ} tokens{epochs_note(n)}) of the same data: "
                     + "; ".join(f"{t} {v['gap_at_stage1_tokens_pct']:+.1f}% → {v['gap_at_more_tokens_pct']:+.1f}%"
+                                f" (seeds {', '.join(v['seeds'])})" for t, v in per_text.items()) + ".\n")
+        for lr, per_text in lrs.items():
+            f.write(f"\nLearning rate: the gap MoE stage 1 + Δ against dense CPT + Δ, both trained at lr {LR_HEAD}"
+                    f" and both at lr {lr} (same tokens): "
+                    + "; ".join(f"{t} {v['gap_at_headline_lr_pct']:+.1f}% → {v['gap_at_lr_pct']:+.1f}%"
                                 f" (seeds {', '.join(v['seeds'])})" for t, v in per_text.items()) + ".\n")
     f.write(fig_curves)
     if expert0:

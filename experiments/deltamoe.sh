@@ -220,8 +220,10 @@ for seed in $PARTS_SEEDS; do
             ;;
         lr)
             # Like for like: the dense CPT at each learning rate too, so the MoE's gap is measured
-            # at equal lr (a tuned dense baseline is what a critic would ask for first).
+            # at equal lr over the sweep (not only against a dense baseline at 1e-4). The list is
+            # deltamoe_report.py's SWEEP_LRS; an lr equal to the headline's is the headline's runs.
             for lr in 3e-4 1e-3; do
+                python3 -c "import sys; sys.exit(float(sys.argv[1]) != float(sys.argv[2]))" "$lr" "$LR" && continue
                 dense_run "cpt-lr$lr" dense "$STEPS" "$lr"
                 moe_s1 "moe-4-s1-lr$lr" 4 experts "$STEPS" "$lr"
             done

@@ -64,15 +64,27 @@ PARTS = [
     ("moe-4-all", "2x2: MoE, all but expert 0 trainable (`--stage all`)"),
     ("moe-4-all+delta", "2x2: MoE all-trainable + Δ"),
 ]
-SWEEP_LRS = ("3e-4", "1e-3")  # deltamoe.sh's lr part; the headline's lr is LR (1e-4)
-# The headline's learning rate, from the budget line ("stage 1 and cpt: ... tokens, lr LR; ...").
+# deltamoe.sh's lr part trains these (the two lists must agree); the headline's lr is LR (1e-4),
+# read from the budget line ("stage 1 and cpt: ... tokens, lr LR; ..."). A sweep lr equal to the
+# headline's (the smoke's 1e-3) is the headline's own runs: deltamoe.sh skips it, and so does this.
 _lr = re.search(r" tokens, lr ([^;]+);", budget)
-LR_HEAD = _lr[1] if _lr else "of the headline"
+LR_HEAD = _lr[1] if _lr else None
+
+
+def same_lr(a, b):
+    """Whether two learning rates written as text are the same number ("1e-3" and "0.001")."""
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return False
+
+
+SWEEP_LRS = [lr for lr in ("3e-4", "1e-3") if not same_lr(lr, LR_HEAD)]
 for lr in SWEEP_LRS:
     PARTS += [(f"cpt-lr{lr}", f"lr sweep: dense CPT at lr {lr}"),
               (f"cpt-lr{lr}+delta", f"lr sweep: dense CPT at lr {lr} + Δ"),
-              (f"moe-4-s1-lr{lr}", f"lr sweep: stage 1 at expert lr {lr}"),
-              (f"moe-4-s1-lr{lr}+delta", f"lr sweep: stage 1 at lr {lr} + Δ")]
+              (f"moe-4-s1-lr{lr}", f"lr sweep: MoE stage 1 at lr {lr}"),
+              (f"moe-4-s1-lr{lr}+delta", f"lr sweep: MoE stage 1 at lr {lr} + Δ")]
 steps_rows = sorted({f.split(".eval.json")[0] for s in parts_seeds if os.path.isdir(os.path.join(work, f"s{s}"))
                      for f in os.listdir(os.path.join(work, f"s{s}")) if "-steps" in f and f.endswith(".eval.json")}
                     | {m for m in (prior or {}).get("seeds_per_method", {}) if "-steps" in m})
@@ -237,14 +249,15 @@ if prior is not None:
     if lost:
         sys.exit(f"PUBLISHED_SEEDS: the published results have row(s) {', '.join(lost)} for seed(s)"
                  f" {' '.join(published)}, which this report does not know: they would be dropped")
-# A token-sweep point whose partner (the dense or the MoE run at the same steps) has a seed it lacks
-# is unfinished whatever this run was asked for (e.g. a dense point published while the MoE trained).
-for m in steps_rows:
-    partner = (m.replace("cpt-steps", "moe-4-s1-steps") if m.startswith("cpt-") else m.replace("moe-4-s1-steps", "cpt-steps"))
+# A token-sweep or lr-sweep point whose partner (the dense or the MoE run at the same steps or lr)
+# has a seed it lacks is unfinished whatever this run was asked for (e.g. a dense point published
+# while the MoE trained).
+for m in [m for m, _ in PARTS if part_of(m) in ("tokens", "lr")]:
+    partner = (m.replace("cpt-", "moe-4-s1-", 1) if m.startswith("cpt-") else m.replace("moe-4-s1-", "cpt-", 1))
     lack = [s for s in results["seeds_per_method"].get(partner, []) if s not in results["seeds_per_method"].get(m, [])]
     if lack and not asked(m):
         missing.append((m, lack))
-missing = [(m, s) for m, s in missing if s and (m in dict(HEADLINE) or asked(m) or part_of(m) == "tokens")]
+missing = [(m, s) for m, s in missing if s and (m in dict(HEADLINE) or asked(m) or part_of(m) in ("tokens", "lr"))]
 
 
 def mean_of(m, t):
@@ -350,8 +363,6 @@ for m in steps_rows:
 # The lr sweep, like for like: the MoE stage 1 + Δ against dense CPT + Δ trained at the same lr.
 lrs = {}
 for lr in SWEEP_LRS:
-    if lr == LR_HEAD:  # the smoke's lr: the headline's own runs again, no comparison
-        continue
     for t in TEXTS:
         short, c = log_gap("moe-4-s1+delta", "cpt+delta", t)
         at_lr, c2 = log_gap(f"moe-4-s1-lr{lr}+delta", f"cpt-lr{lr}+delta", t)
@@ -530,11 +541,16 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
                     f" ({int(n) * BATCH_SEQ} tokens{epochs_note(n)}) of the same data: "
                     + "; ".join(f"{t} {v['gap_at_stage1_tokens_pct']:+.1f}% → {v['gap_at_more_tokens_pct']:+.1f}%"
                                 f" (seeds {', '.join(v['seeds'])})" for t, v in per_text.items()) + ".\n")
-        for lr, per_text in lrs.items():
-            f.write(f"\nLearning rate: the gap MoE stage 1 + Δ against dense CPT + Δ, both trained at lr {LR_HEAD}"
-                    f" and both at lr {lr} (same tokens): "
-                    + "; ".join(f"{t} {v['gap_at_headline_lr_pct']:+.1f}% → {v['gap_at_lr_pct']:+.1f}%"
-                                f" (seeds {', '.join(v['seeds'])})" for t, v in per_text.items()) + ".\n")
+        if lrs:
+            f.write(f"\nLearning rate: the gap MoE stage 1 + Δ against dense CPT + Δ, both trained at the same lr"
+                    f" (same tokens), at {LR_HEAD} (the headline) and at " + " and ".join(lrs) + ": "
+                    + "; ".join(f"{t} " + " → ".join([f"{lrs[next(iter(lrs))][t]['gap_at_headline_lr_pct']:+.1f}%"]
+                                                      + [f"{lrs[lr][t]['gap_at_lr_pct']:+.1f}%" for lr in lrs if t in lrs[lr]])
+                                for t in TEXTS if t in lrs[next(iter(lrs))])
+                    + f" (seeds {', '.join(sorted({s for v in lrs.values() for e in v.values() for s in e['seeds']}))})."
+                    " The same lr is not the same update: it moves every weight of the dense model and only the"
+                    " new experts and the router of the MoE (an equal-lr comparison over the sweep, not each"
+                    " arm at its own best lr: the table above has every point).\n")
     f.write(fig_curves)
     if expert0:
         f.write("\n## Share of the top-k assignments served by the frozen expert 0\n\n"

@@ -3,7 +3,8 @@
 smoke step): FIRST is the results.json a run of seed(s) P published, SECOND the results.json of a
 later run of other seeds with PUBLISHED_SEEDS=P over the same OUT. SECOND must list P then the new
 seeds (neuronmoe, pooled per allocation: or at least one allocation with a new seed; deltamoe: or
-at least one row with a new seed, the analyses of a published seed), mark P as published, and carry every number P had in FIRST unchanged (deltamoe: every row's
+at least one row with a new seed, the analyses of a published seed; dume: or at least one
+method with a new seed, the FFN-only part of a published seed), mark P as published, and carry every number P had in FIRST unchanged (deltamoe: every row's
 per-seed perplexities, the expert-0 shares and the analyses' seeds; dume: every method's per-seed
 records; neuronmoe: every allocation's per-stage perplexities; every report: the task accuracy records and
 paired differences of the published seeds). Exit status 1 with the first difference named.
@@ -25,10 +26,14 @@ def fail(msg):
 # NeuronMoE pools allocation by allocation: a later sitting may run published seeds of allocations
 # the earlier one did not run, so its new results can be new (allocation, seed) pairs only.
 per_row = kind == "neuronmoe"
-# DeltaMoE: a later sitting may run only the analyses (PARTS_SEEDS) of a published seed.
-parts_gained = kind == "deltamoe" and any(
-    set(second["seeds_per_method"].get(m, [])) - set(first["seeds_per_method"].get(m, []))
-    for m in second.get("seeds_per_method", {}))
+# DeltaMoE and DUME: a later sitting may run only the analyses (PARTS_SEEDS) of a published seed.
+if kind == "deltamoe":
+    parts_gained = any(set(second["seeds_per_method"].get(m, [])) - set(first["seeds_per_method"].get(m, []))
+                       for m in second.get("seeds_per_method", {}))
+else:
+    def seeds_of(r, m):
+        return {x.get("seed") for x in r.get("methods", {}).get(m, []) if isinstance(x, dict)}
+    parts_gained = kind == "dume" and any(seeds_of(second, m) - seeds_of(first, m) for m in second.get("methods", {}))
 if second.get("published_seeds") != published or second["seeds"][:len(published)] != published \
         or (len(second["seeds"]) <= len(published) and not per_row and not parts_gained):
     fail(f"seeds {second['seeds']} / published {second.get('published_seeds')}, expected {published} then new ones")

@@ -49,7 +49,8 @@
 #   MOE_STUDIO_BIN=...  (or BIN) the moe-studio binary (default: cargo builds it; release, smoke: debug)
 #   WORK=...     run directory (default $MOE_STUDIO_CACHE/experiments/dume[-smoke]); kept between sittings
 #   OUT=...      where the tables go (default docs/experiments/dume, smoke: $WORK/report)
-#   SEEDS="1 2 3"  seeds (dense fine-tune data order, random routers, router training)
+#   SEEDS="1 2 3"  seeds (dense fine-tune data order, random routers, router training); "" with
+#                  PUBLISHED_SEEDS and PARTS_SEEDS runs only the `ffn` part of published seeds
 #   PUBLISHED_SEEDS  seeds an earlier sitting published in OUT/results.json (its run directories
 #                  gone with its machine): the report keeps their records beside this run's SEEDS,
 #                  after checking the budget and the evaluation streams are the same
@@ -86,7 +87,7 @@ if [ "$SMOKE" = 1 ]; then
     STEPS=${STEPS:-2} SEQ=${SEQ:-32} BATCH=${BATCH:-2} LR=${LR:-1e-3}
     ROUTER_STEPS=${ROUTER_STEPS:-2} ROUTER_LR=${ROUTER_LR:-1e-2}
     STAT_TOKENS=${STAT_TOKENS:-512} EVAL_TOKENS=${EVAL_TOKENS:-256} CONTEXT=64 WINDOW=64
-    SEEDS=${SEEDS:-1} PARTS=${PARTS-"ffn ood incremental"}
+    SEEDS=${SEEDS-1} PARTS=${PARTS-"ffn ood incremental"}
     export TASK_ITEMS=${TASK_ITEMS:-5}
     WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/dume-smoke}
     OUT=${OUT:-$WORK/report}
@@ -96,20 +97,54 @@ else
     STEPS=${STEPS:-100} SEQ=${SEQ:-256} BATCH=${BATCH:-4} LR=${LR:-1e-4}
     ROUTER_STEPS=${ROUTER_STEPS:-50} ROUTER_LR=${ROUTER_LR:-1e-3}
     STAT_TOKENS=${STAT_TOKENS:-} EVAL_TOKENS=${EVAL_TOKENS:-10000} CONTEXT=512 WINDOW=512
-    SEEDS=${SEEDS:-"1 2 3"} PARTS=${PARTS-"ffn ood incremental"}
+    SEEDS=${SEEDS-"1 2 3"} PARTS=${PARTS-"ffn ood incremental"}
     WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/dume-v2}
     OUT=${OUT:-docs/experiments/dume}
 fi
 LAMBDAS=${LAMBDAS:-"1e-4,1e-3,1e-1,1"} REL_LAMBDAS=${REL_LAMBDAS:-"1e-8,1e-6,1e-4,1e-2,1"}
 ALPHA=${ALPHA:-0.01} PARTS_SEEDS=${PARTS_SEEDS-$SEEDS}
+# No SEEDS: the analyses of published seeds only (their headline rows from OUT/results.json). Only
+# `ffn` stands on its own (its own experts, MoErge and routers); `ood` and `incremental` start from
+# the seed's headline MoErge and router, which a published seed's run directory no longer holds.
+PUB=${PUBLISHED_SEEDS:-}
+if [ -z "${SEEDS// /}" ] && { [ -z "${PUB// /}" ] || [ -z "${PARTS_SEEDS// /}" ]; }; then
+    echo "SEEDS is empty: name the seeds to run, or PUBLISHED_SEEDS and PARTS_SEEDS to run only analyses of published seeds" >&2
+    exit 1
+fi
+for s in $PARTS_SEEDS; do
+    case " $SEEDS " in
+    *" $s "*) ;;
+    *)
+        case " $PUB " in
+        *" $s "*) ;;
+        *) echo "PARTS_SEEDS has seed $s, which is neither in SEEDS nor in PUBLISHED_SEEDS" >&2; exit 1 ;;
+        esac
+        for part in $PARTS; do
+            [ "$part" = ffn ] || {
+                echo "PARTS=$part of published seed $s: it starts from that seed's headline models, which are not run here (only ffn runs on a published seed; add $s to SEEDS to rerun it whole)" >&2
+                exit 1
+            }
+        done
+        ;;
+    esac
+done
 mkdir -p "$WORK" "$OUT"
 source experiments/lib.sh
 exp_bin
 # A PUBLISHED_SEEDS the report would refuse at the end (a published seed neither carried nor run
 # again, one run twice) is refused now, before hours of training.
+# The same for the FFN-only part of a published seed already published, unless this run directory
+# holds that very run (then the report takes it as it is).
 if [ -n "${PUBLISHED_SEEDS:-}" ]; then
-    python3 -c 'import sys; sys.path.insert(0, "experiments"); from report_common import published_results
-published_results(sys.argv[1], None, sys.argv[2].split())' "$OUT" "$SEEDS"
+    python3 -c 'import sys, os; sys.path.insert(0, "experiments"); from report_common import published_results
+published, prior = published_results(sys.argv[1], None, sys.argv[2].split())
+work, parts_seeds, parts = sys.argv[3], sys.argv[4].split(), sys.argv[5].split()
+again = [s for s in parts_seeds if s in published and "ffn" in parts
+         and any(x.get("seed") == s for x in prior["methods"].get("ffn-oracle", []))
+         and not os.path.exists(os.path.join(work, f"s{s}", "ffn-oracle.eval.json"))]
+if again:
+    sys.exit(f"PARTS=ffn: published seed(s) {again} already have the FFN-only part in {sys.argv[1]}/results.json;"
+             " not trained again (drop them from PARTS_SEEDS)")' "$OUT" "$SEEDS" "$WORK" "$PARTS_SEEDS" "$PARTS"
 fi
 
 # The out-of-distribution statistics texts (see the header): each selected line one document

@@ -50,7 +50,7 @@ unfinished = {s: [f for f in SEED_FILES if not have(s, f)] for s in seeds}
 unfinished = {s: v for s, v in unfinished.items() if v}
 # Retention needs the seed's three dense experts.
 seeds = [s for s in seeds if all(have(s, f"expert-{d}.eval.json") for d in ("code", "math", "docs"))]
-if not seeds:
+if not seeds and not published:
     sys.exit("dume_report.py: no seed has its three dense experts evaluated yet: rerun experiments/dume.sh")
 DOMAINS = ["code", "math", "docs"]
 METHODS = [
@@ -162,7 +162,17 @@ def table(methods, prefix, its_seeds):
             per_seed.append({"seed": s, "ppl": p, "retention": r, "mean_retention": statistics.mean(r.values()),
                              "loss_retention": lr, "mean_loss_retention": statistics.mean(lr.values()),
                              "best_retention": max(r.values())})
-        per_seed = published_records(method) + per_seed
+        # A published record of the same (method, seed) wins when this run's is the same result (the
+        # run directory kept from the sitting that published it); another result would be a second copy.
+        old = published_records(method)
+        for x in [x for x in per_seed if any(o["seed"] == x["seed"] for o in old)]:
+            o = next(o for o in old if o["seed"] == x["seed"])
+            if o.get("ppl") != x["ppl"]:
+                sys.exit(f"dume_report.py: `{method}` of seed {x['seed']} is published with other perplexities"
+                         f" ({o.get('ppl')}) than this run's ({x['ppl']}): not mixed; drop the seed from"
+                         " PARTS_SEEDS or from PUBLISHED_SEEDS")
+            per_seed.remove(x)
+        per_seed = old + per_seed
         results["methods"][method] = per_seed
         rows.append(
             [f"`{method}`", label, ", ".join(x["seed"] for x in per_seed) or "-"]
@@ -212,6 +222,13 @@ for method in ("dume-top1", "dume-top2", "dume-ood", "ffn-dume-top1"):
         # Reports published before they carried their seed: one published seed, so they are its.
         old = [dict(r, seed=prior["seeds"][0]) for r in prior["methods"].get(method + ".route", [])
                if prior["seeds"][0] in published]
+    # A published seed's report found again here (the run directory kept) is the published one.
+    for r in [r for r in reps if any(o["seed"] == r["seed"] for o in old)]:
+        o = next(o for o in old if o["seed"] == r["seed"])
+        if o.get("mean_accuracy_per_domain") != r.get("mean_accuracy_per_domain"):
+            sys.exit(f"dume_report.py: `{method}` routing of seed {r['seed']} is published with other accuracies"
+                     " than this run's: not mixed; drop the seed from PARTS_SEEDS or from PUBLISHED_SEEDS")
+        reps.remove(r)
     reps = old + reps
     rseeds = [r["seed"] for r in reps]
     if not reps:
@@ -222,8 +239,11 @@ for method in ("dume-top1", "dume-top2", "dume-ood", "ffn-dume-top1"):
                     + [fmt([r["random_routing_accuracy"] for r in reps], 1, True),
                        fmt([sum(r["tokens_per_domain"]) for r in reps], 0)])
     results["methods"].setdefault(method + ".route", reps)
-sweep = (load(os.path.join(work, f"s{seeds[0]}", "dume-top1.route.json")).get("lambda_sweep") or []
-         if have(seeds[0], "dume-top1.route.json") else [])
+# The lambda sweep of this run's first seed's top-1 router; with no seed run here (only analyses of
+# published seeds), the first published seed's, from its record.
+_reps = results["methods"].get("dume-top1.route", [])
+_top1 = next((r for r in _reps if r.get("seed") in seeds), next(iter(_reps), {}))
+sweep, sweep_seed = _top1.get("lambda_sweep") or [], _top1.get("seed", "-")
 results["eval_streams"] = stream_hashes([load(p) for p in glob.glob(os.path.join(work, "s*", "*.eval.json"))]
                                         + [load(os.path.join(work, "base.eval.json"))])
 merge_published(results, prior, published, seeds)
@@ -259,30 +279,39 @@ fig_retention = figure(out, "retention", {
     "series": [{"name": m, "values": [mean_or_none([x["retention"][d] for x in results["methods"][m]]) for d in DOMAINS]
                 + [mean_or_none([x["mean_retention"] for x in results["methods"][m]])]} for m in FIG_METHODS],
 })
+
+
+def kept_figure(stem, alt):
+    """The Markdown of OUT/STEM.png as an earlier sitting drew it (a run of only analyses of
+    published seeds has none of the headline's logs to draw it again); empty when there is none."""
+    return (f"\n![{alt} (from the sitting that trained the headline)]({stem}.png)\n"
+            if os.path.exists(os.path.join(out, f"{stem}.png")) else "")
+
+
 acc_series = []
-for method in ("dume-top1", "dume-ood"):
+for method in ("dume-top1", "dume-ood") if seeds else ():
     if not have(seeds[0], f"{method}.route.json"):
         continue
     rep = load(os.path.join(work, f"s{seeds[0]}", f"{method}.route.json"))
     for i, d in enumerate(DOMAINS):
         layers = rep["accuracy_per_domain_per_layer"][i]
         acc_series.append({"name": f"{method} {d}", "points": [[l, a] for l, a in enumerate(layers)]})
-fig_accuracy = figure(out, "routing_accuracy", {
+fig_accuracy = kept_figure("routing_accuracy", "Ridge router: held-out routing accuracy per layer") if not seeds else figure(out, "routing_accuracy", {
     "kind": "lines", "title": f"Ridge router: held-out routing accuracy per layer (seed {seeds[0]}, top-1)",
     "x": "layer", "y": "accuracy", "series": acc_series,
 })
 # The curves of the first seed whose run directory still holds the figure's training logs (a seed
 # carried over from an earlier machine keeps only its evaluation and router reports, and one
 # retrained in part may have the experts' logs but not DUME+'s).
-curve_seed = (seeds_with(work, seeds, "expert-code/metrics.jsonl") or seeds)[0]
-router_seed = next((s for s in seeds if have(s, "dume-plus/metrics.jsonl") and have(s, "btx/metrics.jsonl")), seeds[0])
-fig_curves = figure(out, "router_training", {
+curve_seed = (seeds_with(work, seeds, "expert-code/metrics.jsonl") or seeds or [None])[0]
+router_seed = next((s for s in seeds if have(s, "dume-plus/metrics.jsonl") and have(s, "btx/metrics.jsonl")), curve_seed)
+fig_curves = kept_figure("router_training", "Router training: next-token loss per step") if not seeds else figure(out, "router_training", {
     "kind": "lines", "title": f"Router training (seed {router_seed}): next-token loss per step", "x": "step",
     "y": "cross-entropy (nats/token)",
     "series": [{"name": m, "points": curve(os.path.join(work, f"s{router_seed}", m, "metrics.jsonl"))}
                for m in ("dume-plus", "btx")],
 })
-fig_experts = figure(out, "expert_training", {
+fig_experts = kept_figure("expert_training", "Dense domain experts: next-token loss per step") if not seeds else figure(out, "expert_training", {
     "kind": "lines", "title": f"Dense domain experts (seed {curve_seed}): next-token loss per step", "x": "step",
     "y": "cross-entropy (nats/token)",
     "series": [{"name": f"expert-{d}", "points": curve(os.path.join(work, f"s{curve_seed}", f"expert-{d}", "metrics.jsonl"))}
@@ -385,7 +414,7 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_accuracy)
     if sweep:
-        f.write(f"\nLambda sweeps (seed {seeds[0]}, top-1; the headline uses λ = 1e-2). Absolute λ, and λ relative to each"
+        f.write(f"\nLambda sweeps (seed {sweep_seed}, top-1; the headline uses λ = 1e-2). Absolute λ, and λ relative to each"
                 " layer's tr(A)/p (with every training token in the statistics, tr(A)/p is large, so an absolute"
                 " λ = 1e-2 barely regularises):\n\n| λ | relative to tr(A)/p | mean accuracy code / math / docs |"
                 " in every layer |\n|---|---|---|---|\n")

@@ -196,6 +196,35 @@ json.dump(e, open(sys.argv[2], 'w'))" "$work/cpt-ffn.eval.json" "$work/s2/cpt-ff
                     exit 1
                 fi
             fi
+            if [ "$exp" = dume ]; then
+                # A third sitting runs only the FFN-only part of the published seed 2 (its run
+                # directory gone); again with the run directory kept (the same results); then, gone,
+                # the published part is refused up front, as is a part that needs seed 2's headline.
+                cp "$work/report/results.json" "$work/second.json"
+                rm -rf "$work/s2"
+                MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=ffn PUBLISHED_SEEDS="1 2" \
+                    bash "experiments/$exp.sh" --smoke >/dev/null
+                python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
+                python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
+assert [x['seed'] for x in r['methods']['ffn-oracle']] == ['1', '2'] and r['seeds'] == ['1', '2'], r['seeds']" \
+                    "$work/report/results.json"
+                cp "$work/report/results.json" "$work/third.json"
+                MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=ffn PUBLISHED_SEEDS="1 2" \
+                    bash "experiments/$exp.sh" --smoke >/dev/null
+                cmp <(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['methods'])" "$work/third.json") \
+                    <(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['methods'])" "$work/report/results.json")
+                rm -rf "$work/s2"
+                for part in ffn ood; do
+                    if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=$part PUBLISHED_SEEDS="1 2" \
+                        bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
+                        || ! grep -q -E "already have the FFN-only part|which are not run here" "$work/refused.log" \
+                        || [ -e "$work/s2" ]; then
+                        echo "dume: PARTS=$part of a published seed was not refused up front" >&2
+                        tail -3 "$work/refused.log" >&2
+                        exit 1
+                    fi
+                done
+            fi
             if [ "$exp" = neuronmoe ]; then
                 cp "$work/report/results.json" "$work/second.json"
                 # (the allocations it does not train are read from the published rows)

@@ -33,7 +33,11 @@ if kind == "deltamoe":
 else:
     def seeds_of(r, m):
         return {x.get("seed") for x in r.get("methods", {}).get(m, []) if isinstance(x, dict)}
-    parts_gained = kind == "dume" and any(seeds_of(second, m) - seeds_of(first, m) for m in second.get("methods", {}))
+    # only the analyses' rows (the FFN-only part) may gain a published seed
+    parts_gained = kind == "dume" and any(seeds_of(second, m) - seeds_of(first, m) for m in second.get("methods", {})
+                                          if m.startswith("ffn-"))
+    if kind == "dume" and not set(first.get("parts_seeds", [])) <= set(second.get("parts_seeds", [])):
+        fail(f"parts_seeds {second.get('parts_seeds')} lost published {first.get('parts_seeds')}")
 if second.get("published_seeds") != published or second["seeds"][:len(published)] != published \
         or (len(second["seeds"]) <= len(published) and not per_row and not parts_gained):
     fail(f"seeds {second['seeds']} / published {second.get('published_seeds')}, expected {published} then new ones")

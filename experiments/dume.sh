@@ -107,8 +107,14 @@ ALPHA=${ALPHA:-0.01} PARTS_SEEDS=${PARTS_SEEDS-$SEEDS}
 # `ffn` stands on its own (its own experts, MoErge and routers); `ood` and `incremental` start from
 # the seed's headline MoErge and router, which a published seed's run directory no longer holds.
 PUB=${PUBLISHED_SEEDS:-}
-if [ -z "${SEEDS// /}" ] && { [ -z "${PUB// /}" ] || [ -z "${PARTS_SEEDS// /}" ]; }; then
-    echo "SEEDS is empty: name the seeds to run, or PUBLISHED_SEEDS and PARTS_SEEDS to run only analyses of published seeds" >&2
+for part in $PARTS; do
+    case $part in
+    ffn | ood | incremental) ;;
+    *) echo "unknown part $part (expected ffn, ood, incremental)" >&2; exit 1 ;;
+    esac
+done
+if [ -z "${SEEDS// /}" ] && { [ -z "${PUB// /}" ] || [ -z "${PARTS_SEEDS// /}" ] || [[ " $PARTS " != *" ffn "* ]]; }; then
+    echo "SEEDS is empty: name the seeds to run, or PUBLISHED_SEEDS, PARTS_SEEDS and PARTS=ffn to run only the FFN-only part of published seeds" >&2
     exit 1
 fi
 for s in $PARTS_SEEDS; do
@@ -131,20 +137,16 @@ done
 mkdir -p "$WORK" "$OUT"
 source experiments/lib.sh
 exp_bin
+# The report's budget line (results.json `budget`: a later sitting pools only with the same).
+budget() {
+    echo "steps=$STEPS seq=$SEQ batch=$BATCH lr=$LR router_steps=$ROUTER_STEPS router_lr=$ROUTER_LR alpha=$ALPHA (DUME+ and BTX) stat_tokens=${STAT_TOKENS:-all} context=$CONTEXT eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE; --docs blank"
+}
 # A PUBLISHED_SEEDS the report would refuse at the end (a published seed neither carried nor run
-# again, one run twice) is refused now, before hours of training.
-# The same for the FFN-only part of a published seed already published, unless this run directory
-# holds that very run (then the report takes it as it is).
+# again, one run twice, another budget; the FFN-only part of a published seed already published,
+# or published with another result than this run directory's) is refused now, before any training.
 if [ -n "${PUBLISHED_SEEDS:-}" ]; then
-    python3 -c 'import sys, os; sys.path.insert(0, "experiments"); from report_common import published_results
-published, prior = published_results(sys.argv[1], None, sys.argv[2].split())
-work, parts_seeds, parts = sys.argv[3], sys.argv[4].split(), sys.argv[5].split()
-again = [s for s in parts_seeds if s in published and "ffn" in parts
-         and any(x.get("seed") == s for x in prior["methods"].get("ffn-oracle", []))
-         and not os.path.exists(os.path.join(work, f"s{s}", "ffn-oracle.eval.json"))]
-if again:
-    sys.exit(f"PARTS=ffn: published seed(s) {again} already have the FFN-only part in {sys.argv[1]}/results.json;"
-             " not trained again (drop them from PARTS_SEEDS)")' "$OUT" "$SEEDS" "$WORK" "$PARTS_SEEDS" "$PARTS"
+    python3 experiments/dume_report.py --check-published "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$PARTS_SEEDS" \
+        "$(budget)" "$PARTS"
 fi
 
 # The out-of-distribution statistics texts (see the header): each selected line one document
@@ -265,5 +267,4 @@ for seed in $PARTS_SEEDS; do
     done
 done
 
-python3 experiments/dume_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$PARTS_SEEDS" \
-    "steps=$STEPS seq=$SEQ batch=$BATCH lr=$LR router_steps=$ROUTER_STEPS router_lr=$ROUTER_LR alpha=$ALPHA (DUME+ and BTX) stat_tokens=${STAT_TOKENS:-all} context=$CONTEXT eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE; --docs blank"
+python3 experiments/dume_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$PARTS_SEEDS" "$(budget)" "$PARTS"

@@ -5,8 +5,11 @@ experts, ridge routing accuracy (mean over layers and in every layer), lambda sw
 incremental-DUME check.
 
 Standard library only (CI runs the smoke mode without the Python reference environment).
-Usage: dume_report.py WORK OUT SMOKE MODEL "SEEDS" "PARTS_SEEDS" "BUDGET"
-Writes OUT/results.json and OUT/README.md.
+Usage: dume_report.py [--check-published] WORK OUT SMOKE MODEL "SEEDS" "PARTS_SEEDS" "BUDGET" ["PARTS"]
+Writes OUT/results.json and OUT/README.md. With --check-published (dume.sh, before any training)
+it only checks PUBLISHED_SEEDS against OUT/results.json (no published seed dropped or run twice,
+the same budget; the FFN-only part of a published seed not published already, or published with
+the very result this run directory holds) and exits.
 """
 import glob
 import json
@@ -19,7 +22,10 @@ from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, mer
                            paired_tasks, paired_tasks_markdown, pooled_tasks, ppl, published_note, published_results,
                            seeds_with, stream_hashes, write_commands)
 
-work, out, smoke, model, seeds, parts_seeds, budget = sys.argv[1:]
+check_only = sys.argv[1:2] == ["--check-published"]
+args = sys.argv[2:] if check_only else sys.argv[1:]
+work, out, smoke, model, seeds, parts_seeds, budget = args[:7]
+parts = (args[7] if len(args) > 7 else "ffn ood incremental").split()
 seeds, parts_seeds = seeds.split(), parts_seeds.split()
 # Seeds published by an earlier sitting on another machine (report_common.published_results): their
 # per-seed records (perplexity, retention, routing reports, incremental step) are kept from
@@ -50,7 +56,7 @@ unfinished = {s: [f for f in SEED_FILES if not have(s, f)] for s in seeds}
 unfinished = {s: v for s, v in unfinished.items() if v}
 # Retention needs the seed's three dense experts.
 seeds = [s for s in seeds if all(have(s, f"expert-{d}.eval.json") for d in ("code", "math", "docs"))]
-if not seeds and not published:
+if not seeds and not published and not check_only:
     sys.exit("dume_report.py: no seed has its three dense experts evaluated yet: rerun experiments/dume.sh")
 DOMAINS = ["code", "math", "docs"]
 METHODS = [
@@ -81,6 +87,28 @@ def eval_path(seed, method):
     if method == "base":
         return os.path.join(work, "base.eval.json")
     return os.path.join(work, f"s{seed}", f"{method}.eval.json")
+
+
+if check_only:
+    # The FFN-only part of a published seed: not trained again when published (dume.sh would train
+    # it again for nothing), unless this run directory holds that very run; a different result
+    # here would be a second copy of it. Checked before any training.
+    bad = []
+    for s in [s for s in parts_seeds if s in published and "ffn" in parts]:
+        for m in [m for m, _ in FFN_METHODS] + ["ffn-dume-top1.route"]:
+            rec = next((x for x in published_records(m) if x.get("seed") == s), None)
+            if rec is None:
+                continue
+            route = m.endswith(".route")
+            path = os.path.join(work, f"s{s}", f"{m}.json") if route else eval_path(s, m)
+            if not os.path.exists(path):
+                bad.append(f"`{m}` of seed {s} is published; not trained again (drop the seed from PARTS_SEEDS)")
+            elif (load(path).get("mean_accuracy_per_domain") != rec.get("mean_accuracy_per_domain") if route
+                  else {d: ppl(load(path), d) for d in DOMAINS} != rec.get("ppl")):
+                bad.append(f"`{m}` of seed {s}: {path} has another result than the published one (a second copy)")
+    if bad:
+        sys.exit("PARTS=ffn of published seed(s): the published results already have it:\n  " + "\n  ".join(bad))
+    sys.exit(0)
 
 
 
@@ -242,16 +270,28 @@ for method in ("dume-top1", "dume-top2", "dume-ood", "ffn-dume-top1"):
 # The lambda sweep of this run's first seed's top-1 router; with no seed run here (only analyses of
 # published seeds), the first published seed's, from its record.
 _reps = results["methods"].get("dume-top1.route", [])
-_top1 = next((r for r in _reps if r.get("seed") in seeds), next(iter(_reps), {}))
+# The seed the figures and the sweep were drawn from: this run's first, else as published (reports
+# published before this was recorded: the last published seed, the one that sitting ran).
+_shown = seeds[0] if seeds else (prior or {}).get("figure_seed") or (published[-1] if published else None)
+_top1 = next((r for r in _reps if r.get("seed") == _shown), next(iter(_reps), {}))
+results["figure_seed"] = _shown
 sweep, sweep_seed = _top1.get("lambda_sweep") or [], _top1.get("seed", "-")
 results["eval_streams"] = stream_hashes([load(p) for p in glob.glob(os.path.join(work, "s*", "*.eval.json"))]
                                         + [load(os.path.join(work, "base.eval.json"))])
+INC_FILES = ("dume-add.eval.json", "dume-scratch4.eval.json", "dume-top1.eval.json", "expert-hu.eval.json",
+             "dume-add.route.json", "dume-scratch4.route.json")
 merge_published(results, prior, published, seeds)
+# The analyses' seeds, pooled across sittings: every seed with a result of a part (the FFN-only
+# experts, the OOD router, the incremental step), published or this run's.
+_part_keys = [m for m, _ in FFN_METHODS] + ["dume-ood", "dume-ood.route", "ffn-dume-top1.route"]
+_part_seeds = {x.get("seed") for k in _part_keys for x in results["methods"].get(k, [])}
+_part_seeds |= {x.get("seed") for x in published_records("incremental")}
+_part_seeds |= {s for s in seeds if all(have(s, f) for f in INC_FILES)}
+results["parts_seeds"] = sorted((s for s in _part_seeds if s), key=int)
+ffn_seeds = [x["seed"] for x in results["methods"].get("ffn-oracle", [])]
 
 # Incremental DUME: added onto the saved statistics vs solved from scratch on all four domains.
 inc = published_records("incremental")
-INC_FILES = ("dume-add.eval.json", "dume-scratch4.eval.json", "dume-top1.eval.json", "expert-hu.eval.json",
-             "dume-add.route.json", "dume-scratch4.route.json")
 for s in [s for s in seeds if all(have(s, f) for f in INC_FILES)]:
     diff, differing, missing = compare_models(os.path.join(work, f"s{s}", "dume-add"),
                                               os.path.join(work, f"s{s}", "dume-scratch4"))
@@ -283,8 +323,11 @@ fig_retention = figure(out, "retention", {
 
 def kept_figure(stem, alt):
     """The Markdown of OUT/STEM.png as an earlier sitting drew it (a run of only analyses of
-    published seeds has none of the headline's logs to draw it again); empty when there is none."""
-    return (f"\n![{alt} (from the sitting that trained the headline)]({stem}.png)\n"
+    published seeds has none of the headline's logs to draw it again), with the seed it shows as
+    published (`figure_seeds`; else `figure_seed`); empty when there is none."""
+    shown = ((prior or {}).get("figure_seeds") or {}).get(stem) or _shown
+    results.setdefault("figure_seeds", {})[stem] = shown
+    return (f"\n![{alt} (seed {shown}; drawn by the sitting that trained the headline)]({stem}.png)\n"
             if os.path.exists(os.path.join(out, f"{stem}.png")) else "")
 
 
@@ -317,6 +360,9 @@ fig_experts = kept_figure("expert_training", "Dense domain experts: next-token l
     "series": [{"name": f"expert-{d}", "points": curve(os.path.join(work, f"s{curve_seed}", f"expert-{d}", "metrics.jsonl"))}
                for d in DOMAINS + ["hu"]],
 })
+if seeds:
+    results["figure_seeds"] = {"routing_accuracy": seeds[0], "router_training": router_seed,
+                               "expert_training": curve_seed}
 # A superseded first attempt kept for the record (see experiments/dume.sh: top-1 routers trained
 # with un-normalised weights).
 attempt = [(s, m, load(os.path.join(work, f"s{s}", "attempt-top1-unnormalised", f"{m}.eval.json")))
@@ -399,7 +445,7 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
         for s, m, ev in attempt:
             f.write(f"- seed {s}, `{m}` top-1 un-normalised: ppl " + ", ".join(f"{d} {ppl(ev, d):.1f}" for d in DOMAINS) + "\n")
     if ffn_rows:
-        f.write(f"\n## FFN-only domain experts (seeds {', '.join(parts_seeds)})\n\nThe experts fine-tune only their FFNs"
+        f.write(f"\n## FFN-only domain experts (seeds {', '.join(ffn_seeds)})\n\nThe experts fine-tune only their FFNs"
                 " (`train --stage ffn`), so every shared tensor of the MoErge is the base model's and the oracle is each"
                 " dense expert exactly: the gap to the oracle is the router's alone. Retention against these experts.\n\n")
         f.write(HEAD)

@@ -213,17 +213,30 @@ assert [x['seed'] for x in r['methods']['ffn-oracle']] == ['1', '2'] and r['seed
                     bash "experiments/$exp.sh" --smoke >/dev/null
                 cmp <(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['methods'])" "$work/third.json") \
                     <(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['methods'])" "$work/report/results.json")
+                cp "$work/s2/ffn-expert-code.eval.json" "$work/ffn-expert-code.eval.json"
                 rm -rf "$work/s2"
-                for part in ffn ood; do
-                    if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=$part PUBLISHED_SEEDS="1 2" \
+                for part in ffn "ffn ood"; do
+                    if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS="$part" PUBLISHED_SEEDS="1 2" \
                         bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
-                        || ! grep -q -E "already have the FFN-only part|which are not run here" "$work/refused.log" \
+                        || ! grep -q -E "already have it|which are not run here" "$work/refused.log" \
                         || [ -e "$work/s2" ]; then
                         echo "dume: PARTS=$part of a published seed was not refused up front" >&2
                         tail -3 "$work/refused.log" >&2
                         exit 1
                     fi
                 done
+                # A kept result that differs from the published one: refused before any training.
+                mkdir -p "$work/s2"
+                python3 -c "import json, sys; e = json.load(open(sys.argv[1])); e['datasets'][0]['ppl'] *= 1.01
+json.dump(e, open(sys.argv[2], 'w'))" "$work/ffn-expert-code.eval.json" "$work/s2/ffn-expert-code.eval.json"
+                if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=ffn PUBLISHED_SEEDS="1 2" \
+                    bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
+                    || ! grep -q "has another result than the published one" "$work/refused.log" \
+                    || [ -e "$work/s2/ffn-expert-code" ]; then
+                    echo "dume: a published FFN-only row with another result here was not refused up front" >&2
+                    tail -3 "$work/refused.log" >&2
+                    exit 1
+                fi
             fi
             if [ "$exp" = neuronmoe ]; then
                 cp "$work/report/results.json" "$work/second.json"

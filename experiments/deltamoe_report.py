@@ -371,6 +371,19 @@ for lr in SWEEP_LRS:
             lrs.setdefault(lr, {})[t] = {
                 "seeds": both, "gap_at_headline_lr_pct": mean_pct([x for x, s in zip(short, c) if s in both]),
                 "gap_at_lr_pct": mean_pct([x for x, s in zip(at_lr, c2) if s in both])}
+# Matched Hungarian perplexity (the issue's alternative to equal tokens): every grafted model of the
+# first analysis seed in (English, Hungarian, ability) perplexity; a model is dominated when another
+# is at least as good on every text and better on one. Which dense and MoE models are on the frontier?
+frontier = {}
+_fs = next((s for s in parts_seeds if any(s in per_seed.get(m, {}) for m, _ in PARTS)), None)
+if _fs is not None:
+    pts = {m: tuple(v[_fs][t] for t in TEXTS) for m, v in per_seed.items()
+           if (m.endswith("+delta") or m == "average") and _fs in v
+           and "-s2" not in m and m != "cpt-replay+delta"}
+    for m, p in pts.items():
+        by = sorted(n for n, q in pts.items() if n != m and all(b <= a for a, b in zip(p, q)) and q != p)
+        frontier[m] = {**dict(zip(TEXTS, p)), "dominated_by": by}
+results["frontier"] = {"seed": _fs, "models": frontier}
 results["scale_or_recipe"] = {"two_by_two": scale, "tokens": tokens, "lr": lrs}
 
 
@@ -551,6 +564,25 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
                     " The same lr is not the same update: it moves every weight of the dense model and only the"
                     " new experts and the router of the MoE (an equal-lr comparison over the sweep, not each"
                     " arm at its own best lr: the table above has every point).\n")
+    if len(frontier) > 2:
+        f.write(f"\n## Better on every text: the frontier (seed {results['frontier']['seed']})\n\n"
+                "Every grafted model of this seed trained on Hungarian alone (stage 2 and the replay continuation see"
+                " English, so they are left out), by perplexity on each text: equal tokens is one comparison, a model"
+                " that is better on every text is another. A model is dominated when another is at least as good on"
+                " every text (English kept, Hungarian learned, the grafted ability) and better on one; the undominated"
+                " ones are the frontier. Sorted by Hungarian."
+                " `average` (linear averaging of dense CPT and post) is the other way to add the ability.\n\n")
+        f.write("| model (+ Δ) | " + " | ".join(f"ppl {t}" for t in TEXTS) + " | dominated by |\n|---|"
+                + "---|" * len(TEXTS) + "---|\n")
+        for m, e in sorted(frontier.items(), key=lambda kv: kv[1]["hu"]):
+            f.write(f"| `{m}` | " + " | ".join(f"{e[t]:.2f}" for t in TEXTS) + " | "
+                    + (", ".join(f"`{n}`" for n in e["dominated_by"]) or "**frontier**") + " |\n")
+        dense = [m for m in frontier if m.startswith(("cpt", "average"))]
+        moe = [m for m in frontier if m.startswith("moe")]
+        f.write(f"\nOn the frontier: {', '.join(f'`{m}`' for m in frontier if not frontier[m]['dominated_by'])}."
+                f" Dense models dominated by a MoE: {sum(any(n.startswith('moe') for n in frontier[m]['dominated_by']) for m in dense)}"
+                f" of {len(dense)}; MoE models dominated by a dense one:"
+                f" {sum(any(n.startswith(('cpt', 'average')) for n in frontier[m]['dominated_by']) for m in moe)} of {len(moe)}.\n")
     f.write(fig_curves)
     if expert0:
         f.write("\n## Share of the top-k assignments served by the frozen expert 0\n\n"

@@ -379,7 +379,7 @@ _fs = next((s for s in parts_seeds if any(s in per_seed.get(m, {}) for m, _ in P
 if _fs is not None:
     pts = {m: tuple(v[_fs][t] for t in TEXTS) for m, v in per_seed.items()
            if (m.endswith("+delta") or m == "average") and _fs in v
-           and "-s2" not in m and m != "cpt-replay+delta"}
+           and not (m.startswith("moe-") and m.split("+")[0].endswith("-s2")) and m != "cpt-replay+delta"}
     for m, p in pts.items():
         by = sorted(n for n, q in pts.items() if n != m and all(b <= a for a, b in zip(p, q)) and q != p)
         frontier[m] = {**dict(zip(TEXTS, p)), "dominated_by": by}
@@ -561,18 +561,22 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
                                                       + [f"{lrs[lr][t]['gap_at_lr_pct']:+.1f}%" for lr in lrs if t in lrs[lr]])
                                 for t in TEXTS if t in lrs[next(iter(lrs))])
                     + f" (seeds {', '.join(sorted({s for v in lrs.values() for e in v.values() for s in e['seeds']}))})."
-                    " The same lr is not the same update: it moves every weight of the dense model and only the"
-                    " new experts and the router of the MoE (an equal-lr comparison over the sweep, not each"
-                    " arm at its own best lr: the table above has every point).\n")
+                    " The same lr is not the same update: it moves every weight of the dense model, and the"
+                    " MoE's new experts and router, which are more parameters (three FFN copies) but leave"
+                    " attention, embeddings and expert 0 as they were (an equal-lr comparison over the sweep,"
+                    " not each arm at its own best lr: the table above has every point).\n")
     if len(frontier) > 2:
         f.write(f"\n## Better on every text: the frontier (seed {results['frontier']['seed']})\n\n"
                 "Every grafted model of this seed trained on Hungarian alone (stage 2 and the replay continuation see"
                 " English, so they are left out), by perplexity on each text: equal tokens is one comparison, a model"
                 " that is better on every text is another. A model is dominated when another is at least as good on"
-                " every text (English kept, Hungarian learned, the grafted ability) and better on one; the undominated"
-                " ones are the frontier. Sorted by Hungarian."
-                " `average` (linear averaging of dense CPT and post) is the other way to add the ability.\n\n")
-        f.write("| model (+ Δ) | " + " | ".join(f"ppl {t}" for t in TEXTS) + " | dominated by |\n|---|"
+                " every text (English kept, Hungarian learned, the grafted ability's text) and better on one; the"
+                " undominated ones are the frontier. Sorted by Hungarian. This is Pareto dominance across the token"
+                " budgets and learning rates run, not a comparison at matched Hungarian perplexity, and only against"
+                " the points sampled (no dense run below lr 1e-4 or 100 steps); perplexity of the ability's text is"
+                " not task accuracy. `average` (linear averaging of dense CPT and post, no Δ) is the other way to add"
+                " the ability.\n\n")
+        f.write("| model | " + " | ".join(f"ppl {t}" for t in TEXTS) + " | dominated by |\n|---|"
                 + "---|" * len(TEXTS) + "---|\n")
         for m, e in sorted(frontier.items(), key=lambda kv: kv[1]["hu"]):
             f.write(f"| `{m}` | " + " | ".join(f"{e[t]:.2f}" for t in TEXTS) + " | "

@@ -160,7 +160,13 @@ if want experiments; then
                     bash "experiments/$exp.sh" --smoke >/dev/null
                 python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
                 python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
-assert r['seeds_per_method']['cpt-ffn'] == ['1', '2'] and r['scale_or_recipe']['two_by_two']['en']['seeds'] == ['1', '2'], r['scale_or_recipe']" \
+assert r['seeds_per_method']['cpt-ffn'] == ['1', '2'] and r['scale_or_recipe']['two_by_two']['en']['seeds'] == ['1', '2'], r['scale_or_recipe']
+# The frontier (seed 2's grafted models): each listed dominator is at least as good on every text
+# and better on one, and every other model dominates nobody it is not listed for.
+f = r['frontier']; ms = f['models']; T = ('en', 'hu', 'math')
+assert f['seed'] == '2' and 'cpt-ffn+delta' in ms and 'moe-4-s1+delta' in ms and not any('-s2' in m for m in ms), f
+dom = lambda a, b: all(ms[a][t] <= ms[b][t] for t in T) and any(ms[a][t] < ms[b][t] for t in T)
+assert all(sorted(n for n in ms if n != m and dom(n, m)) == e['dominated_by'] for m, e in ms.items()), ms" \
                     "$work/report/results.json"
                 # The same sitting again with its run directory kept: the published rows are this
                 # run's own results, taken as they are (a part published while another trained on).

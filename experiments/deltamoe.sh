@@ -87,21 +87,10 @@ else
     OUT=${OUT:-docs/experiments/deltamoe}
 fi
 PARTS_SEEDS=${PARTS_SEEDS-${SEEDS%% *}}
-# No SEEDS: the analyses of published seeds only (their headline rows from OUT/results.json).
-PUB=${PUBLISHED_SEEDS:-}
-if [ -z "${SEEDS// /}" ] && { [ -z "${PUB// /}" ] || [ -z "${PARTS_SEEDS// /}" ]; }; then
-    echo "SEEDS is empty: name the seeds to run, or PUBLISHED_SEEDS and PARTS_SEEDS to run only analyses of published seeds" >&2
-    exit 1
-fi
-# Each analysis seed's headline rows are this run's or published: the report pairs with them.
-for s in $PARTS_SEEDS; do
-    case " $SEEDS $PUB " in
-    *" $s "*) ;;
-    *) echo "PARTS_SEEDS has seed $s, which is neither in SEEDS nor in PUBLISHED_SEEDS" >&2; exit 1 ;;
-    esac
-done
-mkdir -p "$WORK" "$OUT"
 source experiments/lib.sh
+# No SEEDS: the analyses of published seeds only (their headline rows from OUT/results.json).
+analysis_seeds
+mkdir -p "$WORK" "$OUT"
 exp_bin
 # A published seed's headline rows come from OUT/results.json: refuse, before any work, to run them
 # again, to drop a published seed, or to run a published analysis again (its analyses may run in a

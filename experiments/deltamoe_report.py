@@ -347,33 +347,39 @@ if ran("cpt-ffn+delta", "cpt+delta", "moe-4-s1+delta"):
             entry["moe_all_vs_dense_pct"] = mean_pct(all_gap)
         scale[t] = entry
 tokens = {}
+
+
+def gap_beside_headline(moe, dense, t):
+    """(seeds, headline gap %, this gap %) on text t: the headline's MoE stage 1 + Δ against dense
+    CPT + Δ, and `moe` against `dense`, both over the seeds that ran the two pairs; None without any."""
+    short, c = log_gap("moe-4-s1+delta", "cpt+delta", t)
+    other, c2 = log_gap(moe, dense, t)
+    both = [s for s in c if s in c2]
+    if not both:
+        return None
+    return (both, mean_pct([x for x, s in zip(short, c) if s in both]),
+            mean_pct([x for x, s in zip(other, c2) if s in both]))
+
+
 for m in steps_rows:
     if not m.startswith("cpt-steps") or m.endswith("+delta"):
         continue
     n = m[len("cpt-steps"):]
-    moe_m = f"moe-4-s1-steps{n}"
     for t in TEXTS:
-        short, c = log_gap("moe-4-s1+delta", "cpt+delta", t)
-        long, c2 = log_gap(f"{moe_m}+delta", f"{m}+delta", t)
-        both = [s for s in c if s in c2]
-        if both:
-            tokens.setdefault(n, {})[t] = {
-                "seeds": both, "gap_at_stage1_tokens_pct": mean_pct([x for x, s in zip(short, c) if s in both]),
-                "gap_at_more_tokens_pct": mean_pct([x for x, s in zip(long, c2) if s in both])}
+        g = gap_beside_headline(f"moe-4-s1-steps{n}+delta", f"{m}+delta", t)
+        if g:
+            tokens.setdefault(n, {})[t] = {"seeds": g[0], "gap_at_stage1_tokens_pct": g[1],
+                                           "gap_at_more_tokens_pct": g[2]}
 # The lr sweep, like for like: the MoE stage 1 + Δ against dense CPT + Δ trained at the same lr.
 lrs = {}
 for lr in SWEEP_LRS:
     for t in TEXTS:
-        short, c = log_gap("moe-4-s1+delta", "cpt+delta", t)
-        at_lr, c2 = log_gap(f"moe-4-s1-lr{lr}+delta", f"cpt-lr{lr}+delta", t)
-        both = [s for s in c if s in c2]
-        if both:
-            lrs.setdefault(lr, {})[t] = {
-                "seeds": both, "gap_at_headline_lr_pct": mean_pct([x for x, s in zip(short, c) if s in both]),
-                "gap_at_lr_pct": mean_pct([x for x, s in zip(at_lr, c2) if s in both])}
-# Matched Hungarian perplexity (the issue's alternative to equal tokens): every grafted model of the
-# first analysis seed in (English, Hungarian, ability) perplexity; a model is dominated when another
-# is at least as good on every text and better on one. Which dense and MoE models are on the frontier?
+        g = gap_beside_headline(f"moe-4-s1-lr{lr}+delta", f"cpt-lr{lr}+delta", t)
+        if g:
+            lrs.setdefault(lr, {})[t] = {"seeds": g[0], "gap_at_headline_lr_pct": g[1], "gap_at_lr_pct": g[2]}
+# The frontier (beside equal tokens; across the budgets and lrs run, not at matched Hungarian): every
+# grafted model of the first analysis seed by (English, Hungarian, ability) perplexity; a model is
+# dominated when another is at least as good on every text and better on one.
 frontier = {}
 _fs = next((s for s in parts_seeds if any(s in per_seed.get(m, {}) for m, _ in PARTS)), None)
 if _fs is not None:

@@ -106,36 +106,15 @@ ALPHA=${ALPHA:-0.01} PARTS_SEEDS=${PARTS_SEEDS-$SEEDS}
 # No SEEDS: the analyses of published seeds only (their headline rows from OUT/results.json). Only
 # `ffn` stands on its own (its own experts, MoErge and routers); `ood` and `incremental` start from
 # the seed's headline MoErge and router, which a published seed's run directory no longer holds.
-PUB=${PUBLISHED_SEEDS:-}
 for part in $PARTS; do
     case $part in
     ffn | ood | incremental) ;;
     *) echo "unknown part $part (expected ffn, ood, incremental)" >&2; exit 1 ;;
     esac
 done
-if [ -z "${SEEDS// /}" ] && { [ -z "${PUB// /}" ] || [ -z "${PARTS_SEEDS// /}" ] || [[ " $PARTS " != *" ffn "* ]]; }; then
-    echo "SEEDS is empty: name the seeds to run, or PUBLISHED_SEEDS, PARTS_SEEDS and PARTS=ffn to run only the FFN-only part of published seeds" >&2
-    exit 1
-fi
-for s in $PARTS_SEEDS; do
-    case " $SEEDS " in
-    *" $s "*) ;;
-    *)
-        case " $PUB " in
-        *" $s "*) ;;
-        *) echo "PARTS_SEEDS has seed $s, which is neither in SEEDS nor in PUBLISHED_SEEDS" >&2; exit 1 ;;
-        esac
-        for part in $PARTS; do
-            [ "$part" = ffn ] || {
-                echo "PARTS=$part of published seed $s: it starts from that seed's headline models, which are not run here (only ffn runs on a published seed; add $s to SEEDS to rerun it whole)" >&2
-                exit 1
-            }
-        done
-        ;;
-    esac
-done
-mkdir -p "$WORK" "$OUT"
 source experiments/lib.sh
+analysis_seeds ffn
+mkdir -p "$WORK" "$OUT"
 exp_bin
 # The report's budget line (results.json `budget`: a later sitting pools only with the same).
 budget() {

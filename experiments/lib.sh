@@ -9,6 +9,35 @@ STRIDE=${STRIDE:-$WINDOW}
 # Sets BIN: the given one (MOE_STUDIO_BIN, the name every script of the project reads, or BIN), else a
 # cargo build (release; smoke: debug, which CI has built); exports it as MOE_STUDIO_BIN for the
 # reports' figures.
+# analysis_seeds [PARTS_ON_PUBLISHED]: SEEDS, PUBLISHED_SEEDS, PARTS_SEEDS and PARTS checked before
+# any work. An empty SEEDS runs only analyses (PARTS) of published seeds, so it needs PUBLISHED_SEEDS,
+# PARTS_SEEDS and PARTS; each PARTS_SEEDS seed is run here or published (the report pairs its
+# analyses with that seed's headline rows); on a seed only published, only the parts named in
+# PARTS_ON_PUBLISHED may run (all of them when it is not given).
+analysis_seeds() {
+    local allowed=${1-} pub=${PUBLISHED_SEEDS:-} s part
+    if [ -z "${SEEDS// /}" ] && { [ -z "${pub// /}" ] || [ -z "${PARTS_SEEDS// /}" ] || [ -z "${PARTS// /}" ]; }; then
+        echo "SEEDS is empty: name the seeds to run, or PUBLISHED_SEEDS, PARTS_SEEDS and PARTS to run only analyses of published seeds" >&2
+        exit 1
+    fi
+    for s in $PARTS_SEEDS; do
+        case " $SEEDS " in *" $s "*) continue ;; esac
+        case " $pub " in
+        *" $s "*) ;;
+        *) echo "PARTS_SEEDS has seed $s, which is neither in SEEDS nor in PUBLISHED_SEEDS" >&2; exit 1 ;;
+        esac
+        [ -n "$allowed" ] || continue
+        for part in $PARTS; do
+            case " $allowed " in
+            *" $part "*) ;;
+            *)
+                echo "PARTS=$part of published seed $s: it starts from that seed's headline models, which are not run here (only $allowed runs on a published seed; add $s to SEEDS to rerun it whole)" >&2
+                exit 1
+                ;;
+            esac
+        done
+    done
+}
 exp_bin() {
     BIN=${MOE_STUDIO_BIN:-${BIN:-}}
     if [ -z "$BIN" ]; then

@@ -212,7 +212,12 @@ json.dump(e, open(sys.argv[2], 'w'))" "$work/cpt-ffn.eval.json" "$work/s2/cpt-ff
                     bash "experiments/$exp.sh" --smoke >/dev/null
                 python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
                 python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
-assert [x['seed'] for x in r['methods']['ffn-oracle']] == ['1', '2'] and r['seeds'] == ['1', '2'], r['seeds']" \
+assert [x['seed'] for x in r['methods']['ffn-oracle']] == ['1', '2'] and r['seeds'] == ['1', '2'], r['seeds']
+# The share of averaging's gap to the oracle each ridge router recovers, over both seeds, as defined.
+g = r['ffn_gap_recovered']; m = lambda k: sum(x['mean_retention'] for x in r['methods'][k]) / 2
+assert g['seeds'] == ['1', '2'], g
+o, a = m('ffn-oracle'), m('ffn-average')
+assert o <= a or abs(g['ffn-dume-top1'] - (m('ffn-dume-top1') - a) / (o - a)) < 1e-12, g" \
                     "$work/report/results.json"
                 cp "$work/report/results.json" "$work/third.json"
                 MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=ffn PUBLISHED_SEEDS="1 2" \

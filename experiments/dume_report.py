@@ -95,7 +95,7 @@ if check_only:
     # here would be a second copy of it. Checked before any training.
     bad = []
     for s in [s for s in parts_seeds if s in published and "ffn" in parts]:
-        for m in [m for m, _ in FFN_METHODS] + ["ffn-dume-top1.route"]:
+        for m in [m for m, _ in FFN_METHODS] + ["ffn-dume-top1.route", "ffn-dume-top2.route"]:
             rec = next((x for x in published_records(m) if x.get("seed") == s), None)
             if rec is None:
                 continue
@@ -240,8 +240,8 @@ results["ordering"] = {"seeds": order_seeds, "checks": [{"higher": a, "lower": b
 # Routing accuracy of the ridge routers (held-out tokens): mean over MoE layers, and the fraction
 # of tokens routed to their domain's expert in every MoE layer.
 acc_rows = []
-for method in ("dume-top1", "dume-top2", "dume-ood", "ffn-dume-top1"):
-    rseeds = [s for s in (parts_seeds if method in ("dume-ood", "ffn-dume-top1") else seeds)
+for method in ("dume-top1", "dume-top2", "dume-ood", "ffn-dume-top1", "ffn-dume-top2"):
+    rseeds = [s for s in (parts_seeds if method in ("dume-ood", "ffn-dume-top1", "ffn-dume-top2") else seeds)
               if have(s, f"{method}.route.json")]
     # Each report keeps its seed, so that a later sitting can carry it (PUBLISHED_SEEDS).
     reps = [dict(load(os.path.join(work, f"s{s}", f"{method}.route.json")), seed=s) for s in rseeds]
@@ -283,7 +283,7 @@ INC_FILES = ("dume-add.eval.json", "dume-scratch4.eval.json", "dume-top1.eval.js
 merge_published(results, prior, published, seeds)
 # The analyses' seeds, pooled across sittings: every seed with a result of a part (the FFN-only
 # experts, the OOD router, the incremental step), published or this run's.
-_part_keys = [m for m, _ in FFN_METHODS] + ["dume-ood", "dume-ood.route", "ffn-dume-top1.route"]
+_part_keys = [m for m, _ in FFN_METHODS] + ["dume-ood", "dume-ood.route", "ffn-dume-top1.route", "ffn-dume-top2.route"]
 _part_seeds = {x.get("seed") for k in _part_keys for x in results["methods"].get(k, [])}
 _part_seeds |= {x.get("seed") for x in published_records("incremental")}
 _part_seeds |= {s for s in seeds if all(have(s, f) for f in INC_FILES)}
@@ -305,6 +305,15 @@ if _ffn_common and mean_ret_ffn["ffn-oracle"] > mean_ret_ffn["ffn-average"]:
     ffn_gap = {m: (mean_ret_ffn[m] - mean_ret_ffn["ffn-average"]) / (mean_ret_ffn["ffn-oracle"] - mean_ret_ffn["ffn-average"])
                for m in ("ffn-dume-top1", "ffn-dume-top2")}
 results["ffn_gap_recovered"] = {"seeds": _ffn_common, **ffn_gap}
+# The same share for the headline (fully fine-tuned experts), per seed that has all of them, so the
+# FFN-only seed is compared with its own seed's headline and with the others'.
+_head_all = ["average", "oracle", "dume-top1", "dume-top2"]
+head_gap = {}
+for _s in [s for s in results["seeds"] if all(any(x["seed"] == s for x in results["methods"].get(m, [])) for m in _head_all)]:
+    _r = {m: mean_ret_of(m, [_s]) for m in _head_all}
+    if _r["oracle"] > _r["average"]:
+        head_gap[_s] = {m: (_r[m] - _r["average"]) / (_r["oracle"] - _r["average"]) for m in ("dume-top1", "dume-top2")}
+results["headline_gap_recovered"] = head_gap
 
 # Incremental DUME: added onto the saved statistics vs solved from scratch on all four domains.
 inc = published_records("incremental")
@@ -355,7 +364,7 @@ for method in ("dume-top1", "dume-ood") if seeds else ():
     for i, d in enumerate(DOMAINS):
         layers = rep["accuracy_per_domain_per_layer"][i]
         acc_series.append({"name": f"{method} {d}", "points": [[l, a] for l, a in enumerate(layers)]})
-fig_accuracy = kept_figure("routing_accuracy", "Ridge router: held-out routing accuracy per layer") if not seeds else figure(out, "routing_accuracy", {
+fig_accuracy = kept_figure("routing_accuracy", "Ridge router, top-1: held-out routing accuracy per layer") if not seeds else figure(out, "routing_accuracy", {
     "kind": "lines", "title": f"Ridge router: held-out routing accuracy per layer (seed {seeds[0]}, top-1)",
     "x": "layer", "y": "accuracy", "series": acc_series,
 })
@@ -445,7 +454,10 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
                     + " | ".join(acc_cell(evs, d, "acc") for d in DOMAINS) + " |\n")
         if task_missing:
             f.write("\nNot yet scored: " + ", ".join(f"`{m}`" for m in task_missing)
-                    + " (their perplexities are above; a later run with TASK_ITEMS scores the saved models).\n")
+                    + " (their perplexities are above). A later run with TASK_ITEMS scores the models its run"
+                    " directory still holds; one whose model directory was removed after its perplexities were"
+                    " published needs it rebuilt first (for `dume-top2`: delete its `.route.json` and `route`"
+                    " re-solves it from the saved statistics).\n")
         f.write(paired_tasks_markdown(task_pairs))
     f.write("\nThe paper's ordering on mean retention (oracle ≥ DUME+ ≥ DUME > averaging > random), over seeds "
             f"{', '.join(order_seeds) or '(none has all five yet)'}"
@@ -479,7 +491,12 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
                     + "; ".join(f"`{m}` {g * 100:.0f} % ({mean_ret_ffn[m] * 100:.1f}% against averaging"
                                 f" {mean_ret_ffn['ffn-average'] * 100:.1f}% and the oracle"
                                 f" {mean_ret_ffn['ffn-oracle'] * 100:.1f}%)" for m, g in ffn_gap.items())
-                    + ". Random routing: " + f"{mean_ret_ffn['ffn-random'] * 100:.1f}%.\n")
+                    + ". Random routing: " + f"{mean_ret_ffn['ffn-random'] * 100:.1f}%.")
+            if head_gap:
+                f.write(" The headline's experts (fully fine-tuned, so each setting against its own experts), per seed: "
+                        + "; ".join(f"seed {s_}: top-1 {g['dume-top1'] * 100:.0f} %, top-2 {g['dume-top2'] * 100:.0f} %"
+                                    for s_, g in head_gap.items()) + ".")
+            f.write("\n")
     f.write("\n## Routing accuracy of the ridge routers (held-out tokens)\n\nEach cell: the mean over the MoE layers of"
             " the fraction of tokens whose top-1 expert is their domain's / the fraction routed to it in **every** MoE"
             " layer.\n\n")

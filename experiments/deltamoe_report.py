@@ -91,7 +91,9 @@ steps_rows = sorted({f.split(".eval.json")[0] for s in parts_seeds if os.path.is
 if "tokens" in parts_asked and token_steps is not None:
     steps_rows = sorted(set(steps_rows) | {f"{m}-steps{token_steps}{d}" for m in ("cpt", "moe-4-s1") for d in ("", "+delta")})
 PARTS += [(m, "token sweep: " + m) for m in steps_rows]
-for e in ("2", "3"):
+# deltamoe.sh's ablation part trains these expert counts (the two lists must agree); 4 is the headline.
+ABLATION_EXPERTS = ("2", "3", "5")
+for e in ABLATION_EXPERTS:
     PARTS += [(f"moe-{e}-s1", f"ablation: {e} experts ({int(e) - 1} trainable), stage 1"),
               (f"moe-{e}-s1+delta", f"ablation: {e} experts, stage 1 + Δ"),
               (f"moe-{e}-s2", f"ablation: {e} experts, stage 2"),
@@ -106,7 +108,7 @@ def part_of(m):
         return "lr"
     if "-steps" in m:
         return "tokens"
-    if m.startswith(("moe-2-", "moe-3-")):
+    if m.startswith(tuple(f"moe-{e}-" for e in ABLATION_EXPERTS)):
         return "ablation"
     return None
 
@@ -377,6 +379,33 @@ for lr in SWEEP_LRS:
         g = gap_beside_headline(f"moe-4-s1-lr{lr}+delta", f"cpt-lr{lr}+delta", t)
         if g:
             lrs.setdefault(lr, {})[t] = {"seeds": g[0], "gap_at_headline_lr_pct": g[1], "gap_at_lr_pct": g[2]}
+# Expert count (the paper's ablation: more than 3 trainable experts gains little): each count's
+# stage 1 + Δ and stage 2 + Δ, with the change from the next smaller count, log-paired per seed over
+# the seeds that ran both (4 experts is the headline's run of the same seed).
+expert_count = {}
+_counts = sorted({"4", *ABLATION_EXPERTS}, key=int)
+for stage in ("s1", "s2"):
+    # The headline's 4 experts only on the seeds the ablation ran (its other seeds would make its
+    # mean incomparable with the other counts').
+    _abl = {s for e in ABLATION_EXPERTS for s in per_seed.get(f"moe-{e}-{stage}+delta", {})}
+    _runs = {e: {s: v for s, v in per_seed.get(f"moe-{e}-{stage}+delta", {}).items() if e != "4" or s in _abl}
+             for e in _counts}
+    for i, e in enumerate(_counts):
+        m = f"moe-{e}-{stage}+delta"
+        if not _runs[e]:
+            continue
+        entry = {"trainable": int(e) - 1, "seeds": sorted(_runs[e], key=int),
+                 "ppl": {t: statistics.mean(v[t] for v in _runs[e].values()) for t in TEXTS}}
+        prev = next((f"moe-{p}-{stage}+delta" for p in reversed(_counts[:i]) if _runs[p]), None)
+        if prev is not None:
+            step = {}
+            for t in TEXTS:
+                d, c = log_gap(m, prev, t)
+                if d:
+                    step[t] = {"seeds": c, "pct": mean_pct(d)}
+            entry["change_from"] = {"model": prev, "per_text": step}
+        expert_count.setdefault(stage, {})[e] = entry
+results["expert_count"] = expert_count
 # The frontier (beside equal tokens; across the budgets and lrs run, not at matched Hungarian): every
 # grafted model of the first analysis seed by (English, Hungarian, ability) perplexity; a model is
 # dominated when another is at least as good on every text and better on one.
@@ -571,6 +600,21 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
                     " MoE's new experts and router, which are more parameters (three FFN copies) but leave"
                     " attention, embeddings and expert 0 as they were (an equal-lr comparison over the sweep,"
                     " not each arm at its own best lr: the table above has every point).\n")
+    if any(len(v) > 1 for v in expert_count.values()):
+        f.write("\n## Expert count\n\n"
+                "The paper's ablation: more than 3 trainable experts gives negligible gains. The same stage 1 (and"
+                " stage 2) with 2 to 5 experts, expert 0 frozen and top-2 in each (with 2 experts every token uses"
+                " both, so the router only weighs them), each + Δ; 4 experts is the headline's run of the same seed."
+                " The change is from the next smaller count, paired per seed (negative: lower perplexity). More"
+                " experts are more trainable parameters at the same active ones and tokens.\n\n"
+                "| model | experts (trainable) | seeds | " + " | ".join(f"ppl {t}" for t in TEXTS) + " | "
+                + " | ".join(f"change {t}" for t in TEXTS) + " |\n|---|---|---|" + "---|" * (2 * len(TEXTS)) + "\n")
+        for stage, per_count in expert_count.items():
+            for e, v in per_count.items():
+                step = v.get("change_from", {}).get("per_text", {})
+                f.write(f"| `moe-{e}-{stage}+delta` | {e} ({v['trainable']}) | {', '.join(v['seeds'])} | "
+                        + " | ".join(f"{v['ppl'][t]:.2f}" for t in TEXTS) + " | "
+                        + " | ".join(f"{step[t]['pct']:+.1f}%" if t in step else "-" for t in TEXTS) + " |\n")
     if len(frontier) > 2:
         f.write(f"\n## Better on every text: the frontier (seed {results['frontier']['seed']})\n\n"
                 "Every grafted model of this seed trained on Hungarian alone (stage 2 and the replay continuation see"

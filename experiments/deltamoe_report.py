@@ -380,31 +380,51 @@ for lr in SWEEP_LRS:
         if g:
             lrs.setdefault(lr, {})[t] = {"seeds": g[0], "gap_at_headline_lr_pct": g[1], "gap_at_lr_pct": g[2]}
 # Expert count (the paper's ablation: more than 3 trainable experts gains little): each count's
-# stage 1 + Δ and stage 2 + Δ, with the change from the next smaller count, log-paired per seed over
-# the seeds that ran both (4 experts is the headline's run of the same seed).
+# stage 1 + Δ and stage 2 + Δ (and stage 1's Hungarian before Δ), over the seeds every count present
+# ran (the headline's 4 experts only on those), with the change from the next smaller count, log-paired
+# per seed. Trainable parameters and training FLOPs per token of each count's stage 1 come from the
+# pair's base config (experiments/flops.py), so a critic sees that more experts are more parameters.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import flops as flops_py  # noqa: E402
+
+_base_cfg = os.path.join(work, "pair", "base", "final", "config.json")
+_sh = re.search(r"stage 1 and cpt: \d+ x \d+ x (\d+) tokens", budget)
+_cfg = load(_base_cfg) if os.path.exists(_base_cfg) and _sh else None
 expert_count = {}
 _counts = sorted({"4", *ABLATION_EXPERTS}, key=int)
 for stage in ("s1", "s2"):
-    # The headline's 4 experts only on the seeds the ablation ran (its other seeds would make its
-    # mean incomparable with the other counts').
-    _abl = {s for e in ABLATION_EXPERTS for s in per_seed.get(f"moe-{e}-{stage}+delta", {})}
-    _runs = {e: {s: v for s, v in per_seed.get(f"moe-{e}-{stage}+delta", {}).items() if e != "4" or s in _abl}
-             for e in _counts}
-    for i, e in enumerate(_counts):
+    _abl = [e for e in ABLATION_EXPERTS if per_seed.get(f"moe-{e}-{stage}+delta")]
+    if not _abl:
+        continue
+    present = [e for e in _counts if per_seed.get(f"moe-{e}-{stage}+delta")]
+    common = sorted(set.intersection(*(set(per_seed[f"moe-{e}-{stage}+delta"]) for e in present)), key=int)
+    if not common:
+        continue
+    for i, e in enumerate(present):
         m = f"moe-{e}-{stage}+delta"
-        if not _runs[e]:
-            continue
-        entry = {"trainable": int(e) - 1, "seeds": sorted(_runs[e], key=int),
-                 "ppl": {t: statistics.mean(v[t] for v in _runs[e].values()) for t in TEXTS}}
-        prev = next((f"moe-{p}-{stage}+delta" for p in reversed(_counts[:i]) if _runs[p]), None)
-        if prev is not None:
+        entry = {"trainable_experts": int(e) - 1, "seeds": common,
+                 "ppl": {t: statistics.mean(per_seed[m][s][t] for s in common) for t in TEXTS}}
+        if stage == "s1" and all(s in per_seed.get(f"moe-{e}-s1", {}) for s in common):
+            entry["hu_before_delta"] = statistics.mean(per_seed[f"moe-{e}-s1"][s]["hu"] for s in common)
+        if _cfg is not None:
+            d, _, _, _, ffn, _, layers = flops_py.shapes(_cfg)
+            entry["trainable_params"] = layers * ((int(e) - 1) * ffn + int(e) * d)
+            entry["stage1_gflop_per_token"] = flops_py.gflop(_cfg, "experts", int(_sh[1]), int(e), 2, 1)
+        if i > 0:
+            prev = f"moe-{present[i - 1]}-{stage}+delta"
             step = {}
             for t in TEXTS:
-                d, c = log_gap(m, prev, t)
-                if d:
-                    step[t] = {"seeds": c, "pct": mean_pct(d)}
-            entry["change_from"] = {"model": prev, "per_text": step}
+                d_, c = log_gap(m, prev, t)
+                keep = [x for x, s in zip(d_, c) if s in common]
+                step[t] = mean_pct(keep)
+            entry["change_from"] = {"model": prev, "pct": step}
         expert_count.setdefault(stage, {})[e] = entry
+# The noise floor beside a one-seed ablation: the headline's 4 experts over all its seeds.
+_h = per_seed.get("moe-4-s1+delta", {})
+if expert_count and len(_h) > 1:
+    results["expert_count_headline_spread"] = {
+        "seeds": sorted(_h, key=int),
+        "range_pct": {t: (max(v[t] for v in _h.values()) / min(v[t] for v in _h.values()) - 1) * 100 for t in TEXTS}}
 results["expert_count"] = expert_count
 # The frontier (beside equal tokens; across the budgets and lrs run, not at matched Hungarian): every
 # grafted model of the first analysis seed by (English, Hungarian, ability) perplexity; a model is
@@ -601,20 +621,36 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
                     " attention, embeddings and expert 0 as they were (an equal-lr comparison over the sweep,"
                     " not each arm at its own best lr: the table above has every point).\n")
     if any(len(v) > 1 for v in expert_count.values()):
+        _all = sorted({e for v in expert_count.values() for e in v}, key=int)
         f.write("\n## Expert count\n\n"
                 "The paper's ablation: more than 3 trainable experts gives negligible gains. The same stage 1 (and"
-                " stage 2) with 2 to 5 experts, expert 0 frozen and top-2 in each (with 2 experts every token uses"
-                " both, so the router only weighs them), each + Δ; 4 experts is the headline's run of the same seed."
-                " The change is from the next smaller count, paired per seed (negative: lower perplexity). More"
-                " experts are more trainable parameters at the same active ones and tokens.\n\n"
-                "| model | experts (trainable) | seeds | " + " | ".join(f"ppl {t}" for t in TEXTS) + " | "
-                + " | ".join(f"change {t}" for t in TEXTS) + " |\n|---|---|---|" + "---|" * (2 * len(TEXTS)) + "\n")
+                f" stage 2) with {', '.join(_all)} experts, expert 0 frozen and top-2 in each, each + Δ; 4 experts"
+                " is the headline's run, on the same seeds. The change is from the count in the row above, paired"
+                " per seed (negative: lower perplexity). More experts are more trainable parameters at the same"
+                f" active ones, tokens ({STEPS * BATCH_SEQ:,}) and top-2; with 2 experts every token uses both (expert 0 among"
+                " them: its share is 50 % by construction and the load-balancing loss is constant), so 2 → 3 also"
+                " changes whether expert 0 is always on. Stage 2 trains the router only; its rows' trainable"
+                " experts are stage 1's.\n\n"
+                "| model | experts (trainable) | trainable params | stage-1 GFLOP/token | seeds | "
+                + " | ".join(f"ppl {t}" for t in TEXTS) + " | hu before Δ | change from | "
+                + " | ".join(f"change {t}" for t in TEXTS) + " |\n|---|---|---|---|---|"
+                + "---|" * (2 * len(TEXTS) + 2) + "\n")
         for stage, per_count in expert_count.items():
             for e, v in per_count.items():
-                step = v.get("change_from", {}).get("per_text", {})
-                f.write(f"| `moe-{e}-{stage}+delta` | {e} ({v['trainable']}) | {', '.join(v['seeds'])} | "
-                        + " | ".join(f"{v['ppl'][t]:.2f}" for t in TEXTS) + " | "
-                        + " | ".join(f"{step[t]['pct']:+.1f}%" if t in step else "-" for t in TEXTS) + " |\n")
+                c = v.get("change_from", {})
+                f.write(f"| `moe-{e}-{stage}+delta` | {e} ({v['trainable_experts']}) | "
+                        + (f"{v['trainable_params'] / 1e6:.1f}M | {v['stage1_gflop_per_token']:.3f} | "
+                           if "trainable_params" in v else "- | - | ")
+                        + f"{', '.join(v['seeds'])} | " + " | ".join(f"{v['ppl'][t]:.2f}" for t in TEXTS) + " | "
+                        + (f"{v['hu_before_delta']:.2f}" if "hu_before_delta" in v else "-") + " | "
+                        + (f"`{c['model']}`" if c else "-") + " | "
+                        + " | ".join(f"{c['pct'][t]:+.1f}%" if c and c["pct"].get(t) is not None else "-"
+                                     for t in TEXTS) + " |\n")
+        spread = results.get("expert_count_headline_spread")
+        if spread:
+            f.write(f"\nThe noise floor: over the headline's seeds {', '.join(spread['seeds'])} the same 4-expert"
+                    " model + Δ ranges by " + ", ".join(f"{t} {v:.1f} %" for t, v in spread["range_pct"].items())
+                    + " (max / min); a one-seed change smaller than that neither supports nor contradicts the claim.\n")
     if len(frontier) > 2:
         f.write(f"\n## Better on every text: the frontier (seed {results['frontier']['seed']})\n\n"
                 "Every grafted model of this seed trained on Hungarian alone (stage 2 and the replay continuation see"

@@ -153,16 +153,22 @@ if want experiments; then
             if [ "$exp" = deltamoe ]; then
                 grep -q "## Scale or recipe" "$work/report/README.md"
                 # The expert-count ablation (seed 1, published): 2 to 5 experts, the headline's 4 on
-                # the ablation's seed only, each count's change from the next smaller one, paired.
-                python3 -c "import json, math, sys; r = json.load(open(sys.argv[1])); e = r['expert_count']['s1']
-assert sorted(e, key=int) == ['2', '3', '4', '5'] and all(v['seeds'] == ['1'] for v in e.values()), e
+                # the ablation's seed only, each count's change from the next smaller one, paired, for
+                # stage 1 and stage 2; one more expert adds the same trainable parameters each time.
+                python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
 p = lambda m: dict(zip(r['seeds_per_method'][m], r['methods'][m]))['1']
-for a, b in (('3', '2'), ('4', '3'), ('5', '4')):
-    c = e[a]['change_from']
-    assert c['model'] == f'moe-{b}-s1+delta', c
-    for t, v in c['per_text'].items():
-        want = (p(f'moe-{a}-s1+delta')[t] / p(f'moe-{b}-s1+delta')[t] - 1) * 100
-        assert abs(v['pct'] - want) < 1e-9, (a, t, v, want)" "$work/report/results.json"
+for st in ('s1', 's2'):
+    e = r['expert_count'][st]
+    assert sorted(e, key=int) == ['2', '3', '4', '5'] and all(v['seeds'] == ['1'] for v in e.values()), e
+    steps = {e[b]['trainable_params'] - e[a]['trainable_params'] for a, b in (('2', '3'), ('3', '4'), ('4', '5'))}
+    assert len(steps) == 1 and steps.pop() > 0, e
+    for a, b in (('3', '2'), ('4', '3'), ('5', '4')):
+        c = e[a]['change_from']
+        assert c['model'] == f'moe-{b}-{st}+delta' and sorted(c['pct']) == ['en', 'hu', 'math'], c
+        for t, v in c['pct'].items():
+            want = (p(f'moe-{a}-{st}+delta')[t] / p(f'moe-{b}-{st}+delta')[t] - 1) * 100
+            assert abs(v - want) < 1e-9, (st, a, t, v, want)
+    assert st == 's2' or all(v['hu_before_delta'] == p(f'moe-{k}-s1')['hu'] for k, v in e.items()), e" "$work/report/results.json"
                 grep -q "## Expert count" "$work/report/README.md"
                 # A third sitting runs only the 2x2 of the published seed 2 (its run directory gone),
                 # paired with seed 2's published headline rows.

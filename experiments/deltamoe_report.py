@@ -393,10 +393,9 @@ _cfg = load(_base_cfg) if os.path.exists(_base_cfg) and _sh else None
 expert_count = {}
 _counts = sorted({"4", *ABLATION_EXPERTS}, key=int)
 for stage in ("s1", "s2"):
-    _abl = [e for e in ABLATION_EXPERTS if per_seed.get(f"moe-{e}-{stage}+delta")]
-    if not _abl:
-        continue
     present = [e for e in _counts if per_seed.get(f"moe-{e}-{stage}+delta")]
+    if not set(present) & set(ABLATION_EXPERTS):
+        continue
     common = sorted(set.intersection(*(set(per_seed[f"moe-{e}-{stage}+delta"]) for e in present)), key=int)
     if not common:
         continue

@@ -295,24 +295,30 @@ def plural(word, items):
     return word if len(items) == 1 else word + "s"
 
 
-# FFN-only: the share of the averaging-to-oracle gap in mean retention each ridge router recovers,
-# over the seeds that have all of them (the oracle is the experts exactly here, so the gap is routing).
+def seeds_having(methods, candidates):
+    """The seeds of `candidates` that every method of `methods` has a record for."""
+    return [s for s in candidates if all(any(x["seed"] == s for x in results["methods"].get(m, [])) for m in methods)]
+
+
+def gap_share(on_seeds, average, oracle, routers):
+    """Mean retention over `on_seeds`: the share of averaging's gap to the oracle each router
+    recovers, (R_router - R_average) / (R_oracle - R_average); {} when the oracle is not above."""
+    r = {m: mean_ret_of(m, on_seeds) for m in (average, oracle, *routers)}
+    if r[oracle] <= r[average]:
+        return {}
+    return {m: (r[m] - r[average]) / (r[oracle] - r[average]) for m in routers}
+
+
+# FFN-only: the share each ridge router recovers, over the seeds that have all of them (the oracle
+# is the experts exactly here, so the gap is routing); and the same for the headline (fully
+# fine-tuned experts) per seed, so the FFN-only seed is compared with its own seed's headline.
 _ffn_all = ["ffn-average", "ffn-random", "ffn-oracle", "ffn-dume-top1", "ffn-dume-top2"]
-_ffn_common = [s for s in ffn_seeds if all(any(x["seed"] == s for x in results["methods"].get(m, [])) for m in _ffn_all)]
+_ffn_common = seeds_having(_ffn_all, ffn_seeds)
 mean_ret_ffn = {m: mean_ret_of(m, _ffn_common) for m in _ffn_all} if _ffn_common else {}
-ffn_gap = {}
-if _ffn_common and mean_ret_ffn["ffn-oracle"] > mean_ret_ffn["ffn-average"]:
-    ffn_gap = {m: (mean_ret_ffn[m] - mean_ret_ffn["ffn-average"]) / (mean_ret_ffn["ffn-oracle"] - mean_ret_ffn["ffn-average"])
-               for m in ("ffn-dume-top1", "ffn-dume-top2")}
+ffn_gap = gap_share(_ffn_common, "ffn-average", "ffn-oracle", ("ffn-dume-top1", "ffn-dume-top2")) if _ffn_common else {}
 results["ffn_gap_recovered"] = {"seeds": _ffn_common, **ffn_gap}
-# The same share for the headline (fully fine-tuned experts), per seed that has all of them, so the
-# FFN-only seed is compared with its own seed's headline and with the others'.
-_head_all = ["average", "oracle", "dume-top1", "dume-top2"]
-head_gap = {}
-for _s in [s for s in results["seeds"] if all(any(x["seed"] == s for x in results["methods"].get(m, [])) for m in _head_all)]:
-    _r = {m: mean_ret_of(m, [_s]) for m in _head_all}
-    if _r["oracle"] > _r["average"]:
-        head_gap[_s] = {m: (_r[m] - _r["average"]) / (_r["oracle"] - _r["average"]) for m in ("dume-top1", "dume-top2")}
+head_gap = {s: g for s in seeds_having(["average", "oracle", "dume-top1", "dume-top2"], results["seeds"])
+            if (g := gap_share([s], "average", "oracle", ("dume-top1", "dume-top2")))}
 results["headline_gap_recovered"] = head_gap
 
 # Incremental DUME: added onto the saved statistics vs solved from scratch on all four domains.

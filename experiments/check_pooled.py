@@ -7,9 +7,10 @@ at least one row with a new seed, the analyses of a published seed; dume: or at 
 method with a new seed, the FFN-only part of a published seed), mark P as published, and carry every number P had in FIRST unchanged (deltamoe: every row's
 per-seed perplexities, the expert-0 shares and the analyses' seeds; dume: every method's per-seed
 records; neuronmoe: every allocation's per-stage perplexities; every report: the task accuracy records and
-paired differences of the published seeds). Exit status 1 with the first difference named.
+paired differences of the published seeds; upcycling: every row's per-seed records). Exit status 1
+with the first difference named.
 
-Usage: check_pooled.py deltamoe|dume|neuronmoe FIRST SECOND
+Usage: check_pooled.py deltamoe|dume|neuronmoe|upcycling FIRST SECOND
 """
 import json
 import sys
@@ -90,8 +91,16 @@ elif kind == "neuronmoe":
             if second.get("post_training", {}).get(name) != entry:
                 fail(f"post-training analysis `{name}` changed or dropped")
             checked += 1
+elif kind == "upcycling":
+    for r, recs in first["rows"].items():
+        new = {x["seed"]: x for x in second["rows"].get(r, [])}
+        for x in recs:
+            if x["seed"] in published:
+                if new.get(x["seed"]) != x:
+                    fail(f"row `{r}` seed {x['seed']}: {new.get(x['seed'])} != published {x}")
+                checked += 1
 else:
-    fail("unknown report kind (expected deltamoe, dume or neuronmoe)")
+    fail("unknown report kind (expected deltamoe, dume, neuronmoe or upcycling)")
 # Every report: the published seeds' task accuracy records and paired differences.
 for m, recs in first.get("task_accuracy", {}).items():
     old = [r for r in recs if r.get("seed") in published]

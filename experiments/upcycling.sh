@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
-# Upcycling variants at one stage-1 budget (issue 15 item 5; docs/methods.md "Upcycling variants"):
-# SmolLM2-135M-Instruct -> 4 experts top-2 (expert 0 frozen), stage 1 (`train --stage experts`) on
-# Hungarian with the same tokens for every variant, then Hungarian and English validation perplexity
-# and the expert load balance:
-#   naive     plain copies (random router, std 0.02)
-#   noise     copies with 1% multiplicative noise on the non-frozen experts
-#   drop      Drop-Upcycling, r = 0.5 (Nakamura et al. 2025)
-#   granular  G = 2 (8 experts of f/2, top-4; Megatron-Core --moe-upcycling-granularity)
-# plus the dense model itself.
+# Upcycling variants at one stage-1 budget (docs/methods.md "Upcycling variants"; issue 35's protocol):
+# SmolLM2-135M-Instruct -> 4 experts top-2 (expert 0 frozen, the DeltaMoE setting), stage 1
+# (`train --stage experts`) on Hungarian, the same tokens in every run, then Hungarian and English
+# held-out perplexity and the expert load balance:
+#   naive      plain copies (random router, std 0.02)
+#   noise      copies with 1% multiplicative noise on the non-frozen experts
+#   drop       Drop-Upcycling, r = 0.5 (Nakamura et al. 2025; expert 0, frozen, keeps every unit)
+#   granular   G = 2 (8 experts of f/2, top-4, the frozen copy's two slices frozen; Megatron-Core
+#              --moe-upcycling-granularity): the same active and trained FFN FLOPs as naive
+# and the like-for-like dense baseline:
+#   dense      the model itself (no training)
+#   dense-cpt  the dense model trained on the same Hungarian tokens (`train --stage dense`, every
+#              weight, same steps, lr and data order): what the tokens buy without experts. Its
+#              training FLOPs per token are fewer than stage 1's (experiments/flops.py; both in
+#              the report), so it is matched in tokens, not FLOPs.
+# Text is read as documents separated by blank lines, each followed by <|endoftext|> (methods.md
+# §7), the same token stream in `train` and `eval` (their sha256 in the report).
 #
 # Usage: experiments/upcycling.sh [--smoke]
 #   --smoke      stories260K, 3 steps of 2 x 32 tokens: checks the pipeline (CI runs it), numbers mean nothing
 #   MOE_STUDIO_BIN=...  (or BIN) the moe-studio binary (default: cargo builds it; release, smoke: debug)
-#   WORK=...     run directory (default $MOE_STUDIO_CACHE/experiments/upcycling[-smoke]); kept between sittings
+#   WORK=...     run directory (default $MOE_STUDIO_CACHE/experiments/upcycling-v2[-smoke]); kept between sittings
 #   OUT=...      where the table goes (default docs/experiments/upcycling, smoke: $WORK/report)
-#   SEEDS="1 2"  seeds (upcycle + data order); default "1 2" (full), "1" (smoke)
+#   SEEDS="1 2 3"  seeds (upcycle + data order); default "1 2 3" (full), "1" (smoke)
+#   PUBLISHED_SEEDS  seeds an earlier sitting published in OUT/results.json (its run directories
+#                  gone with its machine): the report keeps their numbers beside this run's SEEDS,
+#                  after checking the budget and evaluation streams are the same (the budget, and
+#                  that no published seed is dropped or run twice, are checked before any training)
 #   VARIANTS="..."  which variants, in this order (default "naive noise drop granular")
 #   STEPS/SEQ/BATCH/LR  the stage-1 budget (full: 100 x 4 x 256 = 102,400 tokens per run, lr 1e-4)
 #
@@ -39,23 +51,40 @@ if [ "$SMOKE" = 1 ]; then
     MODEL="$D/models/stories260K/stories260K.bin"
     TOK=(--tokenizer "$D/models/stories260K/tok512.bin")
     STEPS=${STEPS:-3} SEQ=${SEQ:-32} BATCH=${BATCH:-2} LR=${LR:-1e-3} EVAL_TOKENS=${EVAL_TOKENS:-512}
-    SEEDS=${SEEDS:-1} WINDOW=64
-    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/upcycling-smoke}
+    SEEDS=${SEEDS-1} WINDOW=64
+    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/upcycling-v2-smoke}
     OUT=${OUT:-$WORK/report}
 else
     MODEL=$(bash tests/reference/fetch_smollm2.sh)
     TOK=()
     STEPS=${STEPS:-100} SEQ=${SEQ:-256} BATCH=${BATCH:-4} LR=${LR:-1e-4} EVAL_TOKENS=${EVAL_TOKENS:-20000}
-    SEEDS=${SEEDS:-"1 2"} WINDOW=512
-    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/upcycling}
+    SEEDS=${SEEDS-"1 2 3"} WINDOW=512
+    WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/upcycling-v2}
     OUT=${OUT:-docs/experiments/upcycling}
 fi
-mkdir -p "$WORK" "$OUT"
+if [ -z "${SEEDS// /}" ]; then
+    echo "SEEDS is empty: name the seeds to run" >&2
+    exit 1
+fi
 source experiments/lib.sh
+VARIANTS=${VARIANTS:-"naive noise drop granular"}
+for v in $VARIANTS; do
+    case $v in
+    naive | noise | drop | granular) ;;
+    *) echo "unknown variant $v (expected naive, noise, drop, granular)" >&2; exit 1 ;;
+    esac
+done
+BUDGET="stage 1: $STEPS x $BATCH x $SEQ tokens lr $LR warmup $((STEPS / 10)) on lang/hu; dense-cpt the same;\
+ eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE; --docs blank"
+# A PUBLISHED_SEEDS the report would refuse at the end is refused now, before hours of training.
+if [ -n "${PUBLISHED_SEEDS:-}" ]; then
+    python3 experiments/upcycling_report.py --check-published "$OUT" "$SEEDS" "$BUDGET"
+fi
+mkdir -p "$WORK" "$OUT"
 exp_bin
 
 variant_args() {
-    local common=(--experts 4 --top-k 2 --router-init random --router-std 0.02 --dtype f32)
+    local common=(--experts 4 --top-k 2 --frozen 0 --router-init random --router-std 0.02 --dtype f32)
     case "$1" in
     naive) echo "${common[*]}" ;;
     noise) echo "${common[*]} --noise 0.01 --noise-kind mul" ;;
@@ -64,22 +93,32 @@ variant_args() {
     esac
 }
 
-VARIANTS=${VARIANTS:-"naive noise drop granular"}
 EVAL=(--data "hu=$HU_VALID" --data "en=$EN_VALID" --max-tokens "$EVAL_TOKENS" --window "$WINDOW" --stride "$STRIDE" --json)
-
 report "$WORK/dense.eval.json" "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL[@]}"
-
+TRAIN=(--data "hu=$HU_TRAIN" --steps "$STEPS" --seq-len "$SEQ" --batch "$BATCH" --lr "$LR" --warmup $((STEPS / 10)))
 for seed in $SEEDS; do
+    S="$WORK/s$seed"
+    mkdir -p "$S"
+    train_run "$S/dense-cpt" "$MODEL" --stage dense "${TRAIN[@]}" --seed "$seed"
+    report "$S/dense-cpt.eval.json" "$BIN" eval "$S/dense-cpt/final" "${TOK[@]}" "${EVAL[@]}"
+    # Nothing trains on from these models: a finished run's optimizer state (~2x the weights) goes.
+    rm -f "$S/dense-cpt/final/optimizer.bin"
+    # Training FLOPs per token (experiments/flops.py) of the dense CPT and of stage 1 (4 experts,
+    # top-2, 1 frozen; granular has the same FFN FLOPs), from the dense model's shapes.
+    if [ ! -f "$WORK/flops.txt" ]; then
+        c="$S/dense-cpt/final/config.json"
+        printf 'dense %s\nexperts %s\n' "$(python3 experiments/flops.py "$c" dense "$SEQ")" \
+            "$(python3 experiments/flops.py "$c" experts "$SEQ" 4 2 1)" >"$WORK/flops.txt.tmp"
+        mv "$WORK/flops.txt.tmp" "$WORK/flops.txt"
+    fi
     for v in $VARIANTS; do
-        dir="$WORK/$v-s$seed"
         # shellcheck disable=SC2046
-        make_dir "$dir/moe" "$BIN" upcycle "$MODEL" $(variant_args "$v") --seed "$seed" --out "$dir/moe"
-        train_run "$dir/train" "$dir/moe" --stage experts --data "hu=$HU_TRAIN" --steps "$STEPS" \
-            --seq-len "$SEQ" --batch "$BATCH" --lr "$LR" --warmup $((STEPS / 10)) --seed "$seed"
-        report "$dir/eval.json" "$BIN" eval "$dir/train/final" "${TOK[@]}" "${EVAL[@]}"
+        make_dir "$S/$v-init" "$BIN" upcycle "$MODEL" $(variant_args "$v") --seed "$seed" --out "$S/$v-init"
+        train_run "$S/$v" "$S/$v-init" --stage experts "${TRAIN[@]}" --seed "$seed"
+        report "$S/$v.eval.json" "$BIN" eval "$S/$v/final" "${TOK[@]}" "${EVAL[@]}"
+        # The upcycled copy only served the training (remade in seconds if needed).
+        rm -rf "$S/$v-init" "$S/$v/final/optimizer.bin"
     done
 done
 
-# The table: mean (and spread over seeds) of Hungarian / English perplexity, the expert load balance
-# (max/min expert load, mean over layers, on the Hungarian validation text), tokens and wall time.
-python3 experiments/upcycling_report.py "$WORK" "$OUT" "$SMOKE" "$STEPS" "$SEQ" "$BATCH" "$LR" "$MODEL" "$SEEDS" "$VARIANTS"
+python3 experiments/upcycling_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$VARIANTS" "$BUDGET"

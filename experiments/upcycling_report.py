@@ -1,71 +1,179 @@
 #!/usr/bin/env python3
-"""Table and figures of experiments/upcycling.sh (issue 15 item 5): Hungarian / English perplexity,
-expert load balance and training time of each upcycling variant after the same stage-1 budget;
-mean ± std over seeds. Standard library only (the figures are drawn by `moe-studio plot`).
+"""Table and figures of experiments/upcycling.sh (docs/methods.md "Upcycling variants"; issue 35's
+protocol): Hungarian / English held-out perplexity, the expert load balance and the training time of
+each upcycling variant after the same stage-1 budget, beside the dense model and the dense model
+trained on the same tokens (`dense-cpt`); mean ± std over seeds, and each variant's change against
+naive copies and against dense-cpt paired per seed (same tokens, same data order). Standard library
+only (the figures are drawn by `moe-studio plot`).
 
-Usage: upcycling_report.py WORK OUT SMOKE STEPS SEQ BATCH LR MODEL "SEEDS" "VARIANTS"
-Writes OUT/results.json, OUT/README.md and the figures.
+Usage: upcycling_report.py WORK OUT SMOKE MODEL "SEEDS" "VARIANTS" BUDGET
+       upcycling_report.py --check-published OUT "SEEDS" BUDGET
+Writes OUT/results.json, OUT/README.md and the figures. With PUBLISHED_SEEDS (an earlier sitting's
+seeds, its run directories gone) their records come from OUT/results.json, checked to be the same
+budget and evaluation token streams (report_common.published_results / merge_published).
+--check-published: the same PUBLISHED_SEEDS checks before any training; exit 1 naming what is wrong.
 """
 import os
+import re
 import statistics
 import sys
 
-from report_common import curve, figure, fmt, load, mean_or_none, open_report, ppl, write_commands
+from report_common import (curve, figure, fmt, load, merge_published, nll, open_report, ppl, published_note,
+                           published_results, seeds_with, stream_hashes, unfinished_note, write_commands)
 
-work, out, smoke, steps, seq, batch, lr, model, seeds, variants = sys.argv[1:]
+if sys.argv[1:2] == ["--check-published"]:
+    out, seeds, budget = sys.argv[2:]
+    published_results(out, budget, seeds.split())
+    sys.exit(0)
+
+work, out, smoke, model, seeds, variants, budget = sys.argv[1:]
 seeds, variants = seeds.split(), variants.split()
-tokens = int(steps) * int(seq) * int(batch)
+# Rows trained in each seed: the dense model on the same tokens, then the upcycling variants.
+ROWS = ["dense-cpt"] + variants
+TEXTS = ("hu", "en")
 
 
 def balance(ev):
-    """max/min expert load on the Hungarian text, mean over MoE layers (1 = balanced)."""
+    """max/min expert load on the Hungarian text, mean over MoE layers (1 = balanced); None for a
+    dense model."""
     d = next(d for d in ev["datasets"] if d["name"] == "hu")
     ratios = [max(l) / min(l) if min(l) > 0 else float("inf") for l in (d.get("load_per_layer") or []) if l]
     return statistics.mean(ratios) if ratios else None
 
 
+def seconds(path):
+    """Training wall seconds (train_run's DIR.seconds: one line per attempt, summed); None if absent."""
+    try:
+        return sum(int(x) for x in open(path).read().split())
+    except OSError:
+        return None
+
+
+def record(ev, seed, secs):
+    """results.json's record of one seed of one row."""
+    r = {"seed": seed}
+    for t in TEXTS:
+        r[t], r[f"{t}_nll"] = ppl(ev, t), nll(ev, t)
+    r["balance"], r["train_seconds"] = balance(ev), secs
+    return r
+
+
+published, prior = published_results(out, budget, seeds)
 dense = load(os.path.join(work, "dense.eval.json"))
-rows, results = [], {"model": model, "tokens_per_run": tokens, "steps": int(steps), "seq_len": int(seq),
-                     "batch": int(batch), "lr": float(lr), "seeds": seeds, "dense": dense, "variants": {}}
-rows.append(("dense", f"{ppl(dense, 'hu'):.2f}", f"{ppl(dense, 'en'):.2f}", "-", "-"))
-for v in variants:
-    evs, secs = [], []
-    for s in seeds:
-        d = os.path.join(work, f"{v}-s{s}")
-        evs.append(load(os.path.join(d, "eval.json")))
-        try:
-            secs.append(sum(int(x) for x in open(os.path.join(d, "train.seconds")).read().split()))
-        except OSError:
-            secs.append(None)
-    results["variants"][v] = {"evals": evs, "train_seconds": secs}
-    rows.append((v, fmt([ppl(e, "hu") for e in evs]), fmt([ppl(e, "en") for e in evs]),
-                 fmt([balance(e) for e in evs]), fmt(secs, 0)))
+evs = [dense]
+rows, missing = {}, []
+for r in ROWS:
+    recs = [x for x in (prior or {}).get("rows", {}).get(r, []) if x["seed"] in published]
+    have = seeds_with(work, seeds, f"{r}.eval.json")
+    for s in have:
+        ev = load(os.path.join(work, f"s{s}", f"{r}.eval.json"))
+        evs.append(ev)
+        recs.append(record(ev, s, seconds(os.path.join(work, f"s{s}", f"{r}.seconds"))))
+    if len(have) < len(seeds):
+        missing.append((r, [s for s in seeds if s not in have]))
+    rows[r] = recs
+
+# Every evaluation read the same token stream per text (the protocol; an earlier sitting's too).
+streams = stream_hashes(evs)
+for name, hashes in streams.items():
+    if len(hashes) != 1:
+        sys.exit(f"`{name}` was evaluated as {len(hashes)} different token streams {hashes}: not the same text")
+flops = {}
+if os.path.exists(os.path.join(work, "flops.txt")):
+    for line in open(os.path.join(work, "flops.txt")):
+        k, v = line.split()
+        flops[k] = float(v)
+elif prior is not None:
+    flops = prior.get("flops", {})
+
+results = {"model": model, "seeds": seeds, "budget": budget, "eval_streams": streams, "flops": flops,
+           "dense": {k: v for k, v in record(dense, None, None).items() if k in ("hu", "en", "hu_nll", "en_nll")},
+           "rows": rows}
+merge_published(results, prior, published, seeds)
+
+
+def paired(a, b):
+    """{seed: {text: a/b − 1}} over the seeds where both rows have a record (same seed = same
+    tokens in the same order)."""
+    ra, rb = {x["seed"]: x for x in rows.get(a, [])}, {x["seed"]: x for x in rows.get(b, [])}
+    return {s: {t: ra[s][t] / rb[s][t] - 1 for t in TEXTS} for s in ra if s in rb}
+
+
+results["paired_vs_naive"] = {v: paired(v, "naive") for v in ROWS if v != "naive" and "naive" in rows}
+results["paired_vs_dense_cpt"] = {v: paired(v, "dense-cpt") for v in variants}
+
+
+def pct_cell(pairs, t):
+    """`mean ± std` of the paired changes in percent, with the seed count; `-` without a pair."""
+    xs = [p[t] for p in pairs.values()]
+    return fmt(xs, 1, pct=True) + (f" (n={len(xs)})" if xs else "")
+
+
+def gflop_cell(r):
+    return f"{flops['dense' if r == 'dense-cpt' else 'experts']:.3g}" if flops else "-"
+
+
+# Training tokens per run, from the budget string experiments/upcycling.sh writes ("STEPS x BATCH x SEQ").
+steps, batch, seq = (int(x) for x in re.search(r"(\d+) x (\d+) x (\d+) tokens", budget).groups())
+tokens = steps * batch * seq
+
 
 os.makedirs(out, exist_ok=True)
+means = {r: {t: statistics.mean([x[t] for x in rows[r]]) if rows[r] else None for t in TEXTS} for r in ROWS}
 fig_ppl = figure(out, "ppl", {
-    "kind": "bars", "title": f"Upcycling variants on {os.path.basename(model)}: perplexity after stage 1 ({tokens:,} hu tokens)",
-    "y": "perplexity", "categories": ["hu", "en"],
-    "series": [{"name": "dense", "values": [ppl(dense, "hu"), ppl(dense, "en")]}]
-    + [{"name": v, "values": [mean_or_none([ppl(e, t) for e in results["variants"][v]["evals"]]) for t in ("hu", "en")]}
-       for v in variants],
+    "kind": "bars", "title": f"Upcycling variants on {os.path.basename(model)}: held-out perplexity after stage 1",
+    "y": "perplexity", "categories": list(TEXTS),
+    "series": [{"name": "dense (no training)", "values": [ppl(dense, t) for t in TEXTS]}]
+    + [{"name": r, "values": [means[r][t] for t in TEXTS]} for r in ROWS if rows[r]],
 })
-fig_curves = figure(out, "training", {
-    "kind": "lines", "title": f"Stage 1 on Hungarian (seed {seeds[0]}): next-token loss per step", "x": "step",
+first = next((s for s in seeds if all(os.path.exists(os.path.join(work, f"s{s}", r, "metrics.jsonl")) for r in ROWS)),
+             None)
+fig_curves = "" if first is None else figure(out, "training", {
+    "kind": "lines", "title": f"Training on Hungarian (seed {first}): next-token loss per step", "x": "step",
     "y": "cross-entropy (nats/token)",
-    "series": [{"name": v, "points": curve(os.path.join(work, f"{v}-s{seeds[0]}", "train", "metrics.jsonl"))}
-               for v in variants],
+    "series": [{"name": r, "points": curve(os.path.join(work, f"s{first}", r, "metrics.jsonl"))} for r in ROWS],
 })
-
 
 with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke) as f:
-    f.write(f"Model `{os.path.basename(model)}`, 4 experts top-2 (expert 0 frozen), stage 1 (`train --stage experts`)"
-            f" on `lang/hu/train.txt`: {steps} steps x {batch} x {seq} = {tokens:,} tokens per run, lr {lr},"
-            f" seeds {', '.join(seeds)} (mean ± std over seeds). Perplexity on `lang/{{hu,en}}/valid.txt`"
-            " (first tokens per the command below); load balance = max/min expert load on the Hungarian text,"
-            " mean over layers (1 = perfectly balanced).\n\n")
-    f.write("| variant | hu ppl | en ppl | load max/min | train s |\n|---|---|---|---|---|\n")
-    for r in rows:
-        f.write("| " + " | ".join(r) + " |\n")
+    f.write(f"Model `{os.path.basename(model)}` upcycled to 4 experts, top-2, expert 0 (the original FFN) frozen,"
+            " then stage 1 (`train --stage experts`: the three trainable experts and the router) on"
+            f" `lang/hu/train.txt`; `dense-cpt` is the dense model trained on the same tokens in the same order"
+            f" (every weight). Budget: {budget}. Seeds: {', '.join(results['seeds'])} (mean ± std over seeds)."
+            " Held-out perplexity on `lang/hu/valid.txt` and `lang/en/valid.txt` (English: what the new"
+            " experts may cost the original language); load balance = max/min expert load on the Hungarian"
+            " text, mean over layers (1 = balanced). A change is this row's perplexity over the other's on the same"
+            " seed, minus 1: positive is worse. Documents are separated by blank lines, each followed by"
+            " `<|endoftext|>` (docs/methods.md §7); every evaluation read the same token streams (`eval_streams`"
+            " in results.json).\n\n")
+    f.write(published_note(published))
+    f.write(unfinished_note(missing))
+    f.write("| row | seeds | train GFLOP/token | hu ppl | en ppl | hu vs naive | en vs naive | load max/min | train s |\n"
+            "|---|---|---|---|---|---|---|---|---|\n")
+    f.write(f"| dense (no training) | - | - | {ppl(dense, 'hu'):.2f} | {ppl(dense, 'en'):.2f} | | | - | - |\n")
+    for r in ROWS:
+        recs = rows[r]
+        pv = results["paired_vs_naive"].get(r, {})
+        f.write(f"| {r} | {len(recs)} | {gflop_cell(r)} | {fmt([x['hu'] for x in recs])} | {fmt([x['en'] for x in recs])}"
+                f" | {pct_cell(pv, 'hu') if r != 'naive' else ''} | {pct_cell(pv, 'en') if r != 'naive' else ''}"
+                f" | {fmt([x['balance'] for x in recs])} | {fmt([x['train_seconds'] for x in recs], 0)} |\n")
+    f.write("\nEach variant against `dense-cpt` (the same tokens without experts), paired per seed:\n\n")
+    for v in variants:
+        p = results["paired_vs_dense_cpt"].get(v, {})
+        f.write(f"- `{v}`: hu {pct_cell(p, 'hu')}, en {pct_cell(p, 'en')}\n")
+    n = len(results["seeds"])
+    f.write("\n**Reading the table.** " + (
+        "One seed so far: its differences carry no measured spread, so a few percent between two variants is"
+        " not yet a finding. " if n == 1 else f"{n} seeds; a paired change within about its ± is not a finding. "))
+    if flops:
+        f.write(f"Stage 1 costs {flops['experts']:.3g} GFLOP per training token against {flops['dense']:.3g} for"
+                f" `dense-cpt` ({flops['experts'] / flops['dense']:.2f}×, experiments/flops.py): the rows are matched"
+                " in tokens, not FLOPs, and every MoE row spends more compute than `dense-cpt`. ")
+    f.write(f"What a critic checks first: the budget. {tokens:,} tokens per run is a short continued pre-training;"
+            " Drop-Upcycling's claim (Nakamura et al. 2025) is about long training, where re-initialised units let"
+            " the experts diversify after plain copies stall, so a short budget is expected to favour the"
+            " variants that keep the copies' knowledge (naive, noise). With expert 0 frozen (the DeltaMoE"
+            " setting) Drop-Upcycling leaves the original FFN whole and damages only the trainable copies; the"
+            " English column shows what routing English tokens to them costs.\n")
     f.write(fig_ppl)
     f.write(fig_curves)
     write_commands(f, work, "upcycling", smoke)

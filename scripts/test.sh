@@ -139,23 +139,22 @@ if want experiments; then
     for exp in upcycling dume deltamoe neuronmoe; do
         work=$(mktemp -d)
         MOE_STUDIO_BIN="$CLI" WORK="$work" bash "experiments/$exp.sh" --smoke >/dev/null
-        if [ "$exp" != upcycling ]; then
-            # A later sitting pools this one's seed 1 (its run directory gone) with its own seed 2.
-            cp "$work/report/results.json" "$work/first.json"
-            rm -rf "$work/s1"
-            # NeuronMoE pools per allocation: the later sitting trains four of the six, and a third
-            # trains seed 2 of a published allocation that lacked it.
-            allocs=()
-            [ "$exp" = neuronmoe ] && allocs=(ALLOCS="neuronmoe uniform shuffled inverted")
-            env MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PARTS_SEEDS="" PUBLISHED_SEEDS=1 ${allocs[@]+"${allocs[@]}"} \
-                bash "experiments/$exp.sh" --smoke >/dev/null
-            python3 experiments/check_pooled.py "$exp" "$work/first.json" "$work/report/results.json"
-            if [ "$exp" = deltamoe ]; then
-                grep -q "## Scale or recipe" "$work/report/README.md"
-                # The expert-count ablation (seed 1, published): 2 to 5 experts, the headline's 4 on
-                # the ablation's seed only, each count's change from the next smaller one, paired, for
-                # stage 1 and stage 2; one more expert adds the same trainable parameters each time.
-                python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
+        # A later sitting pools this one's seed 1 (its run directory gone) with its own seed 2.
+        cp "$work/report/results.json" "$work/first.json"
+        rm -rf "$work/s1"
+        # NeuronMoE pools per allocation: the later sitting trains four of the six, and a third
+        # trains seed 2 of a published allocation that lacked it.
+        allocs=()
+        [ "$exp" = neuronmoe ] && allocs=(ALLOCS="neuronmoe uniform shuffled inverted")
+        env MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PARTS_SEEDS="" PUBLISHED_SEEDS=1 ${allocs[@]+"${allocs[@]}"} \
+            bash "experiments/$exp.sh" --smoke >/dev/null
+        python3 experiments/check_pooled.py "$exp" "$work/first.json" "$work/report/results.json"
+        if [ "$exp" = deltamoe ]; then
+            grep -q "## Scale or recipe" "$work/report/README.md"
+            # The expert-count ablation (seed 1, published): 2 to 5 experts, the headline's 4 on
+            # the ablation's seed only, each count's change from the next smaller one, paired, for
+            # stage 1 and stage 2; one more expert adds the same trainable parameters each time.
+            python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
 p = lambda m: dict(zip(r['seeds_per_method'][m], r['methods'][m]))['1']
 for st in ('s1', 's2'):
     e = r['expert_count'][st]
@@ -169,15 +168,15 @@ for st in ('s1', 's2'):
             want = (p(f'moe-{a}-{st}+delta')[t] / p(f'moe-{b}-{st}+delta')[t] - 1) * 100
             assert abs(v - want) < 1e-9, (st, a, t, v, want)
     assert st == 's2' or all(v['hu_before_delta'] == p(f'moe-{k}-s1')['hu'] for k, v in e.items()), e" "$work/report/results.json"
-                grep -q "## Expert count" "$work/report/README.md"
-                # A third sitting runs only the 2x2 of the published seed 2 (its run directory gone),
-                # paired with seed 2's published headline rows.
-                cp "$work/report/results.json" "$work/second.json"
-                rm -rf "$work/s2"
-                MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
-                    bash "experiments/$exp.sh" --smoke >/dev/null
-                python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
-                python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
+            grep -q "## Expert count" "$work/report/README.md"
+            # A third sitting runs only the 2x2 of the published seed 2 (its run directory gone),
+            # paired with seed 2's published headline rows.
+            cp "$work/report/results.json" "$work/second.json"
+            rm -rf "$work/s2"
+            MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
+                bash "experiments/$exp.sh" --smoke >/dev/null
+            python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
+            python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
 assert r['seeds_per_method']['cpt-ffn'] == ['1', '2'] and r['scale_or_recipe']['two_by_two']['en']['seeds'] == ['1', '2'], r['scale_or_recipe']
 # The frontier (seed 2's grafted models): each listed dominator is at least as good on every text
 # and better on one, and every other model dominates nobody it is not listed for.
@@ -185,51 +184,51 @@ f = r['frontier']; ms = f['models']; T = ('en', 'hu', 'math')
 assert f['seed'] == '2' and 'cpt-ffn+delta' in ms and 'moe-4-s1+delta' in ms and not any('-s2' in m for m in ms), f
 dom = lambda a, b: all(ms[a][t] <= ms[b][t] for t in T) and any(ms[a][t] < ms[b][t] for t in T)
 assert all(sorted(n for n in ms if n != m and dom(n, m)) == e['dominated_by'] for m, e in ms.items()), ms" \
-                    "$work/report/results.json"
-                # The same sitting again with its run directory kept: the published rows are this
-                # run's own results, taken as they are (a part published while another trained on).
-                cp "$work/report/results.json" "$work/third.json"
-                MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
-                    bash "experiments/$exp.sh" --smoke >/dev/null
-                cmp <(python3 -c "import json, sys; r = json.load(open(sys.argv[1])); print(r['methods'], r['seeds_per_method'])" "$work/third.json") \
-                    <(python3 -c "import json, sys; r = json.load(open(sys.argv[1])); print(r['methods'], r['seeds_per_method'])" "$work/report/results.json")
-                # The run directory gone: a published seed neither carried nor run again is refused
-                # before any training; the published 2x2 rows are not trained again; a result here
-                # that differs from the published one is refused before any training.
-                cp "$work/s2/cpt-ffn.eval.json" "$work/cpt-ffn.eval.json"
-                rm -rf "$work/s2"
-                if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS=2 \
-                    bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
-                    || ! grep -q "neither carries" "$work/refused.log" || [ -e "$work/s2" ]; then
-                    echo "deltamoe: dropping published seed 1 was not refused up front" >&2
-                    tail -3 "$work/refused.log" >&2
-                    exit 1
-                fi
-                MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
-                    bash "experiments/$exp.sh" --smoke >/dev/null
-                [ ! -e "$work/s2/cpt-ffn" ] || { echo "deltamoe: a published 2x2 row was trained again" >&2; exit 1; }
-                python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
-                mkdir -p "$work/s2"
-                python3 -c "import json, sys; e = json.load(open(sys.argv[1])); e['datasets'][0]['ppl'] *= 1.01
-json.dump(e, open(sys.argv[2], 'w'))" "$work/cpt-ffn.eval.json" "$work/s2/cpt-ffn.eval.json"
-                if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
-                    bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
-                    || ! grep -q "has another result of it" "$work/refused.log" || [ -e "$work/s2/moe-4-all" ]; then
-                    echo "deltamoe: a published row with another result here was not refused up front" >&2
-                    tail -3 "$work/refused.log" >&2
-                    exit 1
-                fi
+                "$work/report/results.json"
+            # The same sitting again with its run directory kept: the published rows are this
+            # run's own results, taken as they are (a part published while another trained on).
+            cp "$work/report/results.json" "$work/third.json"
+            MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
+                bash "experiments/$exp.sh" --smoke >/dev/null
+            cmp <(python3 -c "import json, sys; r = json.load(open(sys.argv[1])); print(r['methods'], r['seeds_per_method'])" "$work/third.json") \
+                <(python3 -c "import json, sys; r = json.load(open(sys.argv[1])); print(r['methods'], r['seeds_per_method'])" "$work/report/results.json")
+            # The run directory gone: a published seed neither carried nor run again is refused
+            # before any training; the published 2x2 rows are not trained again; a result here
+            # that differs from the published one is refused before any training.
+            cp "$work/s2/cpt-ffn.eval.json" "$work/cpt-ffn.eval.json"
+            rm -rf "$work/s2"
+            if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS=2 \
+                bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
+                || ! grep -q "neither carries" "$work/refused.log" || [ -e "$work/s2" ]; then
+                echo "deltamoe: dropping published seed 1 was not refused up front" >&2
+                tail -3 "$work/refused.log" >&2
+                exit 1
             fi
-            if [ "$exp" = dume ]; then
-                # A third sitting runs only the FFN-only part of the published seed 2 (its run
-                # directory gone); again with the run directory kept (the same results); then, gone,
-                # the published part is refused up front, as is a part that needs seed 2's headline.
-                cp "$work/report/results.json" "$work/second.json"
-                rm -rf "$work/s2"
-                MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=ffn PUBLISHED_SEEDS="1 2" \
-                    bash "experiments/$exp.sh" --smoke >/dev/null
-                python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
-                python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
+            MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
+                bash "experiments/$exp.sh" --smoke >/dev/null
+            [ ! -e "$work/s2/cpt-ffn" ] || { echo "deltamoe: a published 2x2 row was trained again" >&2; exit 1; }
+            python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
+            mkdir -p "$work/s2"
+            python3 -c "import json, sys; e = json.load(open(sys.argv[1])); e['datasets'][0]['ppl'] *= 1.01
+json.dump(e, open(sys.argv[2], 'w'))" "$work/cpt-ffn.eval.json" "$work/s2/cpt-ffn.eval.json"
+            if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
+                bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
+                || ! grep -q "has another result of it" "$work/refused.log" || [ -e "$work/s2/moe-4-all" ]; then
+                echo "deltamoe: a published row with another result here was not refused up front" >&2
+                tail -3 "$work/refused.log" >&2
+                exit 1
+            fi
+        fi
+        if [ "$exp" = dume ]; then
+            # A third sitting runs only the FFN-only part of the published seed 2 (its run
+            # directory gone); again with the run directory kept (the same results); then, gone,
+            # the published part is refused up front, as is a part that needs seed 2's headline.
+            cp "$work/report/results.json" "$work/second.json"
+            rm -rf "$work/s2"
+            MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=ffn PUBLISHED_SEEDS="1 2" \
+                bash "experiments/$exp.sh" --smoke >/dev/null
+            python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
+            python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
 assert [x['seed'] for x in r['methods']['ffn-oracle']] == ['1', '2'] and r['seeds'] == ['1', '2'], r['seeds']
 # The oracle of FFN-only experts is each expert exactly (retention 1.0 as a float); the share of
 # averaging's gap to it each ridge router recovers, over both seeds, as defined; the FFN-only top-2
@@ -241,54 +240,80 @@ assert o == 1.0 and a < o, (o, a)
 assert all(abs(g[k] - (m(k) - a) / (o - a)) < 1e-12 for k in ('ffn-dume-top1', 'ffn-dume-top2')), g
 assert [x['seed'] for x in r['methods']['ffn-dume-top2.route']] == ['1', '2']
 assert sorted(r['headline_gap_recovered']) == ['1', '2'], r['headline_gap_recovered']" \
-                    "$work/report/results.json"
-                cp "$work/report/results.json" "$work/third.json"
-                MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=ffn PUBLISHED_SEEDS="1 2" \
-                    bash "experiments/$exp.sh" --smoke >/dev/null
-                cmp <(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['methods'])" "$work/third.json") \
-                    <(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['methods'])" "$work/report/results.json")
-                cp "$work/s2/ffn-expert-code.eval.json" "$work/ffn-expert-code.eval.json"
-                rm -rf "$work/s2"
-                for part in ffn "ffn ood"; do
-                    if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS="$part" PUBLISHED_SEEDS="1 2" \
-                        bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
-                        || ! grep -q -E "already have it|which are not run here" "$work/refused.log" \
-                        || [ -e "$work/s2" ]; then
-                        echo "dume: PARTS=$part of a published seed was not refused up front" >&2
-                        tail -3 "$work/refused.log" >&2
-                        exit 1
-                    fi
-                done
-                # A kept result that differs from the published one: refused before any training.
-                mkdir -p "$work/s2"
-                python3 -c "import json, sys; e = json.load(open(sys.argv[1])); e['datasets'][0]['ppl'] *= 1.01
+                "$work/report/results.json"
+            cp "$work/report/results.json" "$work/third.json"
+            MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=ffn PUBLISHED_SEEDS="1 2" \
+                bash "experiments/$exp.sh" --smoke >/dev/null
+            cmp <(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['methods'])" "$work/third.json") \
+                <(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['methods'])" "$work/report/results.json")
+            cp "$work/s2/ffn-expert-code.eval.json" "$work/ffn-expert-code.eval.json"
+            rm -rf "$work/s2"
+            for part in ffn "ffn ood"; do
+                if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS="$part" PUBLISHED_SEEDS="1 2" \
+                    bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
+                    || ! grep -q -E "already have it|which are not run here" "$work/refused.log" \
+                    || [ -e "$work/s2" ]; then
+                    echo "dume: PARTS=$part of a published seed was not refused up front" >&2
+                    tail -3 "$work/refused.log" >&2
+                    exit 1
+                fi
+            done
+            # A kept result that differs from the published one: refused before any training.
+            mkdir -p "$work/s2"
+            python3 -c "import json, sys; e = json.load(open(sys.argv[1])); e['datasets'][0]['ppl'] *= 1.01
 json.dump(e, open(sys.argv[2], 'w'))" "$work/ffn-expert-code.eval.json" "$work/s2/ffn-expert-code.eval.json"
-                if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=ffn PUBLISHED_SEEDS="1 2" \
-                    bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
-                    || ! grep -q "has another result than the published one" "$work/refused.log" \
-                    || [ -e "$work/s2/ffn-expert-code" ]; then
-                    echo "dume: a published FFN-only row with another result here was not refused up front" >&2
-                    tail -3 "$work/refused.log" >&2
-                    exit 1
-                fi
+            if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=ffn PUBLISHED_SEEDS="1 2" \
+                bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
+                || ! grep -q "has another result than the published one" "$work/refused.log" \
+                || [ -e "$work/s2/ffn-expert-code" ]; then
+                echo "dume: a published FFN-only row with another result here was not refused up front" >&2
+                tail -3 "$work/refused.log" >&2
+                exit 1
             fi
-            if [ "$exp" = neuronmoe ]; then
-                cp "$work/report/results.json" "$work/second.json"
-                # (the allocations it does not train are read from the published rows)
-                rm -rf "$work/s2" "$work"/alloc-*.json
-                MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PUBLISHED_SEEDS="1 2" ALLOCS=layermoe \
-                    bash "experiments/$exp.sh" --smoke >/dev/null
-                python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
-                grep -q "Pooled allocation by allocation" "$work/report/README.md"
-                # A published seed that would be lost (not carried, not run again) is refused, before
-                # any training (no run directory of seed 3).
-                if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=3 PUBLISHED_SEEDS=1 ALLOCS=layermoe \
-                    bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
-                    || ! grep -q "neither carries" "$work/refused.log" || [ -e "$work/s3" ]; then
-                    echo "neuronmoe: dropping published seed 2 of the other allocations was not refused up front" >&2
-                    tail -3 "$work/refused.log" >&2
-                    exit 1
-                fi
+        fi
+        if [ "$exp" = neuronmoe ]; then
+            cp "$work/report/results.json" "$work/second.json"
+            # (the allocations it does not train are read from the published rows)
+            rm -rf "$work/s2" "$work"/alloc-*.json
+            MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PUBLISHED_SEEDS="1 2" ALLOCS=layermoe \
+                bash "experiments/$exp.sh" --smoke >/dev/null
+            python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
+            grep -q "Pooled allocation by allocation" "$work/report/README.md"
+            # A published seed that would be lost (not carried, not run again) is refused, before
+            # any training (no run directory of seed 3).
+            if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=3 PUBLISHED_SEEDS=1 ALLOCS=layermoe \
+                bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
+                || ! grep -q "neither carries" "$work/refused.log" || [ -e "$work/s3" ]; then
+                echo "neuronmoe: dropping published seed 2 of the other allocations was not refused up front" >&2
+                tail -3 "$work/refused.log" >&2
+                exit 1
+            fi
+        fi
+        if [ "$exp" = upcycling ]; then
+            # Both seeds of every row; each paired change as defined (same seed: same tokens); one
+            # token stream per evaluation text; stage 1 costs more FLOPs per token than dense-cpt.
+            python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
+rows = r['rows']
+assert sorted(rows) == ['dense-cpt', 'drop', 'granular', 'naive', 'noise'], sorted(rows)
+assert all([x['seed'] for x in v] == ['1', '2'] for v in rows.values()), rows
+by = lambda m: {x['seed']: x for x in rows[m]}
+for key, b in (('paired_vs_naive', 'naive'), ('paired_vs_dense_cpt', 'dense-cpt')):
+    for m, p in r[key].items():
+        assert m != b and sorted(p) == ['1', '2'], (key, m, p)
+        for s, d in p.items():
+            for t in ('hu', 'en'):
+                assert abs(d[t] - (by(m)[s][t] / by(b)[s][t] - 1)) < 1e-12, (key, m, s, t)
+assert sorted(r['paired_vs_naive']) == ['dense-cpt', 'drop', 'granular', 'noise'], r['paired_vs_naive']
+assert all(len(h) == 1 for h in r['eval_streams'].values()) and sorted(r['eval_streams']) == ['en', 'hu'], r['eval_streams']
+assert r['flops']['experts'] > r['flops']['dense'] > 0, r['flops']" "$work/report/results.json"
+            grep -q "hu vs naive" "$work/report/README.md"
+            # A seed both published and run again is refused before any training.
+            if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PUBLISHED_SEEDS="1 2" \
+                bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
+                || ! grep -q "not among this run's SEEDS" "$work/refused.log"; then
+                echo "upcycling: a seed both published and run was not refused up front" >&2
+                tail -3 "$work/refused.log" >&2
+                exit 1
             fi
         fi
         rm -rf "$work"

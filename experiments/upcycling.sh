@@ -8,12 +8,15 @@
 #   drop       Drop-Upcycling, r = 0.5 (Nakamura et al. 2025; expert 0, frozen, keeps every unit)
 #   granular   G = 2 (8 experts of f/2, top-4, the frozen copy's two slices frozen; Megatron-Core
 #              --moe-upcycling-granularity): the same active and trained FFN FLOPs as naive
-# and the like-for-like dense baseline:
+# and the dense baselines on the same Hungarian tokens (same steps, lr, warmup and data order):
 #   dense      the model itself (no training)
-#   dense-cpt  the dense model trained on the same Hungarian tokens (`train --stage dense`, every
-#              weight, same steps, lr and data order): what the tokens buy without experts. Its
-#              training FLOPs per token are fewer than stage 1's (experiments/flops.py; both in
-#              the report), so it is matched in tokens, not FLOPs.
+#   dense-ffn  the dense model with only its FFNs trained (`train --stage ffn`): stage 1 trains only
+#              FFN weights (the new experts) and the router, so this is the same kind of trainable
+#              set without experts
+#   dense-cpt  every weight trained (`train --stage dense`): the usual continued pre-training
+# Both are matched in tokens, not FLOPs: their training FLOPs per token are fewer than stage 1's
+# (experiments/flops.py; all three in the report). DeltaMoE's table (experiments/deltamoe.sh) has
+# the dense run at the MoE's training FLOPs.
 # Text is read as documents separated by blank lines, each followed by <|endoftext|> (methods.md
 # §7), the same token stream in `train` and `eval` (their sha256 in the report).
 #
@@ -74,11 +77,12 @@ for v in $VARIANTS; do
     *) echo "unknown variant $v (expected naive, noise, drop, granular)" >&2; exit 1 ;;
     esac
 done
-BUDGET="stage 1: $STEPS x $BATCH x $SEQ tokens lr $LR warmup $((STEPS / 10)) on lang/hu; dense-cpt the same;\
+BUDGET="stage 1: $STEPS x $BATCH x $SEQ tokens lr $LR warmup $((STEPS / 10)) on lang/hu; dense-ffn and dense-cpt the same;\
+ 4 experts top-2 frozen 0 router std 0.02; noise 0.01 mul; drop r 0.5; granular G 2;\
  eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE; --docs blank"
 # A PUBLISHED_SEEDS the report would refuse at the end is refused now, before hours of training.
 if [ -n "${PUBLISHED_SEEDS:-}" ]; then
-    python3 experiments/upcycling_report.py --check-published "$OUT" "$SEEDS" "$BUDGET"
+    python3 experiments/upcycling_report.py --check-published "$OUT" "$SEEDS" "$VARIANTS" "$BUDGET"
 fi
 mkdir -p "$WORK" "$OUT"
 exp_bin
@@ -99,21 +103,28 @@ TRAIN=(--data "hu=$HU_TRAIN" --steps "$STEPS" --seq-len "$SEQ" --batch "$BATCH" 
 for seed in $SEEDS; do
     S="$WORK/s$seed"
     mkdir -p "$S"
-    train_run "$S/dense-cpt" "$MODEL" --stage dense "${TRAIN[@]}" --seed "$seed"
-    report "$S/dense-cpt.eval.json" "$BIN" eval "$S/dense-cpt/final" "${TOK[@]}" "${EVAL[@]}"
-    # Nothing trains on from these models: a finished run's optimizer state (~2x the weights) goes.
-    rm -f "$S/dense-cpt/final/optimizer.bin"
-    # Training FLOPs per token (experiments/flops.py) of the dense CPT and of stage 1 (4 experts,
-    # top-2, 1 frozen; granular has the same FFN FLOPs), from the dense model's shapes.
+    for st in ffn cpt; do
+        stage=$st
+        [ "$st" = cpt ] && stage=dense
+        train_run "$S/dense-$st" "$MODEL" --stage "$stage" "${TRAIN[@]}" --seed "$seed"
+        report "$S/dense-$st.eval.json" "$BIN" eval "$S/dense-$st/final" "${TOK[@]}" "${EVAL[@]}"
+        # Nothing trains on from these models: a finished run's optimizer state (~2x the weights) goes.
+        rm -f "$S/dense-$st/final/optimizer.bin"
+    done
+    # Training FLOPs per token (experiments/flops.py) of the dense runs and of stage 1 (4 experts,
+    # top-2, 1 frozen; granular's FFN FLOPs are the same), from the dense model's shapes.
     if [ ! -f "$WORK/flops.txt" ]; then
         c="$S/dense-cpt/final/config.json"
-        printf 'dense %s\nexperts %s\n' "$(python3 experiments/flops.py "$c" dense "$SEQ")" \
+        printf 'dense %s\nffn %s\nexperts %s\n' "$(python3 experiments/flops.py "$c" dense "$SEQ")" \
+            "$(python3 experiments/flops.py "$c" ffn "$SEQ")" \
             "$(python3 experiments/flops.py "$c" experts "$SEQ" 4 2 1)" >"$WORK/flops.txt.tmp"
         mv "$WORK/flops.txt.tmp" "$WORK/flops.txt"
     fi
     for v in $VARIANTS; do
+        # (the upcycled copy is remade only for a training still to run)
         # shellcheck disable=SC2046
-        make_dir "$S/$v-init" "$BIN" upcycle "$MODEL" $(variant_args "$v") --seed "$seed" --out "$S/$v-init"
+        [ -f "$S/$v/final/config.json" ] ||
+            make_dir "$S/$v-init" "$BIN" upcycle "$MODEL" $(variant_args "$v") --seed "$seed" --out "$S/$v-init"
         train_run "$S/$v" "$S/$v-init" --stage experts "${TRAIN[@]}" --seed "$seed"
         report "$S/$v.eval.json" "$BIN" eval "$S/$v/final" "${TOK[@]}" "${EVAL[@]}"
         # The upcycled copy only served the training (remade in seconds if needed).

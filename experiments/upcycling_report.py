@@ -2,17 +2,19 @@
 """Table and figures of experiments/upcycling.sh (docs/methods.md "Upcycling variants"; issue 35's
 protocol): Hungarian / English held-out perplexity, the expert load balance and the training time of
 each upcycling variant after the same stage-1 budget, beside the dense model and the dense model
-trained on the same tokens (`dense-cpt`); mean ± std over seeds, and each variant's change against
-naive copies and against dense-cpt paired per seed (same tokens, same data order). Standard library
+trained on the same tokens (`dense-ffn`: its FFNs only, `dense-cpt`: every weight); mean ± std over
+seeds, and each variant's change against naive copies and against both dense runs paired per seed
+(same tokens, same data order: checked from each training's saved data state). Standard library
 only (the figures are drawn by `moe-studio plot`).
 
 Usage: upcycling_report.py WORK OUT SMOKE MODEL "SEEDS" "VARIANTS" BUDGET
-       upcycling_report.py --check-published OUT "SEEDS" BUDGET
+       upcycling_report.py --check-published OUT "SEEDS" "VARIANTS" BUDGET
 Writes OUT/results.json, OUT/README.md and the figures. With PUBLISHED_SEEDS (an earlier sitting's
 seeds, its run directories gone) their records come from OUT/results.json, checked to be the same
 budget and evaluation token streams (report_common.published_results / merge_published).
 --check-published: the same PUBLISHED_SEEDS checks before any training; exit 1 naming what is wrong.
 """
+import json
 import os
 import re
 import statistics
@@ -21,24 +23,56 @@ import sys
 from report_common import (curve, figure, fmt, load, merge_published, nll, open_report, ppl, published_note,
                            published_results, seeds_with, stream_hashes, unfinished_note, write_commands)
 
+# Rows trained in each seed: the dense model on the same tokens, then the upcycling variants.
+DENSE_ROWS = ["dense-ffn", "dense-cpt"]
+TEXTS = ("hu", "en")
+# Copies of the FFN per layer (experiments/upcycling.sh: --experts 4; granular splits each into G).
+COPIES = 4
+
+
+def refuse_dropped(prior, rows):
+    """Exits naming the published rows this run's rows lack (a sitting with fewer VARIANTS would
+    overwrite the only copy of them)."""
+    lost = [r for r in (prior or {}).get("rows", {}) if r not in rows]
+    if lost:
+        sys.exit(f"PUBLISHED_SEEDS: the published results have rows {lost} that this run's VARIANTS do not: run"
+                 " them too (or publish elsewhere with OUT)")
+
+
 if sys.argv[1:2] == ["--check-published"]:
-    out, seeds, budget = sys.argv[2:]
-    published_results(out, budget, seeds.split())
+    out, seeds, variants, budget = sys.argv[2:]
+    refuse_dropped(published_results(out, budget, seeds.split())[1], DENSE_ROWS + variants.split())
     sys.exit(0)
 
 work, out, smoke, model, seeds, variants, budget = sys.argv[1:]
 seeds, variants = seeds.split(), variants.split()
-# Rows trained in each seed: the dense model on the same tokens, then the upcycling variants.
-ROWS = ["dense-cpt"] + variants
-TEXTS = ("hu", "en")
+ROWS = DENSE_ROWS + variants
 
 
 def balance(ev):
-    """max/min expert load on the Hungarian text, mean over MoE layers (1 = balanced); None for a
-    dense model."""
+    """Expert load balance on the Hungarian text: per MoE layer, the largest share of the routed
+    load any FFN copy gets over the mean share (1 = balanced, COPIES = all on one copy), expert 0
+    included; a granular model's G slices of a copy are summed first, so every variant is measured
+    over the same 4 copies; mean over layers. None for a dense model."""
     d = next(d for d in ev["datasets"] if d["name"] == "hu")
-    ratios = [max(l) / min(l) if min(l) > 0 else float("inf") for l in (d.get("load_per_layer") or []) if l]
+    ratios = []
+    for l in d.get("load_per_layer") or []:
+        if not l or len(l) % COPIES:
+            continue
+        g = len(l) // COPIES
+        per_copy = [sum(l[c * g:(c + 1) * g]) for c in range(COPIES)]
+        ratios.append(max(per_copy) / (sum(per_copy) / COPIES))
     return statistics.mean(ratios) if ratios else None
+
+
+def train_state(seed, row):
+    """(the training sources' sha256 list, the data sampler's final state) of one training, from its
+    final/trainer_state.json; None when the model directory is gone (a published seed)."""
+    path = os.path.join(work, f"s{seed}", row, "final", "trainer_state.json")
+    if not os.path.exists(path):
+        return None
+    t = load(path)
+    return [x["sha256"] for x in t["sources"]], t["data"]
 
 
 def seconds(path):
@@ -59,6 +93,7 @@ def record(ev, seed, secs):
 
 
 published, prior = published_results(out, budget, seeds)
+refuse_dropped(prior, ROWS)
 dense = load(os.path.join(work, "dense.eval.json"))
 evs = [dense]
 rows, missing = {}, []
@@ -78,6 +113,15 @@ streams = stream_hashes(evs)
 for name, hashes in streams.items():
     if len(hashes) != 1:
         sys.exit(f"`{name}` was evaluated as {len(hashes)} different token streams {hashes}: not the same text")
+# Same tokens in the same order in every row of a seed: the same training streams (sha256) and the
+# same final data-sampler state (its draws follow from the seed alone).
+train_streams = {}
+for s in seeds:
+    states = {r: st for r in ROWS if (st := train_state(s, r)) is not None}
+    if len({json.dumps(v, sort_keys=True) for v in states.values()}) > 1:
+        sys.exit(f"seed {s}: the rows trained on different token streams or data orders: {states}")
+    if states:
+        train_streams[s] = next(iter(states.values()))[0]
 flops = {}
 if os.path.exists(os.path.join(work, "flops.txt")):
     for line in open(os.path.join(work, "flops.txt")):
@@ -86,7 +130,8 @@ if os.path.exists(os.path.join(work, "flops.txt")):
 elif prior is not None:
     flops = prior.get("flops", {})
 
-results = {"model": model, "seeds": seeds, "budget": budget, "eval_streams": streams, "flops": flops,
+results = {"model": model, "seeds": seeds, "budget": budget, "eval_streams": streams,
+           "train_streams": train_streams, "flops": flops,
            "dense": {k: v for k, v in record(dense, None, None).items() if k in ("hu", "en", "hu_nll", "en_nll")},
            "rows": rows}
 merge_published(results, prior, published, seeds)
@@ -100,6 +145,7 @@ def paired(a, b):
 
 
 results["paired_vs_naive"] = {v: paired(v, "naive") for v in ROWS if v != "naive" and "naive" in rows}
+results["paired_vs_dense_ffn"] = {v: paired(v, "dense-ffn") for v in variants}
 results["paired_vs_dense_cpt"] = {v: paired(v, "dense-cpt") for v in variants}
 
 
@@ -109,8 +155,12 @@ def pct_cell(pairs, t):
     return fmt(xs, 1, pct=True) + (f" (n={len(xs)})" if xs else "")
 
 
+def flops_key(r):
+    return {"dense-cpt": "dense", "dense-ffn": "ffn"}.get(r, "experts")
+
+
 def gflop_cell(r):
-    return f"{flops['dense' if r == 'dense-cpt' else 'experts']:.3g}" if flops else "-"
+    return f"{flops[flops_key(r)]:.3g}" if flops.get(flops_key(r)) else "-"
 
 
 # Training tokens per run, from the budget string experiments/upcycling.sh writes ("STEPS x BATCH x SEQ").
@@ -137,18 +187,21 @@ fig_curves = "" if first is None else figure(out, "training", {
 with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke) as f:
     f.write(f"Model `{os.path.basename(model)}` upcycled to 4 experts, top-2, expert 0 (the original FFN) frozen,"
             " then stage 1 (`train --stage experts`: the three trainable experts and the router) on"
-            f" `lang/hu/train.txt`; `dense-cpt` is the dense model trained on the same tokens in the same order"
-            f" (every weight). Budget: {budget}. Seeds: {', '.join(results['seeds'])} (mean ± std over seeds)."
+            " `lang/hu/train.txt`. Dense baselines on the same tokens in the same order: `dense-ffn` trains the"
+            " FFNs only (the kind of weights stage 1 trains, without experts), `dense-cpt` every weight."
+            f" Budget: {budget}. Seeds: {', '.join(results['seeds'])} (mean ± std over seeds)."
             " Held-out perplexity on `lang/hu/valid.txt` and `lang/en/valid.txt` (English: what the new"
-            " experts may cost the original language); load balance = max/min expert load on the Hungarian"
-            " text, mean over layers (1 = balanced). A change is this row's perplexity over the other's on the same"
-            " seed, minus 1: positive is worse. Documents are separated by blank lines, each followed by"
-            " `<|endoftext|>` (docs/methods.md §7); every evaluation read the same token streams (`eval_streams`"
-            " in results.json).\n\n")
+            " experts may cost the original language). Load balance: per layer, the largest FFN copy's share of"
+            " the routed load on the Hungarian text over the mean share (1 = balanced, 4 = one copy takes"
+            " everything; expert 0 included; granular's two slices of a copy summed), mean over layers. A change"
+            " is this row's perplexity over the other's on the same seed, minus 1: positive is worse. Documents"
+            " are separated by blank lines, each followed by `<|endoftext|>` (docs/methods.md §7); every"
+            " evaluation read the same token streams (`eval_streams` in results.json), and every row of a seed"
+            " trained on the same streams with the same final data-sampler state (`train_streams`).\n\n")
     f.write(published_note(published))
     f.write(unfinished_note(missing))
-    f.write("| row | seeds | train GFLOP/token | hu ppl | en ppl | hu vs naive | en vs naive | load max/min | train s |\n"
-            "|---|---|---|---|---|---|---|---|---|\n")
+    f.write("| row | seeds | train GFLOP/token | hu ppl | en ppl | hu vs naive | en vs naive | load max/mean"
+            " | train wall s |\n|---|---|---|---|---|---|---|---|---|\n")
     f.write(f"| dense (no training) | - | - | {ppl(dense, 'hu'):.2f} | {ppl(dense, 'en'):.2f} | | | - | - |\n")
     for r in ROWS:
         recs = rows[r]
@@ -156,24 +209,31 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
         f.write(f"| {r} | {len(recs)} | {gflop_cell(r)} | {fmt([x['hu'] for x in recs])} | {fmt([x['en'] for x in recs])}"
                 f" | {pct_cell(pv, 'hu') if r != 'naive' else ''} | {pct_cell(pv, 'en') if r != 'naive' else ''}"
                 f" | {fmt([x['balance'] for x in recs])} | {fmt([x['train_seconds'] for x in recs], 0)} |\n")
-    f.write("\nEach variant against `dense-cpt` (the same tokens without experts), paired per seed:\n\n")
-    for v in variants:
-        p = results["paired_vs_dense_cpt"].get(v, {})
-        f.write(f"- `{v}`: hu {pct_cell(p, 'hu')}, en {pct_cell(p, 'en')}\n")
+    for base in DENSE_ROWS:
+        f.write(f"\nEach variant against `{base}`, paired per seed:\n\n")
+        for v in variants:
+            p = results[f"paired_vs_{base.replace('-', '_')}"].get(v, {})
+            f.write(f"- `{v}`: hu {pct_cell(p, 'hu')}, en {pct_cell(p, 'en')}\n")
     n = len(results["seeds"])
     f.write("\n**Reading the table.** " + (
         "One seed so far: its differences carry no measured spread, so a few percent between two variants is"
         " not yet a finding. " if n == 1 else f"{n} seeds; a paired change within about its ± is not a finding. "))
-    if flops:
-        f.write(f"Stage 1 costs {flops['experts']:.3g} GFLOP per training token against {flops['dense']:.3g} for"
-                f" `dense-cpt` ({flops['experts'] / flops['dense']:.2f}×, experiments/flops.py): the rows are matched"
-                " in tokens, not FLOPs, and every MoE row spends more compute than `dense-cpt`. ")
-    f.write(f"What a critic checks first: the budget. {tokens:,} tokens per run is a short continued pre-training;"
-            " Drop-Upcycling's claim (Nakamura et al. 2025) is about long training, where re-initialised units let"
-            " the experts diversify after plain copies stall, so a short budget is expected to favour the"
-            " variants that keep the copies' knowledge (naive, noise). With expert 0 frozen (the DeltaMoE"
-            " setting) Drop-Upcycling leaves the original FFN whole and damages only the trainable copies; the"
-            " English column shows what routing English tokens to them costs.\n")
+    if all(flops.get(k) for k in ("experts", "ffn", "dense")):
+        more = "more" if flops["experts"] > flops["dense"] else "no more"
+        f.write(f"Stage 1 costs {flops['experts']:.3g} GFLOP per training token against {flops['ffn']:.3g} for"
+                f" `dense-ffn` and {flops['dense']:.3g} for `dense-cpt` (experiments/flops.py, balanced routing"
+                f" assumed): the rows are matched in tokens, not FLOPs, and every MoE row spends {more} compute"
+                " per token than `dense-cpt`. ")
+    f.write(f"What a critic checks first: the budget. {tokens:,} tokens per run is a short continued pre-training."
+            " Drop-Upcycling (Nakamura et al. 2025) reports that naive copies stay alike and so improve slowly"
+            " over long training, while re-initialised units start from a higher loss and overtake them later, at"
+            " scales of billions of tokens; at this budget the variants that keep the copies' knowledge (naive,"
+            " noise) are expected to lead. With expert 0 frozen (the DeltaMoE setting) Drop-Upcycling leaves the"
+            " original FFN whole and re-initialises units of the trainable copies only; the English column shows"
+            " what routing English tokens to them costs. Granular upcycling freezes both slices of the original"
+            " FFN, but their router rows train apart and each slice's output is scaled to keep the function at"
+            " the start, so after training the two frozen slices no longer compute the original FFN together:"
+            " its English column is not a frozen-expert reading like the other variants'.\n")
     f.write(fig_ppl)
     f.write(fig_curves)
     write_commands(f, work, "upcycling", smoke)

@@ -294,24 +294,33 @@ json.dump(e, open(sys.argv[2], 'w'))" "$work/ffn-expert-code.eval.json" "$work/s
             # token stream per evaluation text; stage 1 costs more FLOPs per token than dense-cpt.
             python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
 rows = r['rows']
-assert sorted(rows) == ['dense-cpt', 'drop', 'granular', 'naive', 'noise'], sorted(rows)
+assert sorted(rows) == ['dense-cpt', 'dense-ffn', 'drop', 'granular', 'naive', 'noise'], sorted(rows)
 assert all([x['seed'] for x in v] == ['1', '2'] for v in rows.values()), rows
 by = lambda m: {x['seed']: x for x in rows[m]}
-for key, b in (('paired_vs_naive', 'naive'), ('paired_vs_dense_cpt', 'dense-cpt')):
+for key, b in (('paired_vs_naive', 'naive'), ('paired_vs_dense_ffn', 'dense-ffn'), ('paired_vs_dense_cpt', 'dense-cpt')):
     for m, p in r[key].items():
         assert m != b and sorted(p) == ['1', '2'], (key, m, p)
         for s, d in p.items():
             for t in ('hu', 'en'):
                 assert abs(d[t] - (by(m)[s][t] / by(b)[s][t] - 1)) < 1e-12, (key, m, s, t)
-assert sorted(r['paired_vs_naive']) == ['dense-cpt', 'drop', 'granular', 'noise'], r['paired_vs_naive']
+assert sorted(r['paired_vs_naive']) == ['dense-cpt', 'dense-ffn', 'drop', 'granular', 'noise'], r['paired_vs_naive']
+assert sorted(r['train_streams']) == ['2'] and all(x['balance'] is None or 1 <= x['balance'] <= 4 for v in rows.values() for x in v), r
 assert all(len(h) == 1 for h in r['eval_streams'].values()) and sorted(r['eval_streams']) == ['en', 'hu'], r['eval_streams']
-assert r['flops']['experts'] > r['flops']['dense'] > 0, r['flops']" "$work/report/results.json"
+assert r['flops']['experts'] > r['flops']['dense'] > r['flops']['ffn'] > 0, r['flops']" "$work/report/results.json"
             grep -q "hu vs naive" "$work/report/README.md"
             # A seed both published and run again is refused before any training.
             if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=2 PUBLISHED_SEEDS="1 2" \
                 bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
                 || ! grep -q "not among this run's SEEDS" "$work/refused.log"; then
                 echo "upcycling: a seed both published and run was not refused up front" >&2
+                tail -3 "$work/refused.log" >&2
+                exit 1
+            fi
+            # So is a sitting whose VARIANTS would drop published rows.
+            if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=3 PUBLISHED_SEEDS="1 2" VARIANTS="naive drop" \
+                bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
+                || ! grep -q "rows \['noise', 'granular'\]" "$work/refused.log" || [ -e "$work/s3" ]; then
+                echo "upcycling: dropping published rows was not refused up front" >&2
                 tail -3 "$work/refused.log" >&2
                 exit 1
             fi

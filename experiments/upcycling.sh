@@ -32,6 +32,9 @@
 #                  that no published seed is dropped or run twice, are checked before any training)
 #   VARIANTS="..."  which variants, in this order (default "naive noise drop granular")
 #   STEPS/SEQ/BATCH/LR  the stage-1 budget (full: 100 x 4 x 256 = 102,400 tokens per run, lr 1e-4)
+#   TASK_ITEMS   next-paragraph multiple-choice items per task for the task accuracy of every model on
+#                Hungarian and English (experiments/lib.sh task_report; default 100, about 20 min per
+#                model here; 0 skips it, and a later run with items scores the saved models)
 #
 # Resumable: a finished upcycle (config.json), training (final/) or evaluation (eval.json) is skipped;
 # an interrupted training continues from its last checkpoint (--save-every 20, --resume). Re-running
@@ -55,6 +58,7 @@ if [ "$SMOKE" = 1 ]; then
     TOK=(--tokenizer "$D/models/stories260K/tok512.bin")
     STEPS=${STEPS:-3} SEQ=${SEQ:-32} BATCH=${BATCH:-2} LR=${LR:-1e-3} EVAL_TOKENS=${EVAL_TOKENS:-512}
     SEEDS=${SEEDS-1} WINDOW=64
+    export TASK_ITEMS=${TASK_ITEMS:-5}
     WORK=${WORK:-$MOE_STUDIO_CACHE/experiments/upcycling-v2-smoke}
     OUT=${OUT:-$WORK/report}
 else
@@ -99,6 +103,9 @@ variant_args() {
 
 EVAL=(--data "hu=$HU_VALID" --data "en=$EN_VALID" --max-tokens "$EVAL_TOKENS" --window "$WINDOW" --stride "$STRIDE" --json)
 report "$WORK/dense.eval.json" "$BIN" eval "$MODEL" "${TOK[@]}" "${EVAL[@]}"
+# Task accuracy (issue 36): next-paragraph multiple choice on the held-out Hungarian and English text.
+TASKS=(hu en)
+task_report "$WORK/dense.tasks.json" "$MODEL" "${TASKS[@]}"
 TRAIN=(--data "hu=$HU_TRAIN" --steps "$STEPS" --seq-len "$SEQ" --batch "$BATCH" --lr "$LR" --warmup $((STEPS / 10)))
 for seed in $SEEDS; do
     S="$WORK/s$seed"
@@ -108,6 +115,7 @@ for seed in $SEEDS; do
         [ "$st" = cpt ] && stage=dense
         train_run "$S/dense-$st" "$MODEL" --stage "$stage" "${TRAIN[@]}" --seed "$seed"
         report "$S/dense-$st.eval.json" "$BIN" eval "$S/dense-$st/final" "${TOK[@]}" "${EVAL[@]}"
+        task_report "$S/dense-$st.tasks.json" "$S/dense-$st/final" "${TASKS[@]}"
         # Nothing trains on from these models: a finished run's optimizer state (~2x the weights) goes.
         rm -f "$S/dense-$st/final/optimizer.bin"
     done
@@ -127,6 +135,7 @@ for seed in $SEEDS; do
             make_dir "$S/$v-init" "$BIN" upcycle "$MODEL" $(variant_args "$v") --seed "$seed" --out "$S/$v-init"
         train_run "$S/$v" "$S/$v-init" --stage experts "${TRAIN[@]}" --seed "$seed"
         report "$S/$v.eval.json" "$BIN" eval "$S/$v/final" "${TOK[@]}" "${EVAL[@]}"
+        task_report "$S/$v.tasks.json" "$S/$v/final" "${TASKS[@]}"
         # The upcycled copy only served the training (remade in seconds if needed).
         rm -rf "$S/$v-init" "$S/$v/final/optimizer.bin"
     done

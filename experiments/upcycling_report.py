@@ -20,8 +20,9 @@ import re
 import statistics
 import sys
 
-from report_common import (curve, figure, fmt, load, merge_published, nll, open_report, ppl, published_note,
-                           published_results, seeds_with, stream_hashes, unfinished_note, write_commands)
+from report_common import (acc_cell, curve, figure, fmt, load, merge_published, nll, open_report, paired_tasks,
+                           paired_tasks_markdown, pooled_tasks, ppl, published_note, published_results, seeds_with,
+                           stream_hashes, unfinished_note, write_commands)
 
 # Rows trained in each seed: the dense model on the same tokens, then the upcycling variants.
 DENSE_ROWS = ["dense-ffn", "dense-cpt"]
@@ -145,6 +146,14 @@ def paired(a, b):
 
 
 results["paired_vs_naive"] = {v: paired(v, "naive") for v in ROWS if v != "naive" and "naive" in rows}
+# Task accuracy (issue 36): `eval --task` reports of the dense model and of every row, pooled with the
+# published seeds' records (report_common.pooled_tasks); each variant against naive on the same items.
+task_rows = [("dense", *pooled_tasks(work, None, prior, published, "dense", "dense.tasks.json"))]
+task_rows += [(r, *pooled_tasks(work, seeds, prior, published, r, f"{r}.tasks.json")) for r in ROWS]
+task_rows = [(r, evs, recs) for r, evs, recs in task_rows if evs]
+results["task_accuracy"] = {r: recs for r, _, recs in task_rows}
+results["task_accuracy_paired"] = paired_tasks(work, seeds, prior, published,
+                                               [(v, "naive") for v in ROWS if v != "naive"], list(TEXTS))
 results["paired_vs_dense_ffn"] = {v: paired(v, "dense-ffn") for v in variants}
 results["paired_vs_dense_cpt"] = {v: paired(v, "dense-cpt") for v in variants}
 
@@ -234,6 +243,18 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
             " FFN, but their router rows train apart and each slice's output is scaled to keep the function at"
             " the start, so after training the two frozen slices no longer compute the original FFN together:"
             " its English column is not a frozen-expert reading like the other variants'.\n")
+    if task_rows:
+        items = sorted({t.get("items") for _, evs, _ in task_rows for ev in evs for t in ev.get("tasks", [])} - {None})
+        f.write("\n## Task accuracy\n\nNext-paragraph multiple choice on the held-out text"
+                f" (`tests/reference/make_tasks.py`, {', '.join(map(str, items))} items per task, 4 choices: chance"
+                " 25 %), scored by `eval --task` as lm-evaluation-harness scores a `multiple_choice` task (acc_norm:"
+                " log-likelihood per character; parity with lm-eval 0.4.13 in docs/methods.md §8). Mean ± std over"
+                " the seeds; a single run shows its standard error over the items (s.e.).\n\n"
+                "| row | runs | acc_norm hu | acc_norm en | acc hu | acc en |\n|---|---|---|---|---|---|\n")
+        for r, evs, _ in task_rows:
+            f.write(f"| {r} | {len(evs)} | " + " | ".join(acc_cell(evs, t) for t in TEXTS) + " | "
+                    + " | ".join(acc_cell(evs, t, "acc") for t in TEXTS) + " |\n")
+        f.write(paired_tasks_markdown(results["task_accuracy_paired"]))
     f.write(fig_ppl)
     f.write(fig_curves)
     write_commands(f, work, "upcycling", smoke)

@@ -305,6 +305,9 @@ for key, b in (('paired_vs_naive', 'naive'), ('paired_vs_dense_ffn', 'dense-ffn'
                 assert abs(d[t] - (by(m)[s][t] / by(b)[s][t] - 1)) < 1e-12, (key, m, s, t)
 assert sorted(r['paired_vs_naive']) == ['dense-cpt', 'dense-ffn', 'drop', 'granular', 'noise'], r['paired_vs_naive']
 assert sorted(r['train_streams']) == ['2'] and all(x['balance'] is None or 1 <= x['balance'] <= 4 for v in rows.values() for x in v), r
+t = r['task_accuracy']
+assert sorted(t) == sorted(['dense'] + list(rows)) and all([x['seed'] for x in t[m]] == ['1', '2'] for m in rows), t
+assert sorted((p['a'], p['seed']) for p in r['task_accuracy_paired']) == sorted((m, s) for m in rows if m != 'naive' for s in '12')
 assert all(len(h) == 1 for h in r['eval_streams'].values()) and sorted(r['eval_streams']) == ['en', 'hu'], r['eval_streams']
 assert r['flops']['experts'] > r['flops']['dense'] > r['flops']['ffn'] > 0, r['flops']" "$work/report/results.json"
             grep -q "hu vs naive" "$work/report/README.md"

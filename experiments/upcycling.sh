@@ -86,7 +86,7 @@ BUDGET="stage 1: $STEPS x $BATCH x $SEQ tokens lr $LR warmup $((STEPS / 10)) on 
  eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE; --docs blank"
 # A PUBLISHED_SEEDS the report would refuse at the end is refused now, before hours of training.
 if [ -n "${PUBLISHED_SEEDS:-}" ]; then
-    python3 experiments/upcycling_report.py --check-published "$OUT" "$SEEDS" "$VARIANTS" "$BUDGET"
+    python3 experiments/upcycling_report.py --check-published "$OUT" "$SEEDS" "$VARIANTS" "$BUDGET" "$MODEL"
 fi
 mkdir -p "$WORK" "$OUT"
 exp_bin
@@ -120,14 +120,14 @@ for seed in $SEEDS; do
         rm -f "$S/dense-$st/final/optimizer.bin"
     done
     # Training FLOPs per token (experiments/flops.py) of the dense runs and of stage 1 (4 experts,
-    # top-2, 1 frozen; granular's FFN FLOPs are the same), from the dense model's shapes.
-    if [ ! -f "$WORK/flops.txt" ]; then
-        c="$S/dense-cpt/final/config.json"
-        printf 'dense %s\nffn %s\nexperts %s\n' "$(python3 experiments/flops.py "$c" dense "$SEQ")" \
-            "$(python3 experiments/flops.py "$c" ffn "$SEQ")" \
-            "$(python3 experiments/flops.py "$c" experts "$SEQ" 4 2 1)" >"$WORK/flops.txt.tmp"
-        mv "$WORK/flops.txt.tmp" "$WORK/flops.txt"
-    fi
+    # top-2, 1 frozen; granular's FFN FLOPs are the same), from the dense model's shapes and this
+    # run's SEQ (recomputed every run: it is cheap; a failure stops the script).
+    c="$S/dense-cpt/final/config.json"
+    g_dense=$(python3 experiments/flops.py "$c" dense "$SEQ")
+    g_ffn=$(python3 experiments/flops.py "$c" ffn "$SEQ")
+    g_experts=$(python3 experiments/flops.py "$c" experts "$SEQ" 4 2 1)
+    printf 'dense %s\nffn %s\nexperts %s\n' "$g_dense" "$g_ffn" "$g_experts" >"$WORK/flops.txt.tmp"
+    mv "$WORK/flops.txt.tmp" "$WORK/flops.txt"
     for v in $VARIANTS; do
         # (the upcycled copy is remade only for a training still to run)
         # shellcheck disable=SC2046

@@ -8,11 +8,12 @@ seeds, and each variant's change against naive copies and against both dense run
 only (the figures are drawn by `moe-studio plot`).
 
 Usage: upcycling_report.py WORK OUT SMOKE MODEL "SEEDS" "VARIANTS" BUDGET
-       upcycling_report.py --check-published OUT "SEEDS" "VARIANTS" BUDGET
+       upcycling_report.py --check-published OUT "SEEDS" "VARIANTS" BUDGET MODEL
 Writes OUT/results.json, OUT/README.md and the figures. With PUBLISHED_SEEDS (an earlier sitting's
 seeds, its run directories gone) their records come from OUT/results.json, checked to be the same
 budget and evaluation token streams (report_common.published_results / merge_published).
---check-published: the same PUBLISHED_SEEDS checks before any training; exit 1 naming what is wrong.
+--check-published: the same PUBLISHED_SEEDS checks before any training, and that the published results
+were made from the same model (file name) and with the same TASK_ITEMS; exit 1 naming what is wrong.
 """
 import json
 import os
@@ -40,9 +41,26 @@ def refuse_dropped(prior, rows):
                  " them too (or publish elsewhere with OUT)")
 
 
+def refuse_other_model(prior, model):
+    """Exits when the published results were made from another model (compared by file name: the
+    path differs between machines)."""
+    if prior is not None and os.path.basename(prior.get("model", "")) != os.path.basename(model):
+        sys.exit(f"PUBLISHED_SEEDS: the published results are of model `{prior.get('model')}`, this run's is `{model}`")
+
+
 if sys.argv[1:2] == ["--check-published"]:
-    out, seeds, variants, budget = sys.argv[2:]
-    refuse_dropped(published_results(out, budget, seeds.split())[1], DENSE_ROWS + variants.split())
+    out, seeds, variants, budget, model = sys.argv[2:]
+    prior = published_results(out, budget, seeds.split())[1]
+    refuse_dropped(prior, DENSE_ROWS + variants.split())
+    refuse_other_model(prior, model)
+    # Task scores pool only at the same items per task (report_common.pooled_tasks checks again at the
+    # end); TASK_ITEMS=0 scores nothing here and keeps the published scores.
+    items = os.environ.get("TASK_ITEMS", "100")
+    published_items = {v.get("items") for recs in (prior or {}).get("task_accuracy", {}).values() for e in recs
+                       for k, v in e.items() if k != "seed"}
+    if items != "0" and published_items and published_items != {int(items)}:
+        sys.exit(f"PUBLISHED_SEEDS: the published task scores use {sorted(published_items)} items per task,"
+                 f" this run's TASK_ITEMS is {items}: set TASK_ITEMS as the published run did (or 0)")
     sys.exit(0)
 
 work, out, smoke, model, seeds, variants, budget = sys.argv[1:]
@@ -52,7 +70,8 @@ ROWS = DENSE_ROWS + variants
 
 def balance(ev):
     """Expert load balance on the Hungarian text: per MoE layer, the largest share of the routed
-    load any FFN copy gets over the mean share (1 = balanced, COPIES = all on one copy), expert 0
+    load (token slots of the top-k) any FFN copy gets over the mean share (1 = balanced; at most
+    COPIES / 2 = 2 under top-2 of 4 copies, where one copy is in every token's top-k), expert 0
     included; a granular model's G slices of a copy are summed first, so every variant is measured
     over the same 4 copies; mean over layers. None for a dense model."""
     d = next(d for d in ev["datasets"] if d["name"] == "hu")
@@ -95,6 +114,7 @@ def record(ev, seed, secs):
 
 published, prior = published_results(out, budget, seeds)
 refuse_dropped(prior, ROWS)
+refuse_other_model(prior, model)
 dense = load(os.path.join(work, "dense.eval.json"))
 evs = [dense]
 rows, missing = {}, []
@@ -105,8 +125,9 @@ for r in ROWS:
         ev = load(os.path.join(work, f"s{s}", f"{r}.eval.json"))
         evs.append(ev)
         recs.append(record(ev, s, seconds(os.path.join(work, f"s{s}", f"{r}.seconds"))))
-    if len(have) < len(seeds):
-        missing.append((r, [s for s in seeds if s not in have]))
+    lacking = [s for s in published if s not in {x["seed"] for x in recs}] + [s for s in seeds if s not in have]
+    if lacking:
+        missing.append((r, lacking))
     rows[r] = recs
 
 # Every evaluation read the same token stream per text (the protocol; an earlier sitting's too).
@@ -115,14 +136,17 @@ for name, hashes in streams.items():
     if len(hashes) != 1:
         sys.exit(f"`{name}` was evaluated as {len(hashes)} different token streams {hashes}: not the same text")
 # Same tokens in the same order in every row of a seed: the same training streams (sha256) and the
-# same final data-sampler state (its draws follow from the seed alone).
-train_streams = {}
+# same final data-sampler state (its draws follow from the seed alone); and the same training text
+# in every seed, the published ones included (their records carried from the published results).
+train_streams = {s: v for s, v in (prior or {}).get("train_streams", {}).items() if s in published}
 for s in seeds:
     states = {r: st for r in ROWS if (st := train_state(s, r)) is not None}
     if len({json.dumps(v, sort_keys=True) for v in states.values()}) > 1:
         sys.exit(f"seed {s}: the rows trained on different token streams or data orders: {states}")
     if states:
         train_streams[s] = next(iter(states.values()))[0]
+if len({json.dumps(v) for v in train_streams.values()}) > 1:
+    sys.exit(f"the seeds trained on different texts (training streams' sha256): {train_streams}")
 flops = {}
 if os.path.exists(os.path.join(work, "flops.txt")):
     for line in open(os.path.join(work, "flops.txt")):
@@ -201,8 +225,9 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
             f" Budget: {budget}. Seeds: {', '.join(results['seeds'])} (mean ± std over seeds)."
             " Held-out perplexity on `lang/hu/valid.txt` and `lang/en/valid.txt` (English: what the new"
             " experts may cost the original language). Load balance: per layer, the largest FFN copy's share of"
-            " the routed load on the Hungarian text over the mean share (1 = balanced, 4 = one copy takes"
-            " everything; expert 0 included; granular's two slices of a copy summed), mean over layers. A change"
+            " the routed load (top-k token slots) on the Hungarian text over the mean share (1 = balanced, 2 = one"
+            " copy is in every token's top-2; expert 0 included; granular's two slices of a copy summed), mean over"
+            " layers. A change"
             " is this row's perplexity over the other's on the same seed, minus 1: positive is worse. Documents"
             " are separated by blank lines, each followed by `<|endoftext|>` (docs/methods.md §7); every"
             " evaluation read the same token streams (`eval_streams` in results.json), and every row of a seed"
@@ -223,21 +248,25 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
         for v in variants:
             p = results[f"paired_vs_{base.replace('-', '_')}"].get(v, {})
             f.write(f"- `{v}`: hu {pct_cell(p, 'hu')}, en {pct_cell(p, 'en')}\n")
-    n = len(results["seeds"])
-    f.write("\n**Reading the table.** " + (
-        "One seed so far: its differences carry no measured spread, so a few percent between two variants is"
-        " not yet a finding. " if n == 1 else f"{n} seeds; a paired change within about its ± is not a finding. "))
+    f.write("\n**Reading the table.** A row with one seed carries no measured spread, so a few percent between"
+            " two variants there is not yet a finding; with more seeds, a paired change within about its ± is not"
+            " one. ")
     if all(flops.get(k) for k in ("experts", "ffn", "dense")):
         more = "more" if flops["experts"] > flops["dense"] else "no more"
         f.write(f"Stage 1 costs {flops['experts']:.3g} GFLOP per training token against {flops['ffn']:.3g} for"
                 f" `dense-ffn` and {flops['dense']:.3g} for `dense-cpt` (experiments/flops.py, balanced routing"
                 f" assumed): the rows are matched in tokens, not FLOPs, and every MoE row spends {more} compute"
                 " per token than `dense-cpt`. ")
+    done = [v for v in variants if means[v]["hu"] is not None]
+    best = min(done, key=lambda v: means[v]["hu"]) if done else None
+    lead = "" if best is None else (
+        f" (here {'they do' if best in ('naive', 'noise') else 'they do not'}: the lowest mean Hungarian perplexity"
+        f" among the variants is `{best}`'s)")
     f.write(f"What a critic checks first: the budget. {tokens:,} tokens per run is a short continued pre-training."
             " Drop-Upcycling (Nakamura et al. 2025) reports that naive copies stay alike and so improve slowly"
             " over long training, while re-initialised units start from a higher loss and overtake them later, at"
             " scales of billions of tokens; at this budget the variants that keep the copies' knowledge (naive,"
-            " noise) are expected to lead. With expert 0 frozen (the DeltaMoE setting) Drop-Upcycling leaves the"
+            f" noise) are expected to lead{lead}. With expert 0 frozen (the DeltaMoE setting) Drop-Upcycling leaves the"
             " original FFN whole and re-initialises units of the trainable copies only; the English column shows"
             " what routing English tokens to them costs. Granular upcycling freezes both slices of the original"
             " FFN, but their router rows train apart and each slice's output is scaled to keep the function at"

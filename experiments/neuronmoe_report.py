@@ -329,7 +329,7 @@ with open(os.path.join(out, "README.md"), "w") as f:
                 " results.json it published (checked here to be the same budget, allocations and evaluation token"
                 " streams, `eval_streams`; which machine, and when: the run notes in docs/experiments/README.md;"
                 f" their commands and wall times: that version of this README in the git history). This sitting:"
-                f" {group(1)}; the command log below is this sitting's.\n\n")
+                f" {group(1)}; the command log below is this run directory's (every sitting that used it, on this machine).\n\n")
     else:
         f.write(published_note(published))
     f.write(unfinished_note(missing))

@@ -68,7 +68,7 @@ def published_note(published):
             " docs/experiments/README.md): their numbers come from"
             " the results.json that sitting published (checked here to be the same budget, rows and evaluation"
             " token streams, `eval_streams`), their commands and wall times from that version of this README in"
-            " the git history; the command log below is this sitting's.\n\n")
+            " the git history; the command log below is this run directory's (every sitting that used it, on this machine).\n\n")
 
 
 def ppl(ev, name):

@@ -259,9 +259,11 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
                 " per token than `dense-cpt`. ")
     done = [v for v in variants if means[v]["hu"] is not None]
     best = min(done, key=lambda v: means[v]["hu"]) if done else None
-    lead = "" if best is None else (
-        f" (here {'they do' if best in ('naive', 'noise') else 'they do not'}: the lowest mean Hungarian perplexity"
-        f" among the variants is `{best}`'s)")
+    if len(done) < len(variants):
+        lead = f" (not yet decided here: {', '.join(f'`{v}`' for v in variants if v not in done)} still to run)"
+    else:
+        lead = (f" (here {'they do' if best in ('naive', 'noise') else 'they do not'}: the lowest mean Hungarian"
+                f" perplexity among the variants is `{best}`'s)")
     f.write(f"What a critic checks first: the budget. {tokens:,} tokens per run is a short continued pre-training."
             " Drop-Upcycling (Nakamura et al. 2025) reports that naive copies stay alike and so improve slowly"
             " over long training, while re-initialised units start from a higher loss and overtake them later, at"

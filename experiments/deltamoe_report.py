@@ -21,7 +21,7 @@ import re
 import statistics
 import sys
 
-from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, merge_published, open_report,
+from report_common import (TASK_SCORING, acc_cells, task_items, curve, figure, fmt, load, mean_or_none, merge_published, open_report,
                            paired_tasks, paired_tasks_markdown, pooled_tasks, ppl, published_note, published_results,
                            seeds_with, stream_hashes, unfinished_note, write_commands)
 
@@ -550,20 +550,17 @@ with open_report(out, results, "DeltaMoE on a real model: Hungarian by upcycling
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_ppl)
     if task_rows:
-        items = sorted({t.get("items") for _, evs, _ in task_rows for ev in evs for t in ev.get("tasks", [])} - {None})
+        items = task_items([ev for _, evs, _ in task_rows for ev in evs])
         f.write("\n## Task accuracy\n\n"
                 "Next-paragraph multiple choice on the held-out text of each corpus (`tests/reference/make_tasks.py`,"
-                f" {', '.join(map(str, items))} items per task, 4 choices: chance 25 %), scored by `eval --task` as"
-                " lm-evaluation-harness scores a `multiple_choice` task (acc_norm: log-likelihood per character;"
-                " parity with lm-eval 0.4.13 in docs/methods.md §8). The paper's metric is benchmark accuracy on the"
+                f" {items} items per task, 4 choices: chance 25 %), {TASK_SCORING}. The paper's metric is benchmark accuracy on the"
                 " new language and on the aligned abilities; this is its small-scale stand-in beside the"
                 " perplexities above. Mean ± std over the runs (the seeds that ran; the pair is trained once); a single run shows its standard error over the items (s.e., lm-eval's `acc_stderr`).\n\n"
                 "| model | runs | acc_norm en | acc_norm hu | acc_norm math | acc en | acc hu | acc math |\n"
                 "|---|---|---|---|---|---|---|---|\n")
         for m, evs, _ in task_rows:
             n = len(evs)
-            f.write(f"| `{m}` | {n} | " + " | ".join(acc_cell(evs, t) for t in TEXTS) + " | "
-                    + " | ".join(acc_cell(evs, t, "acc") for t in TEXTS) + " |\n")
+            f.write(f"| `{m}` | {n} | {acc_cells(evs, TEXTS)} |\n")
         f.write(paired_tasks_markdown(task_pairs))
     if part_rows:
         f.write(f"\n## Analyses (seed {', '.join(results['parts_seeds'])})\n\n" + HEAD)

@@ -18,7 +18,7 @@ import statistics
 import struct
 import sys
 
-from report_common import (acc_cell, curve, figure, fmt, load, mean_or_none, merge_published, nll, open_report,
+from report_common import (TASK_SCORING, acc_cells, task_items, curve, figure, fmt, load, mean_or_none, merge_published, nll, open_report,
                            paired_tasks, paired_tasks_markdown, pooled_tasks, ppl, published_note, published_results,
                            seeds_with, stream_hashes, write_commands)
 
@@ -444,20 +444,17 @@ with open_report(out, results, "DUME on a real model: MoErging dense domain expe
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_retention)
     if task_rows:
-        items = sorted({t.get("items") for _, _, evs, _ in task_rows for ev in evs for t in ev.get("tasks", [])} - {None})
+        items = task_items([ev for _, _, evs, _ in task_rows for ev in evs])
         f.write("\n## Task accuracy\n\n"
                 "Next-paragraph multiple choice on each domain's held-out text (`tests/reference/make_tasks.py`,"
-                f" {', '.join(map(str, items))} items per task, 4 choices: chance 25 %), scored by `eval --task` as"
-                " lm-evaluation-harness scores a `multiple_choice` task (acc_norm: log-likelihood per character;"
-                " parity with lm-eval 0.4.13 in docs/methods.md §8). The paper reports downstream accuracy beside"
+                f" {items} items per task, 4 choices: chance 25 %), {TASK_SCORING}. The paper reports downstream accuracy beside"
                 " perplexity; this is the small-scale stand-in. Mean ± std over the runs (the seeds that ran; the"
                 " base is evaluated once); a single run shows its standard error over the items (s.e., lm-eval's"
                 " `acc_stderr`).\n\n"
                 "| model | what | runs | " + " | ".join(f"acc_norm {d}" for d in DOMAINS) + " | "
                 + " | ".join(f"acc {d}" for d in DOMAINS) + " |\n|---|---|---|" + "---|" * (2 * len(DOMAINS)) + "\n")
         for m, label, evs, _ in task_rows:
-            f.write(f"| `{m}` | {label} | {len(evs)} | " + " | ".join(acc_cell(evs, d) for d in DOMAINS) + " | "
-                    + " | ".join(acc_cell(evs, d, "acc") for d in DOMAINS) + " |\n")
+            f.write(f"| `{m}` | {label} | {len(evs)} | {acc_cells(evs, DOMAINS)} |\n")
         if task_missing:
             f.write("\nNot yet scored: " + ", ".join(f"`{m}`" for m in task_missing)
                     + " (their perplexities are above). A later run with TASK_ITEMS scores the models its run"

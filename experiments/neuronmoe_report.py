@@ -21,7 +21,7 @@ import shutil
 import statistics
 import sys
 
-from report_common import (acc_cell, figure, fmt, load, mean_or_none, merge_published, pooled_tasks, ppl, published_note,
+from report_common import (TASK_SCORING, acc_cells, task_items, figure, fmt, load, mean_or_none, merge_published, pooled_tasks, ppl, published_note,
                            published_results, seeds_with, stream_hashes, unfinished_note, write_commands)
 
 
@@ -340,19 +340,16 @@ with open(os.path.join(out, "README.md"), "w") as f:
     f.write(fig_ppl)
     if task_rows:
         TASKS = ["docs"] + LANGS[1:]
-        items = sorted({t.get("items") for _, evs, _ in task_rows for ev in evs for t in ev.get("tasks", [])} - {None})
+        items = task_items([ev for _, evs, _ in task_rows for ev in evs])
         f.write("\n## Task accuracy after stage 2\n\n"
                 "Next-paragraph multiple choice on the held-out text (`tests/reference/make_tasks.py`,"
-                f" {', '.join(map(str, items))} items per task, 4 choices: chance 25 %; English = `domain/docs`, the"
-                " text of the English perplexity), scored by `eval --task` as lm-evaluation-harness scores a"
-                " `multiple_choice` task (acc_norm: log-likelihood per character; parity with lm-eval 0.4.13 in"
-                " docs/methods.md §8). The paper reports benchmark accuracy per language; this is its small-scale"
+                f" {items} items per task, 4 choices: chance 25 %; English = `domain/docs`, the"
+                f" text of the English perplexity), {TASK_SCORING}. The paper reports benchmark accuracy per language; this is its small-scale"
                 " stand-in. Mean ± std over the runs (the seeds that ran); a single run shows its standard error over the items (s.e., lm-eval's `acc_stderr`).\n\n"
                 "| allocation | runs | acc_norm en | acc_norm hu | acc_norm el | acc_norm tr | acc en | acc hu | acc el |"
                 " acc tr |\n|---|---|---|---|---|---|---|---|---|---|\n")
         for a, evs, _ in task_rows:
-            f.write(f"| `{a}` | {len(evs)} | " + " | ".join(acc_cell(evs, t) for t in TASKS) + " | "
-                    + " | ".join(acc_cell(evs, t, "acc") for t in TASKS) + " |\n")
+            f.write(f"| `{a}` | {len(evs)} | {acc_cells(evs, TASKS)} |\n")
     if paired:
         f.write("\n## Placement at equal budget: each allocation against NeuronMoE, paired by seed\n\n"
                 "Geometric-mean perplexity over hu, el, tr after stage 2, relative to NeuronMoE's on the same seed"

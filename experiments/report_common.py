@@ -104,6 +104,22 @@ def acc_cell(evs, name, metric="acc_norm"):
 TASK_KEYS = ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "items")
 
 
+# How `eval --task` scores the reports' multiple-choice tasks (the sentence every report's task
+# section gives).
+TASK_SCORING = ("scored by `eval --task` as lm-evaluation-harness scores a `multiple_choice` task (acc_norm:"
+                " log-likelihood per character; parity with lm-eval 0.4.13 in docs/methods.md §8)")
+
+
+def task_items(reports):
+    """The items-per-task counts of the `eval --task` reports `reports`, as the text "100" or "50, 100"."""
+    return ", ".join(map(str, sorted({t.get("items") for ev in reports for t in ev.get("tasks", [])} - {None})))
+
+
+def acc_cells(evs, names):
+    """A task table's cells for the reports `evs`: acc_norm of each task in `names`, then acc."""
+    return " | ".join(acc_cell(evs, t) for t in names) + " | " + " | ".join(acc_cell(evs, t, "acc") for t in names)
+
+
 def task_entry(ev, seed):
     """results.json's record of one `eval --task --json` report `ev`: each task's scores and
     standard errors (TASK_KEYS, no per-item samples) and the `seed` that trained the model (None

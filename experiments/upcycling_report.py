@@ -21,7 +21,7 @@ import re
 import statistics
 import sys
 
-from report_common import (acc_cell, curve, figure, fmt, load, merge_published, nll, open_report, paired_tasks,
+from report_common import (TASK_SCORING, acc_cells, task_items, curve, figure, fmt, load, merge_published, nll, open_report, paired_tasks,
                            paired_tasks_markdown, pooled_tasks, ppl, published_note, published_results, seeds_with,
                            stream_hashes, unfinished_note, write_commands)
 
@@ -275,16 +275,14 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
             " the start, so after training the two frozen slices no longer compute the original FFN together:"
             " its English column is not a frozen-expert reading like the other variants'.\n")
     if task_rows:
-        items = sorted({t.get("items") for _, evs, _ in task_rows for ev in evs for t in ev.get("tasks", [])} - {None})
+        items = task_items([ev for _, evs, _ in task_rows for ev in evs])
         f.write("\n## Task accuracy\n\nNext-paragraph multiple choice on the held-out text"
-                f" (`tests/reference/make_tasks.py`, {', '.join(map(str, items))} items per task, 4 choices: chance"
-                " 25 %), scored by `eval --task` as lm-evaluation-harness scores a `multiple_choice` task (acc_norm:"
-                " log-likelihood per character; parity with lm-eval 0.4.13 in docs/methods.md §8). Mean ± std over"
+                f" (`tests/reference/make_tasks.py`, {items} items per task, 4 choices: chance"
+                f" 25 %), {TASK_SCORING}. Mean ± std over"
                 " the seeds; a single run shows its standard error over the items (s.e.).\n\n"
                 "| row | runs | acc_norm hu | acc_norm en | acc hu | acc en |\n|---|---|---|---|---|---|\n")
         for r, evs, _ in task_rows:
-            f.write(f"| {r} | {len(evs)} | " + " | ".join(acc_cell(evs, t) for t in TEXTS) + " | "
-                    + " | ".join(acc_cell(evs, t, "acc") for t in TEXTS) + " |\n")
+            f.write(f"| {r} | {len(evs)} | {acc_cells(evs, TEXTS)} |\n")
         f.write(paired_tasks_markdown(results["task_accuracy_paired"]))
     f.write(fig_ppl)
     f.write(fig_curves)

@@ -136,6 +136,19 @@ fi
 
 if want experiments; then
     step "experiments, smoke mode (each paper script on stories260K, a few steps; fresh run directories; a second seed pooled with the first)"
+    # expect_refused WHAT PATTERN NOT_MADE VAR=VALUE...: experiments/$exp.sh --smoke on $work with
+    # those variables must fail with an error matching PATTERN (grep -E) and leave NOT_MADE unmade
+    # (refused before any training); otherwise CI fails naming WHAT.
+    expect_refused() {
+        local what=$1 pattern=$2 not_made=$3
+        shift 3
+        if env MOE_STUDIO_BIN="$CLI" WORK="$work" "$@" bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
+            || ! grep -q -E "$pattern" "$work/refused.log" || [ -e "$not_made" ]; then
+            echo "$exp: $what was not refused up front" >&2
+            tail -3 "$work/refused.log" >&2
+            exit 1
+        fi
+    }
     for exp in upcycling dume deltamoe neuronmoe; do
         work=$(mktemp -d)
         MOE_STUDIO_BIN="$CLI" WORK="$work" bash "experiments/$exp.sh" --smoke >/dev/null
@@ -197,13 +210,8 @@ assert all(sorted(n for n in ms if n != m and dom(n, m)) == e['dominated_by'] fo
             # that differs from the published one is refused before any training.
             cp "$work/s2/cpt-ffn.eval.json" "$work/cpt-ffn.eval.json"
             rm -rf "$work/s2"
-            if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS=2 \
-                bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
-                || ! grep -q "neither carries" "$work/refused.log" || [ -e "$work/s2" ]; then
-                echo "deltamoe: dropping published seed 1 was not refused up front" >&2
-                tail -3 "$work/refused.log" >&2
-                exit 1
-            fi
+            expect_refused "dropping published seed 1" "neither carries" "$work/s2" \
+                SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS=2
             MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
                 bash "experiments/$exp.sh" --smoke >/dev/null
             [ ! -e "$work/s2/cpt-ffn" ] || { echo "deltamoe: a published 2x2 row was trained again" >&2; exit 1; }
@@ -211,13 +219,8 @@ assert all(sorted(n for n in ms if n != m and dom(n, m)) == e['dominated_by'] fo
             mkdir -p "$work/s2"
             python3 -c "import json, sys; e = json.load(open(sys.argv[1])); e['datasets'][0]['ppl'] *= 1.01
 json.dump(e, open(sys.argv[2], 'w'))" "$work/cpt-ffn.eval.json" "$work/s2/cpt-ffn.eval.json"
-            if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2" \
-                bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
-                || ! grep -q "has another result of it" "$work/refused.log" || [ -e "$work/s2/moe-4-all" ]; then
-                echo "deltamoe: a published row with another result here was not refused up front" >&2
-                tail -3 "$work/refused.log" >&2
-                exit 1
-            fi
+            expect_refused "a published row with another result here" "has another result of it" "$work/s2/moe-4-all" \
+                SEEDS="" PARTS_SEEDS=2 PARTS=2x2 PUBLISHED_SEEDS="1 2"
         fi
         if [ "$exp" = dume ]; then
             # A third sitting runs only the FFN-only part of the published seed 2 (its run
@@ -249,27 +252,15 @@ assert sorted(r['headline_gap_recovered']) == ['1', '2'], r['headline_gap_recove
             cp "$work/s2/ffn-expert-code.eval.json" "$work/ffn-expert-code.eval.json"
             rm -rf "$work/s2"
             for part in ffn "ffn ood"; do
-                if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS="$part" PUBLISHED_SEEDS="1 2" \
-                    bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
-                    || ! grep -q -E "already have it|which are not run here" "$work/refused.log" \
-                    || [ -e "$work/s2" ]; then
-                    echo "dume: PARTS=$part of a published seed was not refused up front" >&2
-                    tail -3 "$work/refused.log" >&2
-                    exit 1
-                fi
+                expect_refused "PARTS=$part of a published seed" "already have it|which are not run here" "$work/s2" \
+                    SEEDS="" PARTS_SEEDS=2 PARTS="$part" PUBLISHED_SEEDS="1 2"
             done
             # A kept result that differs from the published one: refused before any training.
             mkdir -p "$work/s2"
             python3 -c "import json, sys; e = json.load(open(sys.argv[1])); e['datasets'][0]['ppl'] *= 1.01
 json.dump(e, open(sys.argv[2], 'w'))" "$work/ffn-expert-code.eval.json" "$work/s2/ffn-expert-code.eval.json"
-            if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="" PARTS_SEEDS=2 PARTS=ffn PUBLISHED_SEEDS="1 2" \
-                bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
-                || ! grep -q "has another result than the published one" "$work/refused.log" \
-                || [ -e "$work/s2/ffn-expert-code" ]; then
-                echo "dume: a published FFN-only row with another result here was not refused up front" >&2
-                tail -3 "$work/refused.log" >&2
-                exit 1
-            fi
+            expect_refused "a published FFN-only row with another result here" "has another result than the published one" "$work/s2/ffn-expert-code" \
+                SEEDS="" PARTS_SEEDS=2 PARTS=ffn PUBLISHED_SEEDS="1 2"
         fi
         if [ "$exp" = neuronmoe ]; then
             cp "$work/report/results.json" "$work/second.json"
@@ -281,13 +272,8 @@ json.dump(e, open(sys.argv[2], 'w'))" "$work/ffn-expert-code.eval.json" "$work/s
             grep -q "Pooled allocation by allocation" "$work/report/README.md"
             # A published seed that would be lost (not carried, not run again) is refused, before
             # any training (no run directory of seed 3).
-            if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=3 PUBLISHED_SEEDS=1 ALLOCS=layermoe \
-                bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
-                || ! grep -q "neither carries" "$work/refused.log" || [ -e "$work/s3" ]; then
-                echo "neuronmoe: dropping published seed 2 of the other allocations was not refused up front" >&2
-                tail -3 "$work/refused.log" >&2
-                exit 1
-            fi
+            expect_refused "dropping published seed 2 of the other allocations" "neither carries" "$work/s3" \
+                SEEDS=3 PUBLISHED_SEEDS=1 ALLOCS=layermoe
         fi
         if [ "$exp" = upcycling ]; then
             # Both seeds of every row; each paired change as defined (same seed: same tokens); one
@@ -317,21 +303,11 @@ assert sorted((p['a'], p['seed']) for p in r['task_accuracy_paired']) == sorted(
 assert sorted(r['eval_streams']) == ['en', 'hu'], r['eval_streams']
 assert r['flops']['experts'] > r['flops']['dense'] > r['flops']['ffn'] > 0, r['flops']" "$work/report/results.json"
             # A seed both published and run again is refused before any training.
-            if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS="2 3" PUBLISHED_SEEDS="1 2" \
-                bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
-                || ! grep -q "not among this run's SEEDS" "$work/refused.log" || [ -e "$work/s3" ]; then
-                echo "upcycling: a seed both published and run was not refused up front" >&2
-                tail -3 "$work/refused.log" >&2
-                exit 1
-            fi
+            expect_refused "a seed both published and run" "not among this run's SEEDS" "$work/s3" \
+                SEEDS="2 3" PUBLISHED_SEEDS="1 2"
             # So is a sitting whose VARIANTS would drop published rows.
-            if MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=3 PUBLISHED_SEEDS="1 2" VARIANTS="naive drop" \
-                bash "experiments/$exp.sh" --smoke >/dev/null 2>"$work/refused.log" \
-                || ! grep -q "rows \['noise', 'granular'\]" "$work/refused.log" || [ -e "$work/s3" ]; then
-                echo "upcycling: dropping published rows was not refused up front" >&2
-                tail -3 "$work/refused.log" >&2
-                exit 1
-            fi
+            expect_refused "dropping published rows" "rows \['noise', 'granular'\]" "$work/s3" \
+                SEEDS=3 PUBLISHED_SEEDS="1 2" VARIANTS="naive drop"
         fi
         rm -rf "$work"
     done

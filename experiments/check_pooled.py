@@ -2,7 +2,8 @@
 """Checks that a report pooled an earlier sitting's seeds faithfully (issue 35; CI's experiment
 smoke step): FIRST is the results.json a run of seed(s) P published, SECOND the results.json of a
 later run of other seeds with PUBLISHED_SEEDS=P over the same OUT. SECOND must list P then the new
-seeds (neuronmoe, pooled per allocation: or at least one allocation with a new seed; deltamoe: or
+seeds (neuronmoe, pooled per allocation: or at least one allocation with a new seed; upcycling,
+pooled per row: or at least one row with a new seed; deltamoe: or
 at least one row with a new seed, the analyses of a published seed; dume: or at least one
 method with a new seed, the FFN-only part of a published seed), mark P as published, and carry every number P had in FIRST unchanged (deltamoe: every row's
 per-seed perplexities, the expert-0 shares and the analyses' seeds; dume: every method's per-seed
@@ -26,7 +27,9 @@ def fail(msg):
 
 # NeuronMoE pools allocation by allocation: a later sitting may run published seeds of allocations
 # the earlier one did not run, so its new results can be new (allocation, seed) pairs only.
-per_row = kind == "neuronmoe"
+# The upcycling report pools row by row the same way (a later sitting may add a variant to a
+# published seed).
+per_row = kind in ("neuronmoe", "upcycling")
 # DeltaMoE and DUME: a later sitting may run only the analyses (PARTS_SEEDS) of a published seed.
 if kind == "deltamoe":
     parts_gained = any(set(second["seeds_per_method"].get(m, [])) - set(first["seeds_per_method"].get(m, []))
@@ -42,9 +45,11 @@ else:
 if second.get("published_seeds") != published or second["seeds"][:len(published)] != published \
         or (len(second["seeds"]) <= len(published) and not per_row and not parts_gained):
     fail(f"seeds {second['seeds']} / published {second.get('published_seeds')}, expected {published} then new ones")
-if per_row and not any(len(v["seeds"]) > len(first["allocations"].get(a, {"seeds": []})["seeds"])
-                       for a, v in second["allocations"].items()):
+if kind == "neuronmoe" and not any(len(v["seeds"]) > len(first["allocations"].get(a, {"seeds": []})["seeds"])
+                                   for a, v in second["allocations"].items()):
     fail("no allocation gained a seed")
+if kind == "upcycling" and not any(len(v) > len(first["rows"].get(r, [])) for r, v in second["rows"].items()):
+    fail("no row gained a seed")
 
 checked = 0
 if kind == "deltamoe":

@@ -31,6 +31,9 @@
 #                  after checking the budget and evaluation streams are the same (the budget, and
 #                  that no published seed is dropped or run twice, are checked before any training)
 #   VARIANTS="..."  which variants, in this order (default "naive noise drop granular")
+#   DENSE="..."  which dense baselines to train (default "ffn cpt"; "" for a sitting that adds a
+#                variant to published seeds, e.g. PUBLISHED_SEEDS="1" SEEDS="1" DENSE="" VARIANTS="granular":
+#                the report pools row by row, each new row paired with the published rows of its seed)
 #   STEPS/SEQ/BATCH/LR  the stage-1 budget (full: 100 x 4 x 256 = 102,400 tokens per run, lr 1e-4)
 #   TASK_ITEMS   next-paragraph multiple-choice items per task for the task accuracy of every model on
 #                Hungarian and English (experiments/lib.sh task_report; default 100, about 20 min per
@@ -74,7 +77,14 @@ if [ -z "${SEEDS// /}" ]; then
     exit 1
 fi
 source experiments/lib.sh
-VARIANTS=${VARIANTS:-"naive noise drop granular"}
+VARIANTS=${VARIANTS-"naive noise drop granular"}
+DENSE=${DENSE-"ffn cpt"}
+for d in $DENSE; do
+    case $d in
+    ffn | cpt) ;;
+    *) echo "unknown dense baseline $d in DENSE (expected ffn, cpt)" >&2; exit 1 ;;
+    esac
+done
 for v in $VARIANTS; do
     case $v in
     naive | noise | drop | granular) ;;
@@ -86,7 +96,7 @@ BUDGET="stage 1: $STEPS x $BATCH x $SEQ tokens lr $LR warmup $((STEPS / 10)) on 
  eval_tokens=$EVAL_TOKENS window=$WINDOW stride=$STRIDE; --docs blank"
 # A PUBLISHED_SEEDS the report would refuse at the end is refused now, before hours of training.
 if [ -n "${PUBLISHED_SEEDS:-}" ]; then
-    python3 experiments/upcycling_report.py --check-published "$OUT" "$SEEDS" "$VARIANTS" "$BUDGET" "$MODEL"
+    python3 experiments/upcycling_report.py --check-published "$OUT" "$SEEDS" "$VARIANTS" "$DENSE" "$BUDGET" "$MODEL"
 fi
 mkdir -p "$WORK" "$OUT"
 exp_bin
@@ -110,7 +120,7 @@ TRAIN=(--data "hu=$HU_TRAIN" --steps "$STEPS" --seq-len "$SEQ" --batch "$BATCH" 
 for seed in $SEEDS; do
     S="$WORK/s$seed"
     mkdir -p "$S"
-    for st in ffn cpt; do
+    for st in $DENSE; do
         stage=$st
         [ "$st" = cpt ] && stage=dense
         train_run "$S/dense-$st" "$MODEL" --stage "$stage" "${TRAIN[@]}" --seed "$seed"
@@ -122,12 +132,15 @@ for seed in $SEEDS; do
     # Training FLOPs per token (experiments/flops.py) of the dense runs and of stage 1 (4 experts,
     # top-2, 1 frozen; granular's FFN FLOPs are the same), from the dense model's shapes and this
     # run's SEQ (recomputed every run: it is cheap; a failure stops the script).
+    # (without a dense-cpt run here the report keeps the published FLOPs)
     c="$S/dense-cpt/final/config.json"
-    g_dense=$(python3 experiments/flops.py "$c" dense "$SEQ")
-    g_ffn=$(python3 experiments/flops.py "$c" ffn "$SEQ")
-    g_experts=$(python3 experiments/flops.py "$c" experts "$SEQ" 4 2 1)
-    printf 'dense %s\nffn %s\nexperts %s\n' "$g_dense" "$g_ffn" "$g_experts" >"$WORK/flops.txt.tmp"
-    mv "$WORK/flops.txt.tmp" "$WORK/flops.txt"
+    if [ -f "$c" ]; then
+        g_dense=$(python3 experiments/flops.py "$c" dense "$SEQ")
+        g_ffn=$(python3 experiments/flops.py "$c" ffn "$SEQ")
+        g_experts=$(python3 experiments/flops.py "$c" experts "$SEQ" 4 2 1)
+        printf 'dense %s\nffn %s\nexperts %s\n' "$g_dense" "$g_ffn" "$g_experts" >"$WORK/flops.txt.tmp"
+        mv "$WORK/flops.txt.tmp" "$WORK/flops.txt"
+    fi
     for v in $VARIANTS; do
         # (the upcycled copy is remade only for a training still to run)
         # shellcheck disable=SC2046
@@ -141,4 +154,4 @@ for seed in $SEEDS; do
     done
 done
 
-python3 experiments/upcycling_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$VARIANTS" "$BUDGET"
+python3 experiments/upcycling_report.py "$WORK" "$OUT" "$SMOKE" "$MODEL" "$SEEDS" "$VARIANTS" "$DENSE" "$BUDGET"

@@ -7,11 +7,15 @@ seeds, and each variant's change against naive copies and against both dense run
 (same tokens, same data order: checked from each training's saved data state). Standard library
 only (the figures are drawn by `moe-studio plot`).
 
-Usage: upcycling_report.py WORK OUT SMOKE MODEL "SEEDS" "VARIANTS" BUDGET
-       upcycling_report.py --check-published OUT "SEEDS" "VARIANTS" BUDGET MODEL
-Writes OUT/results.json, OUT/README.md and the figures. With PUBLISHED_SEEDS (an earlier sitting's
-seeds, its run directories gone) their records come from OUT/results.json, checked to be the same
-budget and evaluation token streams (report_common.published_results / merge_published).
+Usage: upcycling_report.py WORK OUT SMOKE MODEL "SEEDS" "VARIANTS" "DENSE" BUDGET
+       upcycling_report.py --check-published OUT "SEEDS" "VARIANTS" "DENSE" BUDGET MODEL
+(DENSE: the dense baselines this run trains, "ffn cpt" or fewer.) Writes OUT/results.json, OUT/README.md
+and the figures. With PUBLISHED_SEEDS (an earlier sitting's seeds, its run directories gone) their
+records come from OUT/results.json, checked to be the same budget and evaluation token streams
+(report_common.published_results / merge_published), pooled row by row: a published row this run
+does not train is carried as it was, and a later sitting may add a row to a published seed (the row
+trained on that seed's published streams); a published (row, seed) neither carried nor run again, or
+both, is refused (refuse_per_row).
 --check-published: the same PUBLISHED_SEEDS checks before any training, and that the published results
 were made from the same model (file name) and with the same TASK_ITEMS; exit 1 naming what is wrong.
 """
@@ -30,15 +34,32 @@ DENSE_ROWS = ["dense-ffn", "dense-cpt"]
 TEXTS = ("hu", "en")
 # Copies of the FFN per layer (experiments/upcycling.sh: --experts 4; granular splits each into G).
 COPIES = 4
+# The variants experiments/upcycling.sh knows, in the order of its tables.
+ALL_VARIANTS = ("naive", "noise", "drop", "granular")
 
 
-def refuse_dropped(prior, rows):
-    """Exits naming the published rows this run's rows lack (a sitting with fewer VARIANTS would
-    overwrite the only copy of them)."""
-    lost = [r for r in (prior or {}).get("rows", {}) if r not in rows]
-    if lost:
-        sys.exit(f"PUBLISHED_SEEDS: the published results have rows {lost} that this run's VARIANTS do not: run"
-                 " them too (or publish elsewhere with OUT)")
+def rows_run(dense, variants):
+    """The rows this sitting trains: the dense baselines named in DENSE ("ffn cpt" by default;
+    experiments/upcycling.sh) and the VARIANTS."""
+    return [f"dense-{d}" for d in dense.split()] + variants.split()
+
+
+def refuse_per_row(prior, published, seeds, run):
+    """Pooling row by row (a later sitting may add a variant to published seeds, e.g. the one an
+    earlier sitting's machine did not finish): exits naming the row when a published (row, seed)
+    would vanish from the only copy of the results (neither carried in PUBLISHED_SEEDS nor run
+    again here), or is both carried and run here (two results of one training)."""
+    for r, recs in (prior or {}).get("rows", {}).items():
+        have = {x["seed"] for x in recs}
+        again = set(seeds) if r in run else set()
+        lost = sorted(s for s in have if s not in published and s not in again)
+        if lost:
+            sys.exit(f"PUBLISHED_SEEDS: row `{r}` has seed(s) {', '.join(lost)} in the published results, which this run"
+                     " neither carries (add them to PUBLISHED_SEEDS) nor runs again (SEEDS and VARIANTS/DENSE)")
+        both = sorted(have & set(published) & again)
+        if both:
+            sys.exit(f"PUBLISHED_SEEDS: row `{r}` seed(s) {', '.join(both)} are both published and run here: leave the"
+                     " row out of VARIANTS/DENSE, or the seed out of PUBLISHED_SEEDS")
 
 
 def refuse_other_model(prior, model):
@@ -49,9 +70,9 @@ def refuse_other_model(prior, model):
 
 
 if sys.argv[1:2] == ["--check-published"]:
-    out, seeds, variants, budget, model = sys.argv[2:]
-    prior = published_results(out, budget, seeds.split())[1]
-    refuse_dropped(prior, DENSE_ROWS + variants.split())
+    out, seeds, variants, dense, budget, model = sys.argv[2:]
+    published, prior = published_results(out, budget, seeds.split(), per_row=True)
+    refuse_per_row(prior, published, seeds.split(), rows_run(dense, variants))
     refuse_other_model(prior, model)
     # Task scores pool only at the same items per task (report_common.pooled_tasks checks again at the
     # end); TASK_ITEMS=0 scores nothing here and keeps the published scores.
@@ -63,9 +84,9 @@ if sys.argv[1:2] == ["--check-published"]:
                  f" this run's TASK_ITEMS is {items}: set TASK_ITEMS as the published run did (or 0)")
     sys.exit(0)
 
-work, out, smoke, model, seeds, variants, budget = sys.argv[1:]
-seeds, variants = seeds.split(), variants.split()
-ROWS = DENSE_ROWS + variants
+work, out, smoke, model, seeds, variants, dense_run, budget = sys.argv[1:]
+RUN = rows_run(dense_run, variants)
+seeds = seeds.split()
 
 
 def balance(ev):
@@ -112,20 +133,26 @@ def record(ev, seed, secs):
     return r
 
 
-published, prior = published_results(out, budget, seeds)
-refuse_dropped(prior, ROWS)
+# Pooled row by row (refuse_per_row): the rows this sitting runs, and the published rows it carries.
+published, prior = published_results(out, budget, seeds, per_row=True)
+refuse_per_row(prior, published, seeds, RUN)
 refuse_other_model(prior, model)
+carried = set((prior or {}).get("rows", {}))
+ROWS = [r for r in DENSE_ROWS + list(ALL_VARIANTS) if r in RUN or r in carried]
+variants = [r for r in ROWS if r not in DENSE_ROWS]
 dense = load(os.path.join(work, "dense.eval.json"))
 evs = [dense]
 rows, missing = {}, []
 for r in ROWS:
     recs = [x for x in (prior or {}).get("rows", {}).get(r, []) if x["seed"] in published]
-    have = seeds_with(work, seeds, f"{r}.eval.json")
+    have = seeds_with(work, seeds, f"{r}.eval.json") if r in RUN else []
     for s in have:
         ev = load(os.path.join(work, f"s{s}", f"{r}.eval.json"))
         evs.append(ev)
         recs.append(record(ev, s, seconds(os.path.join(work, f"s{s}", f"{r}.seconds"))))
-    lacking = [s for s in published if s not in {x["seed"] for x in recs}] + [s for s in seeds if s not in have]
+    done = {x["seed"] for x in recs}
+    # (a row this sitting does not run lacks its seeds too)
+    lacking = list(dict.fromkeys(s for s in published + seeds if s not in done))
     if lacking:
         missing.append((r, lacking))
     rows[r] = recs
@@ -139,12 +166,23 @@ for name, hashes in streams.items():
 # same final data-sampler state (its draws follow from the seed alone); and the same training text
 # in every seed, the published ones included (their records carried from the published results).
 train_streams = {s: v for s, v in (prior or {}).get("train_streams", {}).items() if s in published}
+train_data = {s: v for s, v in (prior or {}).get("train_data", {}).items() if s in published}
 for s in seeds:
-    states = {r: st for r in ROWS if (st := train_state(s, r)) is not None}
+    states = {r: st for r in RUN if (st := train_state(s, r)) is not None}
     if len({json.dumps(v, sort_keys=True) for v in states.values()}) > 1:
         sys.exit(f"seed {s}: the rows trained on different token streams or data orders: {states}")
     if states:
-        train_streams[s] = next(iter(states.values()))[0]
+        mine, data = next(iter(states.values()))
+        # A row added to a published seed trained on that seed's published streams, with the same final
+        # data-sampler state where the published results have it (`train_data`; results.json from
+        # before 2026-12-07 lacks it).
+        if s in train_streams and train_streams[s] != mine:
+            sys.exit(f"seed {s}: this run's rows trained on streams {mine}, the published rows of that seed on"
+                     f" {train_streams[s]}: not the same text")
+        if s in train_data and train_data[s] != data:
+            sys.exit(f"seed {s}: this run's rows ended with data-sampler state {data}, the published rows of that"
+                     f" seed with {train_data[s]}: not the same data order")
+        train_streams[s], train_data[s] = mine, data
 if len({json.dumps(v) for v in train_streams.values()}) > 1:
     sys.exit(f"the seeds trained on different texts (training streams' sha256): {train_streams}")
 flops = {}
@@ -156,7 +194,7 @@ elif prior is not None:
     flops = prior.get("flops", {})
 
 results = {"model": model, "seeds": seeds, "budget": budget, "eval_streams": streams,
-           "train_streams": train_streams, "flops": flops,
+           "train_streams": train_streams, "train_data": train_data, "flops": flops,
            "dense": {k: v for k, v in record(dense, None, None).items() if k in ("hu", "en", "hu_nll", "en_nll")},
            "rows": rows}
 merge_published(results, prior, published, seeds)
@@ -173,7 +211,8 @@ results["paired_vs_naive"] = {v: paired(v, "naive") for v in ROWS if v != "naive
 # Task accuracy (issue 36): `eval --task` reports of the dense model and of every row, pooled with the
 # published seeds' records (report_common.pooled_tasks); each variant against naive on the same items.
 task_rows = [("dense", *pooled_tasks(work, None, prior, published, "dense", "dense.tasks.json"))]
-task_rows += [(r, *pooled_tasks(work, seeds, prior, published, r, f"{r}.tasks.json")) for r in ROWS]
+task_rows += [(r, *pooled_tasks(work, seeds if r in RUN else [], prior, published, r, f"{r}.tasks.json"))
+              for r in ROWS]
 task_rows = [(r, evs, recs) for r, evs, recs in task_rows if evs]
 results["task_accuracy"] = {r: recs for r, _, recs in task_rows}
 results["task_accuracy_paired"] = paired_tasks(work, seeds, prior, published,
@@ -259,8 +298,8 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
                 " per token than `dense-cpt`. ")
     done = [v for v in variants if means[v]["hu"] is not None]
     best = min(done, key=lambda v: means[v]["hu"]) if done else None
-    if len(done) < len(variants):
-        lead = f" (not yet decided here: {', '.join(f'`{v}`' for v in variants if v not in done)} still to run)"
+    if len(done) < len(ALL_VARIANTS):
+        lead = f" (not yet decided here: {', '.join(f'`{v}`' for v in ALL_VARIANTS if v not in done)} still to run)"
     else:
         lead = (f" (here {'they do' if best in ('naive', 'noise') else 'they do not'}: the lowest mean Hungarian"
                 f" perplexity among the variants is `{best}`'s)")

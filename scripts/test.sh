@@ -303,11 +303,35 @@ assert sorted((p['a'], p['seed']) for p in r['task_accuracy_paired']) == sorted(
 assert sorted(r['eval_streams']) == ['en', 'hu'], r['eval_streams']
 assert r['flops']['experts'] > r['flops']['dense'] > r['flops']['ffn'] > 0, r['flops']" "$work/report/results.json"
             # A seed both published and run again is refused before any training.
-            expect_refused "a seed both published and run" "not among this run's SEEDS" "$work/s3" \
+            expect_refused "a seed both published and run" "seed\(s\) 2 are both published and run here" "$work/s3" \
                 SEEDS="2 3" PUBLISHED_SEEDS="1 2"
-            # So is a sitting whose VARIANTS would drop published rows.
-            expect_refused "dropping published rows" "rows \['noise', 'granular'\]" "$work/s3" \
-                SEEDS=3 PUBLISHED_SEEDS="1 2" VARIANTS="naive drop"
+            # Pooled row by row: a third sitting runs seed 3 without granular (the published
+            # granular rows carried), a fourth adds granular to the published seed 3 alone (no dense
+            # run), paired with seed 3's published rows.
+            cp "$work/report/results.json" "$work/second.json"
+            MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=3 PUBLISHED_SEEDS="1 2" VARIANTS="naive noise drop" \
+                bash "experiments/$exp.sh" --smoke >/dev/null
+            python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
+            grep -q "granular. lacks seed(s) 3" "$work/report/README.md"
+            cp "$work/report/results.json" "$work/third.json"
+            rm -rf "$work/s3"
+            # (a published seed's row neither carried nor run again, or both, is refused up front)
+            expect_refused "dropping published seed 3 of other rows" "neither carries" "$work/s3" \
+                SEEDS=3 PUBLISHED_SEEDS="1 2" DENSE="" VARIANTS=granular
+            expect_refused "a published row run again" "both published and run here" "$work/s3" \
+                SEEDS=3 PUBLISHED_SEEDS="1 2 3" DENSE="" VARIANTS="naive granular"
+            MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=3 PUBLISHED_SEEDS="1 2 3" DENSE="" VARIANTS=granular \
+                bash "experiments/$exp.sh" --smoke >/dev/null
+            [ ! -e "$work/s3/dense-ffn" ] && [ ! -e "$work/s3/naive" ] ||
+                { echo "upcycling: a published row was trained again" >&2; exit 1; }
+            python3 experiments/check_pooled.py "$exp" "$work/third.json" "$work/report/results.json"
+            python3 -c "import json, sys; r = json.load(open(sys.argv[1])); rows = r['rows']
+assert all([x['seed'] for x in v] == ['1', '2', '3'] for v in rows.values()), rows
+by = lambda m: {x['seed']: x for x in rows[m]}
+for key, b in (('paired_vs_naive', 'naive'), ('paired_vs_dense_ffn', 'dense-ffn'), ('paired_vs_dense_cpt', 'dense-cpt')):
+    d = r[key]['granular']['3']
+    assert all(abs(d[t] - (by('granular')['3'][t] / by(b)['3'][t] - 1)) < 1e-12 for t in ('hu', 'en')), (key, d)
+assert r['train_streams']['3'] == r['train_streams']['1'], r['train_streams']" "$work/report/results.json"
         fi
         rm -rf "$work"
     done

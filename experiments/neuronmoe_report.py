@@ -21,7 +21,7 @@ import shutil
 import statistics
 import sys
 
-from report_common import (TASK_SCORING, acc_cells, task_items, figure, fmt, load, mean_or_none, merge_published, pooled_tasks, ppl, published_note,
+from report_common import (TASK_SCORING, acc_cells, task_items, figure, fmt, load, mean_or_none, merge_published, pooled_tasks, ppl, per_row_note, published_note,
                            published_results, seeds_with, stream_hashes, unfinished_note, write_commands)
 
 
@@ -319,17 +319,7 @@ with open(os.path.join(out, "README.md"), "w") as f:
             " (`layermoe`) keeps its own total.\n\n")
     if published and any(p[1] for p in provenance.values()) and set(published) & set(seeds):
         # Pooled row by row: say which seeds of which allocation came from where.
-        def group(i):
-            by = {}
-            for a, p in provenance.items():
-                if p[i]:
-                    by.setdefault(", ".join(p[i]), []).append(f"`{a}`")
-            return "; ".join(f"seed(s) {k} of {', '.join(v)}" for k, v in by.items())
-        f.write(f"Pooled allocation by allocation. From an earlier sitting: {group(0)} — their numbers come from the"
-                " results.json it published (checked here to be the same budget, allocations and evaluation token"
-                " streams, `eval_streams`; which machine, and when: the run notes in docs/experiments/README.md;"
-                f" their commands and wall times: that version of this README in the git history). This sitting:"
-                f" {group(1)}; the command log below is this run directory's (every sitting that used it, on this machine).\n\n")
+        f.write(per_row_note(provenance, "allocation", "allocations"))
     else:
         f.write(published_note(published))
     f.write(unfinished_note(missing))

@@ -71,6 +71,25 @@ def published_note(published):
             " the git history; the command log below is this run directory's (every sitting that used it, on this machine).\n\n")
 
 
+def per_row_note(provenance, noun, checked):
+    """The README paragraph of a report pooled row by row (NeuronMoE's allocations, the upcycling
+    rows): which seeds of which row came from the earlier sitting's results.json and which this
+    sitting ran. `provenance` is {row: (published seeds carried, seeds run here)}; `noun` names a
+    row ("allocation"), `checked` what the pooling checked besides the budget and the evaluation
+    streams ("allocations")."""
+    def group(i):
+        by = {}
+        for a, p in provenance.items():
+            if p[i]:
+                by.setdefault(", ".join(p[i]), []).append(f"`{a}`")
+        return "; ".join(f"seed(s) {k} of {', '.join(v)}" for k, v in by.items())
+    return (f"Pooled {noun} by {noun}. From an earlier sitting: {group(0)} — their numbers come from the"
+            f" results.json it published (checked here to be the same budget, {checked} and evaluation token"
+            " streams, `eval_streams`; which machine, and when: the run notes in docs/experiments/README.md;"
+            " their commands and wall times: that version of this README in the git history). This sitting:"
+            f" {group(1)}; the command log below is this run directory's (every sitting that used it, on this machine).\n\n")
+
+
 def ppl(ev, name):
     """Perplexity of dataset `name` in an `eval --json` report."""
     return next(d["ppl"] for d in ev["datasets"] if d["name"] == name)

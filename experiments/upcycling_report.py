@@ -26,7 +26,7 @@ import statistics
 import sys
 
 from report_common import (TASK_SCORING, acc_cells, task_items, curve, figure, fmt, load, merge_published, nll, open_report, paired_tasks,
-                           paired_tasks_markdown, pooled_tasks, ppl, published_note, published_results, seeds_with,
+                           paired_tasks_markdown, per_row_note, pooled_tasks, ppl, published_note, published_results, seeds_with,
                            stream_hashes, unfinished_note, write_commands)
 
 # Rows trained in each seed: the dense model on the same tokens, then the upcycling variants.
@@ -143,9 +143,11 @@ variants = [r for r in ROWS if r not in DENSE_ROWS]
 dense = load(os.path.join(work, "dense.eval.json"))
 evs = [dense]
 rows, missing = {}, []
+provenance = {}  # row -> (seeds from the published results.json, seeds of this run)
 for r in ROWS:
     recs = [x for x in (prior or {}).get("rows", {}).get(r, []) if x["seed"] in published]
     have = seeds_with(work, seeds, f"{r}.eval.json") if r in RUN else []
+    provenance[r] = ([x["seed"] for x in recs], have)
     for s in have:
         ev = load(os.path.join(work, f"s{s}", f"{r}.eval.json"))
         evs.append(ev)
@@ -248,13 +250,23 @@ fig_ppl = figure(out, "ppl", {
     "series": [{"name": "dense (no training)", "values": [ppl(dense, t) for t in TEXTS]}]
     + [{"name": r, "values": [means[r][t] for t in TEXTS]} for r in ROWS if rows[r]],
 })
-first = next((s for s in seeds if all(os.path.exists(os.path.join(work, f"s{s}", r, "metrics.jsonl")) for r in ROWS)),
-             None)
-fig_curves = "" if first is None else figure(out, "training", {
-    "kind": "lines", "title": f"Training on Hungarian (seed {first}): next-token loss per step", "x": "step",
-    "y": "cross-entropy (nats/token)",
-    "series": [{"name": r, "points": curve(os.path.join(work, f"s{first}", r, "metrics.jsonl"))} for r in ROWS],
-})
+# The training curves of the first seed with the most of its rows' metrics in this run directory
+# (a sitting that added a row to a published seed has only that row's); stale figures go.
+have_curves = {s: [r for r in ROWS if os.path.exists(os.path.join(work, f"s{s}", r, "metrics.jsonl"))] for s in seeds}
+first = max(seeds, key=lambda s: len(have_curves[s]), default=None)
+if first is None or not have_curves[first]:
+    fig_curves = ""
+    for ext in ("svg", "png"):
+        if os.path.exists(os.path.join(out, f"training.{ext}")):
+            os.remove(os.path.join(out, f"training.{ext}"))
+else:
+    some = "" if len(have_curves[first]) == len(ROWS) else f", the rows this run directory trained ({', '.join(have_curves[first])})"
+    fig_curves = figure(out, "training", {
+        "kind": "lines", "title": f"Training on Hungarian (seed {first}{some}): next-token loss per step", "x": "step",
+        "y": "cross-entropy (nats/token)",
+        "series": [{"name": r, "points": curve(os.path.join(work, f"s{first}", r, "metrics.jsonl"))}
+                   for r in have_curves[first]],
+    })
 
 with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke) as f:
     f.write(f"Model `{os.path.basename(model)}` upcycled to 4 experts, top-2, expert 0 (the original FFN) frozen,"
@@ -271,7 +283,11 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
             " are separated by blank lines, each followed by `<|endoftext|>` (docs/methods.md §7); every"
             " evaluation read the same token streams (`eval_streams` in results.json), and every row of a seed"
             " trained on the same streams with the same final data-sampler state (`train_streams`).\n\n")
-    f.write(published_note(published))
+    if published and set(published) & set(seeds) and any(p[1] for p in provenance.values()):
+        # A row added to a published seed: say which seeds of which row came from where.
+        f.write(per_row_note(provenance, "row", "rows"))
+    else:
+        f.write(published_note(published))
     f.write(unfinished_note(missing))
     f.write("| row | seeds | train GFLOP/token | hu ppl | en ppl | hu vs naive | en vs naive | load max/mean"
             " | train wall s |\n|---|---|---|---|---|---|---|---|---|\n")

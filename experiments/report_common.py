@@ -1,5 +1,5 @@
 """Helpers shared by the experiment reports (dume_report.py, deltamoe_report.py,
-neuronmoe_report.py): reading `moe-studio eval --json` output (perplexity, and task accuracy from
+neuronmoe_report.py, upcycling_report.py): reading `moe-studio eval --json` output (perplexity, and task accuracy from
 `eval --task ... --json`), mean ± std formatting and the commands footer. Standard library only."""
 import json
 import os
@@ -20,7 +20,8 @@ def published_results(out, budget, seeds, per_row=False):
     Exits with a message naming the file when it is missing, was made with another `budget` string
     (another experiment; None: not checked, for a check before the budget is known), lacks one of the published seeds, or when a published seed is also one of
     this run's, or when it holds a seed that is neither published nor this run's (it would be
-    dropped) — unless `per_row`: a report that pools row by row (NeuronMoE's allocations) lets a
+    dropped) — unless `per_row`: a report that pools row by row (NeuronMoE's allocations, the upcycling
+    rows) lets a
     later sitting run published seeds of rows the earlier one did not run, and refuses a (row,
     seed) that both have, and a dropped one, itself. Returns (published seed list, results dict)."""
     published = os.environ.get("PUBLISHED_SEEDS", "").split()

@@ -28,9 +28,11 @@
 #   SEEDS="1 2 3"  seeds (upcycle + data order); default "1 2 3" (full), "1" (smoke)
 #   PUBLISHED_SEEDS  seeds an earlier sitting published in OUT/results.json (its run directories
 #                  gone with its machine): the report keeps their numbers beside this run's SEEDS,
-#                  after checking the budget and evaluation streams are the same (the budget, and
-#                  that no published seed is dropped or run twice, are checked before any training)
-#   VARIANTS="..."  which variants, in this order (default "naive noise drop granular")
+#                  after checking the budget and evaluation streams are the same; pooled row by row:
+#                  a published (row, seed) neither carried nor run again, or both, is refused before
+#                  any training (the training stream of a row added to a published seed is checked at
+#                  the end, by the report)
+#   VARIANTS="..."  which variants to train (default "naive noise drop granular"; the tables keep that order)
 #   DENSE="..."  which dense baselines to train (default "ffn cpt"; "" for a sitting that adds a
 #                variant to published seeds, e.g. PUBLISHED_SEEDS="1" SEEDS="1" DENSE="" VARIANTS="granular":
 #                the report pools row by row, each new row paired with the published rows of its seed)

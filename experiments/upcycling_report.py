@@ -50,6 +50,9 @@ def refuse_per_row(prior, published, seeds, run):
     would vanish from the only copy of the results (neither carried in PUBLISHED_SEEDS nor run
     again here), or is both carried and run here (two results of one training)."""
     for r, recs in (prior or {}).get("rows", {}).items():
+        if r not in DENSE_ROWS + list(ALL_VARIANTS):
+            sys.exit(f"PUBLISHED_SEEDS: the published results have a row `{r}` this report does not know (expected one"
+                     f" of {DENSE_ROWS + list(ALL_VARIANTS)}): it would be dropped")
         have = {x["seed"] for x in recs}
         again = set(seeds) if r in run else set()
         lost = sorted(s for s in have if s not in published and s not in again)
@@ -217,8 +220,12 @@ task_rows += [(r, *pooled_tasks(work, seeds if r in RUN else [], prior, publishe
               for r in ROWS]
 task_rows = [(r, evs, recs) for r, evs, recs in task_rows if evs]
 results["task_accuracy"] = {r: recs for r, _, recs in task_rows}
+# (only pairs with a row this sitting ran: a pair of two carried rows is the published one. A row added
+# to a published seed has no pair against naive unless naive's items were scored in this run directory:
+# results.json keeps no per-item samples.)
 results["task_accuracy_paired"] = paired_tasks(work, seeds, prior, published,
-                                               [(v, "naive") for v in ROWS if v != "naive"], list(TEXTS))
+                                               [(v, "naive") for v in ROWS if v != "naive" and (v in RUN or "naive" in RUN)],
+                                               list(TEXTS))
 results["paired_vs_dense_ffn"] = {v: paired(v, "dense-ffn") for v in variants}
 results["paired_vs_dense_cpt"] = {v: paired(v, "dense-cpt") for v in variants}
 
@@ -282,7 +289,9 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
             " is this row's perplexity over the other's on the same seed, minus 1: positive is worse. Documents"
             " are separated by blank lines, each followed by `<|endoftext|>` (docs/methods.md §7); every"
             " evaluation read the same token streams (`eval_streams` in results.json), and every row of a seed"
-            " trained on the same streams with the same final data-sampler state (`train_streams`).\n\n")
+            " trained on the same streams (`train_streams`) with the same final data-sampler state (`train_data`:"
+            " compared between the rows of one run directory, and against a published seed's where its results.json"
+            " has it, which those published before 2026-12-07 do not).\n\n")
     if published and set(published) & set(seeds) and any(p[1] for p in provenance.values()):
         # A row added to a published seed: say which seeds of which row came from where.
         f.write(per_row_note(provenance, "row", "rows"))

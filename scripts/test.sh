@@ -314,17 +314,22 @@ assert r['flops']['experts'] > r['flops']['dense'] > r['flops']['ffn'] > 0, r['f
             python3 experiments/check_pooled.py "$exp" "$work/second.json" "$work/report/results.json"
             grep -q "granular. lacks seed(s) 3" "$work/report/README.md"
             cp "$work/report/results.json" "$work/third.json"
-            rm -rf "$work/s3"
             # (a published seed's row neither carried nor run again, or both, is refused up front)
-            expect_refused "dropping published seed 3 of other rows" "neither carries" "$work/s3" \
+            expect_refused "dropping published seed 3 of other rows" "neither carries" "$work/s3/granular" \
                 SEEDS=3 PUBLISHED_SEEDS="1 2" DENSE="" VARIANTS=granular
-            expect_refused "a published row run again" "both published and run here" "$work/s3" \
+            expect_refused "a published row run again" "both published and run here" "$work/s3/granular" \
                 SEEDS=3 PUBLISHED_SEEDS="1 2 3" DENSE="" VARIANTS="naive granular"
+            # (seed 3's run directory kept: its rows' task items are here, so granular gets its pair
+            # against naive, and the published pairs are not made a second time)
+            before=$(stat -c %Y "$work/s3/naive.eval.json" "$work/s3/dense-ffn.eval.json")
             MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=3 PUBLISHED_SEEDS="1 2 3" DENSE="" VARIANTS=granular \
                 bash "experiments/$exp.sh" --smoke >/dev/null
-            [ ! -e "$work/s3/dense-ffn" ] && [ ! -e "$work/s3/naive" ] ||
-                { echo "upcycling: a published row was trained again" >&2; exit 1; }
+            [ "$before" = "$(stat -c %Y "$work/s3/naive.eval.json" "$work/s3/dense-ffn.eval.json")" ] ||
+                { echo "upcycling: a published row was evaluated again" >&2; exit 1; }
             python3 experiments/check_pooled.py "$exp" "$work/third.json" "$work/report/results.json"
+            python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
+k = [(p['a'], p['b'], p['seed']) for p in r['task_accuracy_paired']]
+assert len(k) == len(set(k)) and ('granular', 'naive', '3') in k, k" "$work/report/results.json"
             python3 -c "import json, sys; r = json.load(open(sys.argv[1])); rows = r['rows']
 assert all([x['seed'] for x in v] == ['1', '2', '3'] for v in rows.values()), rows
 by = lambda m: {x['seed']: x for x in rows[m]}

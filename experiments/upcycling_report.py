@@ -259,7 +259,9 @@ fig_ppl = figure(out, "ppl", {
 })
 # The training curves of the first seed with the most of its rows' metrics in this run directory
 # (a sitting that added a row to a published seed has only that row's); stale figures go.
-have_curves = {s: [r for r in ROWS if os.path.exists(os.path.join(work, f"s{s}", r, "metrics.jsonl"))] for s in seeds}
+# (finished rows only: a training still running has metrics but no evaluation yet)
+have_curves = {s: [r for r in ROWS if os.path.exists(os.path.join(work, f"s{s}", r, "metrics.jsonl"))
+                   and os.path.exists(os.path.join(work, f"s{s}", f"{r}.eval.json"))] for s in seeds}
 first = max(seeds, key=lambda s: len(have_curves[s]), default=None)
 if first is None or not have_curves[first]:
     fig_curves = ""

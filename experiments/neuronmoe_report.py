@@ -21,25 +21,9 @@ import shutil
 import statistics
 import sys
 
-from report_common import (TASK_SCORING, acc_cells, task_items, figure, fmt, load, mean_or_none, merge_published, pooled_tasks, ppl, per_row_note, published_note,
+from report_common import (TASK_SCORING, acc_cells, task_items, figure, fmt, load, mean_or_none, merge_published, pooled_tasks, ppl, pooling_note, refuse_pooled,
                            published_results, seeds_with, stream_hashes, unfinished_note, write_commands)
 
-
-
-def lost_seeds(p, published, have):
-    """Seeds of a published allocation row `p` that would vanish from the only copy of the
-    results: neither carried (`published`, PUBLISHED_SEEDS) nor run again here (`have`)."""
-    return [s for s in p["seeds"] if s not in published and s not in have]
-
-
-def refuse_lost(a, lost):
-    sys.exit(f"PUBLISHED_SEEDS: allocation `{a}` has seed(s) {', '.join(lost)} in the published results, which"
-             " this run neither carries (add them to PUBLISHED_SEEDS) nor has run again (finished)")
-
-
-def refuse_both(a, both):
-    sys.exit(f"PUBLISHED_SEEDS: allocation `{a}` seed(s) {sorted(both)} are both published"
-             " and run here: leave them out of SEEDS or ALLOCS, or out of PUBLISHED_SEEDS")
 
 
 if sys.argv[1:2] == ["--check-published"]:
@@ -47,12 +31,7 @@ if sys.argv[1:2] == ["--check-published"]:
     seeds, allocs = seeds.split(), allocs.split()
     published, prior = published_results(out, budget, seeds, per_row=True)
     for a, p in (prior or {}).get("allocations", {}).items():
-        runs = seeds if a in allocs else []
-        if lost_seeds(p, published, runs):
-            refuse_lost(a, lost_seeds(p, published, runs))
-        both = {s for s in p["seeds"] if s in published} & set(runs)
-        if both:
-            refuse_both(a, both)
+        refuse_pooled("allocation", a, p["seeds"], published, seeds if a in allocs else [], "SEEDS or ALLOCS")
     sys.exit(0)
 
 work, out, smoke, model, seeds, allocs, analyse, budget = sys.argv[1:]
@@ -79,11 +58,8 @@ def published_entries(a, per_layer, have):
     if p["new_experts_per_layer"] != per_layer:
         sys.exit(f"PUBLISHED_SEEDS: allocation `{a}` was {p['new_experts_per_layer']} in the published results,"
                  f" {per_layer} in this run: not the same experiment")
-    # Every seed the published row holds is carried (PUBLISHED_SEEDS) or run again here: a seed in
-    # neither would vanish from the only copy of the results when this report overwrites it.
-    lost = lost_seeds(p, published, have)
-    if lost:
-        refuse_lost(a, lost)
+    # Every seed the published row holds is carried (PUBLISHED_SEEDS) or run again here, not both.
+    refuse_pooled("allocation", a, p["seeds"], published, have, "SEEDS or ALLOCS")
     idx = [i for i, s in enumerate(p["seeds"]) if s in published]
     return [p["seeds"][i] for i in idx], {st: [p[st][i] for i in idx] for st in ("s1", "s2")}
 
@@ -119,8 +95,6 @@ for a in allocs:
     for st in ("s1", "s2"):
         stages[st] = [{l: ppl(load(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json")), l) for l in LANGS} for s in have]
     old_seeds, old_stages = published_entries(a, per_layer, have)
-    if set(old_seeds) & set(have):
-        refuse_both(a, set(old_seeds) & set(have))
     order = sorted(range(len(old_seeds) + len(have)), key=lambda i: seed_key((old_seeds + have)[i]))
     stages = {st: [(old_stages[st] + stages[st])[i] for i in order] for st in stages}
     provenance[a] = (old_seeds, have)
@@ -317,11 +291,7 @@ with open(os.path.join(out, "README.md"), "w") as f:
             " exactly as many experts as NeuronMoE (the earlier uniform baseline added 60 against 51), so they"
             " differ from it only in where the experts go: NeuronMoE's claim is about placement. LayerMoE-style"
             " (`layermoe`) keeps its own total.\n\n")
-    if published and any(p[1] for p in provenance.values()) and set(published) & set(seeds):
-        # Pooled row by row: say which seeds of which allocation came from where.
-        f.write(per_row_note(provenance, "allocation", "allocations"))
-    else:
-        f.write(published_note(published))
+    f.write(pooling_note(published, seeds, provenance, "allocation", "allocations"))
     f.write(unfinished_note(missing))
     f.write("| allocation | new experts per layer | experts added | parameters added | seeds | ppl en | ppl hu |"
             " ppl el | ppl tr | geometric mean ppl, new languages |\n|---|---|---|---|---|---|---|---|---|---|\n")

@@ -72,6 +72,33 @@ def published_note(published):
             " the git history; the command log below is this run directory's (every sitting that used it, on this machine).\n\n")
 
 
+def refuse_pooled(noun, row, in_published, published, again, leave_out):
+    """The checks of a report pooled row by row (NeuronMoE's allocations, the upcycling rows), for
+    one published row: exits naming it when one of its seeds in the published results
+    (`in_published`) would vanish from the only copy of them — neither carried (`published`,
+    PUBLISHED_SEEDS) nor run again here (`again`: the seeds this run trains before training, the
+    seeds it finished in the report) — or is both carried and run again (two results of one
+    training). `noun` names a row ("allocation"), `leave_out` the settings that choose what runs
+    ("SEEDS or ALLOCS")."""
+    lost = [s for s in in_published if s not in published and s not in again]
+    if lost:
+        sys.exit(f"PUBLISHED_SEEDS: {noun} `{row}` has seed(s) {', '.join(lost)} in the published results, which"
+                 " this run neither carries (add them to PUBLISHED_SEEDS) nor has run again (finished)")
+    both = [s for s in in_published if s in published and s in again]
+    if both:
+        sys.exit(f"PUBLISHED_SEEDS: {noun} `{row}` seed(s) {', '.join(both)} are both published and run here: leave"
+                 f" them out of {leave_out}, or out of PUBLISHED_SEEDS")
+
+
+def pooling_note(published, seeds, provenance, noun, checked):
+    """The README paragraph saying where the seeds came from: per_row_note when this run added
+    seeds to published ones row by row (a published seed also among this run's, with some row run
+    here), else published_note."""
+    if published and set(published) & set(seeds) and any(p[1] for p in provenance.values()):
+        return per_row_note(provenance, noun, checked)
+    return published_note(published)
+
+
 def per_row_note(provenance, noun, checked):
     """The README paragraph of a report pooled row by row (NeuronMoE's allocations, the upcycling
     rows): which seeds of which row came from the earlier sitting's results.json and which this

@@ -26,7 +26,7 @@ import statistics
 import sys
 
 from report_common import (TASK_SCORING, acc_cells, task_items, curve, figure, fmt, load, merge_published, nll, open_report, paired_tasks,
-                           paired_tasks_markdown, per_row_note, pooled_tasks, ppl, published_note, published_results, seeds_with,
+                           paired_tasks_markdown, pooled_tasks, pooling_note, ppl, published_results, refuse_pooled, seeds_with,
                            stream_hashes, unfinished_note, write_commands)
 
 # Rows trained in each seed: the dense model on the same tokens, then the upcycling variants.
@@ -44,25 +44,16 @@ def rows_run(dense, variants):
     return [f"dense-{d}" for d in dense.split()] + variants.split()
 
 
-def refuse_per_row(prior, published, seeds, run):
+def refuse_per_row(prior, published, again):
     """Pooling row by row (a later sitting may add a variant to published seeds, e.g. the one an
-    earlier sitting's machine did not finish): exits naming the row when a published (row, seed)
-    would vanish from the only copy of the results (neither carried in PUBLISHED_SEEDS nor run
-    again here), or is both carried and run here (two results of one training)."""
+    earlier sitting's machine did not finish): report_common.refuse_pooled for every published row,
+    `again` {row: seeds run here}; a published row this report does not know is refused too (it
+    would be dropped)."""
     for r, recs in (prior or {}).get("rows", {}).items():
         if r not in DENSE_ROWS + list(ALL_VARIANTS):
             sys.exit(f"PUBLISHED_SEEDS: the published results have a row `{r}` this report does not know (expected one"
                      f" of {DENSE_ROWS + list(ALL_VARIANTS)}): it would be dropped")
-        have = {x["seed"] for x in recs}
-        again = set(seeds) if r in run else set()
-        lost = sorted(s for s in have if s not in published and s not in again)
-        if lost:
-            sys.exit(f"PUBLISHED_SEEDS: row `{r}` has seed(s) {', '.join(lost)} in the published results, which this run"
-                     " neither carries (add them to PUBLISHED_SEEDS) nor runs again (SEEDS and VARIANTS/DENSE)")
-        both = sorted(have & set(published) & again)
-        if both:
-            sys.exit(f"PUBLISHED_SEEDS: row `{r}` seed(s) {', '.join(both)} are both published and run here: leave the"
-                     " row out of VARIANTS/DENSE, or the seed out of PUBLISHED_SEEDS")
+        refuse_pooled("row", r, [x["seed"] for x in recs], published, again.get(r, []), "SEEDS, or VARIANTS/DENSE")
 
 
 def refuse_other_model(prior, model):
@@ -75,7 +66,7 @@ def refuse_other_model(prior, model):
 if sys.argv[1:2] == ["--check-published"]:
     out, seeds, variants, dense, budget, model = sys.argv[2:]
     published, prior = published_results(out, budget, seeds.split(), per_row=True)
-    refuse_per_row(prior, published, seeds.split(), rows_run(dense, variants))
+    refuse_per_row(prior, published, {r: seeds.split() for r in rows_run(dense, variants)})
     refuse_other_model(prior, model)
     # Task scores pool only at the same items per task (report_common.pooled_tasks checks again at the
     # end); TASK_ITEMS=0 scores nothing here and keeps the published scores.
@@ -138,7 +129,9 @@ def record(ev, seed, secs):
 
 # Pooled row by row (refuse_per_row): the rows this sitting runs, and the published rows it carries.
 published, prior = published_results(out, budget, seeds, per_row=True)
-refuse_per_row(prior, published, seeds, RUN)
+# (here against the seeds each row finished: one this run did not finish is not a result yet)
+finished = {r: seeds_with(work, seeds, f"{r}.eval.json") for r in RUN}
+refuse_per_row(prior, published, finished)
 refuse_other_model(prior, model)
 carried = set((prior or {}).get("rows", {}))
 ROWS = [r for r in DENSE_ROWS + list(ALL_VARIANTS) if r in RUN or r in carried]
@@ -149,7 +142,7 @@ rows, missing = {}, []
 provenance = {}  # row -> (seeds from the published results.json, seeds of this run)
 for r in ROWS:
     recs = [x for x in (prior or {}).get("rows", {}).get(r, []) if x["seed"] in published]
-    have = seeds_with(work, seeds, f"{r}.eval.json") if r in RUN else []
+    have = finished.get(r, [])
     provenance[r] = ([x["seed"] for x in recs], have)
     for s in have:
         ev = load(os.path.join(work, f"s{s}", f"{r}.eval.json"))
@@ -294,11 +287,7 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
             " trained on the same streams (`train_streams`) with the same final data-sampler state (`train_data`:"
             " compared between the rows of one run directory, and against a published seed's where its results.json"
             " has it, which those published before 2026-12-07 do not).\n\n")
-    if published and set(published) & set(seeds) and any(p[1] for p in provenance.values()):
-        # A row added to a published seed: say which seeds of which row came from where.
-        f.write(per_row_note(provenance, "row", "rows"))
-    else:
-        f.write(published_note(published))
+    f.write(pooling_note(published, seeds, provenance, "row", "rows"))
     f.write(unfinished_note(missing))
     f.write("| row | seeds | train GFLOP/token | hu ppl | en ppl | hu vs naive | en vs naive | load max/mean"
             " | train wall s |\n|---|---|---|---|---|---|---|---|---|\n")

@@ -10,12 +10,12 @@ use moe_shared::checkpoint::open_model;
 use moe_shared::config::MoeConfig;
 use moe_shared::layout::{self, LayoutRequest};
 use moe_shared::methods::route::{
-    accuracy_markdown, check_domains, collect_stats, domain_sequences_from_ids, empty_stats, mean_accuracy,
-    routed_config, routing_accuracy, routing_accuracy_detail, set_routers, solve_all, solve_all_relative,
-    stats_to_safetensors, write_routed, DomainSequences, RouteReport, RoutingAccuracy,
+    accuracy_markdown, check_domains, collect_stats, domain_sequences_from_ids, mean_accuracy, routed_config,
+    routing_accuracy, routing_accuracy_detail, set_routers, solve_all, solve_all_relative, stats_to_safetensors,
+    write_routed, DomainSequences, RouteReport, RoutingAccuracy,
 };
 use moe_shared::model::load_model_as;
-use moe_shared::ops::route::RouteParams;
+use moe_shared::ops::route::{self, Collected, RouteFit, RouteParams};
 use moe_shared::tensor_io::card::CardMethod;
 
 use super::backend::WithBackend;
@@ -313,43 +313,36 @@ impl WithBackend for Args {
         }
         let mut model = load_model_as::<B>(&m, &device, a.weights.weights_dtype)?;
         super::args::trim_heap();
-        let (stats, tokens) = match &a.stats {
-            Some(p) => reuse_stats(p, &domains, m.config.hidden_size, opts.bias)?,
-            None => {
-                let mut stats = empty_stats(&model, opts.bias);
-                let mut tokens = Vec::new();
-                for (i, d) in domains.iter().enumerate() {
-                    let n = collect_stats(&model, i, &d.train, opts.max_tokens, &mut stats)
-                        .with_context(|| format!("domain `{}`", d.name))?;
-                    tokens.push(n);
-                    if !a.json {
-                        eprintln!("statistics: domain {} ({}) {} tokens", i, d.name, n);
-                    }
-                }
-                (stats, tokens)
+        let collected = match &a.stats {
+            Some(p) => {
+                let (stats, tokens) = reuse_stats(p, &domains, m.config.hidden_size, opts.bias)?;
+                Some(Collected { stats, tokens })
+            }
+            None => None,
+        };
+        // The tab's fit, step for step (shared): statistics, solve, routers.
+        let mut last = String::new();
+        let mut on_step = |what: &str, _: u64, _: u64, _: &str| {
+            if !a.json && what.starts_with("ridge statistics") && what != last {
+                eprintln!("{what}...");
+                last = what.to_string();
             }
         };
-        let moe_layers: Vec<bool> = moe.layers.iter().map(Option::is_some).collect();
-        if stats.iter().map(Option::is_some).ne(moe_layers.iter().copied()) {
-            bail!(
-                "--stats {}: its MoE layers ({} of {}) are not this model's ({} of {})",
-                a.stats.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-                stats.iter().flatten().count(),
-                stats.len(),
-                moe_layers.iter().filter(|&&b| b).count(),
-                moe_layers.len()
-            );
-        }
+        let fit = match (route::fit(&mut model, &domains, &a.params, collected, &mut on_step), &a.stats) {
+            (Ok(fit), _) => fit,
+            (Err(e), Some(p)) => bail!("--stats {}: {e}", p.display()),
+            (Err(e), None) => return Err(e.into()),
+        };
         super::args::trim_heap();
-        let routers = solve_all(&stats, opts.lambda)?;
+        let RouteFit { stats, tokens, routers } = fit;
+        if !a.json {
+            for (i, (d, n)) in domains.iter().zip(&tokens).enumerate() {
+                eprintln!("statistics: domain {i} ({}) {n} tokens", d.name);
+            }
+        }
         let cond: Vec<Option<f64>> =
             stats.iter().map(|s| s.as_ref().and_then(|s| s.condition_number(opts.lambda).ok())).collect();
-        set_routers(&mut model, &routers, opts.top_k, opts.temperature);
-        let accuracy: Vec<RoutingAccuracy> = domains
-            .iter()
-            .enumerate()
-            .map(|(i, d)| routing_accuracy_detail(&model, i, &d.heldout, a.params.eval_tokens))
-            .collect();
+        let accuracy: Vec<RoutingAccuracy> = route::accuracy(&model, &domains, &a.params, &mut |_, _, _, _| {});
         let mut sweep = Vec::new();
         for &lambda in &a.lambda_sweep {
             let r = solve_all(&stats, lambda)?;

@@ -1,7 +1,7 @@
 //! DUME's ridge router in the browser, step for step as `moe-studio route`:
-//! the same tokenisation and 90/10 held-out split, `collect_stats` (one
-//! oracle-routed forward pass per sequence, yielding between sequences),
-//! `solve_all`, `set_routers`, `routing_accuracy_detail`, and the routed checkpoint
+//! the same tokenisation and 90/10 held-out split, the same fit and
+//! held-out accuracy (`moe_shared::ops::route::{fit, accuracy}`; the Gram
+//! products optionally on WebGPU, handed to the fit), and the routed checkpoint
 //! through `plan_routed` / `write_routed_tensors` into memory. Adds the
 //! per-domain perplexity table: DUME (learned routing) vs averaging (mean
 //! of the experts) vs oracle (every token to its domain's expert).
@@ -10,13 +10,12 @@ use moe_kernels::{Gpu, GramAccumulator};
 use moe_shared::eval::{evaluate, PerplexityOptions};
 use moe_shared::methods::ridge::RidgeStats;
 use moe_shared::methods::route::{
-    accuracy_markdown, check_domains, collect_stats, domain_sequences, empty_stats, forced_ffn_inputs, plan_routed,
-    routed_config, routing_accuracy_detail, set_routers, stats_to_safetensors, within_budget, write_routed_tensors,
-    DomainSequences, RouteReport, SEQUENCES_PER_PASS,
+    accuracy_markdown, check_domains, domain_sequences, empty_stats, forced_ffn_inputs, plan_routed, routed_config,
+    stats_to_safetensors, within_budget, write_routed_tensors, DomainSequences, RouteReport,
 };
 use moe_shared::model::Transformer;
 use moe_shared::model::{load_transformer, Routing};
-use moe_shared::ops::route::RouteParams;
+use moe_shared::ops::route::{Collected, RouteFit, RouteParams};
 use moe_shared::tensor_io::sink::MemorySink;
 
 use super::artifact::{card_file, into_artifact, pretty, tokenizer_json, Output};
@@ -256,62 +255,36 @@ pub async fn run(
     )?;
     progress.step("building the MoE for the forward passes", 0, 1, "models");
     let mut model = cpu_model(m)?;
-    let mut stats = empty_stats(&model, opts.bias);
-    let mut tokens = Vec::new();
-    // No cap: every statistics token (the CLI's default).
-    let cap = opts.max_tokens.unwrap_or(usize::MAX);
-    let all: u64 = train.iter().map(|t| t.iter().map(Vec::len).sum::<usize>().min(cap) as u64).sum();
-    let mut done = 0u64;
     let gpu = if gram_on == "WebGPU" { super::gpu::gpu() } else { None };
-    for (i, d) in domains.iter().enumerate() {
-        let mut used = 0usize;
-        let what = format!("ridge statistics ({}, Gram on {gram_on})", d.name);
-        if let Some(g) = &gpu {
-            let start = done;
-            used = gpu_collect_stats(g, &model, i, train[i], cap, &mut stats, |u| {
-                progress.step(&what, start + u as u64, all, "tokens")
-            })
-            .await
-            .map_err(|e| format!("domain `{}`: {e}", d.name))?;
-            done += used as u64;
-        }
-        // CPU: the CLI's `collect_stats`, a few sequences per call (its own
-        // batch size) for the progress.
-        for group in train[i].chunks(SEQUENCES_PER_PASS).filter(|_| gpu.is_none()) {
-            if used >= cap {
-                break;
-            }
-            let got = collect_stats(&model, i, group, Some(cap - used), &mut stats)
+    // The WebGPU Gram pass gathers the statistics here; without it the
+    // shared fit collects them on the CPU, as the CLI's `route` does.
+    let collected = match &gpu {
+        Some(g) => {
+            let mut stats = empty_stats(&model, opts.bias);
+            let cap = opts.max_tokens.unwrap_or(usize::MAX);
+            let all: u64 = train.iter().map(|t| t.iter().map(Vec::len).sum::<usize>().min(cap) as u64).sum();
+            let (mut tokens, mut done) = (Vec::new(), 0u64);
+            for (i, d) in domains.iter().enumerate() {
+                let what = format!("ridge statistics ({}, Gram on WebGPU)", d.name);
+                let start = done;
+                let used = gpu_collect_stats(g, &model, i, train[i], cap, &mut stats, |u| {
+                    progress.step(&what, start + u as u64, all, "tokens")
+                })
+                .await
                 .map_err(|e| format!("domain `{}`: {e}", d.name))?;
-            used += got;
-            done += got as u64;
-            progress.step(&what, done, all, "tokens");
+                done += used as u64;
+                tokens.push(used);
+            }
+            Some(Collected { stats, tokens })
         }
-        if used == 0 {
-            return Err(format!("domain `{}`: no tokens to collect statistics from", d.name));
-        }
-        tokens.push(used);
-    }
-    let layers = stats.iter().flatten().count() as u64;
-    let mut solved = 0u64;
-    let mut routers = Vec::with_capacity(stats.len());
-    for s in &stats {
-        // `solve_all`, one layer at a time for the progress.
-        routers.push(s.as_ref().map(|s| s.solve(opts.lambda)).transpose().map_err(msg)?);
-        solved += u64::from(s.is_some());
-        progress.step("solving the ridge systems", solved, layers, "layers");
-    }
-    set_routers(&mut model, &routers, opts.top_k, opts.temperature);
+        None => None,
+    };
+    let mut on_step = |what: &str, done: u64, total: u64, unit: &str| progress.step(what, done, total, unit);
+    // The CLI's fit (shared): statistics (unless gathered above), solve, routers.
+    let RouteFit { stats, tokens, routers } =
+        moe_shared::ops::route::fit(&mut model, &seqs, params, collected, &mut on_step).map_err(msg)?;
     let route_millis = crate::web::now_ms() - t0;
-    let mut details = Vec::new();
-    let held_all: u64 = held.iter().map(|h| h.iter().map(Vec::len).sum::<usize>().min(eval_tokens) as u64).sum();
-    let mut done = 0u64;
-    for (i, d) in domains.iter().enumerate() {
-        progress.step(&format!("routing accuracy ({})", d.name), done, held_all, "tokens");
-        details.push(routing_accuracy_detail(&model, i, held[i], eval_tokens));
-        done += held[i].iter().map(Vec::len).sum::<usize>().min(eval_tokens) as u64;
-        progress.step(&format!("routing accuracy ({})", d.name), done, held_all, "tokens");
-    }
+    let details = moe_shared::ops::route::accuracy(&model, &seqs, params, &mut on_step);
     // Perplexity: DUME vs averaging vs oracle on each held-out text.
     let mut ppl = Vec::new();
     if with_ppl {

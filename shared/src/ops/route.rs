@@ -5,17 +5,30 @@
 //! section, the tab's MoErge page and DUME lesson (the worker message
 //! carries it), and the job form's inputs ([`RouteParams::form_fields`]).
 //!
+//! The fit itself is here too, once: [`fit`] (statistics of every
+//! domain, the solve, the routers put in the model) and [`accuracy`] (the
+//! held-out routing accuracy), which the CLI's `route` and the tab's
+//! router both call, step for step the same.
+//!
 //! What stays with the caller: the MoE, the domains' texts (a file per
 //! domain in the CLI, an upload id on the server, a text in the tab), how
-//! a plain-text file is cut into documents (`--docs`), the output layout
-//! and path, and the CLI's extra reports (`--lambda-sweep`, `--stats`,
-//! `--add-expert`).
+//! a plain-text file is cut into documents (`--docs`), statistics gathered
+//! elsewhere (the CLI's `--stats`, the tab's WebGPU Gram pass: handed to
+//! [`fit`] as [`Collected`]), the output layout and path, and the CLI's
+//! extra reports (`--lambda-sweep`, `--add-expert`).
 
+use burn::tensor::backend::Backend;
 use serde::{Deserialize, Serialize};
 
 use super::{Field, Input, ParamError};
 use crate::corpus::DocSplit;
-use crate::methods::route::RouteOptions;
+use crate::error::{Result, StudioError};
+use crate::methods::ridge::{RidgeStats, RouterWeights};
+use crate::methods::route::{
+    collect_stats, empty_stats, routing_accuracy_detail, set_routers, DomainSequences, RouteOptions, RoutingAccuracy,
+    SEQUENCES_PER_PASS,
+};
+use crate::model::Transformer;
 
 /// The most domains (= experts) a route takes, and so the largest top-k
 /// (the server's cap on a job's datasets).
@@ -144,6 +157,173 @@ impl RouteParams {
             Field::new("no_bias", "no bias column", Input::Flag, "exports as Mixtral / Qwen2-MoE").advanced(),
         ]
     }
+}
+
+/// Ridge statistics of every domain gathered before [`fit`] (the CLI's
+/// `--stats` reuse of an earlier run, the tab's WebGPU Gram pass): per
+/// layer `Some` for an MoE layer, `None` for a dense one, with one expert
+/// column per domain; and the statistics tokens per domain.
+#[derive(Debug, Clone)]
+pub struct Collected {
+    /// Per layer, the statistics (`A = XᵀX`, `B = XᵀY`, f64).
+    pub stats: Vec<Option<RidgeStats>>,
+    /// Statistics tokens per domain.
+    pub tokens: Vec<usize>,
+}
+
+/// What [`fit`] produced: the statistics it solved from, their tokens per
+/// domain, and per layer the solved router (`[E, d]` weight, optional bias;
+/// `None` for a dense layer), which are also in the model.
+#[derive(Debug, Clone)]
+pub struct RouteFit {
+    /// Per layer, the statistics (written as `ridge_stats.safetensors`).
+    pub stats: Vec<Option<RidgeStats>>,
+    /// Statistics tokens per domain.
+    pub tokens: Vec<usize>,
+    /// Per layer, the solved router.
+    pub routers: Vec<Option<RouterWeights>>,
+}
+
+/// A progress report of [`fit`] and [`accuracy`]: `(what, done, total,
+/// unit)`, e.g. `("ridge statistics (hu)", 2048, 9000, "tokens")`.
+pub type OnStep<'a> = &'a mut dyn FnMut(&str, u64, u64, &str);
+
+/// DUME's router fit on `model` (an MoE whose expert `i` is domain `i`'s,
+/// docs/methods.md §2): the statistics of each domain's training
+/// sequences with every MoE layer forced to its expert (`collect_stats`,
+/// [`SEQUENCES_PER_PASS`] sequences per forward pass, at most
+/// `params.max_tokens` tokens per domain) unless `collected` brings them,
+/// one ridge solve per MoE layer with `params.lambda`, and the routers put
+/// into `model` with `params.top_k` and `params.temperature`. The CLI's
+/// `route` and the tab's router run this; it reports progress in tokens
+/// (statistics) and layers (solve) to `on_step`.
+///
+/// # Errors
+/// [`StudioError::Invalid`] when the parameters break [`RouteParams::check`]
+/// (naming the field), when `collected` does not cover this model's MoE
+/// layers, has another expert count than `domains` or another bias
+/// column than the parameters ask for, or when a domain has no tokens
+/// (naming it); the solver's errors.
+pub fn fit<B: Backend>(
+    model: &mut Transformer<B>,
+    domains: &[DomainSequences],
+    params: &RouteParams,
+    collected: Option<Collected>,
+    on_step: OnStep,
+) -> Result<RouteFit> {
+    params.check(domains.len()).map_err(|e| StudioError::Invalid(e.to_string()))?;
+    let bias = !params.no_bias;
+    let (stats, tokens) = match collected {
+        Some(c) => {
+            check_collected(model, &c, domains.len(), bias)?;
+            (c.stats, c.tokens)
+        }
+        None => collect(model, domains, params.max_tokens, bias, on_step)?,
+    };
+    let layers = stats.iter().flatten().count() as u64;
+    let mut routers = Vec::with_capacity(stats.len());
+    for s in &stats {
+        routers.push(s.as_ref().map(|s| s.solve(params.lambda)).transpose()?);
+        on_step("solving the ridge systems", routers.iter().flatten().count() as u64, layers, "layers");
+    }
+    set_routers(model, &routers, params.top_k, params.temperature);
+    Ok(RouteFit { stats, tokens, routers })
+}
+
+/// The statistics pass of [`fit`]: each domain's sequences in groups of
+/// [`SEQUENCES_PER_PASS`] under what is left of `max_tokens` (the groups
+/// one `collect_stats` call over all of them makes, so the sums are the
+/// same), with progress between groups.
+fn collect<B: Backend>(
+    model: &Transformer<B>,
+    domains: &[DomainSequences],
+    max_tokens: Option<usize>,
+    bias: bool,
+    on_step: OnStep,
+) -> Result<(Vec<Option<RidgeStats>>, Vec<usize>)> {
+    let cap = max_tokens.unwrap_or(usize::MAX);
+    let all: u64 = domains.iter().map(|d| d.train.iter().map(Vec::len).sum::<usize>().min(cap) as u64).sum();
+    let mut stats = empty_stats(model, bias);
+    let (mut tokens, mut done) = (Vec::with_capacity(domains.len()), 0u64);
+    for (i, d) in domains.iter().enumerate() {
+        let what = format!("ridge statistics ({})", d.name);
+        let mut used = 0usize;
+        for group in d.train.chunks(SEQUENCES_PER_PASS) {
+            if used >= cap {
+                break;
+            }
+            let got = collect_stats(model, i, group, Some(cap - used), &mut stats)
+                .map_err(|e| StudioError::Invalid(format!("domain `{}`: {e}", d.name)))?;
+            used += got;
+            done += got as u64;
+            on_step(&what, done, all, "tokens");
+        }
+        if used == 0 {
+            return Err(StudioError::Invalid(format!("domain `{}`: no tokens to collect statistics from", d.name)));
+        }
+        tokens.push(used);
+    }
+    Ok((stats, tokens))
+}
+
+/// Statistics gathered elsewhere fit `model` and this run: an MoE layer
+/// where the model has one, one expert column per domain, the bias column
+/// the parameters ask for, a token count per domain.
+fn check_collected<B: Backend>(model: &Transformer<B>, c: &Collected, domains: usize, bias: bool) -> Result<()> {
+    let want: Vec<bool> = empty_stats(model, bias).iter().map(Option::is_some).collect();
+    if c.stats.iter().map(Option::is_some).ne(want.iter().copied()) {
+        return Err(StudioError::Invalid(format!(
+            "its MoE layers ({} of {}) are not this model's ({} of {})",
+            c.stats.iter().flatten().count(),
+            c.stats.len(),
+            want.iter().filter(|&&b| b).count(),
+            want.len()
+        )));
+    }
+    if let Some(s) = c.stats.iter().flatten().find(|s| s.num_experts() != domains) {
+        return Err(StudioError::Invalid(format!(
+            "its statistics have {} expert columns, this run routes {domains} domains",
+            s.num_experts()
+        )));
+    }
+    if let Some(s) = c.stats.iter().flatten().find(|s| s.bias != bias) {
+        return Err(StudioError::Invalid(format!(
+            "its statistics are {} the bias column, the fit asks for them {}",
+            if s.bias { "with" } else { "without" },
+            if bias { "with" } else { "without" }
+        )));
+    }
+    if c.tokens.len() != domains {
+        return Err(StudioError::Invalid(format!(
+            "{} token counts for {domains} domains (one per domain)",
+            c.tokens.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Held-out routing accuracy of every domain on `model` as routed by
+/// [`fit`] (`routing_accuracy_detail` on at most `params.eval_tokens`
+/// tokens of each domain's held-out sequences), in domain order; progress
+/// in tokens to `on_step`.
+pub fn accuracy<B: Backend>(
+    model: &Transformer<B>,
+    domains: &[DomainSequences],
+    params: &RouteParams,
+    on_step: OnStep,
+) -> Vec<RoutingAccuracy> {
+    let budget = |d: &DomainSequences| d.heldout.iter().map(Vec::len).sum::<usize>().min(params.eval_tokens) as u64;
+    let all: u64 = domains.iter().map(budget).sum();
+    let mut done = 0u64;
+    let mut out = Vec::with_capacity(domains.len());
+    for (i, d) in domains.iter().enumerate() {
+        let what = format!("routing accuracy ({})", d.name);
+        on_step(&what, done, all, "tokens");
+        out.push(routing_accuracy_detail(model, i, &d.heldout, params.eval_tokens));
+        done += budget(d);
+        on_step(&what, done, all, "tokens");
+    }
+    out
 }
 
 #[cfg(test)]

@@ -10,9 +10,10 @@ use moe_shared::methods::moerge::{moerge, MoergeInput, MoergeOptions};
 use moe_shared::methods::ridge::RidgeStats;
 use moe_shared::methods::route::{
     collect_stats, empty_stats, pack_sequences, routed_config, routing_accuracy, set_routers, solve_all,
-    stats_from_safetensors, stats_to_safetensors, write_routed, RouteOptions,
+    stats_from_safetensors, stats_to_safetensors, write_routed, DomainSequences, RouteOptions,
 };
 use moe_shared::model::{load_model, ForwardOptions, Routing, Trace, Transformer};
+use moe_shared::ops::route::{self as route_op, Collected, RouteParams};
 use moe_shared::tensor_io::WriteOptions;
 use moe_shared::tokenizer::Tokenizer;
 use moe_shared::CpuBackend;
@@ -142,4 +143,41 @@ fn ridge_router_on_real_hidden_states() {
     .unwrap();
     let reloaded = load_model::<B>(&open_model(&out).unwrap(), &Default::default()).unwrap();
     assert_eq!(routing_accuracy(&reloaded, 0, &en_vs, 1000), acc_en);
+
+    // 6. The shared fit (what the CLI's `route` and the tab's router run,
+    // collecting in groups with progress) is the step-by-step fit above, bit
+    // for bit; statistics handed in give the same routers; statistics that
+    // do not fit the model or the parameters are refused.
+    let domain = |name: &str, train: &[Vec<u32>], heldout: &[Vec<u32>]| DomainSequences {
+        name: name.into(),
+        train: train.to_vec(),
+        heldout: heldout.to_vec(),
+        stream_sha256: String::new(),
+        heldout_sha256: None,
+    };
+    let doms = [domain("en", &en_s, &en_vs), domain("hu", &hu_s, &hu_vs)];
+    let params = RouteParams { max_tokens: Some(3000), eval_tokens: 1000, ..Default::default() };
+    let mut steps: Vec<(String, u64, u64)> = Vec::new();
+    let mut record = |w: &str, d: u64, t: u64, _: &str| steps.push((w.to_string(), d, t));
+    let fit = route_op::fit(&mut model, &doms, &params, None, &mut record).unwrap();
+    assert_eq!(fit.tokens, vec![3000, 3000]);
+    assert!(fit.stats == stats, "the shared fit's statistics differ from collect_stats'");
+    assert_eq!(fit.routers, routers);
+    let acc = route_op::accuracy(&model, &doms, &params, &mut record);
+    assert_eq!((acc[0].per_layer.clone(), acc[1].per_layer.clone()), (acc_en.clone(), acc_hu.clone()));
+    let last = |prefix: &str| steps.iter().rev().find(|s| s.0.starts_with(prefix)).map(|s| (s.1, s.2));
+    assert_eq!(last("ridge statistics (hu)"), Some((6000, 6000)));
+    let moe_layers = stats.iter().flatten().count() as u64;
+    assert_eq!(last("solving the ridge systems"), Some((moe_layers, moe_layers)));
+    assert_eq!(last("routing accuracy (hu)"), Some((2000, 2000)));
+    let given = |stats: Vec<Option<RidgeStats>>| Some(Collected { stats, tokens: vec![3000, 3000] });
+    let again = route_op::fit(&mut model, &doms, &params, given(stats.clone()), &mut |_, _, _, _| {}).unwrap();
+    assert_eq!(again.routers, routers);
+    let mut err =
+        |params: &RouteParams, c| route_op::fit(&mut model, &doms, params, c, &mut |_, _, _, _| {}).unwrap_err();
+    let dense_only: Vec<Option<RidgeStats>> = stats.iter().map(|_| None).collect();
+    assert!(err(&params, given(dense_only)).to_string().contains("MoE layers (0 of"));
+    let unbiased = RouteParams { no_bias: true, ..params.clone() };
+    assert!(err(&unbiased, given(stats.clone())).to_string().contains("bias column"));
+    assert!(err(&RouteParams { top_k: 3, ..params.clone() }, None).to_string().contains("top_k"));
 }

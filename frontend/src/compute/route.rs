@@ -112,7 +112,7 @@ async fn flush(
     Ok(())
 }
 
-/// [`collect_stats`] with the Gram products on the WGSL kernel: the same
+/// `collect_stats` with the Gram products on the WGSL kernel: the same
 /// rows (`forced_ffn_inputs`, with the constant 1 of the bias and the
 /// one-hot of `domain`), `XᵀX` and `XᵀY` accumulated per MoE layer in f32
 /// on the GPU over blocks of at most [`GRAM_BLOCK_ROWS`] tokens, each block
@@ -279,7 +279,12 @@ pub async fn run(
         }
         None => None,
     };
-    let mut on_step = |what: &str, done: u64, total: u64, unit: &str| progress.step(what, done, total, unit);
+    let mut on_step = |what: &str, done: u64, total: u64, unit: &str| match what.strip_suffix(')') {
+        Some(w) if what.starts_with("ridge statistics (") => {
+            progress.step(&format!("{w}, Gram on CPU)"), done, total, unit)
+        }
+        _ => progress.step(what, done, total, unit),
+    };
     // The CLI's fit (shared): statistics (unless gathered above), solve, routers.
     let RouteFit { stats, tokens, routers } =
         moe_shared::ops::route::fit(&mut model, &seqs, params, collected, &mut on_step).map_err(msg)?;

@@ -149,8 +149,9 @@ pub fn forced_ffn_inputs<B: Backend>(
 
 /// Accumulates the statistics of domain `domain` (= expert index) from
 /// `sequences`, forcing every MoE layer to that expert; stops after
-/// `max_tokens` tokens when given (`None`: every sequence). Returns the
-/// tokens used.
+/// `max_tokens` tokens when given (`None`: every sequence). The sequences
+/// [`within_budget`] keeps go through the model [`SEQUENCES_PER_PASS`] at a
+/// time ([`accumulate_group`]). Returns the tokens used.
 ///
 /// # Errors
 /// [`StudioError::Invalid`] when a layer has no expert `domain` or no
@@ -160,6 +161,31 @@ pub fn collect_stats<B: Backend>(
     domain: usize,
     sequences: &[Vec<u32>],
     max_tokens: Option<usize>,
+    stats: &mut [Option<RidgeStats>],
+) -> Result<usize> {
+    let mut used = 0usize;
+    for group in within_budget(sequences, max_tokens).chunks(SEQUENCES_PER_PASS) {
+        used += accumulate_group(model, domain, group, stats)?;
+    }
+    if used == 0 {
+        return Err(StudioError::Invalid(format!("domain {domain}: no tokens to collect statistics from")));
+    }
+    Ok(used)
+}
+
+/// One forward pass of [`collect_stats`]: the FFN inputs of `group` (at
+/// most [`SEQUENCES_PER_PASS`] non-empty sequences, one right-padded batch)
+/// with every MoE layer forced to expert `domain`, added into that layer's
+/// statistics (`A += XᵀX`, `B += XᵀY` with `Y` the one-hot of `domain`;
+/// docs/methods.md §2). Returns the tokens added.
+///
+/// # Errors
+/// [`StudioError::Invalid`] when a layer has no expert `domain`, `group`
+/// is empty or holds an empty sequence.
+pub fn accumulate_group<B: Backend>(
+    model: &Transformer<B>,
+    domain: usize,
+    group: &[&[u32]],
     stats: &mut [Option<RidgeStats>],
 ) -> Result<usize> {
     for (l, s) in stats.iter().enumerate() {
@@ -173,20 +199,13 @@ pub fn collect_stats<B: Backend>(
         }
     }
     let moe: Vec<bool> = stats.iter().map(Option::is_some).collect();
-    let mut used = 0usize;
-    for group in within_budget(sequences, max_tokens).chunks(SEQUENCES_PER_PASS) {
-        let (rows, valid) = forced_ffn_inputs(model, domain, group, &moe)?;
-        for (l, x) in rows.into_iter().enumerate() {
-            if let (Some(s), Some(x)) = (stats[l].as_mut(), x) {
-                s.accumulate(&x, domain)?;
-            }
+    let (rows, valid) = forced_ffn_inputs(model, domain, group, &moe)?;
+    for (l, x) in rows.into_iter().enumerate() {
+        if let (Some(s), Some(x)) = (stats[l].as_mut(), x) {
+            s.accumulate(&x, domain)?;
         }
-        used += valid;
     }
-    if used == 0 {
-        return Err(StudioError::Invalid(format!("domain {domain}: no tokens to collect statistics from")));
-    }
-    Ok(used)
+    Ok(valid)
 }
 
 /// Solves every MoE layer's router.

@@ -25,8 +25,8 @@ use crate::corpus::DocSplit;
 use crate::error::{Result, StudioError};
 use crate::methods::ridge::{RidgeStats, RouterWeights};
 use crate::methods::route::{
-    collect_stats, empty_stats, routing_accuracy_detail, set_routers, DomainSequences, RouteOptions, RoutingAccuracy,
-    SEQUENCES_PER_PASS,
+    accumulate_group, empty_stats, routing_accuracy_detail, set_routers, within_budget, DomainSequences, RouteOptions,
+    RoutingAccuracy, SEQUENCES_PER_PASS,
 };
 use crate::model::Transformer;
 
@@ -160,50 +160,57 @@ impl RouteParams {
 }
 
 /// Ridge statistics of every domain gathered before [`fit`] (the CLI's
-/// `--stats` reuse of an earlier run, the tab's WebGPU Gram pass): per
-/// layer `Some` for an MoE layer, `None` for a dense one, with one expert
-/// column per domain; and the statistics tokens per domain.
+/// `--stats` reuse of an earlier run, the tab's WebGPU Gram pass), and the
+/// statistics tokens per domain. Source: DUME (2026), router section;
+/// docs/methods.md §2.
 #[derive(Debug, Clone)]
 pub struct Collected {
-    /// Per layer, the statistics (`A = XᵀX`, `B = XᵀY`, f64).
+    /// Per layer, `Some` for an MoE layer and `None` for a dense one: `A =
+    /// XᵀX` `[p, p]` and `B = XᵀY` `[p, E]` in f64, `p = d + 1` with the
+    /// bias column (`d` without), `E` = one column per domain.
     pub stats: Vec<Option<RidgeStats>>,
-    /// Statistics tokens per domain.
+    /// Statistics tokens per domain (each ≥ 1).
     pub tokens: Vec<usize>,
 }
 
 /// What [`fit`] produced: the statistics it solved from, their tokens per
-/// domain, and per layer the solved router (`[E, d]` weight, optional bias;
-/// `None` for a dense layer), which are also in the model.
+/// domain, and the solved routers, which are also in the model. Source:
+/// DUME (2026), router section; docs/methods.md §2.
 #[derive(Debug, Clone)]
 pub struct RouteFit {
-    /// Per layer, the statistics (written as `ridge_stats.safetensors`).
+    /// Per layer, the statistics as in [`Collected::stats`] (written as
+    /// `ridge_stats.safetensors`).
     pub stats: Vec<Option<RidgeStats>>,
     /// Statistics tokens per domain.
     pub tokens: Vec<usize>,
-    /// Per layer, the solved router.
+    /// Per layer, the solved router: weight `[E, d]`, bias `[E]` when solved
+    /// with the bias column; `None` for a dense layer.
     pub routers: Vec<Option<RouterWeights>>,
 }
 
 /// A progress report of [`fit`] and [`accuracy`]: `(what, done, total,
-/// unit)`, e.g. `("ridge statistics (hu)", 2048, 9000, "tokens")`.
+/// unit)`, e.g. `("ridge statistics (hu)", 2048, 9000, "tokens")`: the
+/// statistics count tokens over all domains, the solve counts MoE layers,
+/// the accuracy counts held-out tokens over all domains.
 pub type OnStep<'a> = &'a mut dyn FnMut(&str, u64, u64, &str);
 
 /// DUME's router fit on `model` (an MoE whose expert `i` is domain `i`'s,
 /// docs/methods.md §2): the statistics of each domain's training
-/// sequences with every MoE layer forced to its expert (`collect_stats`,
-/// [`SEQUENCES_PER_PASS`] sequences per forward pass, at most
+/// sequences with every MoE layer forced to its expert (the forward passes
+/// of `collect_stats`: [`SEQUENCES_PER_PASS`] sequences each, at most
 /// `params.max_tokens` tokens per domain) unless `collected` brings them,
 /// one ridge solve per MoE layer with `params.lambda`, and the routers put
 /// into `model` with `params.top_k` and `params.temperature`. The CLI's
-/// `route` and the tab's router run this; it reports progress in tokens
-/// (statistics) and layers (solve) to `on_step`.
+/// `route` and the tab's router run this; it reports progress to
+/// `on_step` ([`OnStep`]).
 ///
 /// # Errors
 /// [`StudioError::Invalid`] when the parameters break [`RouteParams::check`]
-/// (naming the field), when `collected` does not cover this model's MoE
-/// layers, has another expert count than `domains` or another bias
-/// column than the parameters ask for, or when a domain has no tokens
-/// (naming it); the solver's errors.
+/// (naming the field); when an MoE layer of `model` has another expert
+/// count than there are `domains`; when `collected` does not cover this
+/// model's MoE layers, has another bias column than the parameters ask
+/// for, or not one non-zero token count per domain; when a domain has no
+/// statistics tokens (naming it); the solver's errors.
 pub fn fit<B: Backend>(
     model: &mut Transformer<B>,
     domains: &[DomainSequences],
@@ -213,12 +220,21 @@ pub fn fit<B: Backend>(
 ) -> Result<RouteFit> {
     params.check(domains.len()).map_err(|e| StudioError::Invalid(e.to_string()))?;
     let bias = !params.no_bias;
+    let empty = empty_stats(model, bias);
+    let other = |s: &RidgeStats| s.num_experts() != domains.len();
+    if let Some((l, s)) = empty.iter().enumerate().find_map(|(l, s)| s.as_ref().filter(|s| other(s)).map(|s| (l, s))) {
+        return Err(StudioError::Invalid(format!(
+            "layer {l} has {} experts but {} domains were given (one per expert, in order)",
+            s.num_experts(),
+            domains.len()
+        )));
+    }
     let (stats, tokens) = match collected {
         Some(c) => {
-            check_collected(model, &c, domains.len(), bias)?;
+            check_collected(&empty, &c, domains.len())?;
             (c.stats, c.tokens)
         }
-        None => collect(model, domains, params.max_tokens, bias, on_step)?,
+        None => collect(model, empty, domains, params.max_tokens, on_step)?,
     };
     let layers = stats.iter().flatten().count() as u64;
     let mut routers = Vec::with_capacity(stats.len());
@@ -230,30 +246,28 @@ pub fn fit<B: Backend>(
     Ok(RouteFit { stats, tokens, routers })
 }
 
-/// The statistics pass of [`fit`]: each domain's sequences in groups of
-/// [`SEQUENCES_PER_PASS`] under what is left of `max_tokens` (the groups
-/// one `collect_stats` call over all of them makes, so the sums are the
-/// same), with progress between groups.
+/// The statistics pass of [`fit`]: each domain's sequences that
+/// `within_budget` keeps under `max_tokens`, through the model
+/// [`SEQUENCES_PER_PASS`] at a time (the forward passes `collect_stats`
+/// makes, so the sums are the same), with progress after each pass.
 fn collect<B: Backend>(
     model: &Transformer<B>,
+    mut stats: Vec<Option<RidgeStats>>,
     domains: &[DomainSequences],
     max_tokens: Option<usize>,
-    bias: bool,
     on_step: OnStep,
 ) -> Result<(Vec<Option<RidgeStats>>, Vec<usize>)> {
-    let cap = max_tokens.unwrap_or(usize::MAX);
-    let all: u64 = domains.iter().map(|d| d.train.iter().map(Vec::len).sum::<usize>().min(cap) as u64).sum();
-    let mut stats = empty_stats(model, bias);
+    let kept: Vec<Vec<&[u32]>> = domains.iter().map(|d| within_budget(&d.train, max_tokens)).collect();
+    let all: u64 = kept.iter().flatten().map(|s| s.len() as u64).sum();
     let (mut tokens, mut done) = (Vec::with_capacity(domains.len()), 0u64);
-    for (i, d) in domains.iter().enumerate() {
+    for (i, (d, seqs)) in domains.iter().zip(&kept).enumerate() {
         let what = format!("ridge statistics ({})", d.name);
         let mut used = 0usize;
-        for group in d.train.chunks(SEQUENCES_PER_PASS) {
-            if used >= cap {
-                break;
-            }
-            let got = collect_stats(model, i, group, Some(cap - used), &mut stats)
-                .map_err(|e| StudioError::Invalid(format!("domain `{}`: {e}", d.name)))?;
+        for group in seqs.chunks(SEQUENCES_PER_PASS) {
+            let got = accumulate_group(model, i, group, &mut stats).map_err(|e| match e {
+                StudioError::Invalid(m) => StudioError::Invalid(format!("domain `{}`: {m}", d.name)),
+                e => e,
+            })?;
             used += got;
             done += got as u64;
             on_step(&what, done, all, "tokens");
@@ -266,18 +280,18 @@ fn collect<B: Backend>(
     Ok((stats, tokens))
 }
 
-/// Statistics gathered elsewhere fit `model` and this run: an MoE layer
-/// where the model has one, one expert column per domain, the bias column
-/// the parameters ask for, a token count per domain.
-fn check_collected<B: Backend>(model: &Transformer<B>, c: &Collected, domains: usize, bias: bool) -> Result<()> {
-    let want: Vec<bool> = empty_stats(model, bias).iter().map(Option::is_some).collect();
-    if c.stats.iter().map(Option::is_some).ne(want.iter().copied()) {
+/// Statistics gathered elsewhere fit this run: an MoE layer where the
+/// model has one (`empty`: the model's empty statistics with the
+/// parameters' bias column), one expert column per domain, the bias column
+/// the parameters ask for, one non-zero token count per domain.
+fn check_collected(empty: &[Option<RidgeStats>], c: &Collected, domains: usize) -> Result<()> {
+    if c.stats.iter().map(Option::is_some).ne(empty.iter().map(Option::is_some)) {
         return Err(StudioError::Invalid(format!(
             "its MoE layers ({} of {}) are not this model's ({} of {})",
             c.stats.iter().flatten().count(),
             c.stats.len(),
-            want.iter().filter(|&&b| b).count(),
-            want.len()
+            empty.iter().flatten().count(),
+            empty.len()
         )));
     }
     if let Some(s) = c.stats.iter().flatten().find(|s| s.num_experts() != domains) {
@@ -286,6 +300,7 @@ fn check_collected<B: Backend>(model: &Transformer<B>, c: &Collected, domains: u
             s.num_experts()
         )));
     }
+    let bias = empty.iter().flatten().next().is_none_or(|s| s.bias);
     if let Some(s) = c.stats.iter().flatten().find(|s| s.bias != bias) {
         return Err(StudioError::Invalid(format!(
             "its statistics are {} the bias column, the fit asks for them {}",
@@ -293,19 +308,21 @@ fn check_collected<B: Backend>(model: &Transformer<B>, c: &Collected, domains: u
             if bias { "with" } else { "without" }
         )));
     }
-    if c.tokens.len() != domains {
+    if c.tokens.len() != domains || c.tokens.contains(&0) {
         return Err(StudioError::Invalid(format!(
-            "{} token counts for {domains} domains (one per domain)",
-            c.tokens.len()
+            "token counts {:?} for {domains} domains (one non-zero count per domain)",
+            c.tokens
         )));
     }
     Ok(())
 }
 
 /// Held-out routing accuracy of every domain on `model` as routed by
-/// [`fit`] (`routing_accuracy_detail` on at most `params.eval_tokens`
-/// tokens of each domain's held-out sequences), in domain order; progress
-/// in tokens to `on_step`.
+/// [`fit`] (`routing_accuracy_detail`: per MoE layer the fraction of
+/// tokens whose top-1 expert is the domain's, and the fraction routed to
+/// it in every MoE layer, on at most `params.eval_tokens` tokens of each
+/// domain's held-out sequences), in domain order; progress in tokens to
+/// `on_step`. Source: DUME (2026), router section; docs/methods.md §2.
 pub fn accuracy<B: Backend>(
     model: &Transformer<B>,
     domains: &[DomainSequences],

@@ -12,7 +12,7 @@ use moe_shared::methods::route::{
     collect_stats, empty_stats, pack_sequences, routed_config, routing_accuracy, set_routers, solve_all,
     stats_from_safetensors, stats_to_safetensors, write_routed, DomainSequences, RouteOptions,
 };
-use moe_shared::model::{load_model, ForwardOptions, Routing, Trace, Transformer};
+use moe_shared::model::{load_model, ForwardOptions, Mlp, Routing, Trace, Transformer};
 use moe_shared::ops::route::{self as route_op, Collected, RouteParams};
 use moe_shared::tensor_io::WriteOptions;
 use moe_shared::tokenizer::Tokenizer;
@@ -159,12 +159,18 @@ fn ridge_router_on_real_hidden_states() {
     let params = RouteParams { max_tokens: Some(3000), eval_tokens: 1000, ..Default::default() };
     let mut steps: Vec<(String, u64, u64)> = Vec::new();
     let mut record = |w: &str, d: u64, t: u64, _: &str| steps.push((w.to_string(), d, t));
-    let fit = route_op::fit(&mut model, &doms, &params, None, &mut record).unwrap();
+    // A model loaded afresh (its routers are moerge's), so that the
+    // accuracy below is of the routers the fit put in.
+    let mut fresh = load_model::<B>(&moe_ckpt, &Default::default()).unwrap();
+    let before = route_op::accuracy(&fresh, &doms, &params, &mut |_, _, _, _| {});
+    assert_ne!(before[1].per_layer, acc_hu, "moerge's routers already route like the solved ones");
+    let fit = route_op::fit(&mut fresh, &doms, &params, None, &mut record).unwrap();
     assert_eq!(fit.tokens, vec![3000, 3000]);
     assert!(fit.stats == stats, "the shared fit's statistics differ from collect_stats'");
     assert_eq!(fit.routers, routers);
-    let acc = route_op::accuracy(&model, &doms, &params, &mut record);
+    let acc = route_op::accuracy(&fresh, &doms, &params, &mut record);
     assert_eq!((acc[0].per_layer.clone(), acc[1].per_layer.clone()), (acc_en.clone(), acc_hu.clone()));
+    assert_eq!((acc[0].tokens, acc[1].tokens), (1000, 1000));
     let last = |prefix: &str| steps.iter().rev().find(|s| s.0.starts_with(prefix)).map(|s| (s.1, s.2));
     assert_eq!(last("ridge statistics (hu)"), Some((6000, 6000)));
     let moe_layers = stats.iter().flatten().count() as u64;
@@ -180,4 +186,16 @@ fn ridge_router_on_real_hidden_states() {
     let unbiased = RouteParams { no_bias: true, ..params.clone() };
     assert!(err(&unbiased, given(stats.clone())).to_string().contains("bias column"));
     assert!(err(&RouteParams { top_k: 3, ..params.clone() }, None).to_string().contains("top_k"));
+    let no_tokens = Some(Collected { stats: stats.clone(), tokens: vec![3000, 0] });
+    assert!(err(&params, no_tokens).to_string().contains("one non-zero count per domain"));
+    let two = RouteParams { top_k: 2, temperature: 0.5, ..params.clone() };
+    route_op::fit(&mut model, &doms, &two, given(stats.clone()), &mut |_, _, _, _| {}).unwrap();
+    for block in &model.layers {
+        if let Mlp::Moe(m) = &block.mlp {
+            assert_eq!((m.top_k, m.temperature), (2, 0.5), "the fit's top-k and temperature are the model's");
+        }
+    }
+    let one =
+        route_op::fit(&mut model, &doms[..1], &RouteParams { top_k: 1, ..params.clone() }, None, &mut |_, _, _, _| {});
+    assert!(one.unwrap_err().to_string().contains("has 2 experts but 1 domains"));
 }

@@ -321,20 +321,14 @@ impl WithBackend for Args {
             }
             None => None,
         };
-        // The tab's fit, step for step (shared): statistics, solve, routers.
-        // Each domain's statistics tokens are printed when its pass ends.
-        let (mut current, mut index, mut start, mut last) = (None::<String>, 0usize, 0u64, 0u64);
-        let mut on_step = |what: &str, done: u64, _: u64, _: &str| {
-            if current.as_deref() != Some(what) {
-                if let Some(name) = current.take().filter(|_| !a.json) {
-                    let name = name.trim_start_matches("ridge statistics (").trim_end_matches(')');
-                    eprintln!("statistics: domain {index} ({name}) {} tokens", last - start);
-                    index += 1;
-                }
-                start = last;
-                current = what.starts_with("ridge statistics (").then(|| what.to_string());
+        // The tab's fit, step for step (shared): statistics, solve, routers;
+        // each domain's statistics pass is announced when it starts.
+        let mut last = String::new();
+        let mut on_step = |what: &str, _: u64, _: u64, _: &str| {
+            if !a.json && what.starts_with("ridge statistics") && what != last {
+                eprintln!("{what}...");
+                last = what.to_string();
             }
-            last = done;
         };
         let fit = match (route::fit(&mut model, &domains, &a.params, collected, &mut on_step), &a.stats) {
             (Ok(fit), _) => fit,
@@ -343,6 +337,11 @@ impl WithBackend for Args {
         };
         let RouteFit { stats, tokens, routers } = fit;
         super::args::trim_heap();
+        if !a.json && a.stats.is_none() {
+            for (i, (d, n)) in domains.iter().zip(&tokens).enumerate() {
+                eprintln!("statistics: domain {i} ({}) {n} tokens", d.name);
+            }
+        }
         let cond: Vec<Option<f64>> =
             stats.iter().map(|s| s.as_ref().and_then(|s| s.condition_number(opts.lambda).ok())).collect();
         let accuracy: Vec<RoutingAccuracy> = route::accuracy(&model, &domains, &a.params, &mut |_, _, _, _| {});

@@ -244,11 +244,19 @@ tokens = steps * batch * seq
 
 os.makedirs(out, exist_ok=True)
 means = {r: {t: statistics.mean([x[t] for x in rows[r]]) if rows[r] else None for t in TEXTS} for r in ROWS}
-fig_ppl = figure(out, "ppl", {
-    "kind": "bars", "title": f"Upcycling variants on {os.path.basename(model)}: held-out perplexity after stage 1",
-    "y": "perplexity", "categories": list(TEXTS),
-    "series": [{"name": "dense (no training)", "values": [ppl(dense, t) for t in TEXTS]}]
-    + [{"name": r, "values": [means[r][t] for t in TEXTS]} for r in ROWS if rows[r]],
+# The figure draws held-out loss (ln perplexity, mean over seeds), not perplexity: on a linear
+# perplexity axis Drop-Upcycling's English bar (~770) flattens every other row to the floor.
+loss_means = {r: {t: statistics.mean([x[f"{t}_nll"] for x in rows[r]]) if rows[r] else None for t in TEXTS}
+              for r in ROWS}
+for stale in ("ppl.svg", "ppl.png"):
+    if os.path.exists(os.path.join(out, stale)):
+        os.remove(os.path.join(out, stale))
+fig_ppl = figure(out, "heldout_loss", {
+    "kind": "bars",
+    "title": f"Upcycling variants on {os.path.basename(model)}: held-out loss after stage 1 (mean over seeds)",
+    "y": "cross-entropy (nats/token) = ln perplexity", "categories": list(TEXTS),
+    "series": [{"name": "dense (no training)", "values": [nll(dense, t) for t in TEXTS]}]
+    + [{"name": r, "values": [loss_means[r][t] for t in TEXTS]} for r in ROWS if rows[r]],
 })
 # The training curves of the first seed with the most of its rows' metrics in this run directory
 # (a sitting that added a row to a published seed has only that row's); stale figures go.

@@ -111,11 +111,13 @@ def per_row_note(provenance, noun, checked):
             if p[i]:
                 by.setdefault(", ".join(p[i]), []).append(f"`{a}`")
         return "; ".join(f"seed(s) {k} of {', '.join(v)}" for k, v in by.items())
-    return (f"Pooled {noun} by {noun}. From an earlier sitting: {group(0)} — their numbers come from the"
-            f" results.json it published (checked here to be the same budget, {checked} and evaluation token"
-            " streams, `eval_streams`; which machine, and when: the run notes in docs/experiments/README.md;"
-            " their commands and wall times: that version of this README in the git history). This sitting:"
-            f" {group(1)}; the command log below is this run directory's (every sitting that used it, on this machine).\n\n")
+    return (f"Pooled {noun} by {noun}. Carried from the published results.json (an earlier run of this report,"
+            f" in this run directory or another): {group(0)} — checked here to be the same budget, {checked} and"
+            " evaluation token streams (`eval_streams`); which machine, and when: the run notes in"
+            " docs/experiments/README.md; their commands and wall times: the command log below where this run"
+            " directory trained them, else that version of this README in the git history. Run here and"
+            f" evaluated by this report: {group(1)}; the command log below is this run directory's (every sitting"
+            " that used it, on this machine).\n\n")
 
 
 def ppl(ev, name):

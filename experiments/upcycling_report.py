@@ -254,7 +254,7 @@ for stale in ("ppl.svg", "ppl.png"):
 fig_ppl = figure(out, "heldout_loss", {
     "kind": "bars",
     "title": f"Upcycling variants on {os.path.basename(model)}: held-out loss after stage 1 (mean over seeds)",
-    "y": "cross-entropy (nats/token) = ln perplexity", "categories": list(TEXTS),
+    "y": "cross-entropy (nats/token): ln of the geometric-mean perplexity", "categories": list(TEXTS),
     "series": [{"name": "dense (no training)", "values": [nll(dense, t) for t in TEXTS]}]
     + [{"name": r, "values": [loss_means[r][t] for t in TEXTS]} for r in ROWS if rows[r]],
 })
@@ -270,7 +270,7 @@ if first is None or not have_curves[first]:
         if os.path.exists(os.path.join(out, f"training.{ext}")):
             os.remove(os.path.join(out, f"training.{ext}"))
 else:
-    some = "" if len(have_curves[first]) == len(ROWS) else f", the rows this run directory trained ({', '.join(have_curves[first])})"
+    some = "" if len(have_curves[first]) == len(ROWS) else f"; its rows trained in this run directory: {', '.join(have_curves[first])}"
     fig_curves = figure(out, "training", {
         "kind": "lines", "title": f"Training on Hungarian (seed {first}{some}): next-token loss per step", "x": "step",
         "y": "cross-entropy (nats/token)",
@@ -311,22 +311,27 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
         for v in variants:
             p = results[f"paired_vs_{base.replace('-', '_')}"].get(v, {})
             f.write(f"- `{v}`: hu {pct_cell(p, 'hu')}, en {pct_cell(p, 'en')}\n")
-    f.write("\n**Reading the table.** A row with one seed carries no measured spread, so a few percent between"
-            " two variants there is not yet a finding; with more seeds, a paired change within about its ± is not"
-            " one. ")
+    f.write("\n**Reading the table.** Mean ± sample standard deviation (n − 1) over seeds. A row with one seed"
+            " carries no measured spread, so a few percent between two variants there is not yet a finding. With"
+            " 2 or 3 seeds a paired change counts only when it is much larger than its spread and has the same"
+            " sign on every seed: the 95 % t-interval of a mean over n = 2 paired seeds is ± 9.0 s (± 2.5 s for"
+            " n = 3), so a change of +0.2 ± 0.1 % over 2 seeds is not told apart from none. The wall times come"
+            " from different machines and loads (the run notes in docs/experiments/README.md); they are not a"
+            " cost comparison: the GFLOP column is. ")
     if all(flops.get(k) for k in ("experts", "ffn", "dense")):
         more = "more" if flops["experts"] > flops["dense"] else "no more"
         f.write(f"Stage 1 costs {flops['experts']:.3g} GFLOP per training token against {flops['ffn']:.3g} for"
                 f" `dense-ffn` and {flops['dense']:.3g} for `dense-cpt` (experiments/flops.py, balanced routing"
                 f" assumed): the rows are matched in tokens, not FLOPs, and every MoE row spends {more} compute"
                 " per token than `dense-cpt`. ")
-    done = [v for v in variants if means[v]["hu"] is not None]
-    best = min(done, key=lambda v: means[v]["hu"]) if done else None
+    done = sorted((v for v in variants if means[v]["hu"] is not None), key=lambda v: means[v]["hu"])
     if len(done) < len(ALL_VARIANTS):
         lead = f" (not yet decided here: {', '.join(f'`{v}`' for v in ALL_VARIANTS if v not in done)} still to run)"
     else:
-        lead = (f" (here {'they do' if best in ('naive', 'noise') else 'they do not'}: the lowest mean Hungarian"
-                f" perplexity among the variants is `{best}`'s)")
+        two = set(done[:2]) == {"naive", "noise"}
+        lead = (f" (here {'they do' if two else 'they do not'}: the two lowest mean Hungarian perplexities among"
+                f" the variants are `{done[0]}`'s and `{done[1]}`'s, {means[done[0]]['hu']:.2f} and"
+                f" {means[done[1]]['hu']:.2f}; the paired changes above say whether the two are told apart)")
     f.write(f"What a critic checks first: the budget. {tokens:,} tokens per run is a short continued pre-training."
             " Drop-Upcycling (Nakamura et al. 2025) reports that naive copies stay alike and so improve slowly"
             " over long training, while re-initialised units start from a higher loss and overtake them later, at"
@@ -336,7 +341,20 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
             " what routing English tokens to them costs. Granular upcycling freezes both slices of the original"
             " FFN, but their router rows train apart and each slice's output is scaled to keep the function at"
             " the start, so after training the two frozen slices no longer compute the original FFN together:"
-            " its English column is not a frozen-expert reading like the other variants'.\n")
+            " its English column is not a frozen-expert reading like the other variants' (how often the two"
+            " slices are still chosen together is not measured here).\n\n"
+            f"**Where this setup differs from the papers.** (1) The base is `{os.path.basename(model)}`"
+            + (", a quantised GGUF dequantised to f32, so the copies, and Drop-Upcycling's per-projection mean and"
+               " standard deviation, are those of quantised weights" if model.endswith(".gguf") else "")
+            + ". (2) Expert 0 is the original FFN, frozen and never re-initialised (the"
+            " DeltaMoE setting), and stage 1 trains the three new experts and the router only; Komatsuzaki et al."
+            " (2023) train every weight of the upcycled model, and Drop-Upcycling's public code re-initialises"
+            " every expert. What the frozen weights cost is measured beside DeltaMoE: its 2x2 (deltamoe/README.md,"
+            " \"Scale or recipe\", seed 1) puts the MoE's Hungarian gap to every-weight dense training on the"
+            " recipe (dense FFN-only against dense all: +15.4 %), with the MoE within 1 % of dense when both train"
+            " the same weights. (3) Drop-Upcycling draws one set of units per expert for `w1`, `w3` and `w2` (the"
+            " paper's Eq. 3; its code draws one per projection), r = 0.5, 4 experts top-2. (4) Granular: G = 2"
+            f" only. (5) The budget: {tokens:,} tokens per run, against the papers' billions.\n")
     if task_rows:
         items = task_items([ev for _, evs, _ in task_rows for ev in evs])
         f.write("\n## Task accuracy\n\nNext-paragraph multiple choice on the held-out text"

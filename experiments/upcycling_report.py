@@ -100,6 +100,20 @@ def balance(ev):
     return statistics.mean(ratios) if ratios else None
 
 
+def expert0_share(ev):
+    """{text: share} of the routed load (top-k token slots, mean over MoE layers) that goes to
+    expert 0, the original FFN kept frozen (a granular model's G slices of copy 0 summed), as
+    deltamoe_report.py's `load_mean[0]`: 0.25 is an even spread over the 4 copies, 0.5 (top-2)
+    puts the original FFN in every token's top-k. None for a dense model."""
+    out = {}
+    for d in ev["datasets"]:
+        shares = [sum(l[:len(l) // COPIES]) / sum(l) for l in d.get("load_per_layer") or []
+                  if l and not len(l) % COPIES and sum(l) > 0]
+        if shares:
+            out[d["name"]] = statistics.mean(shares)
+    return out or None
+
+
 def train_state(seed, row):
     """(the training sources' sha256 list, the data sampler's final state) of one training, from its
     final/trainer_state.json; None when the model directory is gone (a published seed)."""
@@ -154,6 +168,26 @@ for r in ROWS:
     if lacking:
         missing.append((r, lacking))
     rows[r] = recs
+
+# Expert 0's share of the routed load per row and seed (results.json `expert0_share`, as the DeltaMoE
+# report's): the published seeds' from the published results.json; this run's from its evaluations;
+# a carried seed published without it (before 2026-12-07) from this run directory's evaluation of
+# it when that evaluation is the published one (the same perplexities to the last bit).
+expert0 = {}
+for r in ROWS:
+    if r in DENSE_ROWS:
+        continue
+    shares = {s: v for s, v in (prior or {}).get("expert0_share", {}).get(r, {}).items() if s in published}
+    for x in rows[r]:
+        path = os.path.join(work, f"s{x['seed']}", f"{r}.eval.json")
+        if x["seed"] in shares or not os.path.exists(path):
+            continue
+        ev = load(path)
+        share = expert0_share(ev)
+        if share and all(ppl(ev, t) == x[t] for t in TEXTS):
+            shares[x["seed"]] = share
+    if shares:
+        expert0[r] = dict(sorted(shares.items()))
 
 # Every evaluation read the same token stream per text (the protocol; an earlier sitting's too).
 streams = stream_hashes(evs)
@@ -221,6 +255,7 @@ results["task_accuracy_paired"] = paired_tasks(work, seeds, prior, published,
                                                list(TEXTS))
 results["paired_vs_dense_ffn"] = {v: paired(v, "dense-ffn") for v in variants}
 results["paired_vs_dense_cpt"] = {v: paired(v, "dense-cpt") for v in variants}
+results["expert0_share"] = expert0
 
 
 def pct_cell(pairs, t):
@@ -311,6 +346,16 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
         for v in variants:
             p = results[f"paired_vs_{base.replace('-', '_')}"].get(v, {})
             f.write(f"- `{v}`: hu {pct_cell(p, 'hu')}, en {pct_cell(p, 'en')}\n")
+    if expert0:
+        f.write("\nShare of the routed load (top-k token slots, mean over layers) that goes to expert 0, the"
+                " original FFN kept frozen (`load_mean[0]` of `eval --json`, granular's two slices of it summed;"
+                " 25 % is an even spread over the 4 copies, 50 % puts it in every token's top-2). Seeds: those"
+                " whose evaluation this report has read (a seed published before these shares were recorded has"
+                " none unless its evaluation is still in the run directory).\n\n"
+                "| row | seeds | hu | en |\n|---|---|---|---|\n")
+        for r, per_seed in expert0.items():
+            f.write(f"| {r} | {', '.join(per_seed)} | "
+                    + " | ".join(fmt([x.get(t) for x in per_seed.values()], 1, True) for t in TEXTS) + " |\n")
     f.write("\n**Reading the table.** Mean ± sample standard deviation (n − 1) over seeds. A row with one seed"
             " carries no measured spread, so a few percent between two variants there is not yet a finding. With"
             " 2 or 3 seeds a paired change counts only when it is much larger than its spread and has the same"

@@ -88,14 +88,18 @@ impl FieldError {
     }
 }
 
-/// `spec.validate()` as a [`FieldError`] whose message names the page's
-/// `label` for the field (`labels` maps spec fields to labels; unknown
-/// fields keep their spec name).
+/// `spec.validate()` as a [`FieldError`] whose message names the field's
+/// label: the page's own where it words a field differently (`labels`
+/// maps spec fields to labels), else the operation's (the job kind's form
+/// fields, [`moe_shared::jobs::JobKind::fields`], which the Jobs page
+/// shows), else the spec name.
 fn check(spec: &JobSpec, labels: &[(&str, &str)]) -> Result<(), FieldError> {
     spec.validate().map_err(|e: ApiError| {
         let field = e.field.as_deref().unwrap_or("").trim_start_matches("spec.");
         let base = field.split(['[', '.']).next().unwrap_or("");
-        let label = labels.iter().find(|(f, _)| *f == field || *f == base).map_or(field, |(_, l)| l);
+        let own = labels.iter().find(|(f, _)| *f == field || *f == base).map(|(_, l)| *l);
+        let op = || moe_shared::jobs::JobKind::parse(spec.kind()).and_then(|k| k.field(base)).map(|f| f.label);
+        let label = own.or_else(op).unwrap_or(field);
         FieldError::at_path(field, format!("{label}: {} (the server and the CLI refuse it too)", e.error))
     })
 }
@@ -115,10 +119,7 @@ pub fn route(names: &[String], params: &moe_shared::ops::route::RouteParams) -> 
         domains: names.iter().map(|n| data(n)).collect(),
         params: params.clone(),
     });
-    check(
-        &spec,
-        &[("lambda", "lambda"), ("top_k", "top-k"), ("max_tokens", "tokens per domain"), ("domains", "domain")],
-    )
+    check(&spec, &[("domains", "domain")])
 }
 
 /// The MoErge form: `models` ticked, top-k.
@@ -131,7 +132,7 @@ pub fn moerge(models: usize, params: &moe_shared::ops::moerge::MoergeParams) -> 
         dtype: None,
         params: params.clone(),
     });
-    check(&spec, &[("models", "models"), ("top_k", "top-k")])
+    check(&spec, &[("models", "models")])
 }
 
 /// The graft form's parameters (the scale λ).
@@ -180,11 +181,9 @@ pub fn upcycle(
         dtype: None,
         params: params.clone(),
     });
-    // The parameters' labels are the operation's own (`form_fields`, the
-    // Jobs page's too); the page adds its two expert-count inputs.
-    let mut labels = vec![("experts", "experts per layer"), ("experts_per_layer", "allocation")];
-    labels.extend(moe_shared::ops::upcycle::UpcycleParams::form_fields().iter().map(|f| (f.key, f.label)));
-    check(&spec, &labels)
+    // The parameters' labels are the operation's own (the Jobs page's
+    // too); the page words its two expert-count inputs its own way.
+    check(&spec, &[("experts", "experts per layer"), ("experts_per_layer", "allocation")])
 }
 
 /// The training form (DeltaMoE's stages in the tab): stage, steps and the
@@ -246,7 +245,12 @@ mod tests {
         assert!(e.message.contains("appears twice"), "{}", e.message);
         let e = route(&["e n".into(), "hu".into()], &p(0.01, 1, 10_000)).unwrap_err();
         assert_eq!(e.path(), "domains[0].name");
-        assert!(route(&names, &p(0.01, 1, 0)).is_err());
+        // Labels the page does not word its own way are the operation's
+        // (`RouteParams::form_fields`, the Jobs page's).
+        let e = route(&names, &p(0.01, 1, 0)).unwrap_err();
+        assert_eq!(e.path(), "max_tokens");
+        assert!(e.message.starts_with("tokens per domain: 0 is out of range"), "{}", e.message);
+        assert!(route(&names, &p(1e10, 1, 10_000)).unwrap_err().message.starts_with("lambda: "));
         // top-k above the domains (one expert each) is the server's refusal too now
         assert_eq!(route(&names, &p(0.01, 3, 10_000)).unwrap_err().path(), "top_k");
 

@@ -209,7 +209,7 @@ fn RouterForm() -> impl IntoView {
     let defaults = RouteParams::default();
     let lambda = RwSignal::new(defaults.lambda.to_string());
     let top_k = RwSignal::new(defaults.top_k.to_string());
-    let max_tokens = RwSignal::new(crate::compute::route::TAB_MAX_TOKENS.to_string());
+    let route_tokens = RwSignal::new(crate::compute::route::TAB_MAX_TOKENS.to_string());
     // ... and the statistics budget of the preset's own CLI run
     // (scripts/demo_preset.sh: `route --max-tokens 2000`), which keeps the
     // step within seconds.
@@ -225,7 +225,7 @@ fn RouterForm() -> impl IntoView {
                     })
                     .collect(),
             );
-            max_tokens.set(p.settings.route_tokens.to_string());
+            route_tokens.set(p.settings.route_tokens.to_string());
             top_k.set(p.settings.dume_top_k.to_string());
         }
     });
@@ -239,7 +239,7 @@ fn RouterForm() -> impl IntoView {
         let l: f64 = lambda.get().trim().parse().map_err(|_| "lambda: not a number".to_string())?;
         let k: usize = top_k.get().trim().parse().map_err(|_| "top-k: not a whole number".to_string())?;
         let mt: usize =
-            max_tokens.get().trim().parse().map_err(|_| "tokens per domain: not a whole number".to_string())?;
+            route_tokens.get().trim().parse().map_err(|_| "tokens per domain: not a whole number".to_string())?;
         Ok(crate::compute::route::tab_params(l, k, mt))
     };
     // The server's route rules (shared), on every change: shown next to the
@@ -310,7 +310,7 @@ fn RouterForm() -> impl IntoView {
             <button class="secondary" on:click=move |_| domains.update(|v| { if v.len() > 2 { v.pop(); } })>"− domain"</button>
             <label>"λ " <input type="number" step="0.001" class="short" data-testid="route-lambda" prop:value=move || lambda.get() on:input=move |ev| lambda.set(event_target_value(&ev))/></label>
             <label>"top-k " <input type="number" min="1" class="short" data-testid="route-topk" prop:value=move || top_k.get() on:input=move |ev| top_k.set(event_target_value(&ev))/></label>
-            <label>"tokens per domain " <input type="number" class="short" data-testid="route-max-tokens" prop:value=move || max_tokens.get() on:input=move |ev| max_tokens.set(event_target_value(&ev))/></label>
+            <label>"tokens per domain " <input type="number" class="short" data-testid="route-max-tokens" prop:value=move || route_tokens.get() on:input=move |ev| route_tokens.set(event_target_value(&ev))/></label>
         </div>
         {move || invalid.get().err().map(|e| view! { <p class="msg error" role="alert" data-testid="route-field-error">{e}</p> })}
         <label class="inline"><input type="checkbox" data-testid="route-ppl" prop:checked=move || with_ppl.get()

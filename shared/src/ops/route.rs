@@ -150,7 +150,7 @@ impl RouteParams {
         vec![
             Field::new("lambda", "lambda", Input::Float, &format!("default {}", d.lambda)),
             Field::new("top_k", "top-k", Input::Int, &format!("default {}", d.top_k)),
-            Field::new("max_tokens", "max tokens", Input::Int, "all"),
+            Field::new("max_tokens", "tokens per domain", Input::Int, "all"),
             Field::new("context", "context", Input::Int, &format!("default {}", d.context)),
             Field::new("temperature", "temperature", Input::Float, &format!("default {}", d.temperature)).advanced(),
             Field::new("eval_tokens", "held-out tokens", Input::Int, &format!("default {}", d.eval_tokens)).advanced(),

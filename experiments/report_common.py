@@ -101,8 +101,8 @@ def pooling_note(published, seeds, provenance, noun, checked):
 
 def per_row_note(provenance, noun, checked):
     """The README paragraph of a report pooled row by row (NeuronMoE's allocations, the upcycling
-    rows): which seeds of which row came from the earlier sitting's results.json and which this
-    sitting ran. `provenance` is {row: (published seeds carried, seeds run here)}; `noun` names a
+    rows): which seeds of which row were carried from the published results.json and which this run
+    directory ran and this report evaluated. `provenance` is {row: (published seeds carried, seeds run here)}; `noun` names a
     row ("allocation"), `checked` what the pooling checked besides the budget and the evaluation
     streams ("allocations")."""
     def group(i):

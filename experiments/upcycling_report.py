@@ -4,7 +4,9 @@ protocol): Hungarian / English held-out perplexity, the expert load balance and 
 each upcycling variant after the same stage-1 budget, beside the dense model and the dense model
 trained on the same tokens (`dense-ffn`: its FFNs only, `dense-cpt`: every weight); mean ± std over
 seeds, and each variant's change against naive copies and against both dense runs paired per seed
-(same tokens, same data order: checked from each training's saved data state). Standard library
+(same tokens, same data order: checked from each training's saved data state); expert 0's share of
+the routed load per row and seed (`expert0_share`); task accuracy when scored. Figures: held-out
+loss (ln perplexity) per row and text, and the training curves of one seed. Standard library
 only (the figures are drawn by `moe-studio plot`).
 
 Usage: upcycling_report.py WORK OUT SMOKE MODEL "SEEDS" "VARIANTS" "DENSE" BUDGET
@@ -171,8 +173,9 @@ for r in ROWS:
 
 # Expert 0's share of the routed load per row and seed (results.json `expert0_share`, as the DeltaMoE
 # report's): the published seeds' from the published results.json; this run's from its evaluations;
-# a carried seed published without it (before 2026-12-07) from this run directory's evaluation of
-# it when that evaluation is the published one (the same perplexities to the last bit).
+# a carried seed published without it (every seed published before 171b01b, 2026-12-07) from this run
+# directory's evaluation of it when that evaluation is the published one (the same perplexities to
+# the last bit); kept only with a share for every text, as the DeltaMoE report keeps them.
 expert0 = {}
 for r in ROWS:
     if r in DENSE_ROWS:
@@ -184,10 +187,10 @@ for r in ROWS:
             continue
         ev = load(path)
         share = expert0_share(ev)
-        if share and all(ppl(ev, t) == x[t] for t in TEXTS):
-            shares[x["seed"]] = share
+        if share and set(share) >= set(TEXTS) and all(ppl(ev, t) == x[t] for t in TEXTS):
+            shares[x["seed"]] = {t: share[t] for t in TEXTS}
     if shares:
-        expert0[r] = dict(sorted(shares.items()))
+        expert0[r] = dict(sorted(shares.items(), key=lambda kv: int(kv[0])))
 
 # Every evaluation read the same token stream per text (the protocol; an earlier sitting's too).
 streams = stream_hashes(evs)
@@ -349,17 +352,18 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
     if expert0:
         f.write("\nShare of the routed load (top-k token slots, mean over layers) that goes to expert 0, the"
                 " original FFN kept frozen (`load_mean[0]` of `eval --json`, granular's two slices of it summed;"
-                " 25 % is an even spread over the 4 copies, 50 % puts it in every token's top-2). Seeds: those"
-                " whose evaluation this report has read (a seed published before these shares were recorded has"
-                " none unless its evaluation is still in the run directory).\n\n"
+                " 25 % is an even spread over the 4 copies, 50 % puts it in every token's top-2). Seeds: those with a"
+                " recorded share (this run's evaluations, or carried from the published results.json; a seed"
+                " published before the shares were recorded has one only where its evaluation is still in this"
+                " run directory).\n\n"
                 "| row | seeds | hu | en |\n|---|---|---|---|\n")
         for r, per_seed in expert0.items():
             f.write(f"| {r} | {', '.join(per_seed)} | "
                     + " | ".join(fmt([x.get(t) for x in per_seed.values()], 1, True) for t in TEXTS) + " |\n")
-    f.write("\n**Reading the table.** Mean ± sample standard deviation (n − 1) over seeds. A row with one seed"
+    f.write("\n**Reading the tables.** Mean ± sample standard deviation s (n − 1) over seeds. A row with one seed"
             " carries no measured spread, so a few percent between two variants there is not yet a finding. With"
             " 2 or 3 seeds a paired change counts only when it is much larger than its spread and has the same"
-            " sign on every seed: the 95 % t-interval of a mean over n = 2 paired seeds is ± 9.0 s (± 2.5 s for"
+            " sign on every seed: the 95 % t-interval of a mean over n = 2 paired seeds is ± 9.0 × s (± 2.5 × s for"
             " n = 3), so a change of +0.2 ± 0.1 % over 2 seeds is not told apart from none. The wall times come"
             " from different machines and loads (the run notes in docs/experiments/README.md); they are not a"
             " cost comparison: the GFLOP column is. ")
@@ -374,9 +378,15 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
         lead = f" (not yet decided here: {', '.join(f'`{v}`' for v in ALL_VARIANTS if v not in done)} still to run)"
     else:
         two = set(done[:2]) == {"naive", "noise"}
+        a, b = done[:2]
+        n = lambda v: len(rows[v])  # noqa: E731
+        apart = ""
+        if "naive" in (a, b):
+            other = b if a == "naive" else a
+            apart = f"; the paired change of `{other}` against `naive` above says whether the two are told apart"
         lead = (f" (here {'they do' if two else 'they do not'}: the two lowest mean Hungarian perplexities among"
-                f" the variants are `{done[0]}`'s and `{done[1]}`'s, {means[done[0]]['hu']:.2f} and"
-                f" {means[done[1]]['hu']:.2f}; the paired changes above say whether the two are told apart)")
+                f" the variants are `{a}`'s and `{b}`'s, {means[a]['hu']:.2f} ({n(a)} seeds) and"
+                f" {means[b]['hu']:.2f} ({n(b)} seeds){apart})")
     f.write(f"What a critic checks first: the budget. {tokens:,} tokens per run is a short continued pre-training."
             " Drop-Upcycling (Nakamura et al. 2025) reports that naive copies stay alike and so improve slowly"
             " over long training, while re-initialised units start from a higher loss and overtake them later, at"

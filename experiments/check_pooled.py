@@ -8,7 +8,7 @@ at least one row with a new seed, the analyses of a published seed; dume: or at 
 method with a new seed, the FFN-only part of a published seed), mark P as published, and carry every number P had in FIRST unchanged (deltamoe: every row's
 per-seed perplexities, the expert-0 shares and the analyses' seeds; dume: every method's per-seed
 records; neuronmoe: every allocation's per-stage perplexities; every report: the task accuracy records and
-paired differences of the published seeds; upcycling: every row's per-seed records and expert-0 shares). Exit status 1
+paired differences of the published seeds; upcycling: every row's per-seed records, expert-0 shares and before-training perplexities). Exit status 1
 with the first difference named.
 
 Usage: check_pooled.py deltamoe|dume|neuronmoe|upcycling FIRST SECOND
@@ -104,12 +104,13 @@ elif kind == "upcycling":
                 if new.get(x["seed"]) != x:
                     fail(f"row `{r}` seed {x['seed']}: {new.get(x['seed'])} != published {x}")
                 checked += 1
-    for r, shares in first.get("expert0_share", {}).items():
-        for s, v in shares.items():
-            got = second.get("expert0_share", {}).get(r, {}).get(s)
-            if got != v:
-                fail(f"expert-0 share of `{r}` seed {s}: {got} != published {v}")
-            checked += 1
+    for key, what in (("expert0_share", "expert-0 share"), ("before_training", "before-training perplexity")):
+        for r, per_seed in first.get(key, {}).items():
+            for s, v in per_seed.items():
+                got = second.get(key, {}).get(r, {}).get(s)
+                if got != v:
+                    fail(f"{what} of `{r}` seed {s}: {got} != published {v}")
+                checked += 1
 else:
     fail("unknown report kind (expected deltamoe, dume, neuronmoe or upcycling)")
 # Every report: the published seeds' task accuracy records and paired differences.

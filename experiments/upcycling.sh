@@ -148,6 +148,14 @@ for seed in $SEEDS; do
         # shellcheck disable=SC2046
         [ -f "$S/$v/final/config.json" ] ||
             make_dir "$S/$v-init" "$BIN" upcycle "$MODEL" $(variant_args "$v") --seed "$seed" --out "$S/$v-init"
+        # A variant that does not start as the dense model's function (noise, drop): its held-out
+        # scores before training (the report's "before training" table; naive and granular start as
+        # the dense model, as shared/tests/integration/upcycle_variants.rs asserts).
+        if [ "$v" = noise ] || [ "$v" = drop ]; then
+            if [ -f "$S/$v-init/config.json" ]; then
+                report "$S/$v-init.eval.json" "$BIN" eval "$S/$v-init" "${TOK[@]}" "${EVAL[@]}"
+            fi
+        fi
         train_run "$S/$v" "$S/$v-init" --stage experts "${TRAIN[@]}" --seed "$seed"
         report "$S/$v.eval.json" "$BIN" eval "$S/$v/final" "${TOK[@]}" "${EVAL[@]}"
         task_report "$S/$v.tasks.json" "$S/$v/final" "${TASKS[@]}"

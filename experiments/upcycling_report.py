@@ -5,7 +5,8 @@ each upcycling variant after the same stage-1 budget, beside the dense model and
 trained on the same tokens (`dense-ffn`: its FFNs only, `dense-cpt`: every weight); mean ± std over
 seeds, and each variant's change against naive copies and against both dense runs paired per seed
 (same tokens, same data order: checked from each training's saved data state); expert 0's share of
-the routed load per row and seed (`expert0_share`); task accuracy when scored. Figures: held-out
+the routed load per row and seed (`expert0_share`); noise and drop before training
+(`before_training`); task accuracy when scored. Figures: held-out
 loss (ln perplexity) per row and text, and the training curves of one seed. Standard library
 only (the figures are drawn by `moe-studio plot`).
 
@@ -192,6 +193,36 @@ for r in ROWS:
     if shares:
         expert0[r] = dict(sorted(shares.items(), key=lambda kv: int(kv[0])))
 
+# Held-out perplexity before training of the variants that do not start as the dense model (noise,
+# drop: experiments/upcycling.sh evaluates `$v-init` before training it), per row and seed
+# (results.json `before_training`): the published seeds' from the published results.json, the others
+# from this run directory (any seed of a row this report shows).
+START_ROWS = ("noise", "drop")
+
+
+def vocab_size():
+    """The vocabulary size from any trained model's config.json in the run directory (None without one)."""
+    import glob
+    for c in sorted(glob.glob(os.path.join(work, "s*", "*", "final", "config.json"))):
+        v = load(c).get("vocab_size")
+        if v:
+            return v
+    return None
+
+
+VOCAB = vocab_size()
+before = {}
+for r in [r for r in ROWS if r in START_ROWS]:
+    got = {s: v for s, v in (prior or {}).get("before_training", {}).get(r, {}).items() if s in published}
+    for x in rows[r]:
+        path = os.path.join(work, f"s{x['seed']}", f"{r}-init.eval.json")
+        if x["seed"] not in got and os.path.exists(path):
+            ev = load(path)
+            evs.append(ev)
+            got[x["seed"]] = {t: ppl(ev, t) for t in TEXTS}
+    if got:
+        before[r] = dict(sorted(got.items(), key=lambda kv: int(kv[0])))
+
 # Every evaluation read the same token stream per text (the protocol; an earlier sitting's too).
 streams = stream_hashes(evs)
 for name, hashes in streams.items():
@@ -259,6 +290,7 @@ results["task_accuracy_paired"] = paired_tasks(work, seeds, prior, published,
 results["paired_vs_dense_ffn"] = {v: paired(v, "dense-ffn") for v in variants}
 results["paired_vs_dense_cpt"] = {v: paired(v, "dense-cpt") for v in variants}
 results["expert0_share"] = expert0
+results["before_training"] = before
 
 
 def pct_cell(pairs, t):
@@ -349,6 +381,16 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
         for v in variants:
             p = results[f"paired_vs_{base.replace('-', '_')}"].get(v, {})
             f.write(f"- `{v}`: hu {pct_cell(p, 'hu')}, en {pct_cell(p, 'en')}\n")
+    if before:
+        f.write("\nBefore training: held-out perplexity of the upcycled model as `upcycle` made it, for the"
+                " variants that do not start as the dense model (naive and granular compute its function"
+                f" exactly: {ppl(dense, 'hu'):.2f} / {ppl(dense, 'en'):.2f})."
+                + (f" The vocabulary has {VOCAB:,} tokens: a uniform guess scores {VOCAB:,}." if VOCAB else "")
+                + "\n\n"
+                "| row | seeds | hu ppl | en ppl |\n|---|---|---|---|\n")
+        for r, per_seed in before.items():
+            f.write(f"| {r} | {', '.join(per_seed)} | "
+                    + " | ".join(fmt([x[t] for x in per_seed.values()]) for t in TEXTS) + " |\n")
     if expert0:
         f.write("\nShare of the routed load (top-k token slots, mean over layers) that goes to expert 0, the"
                 " original FFN kept frozen (`load_mean[0]` of `eval --json`, granular's two slices of it summed;"

@@ -294,9 +294,11 @@ results["before_training"] = before
 
 
 def pct_cell(pairs, t):
-    """`mean ± std` of the paired changes in percent, with the seed count; `-` without a pair."""
+    """`mean ± std` of the paired changes in percent, with the seed count; `-` without a pair. Two
+    decimals where the change is under 1 %, so a small spread does not print as `± 0.0`."""
     xs = [p[t] for p in pairs.values()]
-    return fmt(xs, 1, pct=True) + (f" (n={len(xs)})" if xs else "")
+    small = xs and abs(statistics.mean(xs)) < 0.01
+    return fmt(xs, 2 if small else 1, pct=True) + (f" (n={len(xs)})" if xs else "")
 
 
 def flops_key(r):
@@ -437,7 +439,7 @@ with open_report(out, results, "Upcycling variants at one stage-1 budget", smoke
             " original FFN whole and re-initialises units of the trainable copies only; the English column shows"
             " what routing English tokens to them costs. Granular upcycling freezes both slices of the original"
             " FFN, but their router rows train apart and each slice's output is scaled to keep the function at"
-            " the start, so after training the two frozen slices no longer compute the original FFN together:"
+            " the start, so after training the two frozen slices need not compute the original FFN together:"
             " its English column is not a frozen-expert reading like the other variants' (how often the two"
             " slices are still chosen together is not measured here).\n\n"
             f"**Where this setup differs from the papers.** (1) The base is `{os.path.basename(model)}`"

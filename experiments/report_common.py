@@ -62,14 +62,15 @@ def merge_published(results, prior, published, seeds):
 
 
 def published_note(published):
-    """The README paragraph saying which seeds come from an earlier sitting's results.json."""
+    """The README paragraph saying which seeds are carried from the published results.json."""
     if not published:
         return ""
-    return (f"Seed(s) {', '.join(published)} ran in an earlier sitting (which machine, and when: the run notes in"
-            " docs/experiments/README.md): their numbers come from"
-            " the results.json that sitting published (checked here to be the same budget, rows and evaluation"
-            " token streams, `eval_streams`), their commands and wall times from that version of this README in"
-            " the git history; the command log below is this run directory's (every sitting that used it, on this machine).\n\n")
+    return (f"Seed(s) {', '.join(published)} are carried from the published results.json, made by an earlier run of"
+            " this report (which machine, and when: the run notes in docs/experiments/README.md; checked here to be"
+            " the same budget, rows and evaluation token streams, `eval_streams`); their commands and wall times:"
+            " the command log below where this run directory ran them, else that version of this README in the"
+            " git history. The command log below is this run directory's (every sitting that used it, on this"
+            " machine).\n\n")
 
 
 def refuse_pooled(noun, row, in_published, published, again, leave_out):

@@ -282,6 +282,10 @@ try {
   const re = await followJob(300_000);
   const resumedJob = await apiJson(`jobs/${longId}`);
   const reSteps = [...new Set(re.steps.map((x) => x.step).filter((x) => x > 0))];
+  // The curve is complete once the page has merged the job's metrics.jsonl on its end (live
+  // events a slow tab lagged past are read back from it): wait for that, then read it.
+  await page.waitForFunction((n) => Number(document.querySelector('[data-testid=loss-curve]')?.getAttribute('data-points')) >= n,
+    LONG, { timeout: 15_000 }).catch(() => {});
   const rePts = Number(await tid('loss-curve').getAttribute('data-points'));
   check(re.state === 'succeeded' && resumedJob.attempts === 2 && resumedJob.progress?.step === LONG,
     `Resume: ${re.state} after ${resumedJob.attempts} attempts, step ${resumedJob.progress?.step}`);

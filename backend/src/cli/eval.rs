@@ -160,3 +160,39 @@ impl WithBackend for Args {
         Ok(())
     }
 }
+
+/// An eval job: the spec's model, datasets and parameters (perplexity and routing load).
+impl super::run_job::FromJob for moe_shared::api::EvalSpec {
+    fn command(&self, j: &super::run_job::JobArgs<'_>) -> super::Command {
+        super::Command::Eval(Args {
+            weights: super::run_job::defaults(),
+            model: j.model(&self.model),
+            data: self.data.iter().map(|d| j.named(d)).collect(),
+            docs: j.docs(),
+            task: Vec::new(),
+            task_params: Default::default(),
+            batch: PerplexityOptions::DEFAULT_BATCH,
+            params: self.params.clone(),
+            tokenizer: None,
+            json: j.json,
+        })
+    }
+}
+
+/// A task job: `eval --task` with the spec's model, task files, parameters and batch.
+impl super::run_job::FromJob for moe_shared::api::TaskSpec {
+    fn command(&self, j: &super::run_job::JobArgs<'_>) -> super::Command {
+        super::Command::Eval(Args {
+            weights: super::run_job::defaults(),
+            model: j.model(&self.model),
+            data: Vec::new(),
+            docs: j.docs(),
+            task: self.tasks.iter().map(|d| j.named(d)).collect(),
+            task_params: self.params.clone(),
+            batch: self.batch.unwrap_or(PerplexityOptions::DEFAULT_BATCH),
+            params: Default::default(),
+            tokenizer: None,
+            json: j.json,
+        })
+    }
+}

@@ -106,3 +106,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A graft job: the spec's target, base, instruct model and parameters.
+impl super::run_job::FromJob for moe_shared::api::GraftSpec {
+    fn command(&self, j: &super::run_job::JobArgs<'_>) -> super::Command {
+        super::Command::Graft(Args {
+            target: j.model(&self.target),
+            base: j.model(&self.base),
+            instruct: j.model(&self.instruct),
+            params: self.params.clone(),
+            layout: super::run_job::defaults(),
+            output: j.output(),
+        })
+    }
+}

@@ -98,3 +98,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A merge job: the spec's method, models, base, parameters and dtype.
+impl super::run_job::FromJob for moe_shared::api::MergeSpec {
+    fn command(&self, j: &super::run_job::JobArgs<'_>) -> super::Command {
+        super::Command::Merge(Args {
+            method: self.method,
+            models: self.models.iter().map(|id| j.model(id)).collect(),
+            base: self.base.as_ref().map(|b| j.model(b)),
+            params: self.params.clone(),
+            dtype: super::args::OutputDtype { dtype: self.dtype.clone() },
+            output: j.output(),
+        })
+    }
+}

@@ -181,3 +181,20 @@ fn hidden_inits<B: Backend>(
         })
         .collect()
 }
+
+/// A moerge job: the spec's models and parameters, with no base, prompts or shared experts.
+impl super::run_job::FromJob for moe_shared::api::MoergeSpec {
+    fn command(&self, j: &super::run_job::JobArgs<'_>) -> super::Command {
+        super::Command::Moerge(Args {
+            models: self.models.iter().map(|id| j.model(id)).collect(),
+            base: None,
+            params: self.params.clone(),
+            expert_prompts: None,
+            no_frozen: false,
+            shared: Default::default(),
+            layout: super::run_job::defaults(),
+            dtype: super::args::OutputDtype { dtype: self.dtype.clone() },
+            output: j.output(),
+        })
+    }
+}

@@ -558,3 +558,22 @@ pub fn plot(a: PlotArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A neurons job: the spec's model, languages, new languages and parameters.
+impl super::run_job::FromJob for moe_shared::api::NeuronsSpec {
+    fn command(&self, j: &super::run_job::JobArgs<'_>) -> super::Command {
+        super::Command::Neurons(Args {
+            weights: super::run_job::defaults(),
+            model: j.model(&self.model),
+            langs: self.langs.iter().map(|d| j.named(d)).collect(),
+            docs: j.docs(),
+            new: self.new.clone(),
+            params: self.params.clone(),
+            batch: 8,
+            threads: None,
+            bench: false,
+            tokenizer: None,
+            out: j.out.to_path_buf(),
+        })
+    }
+}

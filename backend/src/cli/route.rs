@@ -433,3 +433,30 @@ impl WithBackend for Args {
         Ok(())
     }
 }
+
+/// A route job: the spec's model, domains (`NAME=FILE[:HELDOUT]`) and parameters.
+impl super::run_job::FromJob for moe_shared::api::RouteSpec {
+    fn command(&self, j: &super::run_job::JobArgs<'_>) -> super::Command {
+        super::Command::Route(Args {
+            weights: super::run_job::defaults(),
+            model: j.model(&self.model),
+            domains: self
+                .domains
+                .iter()
+                .map(|d| match &d.heldout {
+                    Some(_) => format!("{}:{}", j.named(d), j.heldout(d)),
+                    None => j.named(d),
+                })
+                .collect(),
+            add_expert: None,
+            params: self.params.clone(),
+            docs: j.docs(),
+            layout: super::run_job::defaults(),
+            lambda_sweep: Vec::new(),
+            lambda_sweep_relative: Vec::new(),
+            stats: None,
+            out: j.out.to_path_buf(),
+            json: j.json,
+        })
+    }
+}

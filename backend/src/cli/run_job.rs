@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::FromArgMatches;
 use moe_shared::api::{DataRef, JobSpec};
-use moe_shared::jobs::{JobFile, JobInputs, ALLOCATION_FILE, JOB_OUT};
+use moe_shared::jobs::{JobFile, JobInputs, JOB_OUT};
 
-use super::args::{DocsArg, LayoutArg, Output, OutputDtype};
+use super::args::{DocsArg, Output};
 use super::{Cli, Command};
 
 /// Arguments of `run-job`.
@@ -71,144 +71,67 @@ pub(crate) fn defaults<T: clap::Args + FromArgMatches>() -> T {
 
 /// The typed subcommand that runs `spec` with its inputs where `job`
 /// places them, writing `out` (train: `--resume` when `resume`), with a
-/// JSON summary on stdout when `json` (a job's; a recipe stage prints none).
+/// JSON summary on stdout when `json` (a job's; a recipe stage prints none):
+/// the operation's subcommand's [`FromJob`] impl, chosen by the registry
+/// (`moe_shared::job_operations!`).
 pub fn command_for(spec: &JobSpec, job: &dyn JobInputs, resume: bool, out: &Path, json: bool) -> Command {
-    let m = |id: &String| PathBuf::from(job.model(id));
-    let output = || Output { max_shard_bytes: None, out: out.to_path_buf(), json };
-    // `NAME=FILE`, the form every `--data` / `--lang` / `--task` takes.
-    let named = |d: &DataRef| format!("{}={}", d.name, job.data(d, false));
-    let docs: DocsArg = defaults();
-    match spec {
-        JobSpec::Upcycle(s) => Command::Upcycle(super::upcycle::Args {
-            model: m(&s.model),
-            experts: s.experts,
-            allocation: s.experts_per_layer.as_ref().map(|_| ALLOCATION_FILE.into()),
-            no_frozen: false,
-            expert_prompts: None,
-            params: s.params.clone(),
-            layout: defaults::<LayoutArg>(),
-            dtype: OutputDtype { dtype: s.dtype.clone() },
-            output: output(),
-        }),
-        JobSpec::Moerge(s) => Command::Moerge(super::moerge::Args {
-            models: s.models.iter().map(m).collect(),
-            base: None,
-            params: s.params.clone(),
-            expert_prompts: None,
-            no_frozen: false,
-            shared: Default::default(),
-            layout: defaults::<LayoutArg>(),
-            dtype: OutputDtype { dtype: s.dtype.clone() },
-            output: output(),
-        }),
-        JobSpec::Route(s) => Command::Route(super::route::Args {
-            weights: defaults(),
-            model: m(&s.model),
-            // `NAME=FILE[:HELDOUT]`.
-            domains: s
-                .domains
-                .iter()
-                .map(|d| match &d.heldout {
-                    Some(_) => format!("{}:{}", named(d), job.data(d, true)),
-                    None => named(d),
-                })
-                .collect(),
-            add_expert: None,
-            params: s.params.clone(),
-            docs,
-            layout: defaults::<LayoutArg>(),
-            lambda_sweep: Vec::new(),
-            lambda_sweep_relative: Vec::new(),
-            stats: None,
-            out: out.to_path_buf(),
-            json,
-        }),
-        JobSpec::Graft(s) => Command::Graft(super::graft::Args {
-            target: m(&s.target),
-            base: m(&s.base),
-            instruct: m(&s.instruct),
-            params: s.params.clone(),
-            layout: defaults::<LayoutArg>(),
-            output: output(),
-        }),
-        JobSpec::Merge(s) => Command::Merge(super::merge::Args {
-            method: s.method,
-            models: s.models.iter().map(m).collect(),
-            base: s.base.as_ref().map(m),
-            params: s.params.clone(),
-            dtype: OutputDtype { dtype: s.dtype.clone() },
-            output: output(),
-        }),
-        JobSpec::Neurons(s) => Command::Neurons(super::neurons::Args {
-            weights: defaults(),
-            model: m(&s.model),
-            langs: s.langs.iter().map(named).collect(),
-            docs,
-            new: s.new.clone(),
-            params: s.params.clone(),
-            batch: 8,
-            threads: None,
-            bench: false,
-            tokenizer: None,
-            out: out.to_path_buf(),
-        }),
-        JobSpec::Train(s) => {
-            let torch = s.engine == Some(moe_shared::api::TrainEngine::Torch);
-            Command::Train(super::train::Args {
-                model: m(&s.model),
-                stage: s.stage,
-                // `NAME=FILE[:WEIGHT][:orig]`.
-                data: s
-                    .data
-                    .iter()
-                    .map(|d| {
-                        let mut x = named(d);
-                        if let Some(w) = d.weight {
-                            x.push_str(&format!(":{w}"));
-                        }
-                        if d.original {
-                            x.push_str(":orig");
-                        }
-                        x
-                    })
-                    .collect(),
-                docs,
-                steps: s.steps,
-                params: s.run_params(),
-                // The torch engine's job directory is the artefact; emitting
-                // again is its resume.
-                out: (!torch).then(|| out.to_path_buf()),
-                engine: if torch { "torch" } else { "burn" }.to_string(),
-                emit: torch.then(|| out.to_path_buf()),
-                resume: resume && !torch,
-                nodes: 1,
-                tokenizer: None,
-                json,
-            })
-        }
-        JobSpec::Eval(s) => Command::Eval(super::eval::Args {
-            weights: defaults(),
-            model: m(&s.model),
-            data: s.data.iter().map(named).collect(),
-            docs,
-            task: Vec::new(),
-            task_params: Default::default(),
-            batch: moe_shared::eval::PerplexityOptions::DEFAULT_BATCH,
-            params: s.params.clone(),
-            tokenizer: None,
-            json,
-        }),
-        JobSpec::Task(s) => Command::Eval(super::eval::Args {
-            weights: defaults(),
-            model: m(&s.model),
-            data: Vec::new(),
-            docs,
-            task: s.tasks.iter().map(named).collect(),
-            task_params: s.params.clone(),
-            batch: s.batch.unwrap_or(moe_shared::eval::PerplexityOptions::DEFAULT_BATCH),
-            params: Default::default(),
-            tokenizer: None,
-            json,
-        }),
+    let j = JobArgs { job, resume, out, json };
+    macro_rules! dispatch {
+        ($( $wire:literal => $variant:ident($module:ident :: $spec:ident) ),* $(,)?) => {
+            match spec {
+                $( JobSpec::$variant(s) => FromJob::command(s, &j), )*
+            }
+        };
     }
+    moe_shared::job_operations!(dispatch)
+}
+
+/// What a job's subcommand is built from besides its spec: where the
+/// inputs are, the output directory, train's resume, whether to print a
+/// JSON summary.
+pub struct JobArgs<'a> {
+    /// Where each input checkpoint and dataset is.
+    pub job: &'a dyn JobInputs,
+    /// Train: continue from the last checkpoint (`--resume`).
+    pub resume: bool,
+    /// The output directory (`--out`).
+    pub out: &'a Path,
+    /// A JSON summary on stdout (`--json`).
+    pub json: bool,
+}
+
+impl JobArgs<'_> {
+    /// The model argument of checkpoint `id`.
+    pub fn model(&self, id: &str) -> PathBuf {
+        PathBuf::from(self.job.model(id))
+    }
+
+    /// `NAME=FILE`, the form every `--data` / `--lang` / `--task` takes.
+    pub fn named(&self, d: &DataRef) -> String {
+        format!("{}={}", d.name, self.job.data(d, false))
+    }
+
+    /// The held-out file of `d`.
+    pub fn heldout(&self, d: &DataRef) -> String {
+        self.job.data(d, true)
+    }
+
+    /// The `--out` / `--json` of a command that writes a model.
+    pub fn output(&self) -> Output {
+        Output { max_shard_bytes: None, out: self.out.to_path_buf(), json: self.json }
+    }
+
+    /// The corpus reading the CLI defaults to (`--docs`).
+    pub fn docs(&self) -> DocsArg {
+        defaults()
+    }
+}
+
+/// A CLI subcommand that runs a job of its operation: the typed arguments
+/// that equal the job's command line (`JobSpec::cli_args`, checked by the
+/// `cli` tests). Each operation's subcommand implements it in its own file
+/// (`cli/upcycle.rs`, ...); [`command_for`] dispatches through the registry.
+pub trait FromJob {
+    /// The subcommand that runs this spec.
+    fn command(&self, j: &JobArgs<'_>) -> Command;
 }

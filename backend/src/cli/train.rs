@@ -678,3 +678,41 @@ impl WithAutodiff for Args {
         Ok(())
     }
 }
+
+/// A train job: the spec's model, stage, corpora (`NAME=FILE[:WEIGHT][:orig]`), steps and
+/// parameters (`save_every` unset: a tenth of the steps); the torch engine emits into `out`.
+impl super::run_job::FromJob for moe_shared::api::TrainSpec {
+    fn command(&self, j: &super::run_job::JobArgs<'_>) -> super::Command {
+        let torch = self.engine == Some(moe_shared::api::TrainEngine::Torch);
+        super::Command::Train(Args {
+            model: j.model(&self.model),
+            stage: self.stage,
+            data: self
+                .data
+                .iter()
+                .map(|d| {
+                    let mut x = j.named(d);
+                    if let Some(w) = d.weight {
+                        x.push_str(&format!(":{w}"));
+                    }
+                    if d.original {
+                        x.push_str(":orig");
+                    }
+                    x
+                })
+                .collect(),
+            docs: j.docs(),
+            steps: self.steps,
+            params: self.run_params(),
+            // The torch engine's job directory is the artefact; emitting
+            // again is its resume.
+            out: (!torch).then(|| j.out.to_path_buf()),
+            engine: if torch { "torch" } else { "burn" }.to_string(),
+            emit: torch.then(|| j.out.to_path_buf()),
+            resume: j.resume && !torch,
+            nodes: 1,
+            tokenizer: None,
+            json: j.json,
+        })
+    }
+}

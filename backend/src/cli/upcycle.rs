@@ -182,3 +182,21 @@ impl WithBackend for Args {
         super::moe_summary::print(&report, &a.output.out, started, a.output.json)
     }
 }
+
+/// An upcycle job: the spec's model, experts (or its allocation file, written by the server as
+/// `moe_shared::jobs::ALLOCATION_FILE`), parameters and dtype; no expert prompts.
+impl super::run_job::FromJob for moe_shared::api::UpcycleSpec {
+    fn command(&self, j: &super::run_job::JobArgs<'_>) -> super::Command {
+        super::Command::Upcycle(Args {
+            model: j.model(&self.model),
+            experts: self.experts,
+            allocation: self.experts_per_layer.as_ref().map(|_| moe_shared::jobs::ALLOCATION_FILE.into()),
+            no_frozen: false,
+            expert_prompts: None,
+            params: self.params.clone(),
+            layout: super::run_job::defaults(),
+            dtype: super::args::OutputDtype { dtype: self.dtype.clone() },
+            output: j.output(),
+        })
+    }
+}

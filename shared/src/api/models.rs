@@ -182,6 +182,38 @@ impl ModelSummary {
         self
     }
 
+    /// Experts of each MoE layer, read from the routers' shapes (`[E, d]`;
+    /// summaries list canonical names whatever the on-disk layout, parsed by
+    /// [`crate::layout::names`]); empty for a dense model.
+    pub fn router_experts(&self) -> Vec<usize> {
+        use crate::layout::names::{parse, TensorRole};
+        self.tensors
+            .iter()
+            .filter(|t| matches!(parse(&t.name), TensorRole::Router { .. }))
+            .filter_map(|t| t.shape.first().copied())
+            .collect()
+    }
+
+    /// How `other`'s tensors differ from these (names and shapes; dtypes
+    /// may differ), or `None` when they match: what a merge of the two
+    /// needs.
+    pub fn tensor_mismatch(&self, other: &ModelSummary) -> Option<String> {
+        let shapes = |m: &ModelSummary| -> std::collections::HashMap<String, Vec<usize>> {
+            m.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect()
+        };
+        let (sa, sb) = (shapes(self), shapes(other));
+        for t in &self.tensors {
+            match sb.get(&t.name) {
+                None => return Some(format!("it has no tensor `{}`", t.name)),
+                Some(s) if *s != t.shape => {
+                    return Some(format!("tensor `{}` is {s:?}, expected {:?}", t.name, t.shape));
+                }
+                _ => {}
+            }
+        }
+        other.tensors.iter().find(|t| !sa.contains_key(&t.name)).map(|t| format!("it has an extra tensor `{}`", t.name))
+    }
+
     /// Records how the MoE's experts are stored (a no-op for a dense model).
     pub fn with_experts_format(mut self, format: Option<crate::layout::ExpertsFormat>) -> Self {
         if let Some(m) = self.moe.as_mut() {

@@ -2,7 +2,7 @@
 //! one field of a job spec (its key, label, how it is entered, the
 //! default as a hint). Each operation lists the inputs of its parameters
 //! next to them (e.g. [`super::route::RouteParams::form_fields`]);
-//! `jobs::JobKind::fields` adds the job's own inputs (checkpoints, data).
+//! each job's `api::Operation::fields` adds its own inputs (checkpoints, data).
 
 /// How a field is entered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,12 +58,26 @@ pub struct Field {
     pub required: bool,
     /// Shown under "more options".
     pub advanced: bool,
+    /// For a [`Input::Choice`] whose words are not the spec's values: each
+    /// word with the value the spec takes (`("none", "")`); empty = the
+    /// word itself.
+    pub values: &'static [(&'static str, &'static str)],
 }
 
 impl Field {
     /// An optional input shown at first.
     pub fn new(key: &'static str, label: &'static str, input: Input, hint: &str) -> Field {
-        Field { key, label, input, hint: hint.to_string(), required: false, advanced: false }
+        Field { key, label, input, hint: hint.to_string(), required: false, advanced: false, values: &[] }
+    }
+
+    /// The spec's value of each of the choice's words (see [`Field::values`]).
+    pub fn values(self, values: &'static [(&'static str, &'static str)]) -> Field {
+        Field { values, ..self }
+    }
+
+    /// The spec's value of the choice's word `word`.
+    pub fn value_of<'a>(&self, word: &'a str) -> &'a str {
+        self.values.iter().find(|(w, _)| *w == word).map_or(word, |(_, v)| v)
     }
 
     /// The spec needs a value.

@@ -77,7 +77,8 @@ impl TaskParams {
                 "target delimiter",
                 Input::Choice(&["space", "none"]),
                 "space (lm-eval's default); none for contexts that end in a newline",
-            ),
+            )
+            .values(&[("space", " "), ("none", "")]),
             Field::new("limit", "items per task", Input::Int, "all"),
         ]
     }

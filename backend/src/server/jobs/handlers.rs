@@ -49,7 +49,7 @@ pub async fn create(State(st): State<AppStateRef>, J(req): J<CreateJob>) -> AppR
             summaries.insert(id, s);
         }
     }
-    check_against_models(&req.spec, &summaries)?;
+    req.spec.validate_against(&summaries)?;
     check_resources(&st, &backend, &req.spec, &summaries)?;
     // Datasets: each upload must be complete; hard-linked into the job so
     // that deleting the upload later cannot break a resume.
@@ -78,11 +78,8 @@ pub async fn create(State(st): State<AppStateRef>, J(req): J<CreateJob>) -> AppR
             return Err(AppError::conflict(Some("spec"), format!("the upload for {rel} is no longer available")));
         }
     }
-    if let JobSpec::Upcycle(u) = &req.spec {
-        if let Some(l) = &u.experts_per_layer {
-            let body = serde_json::json!({ "experts_per_layer": l });
-            tokio::fs::write(dir.join(moe_shared::jobs::ALLOCATION_FILE), body.to_string()).await?;
-        }
+    for (file, body) in req.spec.job_files() {
+        tokio::fs::write(dir.join(file), body).await?;
     }
     let spec_json = serde_json::to_string(&req.spec).map_err(|e| AppError::internal(e.to_string()))?;
     tokio::fs::write(dir.join("spec.json"), &spec_json).await?;
@@ -100,118 +97,6 @@ pub async fn create(State(st): State<AppStateRef>, J(req): J<CreateJob>) -> AppR
         .await?;
     enqueue(st.clone(), id);
     Ok((StatusCode::CREATED, Json(job)))
-}
-
-/// Checks the parameters that depend on the input models (layers, context,
-/// experts) against their stored summaries; the error names the field.
-fn check_against_models(spec: &JobSpec, models: &HashMap<String, ModelSummary>) -> Result<(), ApiError> {
-    let ctx = |id: &String| models.get(id).map(|m| m.config.max_position_embeddings).filter(|&c| c > 0);
-    let over_ctx = |field: &str, v: Option<usize>, id: &String| -> Result<(), ApiError> {
-        match (v, ctx(id)) {
-            (Some(v), Some(c)) if v > c => {
-                Err(ApiError::field(field, format!("{v} is longer than the model's context ({c} tokens)")))
-            }
-            _ => Ok(()),
-        }
-    };
-    match spec {
-        JobSpec::Train(s) => over_ctx("spec.seq_len", Some(s.params.seq_len), &s.model)?,
-        JobSpec::Eval(s) => over_ctx("spec.window", Some(s.params.window), &s.model)?,
-        JobSpec::Upcycle(s) => {
-            if let (Some(l), Some(m)) = (&s.experts_per_layer, models.get(&s.model)) {
-                if l.len() != m.config.num_layers {
-                    return Err(ApiError::field(
-                        "spec.experts_per_layer",
-                        format!("{} entries for a model of {} layers", l.len(), m.config.num_layers),
-                    ));
-                }
-            }
-            // The fewest experts of any MoE layer bounds top_k and the frozen indices.
-            let fewest = match (&s.experts, &s.experts_per_layer) {
-                (Some(e), _) => Some(*e),
-                (None, Some(l)) => l.iter().flatten().min().copied(),
-                _ => None,
-            };
-            if let Some(e) = fewest {
-                let k = s.params.top_k;
-                if k > e {
-                    return Err(ApiError::field("spec.top_k", format!("{k} is more than the {e} experts of a layer")));
-                }
-                for (i, f) in s.params.frozen.iter().enumerate() {
-                    if *f >= e {
-                        return Err(ApiError::field(
-                            &format!("spec.frozen[{i}]"),
-                            format!("expert {f} does not exist (a layer has {e} experts, 0-{})", e - 1),
-                        ));
-                    }
-                }
-            }
-        }
-        JobSpec::Moerge(s) => {
-            // top-k against the models and frozen experts that exist are
-            // the spec's own checks (MoergeParams::check in validate).
-            for (i, id) in s.models.iter().enumerate() {
-                if models.get(id).is_some_and(|m| !moe_experts(m).is_empty()) {
-                    return Err(ApiError::field(
-                        &format!("spec.models[{i}]"),
-                        format!("checkpoint {id} is already an MoE; moerge takes dense models"),
-                    ));
-                }
-            }
-        }
-        JobSpec::Route(s) => {
-            if let Some(m) = models.get(&s.model) {
-                let experts = moe_experts(m);
-                if experts.is_empty() {
-                    return Err(ApiError::field(
-                        "spec.model",
-                        format!("checkpoint {} is not an MoE: route needs a MoErged model (run moerge first)", s.model),
-                    ));
-                }
-                if let Some(e) = experts.iter().find(|&&e| e != s.domains.len()) {
-                    return Err(ApiError::field(
-                        "spec.domains",
-                        format!(
-                            "{} domains for a model with {e} experts in a layer: one domain per expert, in expert order",
-                            s.domains.len()
-                        ),
-                    ));
-                }
-                // top-k against the experts needs no check of its own: every
-                // layer has one expert per domain (above) and the spec's
-                // validate() keeps top-k within the domains.
-            }
-            over_ctx("spec.context", Some(s.params.context), &s.model)?;
-        }
-        JobSpec::Graft(s) => {
-            for (field, id) in [("spec.base", &s.base), ("spec.instruct", &s.instruct)] {
-                if models.get(id).is_some_and(|m| !moe_experts(m).is_empty()) {
-                    return Err(ApiError::field(
-                        field,
-                        format!("checkpoint {id} is an MoE; the delta is taken between two dense models"),
-                    ));
-                }
-            }
-        }
-        JobSpec::Merge(s) => {
-            // Every model (and the base) must have the tensors of the first.
-            let Some(first) = models.get(&s.models[0]) else { return Ok(()) };
-            let others = s.models.iter().enumerate().skip(1).map(|(i, id)| (format!("spec.models[{i}]"), id));
-            for (field, id) in others.chain(s.base.iter().map(|b| ("spec.base".to_string(), b))) {
-                if let Some(why) = models.get(id).and_then(|m| tensor_mismatch(first, m)) {
-                    return Err(ApiError::field(
-                        &field,
-                        format!(
-                            "checkpoint {id} cannot be merged with checkpoint {} (spec.models[0]): {why}",
-                            s.models[0]
-                        ),
-                    ));
-                }
-            }
-        }
-        JobSpec::Neurons(_) | JobSpec::Task(_) => {}
-    }
-    Ok(())
 }
 
 /// Refuses a spec that cannot fit this server: a train job's `devices`
@@ -266,37 +151,6 @@ fn check_resources(
         ));
     }
     Ok(())
-}
-
-/// Experts of each MoE layer of a summarised model, read from the routers'
-/// shapes (`[E, d]`; summaries list canonical names whatever the on-disk
-/// layout, parsed by `moe_shared::layout::names`); empty for a dense model.
-fn moe_experts(m: &ModelSummary) -> Vec<usize> {
-    use moe_shared::layout::names::{parse, TensorRole};
-    m.tensors
-        .iter()
-        .filter(|t| matches!(parse(&t.name), TensorRole::Router { .. }))
-        .filter_map(|t| t.shape.first().copied())
-        .collect()
-}
-
-/// How `b`'s tensors differ from `a`'s (names and shapes; dtypes may
-/// differ), or `None` when they match.
-fn tensor_mismatch(a: &ModelSummary, b: &ModelSummary) -> Option<String> {
-    let shapes = |m: &ModelSummary| -> HashMap<String, Vec<usize>> {
-        m.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect()
-    };
-    let (sa, sb) = (shapes(a), shapes(b));
-    for t in &a.tensors {
-        match sb.get(&t.name) {
-            None => return Some(format!("it has no tensor `{}`", t.name)),
-            Some(s) if *s != t.shape => {
-                return Some(format!("tensor `{}` is {s:?}, expected {:?}", t.name, t.shape));
-            }
-            _ => {}
-        }
-    }
-    b.tensors.iter().find(|t| !sa.contains_key(&t.name)).map(|t| format!("it has an extra tensor `{}`", t.name))
 }
 
 /// `GET /api/jobs`.

@@ -9,14 +9,7 @@
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
-use moe_shared::methods::merge::MergeMethod;
-use moe_shared::ops::task::TaskParams;
-use moe_shared::train::Stage;
-
-use moe_shared::api::{
-    CreateJob, DataRef, EvalSpec, GraftSpec, JobSpec, MergeSpec, MoergeSpec, NeuronsSpec, RouteSpec, TaskSpec,
-    TrainEngine, TrainSpec, UpcycleSpec,
-};
+use moe_shared::api::{CreateJob, DataRef, JobSpec};
 
 /// The kinds, their inputs and defaults are the spec's own (`shared::jobs`).
 pub use moe_shared::jobs::{Field, Input, JobKind as Kind};
@@ -154,79 +147,26 @@ impl FormState {
         }
     }
 
-    /// The request for the kind shown.
+    /// The request for the kind shown: each input of the kind
+    /// ([`Kind::fields`], the registry's) as its spec field's JSON value,
+    /// read by the spec's own deserializer. Nothing here names a kind.
     ///
     /// # Errors
     /// The first field that is missing or does not parse.
     pub fn build(&self) -> Result<CreateJob, FieldError> {
-        let spec = match self.kind {
-            Kind::Upcycle => JobSpec::Upcycle(UpcycleSpec {
-                model: self.ckpt("model")?,
-                experts: self.opt("experts")?,
-                experts_per_layer: self.layers("experts_per_layer")?,
-                dtype: self.choice("dtype"),
-                params: self.params()?,
-            }),
-            Kind::Moerge => JobSpec::Moerge(MoergeSpec {
-                models: self.picked("models").to_vec(),
-                dtype: self.choice("dtype"),
-                params: self.params()?,
-            }),
-            Kind::Route => JobSpec::Route(RouteSpec {
-                model: self.ckpt("model")?,
-                domains: self.data_refs("domains")?,
-                params: self.params()?,
-            }),
-            Kind::Graft => JobSpec::Graft(GraftSpec {
-                target: self.ckpt("target")?,
-                base: self.ckpt("base")?,
-                instruct: self.ckpt("instruct")?,
-                params: self.params()?,
-            }),
-            Kind::Merge => JobSpec::Merge(MergeSpec {
-                method: MergeMethod::parse(self.value("method")).unwrap_or(MergeMethod::Linear),
-                models: self.picked("models").to_vec(),
-                base: Some(self.value("base").to_string()).filter(|b| !b.is_empty()),
-                dtype: self.choice("dtype"),
-                params: self.params()?,
-            }),
-            Kind::Neurons => JobSpec::Neurons(NeuronsSpec {
-                model: self.ckpt("model")?,
-                langs: self.data_refs("langs")?,
-                new: self.value("new").split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect(),
-                params: self.params()?,
-            }),
-            Kind::Train => JobSpec::Train(TrainSpec {
-                model: self.ckpt("model")?,
-                stage: Stage::parse(self.value("stage")).unwrap_or(Stage::Experts),
-                data: self.data_refs("data")?,
-                steps: self.opt("steps")?.ok_or_else(|| FieldError::form("steps", "how many steps?"))?,
-                engine: match self.value("engine") {
-                    "torch" => Some(TrainEngine::Torch),
-                    "burn" => Some(TrainEngine::Burn),
-                    _ => None,
-                },
-                params: self.params()?,
-            }),
-            Kind::Eval => JobSpec::Eval(EvalSpec {
-                model: self.ckpt("model")?,
-                data: self.data_refs("data")?,
-                params: self.params()?,
-            }),
-            Kind::Task => JobSpec::Task(TaskSpec {
-                model: self.ckpt("model")?,
-                tasks: self.data_refs("tasks")?,
-                batch: self.opt("batch")?,
-                // The delimiter is offered as `space` / `none` (TaskParams::form_fields).
-                params: TaskParams {
-                    target_delimiter: match self.value("target_delimiter") {
-                        "none" => String::new(),
-                        _ => " ".into(),
-                    },
-                    limit: self.opt("limit")?,
-                },
-            }),
-        };
+        let mut map = serde_json::Map::new();
+        map.insert("kind".into(), self.kind.as_str().into());
+        for fd in self.kind.fields() {
+            match self.json_value(fd)? {
+                Some(v) => {
+                    map.insert(fd.key.to_string(), v);
+                }
+                None if fd.required => return Err(FieldError::form(fd.key, "required")),
+                None => {}
+            }
+        }
+        let spec: JobSpec =
+            serde_json::from_value(serde_json::Value::Object(map)).map_err(|e| FieldError::form("", e.to_string()))?;
         // An empty name is no name; any other goes through the server's check.
         let name = match self.name.trim() {
             "" => None,
@@ -235,48 +175,45 @@ impl FormState {
         Ok(CreateJob { spec, backend: None, name })
     }
 
-    fn ckpt(&self, key: &str) -> Result<String, FieldError> {
-        let v = self.value(key);
-        if v.is_empty() {
-            return Err(FieldError::form(key, "choose a checkpoint (upload and register one first)"));
-        }
-        Ok(v.to_string())
-    }
-
     fn opt<T: FromStr>(&self, key: &str) -> Result<Option<T>, FieldError> {
         parse_num(self.value(key)).map_err(|e| FieldError::form(key, e))
     }
 
-    /// An operation's parameter struct `P` (`shared::ops`) from the inputs
-    /// of this kind that are its fields: numbers parsed, a [`Input::Flag`]
-    /// on or off, a choice as its word (a `true` / `false` choice as a
-    /// `bool`); an empty input leaves the field at `P`'s default.
-    fn params<P: serde::de::DeserializeOwned>(&self) -> Result<P, FieldError> {
-        let names = moe_shared::ops::fields_of::<P>();
-        let mut map = serde_json::Map::new();
-        for fd in self.kind.fields().iter().filter(|f| names.contains(&f.key)) {
-            let value = match fd.input {
-                Input::Int => self.opt::<u64>(fd.key)?.map(serde_json::Value::from),
-                Input::Float => match self.opt::<f64>(fd.key)? {
-                    Some(x) => Some(
-                        serde_json::Number::from_f64(x)
-                            .map(serde_json::Value::Number)
-                            .ok_or_else(|| FieldError::form(fd.key, format!("`{x}` is not a finite number")))?,
-                    ),
-                    None => None,
-                },
-                Input::Flag => Some(serde_json::Value::Bool(self.value(fd.key) == "true")),
-                Input::IntList => self.list::<u64>(fd.key)?.map(serde_json::Value::from),
-                Input::FloatList => self.list::<f64>(fd.key)?.map(serde_json::Value::from),
-                // `true` / `false` choose a `bool` that is on by default.
-                Input::Choice(["true", "false"]) => self.choice(fd.key).map(|c| serde_json::Value::Bool(c == "true")),
-                _ => self.choice(fd.key).map(serde_json::Value::String),
-            };
-            if let Some(v) = value {
-                map.insert(fd.key.to_string(), v);
-            }
-        }
-        serde_json::from_value(serde_json::Value::Object(map)).map_err(|e| FieldError::form("", e.to_string()))
+    /// The spec's JSON value of input `fd` as typed, `None` when empty (the
+    /// spec's default): numbers parsed, a [`Input::Flag`] on or off, a
+    /// choice as its spec value (a `true` / `false` choice as a `bool`),
+    /// lists split at commas, data rows as [`DataRef`]s.
+    fn json_value(&self, fd: &Field) -> Result<Option<serde_json::Value>, FieldError> {
+        use serde_json::Value;
+        let strings = |v: Vec<String>| Value::Array(v.into_iter().map(Value::String).collect());
+        Ok(match fd.input {
+            Input::Checkpoint => match self.choice(fd.key) {
+                Some(id) => Some(Value::String(id)),
+                None => return Err(FieldError::form(fd.key, "choose a checkpoint (upload and register one first)")),
+            },
+            Input::OptCheckpoint => self.choice(fd.key).map(Value::String),
+            Input::Checkpoints => Some(strings(self.picked(fd.key).to_vec())),
+            Input::Data { .. } => Some(serde_json::to_value(self.data_refs(fd.key)?).unwrap_or_default()),
+            Input::Int => self.opt::<u64>(fd.key)?.map(Value::from),
+            Input::Float => match self.opt::<f64>(fd.key)? {
+                Some(x) => Some(
+                    serde_json::Number::from_f64(x)
+                        .map(Value::Number)
+                        .ok_or_else(|| FieldError::form(fd.key, format!("`{x}` is not a finite number")))?,
+                ),
+                None => None,
+            },
+            Input::Flag => Some(Value::Bool(self.value(fd.key) == "true")),
+            Input::IntList => self.list::<u64>(fd.key)?.map(Value::from),
+            Input::FloatList => self.list::<f64>(fd.key)?.map(Value::from),
+            Input::LayerList => self.layers(fd.key)?.map(|l| serde_json::to_value(l).unwrap_or_default()),
+            Input::Names => Some(strings(
+                self.value(fd.key).split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect(),
+            )),
+            // `true` / `false` choose a `bool` that is on by default.
+            Input::Choice(["true", "false"]) => self.choice(fd.key).map(|c| Value::Bool(c == "true")),
+            Input::Choice(_) => self.choice(fd.key).map(|c| Value::String(fd.value_of(&c).to_string())),
+        })
     }
 
     fn choice(&self, key: &str) -> Option<String> {
@@ -395,6 +332,7 @@ impl FieldError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use moe_shared::api::{TrainEngine, UpcycleSpec};
     use moe_shared::ops::upcycle::{RouterInitArg, UpcycleParams};
 
     const A: &str = "123e4567-e89b-42d3-a456-426614174000";

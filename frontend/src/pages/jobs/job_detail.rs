@@ -56,6 +56,29 @@ fn load_artefacts(ctx: Ctx, id: String) {
     });
 }
 
+/// Merges job `id`'s logged steps (`GET api/jobs/{id}/metrics`, its
+/// `metrics.jsonl`) into the loss curve: sorted by step, one point per step.
+/// Called when the page starts following a job (the steps before it looked)
+/// and when the job ends (steps whose live events were skipped).
+fn load_metrics(ctx: Ctx, id: String) {
+    let live = ctx.live;
+    leptos::task::spawn_local(async move {
+        if let Ok(m) = api::get::<Vec<serde_json::Value>>(&format!("api/jobs/{id}/metrics")).await {
+            let pts: Vec<(usize, f64)> =
+                m.iter().filter_map(|v| Some((v.get("step")?.as_u64()? as usize, v.get("loss")?.as_f64()?))).collect();
+            live.update(|l| {
+                if l.job.as_deref() == Some(id.as_str()) {
+                    let mut all = pts;
+                    all.extend(l.loss.iter().copied());
+                    all.sort_by_key(|p| p.0);
+                    all.dedup_by_key(|p| p.0);
+                    l.loss = all;
+                }
+            });
+        }
+    });
+}
+
 /// Shows job `id` and follows its event stream.
 pub fn watch(ctx: Ctx, id: String) {
     let live = ctx.live;
@@ -71,23 +94,8 @@ pub fn watch(ctx: Ctx, id: String) {
         memory: current.as_ref().and_then(|j| j.memory),
         ..Live::default()
     });
-    let id2 = id.clone();
-    leptos::task::spawn_local(async move {
-        // Steps done before the page looked: from metrics.jsonl.
-        if let Ok(m) = api::get::<Vec<serde_json::Value>>(&format!("api/jobs/{id2}/metrics")).await {
-            let pts: Vec<(usize, f64)> =
-                m.iter().filter_map(|v| Some((v.get("step")?.as_u64()? as usize, v.get("loss")?.as_f64()?))).collect();
-            live.update(|l| {
-                if l.job.as_deref() == Some(id2.as_str()) {
-                    let mut all = pts;
-                    all.extend(l.loss.iter().copied());
-                    all.sort_by_key(|p| p.0);
-                    all.dedup_by_key(|p| p.0);
-                    l.loss = all;
-                }
-            });
-        }
-    });
+    // Steps done before the page looked: from metrics.jsonl.
+    load_metrics(ctx, id.clone());
     let id3 = id.clone();
     let on_event = move |ev: JobEvent| {
         let mut terminal = false;
@@ -131,6 +139,9 @@ pub fn watch(ctx: Ctx, id: String) {
                         f.borrow_mut().take();
                     }
                 });
+                // Steps whose events the stream skipped (a slow tab lags
+                // behind the server's broadcast): the whole curve again.
+                load_metrics(ctx, id.clone());
                 load_artefacts(ctx, id);
                 ctx.refresh();
             });

@@ -1,5 +1,5 @@
 //! The job kinds that `server.rs` does not run — moerge, route (DUME's
-//! ridge router), graft, merge and neurons — through the real server's job
+//! ridge router), graft, merge, neurons and convert — through the real server's job
 //! queue on stories260K, each compared with the same command run directly
 //! by the CLI on the same inputs.
 //!
@@ -15,7 +15,8 @@
 //! and, its experts being equal, the routed MoE has the dense model's
 //! perplexity; merge `linear` to f16 is stories260K rounded to f16; graft
 //! adds `scale * (instruct - base)` and with instruct == base leaves the
-//! MoE bit-identical; dare-ties keeps about `density` of the delta. Bad
+//! MoE bit-identical; dare-ties keeps about `density` of the delta; convert
+//! writes the MoErged model as a packed bf16 Mixtral. Bad
 //! specs of these kinds are 422s naming the `spec.` field, and create no job.
 
 mod common;
@@ -240,6 +241,8 @@ fn moerge_route_graft_merge_neurons_jobs_match_the_cli() {
         (json!({"kind": "merge", "method": "ties", "models": [a], "base": a, "density": 0.0}), "spec.density"),
         (json!({"kind": "merge", "method": "dare", "models": [a], "base": ghost}), "spec.base"),
         (json!({"kind": "merge", "method": "slerp", "models": [a, a]}), "body"),
+        (json!({"kind": "convert", "model": a, "layout": "mixtrl"}), "spec.layout"),
+        (json!({"kind": "convert", "model": a, "experts_format": "stacked"}), "spec.experts_format"),
         (json!({"kind": "neurons", "model": a, "langs": [dom("en", &en_valid)]}), "spec.langs"),
         (
             json!({"kind": "neurons", "model": a, "langs": [dom("en", &en_valid), dom("hu", &hu_valid)],
@@ -396,6 +399,23 @@ fn moerge_route_graft_merge_neurons_jobs_match_the_cli() {
         json!({"kind": "merge", "method": "dare-ties", "models": [f16_id], "base": a, "weights": [0.7],
                "density": 0.5, "seed": 3, "dtype": "f32"}),
     );
+    // convert, the operation added after the registry: the MoErged model in
+    // Mixtral's layout with its experts packed (transformers 5's), in bf16
+    let convert = submit(
+        &s,
+        json!({"kind": "convert", "model": moe_id, "layout": "mixtral", "experts_format": "packed", "dtype": "bf16"}),
+    );
+    let cli_packed = out.join("packed");
+    let packed_out = format!("--out={}", p(&cli_packed));
+    cli(&[
+        "convert",
+        &p(&cli_moe),
+        "--layout=mixtral",
+        "--experts-format=packed",
+        "--dtype=bf16",
+        &packed_out,
+        "--json",
+    ]);
     let cli_routed = out.join("routed");
     let domain = |l: &str| format!("--domain={l}={}:{}", p(&text(l, "train")), p(&text(l, "valid")));
     let route_stdout = cli(&[
@@ -444,6 +464,15 @@ fn moerge_route_graft_merge_neurons_jobs_match_the_cli() {
     );
 
     lap("second wave: CLI");
+    // convert: the CLI's bytes, registered as a packed Mixtral MoE of 2 experts per layer
+    let jc = succeeded(&s, &convert);
+    let arts = artefacts(&s, &convert);
+    same_model("convert", &arts, &cli_packed);
+    let packed = output_checkpoint(&s, &jc, &arts);
+    assert_eq!(packed["summary"]["moe"]["experts_format"], "packed", "{packed}");
+    assert_eq!(experts_per_layer(&packed), [2, 2, 2, 2, 2]);
+    let config: Value = serde_json::from_slice(&arts["config.json"]).unwrap();
+    assert_eq!((config["model_type"].as_str(), config["torch_dtype"].as_str()), (Some("mixtral"), Some("bfloat16")));
     // route: the routed MoE (studio layout: routers with a bias), the
     // CLI's bytes, statistics and report; en vs hu routed above chance
     let jr = succeeded(&s, &route);

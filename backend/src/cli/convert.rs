@@ -127,3 +127,22 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A convert job: the spec's model, layout, expert storage and dtype, as
+/// safetensors into `out`.
+impl super::run_job::FromJob for moe_shared::api::ConvertSpec {
+    fn command(&self, j: &super::run_job::JobArgs<'_>) -> super::Command {
+        super::Command::Convert(Args {
+            model: j.model(&self.model),
+            out: j.out.to_path_buf(),
+            to: Target::Safetensors,
+            dtype: self.dtype.clone(),
+            layout: super::args::LayoutArg {
+                layout: self.params.layout.clone(),
+                experts_format: self.params.experts_format.clone(),
+            },
+            max_shard_bytes: None,
+            json: j.json,
+        })
+    }
+}

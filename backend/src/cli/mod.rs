@@ -448,6 +448,9 @@ mod job_spec_tests {
             serde_json::json!({"kind": "task", "model": A, "tasks": two(false), "target_delimiter": "", "limit": 5,
                 "batch": 2}),
             serde_json::json!({"kind": "task", "model": A, "tasks": two(false)}),
+            serde_json::json!({"kind": "convert", "model": A, "layout": "qwen3_moe", "experts_format": "packed",
+                "dtype": "bf16"}),
+            serde_json::json!({"kind": "convert", "model": A}),
         ];
         let mut kinds = std::collections::BTreeSet::new();
         for v in specs {

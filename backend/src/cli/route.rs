@@ -10,9 +10,9 @@ use moe_shared::checkpoint::open_model;
 use moe_shared::config::MoeConfig;
 use moe_shared::layout::{self, LayoutRequest};
 use moe_shared::methods::route::{
-    accuracy_markdown, check_domains, collect_stats, domain_sequences_from_ids, mean_accuracy, routed_config,
-    routing_accuracy, routing_accuracy_detail, set_routers, solve_all, solve_all_relative, stats_to_safetensors,
-    write_routed, DomainSequences, RouteReport, RoutingAccuracy,
+    accuracy_markdown, check_domains, domain_sequences_from_ids, mean_accuracy, routed_config, routing_accuracy,
+    routing_accuracy_detail, set_routers, solve_all, solve_all_relative, stats_to_safetensors, write_routed,
+    DomainSequences, RouteReport, RoutingAccuracy,
 };
 use moe_shared::model::load_model_as;
 use moe_shared::ops::route::{self, Collected, RouteFit, RouteParams};
@@ -179,7 +179,7 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     for s in stats.iter_mut().flatten() {
         s.add_expert();
     }
-    let n = collect_stats(&model, new_idx, &domain.train, p.max_tokens, &mut stats)?;
+    let n = route::collect_added(&model, new_idx, &domain.train, p, &mut stats)?;
     names.push(domain.name.clone());
     // The bias column is the saved statistics' (not --no-bias).
     let opts = moe_shared::methods::route::RouteOptions { bias, ..p.options(a.docs.docs) };

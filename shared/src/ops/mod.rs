@@ -8,7 +8,7 @@
 //! The inputs of an operation (a path in the CLI, a loaded model in the
 //! tab, a checkpoint id on the server) stay with the caller; what it is
 //! asked to do lives here. So far: [`upcycle`], [`moerge`], [`route`], [`graft`],
-//! [`merge`], [`neurons`], [`eval`], [`task`], [`train`].
+//! [`merge`], [`neurons`], [`eval`], [`task`], [`train`], [`convert`].
 //!
 //! What the callers derive from a parameter struct `P` here instead of
 //! listing its fields again:
@@ -17,6 +17,7 @@
 //! - the command line the server runs for a job is [`flags`]`(&p)`;
 //! - the Jobs page's inputs come from the struct's `form_fields()`.
 
+pub mod convert;
 pub mod eval;
 pub mod form;
 pub mod graft;

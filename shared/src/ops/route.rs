@@ -246,6 +246,24 @@ pub fn fit<B: Backend>(
     Ok(RouteFit { stats, tokens, routers })
 }
 
+/// Incremental DUME (docs/methods.md §2.5): the statistics of a domain
+/// added as expert `domain` of `model` (its sequences `train`, at most
+/// `params.max_tokens` tokens), summed into `stats` (which already hold
+/// the expert's empty rows and columns, `RidgeStats::add_expert`). Returns
+/// the tokens used. `route --add-expert` runs this before solving again.
+///
+/// # Errors
+/// As [`crate::methods::route::collect_stats`]: no tokens to collect from.
+pub fn collect_added<B: Backend>(
+    model: &Transformer<B>,
+    domain: usize,
+    train: &[Vec<u32>],
+    params: &RouteParams,
+    stats: &mut [Option<RidgeStats>],
+) -> Result<usize> {
+    crate::methods::route::collect_stats(model, domain, train, params.max_tokens, stats)
+}
+
 /// The statistics pass of [`fit`]: each domain's sequences that
 /// `within_budget` keeps under `max_tokens`, through the model
 /// [`SEQUENCES_PER_PASS`] at a time (the forward passes `collect_stats`

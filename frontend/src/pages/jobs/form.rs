@@ -1,5 +1,5 @@
 //! The new-job form as plain data (no signals, so it is tested natively):
-//! the nine job kinds, one [`Field`] per field of the kind's spec type
+//! the job kinds (the registry's, `moe_shared::job_operations!`), one [`Field`] per field of the kind's spec type
 //! (both from `shared::jobs`, with the CLI's defaults as hints), the values
 //! typed so far ([`FormState`]), the
 //! request built from them ([`FormState::build`]) and where an error of

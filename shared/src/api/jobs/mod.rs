@@ -61,6 +61,7 @@ macro_rules! job_spec {
     };
 }
 
+mod convert;
 mod eval;
 mod graft;
 mod merge;
@@ -96,6 +97,7 @@ macro_rules! job_operations {
             "graft" => Graft(graft::GraftSpec),
             "merge" => Merge(merge::MergeSpec),
             "neurons" => Neurons(neurons::NeuronsSpec),
+            "convert" => Convert(convert::ConvertSpec),
         }
     };
 }
@@ -630,7 +632,10 @@ mod tests {
     #[test]
     fn the_wire_kind_is_the_registered_name() {
         let names: Vec<&str> = JobKind::ALL.iter().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["upcycle", "train", "eval", "task", "moerge", "route", "graft", "merge", "neurons"]);
+        assert_eq!(
+            names,
+            ["upcycle", "train", "eval", "task", "moerge", "route", "graft", "merge", "neurons", "convert"]
+        );
         assert_eq!(JobKind::default(), JobKind::Upcycle);
         let j: JobSpec = serde_json::from_str(r#"{"kind":"graft","target":"t","base":"b","instruct":"i"}"#).unwrap();
         assert_eq!((j.kind(), j.job_kind()), ("graft", JobKind::Graft));

@@ -26,7 +26,9 @@ job_spec! {
 }
 
 impl Operation for ConvertSpec {
-    const LABEL: &'static str = "convert (MoE layout, packed experts, dtype)";
+    fn label() -> &'static str {
+        "convert (MoE layout, packed experts, dtype)"
+    }
 
     fn fields() -> Vec<Field> {
         std::iter::once(req("model", "model", Input::Checkpoint, ""))

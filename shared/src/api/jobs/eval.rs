@@ -22,7 +22,9 @@ job_spec! {
 }
 
 impl Operation for EvalSpec {
-    const LABEL: &'static str = "eval (perplexity, routing load)";
+    fn label() -> &'static str {
+        "eval (perplexity, routing load)"
+    }
 
     fn fields() -> Vec<Field> {
         [req("model", "model", Input::Checkpoint, ""), req("data", "datasets", data(1, false, false, false), "")]

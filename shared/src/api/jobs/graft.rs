@@ -48,7 +48,9 @@ impl TryFrom<serde_json::Value> for GraftSpec {
 }
 
 impl Operation for GraftSpec {
-    const LABEL: &'static str = "graft (add instruct − base)";
+    fn label() -> &'static str {
+        "graft (add instruct − base)"
+    }
 
     fn fields() -> Vec<Field> {
         vec![

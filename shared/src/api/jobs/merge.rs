@@ -31,7 +31,9 @@ job_spec! {
 }
 
 impl Operation for MergeSpec {
-    const LABEL: &'static str = "merge (linear / task arithmetic / TIES / DARE)";
+    fn label() -> &'static str {
+        "merge (linear / task arithmetic / TIES / DARE)"
+    }
 
     fn fields() -> Vec<Field> {
         [

@@ -107,12 +107,16 @@ macro_rules! job_operations {
 /// dispatch to it ([`job_operations!`](crate::job_operations)).
 pub trait Operation {
     /// What the Jobs page's selector shows.
-    const LABEL: &'static str;
+    fn label() -> &'static str
+    where
+        Self: Sized;
 
     /// The form's inputs, one per field of the spec, in its order: the
     /// job's own (checkpoints, data) and its parameters' (`ops/`'s
     /// `form_fields`), with the defaults as hints.
-    fn fields() -> Vec<Field>;
+    fn fields() -> Vec<Field>
+    where
+        Self: Sized;
 
     /// Checks every field that can be checked without the files; the error
     /// names the field (`spec.steps`, `spec.data[0].upload`, ...).
@@ -209,7 +213,7 @@ macro_rules! define_jobs {
             /// What the selector shows.
             pub fn label(self) -> &'static str {
                 match self {
-                    $( JobKind::$variant => <$spec as Operation>::LABEL, )*
+                    $( JobKind::$variant => <$spec as Operation>::label(), )*
                 }
             }
 
@@ -229,7 +233,7 @@ macro_rules! define_jobs {
             }
 
             /// The operation behind the spec.
-            fn op(&self) -> &dyn OperationDyn {
+            fn op(&self) -> &dyn Operation {
                 match self {
                     $( JobSpec::$variant(s) => s, )*
                 }
@@ -239,45 +243,6 @@ macro_rules! define_jobs {
 }
 
 crate::job_operations!(define_jobs);
-
-/// The object-safe part of [`Operation`] (what a spec value answers).
-trait OperationDyn {
-    fn validate(&self) -> Result<(), ApiError>;
-    fn validate_against(&self, models: &HashMap<String, ModelSummary>) -> Result<(), ApiError>;
-    fn checkpoints(&self) -> Vec<(String, String)>;
-    fn datasets(&self) -> Vec<(&'static str, &DataRef)>;
-    fn job_files(&self) -> Vec<(&'static str, String)>;
-    fn cli_args(&self, inputs: &dyn JobInputs, resume: bool) -> Vec<String>;
-    fn output_model(&self) -> Option<&'static str>;
-    fn stdout_is_result(&self) -> bool;
-}
-
-impl<T: Operation> OperationDyn for T {
-    fn validate(&self) -> Result<(), ApiError> {
-        Operation::validate(self)
-    }
-    fn validate_against(&self, models: &HashMap<String, ModelSummary>) -> Result<(), ApiError> {
-        Operation::validate_against(self, models)
-    }
-    fn checkpoints(&self) -> Vec<(String, String)> {
-        Operation::checkpoints(self)
-    }
-    fn datasets(&self) -> Vec<(&'static str, &DataRef)> {
-        Operation::datasets(self)
-    }
-    fn job_files(&self) -> Vec<(&'static str, String)> {
-        Operation::job_files(self)
-    }
-    fn cli_args(&self, inputs: &dyn JobInputs, resume: bool) -> Vec<String> {
-        Operation::cli_args(self, inputs, resume)
-    }
-    fn output_model(&self) -> Option<&'static str> {
-        Operation::output_model(self)
-    }
-    fn stdout_is_result(&self) -> bool {
-        Operation::stdout_is_result(self)
-    }
-}
 
 impl Default for JobKind {
     fn default() -> Self {

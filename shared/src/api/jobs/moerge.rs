@@ -26,7 +26,9 @@ job_spec! {
 }
 
 impl Operation for MoergeSpec {
-    const LABEL: &'static str = "moerge (dense models → MoE, DUME)";
+    fn label() -> &'static str {
+        "moerge (dense models → MoE, DUME)"
+    }
 
     fn fields() -> Vec<Field> {
         std::iter::once(req("models", "models (expert i = model i)", Input::Checkpoints, ""))

@@ -22,7 +22,9 @@ job_spec! {
 }
 
 impl Operation for NeuronsSpec {
-    const LABEL: &'static str = "neurons (language-specific neurons, NeuronMoE)";
+    fn label() -> &'static str {
+        "neurons (language-specific neurons, NeuronMoE)"
+    }
 
     fn fields() -> Vec<Field> {
         [

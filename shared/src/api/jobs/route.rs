@@ -22,7 +22,9 @@ job_spec! {
 }
 
 impl Operation for RouteSpec {
-    const LABEL: &'static str = "route (ridge router of a MoErged model)";
+    fn label() -> &'static str {
+        "route (ridge router of a MoErged model)"
+    }
 
     fn fields() -> Vec<Field> {
         [

@@ -30,7 +30,9 @@ job_spec! {
 }
 
 impl Operation for TaskSpec {
-    const LABEL: &'static str = "task accuracy (multiple choice, lm-eval's acc / acc_norm)";
+    fn label() -> &'static str {
+        "task accuracy (multiple choice, lm-eval's acc / acc_norm)"
+    }
 
     fn fields() -> Vec<Field> {
         [

@@ -86,7 +86,9 @@ impl TrainEngine {
 }
 
 impl Operation for TrainSpec {
-    const LABEL: &'static str = "train (experts / router / dense)";
+    fn label() -> &'static str {
+        "train (experts / router / dense)"
+    }
 
     fn fields() -> Vec<Field> {
         [

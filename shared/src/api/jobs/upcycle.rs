@@ -73,7 +73,9 @@ impl TryFrom<serde_json::Value> for UpcycleSpec {
 }
 
 impl Operation for UpcycleSpec {
-    const LABEL: &'static str = "upcycle (dense → MoE)";
+    fn label() -> &'static str {
+        "upcycle (dense → MoE)"
+    }
 
     fn fields() -> Vec<Field> {
         [

@@ -39,6 +39,10 @@
 #                  after checking the allocations, budget and evaluation streams are the same
 #                  (the budget, and that no published seed is dropped or run twice, are checked
 #                  before any training)
+#   RERUN_SEEDS    published seeds this run trains again on purpose in the ALLOCS it runs (the
+#                  post-training analysis or task scores of a model whose run directory is gone):
+#                  each must be in PUBLISHED_SEEDS and SEEDS; the report checks that the retrained
+#                  model scores the published perplexities (1e-3 relative) and replaces the entry
 #   ANALYSE        seeds whose trained models (every allocation) get the post-training analysis
 #                  (default: the first of SEEDS; "" skips it; ≈ 20–30 min per model here)
 # Resumable like the other scripts.

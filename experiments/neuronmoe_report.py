@@ -22,7 +22,7 @@ import statistics
 import sys
 
 from report_common import (TASK_SCORING, acc_cells, task_items, figure, fmt, load, mean_or_none, merge_published, pooled_tasks, ppl, pooling_note, refuse_pooled,
-                           published_results, seeds_with, stream_hashes, unfinished_note, write_commands)
+                           published_results, reproduced, rerun_seeds, seeds_with, stream_hashes, unfinished_note, write_commands)
 
 
 
@@ -30,8 +30,11 @@ if sys.argv[1:2] == ["--check-published"]:
     out, seeds, allocs, budget = sys.argv[2:]
     seeds, allocs = seeds.split(), allocs.split()
     published, prior = published_results(out, budget, seeds, per_row=True)
+    rerun = rerun_seeds()
+    if any(s not in published or s not in seeds for s in rerun):
+        sys.exit(f"RERUN_SEEDS={' '.join(rerun)}: each must be in PUBLISHED_SEEDS and in SEEDS")
     for a, p in (prior or {}).get("allocations", {}).items():
-        refuse_pooled("allocation", a, p["seeds"], published, seeds if a in allocs else [], "SEEDS or ALLOCS")
+        refuse_pooled("allocation", a, p["seeds"], published, seeds if a in allocs else [], "SEEDS or ALLOCS", rerun)
     sys.exit(0)
 
 work, out, smoke, model, seeds, allocs, analyse, budget = sys.argv[1:]
@@ -50,17 +53,28 @@ if prior is not None:
     allocs.sort(key=lambda a: order.index(a) if a in order else len(order))
 
 
-def published_entries(a, per_layer, have):
-    """(seeds, {stage: [per-language ppl]}) of allocation `a` from the published results.json."""
+RERUN = rerun_seeds()
+reruns = {}  # "allocation s<seed>" -> largest relative difference from the published perplexities
+
+
+def published_entries(a, per_layer, have, stages):
+    """(seeds, {stage: [per-language ppl]}) of allocation `a` from the published results.json,
+    without the seeds this run trained again on purpose (RERUN_SEEDS): those must reproduce the
+    published perplexities (report_common.reproduced), and this run's entries replace them."""
     if prior is None or a not in prior["allocations"]:
         return [], {"s1": [], "s2": []}
     p = prior["allocations"][a]
     if p["new_experts_per_layer"] != per_layer:
         sys.exit(f"PUBLISHED_SEEDS: allocation `{a}` was {p['new_experts_per_layer']} in the published results,"
                  f" {per_layer} in this run: not the same experiment")
-    # Every seed the published row holds is carried (PUBLISHED_SEEDS) or run again here, not both.
-    refuse_pooled("allocation", a, p["seeds"], published, have, "SEEDS or ALLOCS")
-    idx = [i for i, s in enumerate(p["seeds"]) if s in published]
+    # Every seed the published row holds is carried (PUBLISHED_SEEDS) or run again here, not both
+    # (but for RERUN_SEEDS, checked here).
+    refuse_pooled("allocation", a, p["seeds"], published, have, "SEEDS or ALLOCS", RERUN)
+    for s in RERUN:
+        if s in have and s in p["seeds"] and s in published:
+            i, j = p["seeds"].index(s), have.index(s)
+            reruns[f"{a} s{s}"] = reproduced(a, s, [p["s1"][i], p["s2"][i]], [stages["s1"][j], stages["s2"][j]])
+    idx = [i for i, s in enumerate(p["seeds"]) if s in published and s not in have]
     return [p["seeds"][i] for i in idx], {st: [p[st][i] for i in idx] for st in ("s1", "s2")}
 
 
@@ -94,7 +108,7 @@ for a in allocs:
     stages = {}
     for st in ("s1", "s2"):
         stages[st] = [{l: ppl(load(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json")), l) for l in LANGS} for s in have]
-    old_seeds, old_stages = published_entries(a, per_layer, have)
+    old_seeds, old_stages = published_entries(a, per_layer, have, stages)
     order = sorted(range(len(old_seeds) + len(have)), key=lambda i: seed_key((old_seeds + have)[i]))
     stages = {st: [(old_stages[st] + stages[st])[i] for i in order] for st in stages}
     provenance[a] = (old_seeds, have)
@@ -134,6 +148,8 @@ evs = [load(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json")) for a in run_all
        if os.path.exists(os.path.join(work, f"s{s}", f"{a}-{st}.eval.json"))]
 results["eval_streams"] = stream_hashes(evs + [base])
 merge_published(results, prior, published, seeds)
+if reruns:
+    results["reproduced"] = reruns
 
 # The dense model's analysis: specific neurons per layer (union over the new languages), and the
 # share that falls in the first and last quarter of the layers (the paper's "early and late
@@ -247,6 +263,8 @@ for a in run_allocs:
 # them); one this run made again is refused, as a row's seed is.
 for name, entry in ((prior or {}).get("post_training") or {}).items():
     if name.rsplit(" s", 1)[-1] in published:
+        if name in analysis and f"{name}" in reruns:
+            continue  # trained again and reproduced: this run's analysis replaces it
         if name in analysis:
             sys.exit(f"PUBLISHED_SEEDS: the post-training analysis `{name}` is both published and made by this run")
         analysis[name] = entry
@@ -257,7 +275,7 @@ os.makedirs(out, exist_ok=True)
 # Task accuracy (issue 36): `eval --task` reports of the base and of every allocation after stage 2.
 # With the published seeds' records (report_common.pooled_tasks).
 task_rows = [("base", *pooled_tasks(work, None, prior, published, "base", "base.tasks.json"))]
-task_rows += [(a, *pooled_tasks(work, seeds if a in run_allocs else [], prior, published, a, f"{a}-s2.tasks.json"))
+task_rows += [(a, *pooled_tasks(work, seeds if a in run_allocs else [], prior, published, a, f"{a}-s2.tasks.json", RERUN))
               for a in allocs]
 task_rows = [(a, evs, recs) for a, evs, recs in task_rows if evs]
 results["task_accuracy"] = {a: recs for a, _, recs in task_rows}
@@ -292,6 +310,12 @@ with open(os.path.join(out, "README.md"), "w") as f:
             " differ from it only in where the experts go: NeuronMoE's claim is about placement. LayerMoE-style"
             " (`layermoe`) keeps its own total.\n\n")
     f.write(pooling_note(published, seeds, provenance, "allocation", "allocations"))
+    if reruns:
+        f.write("Trained again here on purpose (`RERUN_SEEDS`, for what its published run directory no longer"
+                " holds: the post-training analysis, task scores) and checked against the published perplexities"
+                " after stage 1 and stage 2 in every language (tolerance 1e-3 relative): "
+                + "; ".join(f"`{k}` largest relative difference {v:.1e}" for k, v in reruns.items())
+                + ". This run's entries replace the published ones.\n\n")
     f.write(unfinished_note(missing))
     f.write("| allocation | new experts per layer | experts added | parameters added | seeds | ppl en | ppl hu |"
             " ppl el | ppl tr | geometric mean ppl, new languages |\n|---|---|---|---|---|---|---|---|---|---|\n")

@@ -73,22 +73,49 @@ def published_note(published):
             " machine).\n\n")
 
 
-def refuse_pooled(noun, row, in_published, published, again, leave_out):
+def refuse_pooled(noun, row, in_published, published, again, leave_out, rerun=()):
     """The checks of a report pooled row by row (NeuronMoE's allocations, the upcycling rows), for
     one published row: exits naming it when one of its seeds in the published results
     (`in_published`) would vanish from the only copy of them — neither carried (`published`,
     PUBLISHED_SEEDS) nor run again here (`again`: the seeds this run trains before training, the
     seeds it finished in the report) — or is both carried and run again (two results of one
     training). `noun` names a row ("allocation"), `leave_out` the settings that choose what runs
-    ("SEEDS or ALLOCS")."""
+    ("SEEDS or ALLOCS"), `rerun` the seeds that may be both (RERUN_SEEDS, for a report that checks
+    them with reproduced())."""
     lost = [s for s in in_published if s not in published and s not in again]
     if lost:
         sys.exit(f"PUBLISHED_SEEDS: {noun} `{row}` has seed(s) {', '.join(lost)} in the published results, which"
                  " this run neither carries (add them to PUBLISHED_SEEDS) nor has run again (finished)")
-    both = [s for s in in_published if s in published and s in again]
+    both = [s for s in in_published if s in published and s in again and s not in rerun]
     if both:
         sys.exit(f"PUBLISHED_SEEDS: {noun} `{row}` seed(s) {', '.join(both)} are both published and run here: leave"
                  f" them out of {leave_out}, or out of PUBLISHED_SEEDS")
+
+
+def rerun_seeds():
+    """RERUN_SEEDS (e.g. "1"): published seeds a report pooled row by row trains again on purpose,
+    in the rows it runs (a post-training analysis or task scores of a model whose run directory went
+    with its machine). refuse_pooled then lets such a (row, seed) be both carried and run here, and
+    the report replaces the published entry with this run's after reproduced() found the same
+    numbers."""
+    return os.environ.get("RERUN_SEEDS", "").split()
+
+
+def reproduced(row, seed, published, mine, rtol=1e-3):
+    """Largest relative difference between a published seed's numbers and the same seed trained
+    again here (RERUN_SEEDS): `published` and `mine` are equal-shaped lists of {name: value} dicts
+    (e.g. per-language perplexity after stage 1 and 2). Exits naming the row, seed and value when
+    one differs by more than `rtol` (1e-3: the precision of the tables; another CPU's kernels move
+    a retrained model by less, another training by far more)."""
+    worst = 0.0
+    for p, m in zip(published, mine):
+        for k, v in p.items():
+            d = abs(m[k] - v) / abs(v)
+            if d > rtol:
+                sys.exit(f"RERUN_SEEDS: `{row}` seed {seed} trained again scores {k} {m[k]:.6g}, the published"
+                         f" {v:.6g} (relative {d:.1e} > {rtol:g}): not the same training; leave it out of RERUN_SEEDS")
+            worst = max(worst, d)
+    return worst
 
 
 def pooling_note(published, seeds, provenance, noun, checked):
@@ -179,24 +206,28 @@ def task_entry(ev, seed):
     return e
 
 
-def pooled_tasks(work, seeds, prior, published, name, rel):
+def pooled_tasks(work, seeds, prior, published, name, rel, rerun=()):
     """The task reports of model `name`, pooled across sittings: (reports for acc_cell, records for
     results.json's `task_accuracy[name]`). This run's: `work/s<seed>/<rel>` for each of `seeds` that
     has it, or `work/<rel>` with `seeds` None (a model made once per run). The earlier sitting's
     (PUBLISHED_SEEDS, `prior` its results.json): its records of the published seeds, and for a
     once-per-run model its record when this run scored none. A published record is carried as it
-    was (a report rebuilt from it has no per-item samples, so it is not paired again)."""
+    was (a report rebuilt from it has no per-item samples, so it is not paired again). A seed in
+    `rerun` (RERUN_SEEDS, trained again and checked by reproduced()) that this run scored replaces
+    its published record."""
     if seeds is None:
         path = os.path.join(work, rel)
         mine = [(None, load(path))] if os.path.exists(path) else []
     else:
         mine = [(s, load(os.path.join(work, f"s{s}", rel))) for s in seeds_with(work, seeds, rel)]
     old = (prior or {}).get("task_accuracy", {}).get(name, [])
+    replaced = set()  # rerun seeds scored again here: their records replace the published ones, in place
     if seeds is None:
         old = [] if mine else [e for e in old if e.get("seed") is None][:1]
     else:
         old = [e for e in old if e.get("seed") in published]
-        both = sorted({e.get("seed") for e in old} & {s for s, _ in mine})
+        replaced = {e.get("seed") for e in old} & {s for s, _ in mine} & set(rerun)
+        both = sorted({e.get("seed") for e in old} & {s for s, _ in mine} - replaced)
         if both:
             sys.exit(f"PUBLISHED_SEEDS: `{name}` seed(s) {', '.join(both)} are both published and scored by this run")
     # Pooled seeds must have scored the same tasks: a sitting run with another TASK_ITEMS is another
@@ -207,9 +238,20 @@ def pooled_tasks(work, seeds, prior, published, name, rel):
             if items(e) != items(task_entry(ev, s)):
                 sys.exit(f"PUBLISHED_SEEDS: `{name}` seed {e.get('seed')} was scored on {items(e)} items per task,"
                          f" seed {s} of this run on {items(task_entry(ev, s))}: set TASK_ITEMS as the published run did")
-    reports = [{"tasks": [{"name": n, **v} for n, v in e.items() if n != "seed"]} for e in old]
-    reports += [ev for _, ev in mine]
-    return reports, old + [task_entry(ev, s) for s, ev in mine]
+    by_seed = dict(mine)
+    reports, records = [], []
+    for e in old:
+        if e.get("seed") in replaced:
+            reports.append(by_seed[e["seed"]])
+            records.append(task_entry(by_seed[e["seed"]], e["seed"]))
+        else:
+            reports.append({"tasks": [{"name": n, **v} for n, v in e.items() if n != "seed"]})
+            records.append(e)
+    for s, ev in mine:
+        if s not in replaced:
+            reports.append(ev)
+            records.append(task_entry(ev, s))
+    return reports, records
 
 
 def paired_acc(ev_a, ev_b, name, metric="acc_norm"):

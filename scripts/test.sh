@@ -274,6 +274,22 @@ json.dump(e, open(sys.argv[2], 'w'))" "$work/ffn-expert-code.eval.json" "$work/s
             # any training (no run directory of seed 3).
             expect_refused "dropping published seed 2 of the other allocations" "neither carries" "$work/s3" \
                 SEEDS=3 PUBLISHED_SEEDS=1 ALLOCS=layermoe
+            # A published seed trained again on purpose (its run directory gone: RERUN_SEEDS) for
+            # its post-training analysis: kept only because it reproduces the published numbers,
+            # and then its entries and analysis replace the published ones.
+            cp "$work/report/results.json" "$work/third.json"
+            MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=1 RERUN_SEEDS=1 PUBLISHED_SEEDS="1 2" ALLOCS=neuronmoe ANALYSE=1 \
+                bash "experiments/$exp.sh" --smoke >/dev/null
+            python3 experiments/check_pooled.py "$exp" "$work/third.json" "$work/report/results.json"
+            python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
+assert r['reproduced'] == {'neuronmoe s1': 0.0}, r.get('reproduced')
+assert r['allocations']['neuronmoe']['seeds'] == ['1', '2'] and 'neuronmoe s1' in r['post_training'], r['post_training']" \
+                "$work/report/results.json"
+            # The same, against a published seed 1 it does not reproduce: refused.
+            python3 -c "import json, sys; r = json.load(open(sys.argv[1])); r['allocations']['neuronmoe']['s2'][0]['hu'] *= 1.01
+json.dump(r, open(sys.argv[1], 'w'))" "$work/report/results.json"
+            expect_refused "a retrained seed that does not reproduce" "not the same training" "$work/not-made" \
+                SEEDS=1 RERUN_SEEDS=1 PUBLISHED_SEEDS="1 2" ALLOCS=neuronmoe ANALYSE=1
         fi
         if [ "$exp" = upcycling ]; then
             # Both seeds of every row; each paired change as defined (same seed: same tokens); one

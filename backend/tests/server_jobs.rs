@@ -243,6 +243,9 @@ fn moerge_route_graft_merge_neurons_jobs_match_the_cli() {
         (json!({"kind": "merge", "method": "slerp", "models": [a, a]}), "body"),
         (json!({"kind": "convert", "model": a, "layout": "mixtrl"}), "spec.layout"),
         (json!({"kind": "convert", "model": a, "experts_format": "stacked"}), "spec.experts_format"),
+        // `a` is dense: an MoE layout or packed experts asked of it is refused at submission
+        (json!({"kind": "convert", "model": a, "layout": "mixtral"}), "spec.layout"),
+        (json!({"kind": "convert", "model": a, "experts_format": "packed"}), "spec.experts_format"),
         (json!({"kind": "neurons", "model": a, "langs": [dom("en", &en_valid)]}), "spec.langs"),
         (
             json!({"kind": "neurons", "model": a, "langs": [dom("en", &en_valid), dom("hu", &hu_valid)],

@@ -66,59 +66,6 @@ pub fn write_options(max_shard_bytes: Option<u64>) -> WriteOptions {
     opts
 }
 
-/// `--layout` of a command that writes an MoE checkpoint (upcycle, moerge,
-/// route, graft, convert).
-#[derive(Debug, Clone, clap::Args)]
-pub struct LayoutArg {
-    /// On-disk MoE layout: `auto` (the first public layout that holds the
-    /// model exactly: mixtral, then qwen2_moe; else moe_studio, with the
-    /// reason) or one of mixtral, qwen2_moe, qwen3_moe, deepseek_moe,
-    /// moe_studio (`studio`). A layout that cannot hold the model exactly is
-    /// refused, naming the field and the layouts that can, before anything
-    /// is written.
-    #[arg(long)]
-    pub layout: Option<String>,
-    /// How the routed experts are stored: `per-expert` (one tensor per
-    /// expert and projection; what transformers 4, llama.cpp's converter,
-    /// vLLM and candle read) or `packed` (`experts.gate_up_proj [E, 2f, d]`
-    /// and `experts.down_proj [E, d, f]` per layer: transformers 5's own
-    /// layout, as mergekit-moe 0.1.5 writes it).
-    #[arg(long, value_name = "per-expert|packed", default_value = "per-expert")]
-    pub experts_format: String,
-}
-
-impl LayoutArg {
-    /// The parsed `--experts-format`.
-    ///
-    /// # Errors
-    /// A name other than `per-expert` / `packed`.
-    pub fn experts_format(&self) -> anyhow::Result<moe_shared::layout::ExpertsFormat> {
-        Ok(moe_shared::layout::ExpertsFormat::parse(&self.experts_format)?)
-    }
-
-    /// The parsed `--layout` (`auto` when absent).
-    ///
-    /// # Errors
-    /// An unknown layout name (the error lists the names).
-    pub fn request(&self) -> anyhow::Result<moe_shared::layout::LayoutRequest> {
-        self.request_or(moe_shared::layout::LayoutRequest::Auto)
-    }
-
-    /// The parsed `--layout`, `default` when absent.
-    ///
-    /// # Errors
-    /// An unknown layout name.
-    pub fn request_or(
-        &self,
-        default: moe_shared::layout::LayoutRequest,
-    ) -> anyhow::Result<moe_shared::layout::LayoutRequest> {
-        match &self.layout {
-            Some(s) => Ok(moe_shared::layout::LayoutRequest::parse(s)?),
-            None => Ok(default),
-        }
-    }
-}
-
 /// `--docs`: how the plain-text files a command reads are cut into
 /// documents (`moe_shared::corpus`: each document's tokens are followed by
 /// the end-of-text token). Flattened into every command that reads text:

@@ -45,7 +45,7 @@ pub struct Args {
     #[arg(long)]
     pub dtype: Option<String>,
     #[command(flatten)]
-    pub layout: super::args::LayoutArg,
+    pub layout: moe_shared::ops::convert::LayoutParams,
     /// Largest shard in bytes (default 5 GB).
     #[arg(long)]
     pub max_shard_bytes: Option<u64>,
@@ -60,7 +60,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
     let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json());
     if a.to == Target::Gguf {
-        if a.layout.layout.is_some() || a.layout.experts_format()? != ExpertsFormat::PerExpert {
+        if a.layout.layout.is_some() || a.layout.experts()? != ExpertsFormat::PerExpert {
             anyhow::bail!(
                 "--layout and --experts-format apply to safetensors output; a GGUF MoE has llama.cpp's own layout"
             );
@@ -98,13 +98,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if tok.is_none() {
         eprintln!("note: no Hugging Face tokenizer to write beside the weights");
     }
-    let experts = a.layout.experts_format()?;
+    let experts = a.layout.experts()?;
     let card = super::card::card(CardMethod::Conversion, [("input".to_string(), a.model.as_path())]);
     let opts = super::args::write_options(a.max_shard_bytes).with_card(Some(card));
     let layout = match &m.moe {
         None => {
-            if a.layout.layout.is_some() || experts != ExpertsFormat::PerExpert {
-                anyhow::bail!("{}: a dense model; --layout and --experts-format apply to MoE checkpoints", m.path);
+            if let Some(field) = a.layout.moe_only_field() {
+                anyhow::bail!("{}: a dense model; --{} applies to MoE checkpoints", m.path, field.replace('_', "-"));
             }
             export_dense(m.source.as_ref(), &m.config, &a.out, dtype, tok, opts)?;
             None
@@ -137,10 +137,7 @@ impl super::run_job::FromJob for moe_shared::api::ConvertSpec {
             out: j.out.to_path_buf(),
             to: Target::Safetensors,
             dtype: self.dtype.clone(),
-            layout: super::args::LayoutArg {
-                layout: self.params.layout.clone(),
-                experts_format: self.params.experts_format.clone(),
-            },
+            layout: self.params.clone(),
             max_shard_bytes: None,
             json: j.json,
         })

@@ -31,7 +31,7 @@ pub struct Args {
     pub params: GraftParams,
     /// Output layout of an MoE target (default: the target's own layout).
     #[command(flatten)]
-    pub layout: super::args::LayoutArg,
+    pub layout: moe_shared::ops::convert::LayoutParams,
     #[command(flatten)]
     pub output: super::args::Output,
 }
@@ -77,7 +77,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         target.moe.as_ref(),
         base.source.as_ref(),
         instruct.source.as_ref(),
-        &GraftOptions { scale: a.params.scale, layout, experts_format: a.layout.experts_format()? },
+        &GraftOptions { scale: a.params.scale, layout, experts_format: a.layout.experts()? },
         &a.output.out,
         &extra,
         write_opts,

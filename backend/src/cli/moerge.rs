@@ -56,7 +56,7 @@ pub struct Args {
     #[command(flatten)]
     pub shared: MoergeShared,
     #[command(flatten)]
-    pub layout: super::args::LayoutArg,
+    pub layout: moe_shared::ops::convert::LayoutParams,
     #[command(flatten)]
     pub dtype: super::args::OutputDtype,
     #[command(flatten)]
@@ -138,7 +138,7 @@ impl WithBackend for Args {
         }
         opts.dtype = dtype;
         opts.layout = layout;
-        opts.experts_format = a.layout.experts_format()?;
+        opts.experts_format = a.layout.experts()?;
         a.shared.configure(&mut opts, shared_init);
         let first = base.as_ref().unwrap_or(&models[0]);
         let tok = first.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);

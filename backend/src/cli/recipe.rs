@@ -17,8 +17,9 @@ use anyhow::Context;
 use moe_shared::jobs::PathInputs;
 use moe_shared::recipe::{parse, plan, RecipeContext, Stage, StageOp};
 
-use super::args::{LayoutArg, Output, OutputDtype};
+use super::args::{Output, OutputDtype};
 use super::Command;
+use moe_shared::ops::convert::LayoutParams;
 
 /// Arguments of `recipe`.
 #[derive(Debug, Clone, clap::Args)]
@@ -127,7 +128,7 @@ pub fn run(backend: &str, a: Args) -> anyhow::Result<()> {
 /// The typed subcommand of a recipe stage (what its command line says:
 /// checked for every kind of stage by the tests below).
 pub(crate) fn stage_command(s: &Stage) -> Command {
-    let layout = |l: &Option<String>| LayoutArg { layout: l.clone(), ..super::run_job::defaults::<LayoutArg>() };
+    let layout = |l: &Option<String>| LayoutParams { layout: l.clone(), ..LayoutParams::default() };
     match &s.op {
         StageOp::Job { spec, layout: l, allocation } => {
             let mut c = super::run_job::command_for(spec, &PathInputs, false, &s.out, false);

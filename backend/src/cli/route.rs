@@ -46,7 +46,7 @@ pub struct Args {
     #[command(flatten)]
     pub docs: super::args::DocsArg,
     #[command(flatten)]
-    pub layout: super::args::LayoutArg,
+    pub layout: moe_shared::ops::convert::LayoutParams,
     /// Extra lambdas to report held-out accuracy for (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub lambda_sweep: Vec<f64>,
@@ -213,7 +213,7 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     let added = accuracy_markdown(&names[new_idx..], std::slice::from_ref(&acc), &opts);
     card.section("Routing accuracy of the added expert", added);
     let write_opts = WriteOptions::default().with_card(Some(card));
-    let experts = a.layout.experts_format()?;
+    let experts = a.layout.experts()?;
     write_routed(
         grown.source.as_ref(),
         &m.config,
@@ -394,7 +394,7 @@ impl WithBackend for Args {
         card.detail("domains (expert order)", names.join(", "));
         card.section("Routing accuracy", accuracy_markdown(&names, &accuracy, &opts));
         let write_opts = moe_shared::tensor_io::WriteOptions::default().with_card(Some(card));
-        let experts = a.layout.experts_format()?;
+        let experts = a.layout.experts()?;
         write_routed(
             m.source.as_ref(),
             &m.config,

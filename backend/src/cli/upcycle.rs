@@ -60,7 +60,7 @@ pub struct Args {
     #[command(flatten)]
     pub params: UpcycleParams,
     #[command(flatten)]
-    pub layout: super::args::LayoutArg,
+    pub layout: moe_shared::ops::convert::LayoutParams,
     #[command(flatten)]
     pub dtype: super::args::OutputDtype,
     #[command(flatten)]
@@ -172,7 +172,7 @@ impl WithBackend for Args {
         let opts = UpcycleOptions {
             dtype,
             layout,
-            experts_format: a.layout.experts_format()?,
+            experts_format: a.layout.experts()?,
             ..params.options(experts, &experts_source, prompt_router)?
         };
         let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);

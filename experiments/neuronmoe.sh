@@ -31,6 +31,10 @@
 #   MOE_STUDIO_BIN, WORK, OUT, SEEDS  as in experiments/dume.sh (default WORK $MOE_STUDIO_CACHE/experiments/neuronmoe)
 #   TEXTS          texts per language for `neurons` (full 200); TOP_N specific neurons per language
 #   STEPS/SEQ/BATCH/LR, ROUTER_STEPS/ROUTER_LR, EVAL_TOKENS  as in experiments/deltamoe.sh
+#   A row named ALLOC-drop (e.g. neuronmoe-drop, not in the default) is ALLOC's allocation with its
+#                 new experts Drop-Upcycled (`--drop-ratio 0.5`: half of each new expert's units drawn
+#                 afresh, Nakamura et al. 2025), so the post-training analysis can tell neurons the new
+#                 experts acquired from neurons they inherited as copies of expert 0
 #   ALLOCS         allocations to train (default "neuronmoe uniform shuffled inverted layermoe
 #                  layermoe-placed": the headline pair first; a short sitting can run "neuronmoe
 #                  uniform" and add the rest later)
@@ -102,7 +106,7 @@ if [ ! -f "$WORK/neurons/neurons.json" ]; then
     run "$BIN" neurons "$MODEL" "${langs[@]}" --new "${NEW// /,}" --max-texts "$TEXTS" \
         --top-n "$TOP_N" --out "$WORK/neurons" >/dev/null
 fi
-for a in $ALLOCS; do
+for a in $(for x in $ALLOCS; do echo "${x%-drop}"; done | sort -u); do
     [ -f "$WORK/alloc-$a.json" ] && continue
     base=()
     [ "$a" != neuronmoe ] && base=(--baseline "$a")
@@ -129,7 +133,9 @@ for seed in $SEEDS; do
     mkdir -p "$S"
     for a in $ALLOCS; do
         M="$S/$a"
-        make_dir "$M-init" "$BIN" upcycle "$MODEL" --allocation "$WORK/alloc-$a.json" --top-k 2 --frozen 0 \
+        init=()
+        [ "$a" != "${a%-drop}" ] && init=(--drop-ratio 0.5)
+        make_dir "$M-init" "$BIN" upcycle "$MODEL" --allocation "$WORK/alloc-${a%-drop}.json" "${init[@]}" --top-k 2 --frozen 0 \
             --router-init random --router-std 0.02 --seed "$seed" --out "$M-init"
         report "$M.inspect.json" "$BIN" inspect "$M-init" --json
         train_run "$M-s1" "$M-init" --stage experts "${MIX[@]}" --steps "$STEPS" --lr "$LR" --seq-len "$SEQ" \

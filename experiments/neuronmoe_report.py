@@ -86,7 +86,7 @@ def seed_key(s):
 def allocation_of(a):
     """Experts per layer of allocation `a`: this run's `allocate` output, or the published row's
     for an allocation this run did not train."""
-    path = os.path.join(work, f"alloc-{a}.json")
+    path = os.path.join(work, f"alloc-{a.removesuffix('-drop')}.json")  # ALLOC-drop: ALLOC's, Drop-Upcycled
     if os.path.exists(path) or a in run_allocs:
         return load(path)["new_experts_per_layer"]
     return prior["allocations"][a]["new_experts_per_layer"]
@@ -308,7 +308,12 @@ with open(os.path.join(out, "README.md"), "w") as f:
             " (docs/methods.md §7). The controls `uniform`, `shuffled`, `inverted` and `layermoe-placed` add"
             " exactly as many experts as NeuronMoE (the earlier uniform baseline added 60 against 51), so they"
             " differ from it only in where the experts go: NeuronMoE's claim is about placement. LayerMoE-style"
-            " (`layermoe`) keeps its own total.\n\n")
+            " (`layermoe`) keeps its own total."
+            + (" `neuronmoe-drop` is NeuronMoE's allocation with its new experts Drop-Upcycled (half of each"
+               " new expert's units drawn afresh, `--drop-ratio 0.5`), so that the post-training analysis can"
+               " separate neurons the new experts acquired from neurons they inherited as copies of expert 0."
+               if any(a.endswith("-drop") for a in allocs) else "")
+            + "\n\n")
     f.write(pooling_note(published, seeds, provenance, "allocation", "allocations"))
     if reruns:
         f.write("Trained again here on purpose (`RERUN_SEEDS`, for what its published run directory no longer"
@@ -365,7 +370,8 @@ with open(os.path.join(out, "README.md"), "w") as f:
                 " original FFN. Each new expert starts as a copy of expert 0, with the same neurons and"
                 " the same average precision, so at initialisation a new expert and expert 0 count alike"
                 " in every layer (ratio 1 in the table); what training changed is the difference between"
-                " them. The last column counts the new experts' specific neurons whose twin (the same"
+                " them (a `-drop` row's new experts start with half their units drawn afresh, so for them"
+                " neither holds at initialisation). The last column counts the new experts' specific neurons whose twin (the same"
                 " unit of expert 0) is not specific: at most what the new expert acquired on its own (a"
                 " neuron at the cut-off can flip with a tiny drift).\n\n"
                 "| model | specific neurons in trainable / frozen experts / attention | per trainable expert:"

@@ -278,12 +278,16 @@ json.dump(e, open(sys.argv[2], 'w'))" "$work/ffn-expert-code.eval.json" "$work/s
             # its post-training analysis: kept only because it reproduces the published numbers,
             # and then its entries and analysis replace the published ones.
             cp "$work/report/results.json" "$work/third.json"
-            MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=1 RERUN_SEEDS=1 PUBLISHED_SEEDS="1 2" ALLOCS=neuronmoe ANALYSE=1 \
-                bash "experiments/$exp.sh" --smoke >/dev/null
+            # With it, a new row: NeuronMoE's allocation Drop-Upcycled (its own analysis).
+            MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=1 RERUN_SEEDS=1 PUBLISHED_SEEDS="1 2" ALLOCS="neuronmoe neuronmoe-drop" \
+                ANALYSE=1 bash "experiments/$exp.sh" --smoke >/dev/null
             python3 experiments/check_pooled.py "$exp" "$work/third.json" "$work/report/results.json"
-            python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
+            grep -q -- "--drop-ratio 0.5" "$work/commands.log"
+            python3 -c "import json, sys; r = json.load(open(sys.argv[1])); a = r['allocations']
 assert r['reproduced'] == {'neuronmoe s1': 0.0}, r.get('reproduced')
-assert r['allocations']['neuronmoe']['seeds'] == ['1', '2'] and 'neuronmoe s1' in r['post_training'], r['post_training']" \
+assert a['neuronmoe']['seeds'] == ['1', '2'] and 'neuronmoe s1' in r['post_training'], r['post_training']
+assert a['neuronmoe-drop']['seeds'] == ['1'] and a['neuronmoe-drop']['new_experts_per_layer'] == a['neuronmoe']['new_experts_per_layer']
+assert 'neuronmoe-drop s1' in r['post_training'] and r['paired_vs_neuronmoe']['neuronmoe-drop']['same_total'], r['paired_vs_neuronmoe']" \
                 "$work/report/results.json"
             # The same, against a published seed 1 it does not reproduce: refused.
             python3 -c "import json, sys; r = json.load(open(sys.argv[1])); r['allocations']['neuronmoe']['s2'][0]['hu'] *= 1.01

@@ -100,7 +100,8 @@ elif kind == "neuronmoe":
                         fail(f"allocation `{a}` {stage} seed {s}: {new[stage][j]} != published {old[stage][i]}")
                     checked += 1
     for name, entry in first.get("post_training", {}).items():
-        if name.rsplit(" s", 1)[-1] in published and name not in rerun:
+        key = name.removesuffix(" before training")  # (a Drop-Upcycled row's model before training)
+        if key.rsplit(" s", 1)[-1] in published and key not in rerun:
             if second.get("post_training", {}).get(name) != entry:
                 fail(f"post-training analysis `{name}` changed or dropped")
             checked += 1

@@ -149,16 +149,23 @@ for seed in $SEEDS; do
     done
 done
 
-# Post-training analysis: the same `neurons` run on each trained model (stage 2), experts included.
+# Post-training analysis: the same `neurons` run on each trained model (stage 2), experts included;
+# for a Drop-Upcycled row also on its model before training (units drawn afresh can be
+# language-selective by chance: what training added is the difference).
 ANALYSE=${ANALYSE-${SEEDS%% *}}
 for seed in $ANALYSE; do
     for a in $ALLOCS; do
         M="$WORK/s$seed/$a"
-        [ -f "$M-s2.neurons/neurons.json" ] && continue
-        rm -rf "$M-s2.neurons" "$M-s2.neurons.tmp"
-        run "$BIN" neurons "$M-s2/final" "${TOK[@]}" "${langs[@]}" --new "${NEW// /,}" --max-texts "$TEXTS" \
-            --top-n "$TOP_N" --out "$M-s2.neurons.tmp" >/dev/null
-        mv "$M-s2.neurons.tmp" "$M-s2.neurons"
+        models=("$M-s2/final:$M-s2.neurons")
+        [ "$a" != "${a%-drop}" ] && models+=("$M-init:$M-init.neurons")
+        for mo in "${models[@]}"; do
+            src=${mo%%:*} dst=${mo#*:}
+            [ -f "$dst/neurons.json" ] && continue
+            rm -rf "$dst" "$dst.tmp"
+            run "$BIN" neurons "$src" "${TOK[@]}" "${langs[@]}" --new "${NEW// /,}" --max-texts "$TEXTS" \
+                --top-n "$TOP_N" --out "$dst.tmp" >/dev/null
+            mv "$dst.tmp" "$dst"
+        done
     done
 done
 

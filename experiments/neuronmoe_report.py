@@ -241,30 +241,42 @@ def twins(out_dir, new_langs):
     return {"with_specific_twin": inherited, "without": own}
 
 
+BEFORE = " before training"
+
+
+def analysed_seed(name):
+    """(`allocation s<seed>`, seed) of a post-training analysis entry's name (`neuronmoe s1`, or
+    `neuronmoe-drop s1 before training` for a Drop-Upcycled row's model before training)."""
+    key = name.removesuffix(BEFORE)
+    return key, key.rsplit(" s", 1)[-1]
+
+
 analysis = {}
-for a in run_allocs:
-    for sd in analyse:
-        path = os.path.join(work, f"s{sd}", f"{a}-s2.neurons", "neurons.json")
-        if not os.path.exists(path):
-            continue
-        per, totals = expert_profile(load(path))
-        entry = {"per_layer": per, "totals": totals, "trainable_shares": shares(per["trainable"]),
-                 "frozen_shares": shares(per["frozen"]),
-                 # At initialisation every new expert is a copy of the frozen expert 0 and has its
-                 # neurons (same AP), so this ratio is 1; training moves it.
-                 "trainable_to_frozen_per_expert": (sum(per["trainable"]) / sum(per["frozen"])
-                                                    if sum(per["frozen"]) else None)}
-        entry["twins"] = twins(os.path.dirname(path), LANGS[1:])
-        if "specific_neurons_per_layer" in results:
-            entry["pearson_trainable_vs_dense"] = pearson(per["trainable"], results["specific_neurons_per_layer"])
-            entry["pearson_frozen_vs_dense"] = pearson(per["frozen"], results["specific_neurons_per_layer"])
-        analysis[f"{a} s{sd}"] = entry
+for a, sd, stage, suffix in [(a, sd, st, sf) for a in run_allocs for sd in analyse for st, sf in (("s2", ""), ("init", BEFORE))]:
+    # (a Drop-Upcycled row's model before training too: its fresh units' chance selectivity)
+    path = os.path.join(work, f"s{sd}", f"{a}-{stage}.neurons", "neurons.json")
+    if not os.path.exists(path):
+        continue
+    per, totals = expert_profile(load(path))
+    entry = {"per_layer": per, "totals": totals, "trainable_shares": shares(per["trainable"]),
+             "frozen_shares": shares(per["frozen"]),
+             # At initialisation every new expert is a copy of the frozen expert 0 and has its
+             # neurons (same AP), so this ratio is 1; training moves it.
+             "trainable_to_frozen_per_expert": (sum(per["trainable"]) / sum(per["frozen"])
+                                                if sum(per["frozen"]) else None)}
+    entry["twins"] = twins(os.path.dirname(path), LANGS[1:])
+    if "specific_neurons_per_layer" in results:
+        entry["pearson_trainable_vs_dense"] = pearson(per["trainable"], results["specific_neurons_per_layer"])
+        entry["pearson_frozen_vs_dense"] = pearson(per["frozen"], results["specific_neurons_per_layer"])
+    analysis[f"{a} s{sd}{suffix}"] = entry
 # The published seeds' analyses come through (pooling one allocation at a time would otherwise drop
-# them); one this run made again is refused, as a row's seed is.
+# them); one this run made again is refused, as a row's seed is, unless it was trained again on
+# purpose and reproduced (RERUN_SEEDS: this run's analysis replaces it).
 for name, entry in ((prior or {}).get("post_training") or {}).items():
-    if name.rsplit(" s", 1)[-1] in published:
-        if name in analysis and f"{name}" in reruns:
-            continue  # trained again and reproduced: this run's analysis replaces it
+    key, seed = analysed_seed(name)
+    if seed in published:
+        if name in analysis and key in reruns:
+            continue
         if name in analysis:
             sys.exit(f"PUBLISHED_SEEDS: the post-training analysis `{name}` is both published and made by this run")
         analysis[name] = entry
@@ -371,7 +383,9 @@ with open(os.path.join(out, "README.md"), "w") as f:
                 " the same average precision, so at initialisation a new expert and expert 0 count alike"
                 " in every layer (ratio 1 in the table); what training changed is the difference between"
                 " them (a `-drop` row's new experts start with half their units drawn afresh, so for them"
-                " neither holds at initialisation). The last column counts the new experts' specific neurons whose twin (the same"
+                " neither holds at initialisation; a unit drawn afresh can be language-selective by chance, so"
+                " the row `… before training` is the same analysis of that model before training, and what"
+                " training added is the difference). The last column counts the new experts' specific neurons whose twin (the same"
                 " unit of expert 0) is not specific: at most what the new expert acquired on its own (a"
                 " neuron at the cut-off can flip with a tiny drift).\n\n"
                 "| model | specific neurons in trainable / frozen experts / attention | per trainable expert:"

@@ -287,7 +287,8 @@ json.dump(e, open(sys.argv[2], 'w'))" "$work/ffn-expert-code.eval.json" "$work/s
 assert r['reproduced'] == {'neuronmoe s1': 0.0}, r.get('reproduced')
 assert a['neuronmoe']['seeds'] == ['1', '2'] and 'neuronmoe s1' in r['post_training'], r['post_training']
 assert a['neuronmoe-drop']['seeds'] == ['1'] and a['neuronmoe-drop']['new_experts_per_layer'] == a['neuronmoe']['new_experts_per_layer']
-assert 'neuronmoe-drop s1' in r['post_training'] and r['paired_vs_neuronmoe']['neuronmoe-drop']['same_total'], r['paired_vs_neuronmoe']" \
+assert 'neuronmoe-drop s1' in r['post_training'] and r['paired_vs_neuronmoe']['neuronmoe-drop']['same_total'], r['paired_vs_neuronmoe']
+assert 'neuronmoe-drop s1 before training' in r['post_training'] and 'neuronmoe s1 before training' not in r['post_training']" \
                 "$work/report/results.json"
             # The same, against a published seed 1 it does not reproduce: refused.
             python3 -c "import json, sys; r = json.load(open(sys.argv[1])); r['allocations']['neuronmoe']['s2'][0]['hu'] *= 1.01

@@ -8,7 +8,7 @@ at least one row with a new seed, the analyses of a published seed; dume: or at 
 method with a new seed, the FFN-only part of a published seed), mark P as published, and carry every number P had in FIRST unchanged (deltamoe: every row's
 per-seed perplexities, the expert-0 shares and the analyses' seeds; dume: every method's per-seed
 records; neuronmoe: every allocation's per-stage perplexities, but for a seed trained again on purpose
-(`reproduced`, RERUN_SEEDS: within 1e-3 relative); every report: the task accuracy records and
+(`reproduced`, RERUN_SEEDS: within report_common.RERUN_RTOL relative); every report: the task accuracy records and
 paired differences of the published seeds; upcycling: every row's per-seed records, expert-0 shares and before-training perplexities). Exit status 1
 with the first difference named.
 
@@ -16,6 +16,8 @@ Usage: check_pooled.py deltamoe|dume|neuronmoe|upcycling FIRST SECOND
 """
 import json
 import sys
+
+from report_common import RERUN_RTOL
 
 kind, first_path, second_path = sys.argv[1:]
 first, second = json.load(open(first_path)), json.load(open(second_path))
@@ -94,8 +96,8 @@ elif kind == "neuronmoe":
                     j = new["seeds"].index(s)
                     if f"{a} s{s}" in rerun:
                         moved = max(abs(new[stage][j][l] / v - 1) for l, v in old[stage][i].items())
-                        if moved > 1e-3:
-                            fail(f"allocation `{a}` {stage} seed {s} trained again: moved {moved:.1e} > 1e-3")
+                        if moved > RERUN_RTOL:
+                            fail(f"allocation `{a}` {stage} seed {s} trained again: moved {moved:.1e} > {RERUN_RTOL:g}")
                     elif new[stage][j] != old[stage][i]:
                         fail(f"allocation `{a}` {stage} seed {s}: {new[stage][j]} != published {old[stage][i]}")
                     checked += 1

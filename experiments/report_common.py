@@ -92,6 +92,12 @@ def refuse_pooled(noun, row, in_published, published, again, leave_out, rerun=()
                  f" them out of {leave_out}, or out of PUBLISHED_SEEDS")
 
 
+# How far a published seed trained again (RERUN_SEEDS) may score from its published numbers: the
+# precision of the tables; another CPU's kernels move a retrained model by less, another training
+# by far more. reproduced() and check_pooled.py both use it.
+RERUN_RTOL = 1e-3
+
+
 def rerun_seeds():
     """RERUN_SEEDS (e.g. "1"): published seeds a report pooled row by row trains again on purpose,
     in the rows it runs (a post-training analysis or task scores of a model whose run directory went
@@ -101,12 +107,11 @@ def rerun_seeds():
     return os.environ.get("RERUN_SEEDS", "").split()
 
 
-def reproduced(row, seed, published, mine, rtol=1e-3):
+def reproduced(row, seed, published, mine, rtol=RERUN_RTOL):
     """Largest relative difference between a published seed's numbers and the same seed trained
     again here (RERUN_SEEDS): `published` and `mine` are equal-shaped lists of {name: value} dicts
     (e.g. per-language perplexity after stage 1 and 2). Exits naming the row, seed and value when
-    one differs by more than `rtol` (1e-3: the precision of the tables; another CPU's kernels move
-    a retrained model by less, another training by far more)."""
+    one differs by more than `rtol` (RERUN_RTOL)."""
     worst = 0.0
     for p, m in zip(published, mine):
         for k, v in p.items():

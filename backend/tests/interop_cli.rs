@@ -123,6 +123,18 @@ fn mergekit_moe_output_is_read_by_every_command() {
     let e = failure(&run(&["convert", &m, "--to", "gguf", "--dtype", "f32", "--out", &arg(&gguf)]));
     assert!(e.contains("pre-tokenizer") && e.contains("Whitespace"), "{e}");
     assert!(!gguf.exists(), "a refused GGUF export left {}", gguf.display());
+    // `--layout auto` is what a GGUF is anyway (it reaches the tokenizer check above); a named
+    // layout or packed experts ask for safetensors and are refused by flag, as is an unknown name
+    let e = failure(&run(&["convert", &m, "--to", "gguf", "--layout", "auto", "--out", &arg(&gguf)]));
+    assert!(e.contains("pre-tokenizer"), "{e}");
+    for (flag, value) in [("--layout", "mixtral"), ("--experts-format", "packed")] {
+        let e = failure(&run(&["convert", &m, "--to", "gguf", flag, value, "--out", &arg(&gguf)]));
+        assert!(e.contains(&format!("{flag} applies to safetensors output")), "{e}");
+    }
+    let e = failure(&run(&["convert", &m, "--layout", "nope", "--out", &arg(&dir.join("nope"))]));
+    assert!(e.contains("--layout unknown layout `nope` (expected auto, mixtral"), "{e}");
+    assert!(!e.contains("layout: "), "the CLI names the flag once, not the field: {e}");
+    assert!(!gguf.exists() && !dir.join("nope").exists(), "a refused convert left output behind");
     // route: one domain per expert
     let routed = dir.join("routed");
     let mut args = vec!["route".to_string(), m.clone()];

@@ -124,3 +124,21 @@ pub fn trim_heap() {
         libc::malloc_trim(0);
     }
 }
+
+/// A parameter error as the CLI words it: the flag, then what is wrong and
+/// what is accepted (`--layout unknown layout `x` …`), where the shared
+/// [`moe_shared::ops::ParamError`] names the field (`layout: …`, as the
+/// server's 422 does).
+pub trait FlagErr<T> {
+    /// The result with its error worded by flag.
+    ///
+    /// # Errors
+    /// The parameter error, as `--flag message`.
+    fn flag_err(self) -> anyhow::Result<T>;
+}
+
+impl<T> FlagErr<T> for Result<T, moe_shared::ops::ParamError> {
+    fn flag_err(self) -> anyhow::Result<T> {
+        self.map_err(|e| anyhow::anyhow!("{} {}", e.flag(), e.message))
+    }
+}

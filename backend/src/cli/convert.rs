@@ -12,10 +12,11 @@ use anyhow::Context;
 use moe_shared::checkpoint::export::{export_dense, export_moe};
 use moe_shared::checkpoint::gguf_write::write_gguf;
 use moe_shared::checkpoint::open_model;
-use moe_shared::layout::ExpertsFormat;
 use moe_shared::tensor_io::card::CardMethod;
 use moe_shared::tensor_io::DType;
 use moe_shared::tokenizer::gguf_export::gguf_tokenizer;
+
+use super::args::FlagErr;
 
 /// Output formats of `convert`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -56,13 +57,16 @@ pub struct Args {
 
 /// Runs `convert`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let request = a.layout.request()?;
+    let request = a.layout.request().flag_err()?;
     let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
     let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json());
     if a.to == Target::Gguf {
-        if a.layout.layout.is_some() || a.layout.experts()? != ExpertsFormat::PerExpert {
+        // `auto` and per-expert are what a GGUF is anyway; anything else asks for a safetensors layout.
+        a.layout.experts().flag_err()?;
+        if let Some(field) = a.layout.moe_only_field() {
             anyhow::bail!(
-                "--layout and --experts-format apply to safetensors output; a GGUF MoE has llama.cpp's own layout"
+                "--{} applies to safetensors output; a GGUF MoE has llama.cpp's own layout",
+                field.replace('_', "-")
             );
         }
         let dtype = match a.dtype.as_deref() {
@@ -98,7 +102,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if tok.is_none() {
         eprintln!("note: no Hugging Face tokenizer to write beside the weights");
     }
-    let experts = a.layout.experts()?;
+    let experts = a.layout.experts().flag_err()?;
     let card = super::card::card(CardMethod::Conversion, [("input".to_string(), a.model.as_path())]);
     let opts = super::args::write_options(a.max_shard_bytes).with_card(Some(card));
     let layout = match &m.moe {

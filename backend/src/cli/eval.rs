@@ -28,6 +28,8 @@ use moe_shared::train::freeze::is_moe;
 use super::backend::WithBackend;
 use super::train::{parse_data, resolve_tokenizer};
 
+use super::args::FlagErr;
+
 /// Arguments of `eval`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -70,7 +72,7 @@ pub struct Args {
 
 impl WithBackend for Args {
     fn run<B: Backend>(self, device: B::Device) -> anyhow::Result<()> {
-        self.params.check().map_err(|e| anyhow::anyhow!("{} {}", e.flag(), e.message))?;
+        self.params.check().flag_err()?;
         if !self.task.is_empty() {
             return super::eval_task::run::<B>(self, device);
         }

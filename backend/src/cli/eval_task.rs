@@ -20,6 +20,8 @@ use moe_shared::train::freeze::is_moe;
 use super::eval::Args;
 use super::train::resolve_tokenizer;
 
+use super::args::FlagErr;
+
 /// `NAME=FILE` (or `FILE`, named after its stem) of `--task`.
 fn parse_task_spec(s: &str) -> anyhow::Result<(String, String)> {
     let (name, file) = match s.split_once('=') {
@@ -47,7 +49,7 @@ pub fn run<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     if a.params.routing == EvalRouting::Oracle {
         bail!("--routing oracle forces dataset i to expert i; it has no meaning for --task (use learned or random)");
     }
-    a.task_params.check().map_err(|e| anyhow::anyhow!("{} {}", e.flag(), e.message))?;
+    a.task_params.check().flag_err()?;
     let mut tasks: Vec<(String, McTask)> = Vec::new();
     for s in &a.task {
         let (name, file) = parse_task_spec(s)?;

@@ -13,6 +13,8 @@ use moe_shared::methods::stream_read::use_positioned_reads;
 use moe_shared::ops::graft::GraftParams;
 use moe_shared::tensor_io::card::CardMethod;
 
+use super::args::FlagErr;
+
 /// Arguments of `graft`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -39,9 +41,7 @@ pub struct Args {
 /// Runs `graft`.
 pub fn run(a: Args) -> anyhow::Result<()> {
     // The rules the server and the tab check too (shared), in the CLI's flags.
-    if let Err(e) = a.params.check() {
-        anyhow::bail!("{} {}", e.flag(), e.message);
-    }
+    a.params.check().flag_err()?;
     let open = |p: &PathBuf, role: &str| -> anyhow::Result<LoadedModel> {
         let mut m = open_model(p).with_context(|| format!("opening the {role} {}", p.display()))?;
         // Positioned reads keep the inputs out of the resident set.
@@ -60,7 +60,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Some(l) => moe_shared::layout::LayoutRequest::Named(l),
         None => moe_shared::layout::LayoutRequest::Auto,
     };
-    let layout = a.layout.request_or(keep)?;
+    let layout = a.layout.request_or(keep).flag_err()?;
     let extra = companion_files(&a.target, &target)?;
     let card = super::card::card(
         CardMethod::DeltaMoe,
@@ -77,7 +77,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         target.moe.as_ref(),
         base.source.as_ref(),
         instruct.source.as_ref(),
-        &GraftOptions { scale: a.params.scale, layout, experts_format: a.layout.experts()? },
+        &GraftOptions { scale: a.params.scale, layout, experts_format: a.layout.experts().flag_err()? },
         &a.output.out,
         &extra,
         write_opts,

@@ -12,6 +12,8 @@ use moe_shared::methods::stream_read::use_positioned_reads;
 use moe_shared::ops::merge::MergeParams;
 use moe_shared::tensor_io::card::CardMethod;
 
+use super::args::FlagErr;
+
 /// Arguments of `merge`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -43,7 +45,7 @@ fn parse_method(s: &str) -> Result<MergeMethod, String> {
 /// Runs `merge`.
 pub fn run(a: Args) -> anyhow::Result<()> {
     let dtype = a.dtype.parse()?;
-    a.params.check(a.models.len()).map_err(|e| anyhow::anyhow!("{} {}", e.flag(), e.message))?;
+    a.params.check(a.models.len()).flag_err()?;
     // Positioned reads keep the inputs out of the resident set.
     let open = |p: &PathBuf, what: &str| -> anyhow::Result<LoadedModel> {
         let mut m = open_model(p).with_context(|| format!("opening {what}{}", p.display()))?;

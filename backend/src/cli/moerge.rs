@@ -29,6 +29,8 @@ use moe_shared::tensor_io::card::CardMethod;
 use super::backend::WithBackend;
 use super::upcycle::RouterInitArg;
 
+use super::args::FlagErr;
+
 /// Arguments of `moerge`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -81,14 +83,11 @@ impl WithBackend for Args {
         let a = self;
         let started = Instant::now();
         let dtype = a.dtype.parse()?;
-        let layout = a.layout.request()?;
+        let layout = a.layout.request().flag_err()?;
         // The rules the server and the tab check too (shared), in the CLI's flags.
-        if let Err(e) = a.params.check(a.models.len(), a.base.is_some()) {
-            anyhow::bail!("{} {}", e.flag(), e.message);
-        }
-        let flag = |e: moe_shared::ops::ParamError| anyhow::anyhow!("{} {}", e.flag(), e.message);
-        let kind = a.params.router_kind().map_err(flag)?;
-        a.shared.check(kind).map_err(flag)?;
+        a.params.check(a.models.len(), a.base.is_some()).flag_err()?;
+        let kind = a.params.router_kind().flag_err()?;
+        a.shared.check(kind).flag_err()?;
         let open = |p: &PathBuf| open_model(p).with_context(|| format!("opening {}", p.display()));
         let models = a.models.iter().map(open).collect::<anyhow::Result<Vec<_>>>()?;
         let base = a.base.as_ref().map(open).transpose()?;
@@ -99,7 +98,7 @@ impl WithBackend for Args {
         if let Some(m) = shared.iter().find(|m| m.moe.is_some()) {
             anyhow::bail!("{}: the model is already an MoE; a shared expert is a dense model's FFN", m.path);
         }
-        let plain = a.params.plain_router().map_err(flag)?;
+        let plain = a.params.plain_router().flag_err()?;
         let prompt_gate = a.shared.prompt_gate(kind);
         let router_prompts = || a.expert_prompts.as_ref().context("this --router-init needs --expert-prompts FILE");
         let shared_prompts = || {
@@ -138,7 +137,7 @@ impl WithBackend for Args {
         }
         opts.dtype = dtype;
         opts.layout = layout;
-        opts.experts_format = a.layout.experts()?;
+        opts.experts_format = a.layout.experts().flag_err()?;
         a.shared.configure(&mut opts, shared_init);
         let first = base.as_ref().unwrap_or(&models[0]);
         let tok = first.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);

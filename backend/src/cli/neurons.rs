@@ -30,6 +30,8 @@ use moe_shared::ops::neurons::NeuronsParams;
 use super::backend::WithBackend;
 use super::figures::{line_chart, panels, Panel, Series};
 
+use super::args::FlagErr;
+
 /// Arguments of `neurons`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -334,7 +336,7 @@ impl WithBackend for Args {
         let a = self;
         let t_start = Instant::now();
         let p = a.params.clone();
-        p.check().map_err(|e| anyhow::anyhow!("{} {}", e.flag(), e.message))?;
+        p.check().flag_err()?;
         if a.langs.len() < 2 {
             bail!("give at least 2 languages with --lang CODE=FILE (texts of the other languages are the negatives)");
         }

@@ -21,6 +21,8 @@ use moe_shared::StudioError;
 
 use super::backend::WithBackend;
 
+use super::args::FlagErr;
+
 /// Arguments of `route`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -141,7 +143,7 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     use moe_shared::methods::route::stats_from_safetensors;
     use moe_shared::tensor_io::{SafetensorsWriter, WriteOptions};
     let t0 = Instant::now();
-    let request = a.layout.request()?;
+    let request = a.layout.request().flag_err()?;
     let spec = a.add_expert.clone().expect("checked");
     let (name, rest) = spec
         .split_once('=')
@@ -213,7 +215,7 @@ fn add_expert<B: Backend>(a: Args, device: B::Device) -> anyhow::Result<()> {
     let added = accuracy_markdown(&names[new_idx..], std::slice::from_ref(&acc), &opts);
     card.section("Routing accuracy of the added expert", added);
     let write_opts = WriteOptions::default().with_card(Some(card));
-    let experts = a.layout.experts()?;
+    let experts = a.layout.experts().flag_err()?;
     write_routed(
         grown.source.as_ref(),
         &m.config,
@@ -285,9 +287,7 @@ impl WithBackend for Args {
         let t0 = Instant::now();
         let opts = a.params.options(a.docs.docs);
         // The rules the server and the tab check too (shared), in the CLI's flags.
-        if let Err(e) = a.params.check(a.domains.len()) {
-            bail!("{} {}", e.flag(), e.message);
-        }
+        a.params.check(a.domains.len()).flag_err()?;
         let positive = |l: f64| l.is_finite() && l > 0.0;
         if !a.lambda_sweep.iter().all(|&l| positive(l)) {
             bail!("--lambda-sweep values must be > 0");
@@ -295,7 +295,7 @@ impl WithBackend for Args {
         if !a.lambda_sweep_relative.iter().all(|&l| positive(l)) {
             bail!("--lambda-sweep-relative values must be > 0");
         }
-        let request = a.layout.request()?;
+        let request = a.layout.request().flag_err()?;
         let m = open_model(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
         let moe = m.moe.clone().with_context(|| format!("{}: not an MoE checkpoint (run `moerge` first)", m.path))?;
         // Refuse an explicit layout that cannot hold the result before any work.
@@ -394,7 +394,7 @@ impl WithBackend for Args {
         card.detail("domains (expert order)", names.join(", "));
         card.section("Routing accuracy", accuracy_markdown(&names, &accuracy, &opts));
         let write_opts = moe_shared::tensor_io::WriteOptions::default().with_card(Some(card));
-        let experts = a.layout.experts()?;
+        let experts = a.layout.experts().flag_err()?;
         write_routed(
             m.source.as_ref(),
             &m.config,

@@ -36,6 +36,8 @@ use moe_shared::train::checkpoint::latest_checkpoint;
 use moe_shared::train::data::load_mixture;
 use moe_shared::train::{devices, DataSpec, RunOutcome, Stage, StepMetrics, TrainConfig, Trainer};
 
+use super::args::FlagErr;
+
 /// Arguments of `train`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -188,7 +190,7 @@ pub fn parse_data(specs: &[String]) -> anyhow::Result<Vec<DataSpec>> {
 
 impl Args {
     fn config(&self) -> anyhow::Result<TrainConfig> {
-        self.params.check().map_err(|e| anyhow::anyhow!("{} {}", e.flag(), e.message))?;
+        self.params.check().flag_err()?;
         Ok(self.params.config(self.stage, self.steps))
     }
 }

@@ -32,6 +32,8 @@ use serde::Deserialize;
 
 use super::backend::WithBackend;
 
+use super::args::FlagErr;
+
 // The router choices are the operation's
 // (moe_shared::ops::upcycle), used by `moerge` too.
 pub use moe_shared::ops::upcycle::RouterInitArg;
@@ -138,14 +140,14 @@ impl WithBackend for Args {
         let a = self;
         let started = Instant::now();
         let dtype = a.dtype.parse()?;
-        let layout = a.layout.request()?;
+        let layout = a.layout.request().flag_err()?;
         let mut params = a.params.clone();
         if a.no_frozen {
             params.frozen.clear();
         }
         // The operation's rules, before any model is read (the MoE config
         // would report a bad temperature under --experts, the wrong option).
-        params.check(a.expert_prompts.is_some()).map_err(|e| anyhow::anyhow!("{} {}", e.flag(), e.message))?;
+        params.check(a.expert_prompts.is_some()).flag_err()?;
         let (experts, experts_source) = match (&a.experts, &a.allocation) {
             (Some(n), _) => (ExpertCounts::Uniform(*n), "--experts".to_string()),
             (None, Some(p)) => {
@@ -172,7 +174,7 @@ impl WithBackend for Args {
         let opts = UpcycleOptions {
             dtype,
             layout,
-            experts_format: a.layout.experts()?,
+            experts_format: a.layout.experts().flag_err()?,
             ..params.options(experts, &experts_source, prompt_router)?
         };
         let tok = m.tokenizer.as_ref().and_then(|t| t.to_hf_json()).map(String::into_bytes);

@@ -76,7 +76,7 @@ impl LayoutParams {
     /// As [`LayoutParams::request`].
     pub fn request_or(&self, default: LayoutRequest) -> Result<LayoutRequest, ParamError> {
         match &self.layout {
-            Some(l) => LayoutRequest::parse(l).map_err(|e| ParamError { field: "layout", message: e.to_string() }),
+            Some(l) => LayoutRequest::parse(l).map_err(|e| ParamError { field: "layout", message: what(e) }),
             None => Ok(default),
         }
     }
@@ -86,8 +86,7 @@ impl LayoutParams {
     /// # Errors
     /// A name other than `per-expert` / `packed` (field `experts_format`).
     pub fn experts(&self) -> Result<ExpertsFormat, ParamError> {
-        ExpertsFormat::parse(&self.experts_format)
-            .map_err(|e| ParamError { field: "experts_format", message: e.to_string() })
+        ExpertsFormat::parse(&self.experts_format).map_err(|e| ParamError { field: "experts_format", message: what(e) })
     }
 
     /// The field that asks for something only an MoE has (a layout other
@@ -118,6 +117,15 @@ impl LayoutParams {
                 "per-expert (packed: transformers 5's gate_up_proj / down_proj)",
             ),
         ]
+    }
+}
+
+/// What is wrong, without the parser's own flag prefix (the `ParamError`
+/// names the field, the CLI the flag, once).
+fn what(e: crate::error::StudioError) -> String {
+    match e {
+        crate::error::StudioError::Config { what, .. } => what,
+        e => e.to_string(),
     }
 }
 

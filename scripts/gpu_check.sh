@@ -18,7 +18,11 @@
 # training step's MFU (model FLOPs utilisation: model FLOPs per token x
 # tokens/s / the GPU's peak; the peak is looked up by GPU name, FP32 and
 # TF32-tensor-core figures, or given as PEAK_TFLOPS). Results: stdout and
-# $OUT (or /tmp/gpu-check) as JSON lines.
+# $OUT (or /tmp/gpu-check) as JSON lines; exit 1 when a workload failed.
+#
+# CI runs it on the CPU with a tiny shape (`BACKEND=cpu SHAPE=tiny`, the
+# bench step of scripts/test.sh), so that its commands and flags stay the
+# CLI's own between GPU loans; the numbers of that run mean nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +37,8 @@ if [ "${1:-}" = "--build" ]; then
 fi
 
 BIN="${1:-gpu/moe-studio}"
+BACKEND="${BACKEND:-cuda}"
+SHAPE="${SHAPE:-smollm2}"
 OUTDIR="${OUT:-/tmp/gpu-check}"
 mkdir -p "$OUTDIR"
 W="$(mktemp -d)"
@@ -40,7 +46,12 @@ START=$(date +%s)
 log() { echo "[$(( $(date +%s) - START ))s] $*"; }
 
 log "machine: $(nproc) CPUs, $(grep MemTotal /proc/meminfo | awk '{print $2/1048576 " GiB"}')"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUTDIR/gpu.txt"
+if [ "$BACKEND" = cuda ]; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUTDIR/gpu.txt"
+else
+    echo "no GPU: --backend $BACKEND" | tee "$OUTDIR/gpu.txt"
+fi
+: > "$OUTDIR/results.jsonl"
 GPU_NAME="$(head -1 "$OUTDIR/gpu.txt")"
 
 # The CUDA backend compiles its kernels with NVRTC at run time: find a
@@ -55,7 +66,17 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 /usr/lib/x86_64-linux-gnu
     fi
 done
 
-cat > "$W/config.json" <<'EOF'
+if [ "$SHAPE" = tiny ]; then
+    cat > "$W/config.json" <<'EOF'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+ "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "max_position_embeddings": 1024, "rms_norm_eps": 1e-05,
+ "rope_theta": 10000, "rope_scaling": null, "tie_word_embeddings": true,
+ "attention_bias": false, "vocab_size": 512, "bos_token_id": 1, "eos_token_id": 2,
+ "hidden_act": "silu", "torch_dtype": "float32"}
+EOF
+else
+    cat > "$W/config.json" <<'EOF'
 {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
  "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
  "num_key_value_heads": 3, "max_position_embeddings": 8192, "rms_norm_eps": 1e-05,
@@ -63,11 +84,12 @@ cat > "$W/config.json" <<'EOF'
  "attention_bias": false, "vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2,
  "hidden_act": "silu", "torch_dtype": "float32"}
 EOF
-log "writing SmolLM2-shaped random weights"
+fi
+log "writing $SHAPE-shaped random weights"
 "$BIN" init-random --config "$W/config.json" --out "$W/smollm2" || { echo "init-random failed"; exit 1; }
 
 REF=()
-if python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
+if [ "$BACKEND" = cuda ] && python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
     REF=(--reference-python "$(command -v python3)")
     export MOE_STUDIO_TORCH_DEVICE=cuda MOE_STUDIO_REFERENCE_DIR="$PWD/tests/reference"
     log "reference: $(python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
@@ -78,7 +100,7 @@ fi
 bench() { # SECONDS NAME ARGS...
     local limit="$1" name="$2"; shift 2
     log "$name"
-    if timeout "$limit" "$BIN" --backend cuda bench "$@" --json >"$W/$name.json" 2>"$W/$name.err"; then
+    if timeout "$limit" "$BIN" --backend "$BACKEND" bench "$@" --json >"$W/$name.json" 2>"$W/$name.err"; then
         tail -1 "$W/$name.json" | tee -a "$OUTDIR/results.jsonl"
     else
         echo "{\"workload\":\"$name\",\"error\":\"exit $? (see below)\"}" | tee -a "$OUTDIR/results.jsonl"
@@ -89,7 +111,7 @@ bench 120 prefill prefill "$W/smollm2" --tokens 512 --repeat 5 "${REF[@]}"
 bench 120 generate generate "$W/smollm2" --prompt-tokens 32 --new-tokens 64 --repeat 3 "${REF[@]}"
 bench 200 train train "$W/smollm2" --experts 4 --top-k 2 --stage experts --seq-len 256 --batch 4 --steps 5 "${REF[@]}"
 
-python3 - "$OUTDIR/results.jsonl" "$GPU_NAME" "${PEAK_TFLOPS:-}" <<'EOF' || cat "$OUTDIR/results.jsonl"
+python3 - "$OUTDIR/results.jsonl" "$GPU_NAME" "${PEAK_TFLOPS:-}" "$BACKEND" <<'EOF' || cat "$OUTDIR/results.jsonl"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 name, given = sys.argv[2], sys.argv[3]
@@ -98,7 +120,7 @@ peaks = {"H200": (67, 495), "H100": (67, 495), "A100": (19.5, 156), "L40S": (91.
 fp32, tf32 = next((v for k, v in peaks.items() if k in name), (None, None))
 if given:
     fp32 = tf32 = float(given)
-print(f"\nCUDA check on {name}")
+print(f"\n{sys.argv[4]} check on {name}")
 for r in rows:
     if "error" in r:
         print(f"  {r['workload']}: FAILED ({r['error']})")
@@ -121,3 +143,4 @@ for r in rows:
 EOF
 log "done (results in $OUTDIR/results.jsonl)"
 rm -rf "$W"
+! grep -q '"error"' "$OUTDIR/results.jsonl"

@@ -130,8 +130,11 @@ if want bench || want experiments || want e2e || want e2e-backend; then
 fi
 
 if want bench; then
-    step "benchmarks, smoke mode (every workload of scripts/bench.sh runs, tiny sizes)"
+    step "benchmarks, smoke mode (every workload of scripts/bench.sh runs, tiny sizes; scripts/gpu_check.sh on the CPU)"
     MOE_STUDIO_BIN="$CLI" bash scripts/bench.sh --smoke
+    # The GPU check's commands stay the CLI's own between GPU loans (issue 38 item 2): the same
+    # script on the CPU with a tiny shape (a second; exit 1 when a workload fails).
+    BACKEND=cpu SHAPE=tiny OUT="$(mktemp -d)" bash scripts/gpu_check.sh "$CLI"
 fi
 
 if want experiments; then

@@ -21,7 +21,7 @@ import shutil
 import statistics
 import sys
 
-from report_common import (TASK_SCORING, acc_cells, task_items, figure, fmt, load, mean_or_none, merge_published, pooled_tasks, ppl, pooling_note, refuse_pooled,
+from report_common import (TASK_SCORING, acc_cells, task_items, figure, fmt, load, mean_or_none, merge_published, paired_tasks, paired_tasks_markdown, pooled_tasks, ppl, pooling_note, refuse_pooled,
                            published_results, reproduced, rerun_seeds, seeds_with, stream_hashes, unfinished_note, write_commands)
 
 
@@ -291,6 +291,15 @@ task_rows += [(a, *pooled_tasks(work, seeds if a in run_allocs else [], prior, p
               for a in allocs]
 task_rows = [(a, evs, recs) for a, evs, recs in task_rows if evs]
 results["task_accuracy"] = {a: recs for a, _, recs in task_rows}
+# Each control against NeuronMoE on the same items, per seed of this run that scored both (the
+# models differ in placement only, so the paired s.e. is what tells a difference from none). Both
+# must be this run's allocations: a model on disk that this run did not check is not paired.
+TASKS = ["docs"] + LANGS[1:]
+task_pairs = paired_tasks(work, seeds, prior, published,
+                          [(a, "neuronmoe") for a in run_allocs if a != "neuronmoe" and "neuronmoe" in run_allocs],
+                          TASKS, rel="{}-s2.tasks.json")
+if task_pairs:
+    results["task_accuracy_paired"] = task_pairs
 
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
@@ -340,7 +349,6 @@ with open(os.path.join(out, "README.md"), "w") as f:
         f.write("| " + " | ".join(r) + " |\n")
     f.write(fig_ppl)
     if task_rows:
-        TASKS = ["docs"] + LANGS[1:]
         items = task_items([ev for _, evs, _ in task_rows for ev in evs])
         f.write("\n## Task accuracy after stage 2\n\n"
                 "Next-paragraph multiple choice on the held-out text (`tests/reference/make_tasks.py`,"
@@ -351,6 +359,7 @@ with open(os.path.join(out, "README.md"), "w") as f:
                 " acc tr |\n|---|---|---|---|---|---|---|---|---|---|\n")
         for a, evs, _ in task_rows:
             f.write(f"| `{a}` | {len(evs)} | {acc_cells(evs, TASKS)} |\n")
+        f.write(paired_tasks_markdown(task_pairs))
     if paired:
         f.write("\n## Placement at equal budget: each allocation against NeuronMoE, paired by seed\n\n"
                 "Geometric-mean perplexity over hu, el, tr after stage 2, relative to NeuronMoE's on the same seed"

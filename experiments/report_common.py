@@ -307,16 +307,24 @@ def paired_tasks(work, seeds, prior, published, pairs, names, rel="{}.tasks.json
     """`a` minus `b` on the same items (paired_acc, acc_norm) for each (a, b) in `pairs` and each of
     `seeds` whose run directory scored both (`rel` formatted with the model name), each task in
     `names`; the published seeds' pairs from `prior` first, as they were (their per-item samples
-    are not in results.json). Records for results.json's `task_accuracy_paired`."""
+    are not in results.json); a pair this run scores again (a seed trained again on purpose,
+    RERUN_SEEDS) replaces the published record of the same (a, b, seed), in place. Records for results.json's
+    `task_accuracy_paired`."""
     out = [p for p in (prior or {}).get("task_accuracy_paired", []) if p.get("seed") in published]
+    key = lambda p: (p["a"], p["b"], p["seed"])
     for a, b in pairs:
         for s in seeds_with(work, seeds, rel.format(a)):
             pb = os.path.join(work, f"s{s}", rel.format(b))
             if os.path.exists(pb):
                 ea, eb = load(os.path.join(work, f"s{s}", rel.format(a))), load(pb)
-                out.append({"a": a, "b": b, "seed": s, "acc_norm": {
+                rec = {"a": a, "b": b, "seed": s, "acc_norm": {
                     t: (None if (r := paired_acc(ea, eb, t)) is None else {"diff": r[0], "se": r[1], "items": r[2]})
-                    for t in names}})
+                    for t in names}}
+                at = [i for i, p in enumerate(out) if key(p) == (a, b, s)]
+                if at:
+                    out[at[0]] = rec  # in place: the published order is kept
+                else:
+                    out.append(rec)
     return out
 
 

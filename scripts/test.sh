@@ -266,6 +266,11 @@ json.dump(e, open(sys.argv[2], 'w'))" "$work/ffn-expert-code.eval.json" "$work/s
                 SEEDS="" PARTS_SEEDS=2 PARTS=ffn PUBLISHED_SEEDS="1 2"
         fi
         if [ "$exp" = neuronmoe ]; then
+            # Every control against NeuronMoE on the same task items, for the first sitting's seed.
+            python3 -c "import json, sys; r = json.load(open(sys.argv[1])); p = r['task_accuracy_paired']
+assert sorted(x['a'] for x in p) == sorted(a for a in r['allocations'] if a != 'neuronmoe'), p
+assert all(x['b'] == 'neuronmoe' and x['seed'] == '1' and set(x['acc_norm']) == {'docs', 'hu', 'el', 'tr'} for x in p), p" \
+                "$work/first.json"
             cp "$work/report/results.json" "$work/second.json"
             # (the allocations it does not train are read from the published rows)
             rm -rf "$work/s2" "$work"/alloc-*.json
@@ -282,17 +287,27 @@ json.dump(e, open(sys.argv[2], 'w'))" "$work/ffn-expert-code.eval.json" "$work/s
             # and then its entries and analysis replace the published ones.
             cp "$work/report/results.json" "$work/third.json"
             # With it, a new row: NeuronMoE's allocation Drop-Upcycled (its own analysis).
-            MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=1 RERUN_SEEDS=1 PUBLISHED_SEEDS="1 2" ALLOCS="neuronmoe neuronmoe-drop" \
+            # uniform's seed 1 is trained again too: its pair with NeuronMoE is scored again and replaces
+            # the published one.
+            MOE_STUDIO_BIN="$CLI" WORK="$work" SEEDS=1 RERUN_SEEDS=1 PUBLISHED_SEEDS="1 2" ALLOCS="neuronmoe neuronmoe-drop uniform" \
                 ANALYSE=1 bash "experiments/$exp.sh" --smoke >/dev/null
             python3 experiments/check_pooled.py "$exp" "$work/third.json" "$work/report/results.json"
             grep -q -- "--drop-ratio 0.5" "$work/commands.log"
             python3 -c "import json, sys; r = json.load(open(sys.argv[1])); a = r['allocations']
-assert r['reproduced'] == {'neuronmoe s1': 0.0}, r.get('reproduced')
+assert r['reproduced'] == {'neuronmoe s1': 0.0, 'uniform s1': 0.0}, r.get('reproduced')
 assert a['neuronmoe']['seeds'] == ['1', '2'] and 'neuronmoe s1' in r['post_training'], r['post_training']
 assert a['neuronmoe-drop']['seeds'] == ['1'] and a['neuronmoe-drop']['new_experts_per_layer'] == a['neuronmoe']['new_experts_per_layer']
 assert 'neuronmoe-drop s1' in r['post_training'] and r['paired_vs_neuronmoe']['neuronmoe-drop']['same_total'], r['paired_vs_neuronmoe']
-assert 'neuronmoe-drop s1 before training' in r['post_training'] and 'neuronmoe s1 before training' not in r['post_training']" \
-                "$work/report/results.json"
+assert 'neuronmoe-drop s1 before training' in r['post_training'] and 'neuronmoe s1 before training' not in r['post_training']
+# the pairs: one record per (control, seed), seed 1's scored again by the retrained models, the
+# difference the mean of the per-item acc_norm differences of the two reports on disk
+k = [(x['a'], x['b'], x['seed']) for x in r['task_accuracy_paired']]
+assert len(k) == len(set(k)) and {('neuronmoe-drop', 'neuronmoe', '1'), ('uniform', 'neuronmoe', '1'), ('uniform', 'neuronmoe', '2')} <= set(k), k
+hu = lambda m: next(t for t in json.load(open(f'{sys.argv[2]}/s1/{m}-s2.tasks.json'))['tasks'] if t['name'] == 'hu')['samples']
+d = [x['acc_norm'] - y['acc_norm'] for x, y in zip(hu('neuronmoe-drop'), hu('neuronmoe'))]
+got = next(x for x in r['task_accuracy_paired'] if x['a'] == 'neuronmoe-drop' and x['seed'] == '1')['acc_norm']['hu']
+assert abs(got['diff'] - sum(d) / len(d)) < 1e-12 and got['items'] == len(d), (got, d)" \
+                "$work/report/results.json" "$work"
             # The same, against a published seed 1 it does not reproduce: refused.
             python3 -c "import json, sys; r = json.load(open(sys.argv[1])); r['allocations']['neuronmoe']['s2'][0]['hu'] *= 1.01
 json.dump(r, open(sys.argv[1], 'w'))" "$work/report/results.json"

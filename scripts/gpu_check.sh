@@ -66,25 +66,19 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 /usr/lib/x86_64-linux-gnu
     fi
 done
 
-if [ "$SHAPE" = tiny ]; then
-    cat > "$W/config.json" <<'EOF'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
- "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
- "num_key_value_heads": 2, "max_position_embeddings": 1024, "rms_norm_eps": 1e-05,
- "rope_theta": 10000, "rope_scaling": null, "tie_word_embeddings": true,
- "attention_bias": false, "vocab_size": 512, "bos_token_id": 1, "eos_token_id": 2,
+# hidden, FFN, layers, heads, KV heads, context, RoPE theta, vocabulary: SmolLM2-135M's, or tiny (CI)
+case "$SHAPE" in
+tiny) set -- 64 128 2 4 2 1024 10000 512 ;;
+*) set -- 576 1536 30 9 3 8192 100000 49152 ;;
+esac
+cat > "$W/config.json" <<EOF
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": $1,
+ "intermediate_size": $2, "num_hidden_layers": $3, "num_attention_heads": $4,
+ "num_key_value_heads": $5, "max_position_embeddings": $6, "rms_norm_eps": 1e-05,
+ "rope_theta": $7, "rope_scaling": null, "tie_word_embeddings": true,
+ "attention_bias": false, "vocab_size": $8, "bos_token_id": 1, "eos_token_id": 2,
  "hidden_act": "silu", "torch_dtype": "float32"}
 EOF
-else
-    cat > "$W/config.json" <<'EOF'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
- "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
- "num_key_value_heads": 3, "max_position_embeddings": 8192, "rms_norm_eps": 1e-05,
- "rope_theta": 100000, "rope_scaling": null, "tie_word_embeddings": true,
- "attention_bias": false, "vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2,
- "hidden_act": "silu", "torch_dtype": "float32"}
-EOF
-fi
 log "writing $SHAPE-shaped random weights"
 "$BIN" init-random --config "$W/config.json" --out "$W/smollm2" || { echo "init-random failed"; exit 1; }
 

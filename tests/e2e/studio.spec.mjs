@@ -65,7 +65,11 @@ function compareTensors(a, b) {
 /**
  * Installs a Long Tasks observer before the studio's scripts run: every
  * main-thread task over 50 ms lands in `window.__longTasks` as
- * `{ start, duration }` (ms, `performance.now()` clock).
+ * `{ start, duration }` (ms, `performance.now()` clock). Where the browser
+ * has the Long Animation Frames API, every frame over 50 ms lands in
+ * `window.__longFrames` with what filled it (the scripts that ran, by
+ * invoker and source file, and the style, layout and paint time), so a
+ * long task can be told to be the studio's code or the browser's work.
  */
 export async function observeLongTasks(page) {
   await page.addInitScript(() => {
@@ -75,7 +79,35 @@ export async function observeLongTasks(page) {
         for (const e of list.getEntries()) window.__longTasks.push({ start: e.startTime, duration: e.duration });
       }).observe({ type: 'longtask', buffered: true });
     } catch { window.__longTasks = null; }
+    window.__longFrames = [];
+    try {
+      new PerformanceObserver((list) => {
+        for (const e of list.getEntries()) {
+          window.__longFrames.push({
+            start: e.startTime,
+            duration: e.duration,
+            render_ms: e.renderStart ? e.startTime + e.duration - e.renderStart : 0,
+            scripts: (e.scripts || []).map((x) => ({
+              invoker: x.invoker, file: (x.sourceURL || '').split('/').pop(), fn: x.sourceFunctionName, ms: Math.round(x.duration),
+            })),
+          });
+        }
+      }).observe({ type: 'long-animation-frame', buffered: true });
+    } catch { window.__longFrames = null; }
   });
+}
+
+/**
+ * What filled the long animation frames that overlap main-thread task `t`
+ * (`{ start, duration }`), in one line: each frame's scripts (invoker,
+ * file, ms) and its render time; '' when none was recorded.
+ */
+export async function whatFilled(page, t) {
+  const frames = await page.evaluate(() => window.__longFrames || []);
+  return frames
+    .filter((f) => f.start <= t.start + t.duration && f.start + f.duration >= t.start)
+    .map((f) => `frame ${f.duration.toFixed(0)} ms: ${f.scripts.map((x) => `${x.invoker} [${x.file}${x.fn ? ` ${x.fn}` : ''}] ${x.ms} ms`).join(', ') || 'no script'}; render ${f.render_ms.toFixed(0)} ms`)
+    .join(' | ');
 }
 
 /**
@@ -102,7 +134,16 @@ export async function run({ context, url, work, shots, out, check, log }) {
   // A static server answers the studio's `api/health` probe with 404: expected.
   page.on('console', (m) => { if (m.type() === 'error' && !m.text().includes('404')) pageErrors.push(m.text()); });
   const tid = (id) => page.getByTestId(id);
-  const shot = async (name) => { await page.screenshot({ path: path.join(shots, `${name}.png`), fullPage: true }); };
+  // The test's own full-page screenshots, on the page's clock: Playwright
+  // resizes the viewport to the whole page, so Chromium lays out and
+  // paints all of it on the main thread (a long task no user action makes);
+  // the suite's long-task check leaves these windows out and logs them.
+  const shotSpans = [];
+  const shot = async (name, dir = shots) => {
+    const from = await page.evaluate(() => performance.now());
+    await page.screenshot({ path: path.join(dir, `${name}.png`), fullPage: true });
+    shotSpans.push([from, await page.evaluate(() => performance.now())]);
+  };
   const text = async (id, timeout = 120_000) => { await tid(id).waitFor({ timeout }); return tid(id).innerText(); };
   const tab = async (slug) => { await tid(`tab-${slug}`).click(); await tid(`page-${slug}`).waitFor(); };
   const results = {};
@@ -355,7 +396,7 @@ export async function run({ context, url, work, shots, out, check, log }) {
   results.neurons_tie_warning = tie;
   results.neurons_two_texts = { cuts: await text('neurons-cuts', 5_000).catch(() => ''), message: await text('neurons-ok', 5_000).catch(() => '') };
   log(`Neurons on two texts per language: ${JSON.stringify(results.neurons_two_texts)}`);
-  await page.screenshot({ path: path.join(out, 'neurons-two-texts.png'), fullPage: true });
+  await shot('neurons-two-texts', out);
   check(/tie/i.test(tie), `Neurons on two texts per language shows the tie warning (${tie.slice(0, 120)})`);
   for (const [i, t] of defaults.entries()) await tid(`neurons-text-${i}`).fill(t);
 
@@ -428,18 +469,27 @@ export async function run({ context, url, work, shots, out, check, log }) {
   await tid('jobs-static').waitFor({ timeout: 10_000 });
   await shot('jobs');
 
-  // Issue 19 item 1: the page never blocked for 100 ms.
-  const { longest } = await longestTask(page, suiteFrom, skip);
+  // Issue 19 item 1: the page never blocked for 100 ms (the forward
+  // benchmark and the test's own screenshots left out).
+  const { longest } = await longestTask(page, suiteFrom, [...skip, ...shotSpans]);
   results.longest_main_thread_task_ms = longest;
   {
     const lt = await page.evaluate(() => window.__longTasks || []);
+    const overlaps = (t, spans) => spans.some(([a, b]) => t.start + t.duration >= a && t.start <= b);
     const top = lt.filter((t) => t.start >= suiteFrom).sort((a, b) => b.duration - a.duration).slice(0, 5)
-      .map((t) => ({ ...t, part: (marks.filter(([, at]) => at <= t.start).pop() || ['before'])[0] }));
+      .map((t) => ({
+        ...t,
+        part: (marks.filter(([, at]) => at <= t.start).pop() || ['before'])[0],
+        left_out: overlaps(t, skip) ? 'forward benchmark' : overlaps(t, shotSpans) ? 'screenshot' : null,
+      }));
+    for (const t of top) t.filled_by = await whatFilled(page, t);
     results.longest_main_thread_tasks = top;
-    log(`longest main-thread tasks: ${top.map((t) => `${t.duration.toFixed(0)} ms in ${t.part} at ${t.start.toFixed(0)}`).join('; ')}`);
+    results.screenshot_spans = shotSpans.length;
+    log(`longest main-thread tasks: ${top.map((t) => `${t.duration.toFixed(0)} ms in ${t.part} at ${t.start.toFixed(0)}${t.left_out ? ` (during the ${t.left_out}: left out)` : ''}`).join('; ')}`);
+    for (const t of top.filter((x) => x.duration >= 100 && x.filled_by)) log(`  what filled the ${t.duration.toFixed(0)} ms task in ${t.part}: ${t.filled_by}`);
   }
   check(longest !== null && longest < 100,
-    `longest main-thread task over the suite (the forward benchmark left out): ${longest} ms < 100 ms`);
+    `longest main-thread task over the suite (the forward benchmark and ${shotSpans.length} full-page screenshots left out): ${longest} ms < 100 ms`);
 
   check(pageErrors.length === 0, `no page errors (${pageErrors.slice(0, 3).join(' | ')})`);
   await page.close();

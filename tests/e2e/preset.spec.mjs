@@ -13,7 +13,7 @@
 // walk to its file name (null leaves it out), `label` names the walk.
 import fs from 'node:fs';
 import path from 'node:path';
-import { observeLongTasks, longestTask } from './studio.spec.mjs';
+import { observeLongTasks, longestTask, longestTasks, longTasksLine, screenshotSpan } from './studio.spec.mjs';
 
 const SHOTS = { load: 'preset-load', router: 'preset-moerge-router', graft: 'preset-graft', inspect: 'preset-inspect' };
 
@@ -28,8 +28,9 @@ export async function run({ context, url, dist, shots, out, check, log, label = 
   page.on('pageerror', (e) => pageErrors.push(String(e)));
   page.on('console', (m) => { if (m.type() === 'error' && !m.text().includes('404')) pageErrors.push(m.text()); });
   const tid = (id) => page.getByTestId(id);
+  const shotSpans = [];
   const shot = async (part) => {
-    if (names[part]) await page.screenshot({ path: path.join(shots, `${names[part]}.png`), fullPage: true });
+    if (names[part]) await screenshotSpan(page, path.join(shots, `${names[part]}.png`), shotSpans);
   };
   const text = async (id, timeout = 120_000) => { await tid(id).waitFor({ timeout }); return tid(id).innerText(); };
   const tab = async (slug) => { await tid(`tab-${slug}`).click(); await tid(`page-${slug}`).waitFor(); };
@@ -141,16 +142,12 @@ export async function run({ context, url, dist, shots, out, check, log, label = 
   check(size > 100_000 && Date.now() - t < limit, `${label}, download: ${dl.suggestedFilename()} (${size} bytes) in ${Date.now() - t} ms`);
   fs.rmSync(p);
 
-  const { longest } = await longestTask(page, from);
+  const { longest } = await longestTask(page, from, shotSpans);
   results.longest_main_thread_task_ms = longest;
-  {
-    const lt = await page.evaluate(() => window.__longTasks || []);
-    const top = lt.filter((t) => t.start >= from).sort((a, b) => b.duration - a.duration).slice(0, 5)
-      .map((t) => ({ ...t, part: (marks.filter(([, at]) => at <= t.start).pop() || ['before'])[0] }));
-    results.longest_main_thread_tasks = top;
-    log(`${label} walk, longest main-thread tasks: ${top.map((t) => `${t.duration.toFixed(0)} ms after the ${t.part} click at ${t.start.toFixed(0)}`).join('; ') || 'none'}`);
-  }
-  check(longest !== null && longest < 100, `${label} walk: longest main-thread task ${longest} ms < 100 ms`);
+  results.longest_main_thread_tasks = await longestTasks(page, from, marks, { screenshot: shotSpans });
+  log(`${label} walk, longest main-thread tasks: ${longTasksLine(results.longest_main_thread_tasks)}`);
+  check(longest !== null && longest < 100,
+    `${label} walk: longest main-thread task ${longest} ms < 100 ms (${shotSpans.length} full-page screenshots left out)`);
   check(pageErrors.length === 0, `${label} walk: no page errors (${pageErrors.slice(0, 3).join(' | ')})`);
   await page.close();
   return results;

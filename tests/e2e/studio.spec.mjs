@@ -126,6 +126,45 @@ export async function longestTask(page, from, skip = []) {
   }, [from, skip]);
 }
 
+/**
+ * A full-page screenshot to `file`; its window on the page's clock
+ * (`[from, to]`, ms) is pushed to `spans`. Playwright makes the browser lay
+ * out and paint the whole page for it, a main-thread cost no user action
+ * makes, so the long-task checks leave these windows out.
+ */
+export async function screenshotSpan(page, file, spans) {
+  const from = await page.evaluate(() => performance.now());
+  await page.screenshot({ path: file, fullPage: true });
+  spans.push([from, await page.evaluate(() => performance.now())]);
+}
+
+/**
+ * The five longest main-thread tasks since `from`, longest first, each
+ * `{ start, duration, part, left_out, filled_by }`: `part` is the last of
+ * `marks` (`[name, at]` pairs, the page's clock) before it; `left_out` the
+ * name of the first `leftOut` entry (`{ name: spans }`) whose windows it
+ * overlaps, else null; `filled_by` what filled it (`whatFilled`) when it
+ * lasted 100 ms or more, else ''.
+ */
+export async function longestTasks(page, from, marks, leftOut = {}) {
+  const lt = await page.evaluate(() => window.__longTasks || []);
+  const overlaps = (t, spans) => spans.some(([a, b]) => t.start + t.duration >= a && t.start <= b);
+  const top = lt.filter((t) => t.start >= from).sort((a, b) => b.duration - a.duration).slice(0, 5).map((t) => ({
+    ...t,
+    part: (marks.filter(([, at]) => at <= t.start).pop() || ['before'])[0],
+    left_out: Object.entries(leftOut).find(([, spans]) => overlaps(t, spans))?.[0] ?? null,
+  }));
+  for (const t of top) t.filled_by = t.duration >= 100 ? await whatFilled(page, t) : '';
+  return top;
+}
+
+/** `longestTasks`' list in one log line ('none' when empty). */
+export function longTasksLine(top) {
+  return top.map((t) => `${t.duration.toFixed(0)} ms in ${t.part} at ${t.start.toFixed(0)}`
+    + (t.left_out ? ` (during the ${t.left_out}: left out)` : '')
+    + (t.filled_by ? ` [what filled it: ${t.filled_by}]` : '')).join('; ') || 'none';
+}
+
 export async function run({ context, url, work, shots, out, check, log }) {
   const page = await context.newPage();
   await observeLongTasks(page);
@@ -134,16 +173,10 @@ export async function run({ context, url, work, shots, out, check, log }) {
   // A static server answers the studio's `api/health` probe with 404: expected.
   page.on('console', (m) => { if (m.type() === 'error' && !m.text().includes('404')) pageErrors.push(m.text()); });
   const tid = (id) => page.getByTestId(id);
-  // The test's own full-page screenshots, on the page's clock: Playwright
-  // resizes the viewport to the whole page, so Chromium lays out and
-  // paints all of it on the main thread (a long task no user action makes);
-  // the suite's long-task check leaves these windows out and logs them.
+  // The test's own full-page screenshots (`screenshotSpan`), left out of
+  // the suite's long-task check.
   const shotSpans = [];
-  const shot = async (name, dir = shots) => {
-    const from = await page.evaluate(() => performance.now());
-    await page.screenshot({ path: path.join(dir, `${name}.png`), fullPage: true });
-    shotSpans.push([from, await page.evaluate(() => performance.now())]);
-  };
+  const shot = (name, dir = shots) => screenshotSpan(page, path.join(dir, `${name}.png`), shotSpans);
   const text = async (id, timeout = 120_000) => { await tid(id).waitFor({ timeout }); return tid(id).innerText(); };
   const tab = async (slug) => { await tid(`tab-${slug}`).click(); await tid(`page-${slug}`).waitFor(); };
   const results = {};
@@ -473,21 +506,9 @@ export async function run({ context, url, work, shots, out, check, log }) {
   // benchmark and the test's own screenshots left out).
   const { longest } = await longestTask(page, suiteFrom, [...skip, ...shotSpans]);
   results.longest_main_thread_task_ms = longest;
-  {
-    const lt = await page.evaluate(() => window.__longTasks || []);
-    const overlaps = (t, spans) => spans.some(([a, b]) => t.start + t.duration >= a && t.start <= b);
-    const top = lt.filter((t) => t.start >= suiteFrom).sort((a, b) => b.duration - a.duration).slice(0, 5)
-      .map((t) => ({
-        ...t,
-        part: (marks.filter(([, at]) => at <= t.start).pop() || ['before'])[0],
-        left_out: overlaps(t, skip) ? 'forward benchmark' : overlaps(t, shotSpans) ? 'screenshot' : null,
-      }));
-    for (const t of top) t.filled_by = await whatFilled(page, t);
-    results.longest_main_thread_tasks = top;
-    results.screenshot_spans = shotSpans.length;
-    log(`longest main-thread tasks: ${top.map((t) => `${t.duration.toFixed(0)} ms in ${t.part} at ${t.start.toFixed(0)}${t.left_out ? ` (during the ${t.left_out}: left out)` : ''}`).join('; ')}`);
-    for (const t of top.filter((x) => x.duration >= 100 && x.filled_by)) log(`  what filled the ${t.duration.toFixed(0)} ms task in ${t.part}: ${t.filled_by}`);
-  }
+  results.longest_main_thread_tasks = await longestTasks(page, suiteFrom, marks, { 'forward benchmark': skip, screenshot: shotSpans });
+  results.screenshot_spans = shotSpans.length;
+  log(`longest main-thread tasks: ${longTasksLine(results.longest_main_thread_tasks)}`);
   check(longest !== null && longest < 100,
     `longest main-thread task over the suite (the forward benchmark and ${shotSpans.length} full-page screenshots left out): ${longest} ms < 100 ms`);
 
